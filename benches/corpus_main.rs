@@ -1,0 +1,22 @@
+//! `gstore-corpus`: writes the benchmark corpus (see corpus.rs).
+//!
+//! Usage: gstore-corpus DIR [SIZE_MIB] [SEED] — writes DIR/base and DIR/next.
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 2 {
+        eprintln!("usage: gstore-corpus DIR [SIZE_MIB (default 1024)] [SEED (default 1)]");
+        std::process::exit(2);
+    }
+    let dir = std::path::Path::new(&args[1]);
+    let mib: usize = args.get(2).map(|s| s.parse().expect("SIZE_MIB is a number")).unwrap_or(1024);
+    let seed: u64 = args.get(3).map(|s| s.parse().expect("SEED is a number")).unwrap_or(1);
+    let run = || -> std::io::Result<()> {
+        gstore_benches::write_base(&dir.join("base"), mib << 20, seed)?;
+        gstore_benches::write_next(&dir.join("base"), &dir.join("next"), seed)
+    };
+    if let Err(e) = run() {
+        eprintln!("gstore-corpus: {e}");
+        std::process::exit(1);
+    }
+}

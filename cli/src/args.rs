@@ -1,0 +1,108 @@
+//! Command-line arguments.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// gstore: a content-addressed, deduplicated checkpoint store.
+#[derive(Parser, Debug)]
+#[command(name = "gstore", version, about, long_about = None)]
+pub struct Cli {
+    /// Store location (a directory). Default: $XDG_DATA_HOME/gstore, else ~/.local/share/gstore.
+    #[arg(long, global = true, env = "GSTORE_STORE", value_name = "PATH")]
+    pub store: Option<String>,
+    /// Print machine-readable JSON on stdout (and no progress bars).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create a new, empty store.
+    Init(InitArgs),
+    /// Store a file or directory tree (e.g. a CRIU image dir) as a tagged image.
+    Push {
+        /// File or directory to store.
+        path: PathBuf,
+        /// Tag for the image: NAME or NAME:VERSION (VERSION defaults to "latest").
+        #[arg(long, short)]
+        tag: String,
+        /// Extra metadata recorded in the manifest, KEY=VALUE (repeatable).
+        #[arg(long = "meta", value_name = "KEY=VALUE")]
+        meta: Vec<String>,
+    },
+    /// Restore an image (by tag or manifest id) into a new or empty directory.
+    Restore {
+        /// NAME[:VERSION] or a 64-hex manifest id.
+        image: String,
+        /// Destination directory (created; must not exist or be empty).
+        #[arg(long)]
+        to: PathBuf,
+    },
+    /// List tags.
+    Ls,
+    /// Show one image: metadata, entries, sizes and chunk counts.
+    Show {
+        /// NAME[:VERSION] or a 64-hex manifest id.
+        image: String,
+    },
+    /// Space used: logical and stored bytes, dedup and compression ratios, bytes unique to each image.
+    Du,
+    /// Point a new tag at an existing image.
+    Tag {
+        /// Existing NAME[:VERSION] or manifest id.
+        source: String,
+        /// New NAME[:VERSION] (an existing tag is moved; its old value goes to history).
+        target: String,
+    },
+    /// Remove a tag (its chunks stay until garbage collection).
+    Rm {
+        /// NAME[:VERSION].
+        image: String,
+    },
+    /// Check every tagged image: manifests, packs, and with --read-data every chunk's bytes.
+    Verify {
+        /// Read, decode and hash every referenced chunk.
+        #[arg(long)]
+        read_data: bool,
+    },
+    /// Maintain the local index.
+    Index {
+        /// What to do.
+        #[command(subcommand)]
+        action: IndexAction,
+    },
+}
+
+/// `gstore index` actions.
+#[derive(Subcommand, Debug)]
+pub enum IndexAction {
+    /// Rebuild the local index from the pack footers in the store.
+    Rebuild,
+}
+
+/// `gstore init` settings (fixed for the life of the store).
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    /// FastCDC minimum chunk size in bytes.
+    #[arg(long, default_value_t = 16 * 1024)]
+    pub chunk_min: u32,
+    /// FastCDC average chunk size in bytes.
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub chunk_avg: u32,
+    /// FastCDC maximum chunk size in bytes.
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub chunk_max: u32,
+    /// zstd level for chunks that compress (1-19).
+    #[arg(long, default_value_t = 1)]
+    pub zstd_level: i32,
+    /// Target pack size in bytes.
+    #[arg(long, default_value_t = 48 * 1024 * 1024)]
+    pub pack_size: u64,
+}

@@ -1,0 +1,278 @@
+//! One function per subcommand; each prints a human summary, or JSON with `--json`.
+
+use crate::args::{Cli, Command, IndexAction, InitArgs};
+use crate::progress::Bars;
+use anyhow::{bail, Context, Result};
+use gstore_store::manifest::EntryKind;
+use gstore_store::{push, usage, verify, Store, StoreConfig, StoreLocation, TagRef};
+use indicatif::HumanBytes;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    let location = match &cli.store {
+        Some(s) => StoreLocation::parse(s)?,
+        None => StoreLocation::default_local(),
+    };
+    let out = Output { json: cli.json };
+    let bars = Bars::new(!cli.json && !cli.quiet);
+    match cli.command {
+        Command::Init(a) => init(&location, a, &out),
+        Command::Push { path, tag, meta } => {
+            let store = open_indexed(&location)?;
+            let tag = TagRef::parse(&tag)?;
+            let meta = parse_meta(&meta)?;
+            let r = push::push(&store, &path, &tag, meta, &bars).with_context(|| format!("push of {} failed", path.display()))?;
+            out.emit(&r, || {
+                format!(
+                    "pushed {} as {} ({} entries, {} logical, {} new in {} packs, {:.0} MB/s)\nmanifest {}",
+                    path.display(),
+                    r.tag,
+                    r.entries,
+                    HumanBytes(r.logical_bytes),
+                    HumanBytes(r.new_stored_bytes),
+                    r.packs,
+                    r.logical_bytes as f64 / 1e6 / r.seconds.max(1e-9),
+                    r.manifest
+                )
+            })
+        }
+        Command::Restore { image, to } => {
+            let store = open_indexed(&location)?;
+            let id = store.resolve(&image)?;
+            let m = store.get_manifest(&id)?;
+            let r = gstore_restore::restore_to_dir(&store, &m, &to, &bars).with_context(|| format!("restore of {image} failed"))?;
+            out.emit(&r, || {
+                format!(
+                    "restored {image} into {} ({} entries, {}, {:.0} MB/s)",
+                    r.destination,
+                    r.entries,
+                    HumanBytes(r.logical_bytes),
+                    r.logical_bytes as f64 / 1e6 / r.seconds.max(1e-9)
+                )
+            })
+        }
+        Command::Ls => ls(&Store::open(&location)?, &out),
+        Command::Show { image } => show(&Store::open(&location)?, &image, &out),
+        Command::Du => du(&open_indexed(&location)?, &out),
+        Command::Tag { source, target } => {
+            let store = Store::open(&location)?;
+            let id = store.resolve(&source)?;
+            store.get_manifest(&id).with_context(|| format!("{source} does not name a readable image"))?;
+            let rec = store.set_tag(&TagRef::parse(&target)?, id)?;
+            out.emit(&rec, || format!("tagged {} -> {}", rec.tag(), rec.manifest))
+        }
+        Command::Rm { image } => {
+            let store = Store::open(&location)?;
+            let tag = TagRef::parse(&image)?;
+            store.delete_tag(&tag)?;
+            out.emit(&serde_json::json!({ "removed": tag.to_string() }), || format!("removed tag {tag} (space is reclaimed by gc)"))
+        }
+        Command::Verify { read_data } => {
+            let store = open_indexed(&location)?;
+            let r = verify::verify(&store, read_data, &bars)?;
+            out.emit(&r, || verify_text(&r))?;
+            let damaged = r.damaged();
+            if !damaged.is_empty() {
+                bail!("{} damaged image(s): {}", damaged.len(), damaged.join(", "));
+            }
+            Ok(())
+        }
+        Command::Index { action: IndexAction::Rebuild } => {
+            let store = open_indexed(&location)?;
+            let (n, damaged) = store.rebuild_index(&bars)?;
+            for d in &damaged {
+                eprintln!("gstore: skipped damaged pack: {d}");
+            }
+            out.emit(&serde_json::json!({ "packs_indexed": n, "packs_damaged": damaged.len() }), || {
+                format!("indexed {n} packs ({} damaged skipped)", damaged.len())
+            })
+        }
+    }
+}
+
+/// Where results go: human text or JSON on stdout.
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    fn emit<T: Serialize>(&self, value: &T, text: impl FnOnce() -> String) -> Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(value)?);
+        } else {
+            println!("{}", text());
+        }
+        Ok(())
+    }
+}
+
+fn open_indexed(location: &StoreLocation) -> Result<Store> {
+    Ok(Store::open_indexed(location, &|msg| eprintln!("gstore: {msg}"))?)
+}
+
+fn parse_meta(items: &[String]) -> Result<BTreeMap<String, serde_json::Value>> {
+    let mut meta = BTreeMap::new();
+    for item in items {
+        let Some((k, v)) = item.split_once('=') else { bail!("--meta {item:?}: expected KEY=VALUE") };
+        meta.insert(k.to_string(), serde_json::Value::String(v.to_string()));
+    }
+    Ok(meta)
+}
+
+fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
+    let config = StoreConfig {
+        chunk_min: a.chunk_min,
+        chunk_avg: a.chunk_avg,
+        chunk_max: a.chunk_max,
+        zstd_level: a.zstd_level,
+        pack_target: a.pack_size,
+        ..StoreConfig::default()
+    };
+    Store::init(location, &config)?;
+    let StoreLocation::Local(path) = location;
+    out.emit(&config, || format!("initialized an empty store at {}", path.display()))
+}
+
+#[derive(Serialize)]
+struct LsRow {
+    tag: String,
+    manifest: String,
+    created_unix: Option<u64>,
+    logical_bytes: Option<u64>,
+    error: Option<String>,
+}
+
+fn ls(store: &Store, out: &Output) -> Result<()> {
+    let mut rows = Vec::new();
+    for t in store.list_tags()? {
+        rows.push(match t {
+            Ok(rec) => {
+                let m = rec.manifest_id().and_then(|id| store.get_manifest(&id));
+                LsRow {
+                    tag: rec.tag().to_string(),
+                    manifest: rec.manifest.clone(),
+                    created_unix: m.as_ref().ok().map(|m| m.created_unix),
+                    logical_bytes: m.as_ref().ok().map(|m| m.logical_size()),
+                    error: m.err().map(|e| e.to_string()),
+                }
+            }
+            Err(e) => LsRow { tag: "?".into(), manifest: String::new(), created_unix: None, logical_bytes: None, error: Some(e.to_string()) },
+        });
+    }
+    out.emit(&rows, || {
+        let mut s = format!("{:<40} {:<14} {:>12}", "TAG", "MANIFEST", "SIZE");
+        for r in &rows {
+            let size = r.logical_bytes.map(|b| HumanBytes(b).to_string()).unwrap_or_else(|| "damaged".into());
+            s.push_str(&format!("\n{:<40} {:<14} {:>12}", r.tag, r.manifest.get(..12).unwrap_or(""), size));
+            if let Some(e) = &r.error {
+                s.push_str(&format!("\n  error: {e}"));
+            }
+        }
+        s
+    })
+}
+
+#[derive(Serialize)]
+struct ShowEntry<'a> {
+    path: &'a str,
+    kind: EntryKind,
+    mode: String,
+    size: u64,
+    chunks: u64,
+    zero_chunks: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<&'a str>,
+}
+
+fn show(store: &Store, image: &str, out: &Output) -> Result<()> {
+    let id = store.resolve(image)?;
+    let m = store.get_manifest(&id)?;
+    let entries: Vec<ShowEntry> = m
+        .files()
+        .map(|(e, chunks)| ShowEntry {
+            path: &e.path,
+            kind: e.kind,
+            mode: format!("{:o}", e.mode),
+            size: e.size,
+            chunks: e.chunks,
+            zero_chunks: chunks.iter().filter(|c| c.zero).count(),
+            target: e.target.as_deref(),
+        })
+        .collect();
+    let value = serde_json::json!({
+        "manifest": id.to_hex(),
+        "created_unix": m.created_unix,
+        "logical_bytes": m.logical_size(),
+        "chunks": m.chunks.len(),
+        "meta": m.meta,
+        "entries": entries,
+    });
+    out.emit(&value, || {
+        let mut s = format!(
+            "image {image}\nmanifest {}\ncreated {} (unix)\nsize {} in {} entries, {} chunks",
+            id.to_hex(),
+            m.created_unix,
+            HumanBytes(m.logical_size()),
+            m.entries.len(),
+            m.chunks.len()
+        );
+        for (k, v) in &m.meta {
+            s.push_str(&format!("\nmeta {k} = {v}"));
+        }
+        s.push_str(&format!("\n{:<7} {:>6} {:>12} {:>8} {:>6}  PATH", "KIND", "MODE", "SIZE", "CHUNKS", "ZERO"));
+        for e in &entries {
+            let kind = format!("{:?}", e.kind).to_lowercase();
+            let path = match e.target {
+                Some(t) => format!("{} -> {t}", e.path),
+                None => e.path.to_string(),
+            };
+            s.push_str(&format!("\n{kind:<7} {:>6} {:>12} {:>8} {:>6}  {path}", e.mode, e.size, e.chunks, e.zero_chunks));
+        }
+        s
+    })
+}
+
+fn du(store: &Store, out: &Output) -> Result<()> {
+    let u = usage::usage(store)?;
+    out.emit(&u, || {
+        let mut s = format!(
+            "logical   {}\nunique    {} (dedup {:.2}x)\nstored    {} (compression {:.2}x)\npacks     {} in {} packs",
+            HumanBytes(u.logical_bytes),
+            HumanBytes(u.unique_plain_bytes),
+            u.dedup_ratio,
+            HumanBytes(u.referenced_stored_bytes),
+            u.compression_ratio,
+            HumanBytes(u.pack_bytes),
+            u.packs
+        );
+        if u.missing_chunks > 0 {
+            s.push_str(&format!("\nwarning: {} referenced chunks are missing: run `gstore verify`", u.missing_chunks));
+        }
+        s.push_str(&format!("\n{:<40} {:>12} {:>14}", "TAG", "LOGICAL", "UNIQUE STORED"));
+        for i in &u.images {
+            s.push_str(&format!("\n{:<40} {:>12} {:>14}", i.tag, HumanBytes(i.logical_bytes).to_string(), HumanBytes(i.unique_stored_bytes).to_string()));
+        }
+        s
+    })
+}
+
+fn verify_text(r: &verify::VerifyReport) -> String {
+    let mut s = String::new();
+    for i in &r.images {
+        if i.ok {
+            s.push_str(&format!("ok       {}\n", i.tag));
+        } else {
+            s.push_str(&format!("DAMAGED  {} ({} problems)\n", i.tag, i.problem_count));
+            for p in &i.problems {
+                s.push_str(&format!("         {p}\n"));
+            }
+        }
+    }
+    s.push_str(&format!("{} images, {} packs checked", r.images.len(), r.packs_checked));
+    if r.read_data {
+        s.push_str(&format!(", {} chunks read ({})", r.chunks_read, HumanBytes(r.bytes_read)));
+    }
+    s
+}

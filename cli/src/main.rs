@@ -1,0 +1,15 @@
+//! The `gstore` command-line tool.
+
+mod args;
+mod commands;
+mod progress;
+
+use clap::Parser;
+
+fn main() {
+    let cli = args::Cli::parse();
+    if let Err(e) = commands::run(cli) {
+        eprintln!("gstore: error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,46 @@
+//! Terminal progress bars (indicatif) for the library's progress reports; hidden when stderr
+//! is not a terminal, with `--json`, or with `--quiet`.
+
+use gstore_store::progress::Progress;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::sync::Mutex;
+
+/// A progress bar that is replaced at each phase.
+pub struct Bars {
+    enabled: bool,
+    bar: Mutex<ProgressBar>,
+}
+
+impl Bars {
+    /// Bars drawn on stderr when `wanted` and stderr is a terminal.
+    pub fn new(wanted: bool) -> Bars {
+        Bars { enabled: wanted && std::io::stderr().is_terminal(), bar: Mutex::new(ProgressBar::hidden()) }
+    }
+}
+
+impl Progress for Bars {
+    fn start(&self, what: &str, total: u64) {
+        if !self.enabled {
+            return;
+        }
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        let bytes = what != "indexing packs" && !what.starts_with("verifying");
+        let template = if bytes {
+            "{msg:>10} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}"
+        } else {
+            "{msg:>10} [{bar:40}] {pos}/{len} eta {eta}"
+        };
+        bar.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
+        bar.set_message(what.to_string());
+        *self.bar.lock().unwrap() = bar;
+    }
+
+    fn advance(&self, n: u64) {
+        self.bar.lock().unwrap().inc(n);
+    }
+
+    fn finish(&self) {
+        self.bar.lock().unwrap().finish_and_clear();
+    }
+}

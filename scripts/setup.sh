@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what building and testing gstore needs on a fresh Debian 12 machine (run as root):
+# libclang for RocksDB's bindings, zstd for the benchmark baseline, cargo-nextest.
+# Safe to run again: it skips what is already there.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+need=()
+[ -e /usr/lib/llvm-14/lib/libclang.so ] || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+command -v zstd >/dev/null || need+=(zstd)
+command -v mkfifo >/dev/null || need+=(coreutils)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest"
+  cargo install cargo-nextest --locked
+fi

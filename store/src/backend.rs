@@ -1,0 +1,213 @@
+//! The object backend: a blocking facade over the `object_store` crate, and the key layout of
+//! a store (which object lives under which key).
+
+use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Key of the store's settings object.
+pub const CONFIG_KEY: &str = "config.json";
+/// Prefix under which packs live.
+pub const PACKS_PREFIX: &str = "packs";
+/// Prefix under which manifests live.
+pub const MANIFESTS_PREFIX: &str = "manifests";
+/// Prefix under which tags live.
+pub const TAGS_PREFIX: &str = "tags";
+
+/// Key of a pack: `packs/<first 2 hex>/<hex>.pack`.
+pub fn pack_key(id: &ObjectId) -> String {
+    let h = id.to_hex();
+    format!("{PACKS_PREFIX}/{}/{h}.pack", &h[..2])
+}
+
+/// Key of a manifest: `manifests/<first 2 hex>/<hex>.manifest`.
+pub fn manifest_key(id: &ObjectId) -> String {
+    let h = id.to_hex();
+    format!("{MANIFESTS_PREFIX}/{}/{h}.manifest", &h[..2])
+}
+
+/// Key of a tag: `tags/<name>/<version>.tag`.
+pub fn tag_key(name: &str, version: &str) -> String {
+    format!("{TAGS_PREFIX}/{name}/{version}.tag")
+}
+
+/// Parses the id out of a pack key, if it is one.
+pub fn pack_id_from_key(key: &str) -> Option<ObjectId> {
+    let file = key.strip_prefix(PACKS_PREFIX)?.rsplit('/').next()?;
+    ObjectId::from_hex(file.strip_suffix(".pack")?).ok()
+}
+
+/// One listed object.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Its key.
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// A blocking handle on an object store. Cheap to clone; safe to use from many threads.
+#[derive(Clone)]
+pub struct Backend {
+    store: Arc<dyn ObjectStore>,
+    rt: Arc<tokio::runtime::Runtime>,
+    description: String,
+}
+
+impl Backend {
+    /// A directory on local disk; writes are fsynced and published atomically (rename).
+    pub fn local(root: &std::path::Path) -> Result<Backend> {
+        std::fs::create_dir_all(root).map_err(|e| StoreError::io("creating store directory", root, e))?;
+        let fs = object_store::local::LocalFileSystem::new_with_prefix(root)
+            .map_err(|e| StoreError::Backend { action: "opening", key: root.display().to_string(), message: e.to_string() })?
+            .with_fsync(true)
+            .with_automatic_cleanup(true);
+        Ok(Self::wrap(Arc::new(fs), root.display().to_string()))
+    }
+
+    /// An in-memory store, for unit tests only.
+    pub fn memory() -> Backend {
+        Self::wrap(Arc::new(object_store::memory::InMemory::new()), "memory".into())
+    }
+
+    fn wrap(store: Arc<dyn ObjectStore>, description: String) -> Backend {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime starts");
+        Backend { store, rt: Arc::new(rt), description }
+    }
+
+    /// Where this backend points, for messages.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    fn err(action: &'static str, key: &str, e: object_store::Error) -> StoreError {
+        match e {
+            object_store::Error::NotFound { .. } => StoreError::NotFound { what: "object", key: key.to_string() },
+            object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
+                StoreError::AlreadyExists { what: "object", key: key.to_string() }
+            }
+            other => StoreError::Backend { action, key: key.to_string(), message: innermost(&other) },
+        }
+    }
+
+    /// Writes an object, replacing any existing one.
+    pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        self.rt
+            .block_on(self.store.put(&ObjPath::from(key), PutPayload::from(bytes)))
+            .map(|_| ())
+            .map_err(|e| Self::err("writing", key, e))
+    }
+
+    /// Writes an object only if none exists under `key` ([`StoreError::AlreadyExists`] otherwise).
+    pub fn put_new(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        self.rt
+            .block_on(self.store.put_opts(&ObjPath::from(key), PutPayload::from(bytes), opts))
+            .map(|_| ())
+            .map_err(|e| Self::err("writing", key, e))
+    }
+
+    /// Reads a whole object.
+    pub fn get(&self, key: &str) -> Result<Bytes> {
+        let path = ObjPath::from(key);
+        self.rt
+            .block_on(async { self.store.get(&path).await?.bytes().await })
+            .map_err(|e| Self::err("reading", key, e))
+    }
+
+    /// Reads a whole object, or `None` if it does not exist.
+    pub fn get_opt(&self, key: &str) -> Result<Option<Bytes>> {
+        match self.get(key) {
+            Ok(b) => Ok(Some(b)),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads a byte range of an object.
+    pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        let want = range.end - range.start;
+        let b = self
+            .rt
+            .block_on(self.store.get_range(&ObjPath::from(key), range.clone()))
+            .map_err(|e| Self::err("reading", key, e))?;
+        if b.len() as u64 != want {
+            return Err(StoreError::corrupt("object", key, format!("range {range:?} returned {} bytes: truncated", b.len())));
+        }
+        Ok(b)
+    }
+
+    /// The size of an object, or `None` if it does not exist.
+    pub fn size(&self, key: &str) -> Result<Option<u64>> {
+        match self.rt.block_on(self.store.head(&ObjPath::from(key))) {
+            Ok(m) => Ok(Some(m.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Self::err("checking", key, e)),
+        }
+    }
+
+    /// Lists every object under `prefix`.
+    pub fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        let p = ObjPath::from(prefix);
+        self.rt
+            .block_on(self.store.list(Some(&p)).map_ok(|m| Listed { key: m.location.to_string(), size: m.size }).try_collect())
+            .map_err(|e| Self::err("listing", prefix, e))
+    }
+
+    /// Deletes an object; deleting a missing object is not an error.
+    pub fn delete(&self, key: &str) -> Result<()> {
+        match self.rt.block_on(self.store.delete(&ObjPath::from(key))) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Self::err("deleting", key, e)),
+        }
+    }
+}
+
+/// The deepest message in an error chain (the OS or server's own words).
+fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    if cur.to_string() == e.to_string() {
+        e.to_string()
+    } else {
+        format!("{e}: {cur}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_parse_back() {
+        let id = ObjectId::of(b"x");
+        assert_eq!(pack_id_from_key(&pack_key(&id)), Some(id));
+        assert_eq!(pack_id_from_key("manifests/ab/cd.manifest"), None);
+    }
+
+    #[test]
+    fn memory_round_trip_and_create_only() {
+        let b = Backend::memory();
+        b.put_new("a/b", b"one".to_vec()).unwrap();
+        assert!(matches!(b.put_new("a/b", b"two".to_vec()), Err(StoreError::AlreadyExists { .. })));
+        assert_eq!(&b.get("a/b").unwrap()[..], b"one");
+        assert_eq!(&b.get_range("a/b", 1..3).unwrap()[..], b"ne");
+        assert_eq!(b.size("a/b").unwrap(), Some(3));
+        assert!(b.get_opt("nope").unwrap().is_none());
+        assert_eq!(b.list("a").unwrap().len(), 1);
+        b.delete("a/b").unwrap();
+        b.delete("a/b").unwrap();
+        assert!(b.size("a/b").unwrap().is_none());
+    }
+}

@@ -1,0 +1,89 @@
+//! The store's error type: every failure names what it was doing and on which object.
+
+use std::path::PathBuf;
+
+/// Result alias for store operations.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong inside the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A local file or directory could not be read or written.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done ("reading", "creating", ...).
+        action: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The backend (object store) failed.
+    #[error("{action} {key}: {message}")]
+    Backend {
+        /// What was being done.
+        action: &'static str,
+        /// The object key involved.
+        key: String,
+        /// The backend's message.
+        message: String,
+    },
+    /// An object that must exist does not.
+    #[error("{what} not found: {key}")]
+    NotFound {
+        /// What kind of object ("pack", "manifest", ...).
+        what: &'static str,
+        /// Its key or name.
+        key: String,
+    },
+    /// An object that must not exist already does.
+    #[error("{what} already exists: {key}")]
+    AlreadyExists {
+        /// What kind of object.
+        what: &'static str,
+        /// Its key or name.
+        key: String,
+    },
+    /// Stored bytes failed a check: wrong hash, bad magic, truncated, unparsable.
+    #[error("corrupt {what} {key}: {detail}")]
+    Corrupt {
+        /// What kind of object ("pack", "chunk", "manifest", "tag").
+        what: &'static str,
+        /// Its key or id.
+        key: String,
+        /// What exactly is wrong.
+        detail: String,
+    },
+    /// The store directory holds no gstore store.
+    #[error("no gstore store at {0}: run `gstore init` first (or pass --store)")]
+    NotInitialized(String),
+    /// User input was invalid (tag names, chunk parameters, paths, ...).
+    #[error("{0}")]
+    Invalid(String),
+    /// The local RocksDB index failed.
+    #[error("index {path}: {message}")]
+    Index {
+        /// The index directory.
+        path: PathBuf,
+        /// RocksDB's message.
+        message: String,
+    },
+}
+
+impl StoreError {
+    /// Wraps an I/O error with the action and path it happened on.
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StoreError::Io { action, path: path.into(), source }
+    }
+
+    /// Builds a [`StoreError::Corrupt`].
+    pub fn corrupt(what: &'static str, key: impl Into<String>, detail: impl Into<String>) -> Self {
+        StoreError::Corrupt { what, key: key.into(), detail: detail.into() }
+    }
+
+    /// True when the error means an object is damaged or missing (as opposed to a usage error).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, StoreError::Corrupt { .. } | StoreError::NotFound { .. })
+    }
+}

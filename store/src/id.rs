@@ -1,0 +1,63 @@
+//! 32-byte BLAKE3 object ids (chunks, packs, manifests) and their hex form.
+
+use crate::error::{Result, StoreError};
+use std::fmt;
+
+/// A BLAKE3-256 digest naming a chunk, pack or manifest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(pub [u8; 32]);
+
+impl ObjectId {
+    /// Hashes `bytes` with BLAKE3.
+    pub fn of(bytes: &[u8]) -> Self {
+        ObjectId(*blake3::hash(bytes).as_bytes())
+    }
+
+    /// Lowercase hex, 64 characters.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Parses 64 hex characters.
+    pub fn from_hex(s: &str) -> Result<Self> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out)
+            .map_err(|_| StoreError::Invalid(format!("not a 64-hex-digit object id: {s:?}")))?;
+        Ok(ObjectId(out))
+    }
+
+    /// Builds an id from a 32-byte slice (e.g. read from a footer).
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(ObjectId)
+    }
+
+    /// The first 12 hex digits, for messages.
+    pub fn short(&self) -> String {
+        hex::encode(&self.0[..6])
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ObjectId({})", self.short())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip_and_rejects_garbage() {
+        let id = ObjectId::of(b"hello");
+        assert_eq!(ObjectId::from_hex(&id.to_hex()).unwrap(), id);
+        assert!(ObjectId::from_hex("zz").is_err());
+        assert!(ObjectId::from_hex(&"a".repeat(63)).is_err());
+    }
+}

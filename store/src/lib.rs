@@ -1,0 +1,32 @@
+//! gstore's content-addressed store.
+//!
+//! Data is cut into content-defined chunks (FastCDC v2020), named by BLAKE3, compressed per
+//! chunk (zstd, or raw when that saves too little, or a zero marker) and appended into pack
+//! objects with a checksummed footer. Images are manifests (content-addressed, ordered
+//! entries with chunk lists) and tags point at them. Packs, manifests and tags live in an
+//! `object_store` backend and are the truth; a local RocksDB index says where each chunk is
+//! and can be rebuilt from the pack footers. docs/FORMAT.md gives the byte layouts.
+
+pub mod backend;
+pub mod chunker;
+pub mod codec;
+pub mod config;
+pub mod error;
+pub mod id;
+pub mod index;
+pub mod lock;
+pub mod manifest;
+pub mod pack;
+pub mod progress;
+pub mod push;
+pub mod source;
+pub mod store;
+pub mod tag;
+pub mod usage;
+pub mod verify;
+
+pub use config::StoreConfig;
+pub use error::{Result, StoreError};
+pub use id::ObjectId;
+pub use store::{Store, StoreLocation};
+pub use tag::TagRef;

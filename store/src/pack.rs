@@ -1,0 +1,219 @@
+//! Pack objects: chunks appended one after another, then a footer that lists them, then a
+//! fixed-size trailer that locates and checksums the footer. Byte layout in docs/FORMAT.md.
+
+use crate::codec::Codec;
+use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
+
+/// Magic bytes at the start of every pack.
+pub const PACK_MAGIC: &[u8; 8] = b"GSPACK01";
+/// Magic bytes at the very end of every pack.
+pub const TRAILER_MAGIC: &[u8; 8] = b"GSPKTAIL";
+/// Bytes in one footer entry.
+pub const ENTRY_LEN: usize = 49;
+/// Bytes in the trailer.
+pub const TRAILER_LEN: usize = 56;
+/// Pack layout version written in the trailer.
+pub const PACK_VERSION: u32 = 1;
+
+/// One chunk as listed in a pack footer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackEntry {
+    /// BLAKE3 of the chunk's plain bytes.
+    pub id: ObjectId,
+    /// Offset of the stored bytes from the start of the pack.
+    pub offset: u64,
+    /// Stored (possibly compressed) length.
+    pub stored_len: u32,
+    /// Plain (decoded) length.
+    pub plain_len: u32,
+    /// How the stored bytes decode.
+    pub codec: Codec,
+}
+
+impl PackEntry {
+    fn write_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.id.0);
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.stored_len.to_le_bytes());
+        out.extend_from_slice(&self.plain_len.to_le_bytes());
+        out.push(self.codec as u8);
+    }
+
+    fn read_from(b: &[u8], pack: &str) -> Result<Self> {
+        let codec = Codec::from_byte(b[48]).ok_or_else(|| StoreError::corrupt("pack", pack, format!("unknown codec byte {}", b[48])))?;
+        Ok(PackEntry {
+            id: ObjectId::from_slice(&b[..32]).expect("32 bytes"),
+            offset: u64::from_le_bytes(b[32..40].try_into().unwrap()),
+            stored_len: u32::from_le_bytes(b[40..44].try_into().unwrap()),
+            plain_len: u32::from_le_bytes(b[44..48].try_into().unwrap()),
+            codec,
+        })
+    }
+}
+
+/// Accumulates stored chunks into one pack in memory.
+pub struct PackBuilder {
+    buf: Vec<u8>,
+    entries: Vec<PackEntry>,
+    plain_bytes: u64,
+}
+
+/// A finished pack, ready to upload.
+pub struct FinishedPack {
+    /// The pack id: BLAKE3 of `bytes`.
+    pub id: ObjectId,
+    /// The complete pack object.
+    pub bytes: Vec<u8>,
+    /// Its chunks, in order.
+    pub entries: Vec<PackEntry>,
+    /// Sum of the chunks' plain lengths.
+    pub plain_bytes: u64,
+}
+
+impl PackBuilder {
+    /// Starts an empty pack with room for `capacity` bytes.
+    pub fn new(capacity: usize) -> Self {
+        let mut buf = Vec::with_capacity(capacity + capacity / 64 + TRAILER_LEN);
+        buf.extend_from_slice(PACK_MAGIC);
+        PackBuilder { buf, entries: Vec::new(), plain_bytes: 0 }
+    }
+
+    /// Appends one stored chunk.
+    pub fn push(&mut self, id: ObjectId, codec: Codec, stored: &[u8], plain_len: u32) {
+        self.entries.push(PackEntry {
+            id,
+            offset: self.buf.len() as u64,
+            stored_len: stored.len() as u32,
+            plain_len,
+            codec,
+        });
+        self.buf.extend_from_slice(stored);
+        self.plain_bytes += plain_len as u64;
+    }
+
+    /// Bytes of chunk data so far (header included).
+    pub fn len(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    /// True when no chunk has been added.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Appends footer and trailer and names the pack.
+    pub fn finish(mut self) -> FinishedPack {
+        let footer_offset = self.buf.len() as u64;
+        for e in &self.entries {
+            e.write_to(&mut self.buf);
+        }
+        let footer_hash = blake3::hash(&self.buf[footer_offset as usize..]);
+        self.buf.extend_from_slice(&footer_offset.to_le_bytes());
+        self.buf.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(&PACK_VERSION.to_le_bytes());
+        self.buf.extend_from_slice(footer_hash.as_bytes());
+        self.buf.extend_from_slice(TRAILER_MAGIC);
+        FinishedPack { id: ObjectId::of(&self.buf), bytes: self.buf, entries: self.entries, plain_bytes: self.plain_bytes }
+    }
+}
+
+/// Where a pack's footer sits, read from its trailer.
+#[derive(Debug, Clone, Copy)]
+pub struct Trailer {
+    /// Offset of the first footer entry.
+    pub footer_offset: u64,
+    /// Number of footer entries.
+    pub count: u32,
+    /// BLAKE3 of the footer entries.
+    pub footer_hash: [u8; 32],
+}
+
+/// Parses the last [`TRAILER_LEN`] bytes of a pack of `pack_len` bytes.
+pub fn parse_trailer(tail: &[u8], pack_len: u64, pack: &str) -> Result<Trailer> {
+    let bad = |d: String| StoreError::corrupt("pack", pack, d);
+    if pack_len < (PACK_MAGIC.len() + TRAILER_LEN) as u64 || tail.len() != TRAILER_LEN {
+        return Err(bad(format!("only {pack_len} bytes long: truncated")));
+    }
+    if &tail[48..56] != TRAILER_MAGIC {
+        return Err(bad("trailer magic missing: truncated or overwritten".into()));
+    }
+    let version = u32::from_le_bytes(tail[12..16].try_into().unwrap());
+    if version != PACK_VERSION {
+        return Err(bad(format!("pack version {version} is not supported")));
+    }
+    let t = Trailer {
+        footer_offset: u64::from_le_bytes(tail[0..8].try_into().unwrap()),
+        count: u32::from_le_bytes(tail[8..12].try_into().unwrap()),
+        footer_hash: tail[16..48].try_into().unwrap(),
+    };
+    let expect_end = t.footer_offset.checked_add(t.count as u64 * ENTRY_LEN as u64);
+    if expect_end != Some(pack_len - TRAILER_LEN as u64) || t.footer_offset < PACK_MAGIC.len() as u64 {
+        return Err(bad(format!("footer at {} with {} entries does not fit a pack of {pack_len} bytes", t.footer_offset, t.count)));
+    }
+    Ok(t)
+}
+
+/// Parses and checks footer entries against the trailer: checksum, bounds, known codecs.
+pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str) -> Result<Vec<PackEntry>> {
+    if blake3::hash(footer).as_bytes() != &t.footer_hash {
+        return Err(StoreError::corrupt("pack", pack, "footer checksum mismatch"));
+    }
+    let mut entries = Vec::with_capacity(t.count as usize);
+    for raw in footer.chunks_exact(ENTRY_LEN) {
+        let e = PackEntry::read_from(raw, pack)?;
+        let end = e.offset + e.stored_len as u64;
+        if e.offset < PACK_MAGIC.len() as u64 || end > t.footer_offset {
+            return Err(StoreError::corrupt("pack", pack, format!("chunk {} lies outside the data area", e.id.short())));
+        }
+        entries.push(e);
+    }
+    Ok(entries)
+}
+
+/// Parses a whole pack held in memory: header, trailer, footer.
+pub fn parse_pack(bytes: &[u8], pack: &str) -> Result<Vec<PackEntry>> {
+    if bytes.len() < PACK_MAGIC.len() || &bytes[..8] != PACK_MAGIC {
+        return Err(StoreError::corrupt("pack", pack, "header magic missing"));
+    }
+    let len = bytes.len() as u64;
+    let t = parse_trailer(&bytes[bytes.len().saturating_sub(TRAILER_LEN)..], len, pack)?;
+    parse_footer(&bytes[t.footer_offset as usize..bytes.len() - TRAILER_LEN], &t, pack)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> FinishedPack {
+        let mut b = PackBuilder::new(1024);
+        b.push(ObjectId::of(b"one"), Codec::Raw, b"one", 3);
+        b.push(ObjectId::of(b"two"), Codec::Raw, b"two", 3);
+        b.finish()
+    }
+
+    #[test]
+    fn round_trip() {
+        let p = sample();
+        assert_eq!(p.id, ObjectId::of(&p.bytes));
+        let entries = parse_pack(&p.bytes, "p").unwrap();
+        assert_eq!(entries, p.entries);
+        assert_eq!(&p.bytes[entries[1].offset as usize..][..3], b"two");
+    }
+
+    #[test]
+    fn damage_is_detected() {
+        let p = sample();
+        // Truncation at every length.
+        for n in 0..p.bytes.len() {
+            assert!(parse_pack(&p.bytes[..n], "p").is_err(), "truncated to {n} parsed");
+        }
+        // A flipped byte anywhere in footer or trailer.
+        let footer_start = p.entries.last().map(|e| (e.offset + e.stored_len as u64) as usize).unwrap();
+        for i in footer_start..p.bytes.len() {
+            let mut b = p.bytes.clone();
+            b[i] ^= 0x40;
+            assert!(parse_pack(&b, "p").is_err(), "flip at {i} parsed");
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! A small progress interface so the library can report long work without knowing how it is
+//! shown (the CLI draws indicatif bars; tests and `--json` use [`Silent`]).
+
+/// Receives progress of one long operation.
+pub trait Progress: Sync {
+    /// A phase begins: `what` is shown to the user, `total` is in the phase's units.
+    fn start(&self, what: &str, total: u64);
+    /// `n` more units are done.
+    fn advance(&self, n: u64);
+    /// The phase ended.
+    fn finish(&self);
+}
+
+/// Shows nothing.
+pub struct Silent;
+
+impl Progress for Silent {
+    fn start(&self, _: &str, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn finish(&self) {}
+}

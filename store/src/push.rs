@@ -1,0 +1,250 @@
+//! Pushing a file or directory tree into the store as one image.
+//!
+//! Files are cut into work units of at most one segment. A batch of units is read, chunked,
+//! hashed and (for chunks the store lacks) compressed on every core; then, in order, new chunks
+//! are appended to the open pack and each file's chunk list grows. Full packs go to a writer
+//! thread that stores the pack and then indexes it, so the next batch is processed while the
+//! previous pack is written. The manifest is written after the last pack is indexed, and the
+//! tag after the manifest: a crash at any point leaves every earlier image intact.
+
+use crate::chunker;
+use crate::codec::{self, Codec};
+use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
+use crate::manifest::{ChunkRef, Entry, EntryKind, Manifest};
+use crate::pack::{FinishedPack, PackBuilder};
+use crate::progress::Progress;
+use crate::source::{self, SourceEntry};
+use crate::store::{now_unix, Store};
+use crate::tag::{TagRecord, TagRef};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::FileExt;
+use std::sync::mpsc;
+
+/// Input bytes processed in parallel before the ordered append step.
+const BATCH_BYTES: u64 = 64 * 1024 * 1024;
+
+/// What a push did.
+#[derive(Debug, Clone, Serialize)]
+pub struct PushReport {
+    /// The new image's manifest id (its root hash).
+    pub manifest: String,
+    /// The tag it was given.
+    pub tag: String,
+    /// Entries in the image.
+    pub entries: usize,
+    /// Plain bytes in the image.
+    pub logical_bytes: u64,
+    /// Chunks in the image (zero chunks included).
+    pub chunks: u64,
+    /// Chunks this push added to the store.
+    pub new_chunks: u64,
+    /// Plain bytes of the chunks this push added.
+    pub new_plain_bytes: u64,
+    /// Bytes this push added to packs (after compression).
+    pub new_stored_bytes: u64,
+    /// Bytes of all-zero chunks (stored as markers).
+    pub zero_bytes: u64,
+    /// Packs written.
+    pub packs: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// One piece of one file, processed as a whole on one core.
+struct Unit {
+    file: usize,
+    offset: u64,
+    len: u64,
+}
+
+/// A chunk after the parallel stage.
+struct Cut {
+    id: ObjectId,
+    len: u32,
+    zero: bool,
+    /// Encoded bytes, only for chunks the index did not know.
+    stored: Option<(Codec, Vec<u8>)>,
+}
+
+/// Pushes `source` as a new image tagged `tag`, with `meta` recorded in the manifest.
+pub fn push(
+    store: &Store,
+    source: &std::path::Path,
+    tag: &TagRef,
+    meta: BTreeMap<String, serde_json::Value>,
+    progress: &dyn Progress,
+) -> Result<PushReport> {
+    let started = std::time::Instant::now();
+    let entries = source::scan(source)?;
+    let units = plan_units(&entries, store.config().segment_size);
+    let total: u64 = units.iter().map(|u| u.len).sum();
+    progress.start("pushing", total);
+
+    let mut report = PushReport {
+        manifest: String::new(),
+        tag: tag.to_string(),
+        entries: entries.len(),
+        logical_bytes: total,
+        chunks: 0,
+        new_chunks: 0,
+        new_plain_bytes: 0,
+        new_stored_bytes: 0,
+        zero_bytes: 0,
+        packs: 0,
+        seconds: 0.0,
+    };
+    let mut file_chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); entries.len()];
+    let files = open_files(&entries)?;
+
+    let result = std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = mpsc::sync_channel::<FinishedPack>(1);
+        let writer = scope.spawn(move || -> Result<u64> {
+            let mut n = 0;
+            for p in rx {
+                store.put_pack(&p)?;
+                n += 1;
+            }
+            Ok(n)
+        });
+        let appended = append_all(store, &entries, &files, &units, &mut file_chunks, &mut report, &tx, progress);
+        drop(tx);
+        let written = writer.join().expect("pack writer thread does not panic");
+        // A writer error explains an append error (a closed channel), so report it first.
+        report.packs = written?;
+        appended
+    });
+    progress.finish();
+    result?;
+
+    let manifest = Manifest {
+        created_unix: now_unix(),
+        meta,
+        entries: entries
+            .iter()
+            .zip(&file_chunks)
+            .map(|(e, c)| Entry {
+                path: e.rel.clone(),
+                kind: e.kind,
+                mode: e.mode,
+                size: if e.kind == EntryKind::File { c.iter().map(|c| c.len as u64).sum() } else { 0 },
+                target: e.target.clone(),
+                chunks: c.len() as u64,
+            })
+            .collect(),
+        chunks: file_chunks.into_iter().flatten().collect(),
+    };
+    let id = store.put_manifest(&manifest)?;
+    let _: TagRecord = store.set_tag(tag, id)?;
+    report.manifest = id.to_hex();
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+fn plan_units(entries: &[SourceEntry], segment: u64) -> Vec<Unit> {
+    let mut units = Vec::new();
+    for (i, e) in entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::File) {
+        let mut off = 0;
+        while off < e.size {
+            let len = segment.min(e.size - off);
+            units.push(Unit { file: i, offset: off, len });
+            off += len;
+        }
+    }
+    units
+}
+
+fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<std::fs::File>>> {
+    entries
+        .iter()
+        .map(|e| match e.kind {
+            EntryKind::File => std::fs::File::open(&e.abs).map(Some).map_err(|err| StoreError::io("opening", &e.abs, err)),
+            _ => Ok(None),
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn append_all(
+    store: &Store,
+    entries: &[SourceEntry],
+    files: &[Option<std::fs::File>],
+    units: &[Unit],
+    file_chunks: &mut [Vec<ChunkRef>],
+    report: &mut PushReport,
+    tx: &mpsc::SyncSender<FinishedPack>,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let cfg = store.config();
+    let mut seen: HashSet<ObjectId> = HashSet::new();
+    let mut pack = PackBuilder::new(cfg.pack_target as usize);
+    let writer_gone = || StoreError::Invalid("pack writer stopped".into());
+    let mut start = 0;
+    while start < units.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < units.len() && (end == start || bytes + units[end].len <= BATCH_BYTES) {
+            bytes += units[end].len;
+            end += 1;
+        }
+        let cuts: Vec<Result<Vec<Cut>>> = units[start..end]
+            .par_iter()
+            .map(|u| {
+                let cuts = process_unit(store, &entries[u.file], files[u.file].as_ref().expect("file unit"), u);
+                progress.advance(u.len);
+                cuts
+            })
+            .collect();
+        for (u, cuts) in units[start..end].iter().zip(cuts) {
+            for c in cuts? {
+                report.chunks += 1;
+                file_chunks[u.file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
+                if c.zero {
+                    report.zero_bytes += c.len as u64;
+                    continue;
+                }
+                let Some((codec, stored)) = c.stored else { continue };
+                if !seen.insert(c.id) {
+                    continue;
+                }
+                report.new_chunks += 1;
+                report.new_plain_bytes += c.len as u64;
+                report.new_stored_bytes += stored.len() as u64;
+                pack.push(c.id, codec, &stored, c.len);
+                if pack.len() >= cfg.pack_target {
+                    let full = std::mem::replace(&mut pack, PackBuilder::new(cfg.pack_target as usize));
+                    tx.send(full.finish()).map_err(|_| writer_gone())?;
+                }
+            }
+        }
+        start = end;
+    }
+    if !pack.is_empty() {
+        tx.send(pack.finish()).map_err(|_| writer_gone())?;
+    }
+    Ok(())
+}
+
+fn process_unit(store: &Store, entry: &SourceEntry, file: &std::fs::File, u: &Unit) -> Result<Vec<Cut>> {
+    let mut data = vec![0u8; u.len as usize];
+    file.read_exact_at(&mut data, u.offset).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            StoreError::Invalid(format!("{} shrank while it was being pushed", entry.abs.display()))
+        } else {
+            StoreError::io("reading", &entry.abs, e)
+        }
+    })?;
+    let cfg = store.config();
+    chunker::cut_segment(&data, cfg)
+        .into_iter()
+        .map(|span| {
+            let plain = &data[span];
+            let id = ObjectId::of(plain);
+            let zero = codec::is_all_zero(plain);
+            let stored = if zero || store.locate(&id)?.is_some() { None } else { Some(codec::encode(plain, cfg.zstd_level)) };
+            Ok(Cut { id, len: plain.len() as u32, zero, stored })
+        })
+        .collect()
+}

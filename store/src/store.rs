@@ -1,0 +1,273 @@
+//! The store: a backend holding packs, manifests and tags, plus the local index.
+
+use crate::backend::{self, Backend};
+use crate::config::StoreConfig;
+use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
+use crate::index::{ChunkLocation, Index};
+use crate::lock::StoreLock;
+use crate::manifest::Manifest;
+use crate::pack::{self, PackEntry, TRAILER_LEN};
+use crate::tag::{TagRecord, TagRef};
+use std::path::PathBuf;
+
+/// Where a store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A directory on local disk (the embedded default).
+    Local(PathBuf),
+}
+
+impl StoreLocation {
+    /// Parses a `--store` value: a local path. URLs (`s3://`, `http://`) are refused until
+    /// those backends exist.
+    pub fn parse(s: &str) -> Result<StoreLocation> {
+        if let Some((scheme, _)) = s.split_once("://") {
+            return Err(StoreError::Invalid(format!("store URL scheme {scheme}:// is not supported by this build; give a local directory")));
+        }
+        if s.is_empty() {
+            return Err(StoreError::Invalid("empty store path".into()));
+        }
+        Ok(StoreLocation::Local(PathBuf::from(s)))
+    }
+
+    /// The default store: `$XDG_DATA_HOME/gstore`, else `~/.local/share/gstore`.
+    pub fn default_local() -> StoreLocation {
+        let base = std::env::var_os("XDG_DATA_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+            .unwrap_or_else(|| PathBuf::from("."));
+        StoreLocation::Local(base.join("gstore"))
+    }
+
+    fn backend(&self) -> Result<Backend> {
+        match self {
+            StoreLocation::Local(p) => Backend::local(p),
+        }
+    }
+
+    /// Directory of the local index and its lock.
+    fn index_dir(&self) -> PathBuf {
+        match self {
+            StoreLocation::Local(p) => p.join("index"),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            StoreLocation::Local(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// An open store. Commands that read or write chunks open it with its index (which takes the
+/// store lock); commands that only read tags and manifests do not.
+pub struct Store {
+    backend: Backend,
+    config: StoreConfig,
+    location: StoreLocation,
+    index: Option<Index>,
+    _lock: Option<StoreLock>,
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl Store {
+    /// Creates a new store at `location` with `config`. Fails if one is already there.
+    pub fn init(location: &StoreLocation, config: &StoreConfig) -> Result<()> {
+        config.validate()?;
+        let backend = location.backend()?;
+        let json = serde_json::to_vec_pretty(config).expect("config serializes");
+        match backend.put_new(backend::CONFIG_KEY, json) {
+            Err(StoreError::AlreadyExists { .. }) => Err(StoreError::AlreadyExists { what: "store", key: location.describe() }),
+            other => other,
+        }
+    }
+
+    /// Opens an existing store without its index.
+    pub fn open(location: &StoreLocation) -> Result<Store> {
+        if let StoreLocation::Local(p) = location {
+            if !p.join(backend::CONFIG_KEY).exists() {
+                return Err(StoreError::NotInitialized(location.describe()));
+            }
+        }
+        let backend = location.backend()?;
+        let bytes = backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
+        let config = StoreConfig::from_json(&bytes)?;
+        Ok(Store { backend, config, location: location.clone(), index: None, _lock: None })
+    }
+
+    /// Opens an existing store with its index, waiting (after calling `on_wait`) while another
+    /// process holds it. An index that does not exist yet is built from the pack footers.
+    pub fn open_indexed(location: &StoreLocation, on_wait: &dyn Fn(&str)) -> Result<Store> {
+        let mut store = Store::open(location)?;
+        let dir = location.index_dir();
+        let lock = StoreLock::acquire(&dir.with_extension("lock"), on_wait)?;
+        let fresh = !dir.exists();
+        store.index = Some(Index::open(&dir)?);
+        store._lock = Some(lock);
+        if fresh {
+            store.rebuild_index(&crate::progress::Silent)?;
+        }
+        Ok(store)
+    }
+
+    /// The store's settings.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// Where the store is, for messages.
+    pub fn describe(&self) -> String {
+        self.location.describe()
+    }
+
+    /// The index. Panics if the store was opened without it (a programming error).
+    pub fn index(&self) -> &Index {
+        self.index.as_ref().expect("store opened with its index")
+    }
+
+    /// Where a chunk is stored, per the index.
+    pub fn locate(&self, id: &ObjectId) -> Result<Option<ChunkLocation>> {
+        self.index().locate(id)
+    }
+
+    /// Reads a byte range of a pack, telling a missing or truncated pack apart.
+    pub fn read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) -> Result<bytes::Bytes> {
+        let key = backend::pack_key(pack);
+        match self.backend.get_range(&key, range.clone()) {
+            Ok(b) => Ok(b),
+            Err(StoreError::NotFound { .. }) => Err(StoreError::NotFound { what: "pack", key }),
+            Err(e) => match self.backend.size(&key)? {
+                None => Err(StoreError::NotFound { what: "pack", key }),
+                Some(size) if size < range.end => {
+                    Err(StoreError::corrupt("pack", key, format!("{size} bytes long but bytes up to {} are needed: truncated", range.end)))
+                }
+                Some(_) => Err(e),
+            },
+        }
+    }
+
+    /// Reads and checks a pack's footer (without reading its chunk data).
+    pub fn read_pack_footer(&self, pack: &ObjectId) -> Result<Vec<PackEntry>> {
+        let key = backend::pack_key(pack);
+        let size = self.backend.size(&key)?.ok_or_else(|| StoreError::NotFound { what: "pack", key: key.clone() })?;
+        if size < TRAILER_LEN as u64 + 8 {
+            return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
+        }
+        let tail = self.backend.get_range(&key, size - TRAILER_LEN as u64..size)?;
+        let t = pack::parse_trailer(&tail, size, &key)?;
+        let footer = self.backend.get_range(&key, t.footer_offset..size - TRAILER_LEN as u64)?;
+        pack::parse_footer(&footer, &t, &key)
+    }
+
+    /// Stores a finished pack, then records it in the index (pack before index).
+    pub fn put_pack(&self, p: &pack::FinishedPack) -> Result<()> {
+        self.backend.put(&backend::pack_key(&p.id), p.bytes.clone())?;
+        self.index().add_pack(p.id, p.bytes.len() as u64, &p.entries)
+    }
+
+    /// Stores a manifest and returns its id.
+    pub fn put_manifest(&self, m: &Manifest) -> Result<ObjectId> {
+        let bytes = m.encode();
+        let id = ObjectId::of(&bytes);
+        self.backend.put(&backend::manifest_key(&id), bytes)?;
+        Ok(id)
+    }
+
+    /// Reads and checks a manifest.
+    pub fn get_manifest(&self, id: &ObjectId) -> Result<Manifest> {
+        let key = backend::manifest_key(id);
+        let bytes = match self.backend.get(&key) {
+            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "manifest", key }),
+            other => other?,
+        };
+        Manifest::decode(&bytes, id)
+    }
+
+    /// Reads a tag, or `None` if it does not exist.
+    pub fn get_tag(&self, tag: &TagRef) -> Result<Option<TagRecord>> {
+        let bytes = self.backend.get_opt(&backend::tag_key(&tag.name, &tag.version))?;
+        bytes.map(|b| TagRecord::from_json(&b, tag)).transpose()
+    }
+
+    /// Points `tag` at `manifest`, keeping the previous value in its history.
+    pub fn set_tag(&self, tag: &TagRef, manifest: ObjectId) -> Result<TagRecord> {
+        // A damaged previous record must not block a new push: start a fresh history.
+        let previous = self.get_tag(tag).unwrap_or(None);
+        let rec = TagRecord::new(tag, manifest, now_unix(), previous);
+        let json = serde_json::to_vec_pretty(&rec).expect("tag serializes");
+        self.backend.put(&backend::tag_key(&tag.name, &tag.version), json)?;
+        Ok(rec)
+    }
+
+    /// Removes a tag. Its chunks stay until garbage collection.
+    pub fn delete_tag(&self, tag: &TagRef) -> Result<()> {
+        if self.get_tag(tag)?.is_none() {
+            return Err(StoreError::NotFound { what: "tag", key: tag.to_string() });
+        }
+        self.backend.delete(&backend::tag_key(&tag.name, &tag.version))
+    }
+
+    /// Every tag, sorted by name and version. Records that fail to parse are returned as errors
+    /// alongside the good ones so that one damaged tag does not hide the rest.
+    pub fn list_tags(&self) -> Result<Vec<Result<TagRecord>>> {
+        let mut out = Vec::new();
+        for l in self.backend.list(backend::TAGS_PREFIX)? {
+            let Some(rest) = l.key.strip_prefix("tags/").and_then(|r| r.strip_suffix(".tag")) else { continue };
+            let Some((name, version)) = rest.split_once('/') else { continue };
+            let Ok(tag) = TagRef::parse(&format!("{name}:{version}")) else { continue };
+            out.push((tag.clone(), self.backend.get(&l.key).and_then(|b| TagRecord::from_json(&b, &tag))));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// Resolves `NAME[:VER]` (or a 64-hex manifest id) to a manifest id.
+    pub fn resolve(&self, reference: &str) -> Result<ObjectId> {
+        if reference.len() == 64 {
+            if let Ok(id) = ObjectId::from_hex(reference) {
+                return Ok(id);
+            }
+        }
+        let tag = TagRef::parse(reference)?;
+        match self.get_tag(&tag)? {
+            Some(r) => r.manifest_id(),
+            None => Err(StoreError::NotFound { what: "tag", key: tag.to_string() }),
+        }
+    }
+
+    /// Rebuilds the index from the pack footers in the backend. Returns (packs indexed,
+    /// damaged packs skipped with their errors).
+    pub fn rebuild_index(&self, progress: &dyn crate::progress::Progress) -> Result<(usize, Vec<StoreError>)> {
+        let packs = self.backend.list(backend::PACKS_PREFIX)?;
+        let index = self.index();
+        index.clear()?;
+        progress.start("indexing packs", packs.len() as u64);
+        let mut ok = 0;
+        let mut damaged = Vec::new();
+        for l in packs {
+            if let Some(id) = backend::pack_id_from_key(&l.key) {
+                match self.read_pack_footer(&id) {
+                    Ok(entries) => {
+                        index.add_pack(id, l.size, &entries)?;
+                        ok += 1;
+                    }
+                    Err(e) => damaged.push(e),
+                }
+            }
+            progress.advance(1);
+        }
+        progress.finish();
+        Ok((ok, damaged))
+    }
+}

@@ -1,0 +1,185 @@
+//! Checking a store: every tagged image's manifest, the packs its chunks live in, and (with
+//! `read_data`) every referenced chunk's bytes against its BLAKE3 id. Damage is reported per
+//! image, naming the tags that can no longer be restored.
+
+use crate::codec;
+use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
+use crate::manifest::Manifest;
+use crate::pack::PackEntry;
+use crate::progress::Progress;
+use crate::store::Store;
+use rayon::prelude::*;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Problems listed per image before the rest are only counted.
+const PROBLEMS_SHOWN: usize = 5;
+
+/// The state of one tagged image.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageStatus {
+    /// `name:version`, or the tag's key when the record itself is unreadable.
+    pub tag: String,
+    /// Manifest id, when known.
+    pub manifest: Option<String>,
+    /// True when nothing is wrong.
+    pub ok: bool,
+    /// What is wrong (the first few problems).
+    pub problems: Vec<String>,
+    /// How many problems there are in all.
+    pub problem_count: usize,
+}
+
+/// The outcome of a verify run.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    /// One status per tag.
+    pub images: Vec<ImageStatus>,
+    /// Packs whose footers were checked.
+    pub packs_checked: usize,
+    /// Chunks whose data was decoded and hashed (with `read_data`).
+    pub chunks_read: u64,
+    /// Bytes of pack data read (with `read_data`).
+    pub bytes_read: u64,
+    /// Whether chunk data was read.
+    pub read_data: bool,
+}
+
+impl VerifyReport {
+    /// Tags whose images are damaged.
+    pub fn damaged(&self) -> Vec<&str> {
+        self.images.iter().filter(|i| !i.ok).map(|i| i.tag.as_str()).collect()
+    }
+}
+
+/// What was learned about one pack.
+struct PackCheck {
+    entries: HashMap<ObjectId, PackEntry>,
+    bad_chunks: HashMap<ObjectId, String>,
+}
+
+/// Verifies every tagged image.
+pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result<VerifyReport> {
+    let tags = store.list_tags()?;
+    let mut manifests: BTreeMap<ObjectId, std::result::Result<Manifest, String>> = BTreeMap::new();
+    let mut images = Vec::new();
+    for t in &tags {
+        match t {
+            Ok(rec) => {
+                let id = rec.manifest_id()?;
+                manifests.entry(id).or_insert_with(|| store.get_manifest(&id).map_err(|e| e.to_string()));
+                images.push((rec.tag().to_string(), Some(id)));
+            }
+            Err(e) => images.push((e.to_string(), None)),
+        }
+    }
+
+    // Where each referenced chunk should be, per the index.
+    let mut wanted: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
+    for m in manifests.values().filter_map(|m| m.as_ref().ok()) {
+        for c in m.chunks.iter().filter(|c| !c.zero) {
+            if let Some(loc) = store.locate(&c.id)? {
+                wanted.entry(loc.pack).or_default().push(c.id);
+            }
+        }
+    }
+    let packs: Vec<(ObjectId, Vec<ObjectId>)> = wanted.into_iter().collect();
+    progress.start(if read_data { "verifying packs and data" } else { "verifying packs" }, packs.len() as u64);
+    let checked: Vec<(ObjectId, std::result::Result<PackCheck, String>, u64, u64)> = packs
+        .par_iter()
+        .map(|(pack, ids)| {
+            let (res, chunks, bytes) = match check_pack(store, pack, ids, read_data) {
+                Ok((c, n, b)) => (Ok(c), n, b),
+                Err(e) => (Err(e.to_string()), 0, 0),
+            };
+            progress.advance(1);
+            (*pack, res, chunks, bytes)
+        })
+        .collect();
+    progress.finish();
+    let chunks_read = checked.iter().map(|c| c.2).sum();
+    let bytes_read = checked.iter().map(|c| c.3).sum();
+    let pack_results: HashMap<ObjectId, std::result::Result<PackCheck, String>> = checked.into_iter().map(|(p, r, _, _)| (p, r)).collect();
+
+    let mut statuses = Vec::new();
+    for (tag, id) in images {
+        let mut problems = Vec::new();
+        match id.map(|id| (id, &manifests[&id])) {
+            None => problems.push("tag record unreadable".to_string()),
+            Some((_, Err(e))) => problems.push(e.clone()),
+            Some((_, Ok(m))) => image_problems(store, m, &pack_results, &mut problems)?,
+        }
+        statuses.push(ImageStatus {
+            tag,
+            manifest: id.map(|i| i.to_hex()),
+            ok: problems.is_empty(),
+            problem_count: problems.len(),
+            problems: problems.into_iter().take(PROBLEMS_SHOWN).collect(),
+        });
+    }
+    Ok(VerifyReport { images: statuses, packs_checked: pack_results.len(), chunks_read, bytes_read, read_data })
+}
+
+fn image_problems(
+    store: &Store,
+    m: &Manifest,
+    packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
+    problems: &mut Vec<String>,
+) -> Result<()> {
+    let mut reported_packs = HashSet::new();
+    for (entry, chunks) in m.files() {
+        for c in chunks.iter().filter(|c| !c.zero) {
+            let Some(loc) = store.locate(&c.id)? else {
+                problems.push(format!("{}: chunk {} is in no indexed pack", entry.path, c.id.short()));
+                continue;
+            };
+            match &packs[&loc.pack] {
+                Err(e) => {
+                    if reported_packs.insert(loc.pack) {
+                        problems.push(format!("{}: {e}", entry.path));
+                    }
+                }
+                Ok(check) => match check.entries.get(&c.id) {
+                    None => problems.push(format!("{}: chunk {} is not in pack {} (index is stale: run `gstore index rebuild`)", entry.path, c.id.short(), loc.pack.short())),
+                    Some(e) if e.offset != loc.offset || e.stored_len != loc.stored_len || e.plain_len != c.len => {
+                        problems.push(format!("{}: chunk {} disagrees with pack {}'s footer", entry.path, c.id.short(), loc.pack.short()))
+                    }
+                    Some(_) => {
+                        if let Some(why) = check.bad_chunks.get(&c.id) {
+                            problems.push(format!("{}: chunk {} in pack {}: {why}", entry.path, c.id.short(), loc.pack.short()));
+                        }
+                    }
+                },
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads a pack's footer and, with `read_data`, decodes and hashes the chunks in `ids`.
+fn check_pack(store: &Store, pack: &ObjectId, ids: &[ObjectId], read_data: bool) -> Result<(PackCheck, u64, u64)> {
+    let entries: HashMap<ObjectId, PackEntry> = store.read_pack_footer(pack)?.into_iter().map(|e| (e.id, e)).collect();
+    let mut bad_chunks = HashMap::new();
+    let (mut n, mut bytes) = (0, 0);
+    if read_data {
+        let data_end = entries.values().map(|e| e.offset + e.stored_len as u64).max().unwrap_or(0);
+        let data = store.read_pack_range(pack, 0..data_end)?;
+        bytes = data.len() as u64;
+        let mut buf = Vec::new();
+        let unique: HashSet<&ObjectId> = ids.iter().collect();
+        for id in unique {
+            let Some(e) = entries.get(id) else { continue };
+            let stored = &data[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
+            if let Err(err) = codec::decode_into(e.codec, stored, e.plain_len as usize, id, &mut buf) {
+                let detail = match err {
+                    StoreError::Corrupt { detail, .. } => detail,
+                    other => other.to_string(),
+                };
+                bad_chunks.insert(*id, detail);
+            }
+            n += 1;
+        }
+    }
+    Ok((PackCheck { entries, bad_chunks }, n, bytes))
+}

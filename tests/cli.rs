@@ -1,0 +1,133 @@
+//! End-to-end use of every store command through the real binary.
+
+use gstore_tests::*;
+use std::fs;
+
+#[test]
+fn push_restore_round_trip_of_a_tree() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 1, 3_000_000);
+    let out = env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v1", "--meta", "kind=test"]);
+    assert!(out.contains("pushed"), "{out}");
+    env.ok(&["restore", "app:v1", "--to", env.path("out").to_str().unwrap()]);
+    assert_same_tree(&src, &env.path("out"));
+    // The zero-filled file comes back as a hole-backed file with the same bytes.
+    assert_eq!(fs::read(env.path("out/zeros.bin")).unwrap(), vec![0u8; 300_000]);
+    // No staging directory is left behind.
+    assert!(!env.path(".out.gstore-partial").exists());
+}
+
+#[test]
+fn single_file_push_and_restore_by_manifest_id() {
+    let env = Env::new(&[]);
+    let f = env.path("model.safetensors");
+    write_mixed_file(&f, 1_234_567, 7);
+    let r = env.json(&["push", f.to_str().unwrap(), "--tag", "model"]);
+    let id = r["manifest"].as_str().unwrap().to_string();
+    assert_eq!(r["logical_bytes"], 1_234_567);
+    env.ok(&["restore", &id, "--to", env.path("out").to_str().unwrap()]);
+    assert_eq!(fs::read(env.path("out/model.safetensors")).unwrap(), fs::read(&f).unwrap());
+}
+
+#[test]
+fn near_identical_second_image_adds_little_and_du_accounts_for_it() {
+    let env = Env::new(&[]);
+    let a = env.path("a");
+    fs::create_dir_all(&a).unwrap();
+    write_mixed_file(&a.join("pages-1.img"), 8_000_000, 11);
+    env.ok(&["push", a.to_str().unwrap(), "--tag", "run:1"]);
+    // Second image: same pages with an insertion near the start and an edit in the middle.
+    let b = env.path("b");
+    fs::create_dir_all(&b).unwrap();
+    let mut data = fs::read(a.join("pages-1.img")).unwrap();
+    data.splice(100_000..100_000, b"inserted header".iter().copied());
+    data[4_000_000..4_000_100].copy_from_slice(&random_bytes(100, 99));
+    fs::write(b.join("pages-1.img"), &data).unwrap();
+    let r = env.json(&["push", b.to_str().unwrap(), "--tag", "run:2"]);
+    let added = r["new_plain_bytes"].as_u64().unwrap();
+    assert!(added * 10 <= data.len() as u64, "second image added {added} of {} bytes", data.len());
+
+    let du = env.json(&["du"]);
+    assert_eq!(du["images"].as_array().unwrap().len(), 2);
+    assert_eq!(du["logical_bytes"].as_u64().unwrap(), 8_000_000 + data.len() as u64);
+    assert!(du["dedup_ratio"].as_f64().unwrap() > 1.5, "{du}");
+    let unique: Vec<u64> = du["images"].as_array().unwrap().iter().map(|i| i["unique_stored_bytes"].as_u64().unwrap()).collect();
+    assert!(unique.iter().all(|&u| u > 0 && u * 5 < 8_000_000), "{unique:?}");
+    // Both restore byte-exact.
+    env.ok(&["restore", "run:2", "--to", env.path("out2").to_str().unwrap()]);
+    assert_eq!(fs::read(env.path("out2/pages-1.img")).unwrap(), data);
+}
+
+#[test]
+fn ls_show_tag_rm_and_history() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 3, 200_000);
+    let first = env.json(&["push", src.to_str().unwrap(), "--tag", "svc"])["manifest"].as_str().unwrap().to_string();
+    fs::write(src.join("extra"), b"more").unwrap();
+    let second = env.json(&["push", src.to_str().unwrap(), "--tag", "svc"])["manifest"].as_str().unwrap().to_string();
+    assert_ne!(first, second);
+
+    let ls = env.json(&["ls"]);
+    assert_eq!(ls.as_array().unwrap().len(), 1);
+    assert_eq!(ls[0]["tag"], "svc:latest");
+    assert_eq!(ls[0]["manifest"], second.as_str());
+
+    let tag_file = fs::read_to_string(env.store.join("tags/svc/latest.tag")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&tag_file).unwrap();
+    assert_eq!(rec["history"][0]["manifest"], first.as_str());
+
+    let show = env.json(&["show", "svc"]);
+    let paths: Vec<&str> = show["entries"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert!(paths.contains(&"extra") && paths.contains(&"sub/deeper/tiny") && paths.contains(&"link"), "{paths:?}");
+    let zeros = show["entries"].as_array().unwrap().iter().find(|e| e["path"] == "zeros.bin").unwrap();
+    assert_eq!(zeros["chunks"], zeros["zero_chunks"]);
+    let text = env.ok(&["show", "svc"]);
+    assert!(text.contains("sub/deeper/tiny") && text.contains("link -> sub/core.img"), "{text}");
+
+    env.ok(&["tag", &first, "svc:old"]);
+    env.ok(&["tag", "svc", "svc:copy"]);
+    let ls = env.json(&["ls"]);
+    let tags: Vec<&str> = ls.as_array().unwrap().iter().map(|r| r["tag"].as_str().unwrap()).collect();
+    assert_eq!(tags, ["svc:copy", "svc:latest", "svc:old"]);
+    env.ok(&["rm", "svc:copy"]);
+    assert!(env.fails(&["rm", "svc:copy"]).contains("tag not found"));
+    env.ok(&["restore", "svc:old", "--to", env.path("old").to_str().unwrap()]);
+    assert!(!env.path("old/extra").exists());
+    env.ok(&["verify", "--read-data"]);
+}
+
+#[test]
+fn index_rebuild_restores_the_same_answers() {
+    let env = Env::new(&["--pack-size", "1048576"]);
+    let src = env.path("src");
+    make_tree(&src, 5, 4_000_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "x"]);
+    let du_before = env.json(&["du"]);
+    fs::remove_dir_all(env.store.join("index")).unwrap();
+    // A missing index is rebuilt on open; an explicit rebuild gives the same result.
+    assert_eq!(env.json(&["du"]), du_before);
+    let r = env.json(&["index", "rebuild"]);
+    assert!(r["packs_indexed"].as_u64().unwrap() >= 2, "{r}");
+    assert_eq!(env.json(&["du"]), du_before);
+    env.ok(&["restore", "x", "--to", env.path("out").to_str().unwrap()]);
+    assert_same_tree(&src, &env.path("out"));
+}
+
+#[test]
+fn default_store_location_comes_from_env() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(gstore_bin())
+            .args(args)
+            .env_remove("GSTORE_STORE")
+            .env("XDG_DATA_HOME", tmp.path().join("xdg"))
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["init"]).status.success());
+    assert!(tmp.path().join("xdg/gstore/config.json").exists());
+    let o = std::process::Command::new(gstore_bin()).args(["ls"]).env("GSTORE_STORE", tmp.path().join("xdg/gstore")).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -1,0 +1,200 @@
+//! Helpers for the integration tests: run the real `gstore` binary against a scratch store,
+//! make test data, and compare directory trees byte for byte.
+
+use rand::{Rng, RngCore, SeedableRng};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Path of the `gstore` binary built alongside the tests (target/<profile>/gstore).
+pub fn gstore_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
+    let bin = dir.join("gstore");
+    assert!(bin.exists(), "{} not built: run the tests with `cargo nextest run --workspace`", bin.display());
+    bin
+}
+
+/// A scratch directory with a store in it, removed on drop.
+pub struct Env {
+    /// The scratch directory.
+    pub tmp: tempfile::TempDir,
+    /// The store path inside it.
+    pub store: PathBuf,
+}
+
+impl Env {
+    /// A scratch directory with an initialized store (extra `init` flags in `init_args`).
+    pub fn new(init_args: &[&str]) -> Env {
+        let env = Env::uninitialized();
+        let mut args = vec!["init"];
+        args.extend_from_slice(init_args);
+        env.ok(&args);
+        env
+    }
+
+    /// A scratch directory whose store path does not exist yet.
+    pub fn uninitialized() -> Env {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = tmp.path().join("store");
+        Env { tmp, store }
+    }
+
+    /// A path inside the scratch directory.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    /// A `gstore` command on this store.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(gstore_bin());
+        c.arg("--store").arg(&self.store).args(args).env_remove("GSTORE_STORE");
+        c
+    }
+
+    /// Runs `gstore ARGS` and returns its output.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("gstore runs")
+    }
+
+    /// Runs `gstore ARGS`, asserts success, returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(o.status.success(), "gstore {args:?} failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).expect("utf-8 stdout")
+    }
+
+    /// Runs `gstore ARGS`, asserts failure, returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(!o.status.success(), "gstore {args:?} succeeded but should fail:\n{}", String::from_utf8_lossy(&o.stdout));
+        String::from_utf8(o.stderr).expect("utf-8 stderr")
+    }
+
+    /// Runs `gstore --json ARGS`, asserts success, parses stdout.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        serde_json::from_str(&self.ok(&a)).expect("valid JSON on stdout")
+    }
+
+    /// Every pack file in the store.
+    pub fn packs(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        walk_files(&self.store.join("packs"), &mut out);
+        out.retain(|p| p.extension().is_some_and(|e| e == "pack"));
+        out.sort();
+        out
+    }
+}
+
+fn walk_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            walk_files(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+/// Seeded random bytes.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+/// Writes a checkpoint-like file: random regions, zero pages and compressible text.
+pub fn write_mixed_file(path: &Path, len: usize, seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        let run = rng.random_range(1..64) * 4096;
+        match rng.random_range(0..3) {
+            0 => v.extend(std::iter::repeat_n(0u8, run)),
+            1 => {
+                let line = format!("line {} of a compressible log\n", rng.random::<u32>());
+                v.extend(line.bytes().cycle().take(run));
+            }
+            _ => v.extend(random_bytes(run, rng.random())),
+        }
+    }
+    v.truncate(len);
+    fs::write(path, v).expect("write test file");
+}
+
+/// Makes a small tree: nested dirs, mixed files, an empty file, a symlink, odd modes.
+pub fn make_tree(root: &Path, seed: u64, scale: usize) {
+    fs::create_dir_all(root.join("sub/deeper")).unwrap();
+    fs::create_dir_all(root.join("empty-dir")).unwrap();
+    write_mixed_file(&root.join("pages-1.img"), scale, seed);
+    write_mixed_file(&root.join("sub/core.img"), scale / 3 + 17, seed + 1);
+    fs::write(root.join("sub/deeper/tiny"), b"x").unwrap();
+    fs::write(root.join("empty"), b"").unwrap();
+    fs::write(root.join("zeros.bin"), vec![0u8; 300_000]).unwrap();
+    std::os::unix::fs::symlink("sub/core.img", root.join("link")).unwrap();
+    fs::set_permissions(root.join("sub/deeper/tiny"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(root.join("pages-1.img"), fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Asserts two trees hold the same entries, bytes, modes and link targets.
+pub fn assert_same_tree(a: &Path, b: &Path) {
+    let list = |root: &Path| {
+        let mut v = Vec::new();
+        list_tree(root, root, &mut v);
+        v.sort();
+        v
+    };
+    let (la, lb) = (list(a), list(b));
+    assert_eq!(la.iter().map(|e| &e.0).collect::<Vec<_>>(), lb.iter().map(|e| &e.0).collect::<Vec<_>>(), "entry lists differ");
+    for ((path, kind_a), (_, kind_b)) in la.iter().zip(&lb) {
+        assert_eq!(kind_a, kind_b, "{path}: type or mode differs");
+        let (pa, pb) = (a.join(path), b.join(path));
+        if fs::symlink_metadata(&pa).unwrap().is_file() {
+            assert!(fs::read(&pa).unwrap() == fs::read(&pb).unwrap(), "{path}: contents differ");
+        }
+    }
+}
+
+fn list_tree(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+    for e in fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let md = fs::symlink_metadata(&p).unwrap();
+        let rel = p.strip_prefix(root).unwrap().to_string_lossy().to_string();
+        let desc = if md.file_type().is_symlink() {
+            format!("link->{}", fs::read_link(&p).unwrap().display())
+        } else {
+            format!("{}:{:o}", if md.is_dir() { "dir" } else { "file" }, md.permissions().mode() & 0o7777)
+        };
+        out.push((rel, desc));
+        if md.is_dir() {
+            list_tree(root, &p, out);
+        }
+    }
+}
+
+/// A small tmpfs mounted at `dir` for disk-full tests; unmounted on drop.
+pub struct SmallDisk {
+    /// Mount point.
+    pub dir: PathBuf,
+}
+
+impl SmallDisk {
+    /// Mounts a tmpfs of `size` (e.g. "8M") at `dir`.
+    pub fn mount(dir: &Path, size: &str) -> SmallDisk {
+        fs::create_dir_all(dir).unwrap();
+        let st = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir).status().unwrap();
+        assert!(st.success(), "mounting a tmpfs at {} failed (the disk-full tests need root)", dir.display());
+        SmallDisk { dir: dir.to_path_buf() }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
