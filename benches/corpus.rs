@@ -94,7 +94,8 @@ pub fn write_base(dir: &Path, size: usize, seed: u64) -> std::io::Result<()> {
     fs::create_dir_all(dir)?;
     for name in ["core-1.img", "mm-1.img", "pagemap-1.img", "files.img"] {
         let mut small = vec![0u8; rng.random_range(200..20_000)];
-        fill_region(Region::Heap, &mut small[..small.len() / 8 * 8], &mut rng);
+        let words = small.len() / 8 * 8;
+        fill_region(Region::Heap, &mut small[..words], &mut rng);
         fs::write(dir.join(name), small)?;
     }
     write_pages(&dir.join("pages-1.img"), size * 7 / 8, &mut rng)?;

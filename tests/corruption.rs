@@ -30,7 +30,7 @@ fn assert_damage_reported(env: &Env, verify_args: &[&str], expect: &str) {
     assert!(out.contains("ok       good:latest"), "{out}");
     assert!(out.contains(expect), "expected {expect:?} in:\n{out}");
     assert!(err.contains("1 damaged image(s): victim:latest"), "{err}");
-    let json: serde_json::Value = serde_json::from_slice(&env.run(&[&["--json"], verify_args].concat()).stdout).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&env.run(&[&["--json"][..], verify_args].concat()).stdout).unwrap();
     let bad: Vec<&str> = json["images"].as_array().unwrap().iter().filter(|i| i["ok"] == false).map(|i| i["tag"].as_str().unwrap()).collect();
     assert_eq!(bad, ["victim:latest"]);
 }

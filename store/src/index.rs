@@ -161,7 +161,7 @@ impl Index {
     /// Removes every entry (before a rebuild).
     pub fn clear(&self) -> Result<()> {
         for cf in [CF_CHUNKS, CF_PACKS] {
-            self.db.delete_range_cf(self.cf(cf), [0u8; 0], [0xffu8; 33]).map_err(|e| self.ierr(e))?;
+            self.db.delete_range_cf(self.cf(cf), &[0u8; 0][..], &[0xffu8; 33][..]).map_err(|e| self.ierr(e))?;
         }
         Ok(())
     }

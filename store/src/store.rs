@@ -90,10 +90,10 @@ impl Store {
 
     /// Opens an existing store without its index.
     pub fn open(location: &StoreLocation) -> Result<Store> {
-        if let StoreLocation::Local(p) = location {
-            if !p.join(backend::CONFIG_KEY).exists() {
-                return Err(StoreError::NotInitialized(location.describe()));
-            }
+        // Checked before the backend is built: building it creates the directory.
+        let StoreLocation::Local(p) = location;
+        if !p.join(backend::CONFIG_KEY).exists() {
+            return Err(StoreError::NotInitialized(location.describe()));
         }
         let backend = location.backend()?;
         let bytes = backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
