@@ -103,8 +103,9 @@ pub fn write_base(dir: &Path, size: usize, seed: u64) -> std::io::Result<()> {
 }
 
 /// Writes into `dir` a copy of the image in `base` changed the way a second checkpoint of a
-/// similar process is: a few short insertions (shifting what follows), edits to about 1 % of
-/// the pages, and about 2 % new data appended.
+/// similar process is: a few short insertions (shifting what follows), about 1 % of the pages
+/// rewritten in runs of 16-64 pages plus 8 scattered single pages, and about 2 % new data
+/// appended.
 pub fn write_next(base: &Path, dir: &Path, seed: u64) -> std::io::Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
     fs::create_dir_all(dir)?;
@@ -112,10 +113,19 @@ pub fn write_next(base: &Path, dir: &Path, seed: u64) -> std::io::Result<()> {
         let e = e?;
         let mut data = fs::read(e.path())?;
         if data.len() > 64 * PAGE {
-            for _ in 0..(data.len() / (100 * PAGE)).max(1) {
-                let at = rng.random_range(0..data.len() / PAGE) * PAGE;
-                let end = (at + PAGE).min(data.len());
-                rng.fill_bytes(&mut data[at..end]);
+            // About 1 % of the pages change, in runs of 16-64 pages (a KV cache, a few
+            // activation buffers); a few single pages change too (allocator metadata).
+            let pages = data.len() / PAGE;
+            let mut edited = 0;
+            while edited < pages / 100 {
+                let run = rng.random_range(16..=64).min(pages);
+                let at = rng.random_range(0..=pages - run) * PAGE;
+                rng.fill_bytes(&mut data[at..at + run * PAGE]);
+                edited += run;
+            }
+            for _ in 0..8 {
+                let at = rng.random_range(0..pages) * PAGE;
+                rng.fill_bytes(&mut data[at..at + PAGE]);
             }
             for _ in 0..4 {
                 let at = rng.random_range(0..data.len());

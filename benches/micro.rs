@@ -24,7 +24,7 @@ fn bench(c: &mut Criterion) {
     let encoded: Vec<(codec::Codec, Vec<u8>, usize, ObjectId)> = spans
         .iter()
         .map(|s| {
-            let (c, b) = codec::encode(&data[s.clone()], cfg.zstd_level);
+            let (c, b) = codec::Encoder::new(cfg.zstd_level).unwrap().encode(&data[s.clone()]);
             (c, b, s.len(), ObjectId::of(&data[s.clone()]))
         })
         .collect();
@@ -34,10 +34,13 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10);
     g.bench_function("fastcdc", |b| b.iter(|| black_box(chunker::cut_segment(&data, &cfg).len())));
     g.bench_function("blake3", |b| b.iter(|| spans.iter().for_each(|s| { black_box(ObjectId::of(&data[s.clone()])); })));
-    g.bench_function("zstd-1-encode", |b| b.iter(|| spans.iter().for_each(|s| { black_box(codec::encode(&data[s.clone()], 1)); })));
+    g.bench_function("zstd-1-encode", |b| {
+        let mut enc = codec::Encoder::new(1).unwrap();
+        b.iter(|| spans.iter().for_each(|s| { black_box(enc.encode(&data[s.clone()])); }))
+    });
     g.bench_function("decode+verify", |b| {
-        let mut out = Vec::new();
-        b.iter(|| encoded.iter().for_each(|(c, s, n, id)| codec::decode_into(*c, s, *n, id, &mut out).unwrap()))
+        let mut dec = codec::Decoder::new();
+        b.iter(|| encoded.iter().for_each(|(c, s, n, id)| { black_box(dec.decode(*c, s, *n, id).unwrap()); }))
     });
     g.finish();
 }

@@ -105,16 +105,16 @@ fn fill(store: &Store, m: &Manifest, plan: &Plan, staging: &Path, progress: &dyn
         });
     }
     progress.start("restoring", plan.write_bytes);
-    let written = plan.reads.par_iter().try_for_each_init(Vec::new, |buf, read| {
+    let written = plan.reads.par_iter().try_for_each_init(codec::Decoder::new, |decoder, read| {
         let data = store.read_pack_range(&read.pack, read.start..read.end)?;
         for c in &read.chunks {
             let at = (c.loc.offset - read.start) as usize;
             let stored = &data[at..at + c.loc.stored_len as usize];
-            codec::decode_into(c.loc.codec, stored, c.loc.plain_len as usize, &c.id, buf).map_err(|e| in_pack(e, &read.pack))?;
+            let plain = decoder.decode(c.loc.codec, stored, c.loc.plain_len as usize, &c.id).map_err(|e| in_pack(e, &read.pack))?;
             for &(entry, off) in &c.targets {
                 let f = files[entry].as_ref().expect("chunk targets are files");
-                f.write_all_at(buf, off).map_err(|e| StoreError::io("writing", staging.join(&m.entries[entry].path), e))?;
-                progress.advance(buf.len() as u64);
+                f.write_all_at(plain, off).map_err(|e| StoreError::io("writing", staging.join(&m.entries[entry].path), e))?;
+                progress.advance(plain.len() as u64);
             }
         }
         Ok::<(), StoreError>(())

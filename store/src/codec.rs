@@ -45,47 +45,77 @@ pub fn is_all_zero(data: &[u8]) -> bool {
     head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
 }
 
-/// Chooses a codec for a non-zero chunk and returns its stored bytes: zstd at `level` when it
-/// saves at least ~3 %, raw otherwise.
-pub fn encode(plain: &[u8], level: i32) -> (Codec, Vec<u8>) {
-    let limit = (plain.len() as f64 * KEEP_ZSTD_BELOW) as usize;
-    // A bound-sized buffer avoids reallocations; compress_to_buffer fails when the output would
-    // not fit, which for a limit-sized buffer means "not worth it".
-    let mut out = vec![0u8; limit];
-    match zstd::bulk::compress_to_buffer(plain, &mut out, level) {
-        Ok(n) if n < limit => {
-            out.truncate(n);
-            (Codec::Zstd, out)
+/// Encodes chunks, reusing one zstd context (keep one per thread).
+pub struct Encoder {
+    zstd: zstd::bulk::Compressor<'static>,
+}
+
+impl Encoder {
+    /// An encoder compressing at zstd `level`.
+    pub fn new(level: i32) -> Result<Encoder> {
+        let zstd = zstd::bulk::Compressor::new(level).map_err(|e| StoreError::Invalid(format!("zstd level {level}: {e}")))?;
+        Ok(Encoder { zstd })
+    }
+
+    /// Chooses a codec for a non-zero chunk and returns its stored bytes: zstd when that
+    /// saves at least ~3 %, raw otherwise.
+    pub fn encode(&mut self, plain: &[u8]) -> (Codec, Vec<u8>) {
+        let limit = (plain.len() as f64 * KEEP_ZSTD_BELOW) as usize;
+        // Output larger than `limit` does not fit the buffer, which means "not worth it".
+        let mut out = Vec::with_capacity(limit);
+        match self.zstd.compress_to_buffer(plain, &mut out) {
+            Ok(n) if n < limit => (Codec::Zstd, out),
+            _ => (Codec::Raw, plain.to_vec()),
         }
-        _ => (Codec::Raw, plain.to_vec()),
     }
 }
 
-/// Decodes stored bytes into `out` (cleared first) and checks the result against `id`.
-pub fn decode_into(codec: Codec, stored: &[u8], plain_len: usize, id: &ObjectId, out: &mut Vec<u8>) -> Result<()> {
-    out.clear();
-    match codec {
-        Codec::Raw => out.extend_from_slice(stored),
-        Codec::Zero => out.resize(plain_len, 0),
-        Codec::Zstd => {
-            out.reserve(plain_len);
-            zstd::bulk::Decompressor::new()
-                .and_then(|mut d| d.decompress_to_buffer(stored, out))
-                .map_err(|e| StoreError::corrupt("chunk", id.to_hex(), format!("zstd: {e}")))?;
+/// Decodes and verifies chunks, reusing one zstd context and buffer (keep one per thread).
+pub struct Decoder {
+    zstd: zstd::bulk::Decompressor<'static>,
+    buf: Vec<u8>,
+}
+
+impl Decoder {
+    /// A new decoder.
+    pub fn new() -> Decoder {
+        Decoder { zstd: zstd::bulk::Decompressor::new().expect("zstd decompression context"), buf: Vec::new() }
+    }
+
+    /// Decodes `stored` and checks length and BLAKE3 against `id`. Raw chunks are checked in
+    /// place and returned without a copy.
+    pub fn decode<'a>(&'a mut self, codec: Codec, stored: &'a [u8], plain_len: usize, id: &ObjectId) -> Result<&'a [u8]> {
+        let plain: &[u8] = match codec {
+            Codec::Raw => stored,
+            Codec::Zero => {
+                self.buf.clear();
+                self.buf.resize(plain_len, 0);
+                &self.buf
+            }
+            Codec::Zstd => {
+                self.buf.clear();
+                self.buf.reserve(plain_len);
+                self.zstd
+                    .decompress_to_buffer(stored, &mut self.buf)
+                    .map_err(|e| StoreError::corrupt("chunk", id.to_hex(), format!("zstd: {e}")))?;
+                &self.buf
+            }
+        };
+        if plain.len() != plain_len {
+            return Err(StoreError::corrupt("chunk", id.to_hex(), format!("decoded to {} bytes, expected {plain_len}", plain.len())));
         }
+        let got = ObjectId::of(plain);
+        if &got != id {
+            return Err(StoreError::corrupt("chunk", id.to_hex(), format!("BLAKE3 mismatch: content hashes to {}", got.short())));
+        }
+        Ok(plain)
     }
-    if out.len() != plain_len {
-        return Err(StoreError::corrupt(
-            "chunk",
-            id.to_hex(),
-            format!("decoded to {} bytes, expected {plain_len}", out.len()),
-        ));
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Decoder::new()
     }
-    let got = ObjectId::of(out);
-    if &got != id {
-        return Err(StoreError::corrupt("chunk", id.to_hex(), format!("BLAKE3 mismatch: content hashes to {}", got.short())));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -95,10 +125,8 @@ mod tests {
 
     fn round_trip(data: &[u8]) -> Codec {
         let id = ObjectId::of(data);
-        let (codec, stored) = encode(data, 1);
-        let mut out = Vec::new();
-        decode_into(codec, &stored, data.len(), &id, &mut out).unwrap();
-        assert_eq!(out, data);
+        let (codec, stored) = Encoder::new(1).unwrap().encode(data);
+        assert_eq!(Decoder::new().decode(codec, &stored, data.len(), &id).unwrap(), data);
         codec
     }
 
@@ -114,12 +142,11 @@ mod tests {
     fn flipped_byte_is_caught() {
         let data = b"hello world".repeat(1000);
         let id = ObjectId::of(&data);
-        for codec_bytes in [encode(&data, 1), (Codec::Raw, data.clone())] {
+        for codec_bytes in [Encoder::new(1).unwrap().encode(&data), (Codec::Raw, data.clone())] {
             let (codec, mut stored) = codec_bytes;
             let mid = stored.len() / 2;
             stored[mid] ^= 1;
-            let mut out = Vec::new();
-            assert!(decode_into(codec, &stored, data.len(), &id, &mut out).is_err());
+            assert!(Decoder::new().decode(codec, &stored, data.len(), &id).is_err());
         }
     }
 

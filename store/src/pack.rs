@@ -56,7 +56,6 @@ impl PackEntry {
 pub struct PackBuilder {
     buf: Vec<u8>,
     entries: Vec<PackEntry>,
-    plain_bytes: u64,
 }
 
 /// A finished pack, ready to upload.
@@ -67,8 +66,6 @@ pub struct FinishedPack {
     pub bytes: Vec<u8>,
     /// Its chunks, in order.
     pub entries: Vec<PackEntry>,
-    /// Sum of the chunks' plain lengths.
-    pub plain_bytes: u64,
 }
 
 impl PackBuilder {
@@ -76,7 +73,7 @@ impl PackBuilder {
     pub fn new(capacity: usize) -> Self {
         let mut buf = Vec::with_capacity(capacity + capacity / 64 + TRAILER_LEN);
         buf.extend_from_slice(PACK_MAGIC);
-        PackBuilder { buf, entries: Vec::new(), plain_bytes: 0 }
+        PackBuilder { buf, entries: Vec::new() }
     }
 
     /// Appends one stored chunk.
@@ -89,7 +86,6 @@ impl PackBuilder {
             codec,
         });
         self.buf.extend_from_slice(stored);
-        self.plain_bytes += plain_len as u64;
     }
 
     /// Bytes of chunk data so far (header included).
@@ -114,7 +110,7 @@ impl PackBuilder {
         self.buf.extend_from_slice(&PACK_VERSION.to_le_bytes());
         self.buf.extend_from_slice(footer_hash.as_bytes());
         self.buf.extend_from_slice(TRAILER_MAGIC);
-        FinishedPack { id: ObjectId::of(&self.buf), bytes: self.buf, entries: self.entries, plain_bytes: self.plain_bytes }
+        FinishedPack { id: ObjectId::of(&self.buf), bytes: self.buf, entries: self.entries }
     }
 }
 

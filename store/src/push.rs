@@ -104,7 +104,7 @@ pub fn push(
         let writer = scope.spawn(move || -> Result<u64> {
             let mut n = 0;
             for p in rx {
-                store.put_pack(&p)?;
+                store.put_pack(p)?;
                 n += 1;
             }
             Ok(n)
@@ -237,13 +237,14 @@ fn process_unit(store: &Store, entry: &SourceEntry, file: &std::fs::File, u: &Un
         }
     })?;
     let cfg = store.config();
+    let mut encoder = codec::Encoder::new(cfg.zstd_level)?;
     chunker::cut_segment(&data, cfg)
         .into_iter()
         .map(|span| {
             let plain = &data[span];
             let id = ObjectId::of(plain);
             let zero = codec::is_all_zero(plain);
-            let stored = if zero || store.locate(&id)?.is_some() { None } else { Some(codec::encode(plain, cfg.zstd_level)) };
+            let stored = if zero || store.locate(&id)?.is_some() { None } else { Some(encoder.encode(plain)) };
             Ok(Cut { id, len: plain.len() as u32, zero, stored })
         })
         .collect()

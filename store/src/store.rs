@@ -171,9 +171,10 @@ impl Store {
     }
 
     /// Stores a finished pack, then records it in the index (pack before index).
-    pub fn put_pack(&self, p: &pack::FinishedPack) -> Result<()> {
-        self.backend.put(&backend::pack_key(&p.id), p.bytes.clone())?;
-        self.index().add_pack(p.id, p.bytes.len() as u64, &p.entries)
+    pub fn put_pack(&self, p: pack::FinishedPack) -> Result<()> {
+        let size = p.bytes.len() as u64;
+        self.backend.put(&backend::pack_key(&p.id), p.bytes)?;
+        self.index().add_pack(p.id, size, &p.entries)
     }
 
     /// Stores a manifest and returns its id.

@@ -166,12 +166,12 @@ fn check_pack(store: &Store, pack: &ObjectId, ids: &[ObjectId], read_data: bool)
         let data_end = entries.values().map(|e| e.offset + e.stored_len as u64).max().unwrap_or(0);
         let data = store.read_pack_range(pack, 0..data_end)?;
         bytes = data.len() as u64;
-        let mut buf = Vec::new();
+        let mut decoder = codec::Decoder::new();
         let unique: HashSet<&ObjectId> = ids.iter().collect();
         for id in unique {
             let Some(e) = entries.get(id) else { continue };
             let stored = &data[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
-            if let Err(err) = codec::decode_into(e.codec, stored, e.plain_len as usize, id, &mut buf) {
+            if let Err(err) = decoder.decode(e.codec, stored, e.plain_len as usize, id) {
                 let detail = match err {
                     StoreError::Corrupt { detail, .. } => detail,
                     other => other.to_string(),
