@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing gstore needs on a fresh Debian 12 machine (run as root):
-# libclang for RocksDB's bindings, zstd for the benchmark baseline, cargo-nextest.
+# libclang for RocksDB's bindings, zstd for the benchmark baseline, cargo-nextest, and
+# CRIU >= 4 built from source (scripts/criu.sh) for the process checkpoint tests.
 # Safe to run again: it skips what is already there.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -17,3 +18,4 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install cargo-nextest --locked
 fi
+bash "$(dirname "$0")/criu.sh" >/dev/null

@@ -198,3 +198,101 @@ impl Drop for SmallDisk {
         let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
     }
 }
+
+/// A CPU process for checkpoint tests: a Python counter holding a seeded 24 MiB blob (like
+/// a loaded model) that writes its count to a file via rename (so it keeps no growing file
+/// open). It runs detached (its own session, parent PID 1), as a service would.
+pub struct PyCounter {
+    /// Its pid.
+    pub pid: u32,
+    /// Scratch directory holding the count file.
+    pub dir: tempfile::TempDir,
+}
+
+const COUNTER_PY: &str = r#"
+import os, random, sys, time
+out = sys.argv[1]
+random.seed(int(sys.argv[2]))
+blob = random.randbytes(24 << 20)
+i = 0
+while True:
+    i += 1
+    with open(out + ".tmp", "w") as f:
+        f.write(str(i))
+    os.rename(out + ".tmp", out)
+    time.sleep(0.05)
+"#;
+
+impl PyCounter {
+    /// Starts a counter whose blob comes from `seed`; waits until it counts.
+    pub fn start(seed: u64) -> PyCounter {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("counter.py");
+        fs::write(&script, COUNTER_PY).unwrap();
+        let pidfile = dir.path().join("pid");
+        let count = dir.path().join("count");
+        let st = Command::new("sh")
+            .arg("-c")
+            .arg(r#"setsid python3 "$0" "$1" "$2" </dev/null >/dev/null 2>&1 & echo $! > "$3""#)
+            .arg(&script)
+            .arg(&count)
+            .arg(seed.to_string())
+            .arg(&pidfile)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let pid: u32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let c = PyCounter { pid, dir };
+        c.wait_above(1);
+        c
+    }
+
+    /// The last count written, if any.
+    pub fn value(&self) -> Option<u64> {
+        fs::read_to_string(self.dir.path().join("count")).ok()?.trim().parse().ok()
+    }
+
+    /// Waits (up to 10 s) until the count exceeds `floor`; returns it.
+    pub fn wait_above(&self, floor: u64) -> u64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some(v) = self.value().filter(|v| *v > floor) {
+                return v;
+            }
+            assert!(std::time::Instant::now() < deadline, "counter {} stuck at {:?}", self.pid, self.value());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// True while the process is alive (not a zombie).
+    pub fn alive(&self) -> bool {
+        fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().chars().next()))
+            .flatten()
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    }
+
+    /// Waits (up to 5 s) until the pid is free.
+    pub fn wait_gone(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while Path::new(&format!("/proc/{}", self.pid)).exists() {
+            assert!(std::time::Instant::now() < deadline, "pid {} still taken", self.pid);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the process if it is still this counter.
+    pub fn kill(&self) {
+        let cmdline = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains("counter.py") {
+            let _ = Command::new("kill").arg("-9").arg(self.pid.to_string()).status();
+        }
+    }
+}
+
+impl Drop for PyCounter {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -37,13 +37,46 @@ pub enum Command {
         #[arg(long = "meta", value_name = "KEY=VALUE")]
         meta: Vec<String>,
     },
-    /// Restore an image (by tag or manifest id) into a new or empty directory.
+    /// Restore an image (by tag or manifest id) into a new or empty directory, or with --run
+    /// restore a checkpointed process and start it.
     Restore {
         /// NAME[:VERSION] or a 64-hex manifest id.
         image: String,
-        /// Destination directory (created; must not exist or be empty).
+        /// Destination directory (created; must not exist or be empty). With --run: where the
+        /// process image is written and kept (default: a temporary directory, removed after).
+        #[arg(long, required_unless_present = "run")]
+        to: Option<PathBuf>,
+        /// Restore a process checkpoint (from `gstore checkpoint`) and start it, detached.
         #[arg(long)]
-        to: PathBuf,
+        run: bool,
+        /// With --run: seconds to wait for the image's pid to be free.
+        #[arg(long, default_value_t = 10, requires = "run")]
+        pid_wait: u64,
+        /// CRIU options (with --run).
+        #[command(flatten)]
+        criu: CriuArgs,
+    },
+    /// Checkpoint a running process (GPU state included) into the store.
+    Checkpoint {
+        /// The process to checkpoint (with its children).
+        #[arg(long)]
+        pid: u32,
+        /// Tag for the image: NAME or NAME:VERSION.
+        #[arg(long, short)]
+        tag: String,
+        /// Keep the process running: its GPU state is resumed right after the dump, before
+        /// the image is stored. Without it the process ends with the dump.
+        #[arg(long)]
+        leave_running: bool,
+        /// How long (ms) to wait for the CUDA lock (0: no limit).
+        #[arg(long, default_value_t = 10_000, value_name = "MS")]
+        lock_timeout: u32,
+        /// Where to stage the CRIU image (default: /dev/shm when it has room, else $TMPDIR).
+        #[arg(long, value_name = "DIR")]
+        staging: Option<PathBuf>,
+        /// CRIU options.
+        #[command(flatten)]
+        criu: CriuArgs,
     },
     /// List tags.
     Ls,
@@ -78,6 +111,20 @@ pub enum Command {
         #[command(subcommand)]
         action: IndexAction,
     },
+}
+
+/// How to run CRIU.
+#[derive(Args, Debug)]
+pub struct CriuArgs {
+    /// The criu binary (>= 4.0). Default: `criu` on PATH, else /opt/criu/sbin/criu.
+    #[arg(long, value_name = "PATH")]
+    pub criu: Option<PathBuf>,
+    /// An extra argument for `criu dump` / `criu restore` (repeatable), e.g. --criu-opt=--tcp-established.
+    #[arg(long = "criu-opt", value_name = "ARG", allow_hyphen_values = true)]
+    pub criu_opts: Vec<String>,
+    /// The process is attached to a terminal session (CRIU --shell-job).
+    #[arg(long)]
+    pub shell_job: bool,
 }
 
 /// `gstore index` actions.

@@ -1,6 +1,7 @@
 //! One function per subcommand; each prints a human summary, or JSON with `--json`.
 
-use crate::args::{Cli, Command, IndexAction, InitArgs};
+use crate::args::{Cli, Command, CriuArgs, IndexAction, InitArgs};
+use crate::capture;
 use crate::progress::Bars;
 use anyhow::{bail, Context, Result};
 use gstore_store::manifest::EntryKind;
@@ -8,6 +9,7 @@ use gstore_store::{push, usage, verify, Store, StoreConfig, StoreLocation, TagRe
 use indicatif::HumanBytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
@@ -38,7 +40,52 @@ pub fn run(cli: Cli) -> Result<()> {
                 )
             })
         }
-        Command::Restore { image, to } => {
+        Command::Restore { image, to, run: true, pid_wait, criu } => {
+            let store = open_indexed(&location)?;
+            let r = capture::run(&store, &image, criu_choice(&criu), to, Duration::from_secs(pid_wait), &bars)?;
+            out.emit(&r, || {
+                let t = &r.restore.timings;
+                format!(
+                    "restored {image} as pid {}\nphases: write image {:.2} s, wait for pid {:.2} s, criu restore {:.2} s{}, total {:.2} s",
+                    r.pid,
+                    r.materialize_s,
+                    t.pid_wait_s,
+                    t.criu_restore_s,
+                    match (t.gpu_restore_s, t.gpu_unlock_s) {
+                        (Some(a), Some(b)) => format!(", GPU restore {a:.2} s, unlock {b:.2} s"),
+                        _ => String::new(),
+                    },
+                    r.total_s
+                )
+            })
+        }
+        Command::Checkpoint { pid, tag, leave_running, lock_timeout, staging, criu } => {
+            // The store lock is taken before the process is frozen, so it never waits frozen.
+            let store = open_indexed(&location)?;
+            let tag = TagRef::parse(&tag)?;
+            let r = capture::checkpoint(&store, pid, &tag, leave_running, lock_timeout, criu_choice(&criu), staging, &bars)?;
+            out.emit(&r, || {
+                let t = &r.capture.timings;
+                let opt = |v: Option<f64>| v.map(|s| format!("{s:.2} s")).unwrap_or_else(|| "-".into());
+                format!(
+                    "checkpointed pid {pid} ({}) as {} ({}, {} new)\nphases: GPU lock {}, GPU checkpoint {}, criu dump {:.2} s, GPU resume {}, store {:.2} s, total {:.2} s{}\nmanifest {}",
+                    r.capture.image_kind,
+                    r.push.tag,
+                    HumanBytes(r.push.logical_bytes),
+                    HumanBytes(r.push.new_stored_bytes),
+                    opt(t.lock_s),
+                    opt(t.gpu_checkpoint_s),
+                    t.criu_dump_s,
+                    opt(t.gpu_resume_s),
+                    r.push.seconds,
+                    r.total_s,
+                    r.paused_s.map(|p| format!(" (process paused {p:.2} s)")).unwrap_or_default(),
+                    r.push.manifest
+                )
+            })
+        }
+        Command::Restore { image, to, .. } => {
+            let to = to.expect("clap requires --to without --run");
             let store = open_indexed(&location)?;
             let id = store.resolve(&image)?;
             let m = store.get_manifest(&id)?;
@@ -90,6 +137,10 @@ pub fn run(cli: Cli) -> Result<()> {
             })
         }
     }
+}
+
+fn criu_choice(a: &CriuArgs) -> capture::CriuChoice<'_> {
+    capture::CriuChoice { path: a.criu.as_deref(), extra: a.criu_opts.clone(), shell_job: a.shell_job }
 }
 
 /// Where results go: human text or JSON on stdout.

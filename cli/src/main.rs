@@ -1,8 +1,10 @@
 //! The `gstore` command-line tool.
 
 mod args;
+mod capture;
 mod commands;
 mod progress;
+mod staging;
 
 use clap::Parser;
 

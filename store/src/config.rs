@@ -52,11 +52,12 @@ impl StoreConfig {
         }
         let (min, avg, max) = (self.chunk_min as usize, self.chunk_avg as usize, self.chunk_max as usize);
         use fastcdc::v2020 as f;
-        if !(f::MINIMUM_MIN..=f::MINIMUM_MAX).contains(&min)
-            || !(f::AVERAGE_MIN..=f::AVERAGE_MAX).contains(&avg)
-            || !(f::MAXIMUM_MIN..=f::MAXIMUM_MAX).contains(&max)
-            || !(min <= avg && avg <= max)
-        {
+        let in_range = (f::MINIMUM_MIN..=f::MINIMUM_MAX).contains(&min)
+            && (f::AVERAGE_MIN..=f::AVERAGE_MAX).contains(&avg)
+            && (f::MAXIMUM_MIN..=f::MAXIMUM_MAX).contains(&max)
+            && min <= avg
+            && avg <= max;
+        if !in_range {
             return bad(format!(
                 "chunk sizes min/avg/max {min}/{avg}/{max} are out of range: need {}..={} / {}..={} / {}..={} and min <= avg <= max",
                 f::MINIMUM_MIN, f::MINIMUM_MAX, f::AVERAGE_MIN, f::AVERAGE_MAX, f::MAXIMUM_MIN, f::MAXIMUM_MAX

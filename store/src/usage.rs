@@ -53,8 +53,8 @@ pub fn usage(store: &Store) -> Result<Usage> {
     let mut manifests = HashMap::new();
     for t in &tags {
         let id = t.manifest_id()?;
-        if !manifests.contains_key(&id) {
-            manifests.insert(id, store.get_manifest(&id)?);
+        if let std::collections::hash_map::Entry::Vacant(e) = manifests.entry(id) {
+            e.insert(store.get_manifest(&id)?);
         }
     }
     // chunk -> (number of manifests referencing it, stored len, plain len)

@@ -1,0 +1,159 @@
+//! `gstore checkpoint` and `gstore restore --run`: process images through CRIU (and the CUDA
+//! checkpoint API for GPU processes) into and out of the store.
+
+use crate::progress::Bars;
+use crate::staging;
+use anyhow::{anyhow, Context, Result};
+use gstore_gpu_dump::checkpoint::{self, CheckpointOptions, ImageKind, RestoreOptions, META_PID};
+use gstore_gpu_dump::{check_compatible, CudaDriver, Criu, ImageMeta, MachineInfo};
+use gstore_store::{push, Store, TagRef};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Options shared by checkpoint and restore.
+pub struct CriuChoice<'a> {
+    /// `--criu PATH`.
+    pub path: Option<&'a Path>,
+    /// `--criu-opt` values.
+    pub extra: Vec<String>,
+    /// `--shell-job`.
+    pub shell_job: bool,
+}
+
+/// Everything `gstore checkpoint` reports.
+#[derive(Serialize)]
+pub struct CheckpointReport {
+    /// The capture phases.
+    pub capture: checkpoint::CaptureReport,
+    /// The push into the store.
+    pub push: push::PushReport,
+    /// Seconds from the lock until the process ran again (only with `--leave-running`).
+    pub paused_s: Option<f64>,
+    /// Seconds in all.
+    pub total_s: f64,
+}
+
+/// Checkpoints `pid` into the store as `tag`.
+#[allow(clippy::too_many_arguments)]
+pub fn checkpoint(
+    store: &Store,
+    pid: u32,
+    tag: &TagRef,
+    leave_running: bool,
+    lock_timeout_ms: u32,
+    criu: CriuChoice,
+    staging_at: Option<PathBuf>,
+    bars: &Bars,
+) -> Result<CheckpointReport> {
+    let started = Instant::now();
+    let criu_bin = Criu::find(criu.path)?;
+    let cuda = CudaDriver::load().ok();
+    let (dir, made) = match staging_at {
+        Some(d) => (d, false),
+        None => (staging::new_dir("checkpoint", staging::process_image_estimate(pid))?, true),
+    };
+    let mut opts = CheckpointOptions::new(&criu_bin);
+    opts.leave_running = leave_running;
+    opts.shell_job = criu.shell_job;
+    opts.lock_timeout_ms = lock_timeout_ms;
+    opts.extra_criu_args = criu.extra.clone();
+    opts.cuda = cuda.as_ref();
+    let capture = match checkpoint::checkpoint(pid, &dir, &opts) {
+        Ok(c) => c,
+        Err(e) => {
+            if made {
+                staging::remove(&dir);
+            }
+            return Err(anyhow!(e).context(format!("checkpoint of pid {pid} failed")));
+        }
+    };
+    let t = &capture.timings;
+    let paused_s = leave_running.then(|| t.lock_s.unwrap_or(0.0) + t.gpu_checkpoint_s.unwrap_or(0.0) + t.criu_dump_s + t.gpu_resume_s.unwrap_or(0.0));
+    match push::push(store, &dir, tag, capture.metadata(), bars) {
+        Ok(push) => {
+            if made {
+                staging::remove(&dir);
+            }
+            Ok(CheckpointReport { capture, push, paused_s, total_s: started.elapsed().as_secs_f64() })
+        }
+        Err(e) if leave_running => {
+            if made {
+                staging::remove(&dir);
+            }
+            Err(anyhow!(e).context(format!("storing the checkpoint of pid {pid} failed (the process kept running)")))
+        }
+        Err(e) => {
+            // CRIU ended the process with the dump: bring it back from the staged image.
+            let mut ropts = RestoreOptions::new(&criu_bin);
+            ropts.cuda = cuda.as_ref();
+            ropts.gpu = capture.image_kind == ImageKind::GpuProcess;
+            ropts.original_pid = Some(pid);
+            ropts.shell_job = criu.shell_job;
+            match checkpoint::restore(&dir, &ropts) {
+                Ok(r) => {
+                    if made {
+                        staging::remove(&dir);
+                    }
+                    Err(anyhow!(e).context(format!("storing the checkpoint of pid {pid} failed; the process was restored from the staged image and runs again as pid {}", r.pid)))
+                }
+                Err(re) => Err(anyhow!(e).context(format!(
+                    "storing the checkpoint of pid {pid} failed, and restoring the process from the staged image failed too ({re}); the image is kept at {}",
+                    dir.display()
+                ))),
+            }
+        }
+    }
+}
+
+/// Everything `gstore restore --run` reports.
+#[derive(Serialize)]
+pub struct RunReport {
+    /// The restored process.
+    pub pid: u32,
+    /// Seconds to write the image out of the store.
+    pub materialize_s: f64,
+    /// The CRIU and GPU phases.
+    pub restore: checkpoint::RestoreReport,
+    /// Seconds in all.
+    pub total_s: f64,
+}
+
+/// Restores the process image `reference` and starts it.
+pub fn run(store: &Store, reference: &str, criu: CriuChoice, keep_at: Option<PathBuf>, pid_wait: Duration, bars: &Bars) -> Result<RunReport> {
+    let started = Instant::now();
+    let id = store.resolve(reference)?;
+    let m = store.get_manifest(&id)?;
+    let image = ImageMeta::from_metadata(&m.meta)
+        .map_err(|e| anyhow!("{reference} is not a process checkpoint ({e}); restore its files with --to DIR instead"))?;
+    let criu_bin = Criu::find(criu.path)?;
+    let cuda = CudaDriver::load();
+    check_compatible(&image, &MachineInfo::probe(Some(&criu_bin), &cuda)).with_context(|| format!("{reference} cannot be restored on this machine"))?;
+    let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
+    let (dir, made) = match keep_at {
+        Some(d) => (d, false),
+        None => (staging::new_dir("restore", m.logical_size())?, true),
+    };
+    let t = Instant::now();
+    let materialized = gstore_restore::restore_to_dir(store, &m, &dir, bars).with_context(|| format!("writing out {reference} failed"));
+    let materialize_s = t.elapsed().as_secs_f64();
+    if let Err(e) = materialized {
+        if made {
+            staging::remove(&dir);
+        }
+        return Err(e);
+    }
+    let mut opts = RestoreOptions::new(&criu_bin);
+    opts.cuda = cuda.as_ref().ok();
+    opts.gpu = image.kind == ImageKind::GpuProcess;
+    opts.original_pid = original_pid;
+    opts.pid_wait = pid_wait;
+    opts.shell_job = criu.shell_job;
+    opts.extra_criu_args = criu.extra;
+    let restored = checkpoint::restore(&dir, &opts);
+    if made {
+        staging::remove(&dir);
+    }
+    let restore = restored.with_context(|| format!("restoring the process of {reference} failed"))?;
+    Ok(RunReport { pid: restore.pid, materialize_s, restore, total_s: started.elapsed().as_secs_f64() })
+}

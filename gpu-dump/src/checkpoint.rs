@@ -1,0 +1,423 @@
+//! Checkpoint and restore of a process, GPU state included, with rollback: a failure after the
+//! GPU lock always ends with the process resumed, or with an error that says it may be lost.
+//!
+//! Capture: lock the CUDA API → move GPU memory into host memory → `criu dump` (→ with
+//! `--leave-running`, bring the GPU state back at once). Restore: wait for the image's pids to
+//! be free → `criu restore --restore-detached` → restore + unlock the GPU state.
+//! Nothing here knows about the store; [`CaptureReport::metadata`] is what goes into a manifest.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::criu::{self, Criu, DumpOptions};
+use crate::cuda::{self, CudaDriver, GpuInfo, ProcessState};
+use crate::error::{GpuDumpError, Phase, Result};
+use crate::procfs;
+
+/// Default time a process gets to reach a lockable point: 10 s.
+pub const DEFAULT_LOCK_TIMEOUT_MS: u32 = 10_000;
+/// Default time a restore waits for the image's pids to be free: 10 s.
+pub const DEFAULT_PID_WAIT: Duration = Duration::from_secs(10);
+
+/// Manifest metadata key: the image kind, "gpu-process" or "cpu-process".
+pub const META_KIND: &str = "kind";
+/// Manifest metadata key: the pid the process had (and gets back on restore).
+pub const META_PID: &str = "pid";
+/// Manifest metadata key: whether the process kept running after the checkpoint.
+pub const META_LEAVE_RUNNING: &str = "leave_running";
+/// Manifest metadata key: the CRIU version that dumped the image.
+pub const META_CRIU_VERSION: &str = "criu_version";
+/// Manifest metadata key: the CUDA version of the driver at capture, "major.minor" (GPU images).
+pub const META_CUDA_DRIVER_VERSION: &str = "cuda_driver_version";
+/// Manifest metadata key: the GPUs of the capturing machine, a list of [`GpuInfo`] (GPU images).
+pub const META_GPUS: &str = "gpus";
+/// Manifest metadata key: the capture's [`CaptureTimings`].
+pub const META_CAPTURE_TIMINGS: &str = "capture_timings";
+
+/// What kind of process an image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ImageKind {
+    /// A process with CUDA state: restore needs a compatible GPU machine.
+    GpuProcess,
+    /// A CPU-only process: CRIU alone.
+    CpuProcess,
+}
+
+impl ImageKind {
+    /// "gpu-process" or "cpu-process".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageKind::GpuProcess => "gpu-process",
+            ImageKind::CpuProcess => "cpu-process",
+        }
+    }
+
+    /// The kind named by [`ImageKind::as_str`], if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        [ImageKind::GpuProcess, ImageKind::CpuProcess].into_iter().find(|kind| kind.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for ImageKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How to checkpoint.
+#[derive(Debug, Clone)]
+pub struct CheckpointOptions<'a> {
+    /// Keep the process running after the dump; otherwise CRIU kills it once the image is written.
+    pub leave_running: bool,
+    /// The process belongs to a terminal session (CRIU `--shell-job`).
+    pub shell_job: bool,
+    /// How long the GPU lock waits for the process to reach a lockable point (0: no limit).
+    pub lock_timeout_ms: u32,
+    /// Further `criu dump` arguments, passed as they are.
+    pub extra_criu_args: Vec<String>,
+    /// The CRIU to run.
+    pub criu: &'a Criu,
+    /// The CUDA driver, if one could be loaded; required for processes that use CUDA.
+    pub cuda: Option<&'a CudaDriver>,
+}
+
+impl<'a> CheckpointOptions<'a> {
+    /// Defaults: the process dies with the dump, no shell job, a 10 s lock timeout, no driver.
+    pub fn new(criu: &'a Criu) -> Self {
+        CheckpointOptions {
+            leave_running: false,
+            shell_job: false,
+            lock_timeout_ms: DEFAULT_LOCK_TIMEOUT_MS,
+            extra_criu_args: Vec::new(),
+            criu,
+            cuda: None,
+        }
+    }
+}
+
+/// Seconds spent in each capture phase; `None` for phases that did not run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CaptureTimings {
+    /// `cuCheckpointProcessLock`.
+    pub lock_s: Option<f64>,
+    /// `cuCheckpointProcessCheckpoint` (GPU memory → host memory).
+    pub gpu_checkpoint_s: Option<f64>,
+    /// `criu dump`.
+    pub criu_dump_s: f64,
+    /// Restore + unlock after a `--leave-running` dump.
+    pub gpu_resume_s: Option<f64>,
+}
+
+/// What a checkpoint did and what the image needs to be restored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaptureReport {
+    /// The checkpointed process.
+    pub pid: u32,
+    /// GPU or CPU-only process.
+    pub image_kind: ImageKind,
+    /// Whether the process kept running.
+    pub leave_running: bool,
+    /// The CRIU version that wrote the image.
+    pub criu_version: String,
+    /// The driver's CUDA version, "major.minor" (GPU images only).
+    pub cuda_driver_version: Option<String>,
+    /// The GPUs the capturing process could see (GPU images only). All of them, because
+    /// which ones the checkpointed process used is not known once its handles are released.
+    pub gpus: Vec<GpuInfo>,
+    /// Phase timings.
+    pub timings: CaptureTimings,
+}
+
+impl CaptureReport {
+    /// The metadata to record in the image manifest (keys are the `META_*` constants);
+    /// [`crate::compat::ImageMeta::from_metadata`] reads it back.
+    pub fn metadata(&self) -> BTreeMap<String, Value> {
+        let mut meta = BTreeMap::new();
+        meta.insert(META_KIND.to_string(), Value::from(self.image_kind.as_str()));
+        meta.insert(META_PID.to_string(), Value::from(self.pid));
+        meta.insert(META_LEAVE_RUNNING.to_string(), Value::from(self.leave_running));
+        meta.insert(META_CRIU_VERSION.to_string(), Value::from(self.criu_version.as_str()));
+        if let Some(version) = &self.cuda_driver_version {
+            meta.insert(META_CUDA_DRIVER_VERSION.to_string(), Value::from(version.as_str()));
+        }
+        if self.image_kind == ImageKind::GpuProcess {
+            meta.insert(META_GPUS.to_string(), serde_json::json!(self.gpus));
+        }
+        meta.insert(META_CAPTURE_TIMINGS.to_string(), serde_json::json!(self.timings));
+        meta
+    }
+}
+
+/// Checkpoints process `pid` into the empty (or new) directory `dir`.
+///
+/// A process with libcuda mapped goes through lock → GPU checkpoint → `criu dump`, and with
+/// `leave_running` its GPU state is restored and unlocked right after the dump. A failure after
+/// the lock resumes the process and names the failed phase ([`GpuDumpError::Resumed`]); if even
+/// that fails the error says the process may be lost ([`GpuDumpError::Lost`]). CPU-only
+/// processes go through CRIU alone.
+pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<CaptureReport> {
+    if !procfs::is_alive(pid) {
+        let detail = if procfs::exists(pid) { " (only a zombie that has exited is left)" } else { "" };
+        return Err(GpuDumpError::NoSuchProcess { pid, detail });
+    }
+    if dir.join("inventory.img").exists() {
+        return Err(GpuDumpError::Image {
+            path: dir.to_path_buf(),
+            detail: "the directory already holds a CRIU image (inventory.img); checkpoint into an empty one"
+                .to_string(),
+        });
+    }
+    let gpu = if cuda::process_uses_cuda(pid) {
+        Some(opts.cuda.ok_or_else(|| GpuDumpError::GpuProcessWithoutDriver {
+            pid,
+            detail: format!(
+                "none was passed in (CudaDriver::load found no {}); install the NVIDIA driver (>= 570)",
+                cuda::LIBCUDA_NAMES[0]
+            ),
+        })?)
+    } else {
+        None
+    };
+    let mut report = CaptureReport {
+        pid,
+        image_kind: if gpu.is_some() { ImageKind::GpuProcess } else { ImageKind::CpuProcess },
+        leave_running: opts.leave_running,
+        criu_version: opts.criu.version(),
+        cuda_driver_version: None,
+        gpus: Vec::new(),
+        timings: CaptureTimings::default(),
+    };
+    if let Some(cuda) = gpu {
+        // Queried before the lock: cuInit can take seconds and must not extend the freeze.
+        let (major, minor) = cuda.driver_version()?;
+        report.cuda_driver_version = Some(format!("{major}.{minor}"));
+        report.gpus = cuda.devices()?;
+        let start = Instant::now();
+        cuda.lock(pid, opts.lock_timeout_ms).map_err(|e| rollback(cuda, pid, Phase::GpuLock, e))?;
+        report.timings.lock_s = Some(seconds(start));
+        let start = Instant::now();
+        cuda.checkpoint(pid).map_err(|e| rollback(cuda, pid, Phase::GpuCheckpoint, e))?;
+        report.timings.gpu_checkpoint_s = Some(seconds(start));
+    }
+    let dump_opts = DumpOptions {
+        leave_running: opts.leave_running,
+        shell_job: opts.shell_job,
+        extra_args: opts.extra_criu_args.clone(),
+    };
+    let start = Instant::now();
+    let dumped = opts.criu.dump(pid, dir, &dump_opts);
+    report.timings.criu_dump_s = seconds(start);
+    if let Err(e) = dumped {
+        if !procfs::is_alive(pid) {
+            return Err(GpuDumpError::DumpKilled { pid, source: Box::new(e) });
+        }
+        return Err(match gpu {
+            Some(cuda) => rollback(cuda, pid, Phase::CriuDump, e),
+            // CRIU thaws the tree itself when a dump fails.
+            None => GpuDumpError::Resumed { phase: Phase::CriuDump, source: Box::new(e) },
+        });
+    }
+    if let (true, Some(cuda)) = (opts.leave_running, gpu) {
+        let start = Instant::now();
+        resume(cuda, pid).map_err(|e| rollback(cuda, pid, Phase::GpuResume, e))?;
+        report.timings.gpu_resume_s = Some(seconds(start));
+    }
+    Ok(report)
+}
+
+/// How to restore.
+#[derive(Debug, Clone)]
+pub struct RestoreOptions<'a> {
+    /// The CRIU to run.
+    pub criu: &'a Criu,
+    /// The CUDA driver; required when `gpu` is set.
+    pub cuda: Option<&'a CudaDriver>,
+    /// The image is a GPU image (its GPU state is restored and unlocked after CRIU).
+    pub gpu: bool,
+    /// The pid the process had, if known; waited for like every pid in the image.
+    pub original_pid: Option<u32>,
+    /// How long to wait for the image's pids to be free (a killed original is reaped by PID 1
+    /// about a second after the dump).
+    pub pid_wait: Duration,
+    /// The image was dumped with `--shell-job`.
+    pub shell_job: bool,
+    /// Further `criu restore` arguments, passed as they are.
+    pub extra_criu_args: Vec<String>,
+}
+
+impl<'a> RestoreOptions<'a> {
+    /// Defaults: CPU image, no driver, no known pid, a 10 s pid wait.
+    pub fn new(criu: &'a Criu) -> Self {
+        RestoreOptions {
+            criu,
+            cuda: None,
+            gpu: false,
+            original_pid: None,
+            pid_wait: DEFAULT_PID_WAIT,
+            shell_job: false,
+            extra_criu_args: Vec::new(),
+        }
+    }
+}
+
+/// Seconds spent in each restore phase; `None` for phases that did not run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RestoreTimings {
+    /// Waiting for the image's pids to be free.
+    pub pid_wait_s: f64,
+    /// `criu restore`.
+    pub criu_restore_s: f64,
+    /// `cuCheckpointProcessRestore` (host memory → GPU).
+    pub gpu_restore_s: Option<f64>,
+    /// `cuCheckpointProcessUnlock`.
+    pub gpu_unlock_s: Option<f64>,
+}
+
+/// The outcome of a restore.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreReport {
+    /// The restored process (its original pid).
+    pub pid: u32,
+    /// Phase timings.
+    pub timings: RestoreTimings,
+}
+
+/// Restores the process image in `dir`, detached from this process. Run
+/// [`crate::compat::check_compatible`] first to refuse unsuitable machines before this
+/// touches anything.
+pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
+    let cuda = match (opts.gpu, opts.cuda) {
+        (true, None) => {
+            return Err(GpuDumpError::Incompatible {
+                reason: "it is a GPU image but no CUDA driver was loaded".to_string(),
+            })
+        }
+        (true, Some(cuda)) => {
+            cuda.init()?;
+            Some(cuda)
+        }
+        (false, _) => None,
+    };
+    let mut pids = criu::image_pids(dir)?;
+    pids.extend(opts.original_pid);
+    let start = Instant::now();
+    let deadline = start + opts.pid_wait;
+    for pid in pids {
+        criu::wait_pid_free(pid, deadline.saturating_duration_since(Instant::now()))
+            .map_err(|_| GpuDumpError::PidInUse { pid, timeout: opts.pid_wait })?;
+    }
+    let mut timings = RestoreTimings { pid_wait_s: seconds(start), ..RestoreTimings::default() };
+    let start = Instant::now();
+    let criu_opts = criu::RestoreOptions { shell_job: opts.shell_job, extra_args: opts.extra_criu_args.clone() };
+    let pid = opts.criu.restore(dir, &criu_opts)?;
+    timings.criu_restore_s = seconds(start);
+    if let Some(cuda) = cuda {
+        let (restore_s, unlock_s) =
+            resume(cuda, pid).map_err(|e| GpuDumpError::GpuRestore { pid, source: Box::new(e) })?;
+        timings.gpu_restore_s = restore_s;
+        timings.gpu_unlock_s = unlock_s;
+    }
+    Ok(RestoreReport { pid, timings })
+}
+
+/// Brings `pid`'s GPU state back to running from wherever it stands: checkpointed → restore
+/// → unlock; locked → unlock; running → nothing. Returns the seconds spent restoring and
+/// unlocking (`None` when that step was not needed).
+fn resume(cuda: &CudaDriver, pid: u32) -> Result<(Option<f64>, Option<f64>)> {
+    let mut restore_s = None;
+    match cuda.state(pid)? {
+        ProcessState::Running => return Ok((None, None)),
+        ProcessState::Checkpointed => {
+            let start = Instant::now();
+            cuda.restore(pid)?;
+            restore_s = Some(seconds(start));
+        }
+        ProcessState::Locked => {}
+        state => return Err(GpuDumpError::GpuState { pid, state, action: "resume it" }),
+    }
+    let start = Instant::now();
+    cuda.unlock(pid)?;
+    Ok((restore_s, Some(seconds(start))))
+}
+
+/// Resumes `pid` after `phase` failed with `source`, and says how that went.
+fn rollback(cuda: &CudaDriver, pid: u32, phase: Phase, source: GpuDumpError) -> GpuDumpError {
+    match resume(cuda, pid) {
+        Ok(_) => GpuDumpError::Resumed { phase, source: Box::new(source) },
+        Err(rollback) => GpuDumpError::Lost {
+            phase,
+            state: cuda.state(pid).map_or_else(|_| "unknown".to_string(), |s| s.to_string()),
+            source: Box::new(source),
+            rollback: Box::new(rollback),
+        },
+    }
+}
+
+fn seconds(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(kind: ImageKind) -> CaptureReport {
+        CaptureReport {
+            pid: 42,
+            image_kind: kind,
+            leave_running: true,
+            criu_version: "4.1.1".into(),
+            cuda_driver_version: (kind == ImageKind::GpuProcess).then(|| "13.0".to_string()),
+            gpus: if kind == ImageKind::GpuProcess {
+                vec![GpuInfo { index: 0, name: "NVIDIA H200".into(), total_mem_bytes: 150_000_000_000 }]
+            } else {
+                Vec::new()
+            },
+            timings: CaptureTimings { criu_dump_s: 0.5, ..CaptureTimings::default() },
+        }
+    }
+
+    #[test]
+    fn image_kind_names() {
+        assert_eq!(ImageKind::GpuProcess.as_str(), "gpu-process");
+        assert_eq!(ImageKind::parse("cpu-process"), Some(ImageKind::CpuProcess));
+        assert_eq!(ImageKind::parse("files"), None);
+        assert_eq!(serde_json::to_value(ImageKind::GpuProcess).expect("json"), Value::from("gpu-process"));
+    }
+
+    #[test]
+    fn metadata_of_a_gpu_capture() {
+        let meta = report(ImageKind::GpuProcess).metadata();
+        assert_eq!(meta[META_KIND], "gpu-process");
+        assert_eq!(meta[META_PID], 42);
+        assert_eq!(meta[META_CRIU_VERSION], "4.1.1");
+        assert_eq!(meta[META_CUDA_DRIVER_VERSION], "13.0");
+        assert_eq!(meta[META_GPUS][0]["name"], "NVIDIA H200");
+        assert_eq!(meta[META_CAPTURE_TIMINGS]["criu_dump_s"], 0.5);
+        assert!(meta[META_CAPTURE_TIMINGS]["lock_s"].is_null());
+    }
+
+    #[test]
+    fn metadata_of_a_cpu_capture_has_no_gpu_fields() {
+        let meta = report(ImageKind::CpuProcess).metadata();
+        assert_eq!(meta[META_KIND], "cpu-process");
+        assert!(!meta.contains_key(META_GPUS) && !meta.contains_key(META_CUDA_DRIVER_VERSION));
+        let json = serde_json::to_string(&report(ImageKind::CpuProcess)).expect("serialize");
+        let back: CaptureReport = serde_json::from_str(&json).expect("deserialize");
+        assert_eq!(back, report(ImageKind::CpuProcess));
+    }
+
+    #[test]
+    fn gpu_restore_without_a_driver_is_refused_before_anything_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let criu = Criu::find(Some(crate::testutil::fake_criu_4_2())).expect("fake criu");
+        let opts = RestoreOptions { gpu: true, ..RestoreOptions::new(&criu) };
+        let err = restore(dir.path(), &opts).expect_err("no driver");
+        assert!(err.to_string().contains("GPU image but no CUDA driver"), "{err}");
+    }
+}

@@ -1,0 +1,226 @@
+//! Whether an image can be restored on this machine, decided from the metadata recorded at
+//! capture before anything is touched.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::checkpoint::{ImageKind, META_CRIU_VERSION, META_CUDA_DRIVER_VERSION, META_GPUS, META_KIND};
+use crate::criu::{self, Criu};
+use crate::cuda::{CudaDriver, GpuInfo};
+use crate::error::{GpuDumpError, Result};
+
+/// What an image needs, as recorded at capture ([`crate::checkpoint::CaptureReport::metadata`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageMeta {
+    /// GPU or CPU-only process.
+    pub kind: ImageKind,
+    /// The CRIU version that dumped it.
+    pub criu_version: String,
+    /// The driver's CUDA version (major, minor) at capture; GPU images only.
+    pub cuda_driver_version: Option<(u32, u32)>,
+    /// The capturing machine's GPUs; empty for CPU images.
+    pub gpus: Vec<GpuInfo>,
+}
+
+impl ImageMeta {
+    /// Reads the fields back from manifest metadata; GPU images must carry the driver version
+    /// and the GPU list.
+    pub fn from_metadata(meta: &BTreeMap<String, Value>) -> Result<ImageMeta> {
+        let text = |key: &'static str| -> Result<&str> {
+            meta.get(key).and_then(Value::as_str).ok_or_else(|| GpuDumpError::Metadata {
+                key,
+                detail: "missing or not a string; was this image captured by gstore checkpoint?".to_string(),
+            })
+        };
+        let kind_name = text(META_KIND)?;
+        let kind = ImageKind::parse(kind_name).ok_or_else(|| GpuDumpError::Metadata {
+            key: META_KIND,
+            detail: format!("{kind_name:?} is not a process image (expected gpu-process or cpu-process)"),
+        })?;
+        let criu_version = text(META_CRIU_VERSION)?.to_string();
+        let (cuda_driver_version, gpus) = match kind {
+            ImageKind::CpuProcess => (None, Vec::new()),
+            ImageKind::GpuProcess => {
+                let version = text(META_CUDA_DRIVER_VERSION)?;
+                let (major, minor, _) = criu::parse_version(version).ok_or_else(|| GpuDumpError::Metadata {
+                    key: META_CUDA_DRIVER_VERSION,
+                    detail: format!("{version:?} is not \"major.minor\""),
+                })?;
+                let gpus = meta
+                    .get(META_GPUS)
+                    .cloned()
+                    .map(serde_json::from_value::<Vec<GpuInfo>>)
+                    .transpose()
+                    .map_err(|e| GpuDumpError::Metadata { key: META_GPUS, detail: e.to_string() })?
+                    .ok_or_else(|| GpuDumpError::Metadata { key: META_GPUS, detail: "missing".to_string() })?;
+                (Some((major, minor)), gpus)
+            }
+        };
+        Ok(ImageMeta { kind, criu_version, cuda_driver_version, gpus })
+    }
+}
+
+/// What this machine offers for a restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineInfo {
+    /// The local CRIU version, if one was found.
+    pub criu_version: Option<String>,
+    /// The local CUDA driver's version (major, minor) and GPUs, or why there is none.
+    pub cuda: std::result::Result<((u32, u32), Vec<GpuInfo>), String>,
+}
+
+impl MachineInfo {
+    /// Asks the local CRIU and CUDA driver (`cuda` is the outcome of [`CudaDriver::load`]).
+    pub fn probe(criu: Option<&Criu>, cuda: &Result<CudaDriver>) -> MachineInfo {
+        let cuda = match cuda {
+            Ok(driver) => {
+                driver.driver_version().and_then(|version| Ok((version, driver.devices()?))).map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        MachineInfo { criu_version: criu.map(Criu::version), cuda }
+    }
+}
+
+/// Ok when `image` can be restored on `machine`; otherwise [`GpuDumpError::Incompatible`] with
+/// the reason: no CRIU >= 4.0 here; a GPU image but no CUDA driver; an older driver major
+/// version than at capture; fewer GPUs; a different GPU model or less memory at some index
+/// (CUDA restores onto the same chip type, GPU i onto GPU i).
+pub fn check_compatible(image: &ImageMeta, machine: &MachineInfo) -> Result<()> {
+    let refuse = |reason: String| Err(GpuDumpError::Incompatible { reason });
+    match machine.criu_version.as_deref() {
+        None => return refuse("no CRIU here; install CRIU >= 4.0 with scripts/criu.sh".to_string()),
+        Some(v) if criu::parse_version(v).is_some_and(|(major, _, _)| major >= 4) => {}
+        Some(v) => return refuse(format!("the local CRIU is {v}; restoring needs CRIU >= 4.0 (scripts/criu.sh)")),
+    }
+    if image.kind == ImageKind::CpuProcess {
+        return Ok(());
+    }
+    let ((major, minor), gpus) = match &machine.cuda {
+        Ok(cuda) => cuda,
+        Err(why) => return refuse(format!("it is a GPU image but this machine has no usable CUDA driver: {why}")),
+    };
+    if let Some((want_major, want_minor)) = image.cuda_driver_version {
+        if *major < want_major {
+            return refuse(format!(
+                "it was captured under a driver for CUDA {want_major}.{want_minor}; this machine's driver \
+                 supports CUDA {major}.{minor}; upgrade the NVIDIA driver to a CUDA {want_major}.x one"
+            ));
+        }
+    }
+    if gpus.len() < image.gpus.len() {
+        return refuse(format!(
+            "it was captured on a machine with {} GPU(s); this one has {} (check CUDA_VISIBLE_DEVICES)",
+            image.gpus.len(),
+            gpus.len()
+        ));
+    }
+    for (want, have) in image.gpus.iter().zip(gpus) {
+        if want.name != have.name {
+            return refuse(format!(
+                "GPU {} is a {}, but the image was captured on a {}; CUDA restores only onto the same GPU model",
+                have.index, have.name, want.name
+            ));
+        }
+        if have.total_mem_bytes < want.total_mem_bytes {
+            return refuse(format!(
+                "GPU {} has {} bytes of memory, the image's GPU had {}",
+                have.index, have.total_mem_bytes, want.total_mem_bytes
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{CaptureReport, CaptureTimings};
+
+    fn h200(index: u32) -> GpuInfo {
+        GpuInfo { index, name: "NVIDIA H200".into(), total_mem_bytes: 150_754_820_096 }
+    }
+
+    fn gpu_image() -> ImageMeta {
+        ImageMeta {
+            kind: ImageKind::GpuProcess,
+            criu_version: "4.1.1".into(),
+            cuda_driver_version: Some((13, 0)),
+            gpus: vec![h200(0), h200(1)],
+        }
+    }
+
+    fn gpu_machine() -> MachineInfo {
+        MachineInfo { criu_version: Some("4.1.1".into()), cuda: Ok(((13, 0), vec![h200(0), h200(1)])) }
+    }
+
+    fn refusal(image: &ImageMeta, machine: &MachineInfo) -> String {
+        let err = check_compatible(image, machine).expect_err("must be refused");
+        assert!(matches!(err, GpuDumpError::Incompatible { .. }), "{err:?}");
+        err.to_string()
+    }
+
+    #[test]
+    fn same_machine_is_compatible_and_newer_driver_too() {
+        check_compatible(&gpu_image(), &gpu_machine()).expect("same machine");
+        let newer = MachineInfo { cuda: Ok(((13, 2), vec![h200(0), h200(1), h200(2)])), ..gpu_machine() };
+        check_compatible(&gpu_image(), &newer).expect("newer driver, more GPUs");
+    }
+
+    #[test]
+    fn gpu_image_needs_a_driver() {
+        let no_driver = MachineInfo { cuda: Err("no CUDA driver (libcuda.so.1) found: x".into()), ..gpu_machine() };
+        let msg = refusal(&gpu_image(), &no_driver);
+        assert!(msg.contains("GPU image but this machine has no usable CUDA driver: no CUDA driver"), "{msg}");
+    }
+
+    #[test]
+    fn older_driver_fewer_gpus_other_model_less_memory_are_refused() {
+        let old = MachineInfo { cuda: Ok(((12, 8), vec![h200(0), h200(1)])), ..gpu_machine() };
+        assert!(refusal(&gpu_image(), &old).contains("CUDA 13.0") && refusal(&gpu_image(), &old).contains("CUDA 12.8"));
+        let one = MachineInfo { cuda: Ok(((13, 0), vec![h200(0)])), ..gpu_machine() };
+        assert!(refusal(&gpu_image(), &one).contains("2 GPU(s); this one has 1"));
+        let h100 = GpuInfo { index: 1, name: "NVIDIA H100 80GB HBM3".into(), total_mem_bytes: 85_000_000_000 };
+        let mixed = MachineInfo { cuda: Ok(((13, 0), vec![h200(0), h100])), ..gpu_machine() };
+        let msg = refusal(&gpu_image(), &mixed);
+        assert!(msg.contains("GPU 1 is a NVIDIA H100 80GB HBM3") && msg.contains("same GPU model"), "{msg}");
+        let small = GpuInfo { total_mem_bytes: 1, ..h200(1) };
+        let small = MachineInfo { cuda: Ok(((13, 0), vec![h200(0), small])), ..gpu_machine() };
+        assert!(refusal(&gpu_image(), &small).contains("GPU 1 has 1 bytes"));
+    }
+
+    #[test]
+    fn criu_must_be_there_and_new() {
+        let cpu = ImageMeta { kind: ImageKind::CpuProcess, cuda_driver_version: None, gpus: vec![], ..gpu_image() };
+        let none = MachineInfo { criu_version: None, cuda: Err("none".into()) };
+        assert!(refusal(&cpu, &none).contains("scripts/criu.sh"));
+        let old = MachineInfo { criu_version: Some("3.17.1".into()), cuda: Err("none".into()) };
+        assert!(refusal(&cpu, &old).contains("the local CRIU is 3.17.1"));
+        let ok = MachineInfo { criu_version: Some("4.2.1".into()), cuda: Err("none".into()) };
+        check_compatible(&cpu, &ok).expect("a CPU image needs no GPU");
+    }
+
+    #[test]
+    fn metadata_round_trip_from_a_capture_report() {
+        let report = CaptureReport {
+            pid: 7,
+            image_kind: ImageKind::GpuProcess,
+            leave_running: false,
+            criu_version: "4.1.1".into(),
+            cuda_driver_version: Some("13.0".into()),
+            gpus: vec![h200(0), h200(1)],
+            timings: CaptureTimings::default(),
+        };
+        assert_eq!(ImageMeta::from_metadata(&report.metadata()).expect("parse"), gpu_image());
+        let mut meta = report.metadata();
+        meta.remove(META_GPUS);
+        let err = ImageMeta::from_metadata(&meta).expect_err("no gpus");
+        assert!(err.to_string().contains("\"gpus\": missing"), "{err}");
+        meta.insert(META_KIND.into(), Value::from("files"));
+        let err = ImageMeta::from_metadata(&meta).expect_err("not a process image");
+        assert!(err.to_string().contains("not a process image"), "{err}");
+        let err = ImageMeta::from_metadata(&BTreeMap::new()).expect_err("empty");
+        assert!(err.to_string().contains("\"kind\": missing"), "{err}");
+    }
+}

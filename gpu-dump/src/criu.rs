@@ -1,0 +1,469 @@
+//! The CRIU driver: finds a CRIU >= 4.0, runs `criu dump` / `criu restore` with their logs in
+//! the image directory, and turns failures into errors that quote the log.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::error::{GpuDumpError, Result};
+use crate::procfs;
+
+/// Where [`Criu::find`] looks when no path is given and `criu` is not on `PATH`
+/// (scripts/criu.sh installs there).
+pub const DEFAULT_CRIU_PATH: &str = "/opt/criu/sbin/criu";
+/// The dump log's name inside the image directory.
+pub const DUMP_LOG: &str = "dump.log";
+/// The restore log's name inside the image directory.
+pub const RESTORE_LOG: &str = "restore.log";
+/// The file (inside the image directory) where `criu restore` writes the restored pid.
+pub const RESTORE_PIDFILE: &str = "restore.pid";
+
+/// How many log lines an error quotes.
+const LOG_TAIL_LINES: usize = 15;
+/// A line every CRIU run logs on machines without CAP_SYS_RESOURCE in the bounding set; harmless.
+const HARMLESS_LINE: &str = "RLIMIT_NOFILE";
+/// CRIU's message when an open file's size differs from the dump.
+const BAD_SIZE: &str = "has bad size";
+const BAD_SIZE_HINT: &str = "; a file the process had open changed size after the dump (e.g. it kept \
+     appending after a --leave-running checkpoint); CRIU cannot restore it";
+const PID_TAKEN_HINT: &str = "; a pid the image needs is taken by another process (the original \
+     process may not have been reaped yet); wait until it is gone and retry";
+
+/// Options of `criu dump`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DumpOptions {
+    /// Keep the process running after the dump (`--leave-running`); otherwise CRIU kills it.
+    pub leave_running: bool,
+    /// The process is attached to a terminal session (`--shell-job`).
+    pub shell_job: bool,
+    /// Further arguments appended to the command line as they are.
+    pub extra_args: Vec<String>,
+}
+
+/// Options of `criu restore`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoreOptions {
+    /// The image was dumped with `--shell-job`.
+    pub shell_job: bool,
+    /// Further arguments appended to the command line as they are.
+    pub extra_args: Vec<String>,
+}
+
+/// A CRIU binary of version 4.0 or newer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Criu {
+    path: PathBuf,
+    version: String,
+}
+
+impl Criu {
+    /// Finds CRIU: `explicit` if given, else the first of `criu` on `PATH` and
+    /// [`DEFAULT_CRIU_PATH`] that is version 4.0 or newer. Refuses older versions (they fail on
+    /// kernels >= 6.13); when every candidate fails, the first one's error is returned.
+    pub fn find(explicit: Option<&Path>) -> Result<Criu> {
+        if let Some(path) = explicit {
+            return Self::probe(path);
+        }
+        let mut first_error = None;
+        for candidate in Self::candidates() {
+            match Self::probe(&candidate) {
+                Ok(criu) => return Ok(criu),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_error
+            .unwrap_or_else(|| GpuDumpError::CriuNotFound { tried: format!("criu on PATH, {DEFAULT_CRIU_PATH}") }))
+    }
+
+    /// `criu` in each `PATH` directory, then [`DEFAULT_CRIU_PATH`]; only existing files.
+    fn candidates() -> Vec<PathBuf> {
+        let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
+            .map(|paths| std::env::split_paths(&paths).map(|dir| dir.join("criu")).collect())
+            .unwrap_or_default();
+        candidates.push(PathBuf::from(DEFAULT_CRIU_PATH));
+        candidates.retain(|path| path.is_file());
+        candidates.dedup();
+        candidates
+    }
+
+    /// Runs `path --version` and checks the version.
+    fn probe(path: &Path) -> Result<Criu> {
+        let path = path.to_path_buf();
+        let output = Command::new(&path)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| GpuDumpError::CriuSpawn { path: path.clone(), source })?;
+        let text = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        let Some((version, (major, _, _))) = version_string(&text).and_then(|v| Some((v, parse_version(v)?))) else {
+            return Err(GpuDumpError::CriuVersion { path, output: text });
+        };
+        if major < 4 {
+            return Err(GpuDumpError::CriuTooOld { path, version: version.to_string() });
+        }
+        Ok(Criu { version: version.to_string(), path })
+    }
+
+    /// The binary's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The version it reports, e.g. "4.1.1".
+    pub fn version(&self) -> String {
+        self.version.clone()
+    }
+
+    /// Dumps process `pid` (and its descendants) into `dir` (created if missing), logging to
+    /// `dir/dump.log`. Without `leave_running` the process is killed once the dump is complete.
+    pub fn dump(&self, pid: u32, dir: &Path, opts: &DumpOptions) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| GpuDumpError::io(format!("create {}", dir.display()), e))?;
+        let dir = absolute(dir)?;
+        let mut args: Vec<String> = vec!["dump".into(), "-t".into(), pid.to_string()];
+        args.extend(common_args(&dir, DUMP_LOG));
+        if opts.leave_running {
+            args.push("--leave-running".into());
+        }
+        if opts.shell_job {
+            args.push("--shell-job".into());
+        }
+        args.extend(opts.extra_args.iter().cloned());
+        self.run("dump", &args, &dir, DUMP_LOG)
+    }
+
+    /// Restores the process tree in `dir` detached from this process (it is re-parented to
+    /// PID 1 when CRIU exits) and returns the restored root pid, which is the original pid.
+    /// Every pid in the image must be free (see [`wait_pid_free`]). Logs to `dir/restore.log`.
+    pub fn restore(&self, dir: &Path, opts: &RestoreOptions) -> Result<u32> {
+        let dir = absolute(dir)?;
+        let pidfile = dir.join(RESTORE_PIDFILE);
+        remove_if_present(&pidfile)?;
+        let mut args: Vec<String> = vec!["restore".into()];
+        args.extend(common_args(&dir, RESTORE_LOG));
+        args.extend(["--restore-detached".into(), "--pidfile".into(), pidfile.display().to_string()]);
+        if opts.shell_job {
+            args.push("--shell-job".into());
+        }
+        args.extend(opts.extra_args.iter().cloned());
+        self.run("restore", &args, &dir, RESTORE_LOG)?;
+        let text = std::fs::read_to_string(&pidfile)
+            .map_err(|e| GpuDumpError::io(format!("read the restored pid from {}", pidfile.display()), e))?;
+        text.trim().parse().map_err(|_| GpuDumpError::Image {
+            path: pidfile.clone(),
+            detail: format!("CRIU wrote {:?} instead of a pid", text.trim()),
+        })
+    }
+
+    /// Runs CRIU with `args`. Its stderr (where it reports errors before the log is open) goes
+    /// to a scratch file in `dir`, not a pipe: a restored process must not inherit a pipe we
+    /// wait on. The file is removed afterwards. Its stdout holds nothing of use (usage text).
+    fn run(&self, action: &'static str, args: &[String], dir: &Path, log: &str) -> Result<()> {
+        let log = dir.join(log);
+        remove_if_present(&log)?;
+        let err_path = dir.join(format!(".criu-{action}.stderr"));
+        let err = File::create(&err_path).map_err(|e| GpuDumpError::io(format!("create {}", err_path.display()), e))?;
+        let status = Command::new(&self.path)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .status()
+            .map_err(|source| GpuDumpError::CriuSpawn { path: self.path.clone(), source });
+        let output = std::fs::read_to_string(&err_path).unwrap_or_default();
+        remove_if_present(&err_path)?;
+        let status = status?;
+        if status.success() {
+            return Ok(());
+        }
+        let log_text = std::fs::read_to_string(&log).ok();
+        Err(GpuDumpError::CriuFailed {
+            action,
+            status: status.to_string(),
+            hint: hint_for(log_text.as_deref().unwrap_or(""), &output),
+            details: failure_details(&output, &log, log_text.as_deref()),
+        })
+    }
+}
+
+/// `-D DIR -v2 -o LOG`: images and logs in `dir`, errors and warnings only.
+fn common_args(dir: &Path, log: &str) -> [String; 5] {
+    ["-D".into(), dir.display().to_string(), "-v2".into(), "-o".into(), log.into()]
+}
+
+fn absolute(dir: &Path) -> Result<PathBuf> {
+    std::fs::canonicalize(dir).map_err(|e| GpuDumpError::io(format!("image directory {}", dir.display()), e))
+}
+
+fn remove_if_present(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(GpuDumpError::io(format!("remove {}", path.display()), e))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Explanation for failures recognised in CRIU's log or output.
+fn hint_for(log: &str, output: &str) -> &'static str {
+    let either = |needle: &str| log.contains(needle) || output.contains(needle);
+    if either(BAD_SIZE) {
+        BAD_SIZE_HINT
+    } else if either("Can't fork for") && either("File exists") {
+        PID_TAKEN_HINT
+    } else {
+        ""
+    }
+}
+
+/// CRIU's own output and the end of its log, without the harmless RLIMIT line.
+fn failure_details(output: &str, log: &Path, log_text: Option<&str>) -> String {
+    let mut details = String::new();
+    let output = tail(output, LOG_TAIL_LINES);
+    if !output.is_empty() {
+        details.push_str(&format!("criu said:\n{output}\n"));
+    }
+    match log_text {
+        Some(text) => {
+            let text = tail(text, LOG_TAIL_LINES);
+            if text.is_empty() {
+                details.push_str(&format!("{} holds nothing but harmless lines", log.display()));
+            } else {
+                details.push_str(&format!("last lines of {}:\n{text}", log.display()));
+            }
+        }
+        None => details.push_str(&format!("no log at {} (CRIU stopped before writing it)", log.display())),
+    }
+    details
+}
+
+/// The last `n` non-empty lines of `text`, leaving out the harmless RLIMIT_NOFILE line.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> =
+        text.lines().map(str::trim_end).filter(|line| !line.is_empty() && !line.contains(HARMLESS_LINE)).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The version word of `criu --version` output ("Version: 4.1.1" → "4.1.1").
+fn version_string(output: &str) -> Option<&str> {
+    output.lines().find_map(|line| line.trim().strip_prefix("Version:")).map(str::trim).filter(|v| !v.is_empty())
+}
+
+/// Parses "X.Y" or "X.Y.Z" (any suffix after the numbers is ignored, e.g. "4.2-rc1" → 4.2.0).
+pub fn parse_version(version: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = version.trim().split('.').map(|part| {
+        let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse::<u32>().ok()
+    });
+    let major = parts.next()??;
+    let minor = parts.next()??;
+    let patch = parts.next().flatten().unwrap_or(0);
+    Some((major, minor, patch))
+}
+
+/// Waits until no process (not even a zombie) holds `pid`. After a dump kills a task, PID 1
+/// reaps it about a second later, and CRIU cannot restore a pid that is still taken.
+pub fn wait_pid_free(pid: u32, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while procfs::exists(pid) {
+        if Instant::now() >= deadline {
+            return Err(GpuDumpError::PidInUse { pid, timeout });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Every pid and thread id recorded in the image's process tree (`pstree.img`), sorted. A
+/// restore needs all of them free, not just the root's.
+pub fn image_pids(dir: &Path) -> Result<Vec<u32>> {
+    let path = dir.join("pstree.img");
+    let bytes = std::fs::read(&path).map_err(|e| GpuDumpError::io(format!("read {}", path.display()), e))?;
+    let mut pids = parse_pstree(&bytes).map_err(|detail| GpuDumpError::Image { path, detail })?;
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
+}
+
+const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
+const PSTREE_MAGIC: u32 = 0x5027_3030;
+
+/// Parses pstree.img: two magics, then (u32 length, `pstree_entry` protobuf) records with
+/// `pid` in field 1 and `threads` in field 5.
+fn parse_pstree(bytes: &[u8]) -> std::result::Result<Vec<u32>, String> {
+    let mut rest = bytes;
+    if word(take(&mut rest, 4)?) != IMG_COMMON_MAGIC || word(take(&mut rest, 4)?) != PSTREE_MAGIC {
+        return Err("not a pstree image (bad magic)".to_string());
+    }
+    let mut pids = Vec::new();
+    while !rest.is_empty() {
+        let len = word(take(&mut rest, 4)?) as usize;
+        parse_pstree_entry(take(&mut rest, len)?, &mut pids)?;
+    }
+    if pids.is_empty() {
+        return Err("no processes recorded".to_string());
+    }
+    Ok(pids)
+}
+
+/// Splits the first `n` bytes off `rest`.
+fn take<'a>(rest: &mut &'a [u8], n: usize) -> std::result::Result<&'a [u8], String> {
+    if rest.len() < n {
+        return Err("truncated".to_string());
+    }
+    let (head, tail) = rest.split_at(n);
+    *rest = tail;
+    Ok(head)
+}
+
+/// A native-endian u32 from the first 4 bytes of `b` (callers pass exactly 4).
+fn word(b: &[u8]) -> u32 {
+    u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn parse_pstree_entry(mut msg: &[u8], pids: &mut Vec<u32>) -> std::result::Result<(), String> {
+    while !msg.is_empty() {
+        let key = varint(&mut msg)?;
+        let (field, wire) = (key >> 3, key & 7);
+        match wire {
+            0 => {
+                let value = varint(&mut msg)?;
+                if field == 1 || field == 5 {
+                    pids.push(u32::try_from(value).map_err(|_| format!("pid {value} out of range"))?);
+                }
+            }
+            2 => {
+                let len = usize::try_from(varint(&mut msg)?).map_err(|_| "bad length".to_string())?;
+                if msg.len() < len {
+                    return Err("truncated field".to_string());
+                }
+                let (mut packed, tail) = msg.split_at(len);
+                msg = tail;
+                while field == 5 && !packed.is_empty() {
+                    let value = varint(&mut packed)?;
+                    pids.push(u32::try_from(value).map_err(|_| format!("tid {value} out of range"))?);
+                }
+            }
+            1 | 5 => {
+                let skip = if wire == 1 { 8 } else { 4 };
+                msg = msg.get(skip..).ok_or("truncated field")?;
+            }
+            other => return Err(format!("unexpected protobuf wire type {other}")),
+        }
+    }
+    Ok(())
+}
+
+fn varint(bytes: &mut &[u8]) -> std::result::Result<u64, String> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = bytes.split_first().ok_or("truncated varint")?;
+        *bytes = rest;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err("varint too long".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_parsing() {
+        assert_eq!(version_string("Version: 4.1.1\n"), Some("4.1.1"));
+        assert_eq!(version_string("Version: 3.17.1\nGitID: v3.17.1\n"), Some("3.17.1"));
+        assert_eq!(version_string("criu 4.1\n"), None);
+        assert_eq!(version_string("Version:   \n"), None);
+        assert_eq!(parse_version("4.1.1"), Some((4, 1, 1)));
+        assert_eq!(parse_version("4.2"), Some((4, 2, 0)));
+        assert_eq!(parse_version("4.2-rc1"), Some((4, 2, 0)));
+        assert_eq!(parse_version("3.17.1"), Some((3, 17, 1)));
+        assert_eq!(parse_version("4"), None);
+        assert_eq!(parse_version("x.y"), None);
+        assert_eq!(parse_version(""), None);
+    }
+
+    #[test]
+    fn find_refuses_old_criu_and_explains_why() {
+        let err = Criu::find(Some(crate::testutil::fake_criu_3_17())).expect_err("3.17 is too old");
+        let msg = err.to_string();
+        assert!(matches!(err, GpuDumpError::CriuTooOld { .. }), "{err:?}");
+        assert!(msg.contains("CRIU 3.17.1") && msg.contains(">= 4.0"), "{msg}");
+        assert!(msg.contains("vDSO") && msg.contains("6.13") && msg.contains("scripts/criu.sh"), "{msg}");
+    }
+
+    #[test]
+    fn find_accepts_new_criu_and_rejects_garbage() {
+        let new = crate::testutil::fake_criu_4_2();
+        let criu = Criu::find(Some(new)).expect("4.2 is fine");
+        assert_eq!(criu.version(), "4.2");
+        assert_eq!(criu.path(), new);
+        let err = Criu::find(Some(crate::testutil::fake_criu_garbage())).expect_err("no version line");
+        assert!(err.to_string().contains("no \"Version: X.Y\" line"), "{err}");
+        let err = Criu::find(Some(Path::new("/nonexistent/criu"))).expect_err("missing binary");
+        assert!(err.to_string().starts_with("could not run /nonexistent/criu"), "{err}");
+    }
+
+    #[test]
+    fn log_tail_skips_the_harmless_line_and_keeps_the_end() {
+        let mut log = String::from(
+            "Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n",
+        );
+        for i in 0..30 {
+            log.push_str(&format!("line {i}\n"));
+        }
+        let tail = tail(&log, LOG_TAIL_LINES);
+        assert!(!tail.contains("RLIMIT"));
+        assert_eq!(tail.lines().count(), 15);
+        assert!(tail.starts_with("line 15") && tail.ends_with("line 29"), "{tail}");
+    }
+
+    #[test]
+    fn bad_size_and_pid_collisions_are_explained() {
+        let log = "Error (criu/files-reg.c:2179): File tmp/out.txt has bad size 182 (expect 152)\n";
+        assert_eq!(hint_for(log, ""), BAD_SIZE_HINT);
+        assert!(BAD_SIZE_HINT.contains("changed size after the dump"));
+        let log = "Error (criu/cr-restore.c:1460): Can't fork for 4242: File exists\n";
+        assert_eq!(hint_for(log, ""), PID_TAKEN_HINT);
+        assert_eq!(hint_for("Error: something else", ""), "");
+        let details = failure_details("criu: unrecognized option '--x'\n", Path::new("/img/dump.log"), None);
+        assert!(details.contains("unrecognized option") && details.contains("no log at /img/dump.log"), "{details}");
+    }
+
+    #[test]
+    fn pstree_parsing() {
+        // Two processes as CRIU 4.1.1 wrote them: 19843 (threads: itself) and its child 19883.
+        let mut img = Vec::new();
+        img.extend(IMG_COMMON_MAGIC.to_ne_bytes());
+        img.extend(PSTREE_MAGIC.to_ne_bytes());
+        let first = [
+            0x08, 0x83, 0x9b, 0x01, 0x10, 0x00, 0x18, 0x83, 0x9b, 0x01, 0x20, 0x83, 0x9b, 0x01, 0x28, 0x83, 0x9b, 0x01,
+        ];
+        img.extend((first.len() as u32).to_ne_bytes());
+        img.extend(first);
+        // The child, with its threads packed (wire type 2) to cover that encoding too.
+        let second = [0x08, 0xab, 0x9b, 0x01, 0x10, 0x83, 0x9b, 0x01, 0x2a, 0x06, 0xab, 0x9b, 0x01, 0xac, 0x9b, 0x01];
+        img.extend((second.len() as u32).to_ne_bytes());
+        img.extend(second);
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("pstree.img"), &img).expect("write");
+        assert_eq!(image_pids(dir.path()).expect("parse"), vec![19843, 19883, 19884]);
+        assert!(parse_pstree(&img[..img.len() - 3]).is_err(), "truncated image");
+        assert!(parse_pstree(&img[4..]).is_err(), "bad magic");
+        let err = image_pids(Path::new("/nonexistent")).expect_err("no image");
+        assert!(err.to_string().contains("/nonexistent/pstree.img"), "{err}");
+    }
+
+    #[test]
+    fn wait_for_a_taken_pid_times_out_with_a_clear_error() {
+        let me = std::process::id();
+        let err = wait_pid_free(me, Duration::from_millis(50)).expect_err("our own pid is taken");
+        assert!(err.to_string().starts_with(&format!("pid {me} is still in use by another process")), "{err}");
+        wait_pid_free(u32::MAX, Duration::ZERO).expect("a pid above pid_max is free");
+    }
+}

@@ -1,0 +1,269 @@
+//! The crate's error type: each variant says what failed and, where there is one, what to do.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Result with [`GpuDumpError`].
+pub type Result<T, E = GpuDumpError> = std::result::Result<T, E>;
+
+/// A step of a checkpoint or restore, named in errors so the user knows where it stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// `cuCheckpointProcessLock`.
+    GpuLock,
+    /// `cuCheckpointProcessCheckpoint`.
+    GpuCheckpoint,
+    /// `criu dump`.
+    CriuDump,
+    /// Restore + unlock of the GPU state after a `--leave-running` dump.
+    GpuResume,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::GpuLock => "GPU lock",
+            Phase::GpuCheckpoint => "GPU checkpoint",
+            Phase::CriuDump => "criu dump",
+            Phase::GpuResume => "GPU resume after the dump",
+        })
+    }
+}
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuDumpError {
+    /// libcuda could not be loaded.
+    #[error(
+        "no CUDA driver (libcuda.so.1) found: {detail}; GPU processes cannot be checkpointed \
+         on this machine (CPU-only processes still can)"
+    )]
+    NoCudaDriver {
+        /// What the loader said for each library name tried.
+        detail: String,
+    },
+
+    /// libcuda loaded but lacks a basic driver API symbol.
+    #[error("{library} lacks {symbol}: {detail}; the NVIDIA driver install looks broken")]
+    CudaSymbol {
+        /// The library that was loaded.
+        library: String,
+        /// The missing symbol.
+        symbol: &'static str,
+        /// The loader's message.
+        detail: String,
+    },
+
+    /// libcuda has no checkpoint API.
+    #[error(
+        "driver too old: needs >= 570 (CUDA 12.8) for the checkpoint API, but {library} lacks \
+         {symbol}; upgrade the NVIDIA driver"
+    )]
+    DriverTooOld {
+        /// The library that was loaded.
+        library: String,
+        /// The first missing checkpoint symbol.
+        symbol: &'static str,
+    },
+
+    /// A CUDA driver call returned an error.
+    #[error("{call}: {name} ({code}): {description}{hint}")]
+    Cuda {
+        /// The call and its target, e.g. `cuCheckpointProcessLock(pid 123)`.
+        call: String,
+        /// The `CUresult` code.
+        code: i32,
+        /// `cuGetErrorName`, e.g. `CUDA_ERROR_NOT_READY`.
+        name: String,
+        /// `cuGetErrorString`.
+        description: String,
+        /// Advice for well-known codes (starts with "; "), else empty.
+        hint: &'static str,
+    },
+
+    /// No CRIU binary was found.
+    #[error(
+        "CRIU not found (tried {tried}); install CRIU >= 4.0 with scripts/criu.sh, or name the \
+         binary explicitly"
+    )]
+    CriuNotFound {
+        /// The places looked at.
+        tried: String,
+    },
+
+    /// The CRIU binary is older than 4.0.
+    #[error(
+        "{path} is CRIU {version}, but gstore needs CRIU >= 4.0: older releases cannot handle the \
+         vDSO layout of kernels >= 6.13 (\"Unexpected rt vDSO area bounds\"); install 4.x with \
+         scripts/criu.sh (builds it into /opt/criu/sbin/criu)"
+    )]
+    CriuTooOld {
+        /// The binary.
+        path: PathBuf,
+        /// The version it reported.
+        version: String,
+    },
+
+    /// `criu --version` did not print a version gstore understands.
+    #[error("{path} --version printed no \"Version: X.Y\" line (got {output:?}); is it really CRIU?")]
+    CriuVersion {
+        /// The binary.
+        path: PathBuf,
+        /// What it printed.
+        output: String,
+    },
+
+    /// The CRIU binary could not be started.
+    #[error("could not run {path}: {source}")]
+    CriuSpawn {
+        /// The binary.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+
+    /// `criu dump` or `criu restore` exited with an error.
+    #[error("criu {action} exited with {status}{hint}\n{details}")]
+    CriuFailed {
+        /// `dump` or `restore`.
+        action: &'static str,
+        /// The exit status.
+        status: String,
+        /// An explanation of a recognised failure (starts with "; "), else empty.
+        hint: &'static str,
+        /// CRIU's stderr and the last lines of its log, each labelled.
+        details: String,
+    },
+
+    /// A pid the restore needs is still taken.
+    #[error(
+        "pid {pid} is still in use by another process after waiting {timeout:?}; CRIU restores a \
+         process under its original pid, so stop that process (or wait for it to be reaped) first"
+    )]
+    PidInUse {
+        /// The pid.
+        pid: u32,
+        /// How long we waited.
+        timeout: Duration,
+    },
+
+    /// The process to checkpoint does not exist.
+    #[error("no process with pid {pid}{detail}")]
+    NoSuchProcess {
+        /// The pid.
+        pid: u32,
+        /// More detail (starts with " "), else empty.
+        detail: &'static str,
+    },
+
+    /// The process uses CUDA but this machine has no usable driver binding.
+    #[error(
+        "process {pid} uses CUDA (libcuda is mapped into it) but no CUDA driver could be loaded \
+         here, so its GPU state cannot be checkpointed: {detail}"
+    )]
+    GpuProcessWithoutDriver {
+        /// The pid.
+        pid: u32,
+        /// Why the driver is unavailable.
+        detail: String,
+    },
+
+    /// A step failed and the process was put back to running.
+    #[error("{phase} failed; the process was resumed and is still running: {source}")]
+    Resumed {
+        /// The step that failed.
+        phase: Phase,
+        /// Why it failed.
+        source: Box<GpuDumpError>,
+    },
+
+    /// A step failed and putting the process back to running failed too.
+    #[error(
+        "{phase} failed and the process could not be resumed, so it may be lost (it may be \
+         stuck in GPU state {state}; kill it if it does not recover); resuming failed with: \
+         {rollback}; the {phase} error was: {source}"
+    )]
+    Lost {
+        /// The step that failed.
+        phase: Phase,
+        /// The GPU state last seen, or "unknown".
+        state: String,
+        /// Why the step failed.
+        source: Box<GpuDumpError>,
+        /// Why the rollback failed.
+        rollback: Box<GpuDumpError>,
+    },
+
+    /// `criu dump` failed and the process is gone.
+    #[error("criu dump failed and process {pid} is gone (CRIU had already killed it): {source}")]
+    DumpKilled {
+        /// The pid.
+        pid: u32,
+        /// Why the dump failed.
+        source: Box<GpuDumpError>,
+    },
+
+    /// CRIU restored the process but its GPU state could not be restored.
+    #[error(
+        "the process was restored as pid {pid} but its GPU state could not be restored; it is \
+         blocked in any CUDA call and should be killed: {source}"
+    )]
+    GpuRestore {
+        /// The restored pid.
+        pid: u32,
+        /// Why the GPU restore failed.
+        source: Box<GpuDumpError>,
+    },
+
+    /// The process is in a CUDA checkpoint state that the step cannot handle.
+    #[error("process {pid} is in CUDA checkpoint state {state}; cannot {action}")]
+    GpuState {
+        /// The pid.
+        pid: u32,
+        /// The state it is in.
+        state: crate::cuda::ProcessState,
+        /// What could not be done.
+        action: &'static str,
+    },
+
+    /// The image cannot be restored on this machine.
+    #[error("this image cannot be restored on this machine: {reason}")]
+    Incompatible {
+        /// Why.
+        reason: String,
+    },
+
+    /// Recorded image metadata is missing or malformed.
+    #[error("image metadata field {key:?}: {detail}")]
+    Metadata {
+        /// The field.
+        key: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+
+    /// A CRIU image file could not be understood.
+    #[error("CRIU image {path}: {detail}")]
+    Image {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+
+    /// A file system operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, naming the path.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl GpuDumpError {
+    /// An [`GpuDumpError::Io`] with context.
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        GpuDumpError::Io { context: context.into(), source }
+    }
+}

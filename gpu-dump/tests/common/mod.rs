@@ -1,0 +1,133 @@
+//! Helpers shared by the integration tests: the real CRIU and a counting test process.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gstore_gpu_dump::Criu;
+
+/// Where scripts/criu.sh installs CRIU.
+pub const CRIU: &str = "/opt/criu/sbin/criu";
+
+/// The real CRIU; fails the test (rather than skipping it) when it is not installed.
+pub fn criu() -> Criu {
+    assert!(Path::new(CRIU).exists(), "CRIU 4.x is not installed at {CRIU}: run scripts/criu.sh (as root) first");
+    Criu::find(Some(Path::new(CRIU))).expect("a usable CRIU at /opt/criu/sbin/criu")
+}
+
+/// A detached shell that counts up every ~50 ms into a file (replaced by rename, so no file
+/// it keeps open grows) and echoes each value to its stdout (/dev/null unless `start_appending`).
+/// Killed, with its process group, when dropped.
+pub struct Counter {
+    pub pid: u32,
+    file: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Counter {
+    pub fn start() -> Counter {
+        Self::spawn(None, None)
+    }
+
+    /// A counter with `lib` preloaded (LD_PRELOAD) into it.
+    pub fn start_with_preload(lib: &Path) -> Counter {
+        Self::spawn(None, Some(lib))
+    }
+
+    /// A counter whose stdout goes to `out.log` in its directory: a file it keeps open that
+    /// grows all the time. Opened with `>` (not `>>`): CRIU 4.1.1 skips its size check for
+    /// O_APPEND files.
+    pub fn start_appending() -> Counter {
+        Self::spawn(Some("out.log"), None)
+    }
+
+    fn spawn(stdout: Option<&str>, preload: Option<&Path>) -> Counter {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stdout = stdout.map_or_else(|| "/dev/null".to_string(), |name| dir.path().join(name).display().to_string());
+        let file = dir.path().join("count");
+        let pidfile = dir.path().join("pid");
+        let script = format!(
+            "echo $$ > {pidfile}; i=0; while :; do i=$((i+1)); echo $i; echo $i > {file}.tmp && mv {file}.tmp {file}; sleep 0.05; done",
+            pidfile = pidfile.display(),
+            file = file.display(),
+        );
+        // The outer shell exits at once, so the counter is re-parented to PID 1 like a daemon.
+        let mut sh = Command::new("sh");
+        if let Some(lib) = preload {
+            sh.env("LD_PRELOAD", lib);
+        }
+        let status = sh
+            .arg("-c")
+            .arg(r#"setsid sh -c "$0" </dev/null >"$1" 2>&1 &"#)
+            .arg(&script)
+            .arg(&stdout)
+            .status()
+            .expect("run sh");
+        assert!(status.success());
+        let pid = wait_for(Duration::from_secs(5), || {
+            std::fs::read_to_string(&pidfile).ok().and_then(|text| text.trim().parse::<u32>().ok())
+        })
+        .expect("the counter wrote its pid");
+        let counter = Counter { pid, file, dir };
+        counter.wait_above(2, Duration::from_secs(5));
+        counter
+    }
+
+    pub fn image_dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The current count (the file exists once the counter has counted once).
+    pub fn value(&self) -> u64 {
+        self.try_value().unwrap_or_else(|| panic!("no count in {}", self.file.display()))
+    }
+
+    pub fn try_value(&self) -> Option<u64> {
+        std::fs::read_to_string(&self.file).ok()?.trim().parse().ok()
+    }
+
+    /// Waits until the counter exceeds `floor`; returns the value seen.
+    pub fn wait_above(&self, floor: u64, timeout: Duration) -> u64 {
+        wait_for(timeout, || self.try_value().filter(|v| *v > floor))
+            .unwrap_or_else(|| panic!("counter stuck at {:?} (waited for > {floor})", self.try_value()))
+    }
+
+    pub fn kill(&self) {
+        // Only a process that is still our counter: after a dump its pid may be free (or, in
+        // theory, reused by someone else).
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&*self.file.to_string_lossy()) {
+            // SAFETY: plain kill(2); the counter leads its own session and process group.
+            unsafe {
+                libc::kill(-(self.pid as i32), libc::SIGKILL);
+                libc::kill(self.pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for Counter {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn wait_for<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after_comm = stat.rsplit_once(')').expect("comm").1;
+    after_comm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("ppid")
+}

@@ -1,0 +1,285 @@
+//! The GPU side of checkpoint and restore, on a machine without a GPU: a fake libcuda
+//! (tests/fake_libcuda.c, built here with the system C compiler) runs the driver's checkpoint
+//! state machine and is preloaded into a real process, which the real CRIU then dumps and
+//! restores. This checks the call order, the argument structs crossing the C ABI, and that
+//! every failure after the lock leaves the process resumed (or says it may be lost).
+
+mod common;
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::{criu, Counter};
+use gstore_gpu_dump::checkpoint::{self, CheckpointOptions, ImageKind, RestoreOptions};
+use gstore_gpu_dump::compat::{check_compatible, ImageMeta, MachineInfo};
+use gstore_gpu_dump::cuda::{process_uses_cuda, CudaDriver, GpuInfo, ProcessState};
+use gstore_gpu_dump::{procfs, GpuDumpError, Phase};
+
+struct FakeCuda {
+    /// The fake driver, named libcuda.so.1 so that a process preloading it looks like a CUDA user.
+    lib: PathBuf,
+    /// The same without the checkpoint API (a driver older than 570).
+    old_lib: PathBuf,
+    /// Per-pid state, call and failure files.
+    state: PathBuf,
+}
+
+/// Builds the fake drivers once per source version, shared by test processes running at the
+/// same time (nextest runs each test in its own process): each builds into a private folder and
+/// renames it into place; a loser of that race uses the winner's build. Files are never
+/// rewritten in place, as running (and dumped) test processes map them.
+fn fake() -> &'static FakeCuda {
+    static FAKE: OnceLock<FakeCuda> = OnceLock::new();
+    FAKE.get_or_init(|| {
+        let source_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda.c");
+        let source = std::fs::read(&source_path).expect("read fake_libcuda.c");
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-cuda");
+        let state = root.join("state");
+        std::fs::create_dir_all(&state).expect("mkdir state");
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        source.hash(&mut hasher);
+        let build_dir = root.join(format!("{:016x}", hasher.finish()));
+        if !build_dir.exists() {
+            let private = root.join(format!("building-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&private);
+            for (name, extra) in [("new", None), ("old", Some("-DNO_CHECKPOINT"))] {
+                let out = private.join(name).join("libcuda.so.1");
+                std::fs::create_dir_all(out.parent().expect("dir")).expect("mkdir");
+                let status = Command::new("cc")
+                    .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror"])
+                    .arg(format!("-DSTATE_DIR=\"{}\"", state.display()))
+                    .args(extra)
+                    .arg("-o")
+                    .arg(&out)
+                    .arg(&source_path)
+                    .status()
+                    .expect("run cc (a C compiler is needed for this test)");
+                assert!(status.success(), "building {} failed", out.display());
+            }
+            if std::fs::rename(&private, &build_dir).is_err() {
+                assert!(build_dir.exists(), "could not move the fake driver into {}", build_dir.display());
+                let _ = std::fs::remove_dir_all(&private);
+            }
+        }
+        FakeCuda {
+            lib: build_dir.join("new").join("libcuda.so.1"),
+            old_lib: build_dir.join("old").join("libcuda.so.1"),
+            state,
+        }
+    })
+}
+
+fn driver() -> CudaDriver {
+    CudaDriver::load_from(&[fake().lib.to_str().expect("utf-8 path")]).expect("load the fake driver")
+}
+
+/// The checkpoint calls the fake driver saw for `pid`, in order.
+fn calls(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(fake().state.join(format!("{pid}.calls")))
+        .map(|text| text.lines().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Makes the fake driver fail these calls for `pid`.
+fn fail(pid: u32, calls: &[&str]) {
+    std::fs::write(fake().state.join(format!("{pid}.fail")), calls.join("\n")).expect("write fail file");
+}
+
+/// A counter that looks like a CUDA process to gstore, with fresh fake-driver state (pids of
+/// earlier runs may be reused).
+fn gpu_counter() -> Counter {
+    let counter = Counter::start_with_preload(&fake().lib);
+    for ext in ["state", "calls", "fail"] {
+        let _ = std::fs::remove_file(fake().state.join(format!("{}.{ext}", counter.pid)));
+    }
+    assert!(process_uses_cuda(counter.pid), "the preloaded fake libcuda shows in /proc/PID/maps");
+    counter
+}
+
+#[test]
+fn device_queries_and_metadata_go_through_the_c_abi() {
+    let loaded = CudaDriver::load_from(&[fake().lib.to_str().expect("utf-8 path")]);
+    let cuda = loaded.as_ref().expect("fake driver");
+    assert_eq!(cuda.driver_version().expect("version"), (13, 0));
+    assert_eq!(
+        cuda.devices().expect("devices"),
+        vec![GpuInfo { index: 0, name: "Fake GPU".into(), total_mem_bytes: 1 << 30 }]
+    );
+    assert_eq!(cuda.state(std::process::id()).expect("state"), ProcessState::Running);
+    assert_eq!(cuda.restore_thread_id(4242).expect("tid"), 4242);
+    let err = cuda.unlock(std::process::id()).expect_err("not locked");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "cuCheckpointProcessUnlock(pid {}): CUDA_ERROR_ILLEGAL_STATE (401): fake driver error; the process is \
+             not in the state this step needs; if it was just starting CUDA, retry",
+            std::process::id()
+        )
+    );
+    let machine = MachineInfo::probe(Some(&criu()), &loaded);
+    assert_eq!(
+        machine.cuda,
+        Ok(((13, 0), vec![GpuInfo { index: 0, name: "Fake GPU".into(), total_mem_bytes: 1 << 30 }]))
+    );
+}
+
+#[test]
+fn a_driver_without_the_checkpoint_api_is_too_old() {
+    let err = CudaDriver::load_from(&[fake().old_lib.to_str().expect("utf-8 path")]).expect_err("no checkpoint API");
+    assert!(matches!(err, GpuDumpError::DriverTooOld { symbol: "cuCheckpointProcessGetState", .. }), "{err:?}");
+    assert!(err.to_string().starts_with("driver too old: needs >= 570"), "{err}");
+}
+
+#[test]
+fn leave_running_checkpoint_locks_checkpoints_dumps_and_resumes() {
+    let criu = criu();
+    let cuda = driver();
+    let counter = gpu_counter();
+    let dir = counter.image_dir("img");
+    let opts = CheckpointOptions {
+        leave_running: true,
+        lock_timeout_ms: 1234,
+        cuda: Some(&cuda),
+        ..CheckpointOptions::new(&criu)
+    };
+    let report = checkpoint::checkpoint(counter.pid, &dir, &opts).expect("checkpoint");
+    assert_eq!(calls(counter.pid), ["lock 1234", "checkpoint", "restore", "unlock"]);
+    assert_eq!(cuda.state(counter.pid).expect("state"), ProcessState::Running);
+    assert_eq!(report.image_kind, ImageKind::GpuProcess);
+    assert_eq!(report.cuda_driver_version.as_deref(), Some("13.0"));
+    assert_eq!(report.gpus.len(), 1);
+    let t = &report.timings;
+    assert!(t.lock_s.is_some() && t.gpu_checkpoint_s.is_some() && t.gpu_resume_s.is_some(), "{t:?}");
+    assert!(procfs::is_alive(counter.pid));
+    let now = counter.value();
+    counter.wait_above(now + 3, Duration::from_secs(5));
+
+    // What the manifest records lets this machine (same fake GPU) restore it.
+    let meta = ImageMeta::from_metadata(&report.metadata()).expect("metadata");
+    let machine = MachineInfo::probe(Some(&criu), &Ok(driver()));
+    check_compatible(&meta, &machine).expect("same machine");
+    eprintln!("gpu capture: {}", serde_json::to_string(&report).expect("json"));
+}
+
+#[test]
+fn criu_failure_after_the_gpu_checkpoint_restores_and_unlocks() {
+    let criu = criu();
+    let cuda = driver();
+    let counter = gpu_counter();
+    let opts = CheckpointOptions {
+        cuda: Some(&cuda),
+        extra_criu_args: vec!["--no-such-option".into()],
+        ..CheckpointOptions::new(&criu)
+    };
+    let err = checkpoint::checkpoint(counter.pid, &counter.image_dir("img"), &opts).expect_err("CRIU rejects it");
+    assert!(matches!(err, GpuDumpError::Resumed { phase: Phase::CriuDump, .. }), "{err:?}");
+    assert!(err.to_string().starts_with("criu dump failed; the process was resumed and is still running"), "{err}");
+    assert_eq!(calls(counter.pid), ["lock 10000", "checkpoint", "restore", "unlock"]);
+    assert_eq!(cuda.state(counter.pid).expect("state"), ProcessState::Running);
+    let now = counter.value();
+    counter.wait_above(now + 3, Duration::from_secs(5));
+}
+
+#[test]
+fn lock_timeout_leaves_everything_as_it_was() {
+    let criu = criu();
+    let cuda = driver();
+    let counter = gpu_counter();
+    fail(counter.pid, &["lock"]);
+    let dir = counter.image_dir("img");
+    let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
+    let err = checkpoint::checkpoint(counter.pid, &dir, &opts).expect_err("lock times out");
+    let msg = err.to_string();
+    assert!(matches!(err, GpuDumpError::Resumed { phase: Phase::GpuLock, .. }), "{err:?}");
+    assert!(
+        msg.contains(&format!("GPU lock failed; the process was resumed and is still running: cuCheckpointProcessLock(pid {}): CUDA_ERROR_NOT_READY (600)", counter.pid)),
+        "{msg}"
+    );
+    assert!(msg.contains("raise the lock timeout"), "{msg}");
+    assert!(calls(counter.pid).is_empty());
+    assert!(!dir.exists(), "CRIU never ran");
+    let now = counter.value();
+    counter.wait_above(now + 3, Duration::from_secs(5));
+}
+
+#[test]
+fn a_failed_rollback_says_the_process_may_be_lost() {
+    let criu = criu();
+    let cuda = driver();
+    let counter = gpu_counter();
+    fail(counter.pid, &["restore"]);
+    let opts = CheckpointOptions {
+        cuda: Some(&cuda),
+        extra_criu_args: vec!["--no-such-option".into()],
+        ..CheckpointOptions::new(&criu)
+    };
+    let err =
+        checkpoint::checkpoint(counter.pid, &counter.image_dir("img"), &opts).expect_err("dump and rollback fail");
+    let msg = err.to_string();
+    eprintln!("lost: {msg}");
+    assert!(matches!(err, GpuDumpError::Lost { phase: Phase::CriuDump, .. }), "{err:?}");
+    assert!(msg.starts_with("criu dump failed and the process could not be resumed, so it may be lost"), "{msg}");
+    assert!(msg.contains("GPU state checkpointed") && msg.contains("cuCheckpointProcessRestore"), "{msg}");
+    assert_eq!(calls(counter.pid), ["lock 10000", "checkpoint"]);
+}
+
+#[test]
+fn gpu_image_restores_its_gpu_state_after_criu() {
+    let criu = criu();
+    let cuda = driver();
+    let counter = gpu_counter();
+    let dir = counter.image_dir("img");
+    let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
+    let report = checkpoint::checkpoint(counter.pid, &dir, &opts).expect("checkpoint");
+    assert!(report.timings.gpu_resume_s.is_none());
+    assert_eq!(calls(counter.pid), ["lock 10000", "checkpoint"]);
+    assert_eq!(cuda.state(counter.pid).expect("state"), ProcessState::Checkpointed);
+    let at_dump = counter.value();
+
+    let opts =
+        RestoreOptions { cuda: Some(&cuda), gpu: true, original_pid: Some(counter.pid), ..RestoreOptions::new(&criu) };
+    let restored = checkpoint::restore(&dir, &opts).expect("restore");
+    assert_eq!(restored.pid, counter.pid);
+    assert_eq!(calls(counter.pid), ["lock 10000", "checkpoint", "restore", "unlock"]);
+    assert_eq!(cuda.state(counter.pid).expect("state"), ProcessState::Running);
+    assert!(restored.timings.gpu_restore_s.is_some() && restored.timings.gpu_unlock_s.is_some());
+    assert!(process_uses_cuda(restored.pid), "the restored process maps libcuda again");
+    counter.wait_above(at_dump + 3, Duration::from_secs(5));
+    eprintln!("gpu restore: {}", serde_json::to_string(&restored).expect("json"));
+}
+
+#[test]
+fn a_failed_gpu_restore_names_the_restored_pid() {
+    let criu = criu();
+    let cuda = driver();
+    let counter = gpu_counter();
+    let dir = counter.image_dir("img");
+    let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
+    checkpoint::checkpoint(counter.pid, &dir, &opts).expect("checkpoint");
+    fail(counter.pid, &["restore"]);
+    let opts =
+        RestoreOptions { cuda: Some(&cuda), gpu: true, original_pid: Some(counter.pid), ..RestoreOptions::new(&criu) };
+    let err = checkpoint::restore(&dir, &opts).expect_err("GPU restore fails");
+    assert!(matches!(err, GpuDumpError::GpuRestore { pid, .. } if pid == counter.pid), "{err:?}");
+    assert!(err.to_string().contains("its GPU state could not be restored"), "{err}");
+}
+
+#[test]
+fn a_cuda_process_without_a_driver_is_refused_untouched() {
+    let criu = criu();
+    let counter = gpu_counter();
+    let dir = counter.image_dir("img");
+    let err = checkpoint::checkpoint(counter.pid, &dir, &CheckpointOptions::new(&criu)).expect_err("no driver");
+    assert!(matches!(err, GpuDumpError::GpuProcessWithoutDriver { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("uses CUDA (libcuda is mapped into it) but no CUDA driver could be loaded"),
+        "{err}"
+    );
+    assert!(!dir.exists());
+    assert!(calls(counter.pid).is_empty());
+    let now = counter.value();
+    counter.wait_above(now + 3, Duration::from_secs(5));
+}

@@ -1,0 +1,117 @@
+//! Process checkpoints through the real binary and a real CRIU (>= 4, at /opt/criu/sbin/criu
+//! or on PATH; scripts/criu.sh installs it): checkpoint into the store, kill, restore, and the
+//! process carries on from where it stopped.
+
+use gstore_tests::*;
+use std::fs;
+
+fn criu_args() -> Vec<String> {
+    let criu = ["/opt/criu/sbin/criu"].into_iter().find(|p| std::path::Path::new(p).exists());
+    let criu = criu.expect("CRIU >= 4 is not installed at /opt/criu/sbin/criu: run scripts/criu.sh");
+    vec!["--criu".into(), criu.into()]
+}
+
+fn with_criu<'a>(args: &[&'a str], criu: &'a [String]) -> Vec<&'a str> {
+    let mut v = args.to_vec();
+    v.extend(criu.iter().map(String::as_str));
+    v
+}
+
+#[test]
+fn checkpoint_kill_restore_continues() {
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    let c = PyCounter::start(1);
+    let pid = c.pid.to_string();
+    let r = env.json(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "counter"], &criu));
+    assert_eq!(r["capture"]["image_kind"], "cpu-process");
+    let at_dump = c.value().unwrap();
+    c.wait_gone(); // CRIU ended it with the dump
+    assert_eq!(c.value(), Some(at_dump), "the process counted after its dump");
+
+    let show = env.json(&["show", "counter"]);
+    assert_eq!(show["meta"]["kind"], "cpu-process");
+    assert!(show["meta"]["capture_timings"]["criu_dump_s"].as_f64().unwrap() > 0.0);
+
+    let r = env.json(&with_criu(&["restore", "counter", "--run"], &criu));
+    assert_eq!(r["pid"].as_u64().unwrap(), c.pid as u64, "restored under its own pid");
+    let after = c.wait_above(at_dump);
+    assert!(after <= at_dump + 20, "count jumped from {at_dump} to {after}: not the dumped state");
+    assert!(c.alive());
+}
+
+#[test]
+fn leave_running_and_two_runs_share_chunks() {
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    let a = PyCounter::start(7);
+    let pid = a.pid.to_string();
+    let first = env.json(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "svc:1", "--leave-running"], &criu));
+    assert!(first["paused_s"].as_f64().unwrap() > 0.0);
+    let v = a.value().unwrap();
+    a.wait_above(v + 2); // still counting
+    // A second run of the same program (same blob): its image shares most chunks.
+    let b = PyCounter::start(7);
+    let pid_b = b.pid.to_string();
+    let second = env.json(&with_criu(&["checkpoint", "--pid", &pid_b, "--tag", "svc:2", "--leave-running"], &criu));
+    let (logical, added) = (second["push"]["logical_bytes"].as_u64().unwrap(), second["push"]["new_plain_bytes"].as_u64().unwrap());
+    assert!(logical > 24 << 20, "image of {logical} bytes cannot hold the 24 MiB blob");
+    assert!(added * 4 < logical, "second run added {added} of {logical} bytes");
+    let du = env.json(&["du"]);
+    assert!(du["dedup_ratio"].as_f64().unwrap() > 1.5, "{du}");
+
+    // The leave-running image restores to the dump point once the original is gone.
+    a.kill();
+    a.wait_gone();
+    env.ok(&with_criu(&["restore", "svc:1", "--run"], &criu));
+    assert!(a.alive());
+    b.kill();
+}
+
+#[test]
+fn a_failing_criu_leaves_the_process_running_and_stores_nothing() {
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    let c = PyCounter::start(2);
+    let pid = c.pid.to_string();
+    let err = env.fails(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "x", "--criu-opt=--no-such-option"], &criu));
+    assert!(err.contains("criu dump") && err.contains("still running"), "{err}");
+    let v = c.value().unwrap();
+    c.wait_above(v + 2);
+    assert!(env.json(&["ls"]).as_array().unwrap().is_empty());
+}
+
+#[test]
+fn store_failure_after_the_dump_restores_the_process() {
+    let env = Env::uninitialized();
+    let criu = criu_args();
+    let disk = SmallDisk::mount(&env.path("disk"), "2M");
+    let store = disk.dir.join("store");
+    let gstore = |args: &[&str]| std::process::Command::new(gstore_bin()).arg("--store").arg(&store).args(args).output().unwrap();
+    assert!(gstore(&["init"]).status.success());
+    let c = PyCounter::start(3);
+    let pid = c.pid.to_string();
+    let staging = env.path("staging");
+    let o = gstore(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "x", "--staging", staging.to_str().unwrap()], &criu));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("No space left on device") && err.contains("restored from the staged image"), "{err}");
+    let v = c.wait_above(0);
+    c.wait_above(v + 2);
+    assert!(c.alive());
+}
+
+#[test]
+fn clear_errors_for_dead_pids_and_non_process_images() {
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    let err = env.fails(&with_criu(&["checkpoint", "--pid", "4000000", "--tag", "x"], &criu));
+    assert!(err.contains("no process with pid 4000000"), "{err}");
+    let f = env.path("file");
+    fs::write(&f, b"plain data").unwrap();
+    env.ok(&["push", f.to_str().unwrap(), "--tag", "files"]);
+    let err = env.fails(&with_criu(&["restore", "files", "--run"], &criu));
+    assert!(err.contains("is not a process checkpoint"), "{err}");
+    let err = env.fails(&["checkpoint", "--pid", "1", "--tag", "x", "--criu", "/nonexistent/criu"]);
+    assert!(err.contains("/nonexistent/criu"), "{err}");
+}
