@@ -55,6 +55,9 @@ pub enum Command {
         /// CRIU options (with --run).
         #[command(flatten)]
         criu: CriuArgs,
+        /// Bytes the restore may hold in flight (default 1 GiB).
+        #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
+        memory_budget: u64,
     },
     /// Checkpoint a running process (GPU state included) into the store.
     Checkpoint {
@@ -71,12 +74,27 @@ pub enum Command {
         /// How long (ms) to wait for the CUDA lock (0: no limit).
         #[arg(long, default_value_t = 10_000, value_name = "MS")]
         lock_timeout: u32,
-        /// Where to stage the CRIU image (default: /dev/shm when it has room, else $TMPDIR).
+        /// Where to stage the CRIU image (default: a new directory under $TMPDIR, else /var/tmp).
         #[arg(long, value_name = "DIR")]
         staging: Option<PathBuf>,
         /// CRIU options.
         #[command(flatten)]
         criu: CriuArgs,
+    },
+    /// Restore an image's files straight into memory (host, or GPU memory with cuda:N) and
+    /// report the throughput.
+    Load {
+        /// NAME[:VERSION] or a 64-hex manifest id.
+        image: String,
+        /// Where to: host, or cuda:N for GPU N.
+        #[arg(long, default_value = "host")]
+        device: String,
+        /// Read device buffers back afterwards and check every chunk's hash.
+        #[arg(long)]
+        check: bool,
+        /// Bytes the restore may hold in flight, pinned staging included (default 1 GiB).
+        #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
+        memory_budget: u64,
     },
     /// List tags.
     Ls,

@@ -51,7 +51,7 @@ pub fn checkpoint(
     let cuda = CudaDriver::load().ok();
     let (dir, made) = match staging_at {
         Some(d) => (d, false),
-        None => (staging::new_dir("checkpoint", staging::process_image_estimate(pid))?, true),
+        None => (staging::new_dir("checkpoint")?, true),
     };
     let mut opts = CheckpointOptions::new(&criu_bin);
     opts.leave_running = leave_running;
@@ -120,7 +120,7 @@ pub struct RunReport {
 }
 
 /// Restores the process image `reference` and starts it.
-pub fn run(store: &Store, reference: &str, criu: CriuChoice, keep_at: Option<PathBuf>, pid_wait: Duration, bars: &Bars) -> Result<RunReport> {
+pub fn run(store: &Store, reference: &str, criu: CriuChoice, keep_at: Option<PathBuf>, pid_wait: Duration, memory_budget: u64, bars: &Bars) -> Result<RunReport> {
     let started = Instant::now();
     let id = store.resolve(reference)?;
     let m = store.get_manifest(&id)?;
@@ -132,10 +132,10 @@ pub fn run(store: &Store, reference: &str, criu: CriuChoice, keep_at: Option<Pat
     let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
     let (dir, made) = match keep_at {
         Some(d) => (d, false),
-        None => (staging::new_dir("restore", m.logical_size())?, true),
+        None => (staging::new_dir("restore")?, true),
     };
     let t = Instant::now();
-    let materialized = gstore_restore::restore_to_dir(store, &m, &dir, bars).with_context(|| format!("writing out {reference} failed"));
+    let materialized = gstore_restore::restore_to_dir(store, &id, &m, &dir, memory_budget, bars).with_context(|| format!("writing out {reference} failed"));
     let materialize_s = t.elapsed().as_secs_f64();
     if let Err(e) = materialized {
         if made {

@@ -2,6 +2,7 @@
 
 use crate::args::{Cli, Command, CriuArgs, IndexAction, InitArgs};
 use crate::capture;
+use crate::load;
 use crate::progress::Bars;
 use anyhow::{bail, Context, Result};
 use gstore_store::manifest::EntryKind;
@@ -40,9 +41,9 @@ pub fn run(cli: Cli) -> Result<()> {
                 )
             })
         }
-        Command::Restore { image, to, run: true, pid_wait, criu } => {
+        Command::Restore { image, to, run: true, pid_wait, criu, memory_budget } => {
             let store = open_indexed(&location)?;
-            let r = capture::run(&store, &image, criu_choice(&criu), to, Duration::from_secs(pid_wait), &bars)?;
+            let r = capture::run(&store, &image, criu_choice(&criu), to, Duration::from_secs(pid_wait), memory_budget, &bars)?;
             out.emit(&r, || {
                 let t = &r.restore.timings;
                 format!(
@@ -84,19 +85,34 @@ pub fn run(cli: Cli) -> Result<()> {
                 )
             })
         }
-        Command::Restore { image, to, .. } => {
+        Command::Restore { image, to, memory_budget, .. } => {
             let to = to.expect("clap requires --to without --run");
             let store = open_indexed(&location)?;
             let id = store.resolve(&image)?;
             let m = store.get_manifest(&id)?;
-            let r = gstore_restore::restore_to_dir(&store, &m, &to, &bars).with_context(|| format!("restore of {image} failed"))?;
+            let r = gstore_restore::restore_to_dir(&store, &id, &m, &to, memory_budget, &bars).with_context(|| format!("restore of {image} failed"))?;
             out.emit(&r, || {
+                let resumed = if r.resumed_chunks > 0 { format!(", resumed: {} chunks were already in place", r.resumed_chunks) } else { String::new() };
                 format!(
-                    "restored {image} into {} ({} entries, {}, {:.0} MB/s)",
+                    "restored {image} into {} ({} entries, {}, {:.0} MB/s{resumed})",
                     r.destination,
                     r.entries,
                     HumanBytes(r.logical_bytes),
                     r.logical_bytes as f64 / 1e6 / r.seconds.max(1e-9)
+                )
+            })
+        }
+        Command::Load { image, device, check, memory_budget } => {
+            let store = open_indexed(&location)?;
+            let r = load::load(&store, &image, &device, check, memory_budget, &bars)?;
+            out.emit(&r, || {
+                format!(
+                    "loaded {} into {} in {:.2} s: {:.2} GB/s{}",
+                    HumanBytes(r.bytes),
+                    r.device,
+                    r.seconds,
+                    r.gb_per_s,
+                    if r.checked { " (read back and checked)" } else { "" }
                 )
             })
         }

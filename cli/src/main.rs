@@ -3,6 +3,7 @@
 mod args;
 mod capture;
 mod commands;
+mod load;
 mod progress;
 mod staging;
 

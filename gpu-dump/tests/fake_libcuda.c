@@ -7,19 +7,41 @@
  * CUDA_ERROR_ILLEGAL_STATE). Built with -DNO_CHECKPOINT it lacks the checkpoint API, like a
  * driver older than 570.
  *
+ * The memory API (unless built with -DNO_MEMORY) is backed by host memory: device pointers are
+ * malloc'ed host addresses, asynchronous copies are done at once, and there is one device with
+ * 1 GiB. Like the real driver it keeps a per-thread current context, and every memory call
+ * made on a thread where the (retained) primary context is not current fails with
+ * CUDA_ERROR_INVALID_CONTEXT, so a missing cuCtxSetCurrent shows. Unlike the real driver it
+ * checks every copy: device ranges must lie inside one live cuMemAlloc block and the source of
+ * an asynchronous copy inside one cuMemHostAlloc block (else CUDA_ERROR_INVALID_VALUE), and
+ * handles must be live (else CUDA_ERROR_INVALID_HANDLE). Tests read its counters and steer it
+ * through the exported fake_cuda_* functions at the end.
+ *
  * Preloaded into a process (LD_PRELOAD), its path ends in libcuda.so.1 in /proc/PID/maps,
  * which is what marks the process as a CUDA user. */
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 
 #ifndef STATE_DIR
 #error "build with -DSTATE_DIR=\"/some/dir\""
 #endif
 
-enum { SUCCESS = 0, INVALID_VALUE = 1, ILLEGAL_STATE = 401, NOT_READY = 600 };
+enum {
+    SUCCESS = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_CONTEXT = 201,
+    INVALID_HANDLE = 400, ILLEGAL_STATE = 401, NOT_READY = 600
+};
 
-int cuInit(unsigned flags) { return flags == 0 ? SUCCESS : INVALID_VALUE; }
+static int initialized;
+
+int cuInit(unsigned flags) {
+    if (flags != 0) return INVALID_VALUE;
+    __atomic_store_n(&initialized, 1, __ATOMIC_SEQ_CST);
+    return SUCCESS;
+}
 int cuDriverGetVersion(int *v) { *v = 13000; return SUCCESS; }
 int cuDeviceGetCount(int *n) { *n = 1; return SUCCESS; }
 int cuDeviceGet(int *d, int ordinal) { if (ordinal != 0) return INVALID_VALUE; *d = 0; return SUCCESS; }
@@ -34,6 +56,10 @@ static const char *name_of(int code) {
     switch (code) {
     case SUCCESS: return "CUDA_SUCCESS";
     case INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
     case ILLEGAL_STATE: return "CUDA_ERROR_ILLEGAL_STATE";
     case NOT_READY: return "CUDA_ERROR_NOT_READY";
     default: return NULL;
@@ -120,4 +146,247 @@ int cuCheckpointProcessUnlock(int pid, void *args) {
     return zeroed(args, 0) ? step(pid, "unlock", "unlock", 1, 0, ILLEGAL_STATE) : INVALID_VALUE;
 }
 int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { *tid = pid; return SUCCESS; }
+#endif
+
+#ifndef NO_MEMORY
+/* ---- The memory API. One lock (a spin lock: no libpthread needed) guards all of it. ---- */
+
+#define TOTAL_MEM ((size_t)1 << 30)
+#define ALIGN 256
+
+struct block { uintptr_t base; size_t len; struct block *next; };
+struct handle { unsigned magic; };
+enum { STREAM_MAGIC = 0x57AE, EVENT_MAGIC = 0xE7E7, DEAD_MAGIC = 0xDEAD };
+
+static int lock_word;
+static struct { int magic; } primary_ctx;   /* the one device's primary context */
+static long primary_refs;
+static __thread void *current_ctx;          /* per-thread current context, as in the driver */
+static struct block *device_blocks, *host_blocks;
+static size_t device_bytes;
+static long live_device, live_host, live_streams, live_events;
+static int fail_alloc;
+
+static void lock(void) { while (__atomic_exchange_n(&lock_word, 1, __ATOMIC_ACQUIRE)) sched_yield(); }
+static void unlock(void) { __atomic_store_n(&lock_word, 0, __ATOMIC_RELEASE); }
+
+/* SUCCESS when the retained primary context is current on this thread. Call with the lock held. */
+static int need_ctx(void) {
+    return current_ctx == &primary_ctx && primary_refs > 0 ? SUCCESS : INVALID_CONTEXT;
+}
+
+/* The block of `list` that holds [addr, addr + len), or NULL. Call with the lock held. */
+static struct block *find(struct block *list, uintptr_t addr, size_t len) {
+    for (struct block *b = list; b; b = b->next)
+        if (addr >= b->base && len <= b->len && addr - b->base <= b->len - len) return b;
+    return NULL;
+}
+
+static int add_block(struct block **list, void *p, size_t len) {
+    struct block *b = malloc(sizeof *b);
+    if (!b) return OUT_OF_MEMORY;
+    b->base = (uintptr_t)p;
+    b->len = len;
+    b->next = *list;
+    *list = b;
+    return SUCCESS;
+}
+
+/* Unlinks the block that starts at `addr`; its length in *len. Call with the lock held. */
+static int remove_block(struct block **list, uintptr_t addr, size_t *len) {
+    for (struct block **at = list; *at; at = &(*at)->next) {
+        if ((*at)->base == addr) {
+            struct block *b = *at;
+            *at = b->next;
+            *len = b->len;
+            free(b);
+            return SUCCESS;
+        }
+    }
+    return INVALID_VALUE;
+}
+
+int cuDevicePrimaryCtxRetain(void **pctx, int dev) {
+    if (!__atomic_load_n(&initialized, __ATOMIC_SEQ_CST)) return NOT_INITIALIZED;
+    if (dev != 0 || !pctx) return INVALID_VALUE;
+    lock();
+    primary_refs++;
+    unlock();
+    *pctx = &primary_ctx;
+    return SUCCESS;
+}
+
+int cuDevicePrimaryCtxRelease_v2(int dev) {
+    int rc = SUCCESS;
+    if (dev != 0) return INVALID_VALUE;
+    lock();
+    if (primary_refs > 0) primary_refs--; else rc = INVALID_CONTEXT;
+    unlock();
+    return rc;
+}
+
+int cuCtxSetCurrent(void *ctx) {
+    int rc = SUCCESS;
+    lock();
+    if (ctx && (ctx != &primary_ctx || primary_refs == 0)) rc = INVALID_CONTEXT;
+    else current_ctx = ctx;
+    unlock();
+    return rc;
+}
+
+int cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS) {
+        *free_bytes = TOTAL_MEM - device_bytes;
+        *total = TOTAL_MEM;
+    }
+    unlock();
+    return rc;
+}
+
+int cuMemAlloc_v2(uint64_t *dptr, size_t bytes) {
+    void *p = NULL;
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS && bytes == 0) rc = INVALID_VALUE;
+    if (rc == SUCCESS) {
+        size_t rounded = (bytes + ALIGN - 1) / ALIGN * ALIGN;
+        if (__atomic_load_n(&fail_alloc, __ATOMIC_SEQ_CST) || rounded < bytes || rounded > TOTAL_MEM - device_bytes) rc = OUT_OF_MEMORY;
+        else if (posix_memalign(&p, ALIGN, rounded) != 0) rc = OUT_OF_MEMORY;
+        else if ((rc = add_block(&device_blocks, p, bytes)) != SUCCESS) free(p);
+        else { device_bytes += rounded; live_device++; *dptr = (uint64_t)(uintptr_t)p; }
+    }
+    unlock();
+    return rc;
+}
+
+int cuMemFree_v2(uint64_t dptr) {
+    size_t len = 0;
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS) rc = remove_block(&device_blocks, (uintptr_t)dptr, &len);
+    if (rc == SUCCESS) {
+        free((void *)(uintptr_t)dptr);
+        device_bytes -= (len + ALIGN - 1) / ALIGN * ALIGN;
+        live_device--;
+    }
+    unlock();
+    return rc;
+}
+
+int cuMemHostAlloc(void **pp, size_t bytes, unsigned flags) {
+    (void)flags;
+    void *p = NULL;
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS && bytes == 0) rc = INVALID_VALUE;
+    if (rc == SUCCESS) {
+        /* Garbage, not zeroes, like memory the driver recycles. */
+        if (!(p = malloc(bytes))) rc = OUT_OF_MEMORY;
+        else if ((rc = add_block(&host_blocks, p, bytes)) != SUCCESS) free(p);
+        else { memset(p, 0xA5, bytes); live_host++; *pp = p; }
+    }
+    unlock();
+    return rc;
+}
+
+int cuMemFreeHost(void *p) {
+    size_t len = 0;
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS) rc = remove_block(&host_blocks, (uintptr_t)p, &len);
+    if (rc == SUCCESS) { free(p); live_host--; }
+    unlock();
+    return rc;
+}
+
+/* A copy to or from device memory: [dev, dev + len) must lie in one live device block and,
+ * when `pinned_src`, [host, host + len) in one pinned block. */
+static int copy(uint64_t dev, void *host, size_t len, int to_device, int pinned_src) {
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS && !find(device_blocks, (uintptr_t)dev, len)) rc = INVALID_VALUE;
+    if (rc == SUCCESS && pinned_src && !find(host_blocks, (uintptr_t)host, len)) rc = INVALID_VALUE;
+    if (rc == SUCCESS && len > 0) {
+        if (to_device) memcpy((void *)(uintptr_t)dev, host, len);
+        else memcpy(host, (const void *)(uintptr_t)dev, len);
+    }
+    unlock();
+    return rc;
+}
+
+/* A live handle of kind `magic`; NULL stands for the default stream when `null_ok`. */
+static int live(const void *h, unsigned magic, int null_ok) {
+    if (!h) return null_ok ? SUCCESS : INVALID_HANDLE;
+    return ((const struct handle *)h)->magic == magic ? SUCCESS : INVALID_HANDLE;
+}
+
+int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t len) { return copy(dst, (void *)src, len, 1, 0); }
+int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t len) { return copy(src, dst, len, 0, 0); }
+int cuMemcpyHtoDAsync_v2(uint64_t dst, const void *src, size_t len, void *stream) {
+    int rc = live(stream, STREAM_MAGIC, 1);
+    return rc == SUCCESS ? copy(dst, (void *)src, len, 1, 1) : rc;
+}
+
+static int create(void **out, unsigned magic, long *counter) {
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS) {
+        struct handle *h = malloc(sizeof *h);
+        if (!h) rc = OUT_OF_MEMORY;
+        else { h->magic = magic; (*counter)++; *out = h; }
+    }
+    unlock();
+    return rc;
+}
+
+static int destroy(void *h, unsigned magic, long *counter) {
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS) rc = live(h, magic, 0);
+    if (rc == SUCCESS) { ((struct handle *)h)->magic = DEAD_MAGIC; free(h); (*counter)--; }
+    unlock();
+    return rc;
+}
+
+static int use(void *h, unsigned magic, int null_ok) {
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS) rc = live(h, magic, null_ok);
+    unlock();
+    return rc;
+}
+
+int cuStreamCreate(void **stream, unsigned flags) {
+    return flags <= 1 ? create(stream, STREAM_MAGIC, &live_streams) : INVALID_VALUE;
+}
+int cuStreamDestroy_v2(void *stream) { return destroy(stream, STREAM_MAGIC, &live_streams); }
+int cuStreamSynchronize(void *stream) { return use(stream, STREAM_MAGIC, 1); }
+int cuEventCreate(void **event, unsigned flags) {
+    return flags <= 15 ? create(event, EVENT_MAGIC, &live_events) : INVALID_VALUE;
+}
+int cuEventRecord(void *event, void *stream) {
+    int rc = use(stream, STREAM_MAGIC, 1);
+    return rc == SUCCESS ? use(event, EVENT_MAGIC, 0) : rc;
+}
+int cuEventSynchronize(void *event) { return use(event, EVENT_MAGIC, 0); }
+int cuEventDestroy_v2(void *event) { return destroy(event, EVENT_MAGIC, &live_events); }
+
+/* ---- For tests: counters and failure injection. ---- */
+
+static long read_counter(const long *counter) {
+    lock();
+    long value = *counter;
+    unlock();
+    return value;
+}
+
+long fake_cuda_live_device_allocs(void) { return read_counter(&live_device); }
+long fake_cuda_live_host_allocs(void) { return read_counter(&live_host); }
+long fake_cuda_live_streams(void) { return read_counter(&live_streams); }
+long fake_cuda_live_events(void) { return read_counter(&live_events); }
+long fake_cuda_primary_ctx_refs(void) { return read_counter(&primary_refs); }
+/* Non-zero: every cuMemAlloc_v2 fails with CUDA_ERROR_OUT_OF_MEMORY. */
+void fake_cuda_fail_alloc(int fail) { __atomic_store_n(&fail_alloc, fail, __ATOMIC_SEQ_CST); }
 #endif

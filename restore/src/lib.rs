@@ -1,7 +1,31 @@
 //! gstore's restore engine: plans which pack ranges an image needs, fetches them in parallel,
-//! verifies every chunk against its BLAKE3 id, decodes it and writes it to a sink.
+//! verifies every chunk against its BLAKE3 id, decodes it and hands it to a sink: a directory
+//! tree ([`restore_to_dir`]), host memory ([`restore_to_memory`]) or device memory
+//! ([`restore_to_device`], through pinned staging buffers on several CUDA streams).
+//!
+//! Memory stays under a budget whatever the image size: each worker thread holds one range
+//! read and its decoded bytes ([`engine::max_read_for`]).
+//!
+//! Filling buffers from a program:
+//!
+//! ```no_run
+//! use gstore_store::{progress::Silent, Store, StoreLocation};
+//!
+//! let store = Store::open_indexed(&StoreLocation::parse("/var/lib/gstore")?, &|msg| eprintln!("{msg}"))?;
+//! let id = store.resolve("llama:v1")?;
+//! let manifest = store.get_manifest(&id)?;
+//! let image = gstore_restore::restore_to_memory(&store, &manifest, gstore_restore::engine::DEFAULT_MEMORY_BUDGET, &Silent)?;
+//! let weights: &[u8] = image.get("model.safetensors").expect("in the image");
+//! println!("{} bytes, first byte {}", weights.len(), weights[0]);
+//! # Ok::<(), gstore_store::StoreError>(())
+//! ```
 
+pub mod device;
 pub mod dir;
+pub mod engine;
+pub mod host;
 pub mod plan;
 
+pub use device::{restore_to_device, DeviceImage};
 pub use dir::{restore_to_dir, RestoreReport};
+pub use host::{restore_to_memory, HostImage};

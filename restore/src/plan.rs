@@ -1,5 +1,6 @@
 //! A restore plan: every distinct chunk an image needs, fetched once even when it repeats,
-//! grouped into coalesced pack range reads, ordered by first use in the manifest.
+//! grouped into coalesced pack range reads, ordered by first use in the manifest (or by an
+//! explicit access order when the image carries one).
 
 use gstore_store::index::ChunkLocation;
 use gstore_store::manifest::Manifest;
@@ -8,8 +9,9 @@ use std::collections::HashMap;
 
 /// Two chunks of one pack are read together when at most this many bytes lie between them.
 pub const MAX_GAP: u64 = 64 * 1024;
-/// A single range read covers at most this many bytes.
-pub const MAX_READ: u64 = 16 * 1024 * 1024;
+/// Manifest metadata key holding a recorded access order: a JSON array of entry paths, most
+/// urgent first. Entries it does not name follow in manifest order.
+pub const META_ACCESS_ORDER: &str = "access_order";
 
 /// Where one restored copy of a chunk goes: (entry index in the manifest, byte offset).
 pub type Target = (usize, u64);
@@ -38,63 +40,134 @@ pub struct RangeRead {
     pub chunks: Vec<PlannedChunk>,
 }
 
+impl RangeRead {
+    /// Plain bytes this read yields (each chunk once).
+    pub fn plain_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.loc.plain_len as u64).sum()
+    }
+}
+
+/// A run of zero bytes in an entry (zero chunks are never fetched).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZeroRange {
+    /// Entry index.
+    pub entry: usize,
+    /// Offset in the entry.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
 /// The whole plan.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     /// Range reads, in order of first use.
     pub reads: Vec<RangeRead>,
-    /// Plain bytes that will be written (repeats counted each time; zero chunks excluded).
-    pub write_bytes: u64,
-    /// Bytes that will be fetched from packs.
-    pub fetch_bytes: u64,
+    /// Zero runs, for sinks whose memory does not start zeroed.
+    pub zeros: Vec<ZeroRange>,
 }
 
-/// Plans the restore of every file of `m`.
-pub fn plan(store: &Store, m: &Manifest) -> Result<Plan> {
+impl Plan {
+    /// Plain bytes that will be written (repeats counted each time; zero chunks excluded).
+    pub fn write_bytes(&self) -> u64 {
+        self.reads.iter().flat_map(|r| &r.chunks).map(|c| c.loc.plain_len as u64 * c.targets.len() as u64).sum()
+    }
+
+    /// Bytes that will be fetched from packs.
+    pub fn fetch_bytes(&self) -> u64 {
+        self.reads.iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// Number of distinct chunks to fetch.
+    pub fn chunk_count(&self) -> usize {
+        self.reads.iter().map(|r| r.chunks.len()).sum()
+    }
+
+    /// Drops the chunks `present` says are already in place, shrinking or dropping reads.
+    pub fn retain_missing(&mut self, present: impl Fn(&PlannedChunk) -> bool + Sync) {
+        use rayon::prelude::*;
+        self.reads.par_iter_mut().for_each(|r| {
+            r.chunks.retain(|c| !present(c));
+            if let (Some(first), Some(last)) = (r.chunks.first(), r.chunks.last()) {
+                r.start = first.loc.offset;
+                r.end = last.loc.range().end;
+            }
+        });
+        self.reads.retain(|r| !r.chunks.is_empty());
+    }
+}
+
+/// Entry indices in restore order: a recorded access order first, the rest in manifest order.
+fn entry_order(m: &Manifest) -> Vec<usize> {
+    let mut rank: Vec<usize> = (0..m.entries.len()).map(|i| m.entries.len() + i).collect();
+    if let Some(order) = m.meta.get(META_ACCESS_ORDER).and_then(|v| v.as_array()) {
+        let by_path: HashMap<&str, usize> = m.entries.iter().enumerate().map(|(i, e)| (e.path.as_str(), i)).collect();
+        for (r, p) in order.iter().filter_map(|p| p.as_str()).enumerate() {
+            if let Some(&i) = by_path.get(p) {
+                rank[i] = rank[i].min(r);
+            }
+        }
+    }
+    let mut idx: Vec<usize> = (0..m.entries.len()).collect();
+    idx.sort_by_key(|&i| rank[i]);
+    idx
+}
+
+/// Plans the restore of every file of `m`, with range reads of at most `max_read` bytes
+/// (stored and plain alike), which bounds the memory one read needs.
+pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
+    let files: Vec<_> = m.files().collect();
     // id -> (first use, planned chunk)
     let mut by_id: HashMap<ObjectId, (usize, PlannedChunk)> = HashMap::new();
-    let mut write_bytes = 0;
+    let mut zeros = Vec::new();
     let mut seq = 0usize;
-    for (i, (entry, chunks)) in m.files().enumerate() {
+    for i in entry_order(m) {
+        let (entry, chunks) = files[i];
         let mut off = 0u64;
         for c in chunks {
-            if !c.zero {
-                write_bytes += c.len as u64;
-                if let Some((_, p)) = by_id.get_mut(&c.id) {
-                    p.targets.push((i, off));
-                } else {
-                    let loc = store.locate(&c.id)?.ok_or_else(|| {
-                        StoreError::NotFound {
-                            what: "chunk",
-                            key: format!("{} of {:?} (in no indexed pack: the store is damaged, or run `gstore index rebuild`)", c.id, entry.path),
-                        }
-                    })?;
-                    if loc.plain_len != c.len {
-                        return Err(StoreError::corrupt("chunk", c.id.to_hex(), format!("index says {} bytes, manifest says {}", loc.plain_len, c.len)));
-                    }
-                    by_id.insert(c.id, (seq, PlannedChunk { id: c.id, loc, targets: vec![(i, off)] }));
-                    seq += 1;
+            if c.zero {
+                match zeros.last_mut() {
+                    Some(ZeroRange { entry: e, offset, len }) if *e == i && *offset + *len == off => *len += c.len as u64,
+                    _ => zeros.push(ZeroRange { entry: i, offset: off, len: c.len as u64 }),
                 }
+            } else if let Some((_, p)) = by_id.get_mut(&c.id) {
+                p.targets.push((i, off));
+            } else {
+                let loc = store.locate(&c.id)?.ok_or_else(|| StoreError::NotFound {
+                    what: "chunk",
+                    key: format!("{} of {:?} (in no indexed pack: the store is damaged, or run `gstore index rebuild`)", c.id, entry.path),
+                })?;
+                if loc.plain_len != c.len {
+                    return Err(StoreError::corrupt("chunk", c.id.to_hex(), format!("index says {} bytes, manifest says {}", loc.plain_len, c.len)));
+                }
+                by_id.insert(c.id, (seq, PlannedChunk { id: c.id, loc, targets: vec![(i, off)] }));
+                seq += 1;
             }
             off += c.len as u64;
         }
     }
     let mut chunks: Vec<(usize, PlannedChunk)> = by_id.into_values().collect();
     chunks.sort_by_key(|(_, p)| (p.loc.pack, p.loc.offset));
-    let mut reads: Vec<(usize, RangeRead)> = Vec::new();
+    let mut reads: Vec<(usize, RangeRead, u64)> = Vec::new();
     for (first, p) in chunks {
         let r = p.loc.range();
+        let plain = p.loc.plain_len as u64;
         match reads.last_mut() {
-            Some((f, cur)) if cur.pack == p.loc.pack && r.start >= cur.end && r.start - cur.end <= MAX_GAP && r.end - cur.start <= MAX_READ => {
+            Some((f, cur, cur_plain))
+                if cur.pack == p.loc.pack
+                    && r.start >= cur.end
+                    && r.start - cur.end <= MAX_GAP
+                    && r.end - cur.start <= max_read
+                    && *cur_plain + plain <= max_read =>
+            {
                 cur.end = r.end;
                 *f = (*f).min(first);
+                *cur_plain += plain;
                 cur.chunks.push(p);
             }
-            _ => reads.push((first, RangeRead { pack: p.loc.pack, start: r.start, end: r.end, chunks: vec![p] })),
+            _ => reads.push((first, RangeRead { pack: p.loc.pack, start: r.start, end: r.end, chunks: vec![p] }, plain)),
         }
     }
-    reads.sort_by_key(|(f, _)| *f);
-    let reads: Vec<RangeRead> = reads.into_iter().map(|(_, r)| r).collect();
-    let fetch_bytes = reads.iter().map(|r| r.end - r.start).sum();
-    Ok(Plan { reads, write_bytes, fetch_bytes })
+    reads.sort_by_key(|(f, _, _)| *f);
+    Ok(Plan { reads: reads.into_iter().map(|(_, r, _)| r).collect(), zeros })
 }

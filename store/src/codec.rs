@@ -70,45 +70,59 @@ impl Encoder {
     }
 }
 
-/// Decodes and verifies chunks, reusing one zstd context and buffer (keep one per thread).
+/// Decodes and verifies chunks, reusing one zstd context (keep one per thread).
 pub struct Decoder {
     zstd: zstd::bulk::Decompressor<'static>,
-    buf: Vec<u8>,
+}
+
+/// Checks `plain` against the chunk id and expected length.
+pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId) -> Result<()> {
+    if plain.len() != plain_len {
+        return Err(StoreError::corrupt("chunk", id.to_hex(), format!("decoded to {} bytes, expected {plain_len}", plain.len())));
+    }
+    let got = ObjectId::of(plain);
+    if &got != id {
+        return Err(StoreError::corrupt("chunk", id.to_hex(), format!("BLAKE3 mismatch: content hashes to {}", got.short())));
+    }
+    Ok(())
 }
 
 impl Decoder {
     /// A new decoder.
     pub fn new() -> Decoder {
-        Decoder { zstd: zstd::bulk::Decompressor::new().expect("zstd decompression context"), buf: Vec::new() }
+        Decoder { zstd: zstd::bulk::Decompressor::new().expect("zstd decompression context") }
     }
 
-    /// Decodes `stored` and checks length and BLAKE3 against `id`. Raw chunks are checked in
-    /// place and returned without a copy.
-    pub fn decode<'a>(&'a mut self, codec: Codec, stored: &'a [u8], plain_len: usize, id: &ObjectId) -> Result<&'a [u8]> {
-        let plain: &[u8] = match codec {
-            Codec::Raw => stored,
+    /// Decodes `stored`, appends the plain bytes to `out` and checks them against `id`. On
+    /// error `out` is left as it was.
+    pub fn decode_append(&mut self, codec: Codec, stored: &[u8], plain_len: usize, id: &ObjectId, out: &mut Vec<u8>) -> Result<()> {
+        let start = out.len();
+        let r = match codec {
+            Codec::Raw => {
+                out.extend_from_slice(stored);
+                Ok(())
+            }
             Codec::Zero => {
-                self.buf.clear();
-                self.buf.resize(plain_len, 0);
-                &self.buf
+                out.resize(start + plain_len, 0);
+                Ok(())
             }
             Codec::Zstd => {
-                self.buf.clear();
-                self.buf.reserve(plain_len);
-                self.zstd
-                    .decompress_to_buffer(stored, &mut self.buf)
-                    .map_err(|e| StoreError::corrupt("chunk", id.to_hex(), format!("zstd: {e}")))?;
-                &self.buf
+                // A little room past plain_len lets an oversized frame show as "too long".
+                out.resize(start + plain_len + 1, 0);
+                match self.zstd.decompress_to_buffer(stored, &mut out[start..]) {
+                    Ok(n) => {
+                        out.truncate(start + n);
+                        Ok(())
+                    }
+                    Err(e) => Err(StoreError::corrupt("chunk", id.to_hex(), format!("zstd: {e}"))),
+                }
             }
         };
-        if plain.len() != plain_len {
-            return Err(StoreError::corrupt("chunk", id.to_hex(), format!("decoded to {} bytes, expected {plain_len}", plain.len())));
+        let checked = r.and_then(|()| verify(&out[start..], plain_len, id));
+        if checked.is_err() {
+            out.truncate(start);
         }
-        let got = ObjectId::of(plain);
-        if &got != id {
-            return Err(StoreError::corrupt("chunk", id.to_hex(), format!("BLAKE3 mismatch: content hashes to {}", got.short())));
-        }
-        Ok(plain)
+        checked
     }
 }
 
@@ -126,7 +140,10 @@ mod tests {
     fn round_trip(data: &[u8]) -> Codec {
         let id = ObjectId::of(data);
         let (codec, stored) = Encoder::new(1).unwrap().encode(data);
-        assert_eq!(Decoder::new().decode(codec, &stored, data.len(), &id).unwrap(), data);
+        let mut out = b"prefix".to_vec();
+        Decoder::new().decode_append(codec, &stored, data.len(), &id, &mut out).unwrap();
+        assert_eq!(&out[..6], b"prefix");
+        assert_eq!(&out[6..], data);
         codec
     }
 
@@ -146,7 +163,9 @@ mod tests {
             let (codec, mut stored) = codec_bytes;
             let mid = stored.len() / 2;
             stored[mid] ^= 1;
-            assert!(Decoder::new().decode(codec, &stored, data.len(), &id).is_err());
+            let mut out = b"keep".to_vec();
+            assert!(Decoder::new().decode_append(codec, &stored, data.len(), &id, &mut out).is_err());
+            assert_eq!(out, b"keep", "a failed decode leaves the buffer as it was");
         }
     }
 

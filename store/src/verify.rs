@@ -167,11 +167,13 @@ fn check_pack(store: &Store, pack: &ObjectId, ids: &[ObjectId], read_data: bool)
         let data = store.read_pack_range(pack, 0..data_end)?;
         bytes = data.len() as u64;
         let mut decoder = codec::Decoder::new();
+        let mut plain = Vec::new();
         let unique: HashSet<&ObjectId> = ids.iter().collect();
         for id in unique {
             let Some(e) = entries.get(id) else { continue };
             let stored = &data[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
-            if let Err(err) = decoder.decode(e.codec, stored, e.plain_len as usize, id) {
+            plain.clear();
+            if let Err(err) = decoder.decode_append(e.codec, stored, e.plain_len as usize, id, &mut plain) {
                 let detail = match err {
                     StoreError::Corrupt { detail, .. } => detail,
                     other => other.to_string(),

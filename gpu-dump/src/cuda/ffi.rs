@@ -5,8 +5,11 @@
 //! CUDA 13.4 custom-storage fields (`customStorageInfo_out` in the checkpoint and restore args)
 //! can later be added to exactly the structs that carry them, with the layout asserts below
 //! guarding the change.
+//!
+//! The memory API types and entry points at the end serve [`super::Context`] (a restore
+//! engine filling GPU memory).
 
-use libc::{c_char, c_int, c_uint, size_t};
+use libc::{c_char, c_int, c_uint, c_void, size_t};
 
 /// `CUresult`: 0 is `CUDA_SUCCESS`, anything else an error code.
 pub type CuResult = c_int;
@@ -15,6 +18,26 @@ pub type CuDevice = c_int;
 
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CuResult = 0;
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
+/// `CUDA_ERROR_INVALID_CONTEXT`.
+pub const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
+
+/// `CUdeviceptr`: a device address (64-bit on every platform gstore supports).
+pub type CuDevicePtr = u64;
+/// `CUcontext`: an opaque context handle.
+pub type CuContext = *mut c_void;
+/// `CUstream`: an opaque stream handle (null is the legacy default stream).
+pub type CuStream = *mut c_void;
+/// `CUevent`: an opaque event handle.
+pub type CuEvent = *mut c_void;
+
+/// `CU_STREAM_NON_BLOCKING`: the stream does not synchronise with the legacy default stream.
+pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
+/// `CU_EVENT_DISABLE_TIMING`: the event records no timestamp (cheaper to record and wait on).
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 
 /// `CUcheckpointLockArgs` (CUDA 12.8 and later).
 #[repr(C)]
@@ -91,6 +114,44 @@ pub type CuCheckpointProcessRestore = unsafe extern "C" fn(pid: c_int, args: *mu
 pub type CuCheckpointProcessUnlock = unsafe extern "C" fn(pid: c_int, args: *mut UnlockArgs) -> CuResult;
 /// `cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)`.
 pub type CuCheckpointProcessGetRestoreThreadId = unsafe extern "C" fn(pid: c_int, tid: *mut c_int) -> CuResult;
+
+/// `cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`.
+pub type CuDevicePrimaryCtxRetain = unsafe extern "C" fn(ctx: *mut CuContext, dev: CuDevice) -> CuResult;
+/// `cuDevicePrimaryCtxRelease_v2(CUdevice dev)`.
+pub type CuDevicePrimaryCtxRelease = unsafe extern "C" fn(dev: CuDevice) -> CuResult;
+/// `cuCtxSetCurrent(CUcontext ctx)`.
+pub type CuCtxSetCurrent = unsafe extern "C" fn(ctx: CuContext) -> CuResult;
+/// `cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)`.
+pub type CuMemAlloc = unsafe extern "C" fn(dptr: *mut CuDevicePtr, bytes: size_t) -> CuResult;
+/// `cuMemFree_v2(CUdeviceptr dptr)`.
+pub type CuMemFree = unsafe extern "C" fn(dptr: CuDevicePtr) -> CuResult;
+/// `cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)`.
+pub type CuMemHostAlloc = unsafe extern "C" fn(pp: *mut *mut c_void, bytes: size_t, flags: c_uint) -> CuResult;
+/// `cuMemFreeHost(void *p)`.
+pub type CuMemFreeHost = unsafe extern "C" fn(p: *mut c_void) -> CuResult;
+/// `cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes)`.
+pub type CuMemcpyHtoD = unsafe extern "C" fn(dst: CuDevicePtr, src: *const c_void, bytes: size_t) -> CuResult;
+/// `cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)`.
+pub type CuMemcpyDtoH = unsafe extern "C" fn(dst: *mut c_void, src: CuDevicePtr, bytes: size_t) -> CuResult;
+/// `cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream)`.
+pub type CuMemcpyHtoDAsync =
+    unsafe extern "C" fn(dst: CuDevicePtr, src: *const c_void, bytes: size_t, stream: CuStream) -> CuResult;
+/// `cuStreamCreate(CUstream *stream, unsigned int flags)`.
+pub type CuStreamCreate = unsafe extern "C" fn(stream: *mut CuStream, flags: c_uint) -> CuResult;
+/// `cuStreamDestroy_v2(CUstream stream)`.
+pub type CuStreamDestroy = unsafe extern "C" fn(stream: CuStream) -> CuResult;
+/// `cuStreamSynchronize(CUstream stream)`.
+pub type CuStreamSynchronize = unsafe extern "C" fn(stream: CuStream) -> CuResult;
+/// `cuMemGetInfo_v2(size_t *free, size_t *total)`.
+pub type CuMemGetInfo = unsafe extern "C" fn(free: *mut size_t, total: *mut size_t) -> CuResult;
+/// `cuEventCreate(CUevent *event, unsigned int flags)`.
+pub type CuEventCreate = unsafe extern "C" fn(event: *mut CuEvent, flags: c_uint) -> CuResult;
+/// `cuEventRecord(CUevent event, CUstream stream)`.
+pub type CuEventRecord = unsafe extern "C" fn(event: CuEvent, stream: CuStream) -> CuResult;
+/// `cuEventSynchronize(CUevent event)`.
+pub type CuEventSynchronize = unsafe extern "C" fn(event: CuEvent) -> CuResult;
+/// `cuEventDestroy_v2(CUevent event)`.
+pub type CuEventDestroy = unsafe extern "C" fn(event: CuEvent) -> CuResult;
 
 #[cfg(test)]
 mod tests {

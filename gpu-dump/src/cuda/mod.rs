@@ -5,11 +5,17 @@
 //! The CUDA 13.4 custom-storage path (checkpoint data handed over as device memory, finished
 //! by `cuCheckpointOperationComplete`) is not implemented; it would add its own symbol, resolved
 //! optionally, and its own args structs in [`ffi`].
+//!
+//! For a restore engine that fills GPU memory itself, [`CudaDriver::context`] opens the memory
+//! API: [`Context`] (a device's primary context), [`DeviceBuffer`], [`PinnedBuffer`],
+//! [`Stream`] and [`Event`]. Its symbols are resolved optionally, so a driver without them
+//! still serves the checkpoint API.
 
 pub mod ffi;
+mod memory;
 
 use std::ffi::CStr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use libc::{c_char, c_int};
 use libloading::Library;
@@ -17,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{GpuDumpError, Result};
 use ffi::CuResult;
+pub use memory::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
 
 /// The library names tried by [`CudaDriver::load`], in order.
 pub const LIBCUDA_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
@@ -96,8 +103,11 @@ pub struct CudaDriver {
     library: String,
     /// The result of the one `cuInit(0)` this controller makes.
     init_result: OnceLock<CuResult>,
-    /// Keeps the library mapped while `api` points into it.
-    _lib: Library,
+    /// The memory API, or the first of its symbols the library lacks (and the loader's message).
+    memory: std::result::Result<memory::MemApi, (&'static str, String)>,
+    /// Keeps the library mapped while `api` (and any [`Context`], which holds a clone) points
+    /// into it.
+    lib: Arc<Library>,
 }
 
 impl std::fmt::Debug for CudaDriver {
@@ -168,7 +178,8 @@ impl CudaDriver {
             unlock: checkpoint!("cuCheckpointProcessUnlock"),
             get_restore_thread_id: checkpoint!("cuCheckpointProcessGetRestoreThreadId"),
         };
-        Ok(CudaDriver { api, library: library.to_string(), init_result: OnceLock::new(), _lib: lib })
+        let memory = memory::MemApi::resolve(&lib);
+        Ok(CudaDriver { api, library: library.to_string(), init_result: OnceLock::new(), memory, lib: Arc::new(lib) })
     }
 
     /// The library name or path that was loaded.
@@ -283,27 +294,44 @@ impl CudaDriver {
         if code == ffi::CUDA_SUCCESS {
             return Ok(());
         }
-        Err(GpuDumpError::Cuda {
-            call: call(),
-            code,
-            name: self.error_text(self.api.get_error_name, code).unwrap_or_else(|| "CUDA_ERROR_UNKNOWN".into()),
-            description: self
-                .error_text(self.api.get_error_string, code)
-                .unwrap_or_else(|| "unrecognized error code".into()),
-            hint: hint_for(code),
-        })
+        Err(self.error_texts().error(code, call(), hint_for(code)))
     }
 
-    fn error_text(&self, get: ffi::CuGetErrorText, code: CuResult) -> Option<String> {
-        let mut text: *const c_char = std::ptr::null();
-        // SAFETY: a valid out-pointer; on success the driver points it at a static C string.
-        let status = unsafe { get(code, &mut text) };
-        if status != ffi::CUDA_SUCCESS || text.is_null() {
-            return None;
-        }
-        // SAFETY: non-null and NUL-terminated (static string owned by the driver).
-        Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
+    /// The driver's error-text entry points, for errors raised away from the driver object.
+    fn error_texts(&self) -> ErrorTexts {
+        ErrorTexts { name: self.api.get_error_name, string: self.api.get_error_string }
     }
+}
+
+/// `cuGetErrorName` and `cuGetErrorString`, to turn a `CUresult` into a [`GpuDumpError::Cuda`].
+#[derive(Clone, Copy)]
+struct ErrorTexts {
+    name: ffi::CuGetErrorText,
+    string: ffi::CuGetErrorText,
+}
+
+impl ErrorTexts {
+    /// The error for a failed `call` that returned `code`.
+    fn error(&self, code: CuResult, call: String, hint: &'static str) -> GpuDumpError {
+        GpuDumpError::Cuda {
+            call,
+            code,
+            name: error_text(self.name, code).unwrap_or_else(|| "CUDA_ERROR_UNKNOWN".into()),
+            description: error_text(self.string, code).unwrap_or_else(|| "unrecognized error code".into()),
+            hint,
+        }
+    }
+}
+
+fn error_text(get: ffi::CuGetErrorText, code: CuResult) -> Option<String> {
+    let mut text: *const c_char = std::ptr::null();
+    // SAFETY: a valid out-pointer; on success the driver points it at a static C string.
+    let status = unsafe { get(code, &mut text) };
+    if status != ffi::CUDA_SUCCESS || text.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated (static string owned by the driver).
+    Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
 }
 
 /// Splits a `cuDriverGetVersion` number (1000 × major + 10 × minor) into (major, minor).

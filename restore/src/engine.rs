@@ -1,0 +1,104 @@
+//! The pipeline: range reads run in parallel (bounded by the thread pool), every chunk is
+//! decoded and checked against its BLAKE3 id, and the plain bytes of one read go to the sink
+//! as one batch.
+
+use crate::plan::{Plan, RangeRead};
+use gstore_store::codec::{self, Codec};
+use gstore_store::progress::Progress;
+use gstore_store::{ObjectId, Result, Store, StoreError};
+use rayon::prelude::*;
+
+/// Default memory budget of a restore: 1 GiB.
+pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
+/// Largest range read, whatever the budget.
+const MAX_READ_CEILING: u64 = 16 << 20;
+/// Smallest range read (a chunk may be up to 16 MiB in a custom store; reads never split one).
+const MAX_READ_FLOOR: u64 = 1 << 20;
+
+/// The largest range read a budget allows: each worker thread holds one fetched range and
+/// its decoded bytes, and sinks may take up to a quarter of the budget for staging.
+pub fn max_read_for(budget: u64) -> u64 {
+    let threads = rayon::current_num_threads().max(1) as u64;
+    (budget * 3 / 4 / (2 * threads)).clamp(MAX_READ_FLOOR, MAX_READ_CEILING)
+}
+
+/// One piece of restored data: plain bytes for `offset` of entry `entry`.
+#[derive(Debug, Clone, Copy)]
+pub struct Piece<'a> {
+    /// Entry index in the manifest.
+    pub entry: usize,
+    /// Byte offset in the entry.
+    pub offset: u64,
+    /// The bytes (already verified).
+    pub data: &'a [u8],
+}
+
+/// Where restored bytes go. `write_batch` is called from many threads at once; pieces of
+/// different calls never overlap.
+pub trait Sink: Sync {
+    /// Writes every piece of one range read.
+    fn write_batch(&self, pieces: &[Piece<'_>]) -> Result<()>;
+}
+
+/// Runs every read of `plan` into `sink`, reporting plain bytes written to `progress`.
+pub fn run(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress) -> Result<()> {
+    progress.start("restoring", plan.write_bytes());
+    let r = plan.reads.par_iter().try_for_each_init(
+        || (codec::Decoder::new(), Vec::new()),
+        |(decoder, arena), read| {
+            let written = fetch_decode_write(store, read, decoder, arena, sink)?;
+            progress.advance(written);
+            Ok::<(), StoreError>(())
+        },
+    );
+    progress.finish();
+    r
+}
+
+/// Where a decoded chunk's bytes live: in the fetched range (raw) or in the arena.
+enum Source {
+    Fetched(std::ops::Range<usize>),
+    Arena(std::ops::Range<usize>),
+}
+
+fn fetch_decode_write(store: &Store, read: &RangeRead, decoder: &mut codec::Decoder, arena: &mut Vec<u8>, sink: &dyn Sink) -> Result<u64> {
+    let data = store.read_pack_range(&read.pack, read.start..read.end)?;
+    arena.clear();
+    let mut sources = Vec::with_capacity(read.chunks.len());
+    for c in &read.chunks {
+        let at = (c.loc.offset - read.start) as usize;
+        let stored = &data[at..at + c.loc.stored_len as usize];
+        let plain_len = c.loc.plain_len as usize;
+        let src = if c.loc.codec == Codec::Raw {
+            codec::verify(stored, plain_len, &c.id).map_err(|e| in_pack(e, &read.pack))?;
+            Source::Fetched(at..at + plain_len)
+        } else {
+            let start = arena.len();
+            decoder.decode_append(c.loc.codec, stored, plain_len, &c.id, arena).map_err(|e| in_pack(e, &read.pack))?;
+            Source::Arena(start..arena.len())
+        };
+        sources.push(src);
+    }
+    let mut pieces = Vec::with_capacity(read.chunks.len());
+    let mut written = 0;
+    for (c, src) in read.chunks.iter().zip(&sources) {
+        let bytes = match src {
+            Source::Fetched(r) => &data[r.clone()],
+            Source::Arena(r) => &arena[r.clone()],
+        };
+        for &(entry, offset) in &c.targets {
+            pieces.push(Piece { entry, offset, data: bytes });
+            written += bytes.len() as u64;
+        }
+    }
+    sink.write_batch(&pieces)?;
+    Ok(written)
+}
+
+/// Adds the pack to a chunk error so the user learns which object is damaged.
+fn in_pack(e: StoreError, pack: &ObjectId) -> StoreError {
+    match e {
+        StoreError::Corrupt { what, key, detail } => StoreError::Corrupt { what, key, detail: format!("{detail} (in pack {})", pack.to_hex()) },
+        other => other,
+    }
+}

@@ -1,0 +1,71 @@
+//! The restore engine through the real binary: resuming an interrupted restore, the memory
+//! budget, and loads into host memory.
+
+use gstore_tests::*;
+use std::fs;
+use std::time::Duration;
+
+#[test]
+fn an_interrupted_restore_resumes_and_repairs() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    write_mixed_file(&src.join("pages-1.img"), 150_000_000, 3);
+    write_mixed_file(&src.join("pages-2.img"), 30_000_000, 4);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "big"]);
+    let dest = env.path("out");
+    let partial = env.path(".out.gstore-partial");
+    // Kill restores until one dies part-way (the staging directory holds some of the image).
+    let mut interrupted = false;
+    for delay_ms in [150u64, 100, 200, 60, 250, 40, 300] {
+        let mut child = env.cmd(&["-q", "restore", "big", "--to", dest.to_str().unwrap(), "--memory-budget", "16777216"]).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let still_running = child.try_wait().unwrap().is_none();
+        let _ = child.kill();
+        let _ = child.wait();
+        if still_running && partial.join("pages-1.img").exists() && !dest.exists() {
+            interrupted = true;
+            break;
+        }
+        let _ = fs::remove_dir_all(&dest);
+        let _ = fs::remove_dir_all(&partial);
+    }
+    assert!(interrupted, "no restore was caught part-way");
+    // Damage a byte the first run may already have written: the resume must not trust it.
+    let f = fs::OpenOptions::new().write(true).open(partial.join("pages-1.img")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"X", 5).unwrap();
+    drop(f);
+    let r = env.json(&["restore", "big", "--to", dest.to_str().unwrap()]);
+    assert!(r["resumed_chunks"].as_u64().unwrap() > 0, "{r}");
+    assert!(!partial.exists());
+    assert_same_tree(&src, &dest);
+}
+
+#[test]
+fn a_small_memory_budget_still_restores_everything() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 9, 20_000_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "x"]);
+    let small = env.json(&["restore", "x", "--to", env.path("a").to_str().unwrap(), "--memory-budget", "1"]);
+    let large = env.json(&["restore", "x", "--to", env.path("b").to_str().unwrap()]);
+    assert!(small["reads"].as_u64().unwrap() > large["reads"].as_u64().unwrap(), "a smaller budget must mean smaller reads: {small} {large}");
+    assert_same_tree(&src, &env.path("a"));
+    assert_same_tree(&src, &env.path("b"));
+}
+
+#[test]
+fn load_into_host_memory_and_clear_device_errors() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 2, 5_000_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "w"]);
+    let r = env.json(&["load", "w"]);
+    let expect: u64 = env.json(&["show", "w"])["logical_bytes"].as_u64().unwrap();
+    assert_eq!(r["bytes"].as_u64().unwrap(), expect);
+    assert!(r["gb_per_s"].as_f64().unwrap() > 0.0);
+    assert!(env.fails(&["load", "w", "--device", "gpu0"]).contains("expected host or cuda:N"));
+    // No GPU on this machine: a clear error, never a crash.
+    let err = env.fails(&["load", "w", "--device", "cuda:0"]);
+    assert!(err.contains("no CUDA driver"), "{err}");
+}
