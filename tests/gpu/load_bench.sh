@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# VRAM load benchmark (issue #4): an image of GIB GiB of random bits (stored raw) and one of
+# randn bf16 (zstd-compressible) restored into GPU memory with `gstore load --device cuda:0`
+# from a warm local store, against the pinned and pageable host->device copy rates measured
+# in the same run and against loading the same bytes with safetensors (or numpy) + .cuda().
+# Usage: tests/gpu/load_bench.sh [GSTORE_BIN] [GIB]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+G=$(realpath "${1:-.device/gstore}")
+GIB=${2:-8}
+W=${LOAD_WORK:-/var/tmp/gstore-load-bench}
+rm -rf "$W"; mkdir -p "$W"
+trap 'rm -rf "$W"' EXIT
+export GSTORE_STORE="$W/store"
+python3 tests/gpu/load_bench.py make "$W/data" "$GIB"
+"$G" -q init >/dev/null
+for kind in raw bf16; do
+  t0=$(date +%s.%N)
+  "$G" -q push "$W/data/$kind" --tag "$kind" >/dev/null
+  echo "push $kind: $(awk -v a="$t0" -v b="$(date +%s.%N)" -v g="$GIB" 'BEGIN{printf "%.2f s, %.2f GB/s", b-a, g*1.073741824/(b-a)}')"
+done
+"$G" du | head -4
+python3 tests/gpu/load_bench.py baselines "$W/data"
+for kind in raw bf16; do
+  "$G" -q load "$kind" --device cuda:0 --check | sed "s/^/$kind (first, checked): /"
+  for i in 1 2; do "$G" -q load "$kind" --device cuda:0 | sed "s/^/$kind run $i: /"; done
+done
