@@ -1,6 +1,7 @@
 """Baselines and data for the VRAM load benchmark (tests/gpu/load_bench.sh).
 Usage: load_bench.py make DIR GIB      writes DIR/raw/*.bin (random bits: stored raw) and
-                                       DIR/bf16/*.bin (randn bf16: zstd-compressible), 1 GiB shards
+                                       DIR/bf16/*.bin (randn bf16: zstd-compressible), 1 GiB shards,
+                                       and DIR/st/ (the raw shards as safetensors, if installed)
        load_bench.py baselines DIR      prints pinned and pageable host->device GB/s and the
                                        time to load DIR/raw with safetensors (or numpy) + .cuda()"""
 import glob
@@ -25,9 +26,10 @@ def make(root, gib):
     try:
         from safetensors.torch import save_file
 
+        os.makedirs(os.path.join(root, "st"), exist_ok=True)
         for path in sorted(glob.glob(os.path.join(root, "raw", "*.bin"))):
             t = torch.from_file(path, size=GIB // 2, dtype=torch.int16)
-            save_file({"w": t}, path + ".st")
+            save_file({"w": t}, os.path.join(root, "st", os.path.basename(path) + ".safetensors"))
     except ImportError:
         pass
 
@@ -51,12 +53,12 @@ def baselines(root):
         print(f"{name} host->device: {gbps(8 * n, time.time() - t):.2f} GB/s")
     del dev
     files = sorted(glob.glob(os.path.join(root, "raw", "*.bin")))
+    st = sorted(glob.glob(os.path.join(root, "st", "*.safetensors")))
     total = sum(os.path.getsize(f) for f in files)
-    for f in files:  # warm the page cache, as for the store
+    for f in st or files:  # warm the page cache, as for the store
         with open(f, "rb") as h:
             while h.read(64 << 20):
                 pass
-    st = sorted(glob.glob(os.path.join(root, "raw", "*.st")))
     torch.cuda.synchronize()
     t = time.time()
     if st:
