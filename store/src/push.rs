@@ -23,8 +23,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
 
-/// Input bytes processed in parallel before the ordered append step.
-const BATCH_BYTES: u64 = 64 * 1024 * 1024;
+/// Input bytes processed in parallel before the ordered append step: at least this much, and
+/// at least two segments per worker thread so every core has work.
+const MIN_BATCH_BYTES: u64 = 64 * 1024 * 1024;
 
 /// What a push did.
 #[derive(Debug, Clone, Serialize)]
@@ -180,12 +181,13 @@ fn append_all(
     let cfg = store.config();
     let mut seen: HashSet<ObjectId> = HashSet::new();
     let mut pack = PackBuilder::new(cfg.pack_target as usize);
+    let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * cfg.segment_size);
     let writer_gone = || StoreError::Invalid("pack writer stopped".into());
     let mut start = 0;
     while start < units.len() {
         let mut end = start;
         let mut bytes = 0;
-        while end < units.len() && (end == start || bytes + units[end].len <= BATCH_BYTES) {
+        while end < units.len() && (end == start || bytes + units[end].len <= batch_bytes) {
             bytes += units[end].len;
             end += 1;
         }

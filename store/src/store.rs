@@ -9,7 +9,10 @@ use crate::lock::StoreLock;
 use crate::manifest::Manifest;
 use crate::pack::{self, PackEntry, TRAILER_LEN};
 use crate::tag::{TagRecord, TagRef};
+use bytes::Bytes;
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 /// Where a store lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +72,8 @@ pub struct Store {
     location: StoreLocation,
     index: Option<Index>,
     _lock: Option<StoreLock>,
+    /// Packs of a local store, memory-mapped on first read (packs are immutable).
+    mapped: Mutex<HashMap<ObjectId, Bytes>>,
 }
 
 /// Seconds since the Unix epoch.
@@ -98,7 +103,7 @@ impl Store {
         let backend = location.backend()?;
         let bytes = backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
         let config = StoreConfig::from_json(&bytes)?;
-        Ok(Store { backend, config, location: location.clone(), index: None, _lock: None })
+        Ok(Store { backend, config, location: location.clone(), index: None, _lock: None, mapped: Mutex::default() })
     }
 
     /// Opens an existing store with its index, waiting (after calling `on_wait`) while another
@@ -141,20 +146,32 @@ impl Store {
         self.index().locate(id)
     }
 
-    /// Reads a byte range of a pack, telling a missing or truncated pack apart.
-    pub fn read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) -> Result<bytes::Bytes> {
+    /// Reads a byte range of a pack, telling a missing or truncated pack apart. Packs of a
+    /// local store are memory-mapped, so a range is a view, not a copy.
+    pub fn read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) -> Result<Bytes> {
         let key = backend::pack_key(pack);
-        match self.backend.get_range(&key, range.clone()) {
-            Ok(b) => Ok(b),
-            Err(StoreError::NotFound { .. }) => Err(StoreError::NotFound { what: "pack", key }),
-            Err(e) => match self.backend.size(&key)? {
-                None => Err(StoreError::NotFound { what: "pack", key }),
-                Some(size) if size < range.end => {
-                    Err(StoreError::corrupt("pack", key, format!("{size} bytes long but bytes up to {} are needed: truncated", range.end)))
-                }
-                Some(_) => Err(e),
-            },
+        let truncated = |size: u64| StoreError::corrupt("pack", key.clone(), format!("{size} bytes long but bytes up to {} are needed: truncated", range.end));
+        let StoreLocation::Local(root) = &self.location;
+        let map = self.mapped_pack(pack, &root.join(&key), &key)?;
+        if (map.len() as u64) < range.end {
+            return Err(truncated(map.len() as u64));
         }
+        Ok(map.slice(range.start as usize..range.end as usize))
+    }
+
+    fn mapped_pack(&self, pack: &ObjectId, path: &std::path::Path, key: &str) -> Result<Bytes> {
+        if let Some(b) = self.mapped.lock().expect("pack map lock").get(pack) {
+            return Ok(b.clone());
+        }
+        let file = match std::fs::File::open(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { what: "pack", key: key.to_string() }),
+            other => other.map_err(|e| StoreError::io("opening", path, e))?,
+        };
+        // SAFETY: packs are immutable once published; nothing writes to a mapped pack.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| StoreError::io("mapping", path, e))?;
+        let bytes = Bytes::from_owner(map);
+        self.mapped.lock().expect("pack map lock").insert(*pack, bytes.clone());
+        Ok(bytes)
     }
 
     /// Reads and checks a pack's footer (without reading its chunk data).
