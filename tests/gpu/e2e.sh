@@ -56,7 +56,12 @@ checksum_ok() {  # checksum_ok DIR PID: ask the holder to recompute its checksum
 # raw WORKLOAD DIR: the driver API and CRIU by hand, no gstore. Process ends dumped and back.
 raw() {
   local name=$1 dir=$2 img="$W/raw-$1" t0 t1 t2 t3 t4
-  mkdir -p "$img"
+  mkdir -p "$img" "$img-live"
+  # The app-resumed baseline: suspend, dump --leave-running, resume.
+  t0=$(now); python3 "$HERE/raw_cr.py" suspend "$PID" >/dev/null || return 1
+  "$W/criu" dump -t "$PID" -D "$img-live" -o dump.log --leave-running || { tail -5 "$img-live/dump.log"; return 1; }
+  python3 "$HERE/raw_cr.py" resume "$PID" >/dev/null || return 1
+  t1=$(now); RAW_LIVE_S=$(dt "$t0" "$t1"); rm -rf "$img-live"
   t0=$(now); python3 "$HERE/raw_cr.py" suspend "$PID" >/dev/null || return 1
   t1=$(now); "$W/criu" dump -t "$PID" -D "$img" -o dump.log || { tail -5 "$img/dump.log"; return 1; }
   t2=$(now); wait "$PID" 2>/dev/null; wait_gone "$PID"
@@ -96,7 +101,8 @@ table_row() {  # NAME
   local rphases; rphases=$(js "$run" "'write %.2f + criu %.2f + gpu %.2f + unlock %.2f' % (d['materialize_s'], d['restore']['timings']['criu_restore_s'], d['restore']['timings']['gpu_restore_s'] or 0, d['restore']['timings']['gpu_unlock_s'] or 0)")
   say "$n: image $(awk -v b="$RAW_IMG" 'BEGIN{printf "%.2f GB", b/1e9}')"
   say "  raw checkpoint      $RAW_CKPT_S s ($RAW_CKPT: lock+checkpoint, criu dump)"
-  say "  gstore --leave-running: app paused $paused s  ratio $(awk -v a="$paused" -v b="$RAW_CKPT_S" 'BEGIN{printf "%.2f", a/b}') x raw checkpoint"
+  say "  raw --leave-running (suspend, dump, resume): app paused $RAW_LIVE_S s"
+  say "  gstore --leave-running: app paused $paused s  ratio $(awk -v a="$paused" -v b="$RAW_LIVE_S" 'BEGIN{printf "%.2f", a/b}') x raw"
   say "  gstore checkpoint   $total s ($phases, store $push)"
   say "  raw restore         $RAW_REST_S s ($RAW_REST: criu restore, GPU restore+unlock)"
   say "  gstore restore --run $rest s ($rphases)  ratio $(awk -v a="$rest" -v b="$RAW_REST_S" 'BEGIN{printf "%.2f", a/b}') x raw restore"
