@@ -107,11 +107,12 @@ pub fn run(cli: Cli) -> Result<()> {
             let r = load::load(&store, &image, &device, check, memory_budget, &bars)?;
             out.emit(&r, || {
                 format!(
-                    "loaded {} into {} in {:.2} s: {:.2} GB/s{}",
+                    "loaded {} into {} in {:.2} s: {:.2} GB/s{}{}",
                     HumanBytes(r.bytes),
                     r.device,
                     r.seconds,
                     r.gb_per_s,
+                    r.phases.map(|[p, a, t]| format!(" (plan {p:.2} s, allocate {a:.2} s, transfer {t:.2} s: {:.2} GB/s)", r.bytes as f64 / 1e9 / t.max(1e-9))).unwrap_or_default(),
                     if r.checked { " (read back and checked)" } else { "" }
                 )
             })

@@ -23,6 +23,9 @@ pub struct LoadReport {
     pub gb_per_s: f64,
     /// Whether the device copy was read back and checked.
     pub checked: bool,
+    /// Device loads: seconds planning, allocating, transferring.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<[f64; 3]>,
 }
 
 /// Loads `reference` onto `device` (`host` or `cuda:N`).
@@ -43,19 +46,19 @@ pub fn load(store: &Store, reference: &str, device: &str, check: bool, memory_bu
         let driver = CudaDriver::load()?;
         let ctx = driver.context(index)?;
         let image = gstore_restore::restore_to_device(store, &m, &ctx, memory_budget, bars)?;
-        let n = image.len();
+        let mut r = report(reference, device, image.len(), started.elapsed().as_secs_f64());
+        r.phases = Some([image.plan_s, image.alloc_s, image.transfer_s]);
         if check {
-            let secs = started.elapsed().as_secs_f64();
             check_device(&m, &image, &ctx)?;
-            return Ok(report(reference, device, n, secs, true));
+            r.checked = true;
         }
-        n
+        return Ok(r);
     };
-    Ok(report(reference, device, bytes, started.elapsed().as_secs_f64(), false))
+    Ok(report(reference, device, bytes, started.elapsed().as_secs_f64()))
 }
 
-fn report(image: &str, device: &str, bytes: u64, seconds: f64, checked: bool) -> LoadReport {
-    LoadReport { image: image.to_string(), device: device.to_string(), bytes, seconds, gb_per_s: bytes as f64 / 1e9 / seconds.max(1e-9), checked }
+fn report(image: &str, device: &str, bytes: u64, seconds: f64) -> LoadReport {
+    LoadReport { image: image.to_string(), device: device.to_string(), bytes, seconds, gb_per_s: bytes as f64 / 1e9 / seconds.max(1e-9), checked: false, phases: None }
 }
 
 /// Copies every device buffer back and checks each chunk's BLAKE3 against the manifest.

@@ -22,6 +22,12 @@ pub struct DeviceEntry {
 pub struct DeviceImage {
     /// The files.
     pub entries: Vec<DeviceEntry>,
+    /// Seconds spent planning (index lookups).
+    pub plan_s: f64,
+    /// Seconds spent allocating device buffers and the pinned staging ring.
+    pub alloc_s: f64,
+    /// Seconds spent fetching, verifying, decoding and copying.
+    pub transfer_s: f64,
 }
 
 impl DeviceImage {
@@ -155,8 +161,10 @@ impl DeviceSink<'_> {
 /// Restores every file of `m` into VRAM on `ctx`'s device. The pinned staging ring takes a
 /// quarter of `memory_budget`.
 pub fn restore_to_device(store: &Store, m: &Manifest, ctx: &Context, memory_budget: u64, progress: &dyn Progress) -> Result<DeviceImage> {
+    let t = std::time::Instant::now();
     let max_read = engine::max_read_for(memory_budget);
     let plan = plan::plan(store, m, max_read)?;
+    let plan_s = t.elapsed().as_secs_f64();
     let mut entries = Vec::new();
     let mut bases = Vec::with_capacity(m.entries.len());
     for e in &m.entries {
@@ -180,6 +188,7 @@ pub fn restore_to_device(store: &Store, m: &Manifest, ctx: &Context, memory_budg
     }
     let ring = Ring { free: Mutex::new(ring), available: Condvar::new() };
     let sink = DeviceSink { bases, ring: &ring };
+    let alloc_s = t.elapsed().as_secs_f64() - plan_s;
     sink.zero(&plan)?;
     engine::run(store, &plan, &sink, progress)?;
     for slot in ring.free.into_inner().expect("ring lock") {
@@ -187,5 +196,5 @@ pub fn restore_to_device(store: &Store, m: &Manifest, ctx: &Context, memory_budg
             slot.done.synchronize().map_err(cuda_err)?;
         }
     }
-    Ok(DeviceImage { entries })
+    Ok(DeviceImage { entries, plan_s, alloc_s, transfer_s: t.elapsed().as_secs_f64() - plan_s - alloc_s })
 }

@@ -116,13 +116,14 @@ fn entry_order(m: &Manifest) -> Vec<usize> {
 /// Plans the restore of every file of `m`, with range reads of at most `max_read` bytes
 /// (stored and plain alike), which bounds the memory one read needs.
 pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
+    use rayon::prelude::*;
     let files: Vec<_> = m.files().collect();
-    // id -> (first use, planned chunk)
-    let mut by_id: HashMap<ObjectId, (usize, PlannedChunk)> = HashMap::new();
+    // (id, entry of first use, length, targets), in order of first use
+    let mut order: Vec<(ObjectId, usize, u32, Vec<Target>)> = Vec::new();
+    let mut slot: HashMap<ObjectId, usize> = HashMap::new();
     let mut zeros = Vec::new();
-    let mut seq = 0usize;
     for i in entry_order(m) {
-        let (entry, chunks) = files[i];
+        let (_, chunks) = files[i];
         let mut off = 0u64;
         for c in chunks {
             if c.zero {
@@ -130,23 +131,32 @@ pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
                     Some(ZeroRange { entry: e, offset, len }) if *e == i && *offset + *len == off => *len += c.len as u64,
                     _ => zeros.push(ZeroRange { entry: i, offset: off, len: c.len as u64 }),
                 }
-            } else if let Some((_, p)) = by_id.get_mut(&c.id) {
-                p.targets.push((i, off));
+            } else if let Some(&k) = slot.get(&c.id) {
+                order[k].3.push((i, off));
             } else {
-                let loc = store.locate(&c.id)?.ok_or_else(|| StoreError::NotFound {
-                    what: "chunk",
-                    key: format!("{} of {:?} (in no indexed pack: the store is damaged, or run `gstore index rebuild`)", c.id, entry.path),
-                })?;
-                if loc.plain_len != c.len {
-                    return Err(StoreError::corrupt("chunk", c.id.to_hex(), format!("index says {} bytes, manifest says {}", loc.plain_len, c.len)));
-                }
-                by_id.insert(c.id, (seq, PlannedChunk { id: c.id, loc, targets: vec![(i, off)] }));
-                seq += 1;
+                slot.insert(c.id, order.len());
+                order.push((c.id, i, c.len, vec![(i, off)]));
             }
             off += c.len as u64;
         }
     }
-    let mut chunks: Vec<(usize, PlannedChunk)> = by_id.into_values().collect();
+    // Index lookups in parallel: one per distinct chunk.
+    let chunks: Vec<(usize, PlannedChunk)> = order
+        .into_par_iter()
+        .enumerate()
+        .map(|(first, (id, entry, len, targets))| {
+            let path = &files[entry].0.path;
+            let loc = store.locate(&id)?.ok_or_else(|| StoreError::NotFound {
+                what: "chunk",
+                key: format!("{id} of {path:?} (in no indexed pack: the store is damaged, or run `gstore index rebuild`)"),
+            })?;
+            if loc.plain_len != len {
+                return Err(StoreError::corrupt("chunk", id.to_hex(), format!("index says {} bytes, manifest says {len}", loc.plain_len)));
+            }
+            Ok((first, PlannedChunk { id, loc, targets }))
+        })
+        .collect::<Result<_>>()?;
+    let mut chunks = chunks;
     chunks.sort_by_key(|(_, p)| (p.loc.pack, p.loc.offset));
     let mut reads: Vec<(usize, RangeRead, u64)> = Vec::new();
     for (first, p) in chunks {
