@@ -1,11 +1,11 @@
 //! `gstore-corpus`: writes the benchmark corpus (see corpus.rs).
 //!
-//! Usage: gstore-corpus DIR [SIZE_MIB] [SEED] — writes DIR/base and DIR/next.
+//! Usage: gstore-corpus DIR [SIZE_MIB] [SEED] [--base-only] — writes DIR/base and DIR/next.
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 2 {
-        eprintln!("usage: gstore-corpus DIR [SIZE_MIB (default 1024)] [SEED (default 1)]");
+        eprintln!("usage: gstore-corpus DIR [SIZE_MIB (default 1024)] [SEED (default 1)] [--base-only]");
         std::process::exit(2);
     }
     let dir = std::path::Path::new(&args[1]);
@@ -13,6 +13,9 @@ fn main() {
     let seed: u64 = args.get(3).map(|s| s.parse().expect("SEED is a number")).unwrap_or(1);
     let run = || -> std::io::Result<()> {
         gstore_benches::write_base(&dir.join("base"), mib << 20, seed)?;
+        if args.iter().any(|a| a == "--base-only") {
+            return Ok(());
+        }
         gstore_benches::write_next(&dir.join("base"), &dir.join("next"), seed)
     };
     if let Err(e) = run() {
