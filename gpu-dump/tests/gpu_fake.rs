@@ -6,9 +6,7 @@
 
 mod common;
 
-use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -34,36 +32,7 @@ struct FakeCuda {
 fn fake() -> &'static FakeCuda {
     static FAKE: OnceLock<FakeCuda> = OnceLock::new();
     FAKE.get_or_init(|| {
-        let source_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda.c");
-        let source = std::fs::read(&source_path).expect("read fake_libcuda.c");
-        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-cuda");
-        let state = root.join("state");
-        std::fs::create_dir_all(&state).expect("mkdir state");
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        source.hash(&mut hasher);
-        let build_dir = root.join(format!("{:016x}", hasher.finish()));
-        if !build_dir.exists() {
-            let private = root.join(format!("building-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&private);
-            for (name, extra) in [("new", None), ("old", Some("-DNO_CHECKPOINT"))] {
-                let out = private.join(name).join("libcuda.so.1");
-                std::fs::create_dir_all(out.parent().expect("dir")).expect("mkdir");
-                let status = Command::new("cc")
-                    .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror"])
-                    .arg(format!("-DSTATE_DIR=\"{}\"", state.display()))
-                    .args(extra)
-                    .arg("-o")
-                    .arg(&out)
-                    .arg(&source_path)
-                    .status()
-                    .expect("run cc (a C compiler is needed for this test)");
-                assert!(status.success(), "building {} failed", out.display());
-            }
-            if std::fs::rename(&private, &build_dir).is_err() {
-                assert!(build_dir.exists(), "could not move the fake driver into {}", build_dir.display());
-                let _ = std::fs::remove_dir_all(&private);
-            }
-        }
+        let (build_dir, state) = common::build_fake_libcuda("fake-cuda", &[("new", None), ("old", Some("-DNO_CHECKPOINT"))]);
         FakeCuda {
             lib: build_dir.join("new").join("libcuda.so.1"),
             old_lib: build_dir.join("old").join("libcuda.so.1"),

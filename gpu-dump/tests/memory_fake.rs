@@ -3,9 +3,9 @@
 //! copy's ranges, keeps a per-thread current context (so a call that forgot to bind fails with
 //! CUDA_ERROR_INVALID_CONTEXT) and counts what is alive.
 
-use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
+use std::path::PathBuf;
 use std::sync::{Barrier, Mutex, MutexGuard, OnceLock};
 
 use gstore_gpu_dump::cuda::{CudaDriver, GpuInfo, ProcessState};
@@ -23,36 +23,7 @@ struct FakeBuild {
 fn build() -> &'static FakeBuild {
     static BUILD: OnceLock<FakeBuild> = OnceLock::new();
     BUILD.get_or_init(|| {
-        let source_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda.c");
-        let source = std::fs::read(&source_path).expect("read fake_libcuda.c");
-        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-cuda-memory");
-        let state = root.join("state");
-        std::fs::create_dir_all(&state).expect("mkdir state");
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        source.hash(&mut hasher);
-        let build_dir = root.join(format!("{:016x}", hasher.finish()));
-        if !build_dir.exists() {
-            let private = root.join(format!("building-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&private);
-            for (name, extra) in [("full", None), ("no-memory", Some("-DNO_MEMORY"))] {
-                let out = private.join(name).join("libcuda.so.1");
-                std::fs::create_dir_all(out.parent().expect("dir")).expect("mkdir");
-                let status = Command::new("cc")
-                    .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror"])
-                    .arg(format!("-DSTATE_DIR=\"{}\"", state.display()))
-                    .args(extra)
-                    .arg("-o")
-                    .arg(&out)
-                    .arg(&source_path)
-                    .status()
-                    .expect("run cc (a C compiler is needed for this test)");
-                assert!(status.success(), "building {} failed", out.display());
-            }
-            if std::fs::rename(&private, &build_dir).is_err() {
-                assert!(build_dir.exists(), "could not move the fake driver into {}", build_dir.display());
-                let _ = std::fs::remove_dir_all(&private);
-            }
-        }
+        let (build_dir, _state) = common::build_fake_libcuda("fake-cuda-memory", &[("full", None), ("no-memory", Some("-DNO_MEMORY"))]);
         FakeBuild {
             lib: build_dir.join("full").join("libcuda.so.1"),
             no_memory_lib: build_dir.join("no-memory").join("libcuda.so.1"),

@@ -2,10 +2,10 @@
 //! buffer, staging through a ring of pinned host buffers copied on several streams, so chunk
 //! decoding on the CPU overlaps with the DMA of earlier batches.
 
-use crate::engine::{self, Piece, Sink};
+use crate::engine::{self, Buffers, Piece, Sink};
 use crate::plan::{self, Plan};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
-use gstore_store::manifest::{EntryKind, Manifest};
+use gstore_store::manifest::Manifest;
 use gstore_store::progress::Progress;
 use gstore_store::{Result, Store, StoreError};
 use std::sync::{Condvar, Mutex};
@@ -74,7 +74,7 @@ impl Ring {
 }
 
 struct DeviceSink<'a> {
-    bases: Vec<Option<(u64, usize)>>,
+    buffers: Buffers,
     ring: &'a Ring,
 }
 
@@ -107,12 +107,8 @@ impl DeviceSink<'_> {
         // (device address, staging offset, length) of the copy being assembled
         let mut run: Option<(u64, usize, usize)> = None;
         for p in pieces {
-            let (base, len) = self.bases[p.entry].expect("chunk targets are files");
-            if p.offset as usize + p.data.len() > len {
-                return Err(StoreError::Invalid(format!("piece ends past its {len}-byte device buffer")));
-            }
+            let dst = self.buffers.address(p.entry, p.offset, p.data.len())?;
             slot.pinned.as_mut_slice()[at..at + p.data.len()].copy_from_slice(p.data);
-            let dst = base + p.offset;
             run = match run {
                 Some((d, s, l)) if d + l as u64 == dst && s + l == at => Some((d, s, l + p.data.len())),
                 Some((d, s, l)) => {
@@ -141,11 +137,11 @@ impl DeviceSink<'_> {
             slot.pinned.as_mut_slice().fill(0);
             let step = slot.pinned.len() as u64;
             for z in &plan.zeros {
-                let (base, _) = self.bases[z.entry].expect("zero runs are in files");
+                let base = self.buffers.address(z.entry, z.offset, z.len as usize)?;
                 let mut off = 0;
                 while off < z.len {
                     let n = step.min(z.len - off);
-                    slot.stream.copy_to_device_async(base + z.offset + off, &slot.pinned, 0, n as usize).map_err(cuda_err)?;
+                    slot.stream.copy_to_device_async(base + off, &slot.pinned, 0, n as usize).map_err(cuda_err)?;
                     off += n;
                 }
             }
@@ -165,17 +161,12 @@ pub fn restore_to_device(store: &Store, m: &Manifest, ctx: &Context, memory_budg
     let max_read = engine::max_read_for(memory_budget);
     let plan = plan::plan(store, m, max_read)?;
     let plan_s = t.elapsed().as_secs_f64();
-    let mut entries = Vec::new();
-    let mut bases = Vec::with_capacity(m.entries.len());
-    for e in &m.entries {
-        if e.kind != EntryKind::File {
-            bases.push(None);
-            continue;
-        }
+    let (owned, buffers) = Buffers::allocate(m, |e| {
         let buffer = ctx.alloc(e.size as usize).map_err(cuda_err)?;
-        bases.push(Some((buffer.ptr(), buffer.len())));
-        entries.push(DeviceEntry { path: e.path.clone(), buffer });
-    }
+        let (base, len) = (buffer.ptr(), buffer.len());
+        Ok((buffer, base, len))
+    })?;
+    let entries = owned.into_iter().map(|(path, buffer)| DeviceEntry { path, buffer }).collect();
     let slots = ((memory_budget / 4) / max_read).clamp(2, 2 * rayon::current_num_threads().max(2) as u64);
     let mut ring = Vec::new();
     for _ in 0..slots {
@@ -187,7 +178,7 @@ pub fn restore_to_device(store: &Store, m: &Manifest, ctx: &Context, memory_budg
         });
     }
     let ring = Ring { free: Mutex::new(ring), available: Condvar::new() };
-    let sink = DeviceSink { bases, ring: &ring };
+    let sink = DeviceSink { buffers, ring: &ring };
     let alloc_s = t.elapsed().as_secs_f64() - plan_s;
     sink.zero(&plan)?;
     engine::run(store, &plan, &sink, progress)?;

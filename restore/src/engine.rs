@@ -4,6 +4,7 @@
 
 use crate::plan::{Plan, RangeRead};
 use gstore_store::codec::{self, Codec};
+use gstore_store::manifest::{Entry, EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use rayon::prelude::*;
@@ -38,6 +39,38 @@ pub struct Piece<'a> {
 pub trait Sink: Sync {
     /// Writes every piece of one range read.
     fn write_batch(&self, pieces: &[Piece<'_>]) -> Result<()>;
+}
+
+/// Where each entry's buffer is in memory (host or device addresses): (base, length), `None`
+/// for entries that are not files.
+pub struct Buffers(Vec<Option<(u64, usize)>>);
+
+impl Buffers {
+    /// Allocates one buffer per file entry of `m` with `alloc`, which returns the buffer and
+    /// its (base address, length). Returns the buffers with their paths, and their addresses.
+    pub fn allocate<T>(m: &Manifest, mut alloc: impl FnMut(&Entry) -> Result<(T, u64, usize)>) -> Result<(Vec<(String, T)>, Buffers)> {
+        let mut owned = Vec::new();
+        let mut bases = Vec::with_capacity(m.entries.len());
+        for e in &m.entries {
+            if e.kind != EntryKind::File {
+                bases.push(None);
+                continue;
+            }
+            let (buffer, base, len) = alloc(e)?;
+            bases.push(Some((base, len)));
+            owned.push((e.path.clone(), buffer));
+        }
+        Ok((owned, Buffers(bases)))
+    }
+
+    /// The address `len` bytes at `offset` of `entry` go to, after checking they fit.
+    pub fn address(&self, entry: usize, offset: u64, len: usize) -> Result<u64> {
+        let (base, size) = self.0[entry].ok_or_else(|| StoreError::Invalid(format!("entry {entry} is not a file")))?;
+        if offset as usize + len > size {
+            return Err(StoreError::Invalid(format!("{len} bytes at {offset} run past the {size}-byte buffer of entry {entry}")));
+        }
+        Ok(base + offset)
+    }
 }
 
 /// Runs every read of `plan` into `sink`, reporting plain bytes written to `progress`.

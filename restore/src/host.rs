@@ -1,8 +1,8 @@
 //! The host memory sink: restores every file of an image into its own page-aligned buffer.
 
-use crate::engine::{self, Piece, Sink};
+use crate::engine::{self, Buffers, Piece, Sink};
 use crate::plan;
-use gstore_store::manifest::{EntryKind, Manifest};
+use gstore_store::manifest::Manifest;
 use gstore_store::progress::Progress;
 use gstore_store::{Result, Store, StoreError};
 
@@ -39,20 +39,16 @@ impl HostImage {
 
 /// Raw views of the buffers; the plan guarantees that concurrent batches never overlap.
 struct HostSink {
-    bases: Vec<Option<(usize, usize)>>,
+    buffers: Buffers,
 }
 
 impl Sink for HostSink {
     fn write_batch(&self, pieces: &[Piece<'_>]) -> Result<()> {
         for p in pieces {
-            let (base, len) = self.bases[p.entry].expect("chunk targets are files");
-            let end = p.offset as usize + p.data.len();
-            if end > len {
-                return Err(StoreError::Invalid(format!("piece ends at {end}, past its {len}-byte buffer")));
-            }
-            // SAFETY: in bounds (checked above); the buffer outlives the restore; plan targets
-            // are disjoint, so no two threads write the same bytes.
-            unsafe { std::ptr::copy_nonoverlapping(p.data.as_ptr(), (base as *mut u8).add(p.offset as usize), p.data.len()) };
+            let dst = self.buffers.address(p.entry, p.offset, p.data.len())?;
+            // SAFETY: in bounds (checked by `address`); the buffer outlives the restore; plan
+            // targets are disjoint, so no two threads write the same bytes.
+            unsafe { std::ptr::copy_nonoverlapping(p.data.as_ptr(), dst as *mut u8, p.data.len()) };
         }
         Ok(())
     }
@@ -62,17 +58,11 @@ impl Sink for HostSink {
 /// mappings start zeroed).
 pub fn restore_to_memory(store: &Store, m: &Manifest, memory_budget: u64, progress: &dyn Progress) -> Result<HostImage> {
     let plan = plan::plan(store, m, engine::max_read_for(memory_budget))?;
-    let mut entries = Vec::new();
-    let mut bases = Vec::with_capacity(m.entries.len());
-    for e in &m.entries {
-        if e.kind != EntryKind::File {
-            bases.push(None);
-            continue;
-        }
+    let (owned, buffers) = Buffers::allocate(m, |e| {
         let mut data = memmap2::MmapMut::map_anon(e.size as usize).map_err(|err| StoreError::Invalid(format!("allocating {} bytes for {}: {err}", e.size, e.path)))?;
-        bases.push(Some((data.as_mut_ptr() as usize, data.len())));
-        entries.push(HostEntry { path: e.path.clone(), data });
-    }
-    engine::run(store, &plan, &HostSink { bases }, progress)?;
-    Ok(HostImage { entries })
+        let (base, len) = (data.as_mut_ptr() as u64, data.len());
+        Ok((data, base, len))
+    })?;
+    engine::run(store, &plan, &HostSink { buffers }, progress)?;
+    Ok(HostImage { entries: owned.into_iter().map(|(path, data)| HostEntry { path, data }).collect() })
 }

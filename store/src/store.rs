@@ -10,9 +10,7 @@ use crate::manifest::Manifest;
 use crate::pack::{self, PackEntry, TRAILER_LEN};
 use crate::tag::{TagRecord, TagRef};
 use bytes::Bytes;
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 /// Where a store lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,9 +70,10 @@ pub struct Store {
     location: StoreLocation,
     index: Option<Index>,
     _lock: Option<StoreLock>,
-    /// Packs of a local store, memory-mapped on first read (packs are immutable).
-    mapped: Mutex<HashMap<ObjectId, Bytes>>,
 }
+
+/// Mapping offsets must be multiples of the page size.
+const PAGE: u64 = 4096;
 
 /// Seconds since the Unix epoch.
 pub fn now_unix() -> u64 {
@@ -103,7 +102,7 @@ impl Store {
         let backend = location.backend()?;
         let bytes = backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
         let config = StoreConfig::from_json(&bytes)?;
-        Ok(Store { backend, config, location: location.clone(), index: None, _lock: None, mapped: Mutex::default() })
+        Ok(Store { backend, config, location: location.clone(), index: None, _lock: None })
     }
 
     /// Opens an existing store with its index, waiting (after calling `on_wait`) while another
@@ -146,33 +145,29 @@ impl Store {
         self.index().locate(id)
     }
 
-    /// Reads a byte range of a pack, telling a missing or truncated pack apart. Packs of a
-    /// local store are memory-mapped, so a range is a view, not a copy.
+    /// Reads a byte range of a pack, telling a missing or truncated pack apart. For a local
+    /// store the range is memory-mapped (and pre-faulted), so it is a view of the page cache,
+    /// not a copy; the mapping lives as long as the returned bytes.
     pub fn read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) -> Result<Bytes> {
         let key = backend::pack_key(pack);
-        let truncated = |size: u64| StoreError::corrupt("pack", key.clone(), format!("{size} bytes long but bytes up to {} are needed: truncated", range.end));
         let StoreLocation::Local(root) = &self.location;
-        let map = self.mapped_pack(pack, &root.join(&key), &key)?;
-        if (map.len() as u64) < range.end {
-            return Err(truncated(map.len() as u64));
-        }
-        Ok(map.slice(range.start as usize..range.end as usize))
-    }
-
-    fn mapped_pack(&self, pack: &ObjectId, path: &std::path::Path, key: &str) -> Result<Bytes> {
-        if let Some(b) = self.mapped.lock().expect("pack map lock").get(pack) {
-            return Ok(b.clone());
-        }
-        let file = match std::fs::File::open(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { what: "pack", key: key.to_string() }),
-            other => other.map_err(|e| StoreError::io("opening", path, e))?,
+        let path = root.join(&key);
+        let file = match std::fs::File::open(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { what: "pack", key }),
+            other => other.map_err(|e| StoreError::io("opening", &path, e))?,
         };
+        let size = file.metadata().map_err(|e| StoreError::io("checking", &path, e))?.len();
+        if size < range.end {
+            return Err(StoreError::corrupt("pack", key, format!("{size} bytes long but bytes up to {} are needed: truncated", range.end)));
+        }
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        let start = range.start - range.start % PAGE;
         // SAFETY: packs are immutable once published; nothing writes to a mapped pack.
-        // Populated at once: restores read most of a pack, and one fault-in beats thousands.
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(|e| StoreError::io("mapping", path, e))?;
-        let bytes = Bytes::from_owner(map);
-        self.mapped.lock().expect("pack map lock").insert(*pack, bytes.clone());
-        Ok(bytes)
+        let map = unsafe { memmap2::MmapOptions::new().offset(start).len((range.end - start) as usize).populate().map(&file) }
+            .map_err(|e| StoreError::io("mapping", &path, e))?;
+        Ok(Bytes::from_owner(map).slice((range.start - start) as usize..))
     }
 
     /// Reads and checks a pack's footer (without reading its chunk data).

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: the real CRIU and a counting test process.
 #![allow(dead_code)] // each test binary uses a different subset
 
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -130,4 +131,44 @@ pub fn parent_of(pid: u32) -> u32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
     let after_comm = stat.rsplit_once(')').expect("comm").1;
     after_comm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("ppid")
+}
+
+/// Builds tests/fake_libcuda.c once per source version into `CARGO_TARGET_TMPDIR/<dir>`, one
+/// `<variant>/libcuda.so.1` per (variant, extra cc flag), and returns (build dir, state dir).
+/// Test processes running at the same time (nextest runs each test in its own process) share
+/// it: each builds into a private folder and renames it into place; a loser of that race uses
+/// the winner's build. Files are never rewritten in place, as running (and dumped) test
+/// processes map them.
+pub fn build_fake_libcuda(dir: &str, variants: &[(&str, Option<&str>)]) -> (PathBuf, PathBuf) {
+    let source_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda.c");
+    let source = std::fs::read(&source_path).expect("read fake_libcuda.c");
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
+    let state = root.join("state");
+    std::fs::create_dir_all(&state).expect("mkdir state");
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut hasher);
+    let build_dir = root.join(format!("{:016x}", hasher.finish()));
+    if !build_dir.exists() {
+        let private = root.join(format!("building-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&private);
+        for (name, extra) in variants {
+            let out = private.join(name).join("libcuda.so.1");
+            std::fs::create_dir_all(out.parent().expect("dir")).expect("mkdir");
+            let status = Command::new("cc")
+                .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror"])
+                .arg(format!("-DSTATE_DIR=\"{}\"", state.display()))
+                .args(extra)
+                .arg("-o")
+                .arg(&out)
+                .arg(&source_path)
+                .status()
+                .expect("run cc (a C compiler is needed for this test)");
+            assert!(status.success(), "building {} failed", out.display());
+        }
+        if std::fs::rename(&private, &build_dir).is_err() {
+            assert!(build_dir.exists(), "could not move the fake driver into {}", build_dir.display());
+            let _ = std::fs::remove_dir_all(&private);
+        }
+    }
+    (build_dir, state)
 }
