@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing gstore needs on a fresh Debian 12 machine (run as root):
-# libclang for RocksDB's bindings, zstd for the benchmark baseline, cargo-nextest, and
-# CRIU >= 4 built from source (scripts/criu.sh) for the process checkpoint tests.
+# libclang for RocksDB's bindings, zstd for the benchmark baseline, cargo-nextest, CRIU >= 4
+# built from source (scripts/criu.sh) for the process checkpoint tests, and s3s-fs, the S3
+# server the S3 tests start on 127.0.0.1.
 # Safe to run again: it skips what is already there.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -19,3 +20,9 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 bash "$(dirname "$0")/criu.sh" >/dev/null
+# A real S3-compatible server for the S3 tests (honours If-None-Match and checks credentials;
+# newer versions need a newer rustc). ~4 minutes to build once; cached in ~/.cargo/bin.
+if ! command -v s3s-fs >/dev/null && [ ! -x "$HOME/.cargo/bin/s3s-fs" ]; then
+  echo "setup: installing s3s-fs 0.14.1"
+  cargo install s3s-fs@0.14.1 --features binary --locked -q || cargo install s3s-fs@0.14.1 --features binary -q
+fi

@@ -296,3 +296,113 @@ impl Drop for PyCounter {
         self.kill();
     }
 }
+
+/// A real S3-compatible server (s3s-fs, installed by scripts/setup.sh) on 127.0.0.1 with
+/// fixed credentials and one bucket, stopped on drop. Each "machine" (a separate
+/// `XDG_CACHE_HOME`, so a separate local index and cache) runs gstore through [`S3::cmd`].
+pub struct S3 {
+    /// Scratch directory: server data, machines' caches.
+    pub tmp: tempfile::TempDir,
+    /// The port it listens on.
+    pub port: u16,
+    /// The store URL (`s3://gstore-test/images`).
+    pub url: String,
+    server: Option<std::process::Child>,
+}
+
+/// Access key the test server accepts.
+pub const S3_KEY: &str = "gstoretestkey";
+/// Secret key the test server accepts.
+pub const S3_SECRET: &str = "gstoretestsecret0123456789";
+
+fn s3s_fs_bin() -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let candidates = [home.join(".cargo/bin/s3s-fs"), PathBuf::from("/usr/local/bin/s3s-fs")];
+    candidates.into_iter().find(|p| p.exists()).expect("s3s-fs is not installed: run scripts/setup.sh")
+}
+
+impl S3 {
+    /// Starts a server with an empty bucket `gstore-test`.
+    pub fn start() -> S3 {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(tmp.path().join("data/gstore-test")).unwrap();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut s = S3 { tmp, port, url: "s3://gstore-test/images".into(), server: None };
+        s.resume();
+        s
+    }
+
+    /// (Re)starts the server process and waits until it accepts connections.
+    pub fn resume(&mut self) {
+        let child = Command::new(s3s_fs_bin())
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string(), "--access-key", S3_KEY, "--secret-key", S3_SECRET])
+            .arg(self.tmp.path().join("data"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start s3s-fs");
+        self.server = Some(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "s3s-fs did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the server (as a crash would: SIGKILL).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Where the server keeps the bucket's objects.
+    pub fn bucket_dir(&self) -> PathBuf {
+        self.tmp.path().join("data/gstore-test")
+    }
+
+    /// `gstore --store s3://… ARGS` as seen from machine `machine`, with `secret` as the secret key.
+    pub fn cmd_as(&self, machine: &str, secret: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(gstore_bin());
+        c.arg("--store")
+            .arg(&self.url)
+            .args(args)
+            .env_remove("GSTORE_STORE")
+            .env("AWS_ENDPOINT", format!("http://127.0.0.1:{}", self.port))
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", S3_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", secret)
+            .env("AWS_REGION", "us-east-1")
+            .env("XDG_CACHE_HOME", self.tmp.path().join(machine));
+        c
+    }
+
+    /// `gstore --store s3://… ARGS` on machine `machine`.
+    pub fn cmd(&self, machine: &str, args: &[&str]) -> Command {
+        self.cmd_as(machine, S3_SECRET, args)
+    }
+
+    /// Runs on `machine`, asserts success, returns stdout.
+    pub fn ok(&self, machine: &str, args: &[&str]) -> String {
+        let o = self.cmd(machine, args).output().unwrap();
+        assert!(o.status.success(), "gstore {args:?} on {machine} failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// Runs on `machine`, asserts failure, returns stderr.
+    pub fn fails(&self, machine: &str, args: &[&str]) -> String {
+        let o = self.cmd(machine, args).output().unwrap();
+        assert!(!o.status.success(), "gstore {args:?} on {machine} succeeded but should fail");
+        String::from_utf8(o.stderr).unwrap()
+    }
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -199,8 +199,7 @@ fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
         ..StoreConfig::default()
     };
     Store::init(location, &config)?;
-    let StoreLocation::Local(path) = location;
-    out.emit(&config, || format!("initialized an empty store at {}", path.display()))
+    out.emit(&config, || format!("initialized an empty store at {}", Store::open(location).map(|s| s.describe()).unwrap_or_default()))
 }
 
 #[derive(Serialize)]

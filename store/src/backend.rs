@@ -70,6 +70,29 @@ impl Backend {
         Ok(Self::wrap(Arc::new(fs), root.display().to_string()))
     }
 
+    /// An S3-compatible bucket, optionally under a key prefix. Endpoint, region, credentials
+    /// and `AWS_ALLOW_HTTP` come from the usual `AWS_*` environment variables; requests use
+    /// path-style addressing unless `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`; the region
+    /// defaults to us-east-1. Failed requests are retried briefly, so an unreachable
+    /// endpoint fails within seconds.
+    pub fn s3(bucket: &str, prefix: &str) -> Result<Backend> {
+        let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).with_retry(object_store::RetryConfig {
+            max_retries: 3,
+            retry_timeout: std::time::Duration::from_secs(15),
+            ..Default::default()
+        });
+        if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+            b = b.with_region("us-east-1");
+        }
+        let s3 = b.build().map_err(|e| StoreError::Backend { action: "configuring", key: format!("s3://{bucket}"), message: innermost(&e) })?;
+        let desc = format!("s3://{bucket}/{prefix}");
+        if prefix.is_empty() {
+            Ok(Self::wrap(Arc::new(s3), desc))
+        } else {
+            Ok(Self::wrap(Arc::new(object_store::prefix::PrefixStore::new(s3, prefix)), desc))
+        }
+    }
+
     /// An in-memory store, for unit tests only.
     pub fn memory() -> Backend {
         Self::wrap(Arc::new(object_store::memory::InMemory::new()), "memory".into())
@@ -95,7 +118,14 @@ impl Backend {
             object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
                 StoreError::AlreadyExists { what: "object", key: key.to_string() }
             }
-            other => StoreError::Backend { action, key: key.to_string(), message: innermost(&other) },
+            other => {
+                let message = innermost(&other);
+                let message = match hint(&message) {
+                    Some(h) => format!("{h} ({message})"),
+                    None => message,
+                };
+                StoreError::Backend { action, key: key.to_string(), message }
+            }
         }
     }
 
@@ -169,6 +199,20 @@ impl Backend {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(Self::err("deleting", key, e)),
         }
+    }
+}
+
+/// A one-line explanation of the common S3 failures.
+fn hint(message: &str) -> Option<&'static str> {
+    let m = message.to_ascii_lowercase();
+    if m.contains("nosuchbucket") || m.contains("bucket does not exist") {
+        Some("no such bucket")
+    } else if m.contains("invalidaccesskeyid") || m.contains("signaturedoesnotmatch") || m.contains("403") || m.contains("accessdenied") {
+        Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    } else if m.contains("connection refused") || m.contains("dns error") || m.contains("timed out") || m.contains("error sending request") {
+        Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up")
+    } else {
+        None
     }
 }
 

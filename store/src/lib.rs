@@ -8,6 +8,7 @@
 //! and can be rebuilt from the pack footers. docs/FORMAT.md gives the byte layouts.
 
 pub mod backend;
+pub mod cache;
 pub mod chunker;
 pub mod codec;
 pub mod config;

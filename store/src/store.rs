@@ -1,6 +1,7 @@
 //! The store: a backend holding packs, manifests and tags, plus the local index.
 
 use crate::backend::{self, Backend};
+use crate::cache::RangeCache;
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
@@ -17,14 +18,28 @@ use std::path::PathBuf;
 pub enum StoreLocation {
     /// A directory on local disk (the embedded default).
     Local(PathBuf),
+    /// An S3-compatible bucket, `s3://BUCKET[/PREFIX]`.
+    S3 {
+        /// Bucket name.
+        bucket: String,
+        /// Key prefix inside the bucket (no leading or trailing `/`; may be empty).
+        prefix: String,
+    },
 }
 
 impl StoreLocation {
-    /// Parses a `--store` value: a local path. URLs (`s3://`, `http://`) are refused until
-    /// those backends exist.
+    /// Parses a `--store` value: `s3://BUCKET[/PREFIX]` or a local path. Other URLs are
+    /// refused.
     pub fn parse(s: &str) -> Result<StoreLocation> {
+        if let Some(rest) = s.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(StoreError::Invalid(format!("{s:?}: no bucket name (expected s3://BUCKET[/PREFIX])")));
+            }
+            return Ok(StoreLocation::S3 { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
+        }
         if let Some((scheme, _)) = s.split_once("://") {
-            return Err(StoreError::Invalid(format!("store URL scheme {scheme}:// is not supported by this build; give a local directory")));
+            return Err(StoreError::Invalid(format!("store URL scheme {scheme}:// is not supported; give a local directory or s3://BUCKET[/PREFIX]")));
         }
         if s.is_empty() {
             return Err(StoreError::Invalid("empty store path".into()));
@@ -45,19 +60,35 @@ impl StoreLocation {
     fn backend(&self) -> Result<Backend> {
         match self {
             StoreLocation::Local(p) => Backend::local(p),
+            StoreLocation::S3 { bucket, prefix } => Backend::s3(bucket, prefix),
         }
+    }
+
+    /// This machine's directory for a remote store's index and cache:
+    /// `$XDG_CACHE_HOME/gstore/<store>` (else `~/.cache/gstore/<store>`).
+    fn local_dir(&self) -> Option<PathBuf> {
+        let StoreLocation::S3 { bucket, prefix } = self else { return None };
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(|| PathBuf::from("."));
+        let name: String = format!("s3-{bucket}-{prefix}").chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+        Some(base.join("gstore").join(name))
     }
 
     /// Directory of the local index and its lock.
     fn index_dir(&self) -> PathBuf {
         match self {
             StoreLocation::Local(p) => p.join("index"),
+            StoreLocation::S3 { .. } => self.local_dir().expect("remote").join("index"),
         }
     }
 
     fn describe(&self) -> String {
         match self {
             StoreLocation::Local(p) => p.display().to_string(),
+            StoreLocation::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
         }
     }
 }
@@ -70,6 +101,7 @@ pub struct Store {
     location: StoreLocation,
     index: Option<Index>,
     _lock: Option<StoreLock>,
+    cache: Option<RangeCache>,
 }
 
 /// Mapping offsets must be multiples of the page size.
@@ -95,14 +127,19 @@ impl Store {
     /// Opens an existing store without its index.
     pub fn open(location: &StoreLocation) -> Result<Store> {
         // Checked before the backend is built: building it creates the directory.
-        let StoreLocation::Local(p) = location;
-        if !p.join(backend::CONFIG_KEY).exists() {
-            return Err(StoreError::NotInitialized(location.describe()));
+        if let StoreLocation::Local(p) = location {
+            if !p.join(backend::CONFIG_KEY).exists() {
+                return Err(StoreError::NotInitialized(location.describe()));
+            }
         }
         let backend = location.backend()?;
         let bytes = backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
         let config = StoreConfig::from_json(&bytes)?;
-        Ok(Store { backend, config, location: location.clone(), index: None, _lock: None })
+        let cache = location.local_dir().map(|d| {
+            let limit = std::env::var("GSTORE_CACHE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(crate::cache::DEFAULT_LIMIT);
+            RangeCache::new(d.join("ranges"), limit)
+        });
+        Ok(Store { backend, config, location: location.clone(), index: None, _lock: None, cache })
     }
 
     /// Opens an existing store with its index, waiting (after calling `on_wait`) while another
@@ -110,12 +147,18 @@ impl Store {
     pub fn open_indexed(location: &StoreLocation, on_wait: &dyn Fn(&str)) -> Result<Store> {
         let mut store = Store::open(location)?;
         let dir = location.index_dir();
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| StoreError::io("creating", parent, e))?;
+        }
         let lock = StoreLock::acquire(&dir.with_extension("lock"), on_wait)?;
         let fresh = !dir.exists();
         store.index = Some(Index::open(&dir)?);
         store._lock = Some(lock);
         if fresh {
             store.rebuild_index(&crate::progress::Silent)?;
+        } else if matches!(location, StoreLocation::S3 { .. }) {
+            // Other machines push to a shared bucket: learn about their packs.
+            store.sync_index()?;
         }
         Ok(store)
     }
@@ -150,7 +193,10 @@ impl Store {
     /// not a copy; the mapping lives as long as the returned bytes.
     pub fn read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) -> Result<Bytes> {
         let key = backend::pack_key(pack);
-        let StoreLocation::Local(root) = &self.location;
+        let root = match &self.location {
+            StoreLocation::Local(root) => root,
+            StoreLocation::S3 { .. } => return self.read_remote_range(pack, range, key),
+        };
         let path = root.join(&key);
         let file = match std::fs::File::open(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { what: "pack", key }),
@@ -168,6 +214,28 @@ impl Store {
         let map = unsafe { memmap2::MmapOptions::new().offset(start).len((range.end - start) as usize).populate().map(&file) }
             .map_err(|e| StoreError::io("mapping", &path, e))?;
         Ok(Bytes::from_owner(map).slice((range.start - start) as usize..))
+    }
+
+    /// A remote range read, through the local range cache.
+    fn read_remote_range(&self, pack: &ObjectId, range: std::ops::Range<u64>, key: String) -> Result<Bytes> {
+        if let Some(hit) = self.cache.as_ref().and_then(|c| c.get(pack, &range)) {
+            return Ok(hit);
+        }
+        let bytes = match self.backend.get_range(&key, range.clone()) {
+            Ok(b) => b,
+            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "pack", key }),
+            Err(e) => match self.backend.size(&key)? {
+                None => return Err(StoreError::NotFound { what: "pack", key }),
+                Some(size) if size < range.end => {
+                    return Err(StoreError::corrupt("pack", key, format!("{size} bytes long but bytes up to {} are needed: truncated", range.end)))
+                }
+                Some(_) => return Err(e),
+            },
+        };
+        if let Some(c) = &self.cache {
+            c.put(pack, &range, &bytes);
+        }
+        Ok(bytes)
     }
 
     /// Reads and checks a pack's footer (without reading its chunk data).
@@ -258,6 +326,26 @@ impl Store {
             Some(r) => r.manifest_id(),
             None => Err(StoreError::NotFound { what: "tag", key: tag.to_string() }),
         }
+    }
+
+    /// Indexes the packs in the backend that the local index does not know yet (pushed by
+    /// other machines), reading only their footers. Damaged ones are skipped (verify names
+    /// the images they break). Returns how many packs were added.
+    pub fn sync_index(&self) -> Result<usize> {
+        let index = self.index();
+        let known: std::collections::HashSet<ObjectId> = index.packs()?.into_iter().map(|(id, _)| id).collect();
+        let mut added = 0;
+        for l in self.backend.list(backend::PACKS_PREFIX)? {
+            let Some(id) = backend::pack_id_from_key(&l.key) else { continue };
+            if known.contains(&id) {
+                continue;
+            }
+            if let Ok(entries) = self.read_pack_footer(&id) {
+                index.add_pack(id, l.size, &entries)?;
+                added += 1;
+            }
+        }
+        Ok(added)
     }
 
     /// Rebuilds the index from the pack footers in the backend. Returns (packs indexed,
