@@ -121,3 +121,39 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
     s3.ok("b", &["restore", "y", "--to", o.to_str().unwrap()]);
     assert_same_tree(&src2, &o);
 }
+
+#[test]
+fn racing_tag_updates_conflict_instead_of_losing_one() {
+    use gstore_store::tag::TagRecord;
+    use gstore_store::{ObjectId, Store, StoreError, StoreLocation, TagRef};
+    let s3 = S3::start();
+    s3.ok("a", &["init"]);
+    let ids: Vec<ObjectId> = (0..3)
+        .map(|i| {
+            let f = s3.tmp.path().join(format!("f{i}"));
+            fs::write(&f, format!("image {i}")).unwrap();
+            let out: serde_json::Value = serde_json::from_str(&s3.ok("a", &["--json", "push", f.to_str().unwrap(), "--tag", &format!("img{i}")])).unwrap();
+            ObjectId::from_hex(out["manifest"].as_str().unwrap()).unwrap()
+        })
+        .collect();
+    s3.ok("a", &["tag", "img0", "shared"]);
+    s3.use_in_process("lib");
+    let loc = StoreLocation::parse(&s3.url).unwrap();
+    let (a, b) = (Store::open(&loc).unwrap(), Store::open(&loc).unwrap());
+    let tag = TagRef::parse("shared").unwrap();
+    // Both machines read the tag, then both try to move it.
+    let (rec_a, ver_a) = a.get_tag_versioned(&tag).unwrap().unwrap();
+    let (rec_b, ver_b) = b.get_tag_versioned(&tag).unwrap().unwrap();
+    b.put_tag(&TagRecord::new(&tag, ids[1], 2, Some(rec_b)), Some(&ver_b)).unwrap();
+    let err = a.put_tag(&TagRecord::new(&tag, ids[2], 3, Some(rec_a)), Some(&ver_a)).unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert!(err.to_string().contains("changed by another writer"), "{err}");
+    // The winner's value stands, with the first value in its history.
+    let now = a.get_tag(&tag).unwrap().unwrap();
+    assert_eq!(now.manifest, ids[1].to_hex());
+    assert_eq!(now.history[0].manifest, ids[0].to_hex());
+    // Creating a tag that someone else created first is a conflict too.
+    let fresh = TagRef::parse("fresh").unwrap();
+    a.put_tag(&TagRecord::new(&fresh, ids[0], 1, None), None).unwrap();
+    assert!(matches!(b.put_tag(&TagRecord::new(&fresh, ids[1], 1, None), None), Err(StoreError::Conflict(_))));
+}

@@ -386,6 +386,17 @@ impl S3 {
         self.cmd_as(machine, S3_SECRET, args)
     }
 
+    /// Points this process's own AWS_* environment at the server, for library-level tests
+    /// (each test runs in its own process under nextest).
+    pub fn use_in_process(&self, machine: &str) {
+        std::env::set_var("AWS_ENDPOINT", format!("http://127.0.0.1:{}", self.port));
+        std::env::set_var("AWS_ALLOW_HTTP", "true");
+        std::env::set_var("AWS_ACCESS_KEY_ID", S3_KEY);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", S3_SECRET);
+        std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::set_var("XDG_CACHE_HOME", self.tmp.path().join(machine));
+    }
+
     /// Runs on `machine`, asserts success, returns stdout.
     pub fn ok(&self, machine: &str, args: &[&str]) -> String {
         let o = self.cmd(machine, args).output().unwrap();

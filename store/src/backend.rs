@@ -42,6 +42,10 @@ pub fn pack_id_from_key(key: &str) -> Option<ObjectId> {
     ObjectId::from_hex(file.strip_suffix(".pack")?).ok()
 }
 
+/// The version of an object as read, for compare-and-swap writes.
+#[derive(Debug, Clone)]
+pub struct Version(object_store::UpdateVersion);
+
 /// One listed object.
 #[derive(Debug, Clone)]
 pub struct Listed {
@@ -146,6 +150,43 @@ impl Backend {
             .map_err(|e| Self::err("writing", key, e))
     }
 
+    /// Reads a whole object with the version a later [`Backend::put_if`] can require, or
+    /// `None` if it does not exist.
+    pub fn get_versioned(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+        let path = ObjPath::from(key);
+        let r = self.rt.block_on(async {
+            let g = self.store.get(&path).await?;
+            let v = object_store::UpdateVersion { e_tag: g.meta.e_tag.clone(), version: g.meta.version.clone() };
+            Ok::<_, object_store::Error>((g.bytes().await?, Version(v)))
+        });
+        match r {
+            Ok(x) => Ok(Some(x)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Self::err("reading", key, e)),
+        }
+    }
+
+    /// Writes an object only if it is still at `expected` (or, with `None`, does not exist
+    /// yet): compare-and-swap through the server's If-Match / If-None-Match. A lost race is
+    /// [`StoreError::Conflict`]. A backend without compare-and-swap on existing objects (the
+    /// local directory store) overwrites instead; callers there serialize by other means.
+    pub fn put_if(&self, key: &str, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
+        let mode = match expected {
+            None => PutMode::Create,
+            Some(v) => PutMode::Update(v.0.clone()),
+        };
+        let opts = PutOptions { mode, ..Default::default() };
+        let path = ObjPath::from(key);
+        match self.rt.block_on(self.store.put_opts(&path, PutPayload::from(bytes.clone()), opts)) {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => {
+                Err(StoreError::Conflict(format!("{key} was changed by another writer at the same time; nothing was overwritten: retry")))
+            }
+            Err(object_store::Error::NotImplemented { .. }) => self.put(key, bytes),
+            Err(e) => Err(Self::err("writing", key, e)),
+        }
+    }
+
     /// Reads a whole object.
     pub fn get(&self, key: &str) -> Result<Bytes> {
         let path = ObjPath::from(key);
@@ -205,12 +246,12 @@ impl Backend {
 /// A one-line explanation of the common S3 failures.
 fn hint(message: &str) -> Option<&'static str> {
     let m = message.to_ascii_lowercase();
-    if m.contains("nosuchbucket") || m.contains("bucket does not exist") {
-        Some("no such bucket")
-    } else if m.contains("invalidaccesskeyid") || m.contains("signaturedoesnotmatch") || m.contains("403") || m.contains("accessdenied") {
-        Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-    } else if m.contains("connection refused") || m.contains("dns error") || m.contains("timed out") || m.contains("error sending request") {
+    if m.contains("connection refused") || m.contains("dns error") || m.contains("timed out") || m.contains("error sending request") {
         Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up")
+    } else if m.contains("nosuchbucket") || m.contains("bucket does not exist") {
+        Some("no such bucket")
+    } else if m.contains("invalidaccesskeyid") || m.contains("signaturedoesnotmatch") || m.contains("403 forbidden") || m.contains("accessdenied") {
+        Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     } else {
         None
     }
@@ -232,6 +273,14 @@ fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hints_name_the_common_s3_failures() {
+        assert_eq!(hint("HEAD in 403.4ms - HTTP error: error sending request: Connection refused"), Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up"));
+        assert_eq!(hint("Client error with status 403 Forbidden: SignatureDoesNotMatch"), Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"));
+        assert_eq!(hint("404 Not Found: NoSuchBucket"), Some("no such bucket"));
+        assert_eq!(hint("something else"), None);
+    }
 
     #[test]
     fn keys_parse_back() {

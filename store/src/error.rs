@@ -55,6 +55,9 @@ pub enum StoreError {
         /// What exactly is wrong.
         detail: String,
     },
+    /// A conditional write lost a race: someone else changed the object first.
+    #[error("{0}")]
+    Conflict(String),
     /// The store directory holds no gstore store.
     #[error("no gstore store at {0}: run `gstore init` first (or pass --store)")]
     NotInitialized(String),

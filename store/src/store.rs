@@ -278,17 +278,36 @@ impl Store {
 
     /// Reads a tag, or `None` if it does not exist.
     pub fn get_tag(&self, tag: &TagRef) -> Result<Option<TagRecord>> {
-        let bytes = self.backend.get_opt(&backend::tag_key(&tag.name, &tag.version))?;
-        bytes.map(|b| TagRecord::from_json(&b, tag)).transpose()
+        Ok(self.get_tag_versioned(tag)?.map(|(r, _)| r))
     }
 
-    /// Points `tag` at `manifest`, keeping the previous value in its history.
+    /// Reads a tag with the version [`Store::put_tag`] can require.
+    pub fn get_tag_versioned(&self, tag: &TagRef) -> Result<Option<(TagRecord, backend::Version)>> {
+        match self.backend.get_versioned(&backend::tag_key(&tag.name, &tag.version))? {
+            Some((b, v)) => Ok(Some((TagRecord::from_json(&b, tag)?, v))),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes a tag record if the tag is still at `expected` (`None`: if it does not exist):
+    /// two writers racing on one tag get one success and one [`StoreError::Conflict`].
+    pub fn put_tag(&self, rec: &TagRecord, expected: Option<&backend::Version>) -> Result<()> {
+        let json = serde_json::to_vec_pretty(rec).expect("tag serializes");
+        self.backend.put_if(&backend::tag_key(&rec.name, &rec.version), json, expected).map_err(|e| match e {
+            StoreError::Conflict(_) => StoreError::Conflict(format!("tag {} was changed by another writer at the same time; nothing was overwritten: retry", rec.tag())),
+            other => other,
+        })
+    }
+
+    /// Points `tag` at `manifest`, keeping the previous value in its history. Fails with
+    /// [`StoreError::Conflict`] if another writer changes the tag in between.
     pub fn set_tag(&self, tag: &TagRef, manifest: ObjectId) -> Result<TagRecord> {
+        let key = backend::tag_key(&tag.name, &tag.version);
+        let current = self.backend.get_versioned(&key)?;
         // A damaged previous record must not block a new push: start a fresh history.
-        let previous = self.get_tag(tag).unwrap_or(None);
+        let previous = current.as_ref().and_then(|(b, _)| TagRecord::from_json(b, tag).ok());
         let rec = TagRecord::new(tag, manifest, now_unix(), previous);
-        let json = serde_json::to_vec_pretty(&rec).expect("tag serializes");
-        self.backend.put(&backend::tag_key(&tag.name, &tag.version), json)?;
+        self.put_tag(&rec, current.as_ref().map(|(_, v)| v))?;
         Ok(rec)
     }
 
