@@ -73,8 +73,23 @@ impl Buffers {
     }
 }
 
+/// Range reads in flight for a remote store, whatever the core count: requests wait on the
+/// network, not the CPU.
+const REMOTE_READS_IN_FLIGHT: usize = 16;
+
 /// Runs every read of `plan` into `sink`, reporting plain bytes written to `progress`.
 pub fn run(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress) -> Result<()> {
+    if store.is_remote() && rayon::current_num_threads() < REMOTE_READS_IN_FLIGHT {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(REMOTE_READS_IN_FLIGHT)
+            .build()
+            .map_err(|e| StoreError::Invalid(format!("starting restore threads: {e}")))?;
+        return pool.install(|| run_here(store, plan, sink, progress));
+    }
+    run_here(store, plan, sink, progress)
+}
+
+fn run_here(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress) -> Result<()> {
     progress.start("restoring", plan.write_bytes());
     let r = plan.reads.par_iter().try_for_each_init(
         || (codec::Decoder::new(), Vec::new()),

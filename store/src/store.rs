@@ -163,6 +163,11 @@ impl Store {
         Ok(store)
     }
 
+    /// True when reads go over the network (and gain from more requests in flight than cores).
+    pub fn is_remote(&self) -> bool {
+        !matches!(self.location, StoreLocation::Local(_))
+    }
+
     /// The store's settings.
     pub fn config(&self) -> &StoreConfig {
         &self.config

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Push and restore of the corpus against a real S3-compatible server on loopback (s3s-fs)
+# vs the local directory store, in one run: cold cache (a fresh machine) and warm cache (the
+# same machine again), with the range reads per GB.
+# Usage: benches/s3_bench.sh [SIZE_MIB (default 1024)]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+mib=${1:-1024}
+work=$(mktemp -d /var/tmp/gstore-s3bench.XXXXXX)
+cargo build --release -q -p gstore-cli -p gstore-benches --bins
+S3S=$(command -v s3s-fs || echo "$HOME/.cargo/bin/s3s-fs")
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+mkdir -p "$work/s3data/bench"
+"$S3S" --host 127.0.0.1 --port "$port" --access-key benchkey --secret-key benchsecret0123456789 "$work/s3data" >/dev/null 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; rm -rf "$work"' EXIT
+export AWS_ENDPOINT="http://127.0.0.1:$port" AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=benchkey AWS_SECRET_ACCESS_KEY=benchsecret0123456789 AWS_REGION=us-east-1
+for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+"$CARGO_TARGET_DIR/release/gstore-corpus" "$work/corpus" "$mib" 1 --base-only
+G="$GSTORE_BIN"
+lb=$(du -sb --apparent-size "$work/corpus/base" | cut -f1)
+now() { date +%s.%N; }
+run() { local t0; t0=$(now); "$@" >"$work/last.json"; awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}'; }
+reads() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["reads"])' "$work/last.json"; }
+
+export XDG_CACHE_HOME="$work/machine-a"
+"$G" -q init --store "$work/local" >/dev/null
+"$G" -q init --store s3://bench/store >/dev/null
+pl=$(run "$G" -q --json push "$work/corpus/base" --tag b --store "$work/local")
+ps=$(run "$G" -q --json push "$work/corpus/base" --tag b --store s3://bench/store)
+rl=$(run "$G" -q --json restore b --to "$work/r1" --store "$work/local"); rm -rf "$work/r1"
+export XDG_CACHE_HOME="$work/machine-b"
+rc=$(run "$G" -q --json restore b --to "$work/r2" --store s3://bench/store); n=$(reads); rm -rf "$work/r2"
+rw=$(run "$G" -q --json restore b --to "$work/r3" --store s3://bench/store); rm -rf "$work/r3"
+awk -v lb="$lb" -v pl="$pl" -v ps="$ps" -v rl="$rl" -v rc="$rc" -v rw="$rw" -v n="$n" 'BEGIN {
+  printf "corpus %.0f MB\n", lb/1e6
+  printf "push     local %.2f s   s3 %.2f s   ratio %.2f\n", pl, ps, ps/pl
+  printf "restore  local %.2f s   s3 cold cache %.2f s (ratio %.2f)   s3 warm cache %.2f s (ratio %.2f)\n", rl, rc, rc/rl, rw, rw/rl
+  printf "range reads: %d for %.2f GB = %.0f per GB\n", n, lb/1e9, n/(lb/1e9)
+}'
