@@ -75,7 +75,8 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
     let mut s3 = S3::start();
     let src = s3.tmp.path().join("src");
     make_tree(&src, 4, 30_000_000);
-    s3.ok("a", &["init"]);
+    // Small packs, so an interrupted push has uploaded some before the server goes away.
+    s3.ok("a", &["init", "--pack-size", "4194304"]);
     s3.ok("a", &["push", src.to_str().unwrap(), "--tag", "x"]);
     // Wrong credentials.
     let o = s3.cmd_as("a", "wrong-secret-0000000000", &["ls"]).output().unwrap();
@@ -112,7 +113,10 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
     if !out.status.success() {
         interrupted += 1;
         assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the S3 endpoint"), "{}", String::from_utf8_lossy(&out.stderr));
-        s3.ok("a", &["push", src2.to_str().unwrap(), "--tag", "y"]);
+        // The rerun does not upload again what reached the bucket before the failure.
+        let r: serde_json::Value = serde_json::from_str(&s3.ok("a", &["--json", "push", src2.to_str().unwrap(), "--tag", "y"])).unwrap();
+        let (new, all) = (r["new_chunks"].as_u64().unwrap(), r["chunks"].as_u64().unwrap());
+        assert!(new < all, "the rerun uploaded all {all} chunks again");
     }
     assert!(interrupted > 0, "neither the restore nor the push was caught by the server stopping");
     eprintln!("interrupted: {interrupted} of 2");
@@ -156,4 +160,59 @@ fn racing_tag_updates_conflict_instead_of_losing_one() {
     let fresh = TagRef::parse("fresh").unwrap();
     a.put_tag(&TagRecord::new(&fresh, ids[0], 1, None), None).unwrap();
     assert!(matches!(b.put_tag(&TagRecord::new(&fresh, ids[1], 1, None), None), Err(StoreError::Conflict(_))));
+}
+
+#[test]
+fn two_machines_pushing_at_once_lose_nothing() {
+    let s3 = S3::start();
+    s3.ok("a", &["init"]);
+    let (src_a, src_b) = (s3.tmp.path().join("src-a"), s3.tmp.path().join("src-b"));
+    make_tree(&src_a, 11, 20_000_000);
+    make_tree(&src_b, 12, 20_000_000);
+    let push = |m: &str, src: &std::path::Path, tag: &str| s3.cmd(m, &["--json", "push", src.to_str().unwrap(), "--tag", tag]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    // Different images from two machines at once: both land.
+    let (pa, pb) = (push("a", &src_a, "from-a"), push("b", &src_b, "from-b"));
+    for o in [pa.wait_with_output().unwrap(), pb.wait_with_output().unwrap()] {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    // The same tag from two machines at once: one wins and the other gets a conflict, or
+    // (if they did not overlap) both land in order — never does one vanish silently.
+    let (pa, pb) = (push("a", &src_a, "shared"), push("b", &src_b, "shared"));
+    let (oa, ob) = (pa.wait_with_output().unwrap(), pb.wait_with_output().unwrap());
+    let mut landed = Vec::new();
+    for o in [&oa, &ob] {
+        if o.status.success() {
+            let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            landed.push(r["manifest"].as_str().unwrap().to_string());
+        } else {
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains("changed by another writer"), "{err}");
+        }
+    }
+    assert!(!landed.is_empty());
+    let ls: serde_json::Value = serde_json::from_str(&s3.ok("c", &["--json", "ls"])).unwrap();
+    let tags: Vec<&str> = ls.as_array().unwrap().iter().map(|t| t["tag"].as_str().unwrap()).collect();
+    assert_eq!(tags, ["from-a:latest", "from-b:latest", "shared:latest"]);
+    let rec = String::from_utf8(fs::read(s3.bucket_dir().join("images/tags/shared/latest.tag")).unwrap()).unwrap();
+    for m in &landed {
+        assert!(rec.contains(m.as_str()), "manifest {m} was pushed but is neither the tag's value nor in its history: {rec}");
+    }
+    for (tag, src) in [("from-a", &src_a), ("from-b", &src_b)] {
+        let out = s3.tmp.path().join(format!("out-{tag}"));
+        s3.ok("c", &["restore", tag, "--to", out.to_str().unwrap()]);
+        assert_same_tree(src, &out);
+    }
+}
+
+#[test]
+fn credentials_from_a_config_file() {
+    let s3 = S3::start();
+    s3.ok("a", &["init"]);
+    let cfg = s3.tmp.path().join("s3.env");
+    fs::write(&cfg, format!("# gstore S3 settings\nAWS_ACCESS_KEY_ID={S3_KEY}\nAWS_SECRET_ACCESS_KEY={S3_SECRET}\n")).unwrap();
+    let o = s3.cmd("a", &["ls"]).env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY").env("GSTORE_S3_CONFIG", &cfg).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Without the file, the same command has no credentials.
+    let o = s3.cmd("a", &["ls"]).env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY").env("GSTORE_S3_CONFIG", "/nonexistent").output().unwrap();
+    assert!(!o.status.success());
 }

@@ -46,6 +46,9 @@ pub fn pack_id_from_key(key: &str) -> Option<ObjectId> {
 #[derive(Debug, Clone)]
 pub struct Version(object_store::UpdateVersion);
 
+/// Part size of multipart uploads (S3 requires at least 5 MiB but the last).
+pub const MULTIPART_PART: usize = 8 << 20;
+
 /// One listed object.
 #[derive(Debug, Clone)]
 pub struct Listed {
@@ -85,7 +88,13 @@ impl Backend {
             retry_timeout: std::time::Duration::from_secs(15),
             ..Default::default()
         });
-        if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+        let file = s3_config_file();
+        for (key, value) in &file {
+            let parsed = key.to_ascii_lowercase().parse().map_err(|_| StoreError::Invalid(format!("S3 config file: unknown setting {key}")))?;
+            b = b.with_config(parsed, value);
+        }
+        let has = |k: &str| std::env::var_os(k).is_some() || file.iter().any(|(f, _)| f == k);
+        if !has("AWS_REGION") && !has("AWS_DEFAULT_REGION") {
             b = b.with_region("us-east-1");
         }
         let s3 = b.build().map_err(|e| StoreError::Backend { action: "configuring", key: format!("s3://{bucket}"), message: innermost(&e) })?;
@@ -139,6 +148,21 @@ impl Backend {
             .block_on(self.store.put(&ObjPath::from(key), PutPayload::from(bytes)))
             .map(|_| ())
             .map_err(|e| Self::err("writing", key, e))
+    }
+
+    /// Writes a large object in parts uploaded concurrently (S3 multipart upload), for
+    /// remote backends; a failed upload is aborted and leaves no object.
+    pub fn put_multipart(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        let path = ObjPath::from(key);
+        self.rt
+            .block_on(async {
+                let upload = self.store.put_multipart(&path).await?;
+                let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, MULTIPART_PART);
+                w.put(Bytes::from(bytes));
+                w.finish().await
+            })
+            .map(|_| ())
+            .map_err(|e| Self::err("uploading", key, e))
     }
 
     /// Writes an object only if none exists under `key` ([`StoreError::AlreadyExists`] otherwise).
@@ -241,6 +265,27 @@ impl Backend {
             Err(e) => Err(Self::err("deleting", key, e)),
         }
     }
+}
+
+/// Settings from the S3 config file — `$GSTORE_S3_CONFIG`, else
+/// `$XDG_CONFIG_HOME/gstore/s3.env` (else `~/.config/gstore/s3.env`): `AWS_NAME=value` lines,
+/// `#` comments. A variable set in the environment wins over the file.
+fn s3_config_file() -> Vec<(String, String)> {
+    let path = std::env::var_os("GSTORE_S3_CONFIG").map(std::path::PathBuf::from).or_else(|| {
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config")))?;
+        Some(base.join("gstore/s3.env"))
+    });
+    let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else { return Vec::new() };
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| k.starts_with("AWS_") && std::env::var_os(k).is_none())
+        .collect()
 }
 
 /// A one-line explanation of the common S3 failures.

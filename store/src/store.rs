@@ -107,6 +107,36 @@ pub struct Store {
 /// Mapping offsets must be multiples of the page size.
 const PAGE: u64 = 4096;
 
+/// Checks that a remote store honours conditional writes (If-None-Match and If-Match), which
+/// tag updates rely on; refuses with a clear error otherwise.
+fn probe_conditional_writes(backend: &Backend) -> Result<()> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let key = format!("probe/conditional-{}-{nanos}", std::process::id());
+    let refuse = |what: &str| {
+        StoreError::Invalid(format!(
+            "{} does not honour {what}: two machines updating one tag could lose an update, so gstore will not keep a store there",
+            backend.description()
+        ))
+    };
+    let r = (|| {
+        backend.put_if(&key, b"1".to_vec(), None)?;
+        match backend.put_if(&key, b"2".to_vec(), None) {
+            Err(StoreError::Conflict(_)) => {}
+            Ok(()) => return Err(refuse("If-None-Match (create-only writes)")),
+            Err(e) => return Err(e),
+        }
+        let (_, v) = backend.get_versioned(&key)?.ok_or_else(|| refuse("reads after writes"))?;
+        backend.put(&key, b"3".to_vec())?;
+        match backend.put_if(&key, b"4".to_vec(), Some(&v)) {
+            Err(StoreError::Conflict(_)) => Ok(()),
+            Ok(()) => Err(refuse("If-Match (compare-and-swap writes)")),
+            Err(e) => Err(e),
+        }
+    })();
+    let _ = backend.delete(&key);
+    r
+}
+
 /// Seconds since the Unix epoch.
 pub fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -117,6 +147,9 @@ impl Store {
     pub fn init(location: &StoreLocation, config: &StoreConfig) -> Result<()> {
         config.validate()?;
         let backend = location.backend()?;
+        if matches!(location, StoreLocation::S3 { .. }) {
+            probe_conditional_writes(&backend)?;
+        }
         let json = serde_json::to_vec_pretty(config).expect("config serializes");
         match backend.put_new(backend::CONFIG_KEY, json) {
             Err(StoreError::AlreadyExists { .. }) => Err(StoreError::AlreadyExists { what: "store", key: location.describe() }),
@@ -259,8 +292,22 @@ impl Store {
     /// Stores a finished pack, then records it in the index (pack before index).
     pub fn put_pack(&self, p: pack::FinishedPack) -> Result<()> {
         let size = p.bytes.len() as u64;
-        self.backend.put(&backend::pack_key(&p.id), p.bytes)?;
+        let key = backend::pack_key(&p.id);
+        if self.is_remote() && p.bytes.len() > 2 * backend::MULTIPART_PART {
+            self.backend.put_multipart(&key, p.bytes)?;
+        } else {
+            self.backend.put(&key, p.bytes)?;
+        }
         self.index().add_pack(p.id, size, &p.entries)
+    }
+
+    /// How many packs a push uploads at once: one for a local disk, several over a network.
+    pub fn upload_concurrency(&self) -> usize {
+        if self.is_remote() {
+            4
+        } else {
+            1
+        }
     }
 
     /// Stores a manifest and returns its id.
