@@ -216,3 +216,19 @@ fn credentials_from_a_config_file() {
     let o = s3.cmd("a", &["ls"]).env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY").env("GSTORE_S3_CONFIG", "/nonexistent").output().unwrap();
     assert!(!o.status.success());
 }
+
+#[test]
+fn packs_larger_than_the_multipart_threshold_upload_in_parts() {
+    let s3 = S3::start();
+    s3.ok("a", &["init", "--pack-size", "134217728"]);
+    let src = s3.tmp.path().join("big");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("weights.bin"), random_bytes(80_000_000, 21)).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&s3.ok("a", &["--json", "push", src.to_str().unwrap(), "--tag", "big"])).unwrap();
+    assert_eq!(r["packs"], 1);
+    let packs = pack_files(&s3.bucket_dir());
+    assert!(fs::metadata(&packs[0]).unwrap().len() > 64 << 20);
+    let out = s3.tmp.path().join("out");
+    s3.ok("b", &["restore", "big", "--to", out.to_str().unwrap()]);
+    assert_same_tree(&src, &out);
+}

@@ -293,7 +293,7 @@ impl Store {
     pub fn put_pack(&self, p: pack::FinishedPack) -> Result<()> {
         let size = p.bytes.len() as u64;
         let key = backend::pack_key(&p.id);
-        if self.is_remote() && p.bytes.len() > 2 * backend::MULTIPART_PART {
+        if self.is_remote() && p.bytes.len() as u64 > backend::MULTIPART_ABOVE {
             self.backend.put_multipart(&key, p.bytes)?;
         } else {
             self.backend.put(&key, p.bytes)?;
