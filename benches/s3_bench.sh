@@ -32,10 +32,14 @@ ps=$(run "$G" -q --json push "$work/corpus/base" --tag b --store s3://bench/stor
 rl=$(run "$G" -q --json restore b --to "$work/r1" --store "$work/local"); rm -rf "$work/r1"
 export XDG_CACHE_HOME="$work/machine-b"
 rc=$(run "$G" -q --json restore b --to "$work/r2" --store s3://bench/store); n=$(reads); rm -rf "$work/r2"
+export XDG_CACHE_HOME="$work/machine-c"
+rn=$(GSTORE_CACHE_BYTES=0 run "$G" -q --json restore b --to "$work/r4" --store s3://bench/store); rm -rf "$work/r4"
+export XDG_CACHE_HOME="$work/machine-b"
 rw=$(run "$G" -q --json restore b --to "$work/r3" --store s3://bench/store); rm -rf "$work/r3"
-awk -v lb="$lb" -v pl="$pl" -v ps="$ps" -v rl="$rl" -v rc="$rc" -v rw="$rw" -v n="$n" 'BEGIN {
+awk -v lb="$lb" -v pl="$pl" -v ps="$ps" -v rl="$rl" -v rc="$rc" -v rw="$rw" -v rn="$rn" -v n="$n" 'BEGIN {
   printf "corpus %.0f MB\n", lb/1e6
   printf "push     local %.2f s   s3 %.2f s   ratio %.2f\n", pl, ps, ps/pl
   printf "restore  local %.2f s   s3 cold cache %.2f s (ratio %.2f)   s3 warm cache %.2f s (ratio %.2f)\n", rl, rc, rc/rl, rw, rw/rl
+  printf "restore  s3 without the cache (GSTORE_CACHE_BYTES=0) %.2f s (ratio %.2f)\n", rn, rn/rl
   printf "range reads: %d for %.2f GB = %.0f per GB\n", n, lb/1e9, n/(lb/1e9)
 }'
