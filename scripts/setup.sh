@@ -6,8 +6,9 @@
 # Safe to run again: it skips what is already there.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
+source "$(dirname "$0")/env.sh"
 need=()
-[ -e /usr/lib/llvm-14/lib/libclang.so ] || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 command -v zstd >/dev/null || need+=(zstd)
 command -v mkfifo >/dev/null || need+=(coreutils)
 if [ ${#need[@]} -gt 0 ]; then
@@ -22,7 +23,7 @@ fi
 bash "$(dirname "$0")/criu.sh" >/dev/null
 # A real S3-compatible server for the S3 tests (honours If-None-Match and checks credentials;
 # newer versions need a newer rustc). ~4 minutes to build once; cached in ~/.cargo/bin.
-if ! command -v s3s-fs >/dev/null && [ ! -x "$HOME/.cargo/bin/s3s-fs" ]; then
+if ! command -v s3s-fs >/dev/null; then
   echo "setup: installing s3s-fs 0.14.1"
   cargo install s3s-fs@0.14.1 --features binary --locked -q || cargo install s3s-fs@0.14.1 --features binary -q
 fi

@@ -315,10 +315,18 @@ pub const S3_KEY: &str = "gstoretestkey";
 /// Secret key the test server accepts.
 pub const S3_SECRET: &str = "gstoretestsecret0123456789";
 
+/// s3s-fs on PATH, else in cargo's bin directory (`$CARGO_HOME/bin`, `~/.cargo/bin`).
 fn s3s_fs_bin() -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let candidates = [home.join(".cargo/bin/s3s-fs"), PathBuf::from("/usr/local/bin/s3s-fs")];
-    candidates.into_iter().find(|p| p.exists()).expect("s3s-fs is not installed: run scripts/setup.sh")
+    let path_dirs = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    path_dirs
+        .into_iter()
+        .chain(cargo_home.map(|c| c.join("bin")))
+        .map(|d| d.join("s3s-fs"))
+        .find(|p| p.exists())
+        .expect("s3s-fs is not installed: run scripts/setup.sh")
 }
 
 impl S3 {
