@@ -79,7 +79,7 @@ struct DeviceSink<'a> {
 }
 
 fn cuda_err(e: gstore_gpu_dump::GpuDumpError) -> StoreError {
-    StoreError::Invalid(e.to_string())
+    StoreError::Device(e.to_string())
 }
 
 impl Sink for DeviceSink<'_> {

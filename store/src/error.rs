@@ -55,6 +55,9 @@ pub enum StoreError {
         /// What exactly is wrong.
         detail: String,
     },
+    /// A device (GPU) operation failed while restoring into it.
+    #[error("GPU: {0}")]
+    Device(String),
     /// A conditional write lost a race: someone else changed the object first.
     #[error("{0}")]
     Conflict(String),
