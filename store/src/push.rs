@@ -100,19 +100,35 @@ pub fn push(
     let mut file_chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); entries.len()];
     let files = open_files(&entries)?;
 
+    let writers = store.upload_concurrency();
+    let (tx, rx) = mpsc::sync_channel::<FinishedPack>(writers);
+    let rx = std::sync::Mutex::new(rx);
     let result = std::thread::scope(|scope| -> Result<()> {
-        let (tx, rx) = mpsc::sync_channel::<FinishedPack>(1);
-        let writer = scope.spawn(move || -> Result<u64> {
-            let mut n = 0;
-            for p in rx {
-                store.put_pack(p)?;
-                n += 1;
-            }
-            Ok(n)
-        });
+        let handles: Vec<_> = (0..writers)
+            .map(|_| {
+                let rx = &rx;
+                scope.spawn(move || -> Result<u64> {
+                    let mut n = 0;
+                    loop {
+                        // The guard is released before the upload: other writers take the next pack.
+                        let next = rx.lock().expect("pack queue lock").recv();
+                        let Ok(p) = next else { return Ok(n) };
+                        store.put_pack(p)?;
+                        n += 1;
+                    }
+                })
+            })
+            .collect();
         let appended = append_all(store, &entries, &files, &units, &mut file_chunks, &mut report, &tx, progress);
         drop(tx);
-        let written = writer.join().expect("pack writer thread does not panic");
+        let mut written = Ok(0);
+        for h in handles {
+            let r = h.join().expect("pack writer thread does not panic");
+            written = match (written, r) {
+                (Ok(a), Ok(b)) => Ok(a + b),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
         // A writer error explains an append error (a closed channel), so report it first.
         report.packs = written?;
         appended
