@@ -33,15 +33,30 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(data.len() as u64));
     g.sample_size(10);
     g.bench_function("fastcdc", |b| b.iter(|| black_box(chunker::cut_segment(&data, &cfg).len())));
-    g.bench_function("blake3", |b| b.iter(|| spans.iter().for_each(|s| { black_box(ObjectId::of(&data[s.clone()])); })));
+    g.bench_function("blake3", |b| {
+        b.iter(|| {
+            spans.iter().for_each(|s| {
+                black_box(ObjectId::of(&data[s.clone()]));
+            })
+        })
+    });
     g.bench_function("zstd-1-encode", |b| {
         let mut enc = codec::Encoder::new(1).unwrap();
-        b.iter(|| spans.iter().for_each(|s| { black_box(enc.encode(&data[s.clone()])); }))
+        b.iter(|| {
+            spans.iter().for_each(|s| {
+                black_box(enc.encode(&data[s.clone()]));
+            })
+        })
     });
     g.bench_function("decode+verify", |b| {
         let mut dec = codec::Decoder::new();
         let mut out = Vec::with_capacity(1 << 20);
-        b.iter(|| encoded.iter().for_each(|(c, s, n, id)| { out.clear(); dec.decode_append(*c, s, *n, id, &mut out).unwrap(); }))
+        b.iter(|| {
+            encoded.iter().for_each(|(c, s, n, id)| {
+                out.clear();
+                dec.decode_append(*c, s, *n, id, &mut out).unwrap();
+            })
+        })
     });
     g.finish();
 }

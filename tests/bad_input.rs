@@ -6,7 +6,9 @@ use std::fs;
 #[test]
 fn unknown_tag_and_bad_tag_names() {
     let env = Env::new(&[]);
-    assert!(env.fails(&["restore", "nope", "--to", env.path("o").to_str().unwrap()]).contains("tag not found: nope:latest"));
+    assert!(env
+        .fails(&["restore", "nope", "--to", env.path("o").to_str().unwrap()])
+        .contains("tag not found: nope:latest"));
     assert!(env.fails(&["show", "nope:v9"]).contains("tag not found: nope:v9"));
     let src = env.path("f");
     fs::write(&src, b"data").unwrap();
@@ -16,7 +18,11 @@ fn unknown_tag_and_bad_tag_names() {
         // A NUL cannot even be passed as an argument; everything else must be refused by gstore.
         if let Ok(o) = o {
             assert!(!o.status.success(), "tag {bad:?} accepted");
-            assert!(String::from_utf8_lossy(&o.stderr).contains("invalid tag"), "{}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                String::from_utf8_lossy(&o.stderr).contains("invalid tag"),
+                "{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
     }
     assert!(!env.store.join("tags").exists() || fs::read_dir(env.store.join("tags")).unwrap().next().is_none());
@@ -69,7 +75,11 @@ fn store_setup_errors() {
     assert!(!other.store.join("config.json").exists());
     let o = std::process::Command::new(gstore_bin()).args(["--store", "ftp://host/x", "ls"]).output().unwrap();
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("ftp:// is not supported"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("ftp:// is not supported"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
@@ -77,7 +87,9 @@ fn disk_full_during_push_leaves_the_store_intact() {
     let env = Env::uninitialized();
     let disk = SmallDisk::mount(&env.path("disk"), "6M");
     let store = disk.dir.join("store");
-    let run = |args: &[&str]| std::process::Command::new(gstore_bin()).arg("--store").arg(&store).args(args).output().unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(gstore_bin()).arg("--store").arg(&store).args(args).output().unwrap()
+    };
     assert!(run(&["init"]).status.success());
     let small = env.path("small");
     make_tree(&small, 1, 500_000);

@@ -50,11 +50,12 @@ fn leave_running_and_two_runs_share_chunks() {
     assert!(first["paused_s"].as_f64().unwrap() > 0.0);
     let v = a.value().unwrap();
     a.wait_above(v + 2); // still counting
-    // A second run of the same program (same blob): its image shares most chunks.
+                         // A second run of the same program (same blob): its image shares most chunks.
     let b = PyCounter::start(7);
     let pid_b = b.pid.to_string();
     let second = env.json(&with_criu(&["checkpoint", "--pid", &pid_b, "--tag", "svc:2", "--leave-running"], &criu));
-    let (logical, added) = (second["push"]["logical_bytes"].as_u64().unwrap(), second["push"]["new_plain_bytes"].as_u64().unwrap());
+    let (logical, added) =
+        (second["push"]["logical_bytes"].as_u64().unwrap(), second["push"]["new_plain_bytes"].as_u64().unwrap());
     assert!(logical > 24 << 20, "image of {logical} bytes cannot hold the 24 MiB blob");
     assert!(added * 4 < logical, "second run added {added} of {logical} bytes");
     let du = env.json(&["du"]);
@@ -87,12 +88,15 @@ fn store_failure_after_the_dump_restores_the_process() {
     let criu = criu_args();
     let disk = SmallDisk::mount(&env.path("disk"), "2M");
     let store = disk.dir.join("store");
-    let gstore = |args: &[&str]| std::process::Command::new(gstore_bin()).arg("--store").arg(&store).args(args).output().unwrap();
+    let gstore = |args: &[&str]| {
+        std::process::Command::new(gstore_bin()).arg("--store").arg(&store).args(args).output().unwrap()
+    };
     assert!(gstore(&["init"]).status.success());
     let c = PyCounter::start(3);
     let pid = c.pid.to_string();
     let staging = env.path("staging");
-    let o = gstore(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "x", "--staging", staging.to_str().unwrap()], &criu));
+    let o =
+        gstore(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "x", "--staging", staging.to_str().unwrap()], &criu));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(err.contains("No space left on device") && err.contains("restored from the staged image"), "{err}");

@@ -52,7 +52,8 @@ fn near_identical_second_image_adds_little_and_du_accounts_for_it() {
     assert_eq!(du["images"].as_array().unwrap().len(), 2);
     assert_eq!(du["logical_bytes"].as_u64().unwrap(), 8_000_000 + data.len() as u64);
     assert!(du["dedup_ratio"].as_f64().unwrap() > 1.5, "{du}");
-    let unique: Vec<u64> = du["images"].as_array().unwrap().iter().map(|i| i["unique_stored_bytes"].as_u64().unwrap()).collect();
+    let unique: Vec<u64> =
+        du["images"].as_array().unwrap().iter().map(|i| i["unique_stored_bytes"].as_u64().unwrap()).collect();
     assert!(unique.iter().all(|&u| u > 0 && u * 5 < 8_000_000), "{unique:?}");
     // Both restore byte-exact.
     env.ok(&["restore", "run:2", "--to", env.path("out2").to_str().unwrap()]);
@@ -128,6 +129,10 @@ fn default_store_location_comes_from_env() {
     };
     assert!(run(&["init"]).status.success());
     assert!(tmp.path().join("xdg/gstore/config.json").exists());
-    let o = std::process::Command::new(gstore_bin()).args(["ls"]).env("GSTORE_STORE", tmp.path().join("xdg/gstore")).output().unwrap();
+    let o = std::process::Command::new(gstore_bin())
+        .args(["ls"])
+        .env("GSTORE_STORE", tmp.path().join("xdg/gstore"))
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }

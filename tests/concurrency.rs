@@ -12,7 +12,11 @@ fn concurrent_pushes_both_land() {
     make_tree(&a, 1, 20_000_000);
     make_tree(&b, 2, 20_000_000);
     let spawn = |src: &std::path::Path, tag: &str| {
-        env.cmd(&["push", src.to_str().unwrap(), "--tag", tag]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+        env.cmd(&["push", src.to_str().unwrap(), "--tag", tag])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     };
     let (ca, cb) = (spawn(&a, "a"), spawn(&b, "b"));
     let (oa, ob) = (ca.wait_with_output().unwrap(), cb.wait_with_output().unwrap());
@@ -48,7 +52,11 @@ fn a_second_process_waits_for_the_lock_and_says_so() {
     holder.unlock().unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("waiting for"), "no waiting notice: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("waiting for"),
+        "no waiting notice: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Reading tags needs no lock at all.
     holder.lock().unwrap();
     env.ok(&["ls"]);

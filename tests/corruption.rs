@@ -30,8 +30,15 @@ fn assert_damage_reported(env: &Env, verify_args: &[&str], expect: &str) {
     assert!(out.contains("ok       good:latest"), "{out}");
     assert!(out.contains(expect), "expected {expect:?} in:\n{out}");
     assert!(err.contains("1 damaged image(s): victim:latest"), "{err}");
-    let json: serde_json::Value = serde_json::from_slice(&env.run(&[&["--json"][..], verify_args].concat()).stdout).unwrap();
-    let bad: Vec<&str> = json["images"].as_array().unwrap().iter().filter(|i| i["ok"] == false).map(|i| i["tag"].as_str().unwrap()).collect();
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.run(&[&["--json"][..], verify_args].concat()).stdout).unwrap();
+    let bad: Vec<&str> = json["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["ok"] == false)
+        .map(|i| i["tag"].as_str().unwrap())
+        .collect();
     assert_eq!(bad, ["victim:latest"]);
 }
 
@@ -78,7 +85,10 @@ fn missing_pack() {
 #[test]
 fn damaged_manifest() {
     let (env, _) = two_images();
-    let id = env.json(&["ls"]).as_array().unwrap().iter().find(|t| t["tag"] == "victim:latest").unwrap()["manifest"].as_str().unwrap().to_string();
+    let id = env.json(&["ls"]).as_array().unwrap().iter().find(|t| t["tag"] == "victim:latest").unwrap()["manifest"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let path = env.store.join(format!("manifests/{}/{id}.manifest", &id[..2]));
     let mut bytes = fs::read(&path).unwrap();
     let mid = bytes.len() / 2;
@@ -103,7 +113,11 @@ fn damaged_footer_is_skipped_by_index_rebuild_and_named() {
     fs::write(&pack, bytes).unwrap();
     let o = env.run(&["index", "rebuild"]);
     assert!(o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("footer checksum mismatch"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("footer checksum mismatch"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert_damage_reported(&env, &["verify"], "in no indexed pack");
     assert_restore_refused(&env, "in no indexed pack");
 }

@@ -29,7 +29,8 @@ fn kill_9_during_push_never_damages_the_store() {
     let mut killed_midway = 0;
     for round in 0..24u64 {
         write_mixed_file(&big.join("pages.img"), 48_000_000, 1000 + round);
-        let mut child = env.cmd(&["-q", "push", big.to_str().unwrap(), "--tag", &format!("big:r{round}")]).spawn().unwrap();
+        let mut child =
+            env.cmd(&["-q", "push", big.to_str().unwrap(), "--tag", &format!("big:r{round}")]).spawn().unwrap();
         let delay = Duration::from_micros(rng.random_range(0..(full.as_micros() as u64 * 11 / 10).max(1)));
         std::thread::sleep(delay);
         if child.try_wait().unwrap().is_none() {
@@ -40,7 +41,12 @@ fn kill_9_during_push_never_damages_the_store() {
 
         // After every kill: the store verifies clean and the earlier images restore exactly.
         let out = env.run(&["verify", "--read-data"]);
-        assert!(out.status.success(), "round {round}: verify failed after kill at {delay:?}:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "round {round}: verify failed after kill at {delay:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         let dest = env.path(&format!("restored-{round}"));
         env.ok(&["restore", "base", "--to", dest.to_str().unwrap()]);
         assert_same_tree(&base, &dest);

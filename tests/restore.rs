@@ -18,7 +18,10 @@ fn an_interrupted_restore_resumes_and_repairs() {
     // Kill restores until one dies part-way (the staging directory holds some of the image).
     let mut interrupted = false;
     for delay_ms in [150u64, 100, 200, 60, 250, 40, 300] {
-        let mut child = env.cmd(&["-q", "restore", "big", "--to", dest.to_str().unwrap(), "--memory-budget", "16777216"]).spawn().unwrap();
+        let mut child = env
+            .cmd(&["-q", "restore", "big", "--to", dest.to_str().unwrap(), "--memory-budget", "16777216"])
+            .spawn()
+            .unwrap();
         std::thread::sleep(Duration::from_millis(delay_ms));
         let still_running = child.try_wait().unwrap().is_none();
         let _ = child.kill();
@@ -49,7 +52,10 @@ fn a_small_memory_budget_still_restores_everything() {
     env.ok(&["push", src.to_str().unwrap(), "--tag", "x"]);
     let small = env.json(&["restore", "x", "--to", env.path("a").to_str().unwrap(), "--memory-budget", "1"]);
     let large = env.json(&["restore", "x", "--to", env.path("b").to_str().unwrap()]);
-    assert!(small["reads"].as_u64().unwrap() > large["reads"].as_u64().unwrap(), "a smaller budget must mean smaller reads: {small} {large}");
+    assert!(
+        small["reads"].as_u64().unwrap() > large["reads"].as_u64().unwrap(),
+        "a smaller budget must mean smaller reads: {small} {large}"
+    );
     assert_same_tree(&src, &env.path("a"));
     assert_same_tree(&src, &env.path("b"));
 }

@@ -84,7 +84,11 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("access denied"), "{}", String::from_utf8_lossy(&o.stderr));
     // The server goes away in the middle of a restore: a clear error; the rerun resumes.
     let dest = s3.tmp.path().join("out");
-    let child = s3.cmd("m", &["-q", "restore", "x", "--to", dest.to_str().unwrap(), "--memory-budget", "1"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = s3
+        .cmd("m", &["-q", "restore", "x", "--to", dest.to_str().unwrap(), "--memory-budget", "1"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(150));
     s3.stop();
     let out = child.wait_with_output().unwrap();
@@ -105,16 +109,25 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
     // The server goes away in the middle of a push: the store still verifies, the rerun lands.
     let src2 = s3.tmp.path().join("src2");
     make_tree(&src2, 5, 120_000_000);
-    let child = s3.cmd("a", &["-q", "push", src2.to_str().unwrap(), "--tag", "y"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = s3
+        .cmd("a", &["-q", "push", src2.to_str().unwrap(), "--tag", "y"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     s3.stop();
     let out = child.wait_with_output().unwrap();
     s3.resume();
     if !out.status.success() {
         interrupted += 1;
-        assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the S3 endpoint"), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("cannot reach the S3 endpoint"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         // The rerun does not upload again what reached the bucket before the failure.
-        let r: serde_json::Value = serde_json::from_str(&s3.ok("a", &["--json", "push", src2.to_str().unwrap(), "--tag", "y"])).unwrap();
+        let r: serde_json::Value =
+            serde_json::from_str(&s3.ok("a", &["--json", "push", src2.to_str().unwrap(), "--tag", "y"])).unwrap();
         let (new, all) = (r["new_chunks"].as_u64().unwrap(), r["chunks"].as_u64().unwrap());
         assert!(new < all, "the rerun uploaded all {all} chunks again");
     }
@@ -136,7 +149,10 @@ fn racing_tag_updates_conflict_instead_of_losing_one() {
         .map(|i| {
             let f = s3.tmp.path().join(format!("f{i}"));
             fs::write(&f, format!("image {i}")).unwrap();
-            let out: serde_json::Value = serde_json::from_str(&s3.ok("a", &["--json", "push", f.to_str().unwrap(), "--tag", &format!("img{i}")])).unwrap();
+            let out: serde_json::Value = serde_json::from_str(
+                &s3.ok("a", &["--json", "push", f.to_str().unwrap(), "--tag", &format!("img{i}")]),
+            )
+            .unwrap();
             ObjectId::from_hex(out["manifest"].as_str().unwrap()).unwrap()
         })
         .collect();
@@ -169,7 +185,13 @@ fn two_machines_pushing_at_once_lose_nothing() {
     let (src_a, src_b) = (s3.tmp.path().join("src-a"), s3.tmp.path().join("src-b"));
     make_tree(&src_a, 11, 20_000_000);
     make_tree(&src_b, 12, 20_000_000);
-    let push = |m: &str, src: &std::path::Path, tag: &str| s3.cmd(m, &["--json", "push", src.to_str().unwrap(), "--tag", tag]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let push = |m: &str, src: &std::path::Path, tag: &str| {
+        s3.cmd(m, &["--json", "push", src.to_str().unwrap(), "--tag", tag])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
     // Different images from two machines at once: both land.
     let (pa, pb) = (push("a", &src_a, "from-a"), push("b", &src_b, "from-b"));
     for o in [pa.wait_with_output().unwrap(), pb.wait_with_output().unwrap()] {
@@ -195,7 +217,10 @@ fn two_machines_pushing_at_once_lose_nothing() {
     assert_eq!(tags, ["from-a:latest", "from-b:latest", "shared:latest"]);
     let rec = String::from_utf8(fs::read(s3.bucket_dir().join("images/tags/shared/latest.tag")).unwrap()).unwrap();
     for m in &landed {
-        assert!(rec.contains(m.as_str()), "manifest {m} was pushed but is neither the tag's value nor in its history: {rec}");
+        assert!(
+            rec.contains(m.as_str()),
+            "manifest {m} was pushed but is neither the tag's value nor in its history: {rec}"
+        );
     }
     for (tag, src) in [("from-a", &src_a), ("from-b", &src_b)] {
         let out = s3.tmp.path().join(format!("out-{tag}"));
@@ -209,11 +234,24 @@ fn credentials_from_a_config_file() {
     let s3 = S3::start();
     s3.ok("a", &["init"]);
     let cfg = s3.tmp.path().join("s3.env");
-    fs::write(&cfg, format!("# gstore S3 settings\nAWS_ACCESS_KEY_ID={S3_KEY}\nAWS_SECRET_ACCESS_KEY={S3_SECRET}\n")).unwrap();
-    let o = s3.cmd("a", &["ls"]).env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY").env("GSTORE_S3_CONFIG", &cfg).output().unwrap();
+    fs::write(&cfg, format!("# gstore S3 settings\nAWS_ACCESS_KEY_ID={S3_KEY}\nAWS_SECRET_ACCESS_KEY={S3_SECRET}\n"))
+        .unwrap();
+    let o = s3
+        .cmd("a", &["ls"])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("GSTORE_S3_CONFIG", &cfg)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // Without the file, the same command has no credentials.
-    let o = s3.cmd("a", &["ls"]).env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY").env("GSTORE_S3_CONFIG", "/nonexistent").output().unwrap();
+    let o = s3
+        .cmd("a", &["ls"])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("GSTORE_S3_CONFIG", "/nonexistent")
+        .output()
+        .unwrap();
     assert!(!o.status.success());
 }
 
@@ -224,7 +262,8 @@ fn packs_larger_than_the_multipart_threshold_upload_in_parts() {
     let src = s3.tmp.path().join("big");
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("weights.bin"), random_bytes(80_000_000, 21)).unwrap();
-    let r: serde_json::Value = serde_json::from_str(&s3.ok("a", &["--json", "push", src.to_str().unwrap(), "--tag", "big"])).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&s3.ok("a", &["--json", "push", src.to_str().unwrap(), "--tag", "big"])).unwrap();
     assert_eq!(r["packs"], 1);
     let packs = pack_files(&s3.bucket_dir());
     assert!(fs::metadata(&packs[0]).unwrap().len() > 64 << 20);

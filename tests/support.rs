@@ -68,7 +68,11 @@ impl Env {
     /// Runs `gstore ARGS`, asserts failure, returns stderr.
     pub fn fails(&self, args: &[&str]) -> String {
         let o = self.run(args);
-        assert!(!o.status.success(), "gstore {args:?} succeeded but should fail:\n{}", String::from_utf8_lossy(&o.stdout));
+        assert!(
+            !o.status.success(),
+            "gstore {args:?} succeeded but should fail:\n{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
         String::from_utf8(o.stderr).expect("utf-8 stderr")
     }
 
@@ -150,7 +154,11 @@ pub fn assert_same_tree(a: &Path, b: &Path) {
         v
     };
     let (la, lb) = (list(a), list(b));
-    assert_eq!(la.iter().map(|e| &e.0).collect::<Vec<_>>(), lb.iter().map(|e| &e.0).collect::<Vec<_>>(), "entry lists differ");
+    assert_eq!(
+        la.iter().map(|e| &e.0).collect::<Vec<_>>(),
+        lb.iter().map(|e| &e.0).collect::<Vec<_>>(),
+        "entry lists differ"
+    );
     for ((path, kind_a), (_, kind_b)) in la.iter().zip(&lb) {
         assert_eq!(kind_a, kind_b, "{path}: type or mode differs");
         let (pa, pb) = (a.join(path), b.join(path));
@@ -187,7 +195,11 @@ impl SmallDisk {
     /// Mounts a tmpfs of `size` (e.g. "8M") at `dir`.
     pub fn mount(dir: &Path, size: &str) -> SmallDisk {
         fs::create_dir_all(dir).unwrap();
-        let st = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir).status().unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
         assert!(st.success(), "mounting a tmpfs at {} failed (the disk-full tests need root)", dir.display());
         SmallDisk { dir: dir.to_path_buf() }
     }
@@ -346,7 +358,16 @@ impl S3 {
     /// (Re)starts the server process and waits until it accepts connections.
     pub fn resume(&mut self) {
         let child = Command::new(s3s_fs_bin())
-            .args(["--host", "127.0.0.1", "--port", &self.port.to_string(), "--access-key", S3_KEY, "--secret-key", S3_SECRET])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--access-key",
+                S3_KEY,
+                "--secret-key",
+                S3_SECRET,
+            ])
             .arg(self.tmp.path().join("data"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

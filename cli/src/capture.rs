@@ -5,7 +5,7 @@ use crate::progress::Bars;
 use crate::staging;
 use anyhow::{anyhow, Context, Result};
 use gstore_gpu_dump::checkpoint::{self, CheckpointOptions, ImageKind, RestoreOptions, META_PID};
-use gstore_gpu_dump::{check_compatible, CudaDriver, Criu, ImageMeta, MachineInfo};
+use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, ImageMeta, MachineInfo};
 use gstore_store::{push, Store, TagRef};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -69,7 +69,9 @@ pub fn checkpoint(
         }
     };
     let t = &capture.timings;
-    let paused_s = leave_running.then(|| t.lock_s.unwrap_or(0.0) + t.gpu_checkpoint_s.unwrap_or(0.0) + t.criu_dump_s + t.gpu_resume_s.unwrap_or(0.0));
+    let paused_s = leave_running.then(|| {
+        t.lock_s.unwrap_or(0.0) + t.gpu_checkpoint_s.unwrap_or(0.0) + t.criu_dump_s + t.gpu_resume_s.unwrap_or(0.0)
+    });
     match push::push(store, &dir, tag, capture.metadata(), bars) {
         Ok(push) => {
             if made {
@@ -120,22 +122,33 @@ pub struct RunReport {
 }
 
 /// Restores the process image `reference` and starts it.
-pub fn run(store: &Store, reference: &str, criu: CriuChoice, keep_at: Option<PathBuf>, pid_wait: Duration, memory_budget: u64, bars: &Bars) -> Result<RunReport> {
+pub fn run(
+    store: &Store,
+    reference: &str,
+    criu: CriuChoice,
+    keep_at: Option<PathBuf>,
+    pid_wait: Duration,
+    memory_budget: u64,
+    bars: &Bars,
+) -> Result<RunReport> {
     let started = Instant::now();
     let id = store.resolve(reference)?;
     let m = store.get_manifest(&id)?;
-    let image = ImageMeta::from_metadata(&m.meta)
-        .map_err(|e| anyhow!("{reference} is not a process checkpoint ({e}); restore its files with --to DIR instead"))?;
+    let image = ImageMeta::from_metadata(&m.meta).map_err(|e| {
+        anyhow!("{reference} is not a process checkpoint ({e}); restore its files with --to DIR instead")
+    })?;
     let criu_bin = Criu::find(criu.path)?;
     let cuda = CudaDriver::load();
-    check_compatible(&image, &MachineInfo::probe(Some(&criu_bin), &cuda)).with_context(|| format!("{reference} cannot be restored on this machine"))?;
+    check_compatible(&image, &MachineInfo::probe(Some(&criu_bin), &cuda))
+        .with_context(|| format!("{reference} cannot be restored on this machine"))?;
     let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
     let (dir, made) = match keep_at {
         Some(d) => (d, false),
         None => (staging::new_dir("restore")?, true),
     };
     let t = Instant::now();
-    let materialized = gstore_restore::restore_to_dir(store, &id, &m, &dir, memory_budget, bars).with_context(|| format!("writing out {reference} failed"));
+    let materialized = gstore_restore::restore_to_dir(store, &id, &m, &dir, memory_budget, bars)
+        .with_context(|| format!("writing out {reference} failed"));
     let materialize_s = t.elapsed().as_secs_f64();
     if let Err(e) = materialized {
         if made {

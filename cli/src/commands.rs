@@ -26,7 +26,8 @@ pub fn run(cli: Cli) -> Result<()> {
             let store = open_indexed(&location)?;
             let tag = TagRef::parse(&tag)?;
             let meta = parse_meta(&meta)?;
-            let r = push::push(&store, &path, &tag, meta, &bars).with_context(|| format!("push of {} failed", path.display()))?;
+            let r = push::push(&store, &path, &tag, meta, &bars)
+                .with_context(|| format!("push of {} failed", path.display()))?;
             out.emit(&r, || {
                 format!(
                     "pushed {} as {} ({} entries, {} logical, {} new in {} packs, {:.0} MB/s)\nmanifest {}",
@@ -43,7 +44,15 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Restore { image, to, run: true, pid_wait, criu, memory_budget } => {
             let store = open_indexed(&location)?;
-            let r = capture::run(&store, &image, criu_choice(&criu), to, Duration::from_secs(pid_wait), memory_budget, &bars)?;
+            let r = capture::run(
+                &store,
+                &image,
+                criu_choice(&criu),
+                to,
+                Duration::from_secs(pid_wait),
+                memory_budget,
+                &bars,
+            )?;
             out.emit(&r, || {
                 let t = &r.restore.timings;
                 format!(
@@ -64,7 +73,16 @@ pub fn run(cli: Cli) -> Result<()> {
             // The store lock is taken before the process is frozen, so it never waits frozen.
             let store = open_indexed(&location)?;
             let tag = TagRef::parse(&tag)?;
-            let r = capture::checkpoint(&store, pid, &tag, leave_running, lock_timeout, criu_choice(&criu), staging, &bars)?;
+            let r = capture::checkpoint(
+                &store,
+                pid,
+                &tag,
+                leave_running,
+                lock_timeout,
+                criu_choice(&criu),
+                staging,
+                &bars,
+            )?;
             out.emit(&r, || {
                 let t = &r.capture.timings;
                 let opt = |v: Option<f64>| v.map(|s| format!("{s:.2} s")).unwrap_or_else(|| "-".into());
@@ -90,9 +108,14 @@ pub fn run(cli: Cli) -> Result<()> {
             let store = open_indexed(&location)?;
             let id = store.resolve(&image)?;
             let m = store.get_manifest(&id)?;
-            let r = gstore_restore::restore_to_dir(&store, &id, &m, &to, memory_budget, &bars).with_context(|| format!("restore of {image} failed"))?;
+            let r = gstore_restore::restore_to_dir(&store, &id, &m, &to, memory_budget, &bars)
+                .with_context(|| format!("restore of {image} failed"))?;
             out.emit(&r, || {
-                let resumed = if r.resumed_chunks > 0 { format!(", resumed: {} chunks were already in place", r.resumed_chunks) } else { String::new() };
+                let resumed = if r.resumed_chunks > 0 {
+                    format!(", resumed: {} chunks were already in place", r.resumed_chunks)
+                } else {
+                    String::new()
+                };
                 format!(
                     "restored {image} into {} ({} entries, {}, {:.0} MB/s{resumed})",
                     r.destination,
@@ -112,7 +135,12 @@ pub fn run(cli: Cli) -> Result<()> {
                     r.device,
                     r.seconds,
                     r.gb_per_s,
-                    r.phases.map(|[p, a, t]| format!(" (plan {p:.2} s, allocate {a:.2} s, transfer {t:.2} s: {:.2} GB/s)", r.bytes as f64 / 1e9 / t.max(1e-9))).unwrap_or_default(),
+                    r.phases
+                        .map(|[p, a, t]| format!(
+                            " (plan {p:.2} s, allocate {a:.2} s, transfer {t:.2} s: {:.2} GB/s)",
+                            r.bytes as f64 / 1e9 / t.max(1e-9)
+                        ))
+                        .unwrap_or_default(),
                     if r.checked { " (read back and checked)" } else { "" }
                 )
             })
@@ -131,7 +159,9 @@ pub fn run(cli: Cli) -> Result<()> {
             let store = Store::open(&location)?;
             let tag = TagRef::parse(&image)?;
             store.delete_tag(&tag)?;
-            out.emit(&serde_json::json!({ "removed": tag.to_string() }), || format!("removed tag {tag} (space is reclaimed by gc)"))
+            out.emit(&serde_json::json!({ "removed": tag.to_string() }), || {
+                format!("removed tag {tag} (space is reclaimed by gc)")
+            })
         }
         Command::Verify { read_data } => {
             let store = open_indexed(&location)?;
@@ -199,7 +229,9 @@ fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
         ..StoreConfig::default()
     };
     Store::init(location, &config)?;
-    out.emit(&config, || format!("initialized an empty store at {}", Store::open(location).map(|s| s.describe()).unwrap_or_default()))
+    out.emit(&config, || {
+        format!("initialized an empty store at {}", Store::open(location).map(|s| s.describe()).unwrap_or_default())
+    })
 }
 
 #[derive(Serialize)]
@@ -225,7 +257,13 @@ fn ls(store: &Store, out: &Output) -> Result<()> {
                     error: m.err().map(|e| e.to_string()),
                 }
             }
-            Err(e) => LsRow { tag: "?".into(), manifest: String::new(), created_unix: None, logical_bytes: None, error: Some(e.to_string()) },
+            Err(e) => LsRow {
+                tag: "?".into(),
+                manifest: String::new(),
+                created_unix: None,
+                logical_bytes: None,
+                error: Some(e.to_string()),
+            },
         });
     }
     out.emit(&rows, || {
@@ -295,7 +333,10 @@ fn show(store: &Store, image: &str, out: &Output) -> Result<()> {
                 Some(t) => format!("{} -> {t}", e.path),
                 None => e.path.to_string(),
             };
-            s.push_str(&format!("\n{kind:<7} {:>6} {:>12} {:>8} {:>6}  {path}", e.mode, e.size, e.chunks, e.zero_chunks));
+            s.push_str(&format!(
+                "\n{kind:<7} {:>6} {:>12} {:>8} {:>6}  {path}",
+                e.mode, e.size, e.chunks, e.zero_chunks
+            ));
         }
         s
     })
@@ -319,7 +360,12 @@ fn du(store: &Store, out: &Output) -> Result<()> {
         }
         s.push_str(&format!("\n{:<40} {:>12} {:>14}", "TAG", "LOGICAL", "UNIQUE STORED"));
         for i in &u.images {
-            s.push_str(&format!("\n{:<40} {:>12} {:>14}", i.tag, HumanBytes(i.logical_bytes).to_string(), HumanBytes(i.unique_stored_bytes).to_string()));
+            s.push_str(&format!(
+                "\n{:<40} {:>12} {:>14}",
+                i.tag,
+                HumanBytes(i.logical_bytes).to_string(),
+                HumanBytes(i.unique_stored_bytes).to_string()
+            ));
         }
         s
     })

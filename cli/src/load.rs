@@ -29,7 +29,14 @@ pub struct LoadReport {
 }
 
 /// Loads `reference` onto `device` (`host` or `cuda:N`).
-pub fn load(store: &Store, reference: &str, device: &str, check: bool, memory_budget: u64, bars: &Bars) -> Result<LoadReport> {
+pub fn load(
+    store: &Store,
+    reference: &str,
+    device: &str,
+    check: bool,
+    memory_budget: u64,
+    bars: &Bars,
+) -> Result<LoadReport> {
     let id = store.resolve(reference)?;
     let m = store.get_manifest(&id)?;
     let started = Instant::now();
@@ -58,11 +65,23 @@ pub fn load(store: &Store, reference: &str, device: &str, check: bool, memory_bu
 }
 
 fn report(image: &str, device: &str, bytes: u64, seconds: f64) -> LoadReport {
-    LoadReport { image: image.to_string(), device: device.to_string(), bytes, seconds, gb_per_s: bytes as f64 / 1e9 / seconds.max(1e-9), checked: false, phases: None }
+    LoadReport {
+        image: image.to_string(),
+        device: device.to_string(),
+        bytes,
+        seconds,
+        gb_per_s: bytes as f64 / 1e9 / seconds.max(1e-9),
+        checked: false,
+        phases: None,
+    }
 }
 
 /// Copies every device buffer back and checks each chunk's BLAKE3 against the manifest.
-fn check_device(m: &gstore_store::manifest::Manifest, image: &gstore_restore::DeviceImage, ctx: &gstore_gpu_dump::cuda::Context) -> Result<()> {
+fn check_device(
+    m: &gstore_store::manifest::Manifest,
+    image: &gstore_restore::DeviceImage,
+    ctx: &gstore_gpu_dump::cuda::Context,
+) -> Result<()> {
     let mut loaded = image.entries.iter();
     for (entry, chunks) in m.files().filter(|(e, _)| e.kind == gstore_store::manifest::EntryKind::File) {
         let dev = loaded.next().context("fewer device buffers than files")?;

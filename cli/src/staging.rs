@@ -10,8 +10,12 @@ use std::path::{Path, PathBuf};
 
 /// A new, not yet existing image directory inside a fresh staging directory.
 pub fn new_dir(purpose: &str) -> Result<PathBuf> {
-    let parent = std::env::var_os("TMPDIR").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let parent = std::env::var_os("TMPDIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     let dir = parent.join(format!("gstore-{purpose}-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating staging directory {}", dir.display()))?;
     Ok(dir.join("image"))

@@ -32,7 +32,8 @@ struct FakeCuda {
 fn fake() -> &'static FakeCuda {
     static FAKE: OnceLock<FakeCuda> = OnceLock::new();
     FAKE.get_or_init(|| {
-        let (build_dir, state) = common::build_fake_libcuda("fake-cuda", &[("new", None), ("old", Some("-DNO_CHECKPOINT"))]);
+        let (build_dir, state) =
+            common::build_fake_libcuda("fake-cuda", &[("new", None), ("old", Some("-DNO_CHECKPOINT"))]);
         FakeCuda {
             lib: build_dir.join("new").join("libcuda.so.1"),
             old_lib: build_dir.join("old").join("libcuda.so.1"),

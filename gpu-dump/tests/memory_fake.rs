@@ -23,7 +23,8 @@ struct FakeBuild {
 fn build() -> &'static FakeBuild {
     static BUILD: OnceLock<FakeBuild> = OnceLock::new();
     BUILD.get_or_init(|| {
-        let (build_dir, _state) = common::build_fake_libcuda("fake-cuda-memory", &[("full", None), ("no-memory", Some("-DNO_MEMORY"))]);
+        let (build_dir, _state) =
+            common::build_fake_libcuda("fake-cuda-memory", &[("full", None), ("no-memory", Some("-DNO_MEMORY"))]);
         FakeBuild {
             lib: build_dir.join("full").join("libcuda.so.1"),
             no_memory_lib: build_dir.join("no-memory").join("libcuda.so.1"),

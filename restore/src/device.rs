@@ -101,7 +101,10 @@ impl DeviceSink<'_> {
         }
         let total: usize = pieces.iter().map(|p| p.data.len()).sum();
         if total > slot.pinned.len() {
-            return Err(StoreError::Invalid(format!("a batch of {total} bytes exceeds the {}-byte staging buffer", slot.pinned.len())));
+            return Err(StoreError::Invalid(format!(
+                "a batch of {total} bytes exceeds the {}-byte staging buffer",
+                slot.pinned.len()
+            )));
         }
         let mut at = 0;
         // (device address, staging offset, length) of the copy being assembled
@@ -156,7 +159,13 @@ impl DeviceSink<'_> {
 
 /// Restores every file of `m` into VRAM on `ctx`'s device. The pinned staging ring takes a
 /// quarter of `memory_budget`.
-pub fn restore_to_device(store: &Store, m: &Manifest, ctx: &Context, memory_budget: u64, progress: &dyn Progress) -> Result<DeviceImage> {
+pub fn restore_to_device(
+    store: &Store,
+    m: &Manifest,
+    ctx: &Context,
+    memory_budget: u64,
+    progress: &dyn Progress,
+) -> Result<DeviceImage> {
     let t = std::time::Instant::now();
     let max_read = engine::max_read_for(memory_budget);
     let plan = plan::plan(store, m, max_read)?;

@@ -51,7 +51,8 @@ impl Sink for DirSink {
     fn write_batch(&self, pieces: &[Piece<'_>]) -> Result<()> {
         for p in pieces {
             let f = self.files[p.entry].as_ref().expect("chunk targets are files");
-            f.write_all_at(p.data, p.offset).map_err(|e| StoreError::io("writing", self.root.join(&self.m.entries[p.entry].path), e))?;
+            f.write_all_at(p.data, p.offset)
+                .map_err(|e| StoreError::io("writing", self.root.join(&self.m.entries[p.entry].path), e))?;
         }
         Ok(())
     }
@@ -108,11 +109,13 @@ impl DirSink {
             if fs::symlink_metadata(&path).is_ok() {
                 fs::remove_file(&path).map_err(|err| StoreError::io("replacing", &path, err))?;
             }
-            std::os::unix::fs::symlink(e.target.as_deref().unwrap_or_default(), &path).map_err(|err| StoreError::io("creating symlink", &path, err))?;
+            std::os::unix::fs::symlink(e.target.as_deref().unwrap_or_default(), &path)
+                .map_err(|err| StoreError::io("creating symlink", &path, err))?;
         }
         for e in m.entries.iter().rev().filter(|e| e.kind != EntryKind::Symlink) {
             let path = root.join(&e.path);
-            fs::set_permissions(&path, fs::Permissions::from_mode(e.mode)).map_err(|err| StoreError::io("setting mode of", &path, err))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
+                .map_err(|err| StoreError::io("setting mode of", &path, err))?;
         }
         Ok(())
     }
@@ -120,7 +123,14 @@ impl DirSink {
 
 /// Restores image `id` (manifest `m`) into `dest`, which must not exist or be an empty
 /// directory, holding at most about `memory_budget` bytes in flight.
-pub fn restore_to_dir(store: &Store, id: &ObjectId, m: &Manifest, dest: &Path, memory_budget: u64, progress: &dyn Progress) -> Result<RestoreReport> {
+pub fn restore_to_dir(
+    store: &Store,
+    id: &ObjectId,
+    m: &Manifest,
+    dest: &Path,
+    memory_budget: u64,
+    progress: &dyn Progress,
+) -> Result<RestoreReport> {
     let started = std::time::Instant::now();
     check_destination(dest)?;
     let mut plan = plan::plan(store, m, engine::max_read_for(memory_budget))?;
@@ -129,10 +139,12 @@ pub fn restore_to_dir(store: &Store, id: &ObjectId, m: &Manifest, dest: &Path, m
         Ok(marker) if marker.trim() == id.to_hex() => true,
         _ => {
             if staging.exists() {
-                fs::remove_dir_all(&staging).map_err(|e| StoreError::io("removing stale staging directory", &staging, e))?;
+                fs::remove_dir_all(&staging)
+                    .map_err(|e| StoreError::io("removing stale staging directory", &staging, e))?;
             }
             fs::create_dir(&staging).map_err(|e| StoreError::io("creating", &staging, e))?;
-            fs::write(staging.join(MARKER), id.to_hex()).map_err(|e| StoreError::io("writing", staging.join(MARKER), e))?;
+            fs::write(staging.join(MARKER), id.to_hex())
+                .map_err(|e| StoreError::io("writing", staging.join(MARKER), e))?;
             false
         }
     };
@@ -151,7 +163,10 @@ pub fn restore_to_dir(store: &Store, id: &ObjectId, m: &Manifest, dest: &Path, m
     let resumed_chunks = match result {
         Ok(n) => n,
         Err(e) if keep_for_resume(&e) => {
-            return Err(StoreError::Invalid(format!("{e} (the partial restore is kept in {}: run the same restore again to resume)", staging.display())))
+            return Err(StoreError::Invalid(format!(
+                "{e} (the partial restore is kept in {}: run the same restore again to resume)",
+                staging.display()
+            )))
         }
         Err(e) => {
             let _ = fs::remove_dir_all(&staging);
@@ -186,11 +201,16 @@ fn check_destination(dest: &Path) -> Result<()> {
     match fs::symlink_metadata(dest) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(StoreError::io("checking destination", dest, e)),
-        Ok(md) if !md.is_dir() => Err(StoreError::Invalid(format!("destination {} exists and is not a directory", dest.display()))),
+        Ok(md) if !md.is_dir() => {
+            Err(StoreError::Invalid(format!("destination {} exists and is not a directory", dest.display())))
+        }
         Ok(_) => {
             let mut rd = fs::read_dir(dest).map_err(|e| StoreError::io("reading destination", dest, e))?;
             if rd.next().is_some() {
-                Err(StoreError::Invalid(format!("destination {} is not empty; restore into a new or empty directory", dest.display())))
+                Err(StoreError::Invalid(format!(
+                    "destination {} is not empty; restore into a new or empty directory",
+                    dest.display()
+                )))
             } else {
                 Ok(())
             }
@@ -199,7 +219,9 @@ fn check_destination(dest: &Path) -> Result<()> {
 }
 
 fn staging_path(dest: &Path) -> Result<PathBuf> {
-    let name = dest.file_name().ok_or_else(|| StoreError::Invalid(format!("destination {} has no final component", dest.display())))?;
+    let name = dest
+        .file_name()
+        .ok_or_else(|| StoreError::Invalid(format!("destination {} has no final component", dest.display())))?;
     let parent = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

@@ -48,7 +48,10 @@ pub struct Buffers(Vec<Option<(u64, usize)>>);
 impl Buffers {
     /// Allocates one buffer per file entry of `m` with `alloc`, which returns the buffer and
     /// its (base address, length). Returns the buffers with their paths, and their addresses.
-    pub fn allocate<T>(m: &Manifest, mut alloc: impl FnMut(&Entry) -> Result<(T, u64, usize)>) -> Result<(Vec<(String, T)>, Buffers)> {
+    pub fn allocate<T>(
+        m: &Manifest,
+        mut alloc: impl FnMut(&Entry) -> Result<(T, u64, usize)>,
+    ) -> Result<(Vec<(String, T)>, Buffers)> {
         let mut owned = Vec::new();
         let mut bases = Vec::with_capacity(m.entries.len());
         for e in &m.entries {
@@ -67,7 +70,9 @@ impl Buffers {
     pub fn address(&self, entry: usize, offset: u64, len: usize) -> Result<u64> {
         let (base, size) = self.0[entry].ok_or_else(|| StoreError::Invalid(format!("entry {entry} is not a file")))?;
         if offset as usize + len > size {
-            return Err(StoreError::Invalid(format!("{len} bytes at {offset} run past the {size}-byte buffer of entry {entry}")));
+            return Err(StoreError::Invalid(format!(
+                "{len} bytes at {offset} run past the {size}-byte buffer of entry {entry}"
+            )));
         }
         Ok(base + offset)
     }
@@ -109,7 +114,13 @@ enum Source {
     Arena(std::ops::Range<usize>),
 }
 
-fn fetch_decode_write(store: &Store, read: &RangeRead, decoder: &mut codec::Decoder, arena: &mut Vec<u8>, sink: &dyn Sink) -> Result<u64> {
+fn fetch_decode_write(
+    store: &Store,
+    read: &RangeRead,
+    decoder: &mut codec::Decoder,
+    arena: &mut Vec<u8>,
+    sink: &dyn Sink,
+) -> Result<u64> {
     let data = store.read_pack_range(&read.pack, read.start..read.end)?;
     arena.clear();
     let mut sources = Vec::with_capacity(read.chunks.len());
@@ -146,7 +157,9 @@ fn fetch_decode_write(store: &Store, read: &RangeRead, decoder: &mut codec::Deco
 /// Adds the pack to a chunk error so the user learns which object is damaged.
 fn in_pack(e: StoreError, pack: &ObjectId) -> StoreError {
     match e {
-        StoreError::Corrupt { what, key, detail } => StoreError::Corrupt { what, key, detail: format!("{detail} (in pack {})", pack.to_hex()) },
+        StoreError::Corrupt { what, key, detail } => {
+            StoreError::Corrupt { what, key, detail: format!("{detail} (in pack {})", pack.to_hex()) }
+        }
         other => other,
     }
 }

@@ -56,10 +56,16 @@ impl Sink for HostSink {
 
 /// Restores every file of `m` into page-aligned host memory (zero chunks cost nothing: the
 /// mappings start zeroed).
-pub fn restore_to_memory(store: &Store, m: &Manifest, memory_budget: u64, progress: &dyn Progress) -> Result<HostImage> {
+pub fn restore_to_memory(
+    store: &Store,
+    m: &Manifest,
+    memory_budget: u64,
+    progress: &dyn Progress,
+) -> Result<HostImage> {
     let plan = plan::plan(store, m, engine::max_read_for(memory_budget))?;
     let (owned, buffers) = Buffers::allocate(m, |e| {
-        let mut data = memmap2::MmapMut::map_anon(e.size as usize).map_err(|err| StoreError::Invalid(format!("allocating {} bytes for {}: {err}", e.size, e.path)))?;
+        let mut data = memmap2::MmapMut::map_anon(e.size as usize)
+            .map_err(|err| StoreError::Invalid(format!("allocating {} bytes for {}: {err}", e.size, e.path)))?;
         let (base, len) = (data.as_mut_ptr() as u64, data.len());
         Ok((data, base, len))
     })?;

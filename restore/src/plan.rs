@@ -128,7 +128,9 @@ pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
         for c in chunks {
             if c.zero {
                 match zeros.last_mut() {
-                    Some(ZeroRange { entry: e, offset, len }) if *e == i && *offset + *len == off => *len += c.len as u64,
+                    Some(ZeroRange { entry: e, offset, len }) if *e == i && *offset + *len == off => {
+                        *len += c.len as u64
+                    }
                     _ => zeros.push(ZeroRange { entry: i, offset: off, len: c.len as u64 }),
                 }
             } else if let Some(&k) = slot.get(&c.id) {
@@ -148,10 +150,16 @@ pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
             let path = &files[entry].0.path;
             let loc = store.locate(&id)?.ok_or_else(|| StoreError::NotFound {
                 what: "chunk",
-                key: format!("{id} of {path:?} (in no indexed pack: the store is damaged, or run `gstore index rebuild`)"),
+                key: format!(
+                    "{id} of {path:?} (in no indexed pack: the store is damaged, or run `gstore index rebuild`)"
+                ),
             })?;
             if loc.plain_len != len {
-                return Err(StoreError::corrupt("chunk", id.to_hex(), format!("index says {} bytes, manifest says {len}", loc.plain_len)));
+                return Err(StoreError::corrupt(
+                    "chunk",
+                    id.to_hex(),
+                    format!("index says {} bytes, manifest says {len}", loc.plain_len),
+                ));
             }
             Ok((first, PlannedChunk { id, loc, targets }))
         })
@@ -175,7 +183,9 @@ pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
                 *cur_plain += plain;
                 cur.chunks.push(p);
             }
-            _ => reads.push((first, RangeRead { pack: p.loc.pack, start: r.start, end: r.end, chunks: vec![p] }, plain)),
+            _ => {
+                reads.push((first, RangeRead { pack: p.loc.pack, start: r.start, end: r.end, chunks: vec![p] }, plain))
+            }
         }
     }
     reads.sort_by_key(|(f, _, _)| *f);

@@ -74,7 +74,11 @@ impl Backend {
     pub fn local(root: &std::path::Path) -> Result<Backend> {
         std::fs::create_dir_all(root).map_err(|e| StoreError::io("creating store directory", root, e))?;
         let fs = object_store::local::LocalFileSystem::new_with_prefix(root)
-            .map_err(|e| StoreError::Backend { action: "opening", key: root.display().to_string(), message: e.to_string() })?
+            .map_err(|e| StoreError::Backend {
+                action: "opening",
+                key: root.display().to_string(),
+                message: e.to_string(),
+            })?
             .with_fsync(true)
             .with_automatic_cleanup(true);
         Ok(Self::wrap(Arc::new(fs), root.display().to_string()))
@@ -86,21 +90,30 @@ impl Backend {
     /// defaults to us-east-1. Failed requests are retried briefly, so an unreachable
     /// endpoint fails within seconds.
     pub fn s3(bucket: &str, prefix: &str) -> Result<Backend> {
-        let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).with_retry(object_store::RetryConfig {
-            max_retries: 3,
-            retry_timeout: std::time::Duration::from_secs(15),
-            ..Default::default()
-        });
+        let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).with_retry(
+            object_store::RetryConfig {
+                max_retries: 3,
+                retry_timeout: std::time::Duration::from_secs(15),
+                ..Default::default()
+            },
+        );
         let file = s3_config_file();
         for (key, value) in &file {
-            let parsed = key.to_ascii_lowercase().parse().map_err(|_| StoreError::Invalid(format!("S3 config file: unknown setting {key}")))?;
+            let parsed = key
+                .to_ascii_lowercase()
+                .parse()
+                .map_err(|_| StoreError::Invalid(format!("S3 config file: unknown setting {key}")))?;
             b = b.with_config(parsed, value);
         }
         let has = |k: &str| std::env::var_os(k).is_some() || file.iter().any(|(f, _)| f == k);
         if !has("AWS_REGION") && !has("AWS_DEFAULT_REGION") {
             b = b.with_region("us-east-1");
         }
-        let s3 = b.build().map_err(|e| StoreError::Backend { action: "configuring", key: format!("s3://{bucket}"), message: innermost(&e) })?;
+        let s3 = b.build().map_err(|e| StoreError::Backend {
+            action: "configuring",
+            key: format!("s3://{bucket}"),
+            message: innermost(&e),
+        })?;
         let desc = format!("s3://{bucket}/{prefix}");
         if prefix.is_empty() {
             Ok(Self::wrap(Arc::new(s3), desc))
@@ -207,7 +220,9 @@ impl Backend {
         match self.rt.block_on(self.store.put_opts(&path, PutPayload::from(bytes.clone()), opts)) {
             Ok(_) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => {
-                Err(StoreError::Conflict(format!("{key} was changed by another writer at the same time; nothing was overwritten: retry")))
+                Err(StoreError::Conflict(format!(
+                    "{key} was changed by another writer at the same time; nothing was overwritten: retry"
+                )))
             }
             Err(object_store::Error::NotImplemented { .. }) => self.put(key, bytes),
             Err(e) => Err(Self::err("writing", key, e)),
@@ -217,9 +232,7 @@ impl Backend {
     /// Reads a whole object.
     pub fn get(&self, key: &str) -> Result<Bytes> {
         let path = ObjPath::from(key);
-        self.rt
-            .block_on(async { self.store.get(&path).await?.bytes().await })
-            .map_err(|e| Self::err("reading", key, e))
+        self.rt.block_on(async { self.store.get(&path).await?.bytes().await }).map_err(|e| Self::err("reading", key, e))
     }
 
     /// Reads a whole object, or `None` if it does not exist.
@@ -239,7 +252,11 @@ impl Backend {
             .block_on(self.store.get_range(&ObjPath::from(key), range.clone()))
             .map_err(|e| Self::err("reading", key, e))?;
         if b.len() as u64 != want {
-            return Err(StoreError::corrupt("object", key, format!("range {range:?} returned {} bytes: truncated", b.len())));
+            return Err(StoreError::corrupt(
+                "object",
+                key,
+                format!("range {range:?} returned {} bytes: truncated", b.len()),
+            ));
         }
         Ok(b)
     }
@@ -257,7 +274,12 @@ impl Backend {
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         let p = ObjPath::from(prefix);
         self.rt
-            .block_on(self.store.list(Some(&p)).map_ok(|m| Listed { key: m.location.to_string(), size: m.size }).try_collect())
+            .block_on(
+                self.store
+                    .list(Some(&p))
+                    .map_ok(|m| Listed { key: m.location.to_string(), size: m.size })
+                    .try_collect(),
+            )
             .map_err(|e| Self::err("listing", prefix, e))
     }
 
@@ -294,11 +316,19 @@ fn s3_config_file() -> Vec<(String, String)> {
 /// A one-line explanation of the common S3 failures.
 fn hint(message: &str) -> Option<&'static str> {
     let m = message.to_ascii_lowercase();
-    if m.contains("connection refused") || m.contains("dns error") || m.contains("timed out") || m.contains("error sending request") {
+    if m.contains("connection refused")
+        || m.contains("dns error")
+        || m.contains("timed out")
+        || m.contains("error sending request")
+    {
         Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up")
     } else if m.contains("nosuchbucket") || m.contains("bucket does not exist") {
         Some("no such bucket")
-    } else if m.contains("invalidaccesskeyid") || m.contains("signaturedoesnotmatch") || m.contains("403 forbidden") || m.contains("accessdenied") {
+    } else if m.contains("invalidaccesskeyid")
+        || m.contains("signaturedoesnotmatch")
+        || m.contains("403 forbidden")
+        || m.contains("accessdenied")
+    {
         Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     } else {
         None
@@ -324,8 +354,14 @@ mod tests {
 
     #[test]
     fn hints_name_the_common_s3_failures() {
-        assert_eq!(hint("HEAD in 403.4ms - HTTP error: error sending request: Connection refused"), Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up"));
-        assert_eq!(hint("Client error with status 403 Forbidden: SignatureDoesNotMatch"), Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"));
+        assert_eq!(
+            hint("HEAD in 403.4ms - HTTP error: error sending request: Connection refused"),
+            Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up")
+        );
+        assert_eq!(
+            hint("Client error with status 403 Forbidden: SignatureDoesNotMatch"),
+            Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+        );
         assert_eq!(hint("404 Not Found: NoSuchBucket"), Some("no such bucket"));
         assert_eq!(hint("something else"), None);
     }

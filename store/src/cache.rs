@@ -31,15 +31,21 @@ impl RangeCache {
     /// The cached bytes of `range` of `pack`, if present and intact.
     pub fn get(&self, pack: &ObjectId, range: &Range<u64>) -> Option<Bytes> {
         let prefix = Self::prefix(pack, range);
-        let entry = std::fs::read_dir(&self.dir).ok()?.flatten().find(|e| e.file_name().to_string_lossy().starts_with(&prefix))?;
+        let entry = std::fs::read_dir(&self.dir)
+            .ok()?
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with(&prefix))?;
         let path = entry.path();
         let data = std::fs::read(&path).ok()?;
         let name = entry.file_name().to_string_lossy().to_string();
-        if data.len() as u64 != range.end - range.start || !name.ends_with(&hex::encode(&blake3::hash(&data).as_bytes()[..8])) {
+        if data.len() as u64 != range.end - range.start
+            || !name.ends_with(&hex::encode(&blake3::hash(&data).as_bytes()[..8]))
+        {
             let _ = std::fs::remove_file(&path);
             return None;
         }
-        let _ = std::fs::File::options().write(true).open(&path).and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        let _ =
+            std::fs::File::options().write(true).open(&path).and_then(|f| f.set_modified(std::time::SystemTime::now()));
         Some(Bytes::from(data))
     }
 

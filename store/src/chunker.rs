@@ -49,7 +49,13 @@ mod tests {
     }
 
     fn small_cfg() -> StoreConfig {
-        StoreConfig { chunk_min: 1024, chunk_avg: 4096, chunk_max: 16384, segment_size: 128 * 1024, ..Default::default() }
+        StoreConfig {
+            chunk_min: 1024,
+            chunk_avg: 4096,
+            chunk_max: 16384,
+            segment_size: 128 * 1024,
+            ..Default::default()
+        }
     }
 
     #[test]

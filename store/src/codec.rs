@@ -53,7 +53,8 @@ pub struct Encoder {
 impl Encoder {
     /// An encoder compressing at zstd `level`.
     pub fn new(level: i32) -> Result<Encoder> {
-        let zstd = zstd::bulk::Compressor::new(level).map_err(|e| StoreError::Invalid(format!("zstd level {level}: {e}")))?;
+        let zstd =
+            zstd::bulk::Compressor::new(level).map_err(|e| StoreError::Invalid(format!("zstd level {level}: {e}")))?;
         Ok(Encoder { zstd })
     }
 
@@ -78,11 +79,19 @@ pub struct Decoder {
 /// Checks `plain` against the chunk id and expected length.
 pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId) -> Result<()> {
     if plain.len() != plain_len {
-        return Err(StoreError::corrupt("chunk", id.to_hex(), format!("decoded to {} bytes, expected {plain_len}", plain.len())));
+        return Err(StoreError::corrupt(
+            "chunk",
+            id.to_hex(),
+            format!("decoded to {} bytes, expected {plain_len}", plain.len()),
+        ));
     }
     let got = ObjectId::of(plain);
     if &got != id {
-        return Err(StoreError::corrupt("chunk", id.to_hex(), format!("BLAKE3 mismatch: content hashes to {}", got.short())));
+        return Err(StoreError::corrupt(
+            "chunk",
+            id.to_hex(),
+            format!("BLAKE3 mismatch: content hashes to {}", got.short()),
+        ));
     }
     Ok(())
 }
@@ -95,7 +104,14 @@ impl Decoder {
 
     /// Decodes `stored`, appends the plain bytes to `out` and checks them against `id`. On
     /// error `out` is left as it was.
-    pub fn decode_append(&mut self, codec: Codec, stored: &[u8], plain_len: usize, id: &ObjectId, out: &mut Vec<u8>) -> Result<()> {
+    pub fn decode_append(
+        &mut self,
+        codec: Codec,
+        stored: &[u8],
+        plain_len: usize,
+        id: &ObjectId,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         let start = out.len();
         let r = match codec {
             Codec::Raw => {

@@ -77,8 +77,8 @@ impl StoreConfig {
 
     /// Parses and validates `config.json`.
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        let cfg: StoreConfig = serde_json::from_slice(bytes)
-            .map_err(|e| StoreError::corrupt("config", "config.json", e.to_string()))?;
+        let cfg: StoreConfig =
+            serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt("config", "config.json", e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -103,8 +103,12 @@ impl Index {
         let mut table = rocksdb::BlockBasedOptions::default();
         table.set_bloom_filter(10.0, false);
         chunk_opts.set_block_based_table_factory(&table);
-        let cfs = vec![ColumnFamilyDescriptor::new(CF_CHUNKS, chunk_opts), ColumnFamilyDescriptor::new(CF_PACKS, Options::default())];
-        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| StoreError::Index { path: path.into(), message: e.to_string() })?;
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(CF_CHUNKS, chunk_opts),
+            ColumnFamilyDescriptor::new(CF_PACKS, Options::default()),
+        ];
+        let db = DB::open_cf_descriptors(&opts, path, cfs)
+            .map_err(|e| StoreError::Index { path: path.into(), message: e.to_string() })?;
         Ok(Index { db, path: path.into() })
     }
 
@@ -132,7 +136,13 @@ impl Index {
             if self.locate(&e.id)?.is_some() {
                 continue;
             }
-            let loc = ChunkLocation { pack, offset: e.offset, stored_len: e.stored_len, plain_len: e.plain_len, codec: e.codec };
+            let loc = ChunkLocation {
+                pack,
+                offset: e.offset,
+                stored_len: e.stored_len,
+                plain_len: e.plain_len,
+                codec: e.codec,
+            };
             batch.put_cf(self.cf(CF_CHUNKS), e.id.0, loc.encode());
         }
         let stats = PackStats { size, chunks: entries.len() as u32, plain_bytes: plain };

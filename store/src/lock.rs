@@ -28,7 +28,8 @@ impl StoreLock {
                 let mut holder = String::new();
                 let _ = file.read_to_string(&mut holder);
                 let who = holder.trim();
-                let who = if who.is_empty() { "another gstore process".to_string() } else { format!("gstore process {who}") };
+                let who =
+                    if who.is_empty() { "another gstore process".to_string() } else { format!("gstore process {who}") };
                 on_wait(&format!("waiting for {who}, which is using this store ({})", path.display()));
                 file.lock().map_err(|e| StoreError::io("locking", path, e))?;
             }

@@ -97,7 +97,12 @@ impl Manifest {
 
     /// Serializes to the on-store byte form.
     pub fn encode(&self) -> Vec<u8> {
-        let header = Header { format: 1, created_unix: self.created_unix, meta: self.meta.clone(), entries: self.entries.clone() };
+        let header = Header {
+            format: 1,
+            created_unix: self.created_unix,
+            meta: self.meta.clone(),
+            entries: self.entries.clone(),
+        };
         let json = serde_json::to_vec(&header).expect("manifest header serializes");
         let mut out = Vec::with_capacity(16 + json.len() + self.chunks.len() * CHUNK_REF_LEN);
         out.extend_from_slice(MANIFEST_MAGIC);

@@ -41,7 +41,8 @@ impl PackEntry {
     }
 
     fn read_from(b: &[u8], pack: &str) -> Result<Self> {
-        let codec = Codec::from_byte(b[48]).ok_or_else(|| StoreError::corrupt("pack", pack, format!("unknown codec byte {}", b[48])))?;
+        let codec = Codec::from_byte(b[48])
+            .ok_or_else(|| StoreError::corrupt("pack", pack, format!("unknown codec byte {}", b[48])))?;
         Ok(PackEntry {
             id: ObjectId::from_slice(&b[..32]).expect("32 bytes"),
             offset: u64::from_le_bytes(b[32..40].try_into().unwrap()),
@@ -145,7 +146,10 @@ pub fn parse_trailer(tail: &[u8], pack_len: u64, pack: &str) -> Result<Trailer> 
     };
     let expect_end = t.footer_offset.checked_add(t.count as u64 * ENTRY_LEN as u64);
     if expect_end != Some(pack_len - TRAILER_LEN as u64) || t.footer_offset < PACK_MAGIC.len() as u64 {
-        return Err(bad(format!("footer at {} with {} entries does not fit a pack of {pack_len} bytes", t.footer_offset, t.count)));
+        return Err(bad(format!(
+            "footer at {} with {} entries does not fit a pack of {pack_len} bytes",
+            t.footer_offset, t.count
+        )));
     }
     Ok(t)
 }
@@ -160,7 +164,11 @@ pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str) -> Result<Vec<PackEn
         let e = PackEntry::read_from(raw, pack)?;
         let end = e.offset + e.stored_len as u64;
         if e.offset < PACK_MAGIC.len() as u64 || end > t.footer_offset {
-            return Err(StoreError::corrupt("pack", pack, format!("chunk {} lies outside the data area", e.id.short())));
+            return Err(StoreError::corrupt(
+                "pack",
+                pack,
+                format!("chunk {} lies outside the data area", e.id.short()),
+            ));
         }
         entries.push(e);
     }

@@ -177,7 +177,9 @@ fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<std::fs::File>>> {
     entries
         .iter()
         .map(|e| match e.kind {
-            EntryKind::File => std::fs::File::open(&e.abs).map(Some).map_err(|err| StoreError::io("opening", &e.abs, err)),
+            EntryKind::File => {
+                std::fs::File::open(&e.abs).map(Some).map_err(|err| StoreError::io("opening", &e.abs, err))
+            }
             _ => Ok(None),
         })
         .collect()

@@ -23,9 +23,9 @@ pub struct SourceEntry {
 }
 
 fn utf8(p: &Path) -> Result<String> {
-    p.to_str()
-        .map(str::to_string)
-        .ok_or_else(|| StoreError::Invalid(format!("path {} is not valid UTF-8; gstore stores UTF-8 paths only", p.display())))
+    p.to_str().map(str::to_string).ok_or_else(|| {
+        StoreError::Invalid(format!("path {} is not valid UTF-8; gstore stores UTF-8 paths only", p.display()))
+    })
 }
 
 fn entry(abs: PathBuf, rel: String) -> Result<SourceEntry> {
@@ -40,7 +40,10 @@ fn entry(abs: PathBuf, rel: String) -> Result<SourceEntry> {
         let t = std::fs::read_link(&abs).map_err(|e| StoreError::io("reading link", &abs, e))?;
         (EntryKind::Symlink, 0, Some(utf8(&t)?))
     } else {
-        return Err(StoreError::Invalid(format!("{} is not a regular file, directory or symlink; gstore cannot store it", abs.display())));
+        return Err(StoreError::Invalid(format!(
+            "{} is not a regular file, directory or symlink; gstore cannot store it",
+            abs.display()
+        )));
     };
     Ok(SourceEntry { rel, abs, kind, mode, size, target })
 }
@@ -50,7 +53,8 @@ fn entry(abs: PathBuf, rel: String) -> Result<SourceEntry> {
 pub fn scan(root: &Path) -> Result<Vec<SourceEntry>> {
     let md = std::fs::metadata(root).map_err(|e| StoreError::io("reading source", root, e))?;
     if !md.is_dir() {
-        let name = root.file_name().ok_or_else(|| StoreError::Invalid(format!("{} has no file name", root.display())))?;
+        let name =
+            root.file_name().ok_or_else(|| StoreError::Invalid(format!("{} has no file name", root.display())))?;
         return Ok(vec![entry(root.to_path_buf(), utf8(Path::new(name))?)?]);
     }
     let mut out = Vec::new();

@@ -39,7 +39,9 @@ impl StoreLocation {
             return Ok(StoreLocation::S3 { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
         }
         if let Some((scheme, _)) = s.split_once("://") {
-            return Err(StoreError::Invalid(format!("store URL scheme {scheme}:// is not supported; give a local directory or s3://BUCKET[/PREFIX]")));
+            return Err(StoreError::Invalid(format!(
+                "store URL scheme {scheme}:// is not supported; give a local directory or s3://BUCKET[/PREFIX]"
+            )));
         }
         if s.is_empty() {
             return Err(StoreError::Invalid("empty store path".into()));
@@ -73,7 +75,10 @@ impl StoreLocation {
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
             .unwrap_or_else(|| PathBuf::from("."));
-        let name: String = format!("s3-{bucket}-{prefix}").chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+        let name: String = format!("s3-{bucket}-{prefix}")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+            .collect();
         Some(base.join("gstore").join(name))
     }
 
@@ -152,7 +157,9 @@ impl Store {
         }
         let json = serde_json::to_vec_pretty(config).expect("config serializes");
         match backend.put_new(backend::CONFIG_KEY, json) {
-            Err(StoreError::AlreadyExists { .. }) => Err(StoreError::AlreadyExists { what: "store", key: location.describe() }),
+            Err(StoreError::AlreadyExists { .. }) => {
+                Err(StoreError::AlreadyExists { what: "store", key: location.describe() })
+            }
             other => other,
         }
     }
@@ -166,10 +173,14 @@ impl Store {
             }
         }
         let backend = location.backend()?;
-        let bytes = backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
+        let bytes =
+            backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
         let config = StoreConfig::from_json(&bytes)?;
         let cache = location.local_dir().map(|d| {
-            let limit = std::env::var("GSTORE_CACHE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(crate::cache::DEFAULT_LIMIT);
+            let limit = std::env::var("GSTORE_CACHE_BYTES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(crate::cache::DEFAULT_LIMIT);
             RangeCache::new(d.join("ranges"), limit)
         });
         Ok(Store { backend, config, location: location.clone(), index: None, _lock: None, cache })
@@ -237,20 +248,28 @@ impl Store {
         };
         let path = root.join(&key);
         let file = match std::fs::File::open(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { what: "pack", key }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StoreError::NotFound { what: "pack", key })
+            }
             other => other.map_err(|e| StoreError::io("opening", &path, e))?,
         };
         let size = file.metadata().map_err(|e| StoreError::io("checking", &path, e))?.len();
         if size < range.end {
-            return Err(StoreError::corrupt("pack", key, format!("{size} bytes long but bytes up to {} are needed: truncated", range.end)));
+            return Err(StoreError::corrupt(
+                "pack",
+                key,
+                format!("{size} bytes long but bytes up to {} are needed: truncated", range.end),
+            ));
         }
         if range.is_empty() {
             return Ok(Bytes::new());
         }
         let start = range.start - range.start % PAGE;
         // SAFETY: packs are immutable once published; nothing writes to a mapped pack.
-        let map = unsafe { memmap2::MmapOptions::new().offset(start).len((range.end - start) as usize).populate().map(&file) }
-            .map_err(|e| StoreError::io("mapping", &path, e))?;
+        let map = unsafe {
+            memmap2::MmapOptions::new().offset(start).len((range.end - start) as usize).populate().map(&file)
+        }
+        .map_err(|e| StoreError::io("mapping", &path, e))?;
         Ok(Bytes::from_owner(map).slice((range.start - start) as usize..))
     }
 
@@ -265,7 +284,11 @@ impl Store {
             Err(e) => match self.backend.size(&key)? {
                 None => return Err(StoreError::NotFound { what: "pack", key }),
                 Some(size) if size < range.end => {
-                    return Err(StoreError::corrupt("pack", key, format!("{size} bytes long but bytes up to {} are needed: truncated", range.end)))
+                    return Err(StoreError::corrupt(
+                        "pack",
+                        key,
+                        format!("{size} bytes long but bytes up to {} are needed: truncated", range.end),
+                    ))
                 }
                 Some(_) => return Err(e),
             },
@@ -346,7 +369,10 @@ impl Store {
     pub fn put_tag(&self, rec: &TagRecord, expected: Option<&backend::Version>) -> Result<()> {
         let json = serde_json::to_vec_pretty(rec).expect("tag serializes");
         self.backend.put_if(&backend::tag_key(&rec.name, &rec.version), json, expected).map_err(|e| match e {
-            StoreError::Conflict(_) => StoreError::Conflict(format!("tag {} was changed by another writer at the same time; nothing was overwritten: retry", rec.tag())),
+            StoreError::Conflict(_) => StoreError::Conflict(format!(
+                "tag {} was changed by another writer at the same time; nothing was overwritten: retry",
+                rec.tag()
+            )),
             other => other,
         })
     }

@@ -89,12 +89,20 @@ impl TagRecord {
             history.extend(p.history);
             history.truncate(HISTORY_LIMIT);
         }
-        TagRecord { format: 1, name: tag.name.clone(), version: tag.version.clone(), manifest: manifest.to_hex(), set_unix: now, history }
+        TagRecord {
+            format: 1,
+            name: tag.name.clone(),
+            version: tag.version.clone(),
+            manifest: manifest.to_hex(),
+            set_unix: now,
+            history,
+        }
     }
 
     /// The current manifest id.
     pub fn manifest_id(&self) -> Result<ObjectId> {
-        ObjectId::from_hex(&self.manifest).map_err(|_| StoreError::corrupt("tag", self.tag().to_string(), "bad manifest id"))
+        ObjectId::from_hex(&self.manifest)
+            .map_err(|_| StoreError::corrupt("tag", self.tag().to_string(), "bad manifest id"))
     }
 
     /// The tag this record is for.
@@ -104,7 +112,8 @@ impl TagRecord {
 
     /// Parses a stored record and checks it belongs to `tag`.
     pub fn from_json(bytes: &[u8], tag: &TagRef) -> Result<TagRecord> {
-        let r: TagRecord = serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt("tag", tag.to_string(), e.to_string()))?;
+        let r: TagRecord =
+            serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt("tag", tag.to_string(), e.to_string()))?;
         if r.format != 1 || &r.tag() != tag {
             return Err(StoreError::corrupt("tag", tag.to_string(), "record names another tag or an unknown format"));
         }

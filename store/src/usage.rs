@@ -44,7 +44,11 @@ pub struct Usage {
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 { 1.0 } else { a as f64 / b as f64 }
+    if b == 0 {
+        1.0
+    } else {
+        a as f64 / b as f64
+    }
 }
 
 /// Computes the store's usage from tags, manifests and the index.
@@ -80,7 +84,12 @@ pub fn usage(store: &Store) -> Result<Usage> {
         .iter()
         .map(|t| {
             let m = &manifests[&t.manifest_id().expect("checked above")];
-            ImageUsage { tag: t.tag().to_string(), manifest: t.manifest.clone(), logical_bytes: m.logical_size(), unique_stored_bytes: unique_stored(m) }
+            ImageUsage {
+                tag: t.tag().to_string(),
+                manifest: t.manifest.clone(),
+                logical_bytes: m.logical_size(),
+                unique_stored_bytes: unique_stored(m),
+            }
         })
         .collect();
     let logical: u64 = manifests.values().map(|m| m.logical_size()).sum();

@@ -100,7 +100,8 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
     progress.finish();
     let chunks_read = checked.iter().map(|c| c.2).sum();
     let bytes_read = checked.iter().map(|c| c.3).sum();
-    let pack_results: HashMap<ObjectId, std::result::Result<PackCheck, String>> = checked.into_iter().map(|(p, r, _, _)| (p, r)).collect();
+    let pack_results: HashMap<ObjectId, std::result::Result<PackCheck, String>> =
+        checked.into_iter().map(|(p, r, _, _)| (p, r)).collect();
 
     let mut statuses = Vec::new();
     for (tag, id) in images {
@@ -141,13 +142,28 @@ fn image_problems(
                     }
                 }
                 Ok(check) => match check.entries.get(&c.id) {
-                    None => problems.push(format!("{}: chunk {} is not in pack {} (index is stale: run `gstore index rebuild`)", entry.path, c.id.short(), loc.pack.short())),
+                    None => problems.push(format!(
+                        "{}: chunk {} is not in pack {} (index is stale: run `gstore index rebuild`)",
+                        entry.path,
+                        c.id.short(),
+                        loc.pack.short()
+                    )),
                     Some(e) if e.offset != loc.offset || e.stored_len != loc.stored_len || e.plain_len != c.len => {
-                        problems.push(format!("{}: chunk {} disagrees with pack {}'s footer", entry.path, c.id.short(), loc.pack.short()))
+                        problems.push(format!(
+                            "{}: chunk {} disagrees with pack {}'s footer",
+                            entry.path,
+                            c.id.short(),
+                            loc.pack.short()
+                        ))
                     }
                     Some(_) => {
                         if let Some(why) = check.bad_chunks.get(&c.id) {
-                            problems.push(format!("{}: chunk {} in pack {}: {why}", entry.path, c.id.short(), loc.pack.short()));
+                            problems.push(format!(
+                                "{}: chunk {} in pack {}: {why}",
+                                entry.path,
+                                c.id.short(),
+                                loc.pack.short()
+                            ));
                         }
                     }
                 },
