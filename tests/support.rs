@@ -446,3 +446,74 @@ impl Drop for S3 {
         self.stop();
     }
 }
+
+/// A `gstore serve` process in front of a local store, on a free loopback port; killed on drop.
+pub struct Server {
+    /// The port.
+    pub port: u16,
+    /// Scratch dir for clients' caches.
+    pub tmp: tempfile::TempDir,
+    child: std::process::Child,
+}
+
+impl Server {
+    /// Serves `store` with extra `serve` arguments (e.g. `--tokens FILE`).
+    pub fn start(store: &Path, extra: &[&str]) -> Server {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let child = Command::new(gstore_bin())
+            .arg("--store")
+            .arg(store)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "gstore serve did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Server { port, tmp: tempfile::tempdir().unwrap(), child }
+    }
+
+    /// The store URL clients use.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `gstore --store http://… ARGS` with `token` on machine `machine`.
+    pub fn cmd(&self, machine: &str, token: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(gstore_bin());
+        c.arg("--store").arg(self.url()).args(args).env("GSTORE_TOKEN", token).env("XDG_CACHE_HOME", self.tmp.path().join(machine));
+        c
+    }
+
+    /// A raw request with curl: returns (status, body).
+    pub fn curl(&self, method: &str, path: &str, token: Option<&str>, headers: &[&str], body: Option<&Path>) -> (u16, String) {
+        let mut c = Command::new("curl");
+        c.args(["-s", "--path-as-is", "-o", "-", "-w", "\n%{http_code}", "-X", method]);
+        if let Some(t) = token {
+            c.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        for h in headers {
+            c.args(["-H", h]);
+        }
+        if let Some(b) = body {
+            c.arg("--data-binary").arg(format!("@{}", b.display()));
+        }
+        c.arg(format!("{}{path}", self.url()));
+        let out = String::from_utf8_lossy(&c.output().expect("curl runs").stdout).to_string();
+        let (body, code) = out.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(name = "gstore", version, about, long_about = None)]
 pub struct Cli {
-    /// Store location (a directory). Default: $XDG_DATA_HOME/gstore, else ~/.local/share/gstore.
+    /// Store location: a directory, s3://BUCKET[/PREFIX] or http://HOST:PORT. Default:
+    /// $XDG_DATA_HOME/gstore, else ~/.local/share/gstore.
     #[arg(long, global = true, env = "GSTORE_STORE", value_name = "PATH")]
     pub store: Option<String>,
     /// Print machine-readable JSON on stdout (and no progress bars).
@@ -122,6 +123,27 @@ pub enum Command {
         /// Read, decode and hash every referenced chunk.
         #[arg(long)]
         read_data: bool,
+    },
+    /// Serve the store over HTTP for `--store http://HOST:PORT` clients (docs/HTTP.md).
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8420")]
+        listen: std::net::SocketAddr,
+        /// Token file: `TOKEN SCOPE [TAG_PREFIX]` lines, SCOPE read, write or admin.
+        #[arg(long, value_name = "FILE")]
+        tokens: Option<PathBuf>,
+        /// Allow a non-loopback address without tokens.
+        #[arg(long)]
+        insecure: bool,
+        /// Largest request body in bytes (a pack upload).
+        #[arg(long, default_value_t = 256 << 20, value_name = "BYTES")]
+        max_body: usize,
+        /// Seconds before a request is answered 408.
+        #[arg(long, default_value_t = 300, value_name = "SECS")]
+        timeout: u64,
+        /// Requests handled at once.
+        #[arg(long, default_value_t = 256)]
+        max_concurrent: usize,
     },
     /// Maintain the local index.
     Index {

@@ -173,6 +173,22 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Serve { listen, tokens, insecure, max_body, timeout, max_concurrent } => {
+            let store = Store::open(&location)?;
+            let objects = store.backend().object_store().context("an http:// store cannot be served again: serve the store behind it")?;
+            let tokens = match tokens {
+                Some(p) => {
+                    let text = std::fs::read_to_string(&p).with_context(|| format!("reading token file {}", p.display()))?;
+                    gstore_server::auth::Tokens::parse(&text).map_err(anyhow::Error::msg)?
+                }
+                None => gstore_server::auth::Tokens::default(),
+            };
+            let settings = gstore_server::Settings { addr: listen, tokens, insecure, max_body, timeout: Duration::from_secs(timeout), max_concurrent };
+            gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
+            eprintln!("gstore: serving {} on http://{listen}", store.describe());
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(gstore_server::serve(objects, settings, shutdown_signal())).map_err(anyhow::Error::msg)
+        }
         Command::Index { action: IndexAction::Rebuild } => {
             let store = open_indexed(&location)?;
             let (n, damaged) = store.rebuild_index(&bars)?;
@@ -184,6 +200,16 @@ pub fn run(cli: Cli) -> Result<()> {
             })
         }
     }
+}
+
+/// Completes on Ctrl-C or SIGTERM; the server then finishes the requests in flight.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("gstore: shutting down after the requests in flight");
 }
 
 fn criu_choice(a: &CriuArgs) -> capture::CriuChoice<'_> {

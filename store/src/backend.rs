@@ -2,6 +2,7 @@
 //! a store (which object lives under which key).
 
 use crate::error::{Result, StoreError};
+use crate::http::HttpClient;
 use crate::id::ObjectId;
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -64,9 +65,18 @@ pub struct Listed {
 /// A blocking handle on an object store. Cheap to clone; safe to use from many threads.
 #[derive(Clone)]
 pub struct Backend {
-    store: Arc<dyn ObjectStore>,
+    inner: Inner,
     rt: Arc<tokio::runtime::Runtime>,
     description: String,
+}
+
+/// What a backend talks to.
+#[derive(Clone)]
+enum Inner {
+    /// An `object_store` implementation: local directory, S3, memory.
+    Objects(Arc<dyn ObjectStore>),
+    /// A gstore HTTP chunk server.
+    Http(Arc<HttpClient>),
 }
 
 impl Backend {
@@ -127,13 +137,52 @@ impl Backend {
         Self::wrap(Arc::new(object_store::memory::InMemory::new()), "memory".into())
     }
 
+    /// A gstore HTTP chunk server at `url` (`http://host:port`); the token comes from
+    /// `GSTORE_TOKEN`.
+    pub fn http(url: &str) -> Result<Backend> {
+        let mut b = Self::wrap(Arc::new(object_store::memory::InMemory::new()), url.to_string());
+        b.inner = Inner::Http(Arc::new(HttpClient::new(url)?));
+        Ok(b)
+    }
+
     fn wrap(store: Arc<dyn ObjectStore>, description: String) -> Backend {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("tokio runtime starts");
-        Backend { store, rt: Arc::new(rt), description }
+        Backend { inner: Inner::Objects(store), rt: Arc::new(rt), description }
+    }
+
+    /// The `object_store` this backend reads and writes (for serving it over HTTP); `None` for
+    /// an HTTP backend.
+    pub fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
+        match &self.inner {
+            Inner::Objects(s) => Some(s.clone()),
+            Inner::Http(_) => None,
+        }
+    }
+
+    /// The object store, for methods that handled the HTTP case first.
+    fn objects(&self) -> &Arc<dyn ObjectStore> {
+        match &self.inner {
+            Inner::Objects(s) => s,
+            Inner::Http(_) => unreachable!("HTTP backends are handled before"),
+        }
+    }
+
+    fn http_client(&self) -> Option<&HttpClient> {
+        match &self.inner {
+            Inner::Http(h) => Some(h),
+            Inner::Objects(_) => None,
+        }
+    }
+
+    /// One HTTP request, checked.
+    fn http_call(&self, h: &HttpClient, method: reqwest::Method, key: &str, headers: &[(reqwest::header::HeaderName, String)], body: Option<Vec<u8>>) -> Result<crate::http::Answer> {
+        let a = self.rt.block_on(h.send(method, &HttpClient::object_path(key), headers, body.map(Bytes::from)))?;
+        h.check(key, &a)?;
+        Ok(a)
     }
 
     /// Where this backend points, for messages.
@@ -160,8 +209,11 @@ impl Backend {
 
     /// Writes an object, replacing any existing one.
     pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        if let Some(h) = self.http_client() {
+            return self.http_call(h, reqwest::Method::PUT, key, &[], Some(bytes)).map(|_| ());
+        }
         self.rt
-            .block_on(self.store.put(&ObjPath::from(key), PutPayload::from(bytes)))
+            .block_on(self.objects().put(&ObjPath::from(key), PutPayload::from(bytes)))
             .map(|_| ())
             .map_err(|e| Self::err("writing", key, e))
     }
@@ -169,10 +221,13 @@ impl Backend {
     /// Writes a large object in parts uploaded concurrently (S3 multipart upload), for
     /// remote backends; a failed upload is aborted and leaves no object.
     pub fn put_multipart(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        if self.http_client().is_some() {
+            return self.put(key, bytes);
+        }
         let path = ObjPath::from(key);
         self.rt
             .block_on(async {
-                let upload = self.store.put_multipart(&path).await?;
+                let upload = self.objects().put_multipart(&path).await?;
                 let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, MULTIPART_PART);
                 w.put(Bytes::from(bytes));
                 w.finish().await
@@ -183,9 +238,16 @@ impl Backend {
 
     /// Writes an object only if none exists under `key` ([`StoreError::AlreadyExists`] otherwise).
     pub fn put_new(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        if let Some(h) = self.http_client() {
+            let r = self.http_call(h, reqwest::Method::PUT, key, &[(reqwest::header::IF_NONE_MATCH, "*".into())], Some(bytes));
+            return match r {
+                Err(StoreError::Conflict(_)) => Err(StoreError::AlreadyExists { what: "object", key: key.to_string() }),
+                other => other.map(|_| ()),
+            };
+        }
         let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
         self.rt
-            .block_on(self.store.put_opts(&ObjPath::from(key), PutPayload::from(bytes), opts))
+            .block_on(self.objects().put_opts(&ObjPath::from(key), PutPayload::from(bytes), opts))
             .map(|_| ())
             .map_err(|e| Self::err("writing", key, e))
     }
@@ -193,9 +255,16 @@ impl Backend {
     /// Reads a whole object with the version a later [`Backend::put_if`] can require, or
     /// `None` if it does not exist.
     pub fn get_versioned(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+        if let Some(h) = self.http_client() {
+            return match self.http_call(h, reqwest::Method::GET, key, &[], None) {
+                Ok(a) => Ok(Some((a.body, Version(object_store::UpdateVersion { e_tag: a.etag, version: None })))),
+                Err(StoreError::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            };
+        }
         let path = ObjPath::from(key);
         let r = self.rt.block_on(async {
-            let g = self.store.get(&path).await?;
+            let g = self.objects().get(&path).await?;
             let v = object_store::UpdateVersion { e_tag: g.meta.e_tag.clone(), version: g.meta.version.clone() };
             Ok::<_, object_store::Error>((g.bytes().await?, Version(v)))
         });
@@ -211,13 +280,20 @@ impl Backend {
     /// [`StoreError::Conflict`]. A backend without compare-and-swap on existing objects (the
     /// local directory store) overwrites instead; callers there serialize by other means.
     pub fn put_if(&self, key: &str, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
+        if let Some(h) = self.http_client() {
+            let cond = match expected {
+                None => (reqwest::header::IF_NONE_MATCH, "*".to_string()),
+                Some(v) => (reqwest::header::IF_MATCH, v.0.e_tag.clone().unwrap_or_default()),
+            };
+            return self.http_call(h, reqwest::Method::PUT, key, &[cond], Some(bytes)).map(|_| ());
+        }
         let mode = match expected {
             None => PutMode::Create,
             Some(v) => PutMode::Update(v.0.clone()),
         };
         let opts = PutOptions { mode, ..Default::default() };
         let path = ObjPath::from(key);
-        match self.rt.block_on(self.store.put_opts(&path, PutPayload::from(bytes.clone()), opts)) {
+        match self.rt.block_on(self.objects().put_opts(&path, PutPayload::from(bytes.clone()), opts)) {
             Ok(_) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => {
                 Err(StoreError::Conflict(format!(
@@ -231,8 +307,11 @@ impl Backend {
 
     /// Reads a whole object.
     pub fn get(&self, key: &str) -> Result<Bytes> {
+        if let Some(h) = self.http_client() {
+            return self.http_call(h, reqwest::Method::GET, key, &[], None).map(|a| a.body);
+        }
         let path = ObjPath::from(key);
-        self.rt.block_on(async { self.store.get(&path).await?.bytes().await }).map_err(|e| Self::err("reading", key, e))
+        self.rt.block_on(async { self.objects().get(&path).await?.bytes().await }).map_err(|e| Self::err("reading", key, e))
     }
 
     /// Reads a whole object, or `None` if it does not exist.
@@ -247,10 +326,13 @@ impl Backend {
     /// Reads a byte range of an object.
     pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         let want = range.end - range.start;
-        let b = self
-            .rt
-            .block_on(self.store.get_range(&ObjPath::from(key), range.clone()))
-            .map_err(|e| Self::err("reading", key, e))?;
+        let b = match self.http_client() {
+            Some(h) => self.http_call(h, reqwest::Method::GET, key, &[(reqwest::header::RANGE, HttpClient::range(&range))], None)?.body,
+            None => self
+                .rt
+                .block_on(self.objects().get_range(&ObjPath::from(key), range.clone()))
+                .map_err(|e| Self::err("reading", key, e))?,
+        };
         if b.len() as u64 != want {
             return Err(StoreError::corrupt(
                 "object",
@@ -263,7 +345,15 @@ impl Backend {
 
     /// The size of an object, or `None` if it does not exist.
     pub fn size(&self, key: &str) -> Result<Option<u64>> {
-        match self.rt.block_on(self.store.head(&ObjPath::from(key))) {
+        if let Some(h) = self.http_client() {
+            let a = self.rt.block_on(h.send(reqwest::Method::HEAD, &HttpClient::object_path(key), &[], None))?;
+            if a.status == reqwest::StatusCode::NOT_FOUND {
+                return Ok(None);
+            }
+            h.check(key, &a)?;
+            return Ok(a.content_length);
+        }
+        match self.rt.block_on(self.objects().head(&ObjPath::from(key))) {
             Ok(m) => Ok(Some(m.size)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(Self::err("checking", key, e)),
@@ -272,10 +362,17 @@ impl Backend {
 
     /// Lists every object under `prefix`.
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        if let Some(h) = self.http_client() {
+            let path = format!("/v1/list?prefix={prefix}");
+            let a = self.rt.block_on(h.send(reqwest::Method::GET, &path, &[], None))?;
+            h.check(prefix, &a)?;
+            let v: Vec<serde_json::Value> = serde_json::from_slice(&a.body).map_err(|e| StoreError::Invalid(format!("server listing: {e}")))?;
+            return Ok(v.iter().filter_map(|o| Some(Listed { key: o["key"].as_str()?.to_string(), size: o["size"].as_u64()? })).collect());
+        }
         let p = ObjPath::from(prefix);
         self.rt
             .block_on(
-                self.store
+                self.objects()
                     .list(Some(&p))
                     .map_ok(|m| Listed { key: m.location.to_string(), size: m.size })
                     .try_collect(),
@@ -285,7 +382,13 @@ impl Backend {
 
     /// Deletes an object; deleting a missing object is not an error.
     pub fn delete(&self, key: &str) -> Result<()> {
-        match self.rt.block_on(self.store.delete(&ObjPath::from(key))) {
+        if let Some(h) = self.http_client() {
+            return match self.http_call(h, reqwest::Method::DELETE, key, &[], None) {
+                Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            };
+        }
+        match self.rt.block_on(self.objects().delete(&ObjPath::from(key))) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(Self::err("deleting", key, e)),
         }

@@ -13,6 +13,7 @@ pub mod chunker;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod http;
 pub mod id;
 pub mod index;
 pub mod lock;

@@ -25,6 +25,11 @@ pub enum StoreLocation {
         /// Key prefix inside the bucket (no leading or trailing `/`; may be empty).
         prefix: String,
     },
+    /// A gstore HTTP chunk server, `http://HOST:PORT` (token from `GSTORE_TOKEN`).
+    Http {
+        /// The server's base URL.
+        url: String,
+    },
 }
 
 impl StoreLocation {
@@ -38,9 +43,12 @@ impl StoreLocation {
             }
             return Ok(StoreLocation::S3 { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
         }
+        if s.starts_with("http://") || s.starts_with("https://") {
+            return Ok(StoreLocation::Http { url: s.trim_end_matches('/').to_string() });
+        }
         if let Some((scheme, _)) = s.split_once("://") {
             return Err(StoreError::Invalid(format!(
-                "store URL scheme {scheme}:// is not supported; give a local directory or s3://BUCKET[/PREFIX]"
+                "store URL scheme {scheme}:// is not supported; give a local directory, s3://BUCKET[/PREFIX] or http://HOST:PORT"
             )));
         }
         if s.is_empty() {
@@ -63,19 +71,24 @@ impl StoreLocation {
         match self {
             StoreLocation::Local(p) => Backend::local(p),
             StoreLocation::S3 { bucket, prefix } => Backend::s3(bucket, prefix),
+            StoreLocation::Http { url } => Backend::http(url),
         }
     }
 
     /// This machine's directory for a remote store's index and cache:
     /// `$XDG_CACHE_HOME/gstore/<store>` (else `~/.cache/gstore/<store>`).
     fn local_dir(&self) -> Option<PathBuf> {
-        let StoreLocation::S3 { bucket, prefix } = self else { return None };
+        let name = match self {
+            StoreLocation::Local(_) => return None,
+            StoreLocation::S3 { bucket, prefix } => format!("s3-{bucket}-{prefix}"),
+            StoreLocation::Http { url } => url.replace("://", "-"),
+        };
         let base = std::env::var_os("XDG_CACHE_HOME")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
             .unwrap_or_else(|| PathBuf::from("."));
-        let name: String = format!("s3-{bucket}-{prefix}")
+        let name: String = name
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
             .collect();
@@ -86,7 +99,7 @@ impl StoreLocation {
     fn index_dir(&self) -> PathBuf {
         match self {
             StoreLocation::Local(p) => p.join("index"),
-            StoreLocation::S3 { .. } => self.local_dir().expect("remote").join("index"),
+            StoreLocation::S3 { .. } | StoreLocation::Http { .. } => self.local_dir().expect("remote").join("index"),
         }
     }
 
@@ -94,6 +107,7 @@ impl StoreLocation {
         match self {
             StoreLocation::Local(p) => p.display().to_string(),
             StoreLocation::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
+            StoreLocation::Http { url } => url.clone(),
         }
     }
 }
@@ -200,7 +214,7 @@ impl Store {
         store._lock = Some(lock);
         if fresh {
             store.rebuild_index(&crate::progress::Silent)?;
-        } else if matches!(location, StoreLocation::S3 { .. }) {
+        } else if store.is_remote() {
             // Other machines push to a shared bucket: learn about their packs.
             store.sync_index()?;
         }
@@ -244,7 +258,7 @@ impl Store {
         let key = backend::pack_key(pack);
         let root = match &self.location {
             StoreLocation::Local(root) => root,
-            StoreLocation::S3 { .. } => return self.read_remote_range(pack, range, key),
+            StoreLocation::S3 { .. } | StoreLocation::Http { .. } => return self.read_remote_range(pack, range, key),
         };
         let path = root.join(&key);
         let file = match std::fs::File::open(&path) {

@@ -1,0 +1,124 @@
+//! Bearer tokens with scopes and tag namespaces, from a token file.
+//!
+//! Token file: one token a line, `TOKEN SCOPE [TAG_PREFIX]`, `#` comments. SCOPE is `read`,
+//! `write` (implies read) or `admin` (implies write). A TAG_PREFIX limits which tags the token
+//! may write. Tokens are compared in constant time.
+
+use subtle::ConstantTimeEq;
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Read objects.
+    Read,
+    /// Also upload packs and manifests and move tags.
+    Write,
+    /// Also write the store's config.
+    Admin,
+}
+
+/// One configured token.
+#[derive(Debug, Clone)]
+pub struct Token {
+    secret: Vec<u8>,
+    /// Its scope.
+    pub scope: Scope,
+    /// Tags it may write must start with this.
+    pub tag_prefix: String,
+}
+
+/// Every configured token.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens(Vec<Token>);
+
+/// Why a request is refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Denied {
+    /// No or an unknown token (401).
+    Unauthenticated,
+    /// A known token without the scope or namespace (403).
+    Forbidden(String),
+}
+
+impl Tokens {
+    /// Parses a token file.
+    pub fn parse(text: &str) -> Result<Tokens, String> {
+        let mut out = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            let scope = match parts.get(1).copied() {
+                Some("read") => Scope::Read,
+                Some("write") => Scope::Write,
+                Some("admin") => Scope::Admin,
+                other => return Err(format!("token file line {}: scope must be read, write or admin, not {other:?}", n + 1)),
+            };
+            if parts[0].len() < 16 || parts.len() > 3 {
+                return Err(format!("token file line {}: expected TOKEN SCOPE [TAG_PREFIX] with a token of 16+ characters", n + 1));
+            }
+            out.push(Token { secret: parts[0].as_bytes().to_vec(), scope, tag_prefix: parts.get(2).unwrap_or(&"").to_string() });
+        }
+        if out.is_empty() {
+            return Err("token file holds no tokens".into());
+        }
+        Ok(Tokens(out))
+    }
+
+    /// True when no token is configured (the server runs without auth).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Checks an `Authorization` header value against the tokens.
+    pub fn authenticate(&self, header: Option<&str>) -> Result<&Token, Denied> {
+        let presented = header.and_then(|h| h.strip_prefix("Bearer ")).ok_or(Denied::Unauthenticated)?.as_bytes();
+        // Every token is compared, whatever matches, so timing tells nothing.
+        let mut found = None;
+        for t in &self.0 {
+            if bool::from(t.secret.ct_eq(presented)) {
+                found = Some(t);
+            }
+        }
+        found.ok_or(Denied::Unauthenticated)
+    }
+}
+
+impl Token {
+    /// Checks that this token may do something needing `scope` (on tag `tag`, if any).
+    pub fn allow(&self, scope: Scope, tag: Option<&str>) -> Result<(), Denied> {
+        if self.scope < scope {
+            return Err(Denied::Forbidden(format!("this token has {:?} scope; {scope:?} is needed", self.scope)));
+        }
+        match tag {
+            Some(t) if scope >= Scope::Write && !t.starts_with(&self.tag_prefix) => {
+                Err(Denied::Forbidden(format!("this token may only write tags starting with {:?}", self.tag_prefix)))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_and_namespaces() {
+        let t = Tokens::parse("# tokens\nreadreadreadread01 read\nwritewritewrite01 write team-a-\n").unwrap();
+        let r = t.authenticate(Some("Bearer readreadreadread01")).unwrap();
+        assert!(r.allow(Scope::Read, None).is_ok());
+        assert!(matches!(r.allow(Scope::Write, Some("x")), Err(Denied::Forbidden(_))));
+        let w = t.authenticate(Some("Bearer writewritewrite01")).unwrap();
+        assert!(w.allow(Scope::Write, Some("team-a-model")).is_ok());
+        assert!(matches!(w.allow(Scope::Write, Some("team-b-model")), Err(Denied::Forbidden(_))));
+        assert!(matches!(w.allow(Scope::Admin, None), Err(Denied::Forbidden(_))));
+        assert_eq!(t.authenticate(None).unwrap_err(), Denied::Unauthenticated);
+        assert_eq!(t.authenticate(Some("Bearer nope")).unwrap_err(), Denied::Unauthenticated);
+        assert_eq!(t.authenticate(Some("readreadreadread01")).unwrap_err(), Denied::Unauthenticated);
+        assert!(Tokens::parse("short read").is_err());
+        assert!(Tokens::parse("longenoughtoken01 root").is_err());
+    }
+}

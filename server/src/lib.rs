@@ -1,0 +1,70 @@
+//! gstore's HTTP chunk server: a stateless axum service in front of any store (local
+//! directory or S3 bucket), so several can run behind a balancer over one bucket. Routes,
+//! status codes and headers are in docs/HTTP.md.
+
+pub mod auth;
+pub mod keys;
+pub mod metrics;
+pub mod routes;
+pub mod verify;
+
+use auth::Tokens;
+use object_store::ObjectStore;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to run the server.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Address to listen on.
+    pub addr: SocketAddr,
+    /// Tokens; empty means no authentication (loopback only unless `insecure`).
+    pub tokens: Tokens,
+    /// Allow a non-loopback address without tokens.
+    pub insecure: bool,
+    /// Largest request body (a pack upload) in bytes.
+    pub max_body: usize,
+    /// Requests taking longer are answered 408.
+    pub timeout: Duration,
+    /// Requests handled at once; more wait.
+    pub max_concurrent: usize,
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    /// The store's objects.
+    pub objects: Arc<dyn ObjectStore>,
+    /// Configured tokens.
+    pub tokens: Arc<Tokens>,
+    /// Prometheus metrics.
+    pub metrics: Arc<metrics::Metrics>,
+    /// Serializes compare-and-swap writes on stores without native If-Match (local directory).
+    pub cas_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Refuses an exposed address without authentication unless `insecure` is set.
+pub fn check_exposure(s: &Settings) -> Result<(), String> {
+    if s.tokens.is_empty() && !s.addr.ip().is_loopback() && !s.insecure {
+        return Err(format!(
+            "refusing to serve {} without authentication: give --tokens FILE, bind a loopback address, or pass --insecure",
+            s.addr
+        ));
+    }
+    Ok(())
+}
+
+/// Serves until `shutdown` completes, then finishes the requests in flight.
+pub async fn serve(objects: Arc<dyn ObjectStore>, s: Settings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), String> {
+    check_exposure(&s)?;
+    let state = AppState {
+        objects,
+        tokens: Arc::new(s.tokens.clone()),
+        metrics: Arc::new(metrics::Metrics::new()),
+        cas_lock: Arc::default(),
+    };
+    let app = routes::router(state, &s);
+    let listener = tokio::net::TcpListener::bind(s.addr).await.map_err(|e| format!("binding {}: {e}", s.addr))?;
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(|e| e.to_string())
+}

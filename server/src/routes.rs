@@ -1,0 +1,231 @@
+//! The HTTP routes (docs/HTTP.md).
+// Handlers return early with ready-made responses; boxing them would buy nothing.
+#![allow(clippy::result_large_err)]
+
+use crate::auth::{Denied, Scope};
+use crate::keys::Key;
+use crate::{verify, AppState, Settings};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures::TryStreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use std::time::Instant;
+
+/// The router with every layer: auth is per handler; limits, timeout and metrics wrap all.
+pub fn router(state: AppState, s: &Settings) -> Router {
+    Router::new()
+        .route("/v1/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .route("/v1/list", get(list))
+        .route("/v1/o/{*key}", get(get_object).head(get_object).put(put_object).delete(delete_object))
+        .layer(middleware::from_fn_with_state(state.clone(), record))
+        .layer(DefaultBodyLimit::max(s.max_body))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, s.timeout))
+        .layer(tower::limit::ConcurrencyLimitLayer::new(s.max_concurrent))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": msg.into() }))).into_response()
+}
+
+fn authorize(state: &AppState, headers: &HeaderMap, scope: Scope, tag: Option<&str>) -> Result<(), Response> {
+    if state.tokens.is_empty() {
+        return Ok(());
+    }
+    let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let r = state.tokens.authenticate(header).and_then(|t| t.allow(scope, tag));
+    r.map_err(|d| match d {
+        Denied::Unauthenticated => error(StatusCode::UNAUTHORIZED, "missing or unknown bearer token"),
+        Denied::Forbidden(why) => error(StatusCode::FORBIDDEN, why),
+    })
+}
+
+fn parse_key(key: &str) -> Result<Key, Response> {
+    Key::parse(key).map_err(|e| error(StatusCode::BAD_REQUEST, e))
+}
+
+fn store_error(e: object_store::Error) -> Response {
+    match e {
+        object_store::Error::NotFound { .. } => error(StatusCode::NOT_FOUND, "no such object"),
+        object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. } => {
+            error(StatusCode::PRECONDITION_FAILED, "the object changed (or exists): re-read and retry")
+        }
+        object_store::Error::NotModified { .. } => StatusCode::NOT_MODIFIED.into_response(),
+        other => error(StatusCode::BAD_GATEWAY, format!("store: {other}")),
+    }
+}
+
+/// Parses `bytes=A-B` / `bytes=A-` (one range).
+fn parse_range(v: &str) -> Option<GetRange> {
+    let (a, b) = v.strip_prefix("bytes=")?.split_once('-')?;
+    let start: u64 = a.parse().ok()?;
+    if b.is_empty() {
+        return Some(GetRange::Offset(start));
+    }
+    let end: u64 = b.parse().ok()?;
+    (end >= start).then_some(GetRange::Bounded(start..end + 1))
+}
+
+async fn get_object(State(state): State<AppState>, method: Method, Path(key): Path<String>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
+        return r;
+    }
+    if let Err(r) = parse_key(&key) {
+        return r;
+    }
+    let range = match headers.get(header::RANGE).map(|v| v.to_str().ok().and_then(parse_range)) {
+        Some(None) => return error(StatusCode::RANGE_NOT_SATISFIABLE, "unsupported Range header"),
+        Some(r) => r,
+        None => None,
+    };
+    let opts = GetOptions { range: range.clone(), head: method == Method::HEAD, ..Default::default() };
+    let got = match state.objects.get_opts(&ObjPath::from(key.as_str()), opts).await {
+        Ok(g) => g,
+        Err(object_store::Error::Generic { .. }) if range.is_some() => return error(StatusCode::RANGE_NOT_SATISFIABLE, "range outside the object"),
+        Err(e) => return store_error(e),
+    };
+    let (size, served, etag) = (got.meta.size, got.range.clone(), got.meta.e_tag.clone());
+    let mut h = HeaderMap::new();
+    h.insert(header::ACCEPT_RANGES, "bytes".parse().expect("header"));
+    if let Some(e) = etag.and_then(|e| e.parse().ok()) {
+        h.insert(header::ETAG, e);
+    }
+    let status = if range.is_some() {
+        h.insert(header::CONTENT_RANGE, format!("bytes {}-{}/{size}", served.start, served.end.saturating_sub(1)).parse().expect("header"));
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
+    h.insert(header::CONTENT_LENGTH, (served.end - served.start).into());
+    if method == Method::HEAD {
+        return (status, h).into_response();
+    }
+    match got.bytes().await {
+        Ok(b) => {
+            state.metrics.bytes_out.inc_by(b.len() as u64);
+            (status, h, b).into_response()
+        }
+        Err(e) => store_error(e),
+    }
+}
+
+async fn put_object(State(state): State<AppState>, Path(key): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    let k = match parse_key(&key) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let (scope, tag) = match &k {
+        Key::Config => (Scope::Admin, None),
+        Key::Tag(t) => (Scope::Write, Some(t.name.clone())),
+        _ => (Scope::Write, None),
+    };
+    if let Err(r) = authorize(&state, &headers, scope, tag.as_deref()) {
+        return r;
+    }
+    let checked = {
+        let (k, body) = (k.clone(), body.clone());
+        tokio::task::spawn_blocking(move || verify::upload(&k, &body)).await
+    };
+    match checked {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => return error(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected, nothing stored: {why}")),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+    let header_str = |n: header::HeaderName| headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let mode = match (header_str(header::IF_NONE_MATCH), header_str(header::IF_MATCH)) {
+        (Some(v), _) if v == "*" => PutMode::Create,
+        (_, Some(etag)) => PutMode::Update(UpdateVersion { e_tag: Some(etag), version: None }),
+        _ => PutMode::Overwrite,
+    };
+    let len = body.len() as u64;
+    let path = ObjPath::from(key.as_str());
+    let put = match state.objects.put_opts(&path, PutPayload::from(body.clone()), PutOptions { mode: mode.clone(), ..Default::default() }).await {
+        // No native If-Match (local directory): compare ETags under a lock, then write.
+        Err(object_store::Error::NotImplemented { .. }) => {
+            let PutMode::Update(expected) = mode else { return error(StatusCode::NOT_IMPLEMENTED, "the store cannot do this write") };
+            let _guard = state.cas_lock.lock().await;
+            match state.objects.head(&path).await {
+                Ok(m) if m.e_tag == expected.e_tag => state.objects.put(&path, PutPayload::from(body)).await,
+                Ok(_) => return error(StatusCode::PRECONDITION_FAILED, "the object changed: re-read and retry"),
+                Err(e) => return store_error(e),
+            }
+        }
+        other => other,
+    };
+    match put {
+        Ok(r) => {
+            state.metrics.bytes_in.inc_by(len);
+            let mut h = HeaderMap::new();
+            if let Some(e) = r.e_tag.and_then(|e| e.parse().ok()) {
+                h.insert(header::ETAG, e);
+            }
+            (StatusCode::CREATED, h).into_response()
+        }
+        Err(e) => store_error(e),
+    }
+}
+
+async fn delete_object(State(state): State<AppState>, Path(key): Path<String>, headers: HeaderMap) -> Response {
+    let tag = match parse_key(&key) {
+        Ok(Key::Tag(t)) => t,
+        Ok(_) => return error(StatusCode::METHOD_NOT_ALLOWED, "only tags can be deleted over HTTP"),
+        Err(r) => return r,
+    };
+    if let Err(r) = authorize(&state, &headers, Scope::Write, Some(&tag.name)) {
+        return r;
+    }
+    let path = ObjPath::from(key.as_str());
+    if let Err(e) = state.objects.head(&path).await {
+        return store_error(e);
+    }
+    match state.objects.delete(&path).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ListQuery {
+    prefix: String,
+}
+
+async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
+        return r;
+    }
+    if !["packs", "manifests", "tags"].contains(&q.prefix.as_str()) {
+        return error(StatusCode::BAD_REQUEST, "prefix must be packs, manifests or tags");
+    }
+    let listed: Result<Vec<_>, _> = state
+        .objects
+        .list(Some(&ObjPath::from(q.prefix.as_str())))
+        .map_ok(|m| serde_json::json!({ "key": m.location.to_string(), "size": m.size }))
+        .try_collect()
+        .await;
+    match listed {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+/// Counts every request and its latency.
+async fn record(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let method = req.method().to_string();
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    state.metrics.requests.with_label_values(&[method.as_str(), resp.status().as_str()]).inc();
+    state.metrics.latency.with_label_values(&[method.as_str()]).observe(started.elapsed().as_secs_f64());
+    resp
+}
+

@@ -1,0 +1,32 @@
+//! Checks an upload before anything is stored: every chunk of a pack decoded and hashed and
+//! the footer recomputed, a manifest's id and structure, a tag record's shape.
+
+use crate::keys::Key;
+use gstore_store::codec::Decoder;
+use gstore_store::manifest::Manifest;
+use gstore_store::tag::TagRecord;
+use gstore_store::{pack, ObjectId, StoreConfig};
+
+/// Verifies `body` as the object `key` names; the error says what is wrong.
+pub fn upload(key: &Key, body: &[u8]) -> Result<(), String> {
+    match key {
+        Key::Pack(id) => {
+            let got = ObjectId::of(body);
+            if &got != id {
+                return Err(format!("pack content hashes to {}, not {}", got.to_hex(), id.to_hex()));
+            }
+            let entries = pack::parse_pack(body, &id.to_hex()).map_err(|e| e.to_string())?;
+            let mut decoder = Decoder::new();
+            let mut plain = Vec::new();
+            for e in &entries {
+                plain.clear();
+                let stored = &body[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
+                decoder.decode_append(e.codec, stored, e.plain_len as usize, &e.id, &mut plain).map_err(|err| err.to_string())?;
+            }
+            Ok(())
+        }
+        Key::Manifest(id) => Manifest::decode(body, id).map(|_| ()).map_err(|e| e.to_string()),
+        Key::Tag(tag) => TagRecord::from_json(body, tag).map(|_| ()).map_err(|e| e.to_string()),
+        Key::Config => StoreConfig::from_json(body).map(|_| ()).map_err(|e| e.to_string()),
+    }
+}

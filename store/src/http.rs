@@ -1,0 +1,126 @@
+//! The client side of gstore's HTTP chunk server (docs/HTTP.md): the same object operations
+//! as the other backends, over HTTP, with a bearer token (`GSTORE_TOKEN`) and retries with
+//! backoff on 5xx answers and lost connections.
+
+use crate::error::{Result, StoreError};
+use bytes::Bytes;
+use reqwest::{header, Method, StatusCode};
+use std::ops::Range;
+use std::time::Duration;
+
+/// Attempts per request (the first plus retries).
+const ATTEMPTS: u32 = 4;
+
+/// A client for one server.
+pub struct HttpClient {
+    base: String,
+    token: Option<String>,
+    client: reqwest::Client,
+}
+
+/// An answer: status, ETag, body.
+pub struct Answer {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// The ETag header, if any.
+    pub etag: Option<String>,
+    /// The Content-Length header, if any (HEAD answers have no body).
+    pub content_length: Option<u64>,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl HttpClient {
+    /// A client for the server at `base` (`http://host:port`), token from `GSTORE_TOKEN`.
+    pub fn new(base: &str) -> Result<HttpClient> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(300))
+            .build()
+            .map_err(|e| StoreError::Invalid(format!("HTTP client: {e}")))?;
+        let token = std::env::var("GSTORE_TOKEN").ok().filter(|t| !t.is_empty());
+        Ok(HttpClient { base: base.trim_end_matches('/').to_string(), token, client })
+    }
+
+    /// Sends one request, retrying 5xx answers and connection failures with backoff.
+    pub async fn send(&self, method: Method, path: &str, headers: &[(header::HeaderName, String)], body: Option<Bytes>) -> Result<Answer> {
+        let url = format!("{}{path}", self.base);
+        let mut delay = Duration::from_millis(100);
+        let mut last = String::new();
+        for attempt in 1..=ATTEMPTS {
+            let mut req = self.client.request(method.clone(), &url);
+            if let Some(t) = &self.token {
+                req = req.bearer_auth(t);
+            }
+            for (k, v) in headers {
+                req = req.header(k, v);
+            }
+            if let Some(b) = &body {
+                req = req.body(b.clone());
+            }
+            match req.send().await {
+                Ok(resp) if !resp.status().is_server_error() => {
+                    let status = resp.status();
+                    let etag = resp.headers().get(header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
+                    let content_length =
+                        resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+                    let body = resp.bytes().await.map_err(|e| self.err(path, e.to_string()))?;
+                    return Ok(Answer { status, etag, content_length, body });
+                }
+                Ok(resp) => last = format!("HTTP {}", resp.status()),
+                Err(e) => last = describe(&e),
+            }
+            if attempt < ATTEMPTS {
+                tokio::time::sleep(delay).await;
+                delay *= 4;
+            }
+        }
+        Err(self.err(path, format!("{last} (after {ATTEMPTS} attempts)")))
+    }
+
+    fn err(&self, path: &str, message: String) -> StoreError {
+        StoreError::Backend { action: "requesting", key: format!("{}{path}", self.base), message }
+    }
+
+    /// Turns a non-success answer into the store's error.
+    pub fn check(&self, key: &str, a: &Answer) -> Result<()> {
+        let msg = || {
+            serde_json::from_slice::<serde_json::Value>(&a.body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string))
+                .unwrap_or_else(|| String::from_utf8_lossy(&a.body).into_owned())
+        };
+        match a.status {
+            s if s.is_success() => Ok(()),
+            StatusCode::NOT_FOUND => Err(StoreError::NotFound { what: "object", key: key.to_string() }),
+            StatusCode::PRECONDITION_FAILED => Err(StoreError::Conflict(format!("{key} was changed by another writer at the same time; nothing was overwritten: retry"))),
+            StatusCode::UNAUTHORIZED => Err(self.err(key, "access denied: missing or unknown token (set GSTORE_TOKEN)".into())),
+            StatusCode::FORBIDDEN => Err(self.err(key, format!("access denied: {}", msg()))),
+            s => Err(self.err(key, format!("HTTP {s}: {}", msg()))),
+        }
+    }
+
+    /// Path of an object.
+    pub fn object_path(key: &str) -> String {
+        format!("/v1/o/{key}")
+    }
+
+    /// Range header value for `r`.
+    pub fn range(r: &Range<u64>) -> String {
+        format!("bytes={}-{}", r.start, r.end.saturating_sub(1))
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    while let Some(c) = cur {
+        s = format!("{s}: {c}");
+        cur = c.source();
+    }
+    if e.is_connect() {
+        format!("cannot reach the gstore server: {s}")
+    } else {
+        s
+    }
+}

@@ -1,0 +1,158 @@
+//! The HTTP chunk server through the real binary: round trips through `gstore serve`,
+//! uploads that fail verification, path tricks, and tokens with scopes.
+
+use gstore_tests::*;
+use std::fs;
+
+const READ: &str = "readtoken-0123456789";
+const WRITE: &str = "writetoken-0123456789";
+const TEAM: &str = "teamtoken-0123456789";
+
+fn token_file(env: &Env) -> std::path::PathBuf {
+    let p = env.path("tokens");
+    fs::write(&p, format!("# scopes\n{READ} read\n{WRITE} write\n{TEAM} write team-\n")).unwrap();
+    p
+}
+
+#[test]
+fn push_and_restore_through_the_server() {
+    let env = Env::new(&[]);
+    let tokens = token_file(&env);
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    let src = env.path("src");
+    make_tree(&src, 1, 6_000_000);
+    let ok = |machine: &str, token: &str, args: &[&str]| {
+        let o = server.cmd(machine, token, args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    ok("a", WRITE, &["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    // Another machine restores and verifies through the server with a read token.
+    let out = env.path("out");
+    ok("b", READ, &["restore", "app:v1", "--to", out.to_str().unwrap()]);
+    assert_same_tree(&src, &out);
+    ok("b", READ, &["verify", "--read-data"]);
+    assert!(ok("b", READ, &["show", "app:v1"]).contains("sub/deeper/tiny"));
+    // What the server stored is a normal store: it verifies directly too.
+    drop(server);
+    env.ok(&["verify", "--read-data"]);
+}
+
+#[test]
+fn tokens_and_scopes() {
+    let env = Env::new(&[]);
+    let tokens = token_file(&env);
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    let f = env.path("f");
+    fs::write(&f, b"data").unwrap();
+    let run = |token: &str, tag: &str| server.cmd("m", token, &["push", f.to_str().unwrap(), "--tag", tag]).output().unwrap();
+    let no_token = run("", "x");
+    assert!(String::from_utf8_lossy(&no_token.stderr).contains("missing or unknown token"), "{}", String::from_utf8_lossy(&no_token.stderr));
+    assert!(!run("not-a-real-token-000", "x").status.success());
+    let read_only = run(READ, "x");
+    assert!(String::from_utf8_lossy(&read_only.stderr).contains("access denied"), "{}", String::from_utf8_lossy(&read_only.stderr));
+    assert!(!run(TEAM, "other-model").status.success(), "a namespaced token wrote outside its namespace");
+    assert!(run(TEAM, "team-model").status.success());
+    // Raw status codes.
+    assert_eq!(server.curl("GET", "/v1/list?prefix=tags", None, &[], None).0, 401);
+    assert_eq!(server.curl("GET", "/v1/list?prefix=tags", Some("wrong-token-000000000"), &[], None).0, 401);
+    assert_eq!(server.curl("GET", "/v1/list?prefix=tags", Some(READ), &[], None).0, 200);
+    assert_eq!(server.curl("DELETE", "/v1/o/tags/team-model/latest.tag", Some(READ), &[], None).0, 403);
+    assert_eq!(server.curl("GET", "/v1/health", None, &[], None).0, 200);
+}
+
+#[test]
+fn bad_uploads_are_refused_and_nothing_is_stored() {
+    // A pack to play with, from a local push.
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("data"), random_bytes(3_000_000, 5)).unwrap();
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "x"]);
+    let pack = env.packs().pop().unwrap();
+    let bytes = fs::read(&pack).unwrap();
+
+    let target = Env::new(&[]);
+    let server = Server::start(&target.store, &["--max-body", "2000000"]);
+    let put = |name: &str, data: &[u8], key: &str| {
+        let p = env.path(name);
+        fs::write(&p, data).unwrap();
+        server.curl("PUT", &format!("/v1/o/{key}"), None, &[], Some(&p))
+    };
+    let key_of = |data: &[u8]| {
+        let h = blake3_hex(data);
+        format!("packs/{}/{h}.pack", &h[..2])
+    };
+    // Too big for --max-body.
+    assert_eq!(put("big", &bytes, &key_of(&bytes)).0, 413);
+    // A small valid pack is accepted; damaged ones are not.
+    let small = small_pack(&env);
+    assert_eq!(put("ok", &small, &key_of(&small)).0, 201);
+    let truncated = &small[..small.len() - 10];
+    let (code, body) = put("trunc", truncated, &key_of(truncated));
+    assert_eq!(code, 422, "{body}");
+    let mut wrong_hash = small.clone();
+    wrong_hash[20] ^= 1;
+    assert_eq!(put("wrong", &wrong_hash, &key_of(&small)).0, 422);
+    let (code, body) = put("flip", &wrong_hash, &key_of(&wrong_hash));
+    assert_eq!(code, 422);
+    assert!(body.contains("mismatch") || body.contains("zstd"), "{body}");
+    let mut footer = small.clone();
+    let n = footer.len();
+    footer[n - 70] ^= 1;
+    let (code, body) = put("footer", &footer, &key_of(&footer));
+    assert_eq!(code, 422);
+    assert!(body.contains("footer"), "{body}");
+    // Manifests and tags are checked too.
+    assert_eq!(put("m", b"GSMANIF1garbage", &format!("manifests/00/{}.manifest", "0".repeat(64))).0, 422);
+    assert_eq!(put("t", b"{not json", "tags/app/v1.tag").0, 422);
+    // Path tricks never reach the store.
+    for key in ["tags/../config.json", "tags/a%00b/v.tag", &format!("tags/{}/v.tag", "a".repeat(500)), "index/LOCK", "packs/../../etc/passwd"] {
+        let (code, _) = put("trick", b"x", key);
+        assert!(code == 400 || code == 404, "{key}: {code}");
+    }
+    // Only the one good pack was stored.
+    assert_eq!(target.packs().len(), 1);
+    assert!(!target.store.join("tags").exists() || fs::read_dir(target.store.join("tags")).unwrap().next().is_none());
+}
+
+#[test]
+fn tag_updates_are_compare_and_swap_and_exposure_is_refused() {
+    let env = Env::new(&[]);
+    let server = Server::start(&env.store, &[]);
+    let f = env.path("f");
+    fs::write(&f, b"one").unwrap();
+    let o = server.cmd("a", "", &["push", f.to_str().unwrap(), "--tag", "t"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // If-None-Match on an existing tag, and If-Match with a stale ETag: 412.
+    let rec = env.path("rec");
+    fs::write(&rec, fs::read(env.store.join("tags/t/latest.tag")).unwrap()).unwrap();
+    let (code, body) = server.curl("PUT", "/v1/o/tags/t/latest.tag", None, &["If-None-Match: *"], Some(&rec));
+    assert_eq!(code, 412, "{body}");
+    let (code, body) = server.curl("PUT", "/v1/o/tags/t/latest.tag", None, &["If-Match: \"stale\""], Some(&rec));
+    assert_eq!(code, 412, "{body}");
+    // A client moving the tag sends the right ETag and succeeds; the old value is in history.
+    fs::write(&f, b"two").unwrap();
+    let o = server.cmd("a", "", &["push", f.to_str().unwrap(), "--tag", "t"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rec: serde_json::Value = serde_json::from_slice(&fs::read(env.store.join("tags/t/latest.tag")).unwrap()).unwrap();
+    assert_eq!(rec["history"].as_array().unwrap().len(), 1);
+    // Binding a non-loopback address without tokens is refused.
+    let o = std::process::Command::new(gstore_bin()).arg("--store").arg(&env.store).args(["serve", "--listen", "0.0.0.0:0"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("without authentication"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A pack of a few small chunks (pushed to a throwaway store).
+fn small_pack(_env: &Env) -> Vec<u8> {
+    let e = Env::new(&[]);
+    let src = e.path("s");
+    fs::create_dir_all(&src).unwrap();
+    write_mixed_file(&src.join("d"), 300_000, 9);
+    e.ok(&["push", src.to_str().unwrap(), "--tag", "s"]);
+    fs::read(e.packs().pop().unwrap()).unwrap()
+}
+
+fn blake3_hex(data: &[u8]) -> String {
+    gstore_store::ObjectId::of(data).to_hex()
+}
