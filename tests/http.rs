@@ -45,12 +45,21 @@ fn tokens_and_scopes() {
     let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
     let f = env.path("f");
     fs::write(&f, b"data").unwrap();
-    let run = |token: &str, tag: &str| server.cmd("m", token, &["push", f.to_str().unwrap(), "--tag", tag]).output().unwrap();
+    let run =
+        |token: &str, tag: &str| server.cmd("m", token, &["push", f.to_str().unwrap(), "--tag", tag]).output().unwrap();
     let no_token = run("", "x");
-    assert!(String::from_utf8_lossy(&no_token.stderr).contains("missing or unknown token"), "{}", String::from_utf8_lossy(&no_token.stderr));
+    assert!(
+        String::from_utf8_lossy(&no_token.stderr).contains("missing or unknown token"),
+        "{}",
+        String::from_utf8_lossy(&no_token.stderr)
+    );
     assert!(!run("not-a-real-token-000", "x").status.success());
     let read_only = run(READ, "x");
-    assert!(String::from_utf8_lossy(&read_only.stderr).contains("access denied"), "{}", String::from_utf8_lossy(&read_only.stderr));
+    assert!(
+        String::from_utf8_lossy(&read_only.stderr).contains("access denied"),
+        "{}",
+        String::from_utf8_lossy(&read_only.stderr)
+    );
     assert!(!run(TEAM, "other-model").status.success(), "a namespaced token wrote outside its namespace");
     assert!(run(TEAM, "team-model").status.success());
     // Raw status codes.
@@ -107,7 +116,13 @@ fn bad_uploads_are_refused_and_nothing_is_stored() {
     assert_eq!(put("m", b"GSMANIF1garbage", &format!("manifests/00/{}.manifest", "0".repeat(64))).0, 422);
     assert_eq!(put("t", b"{not json", "tags/app/v1.tag").0, 422);
     // Path tricks never reach the store.
-    for key in ["tags/../config.json", "tags/a%00b/v.tag", &format!("tags/{}/v.tag", "a".repeat(500)), "index/LOCK", "packs/../../etc/passwd"] {
+    for key in [
+        "tags/../config.json",
+        "tags/a%00b/v.tag",
+        &format!("tags/{}/v.tag", "a".repeat(500)),
+        "index/LOCK",
+        "packs/../../etc/passwd",
+    ] {
         let (code, _) = put("trick", b"x", key);
         assert!(code == 400 || code == 404, "{key}: {code}");
     }
@@ -135,12 +150,22 @@ fn tag_updates_are_compare_and_swap_and_exposure_is_refused() {
     fs::write(&f, b"two").unwrap();
     let o = server.cmd("a", "", &["push", f.to_str().unwrap(), "--tag", "t"]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rec: serde_json::Value = serde_json::from_slice(&fs::read(env.store.join("tags/t/latest.tag")).unwrap()).unwrap();
+    let rec: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.store.join("tags/t/latest.tag")).unwrap()).unwrap();
     assert_eq!(rec["history"].as_array().unwrap().len(), 1);
     // Binding a non-loopback address without tokens is refused.
-    let o = std::process::Command::new(gstore_bin()).arg("--store").arg(&env.store).args(["serve", "--listen", "0.0.0.0:0"]).output().unwrap();
+    let o = std::process::Command::new(gstore_bin())
+        .arg("--store")
+        .arg(&env.store)
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("without authentication"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("without authentication"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// A pack of a few small chunks (pushed to a throwaway store).
@@ -155,4 +180,32 @@ fn small_pack(_env: &Env) -> Vec<u8> {
 
 fn blake3_hex(data: &[u8]) -> String {
     gstore_store::ObjectId::of(data).to_hex()
+}
+
+#[test]
+fn shutdown_finishes_requests_in_flight() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("data"), random_bytes(60_000_000, 8)).unwrap();
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "x"]);
+    let pack = env.packs().into_iter().max_by_key(|p| fs::metadata(p).unwrap().len()).unwrap();
+    let key = pack.strip_prefix(&env.store).unwrap().to_str().unwrap().to_string();
+    let mut server = Server::start(&env.store, &[]);
+    // A slow download (20 MB/s for ~48 MB: more than socket buffers hold) is in flight when
+    // the server is told to stop.
+    let out = env.path("download");
+    let started = std::time::Instant::now();
+    let curl = std::process::Command::new("curl")
+        .args(["-s", "--limit-rate", "20M", "-o"])
+        .arg(&out)
+        .arg(format!("{}/v1/o/{key}", server.url()))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let status = server.terminate();
+    assert!(status.success(), "server exited with {status}");
+    assert!(curl.wait_with_output().unwrap().status.success());
+    assert_eq!(fs::read(&out).unwrap(), fs::read(&pack).unwrap(), "the download in flight was cut short");
+    assert!(started.elapsed() > std::time::Duration::from_secs(1), "the download was not slow enough to be in flight");
 }

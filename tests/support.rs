@@ -346,10 +346,7 @@ impl S3 {
     pub fn start() -> S3 {
         let tmp = tempfile::tempdir().unwrap();
         fs::create_dir_all(tmp.path().join("data/gstore-test")).unwrap();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = free_port();
         let mut s = S3 { tmp, port, url: "s3://gstore-test/images".into(), server: None };
         s.resume();
         s
@@ -374,11 +371,7 @@ impl S3 {
             .spawn()
             .expect("start s3s-fs");
         self.server = Some(child);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "s3s-fs did not start");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        wait_for_port(self.port, "s3s-fs");
     }
 
     /// Stops the server (as a crash would: SIGKILL).
@@ -459,10 +452,7 @@ pub struct Server {
 impl Server {
     /// Serves `store` with extra `serve` arguments (e.g. `--tokens FILE`).
     pub fn start(store: &Path, extra: &[&str]) -> Server {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = free_port();
         let child = Command::new(gstore_bin())
             .arg("--store")
             .arg(store)
@@ -471,12 +461,14 @@ impl Server {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "gstore serve did not start");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        wait_for_port(port, "gstore serve");
         Server { port, tmp: tempfile::tempdir().unwrap(), child }
+    }
+
+    /// Sends SIGTERM and waits for the server to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        self.child.wait().unwrap()
     }
 
     /// The store URL clients use.
@@ -487,12 +479,23 @@ impl Server {
     /// `gstore --store http://… ARGS` with `token` on machine `machine`.
     pub fn cmd(&self, machine: &str, token: &str, args: &[&str]) -> Command {
         let mut c = Command::new(gstore_bin());
-        c.arg("--store").arg(self.url()).args(args).env("GSTORE_TOKEN", token).env("XDG_CACHE_HOME", self.tmp.path().join(machine));
+        c.arg("--store")
+            .arg(self.url())
+            .args(args)
+            .env("GSTORE_TOKEN", token)
+            .env("XDG_CACHE_HOME", self.tmp.path().join(machine));
         c
     }
 
     /// A raw request with curl: returns (status, body).
-    pub fn curl(&self, method: &str, path: &str, token: Option<&str>, headers: &[&str], body: Option<&Path>) -> (u16, String) {
+    pub fn curl(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[&str],
+        body: Option<&Path>,
+    ) -> (u16, String) {
         let mut c = Command::new("curl");
         c.args(["-s", "--path-as-is", "-o", "-", "-w", "\n%{http_code}", "-X", method]);
         if let Some(t) = token {
@@ -515,5 +518,19 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A TCP port free on 127.0.0.1 right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Waits (up to 10 s) until something accepts connections on `port`.
+pub fn wait_for_port(port: u16, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "{what} did not start on port {port}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

@@ -175,15 +175,26 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Serve { listen, tokens, insecure, max_body, timeout, max_concurrent } => {
             let store = Store::open(&location)?;
-            let objects = store.backend().object_store().context("an http:// store cannot be served again: serve the store behind it")?;
+            let objects = store
+                .backend()
+                .object_store()
+                .context("an http:// store cannot be served again: serve the store behind it")?;
             let tokens = match tokens {
                 Some(p) => {
-                    let text = std::fs::read_to_string(&p).with_context(|| format!("reading token file {}", p.display()))?;
+                    let text =
+                        std::fs::read_to_string(&p).with_context(|| format!("reading token file {}", p.display()))?;
                     gstore_server::auth::Tokens::parse(&text).map_err(anyhow::Error::msg)?
                 }
                 None => gstore_server::auth::Tokens::default(),
             };
-            let settings = gstore_server::Settings { addr: listen, tokens, insecure, max_body, timeout: Duration::from_secs(timeout), max_concurrent };
+            let settings = gstore_server::Settings {
+                addr: listen,
+                tokens,
+                insecure,
+                max_body,
+                timeout: Duration::from_secs(timeout),
+                max_concurrent,
+            };
             gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
             eprintln!("gstore: serving {} on http://{listen}", store.describe());
             let rt = tokio::runtime::Runtime::new()?;

@@ -54,12 +54,21 @@ impl Tokens {
                 Some("read") => Scope::Read,
                 Some("write") => Scope::Write,
                 Some("admin") => Scope::Admin,
-                other => return Err(format!("token file line {}: scope must be read, write or admin, not {other:?}", n + 1)),
+                other => {
+                    return Err(format!("token file line {}: scope must be read, write or admin, not {other:?}", n + 1))
+                }
             };
             if parts[0].len() < 16 || parts.len() > 3 {
-                return Err(format!("token file line {}: expected TOKEN SCOPE [TAG_PREFIX] with a token of 16+ characters", n + 1));
+                return Err(format!(
+                    "token file line {}: expected TOKEN SCOPE [TAG_PREFIX] with a token of 16+ characters",
+                    n + 1
+                ));
             }
-            out.push(Token { secret: parts[0].as_bytes().to_vec(), scope, tag_prefix: parts.get(2).unwrap_or(&"").to_string() });
+            out.push(Token {
+                secret: parts[0].as_bytes().to_vec(),
+                scope,
+                tag_prefix: parts.get(2).unwrap_or(&"").to_string(),
+            });
         }
         if out.is_empty() {
             return Err("token file holds no tokens".into());

@@ -61,7 +61,16 @@ mod tests {
         assert!(matches!(Key::parse("tags/app/v1.tag"), Ok(Key::Tag(_))));
         assert_eq!(Key::parse("config.json"), Ok(Key::Config));
         let long = format!("tags/{}/v.tag", "a".repeat(300));
-        for bad in ["tags/../x.tag", "tags/a/../../etc.tag", "tags/a\0b/v.tag", "packs/zz/00.pack", "index/LOCK", "../config.json", "", &long] {
+        for bad in [
+            "tags/../x.tag",
+            "tags/a/../../etc.tag",
+            "tags/a\0b/v.tag",
+            "packs/zz/00.pack",
+            "index/LOCK",
+            "../config.json",
+            "",
+            &long,
+        ] {
             assert!(Key::parse(bad).is_err(), "{bad:?} accepted");
         }
         let wrong_dir = format!("packs/00/{}.pack", id.to_hex());

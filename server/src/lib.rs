@@ -56,7 +56,11 @@ pub fn check_exposure(s: &Settings) -> Result<(), String> {
 }
 
 /// Serves until `shutdown` completes, then finishes the requests in flight.
-pub async fn serve(objects: Arc<dyn ObjectStore>, s: Settings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), String> {
+pub async fn serve(
+    objects: Arc<dyn ObjectStore>,
+    s: Settings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     check_exposure(&s)?;
     let state = AppState {
         objects,

@@ -19,7 +19,9 @@ impl Metrics {
     /// Registers every metric.
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(Opts::new("gstore_http_requests_total", "HTTP requests"), &["method", "status"]).expect("metric");
+        let requests =
+            IntCounterVec::new(Opts::new("gstore_http_requests_total", "HTTP requests"), &["method", "status"])
+                .expect("metric");
         let bytes_out = IntCounter::new("gstore_http_bytes_out_total", "object bytes sent").expect("metric");
         let bytes_in = IntCounter::new("gstore_http_bytes_in_total", "upload bytes accepted").expect("metric");
         let latency = HistogramVec::new(
@@ -28,7 +30,12 @@ impl Metrics {
             &["method"],
         )
         .expect("metric");
-        for m in [Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>, Box::new(bytes_out.clone()), Box::new(bytes_in.clone()), Box::new(latency.clone())] {
+        for m in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(bytes_out.clone()),
+            Box::new(bytes_in.clone()),
+            Box::new(latency.clone()),
+        ] {
             registry.register(m).expect("unique metric names");
         }
         Metrics { registry, requests, bytes_out, bytes_in, latency }

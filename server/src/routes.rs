@@ -73,7 +73,12 @@ fn parse_range(v: &str) -> Option<GetRange> {
     (end >= start).then_some(GetRange::Bounded(start..end + 1))
 }
 
-async fn get_object(State(state): State<AppState>, method: Method, Path(key): Path<String>, headers: HeaderMap) -> Response {
+async fn get_object(
+    State(state): State<AppState>,
+    method: Method,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
         return r;
     }
@@ -88,7 +93,9 @@ async fn get_object(State(state): State<AppState>, method: Method, Path(key): Pa
     let opts = GetOptions { range: range.clone(), head: method == Method::HEAD, ..Default::default() };
     let got = match state.objects.get_opts(&ObjPath::from(key.as_str()), opts).await {
         Ok(g) => g,
-        Err(object_store::Error::Generic { .. }) if range.is_some() => return error(StatusCode::RANGE_NOT_SATISFIABLE, "range outside the object"),
+        Err(object_store::Error::Generic { .. }) if range.is_some() => {
+            return error(StatusCode::RANGE_NOT_SATISFIABLE, "range outside the object")
+        }
         Err(e) => return store_error(e),
     };
     let (size, served, etag) = (got.meta.size, got.range.clone(), got.meta.e_tag.clone());
@@ -98,7 +105,10 @@ async fn get_object(State(state): State<AppState>, method: Method, Path(key): Pa
         h.insert(header::ETAG, e);
     }
     let status = if range.is_some() {
-        h.insert(header::CONTENT_RANGE, format!("bytes {}-{}/{size}", served.start, served.end.saturating_sub(1)).parse().expect("header"));
+        h.insert(
+            header::CONTENT_RANGE,
+            format!("bytes {}-{}/{size}", served.start, served.end.saturating_sub(1)).parse().expect("header"),
+        );
         StatusCode::PARTIAL_CONTENT
     } else {
         StatusCode::OK
@@ -116,7 +126,12 @@ async fn get_object(State(state): State<AppState>, method: Method, Path(key): Pa
     }
 }
 
-async fn put_object(State(state): State<AppState>, Path(key): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+async fn put_object(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let k = match parse_key(&key) {
         Ok(k) => k,
         Err(r) => return r,
@@ -146,10 +161,16 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, head
     };
     let len = body.len() as u64;
     let path = ObjPath::from(key.as_str());
-    let put = match state.objects.put_opts(&path, PutPayload::from(body.clone()), PutOptions { mode: mode.clone(), ..Default::default() }).await {
+    let put = match state
+        .objects
+        .put_opts(&path, PutPayload::from(body.clone()), PutOptions { mode: mode.clone(), ..Default::default() })
+        .await
+    {
         // No native If-Match (local directory): compare ETags under a lock, then write.
         Err(object_store::Error::NotImplemented { .. }) => {
-            let PutMode::Update(expected) = mode else { return error(StatusCode::NOT_IMPLEMENTED, "the store cannot do this write") };
+            let PutMode::Update(expected) = mode else {
+                return error(StatusCode::NOT_IMPLEMENTED, "the store cannot do this write");
+            };
             let _guard = state.cas_lock.lock().await;
             match state.objects.head(&path).await {
                 Ok(m) if m.e_tag == expected.e_tag => state.objects.put(&path, PutPayload::from(body)).await,
@@ -228,4 +249,3 @@ async fn record(State(state): State<AppState>, req: Request, next: Next) -> Resp
     state.metrics.latency.with_label_values(&[method.as_str()]).observe(started.elapsed().as_secs_f64());
     resp
 }
-

@@ -21,7 +21,9 @@ pub fn upload(key: &Key, body: &[u8]) -> Result<(), String> {
             for e in &entries {
                 plain.clear();
                 let stored = &body[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
-                decoder.decode_append(e.codec, stored, e.plain_len as usize, &e.id, &mut plain).map_err(|err| err.to_string())?;
+                decoder
+                    .decode_append(e.codec, stored, e.plain_len as usize, &e.id, &mut plain)
+                    .map_err(|err| err.to_string())?;
             }
             Ok(())
         }

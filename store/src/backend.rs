@@ -179,7 +179,14 @@ impl Backend {
     }
 
     /// One HTTP request, checked.
-    fn http_call(&self, h: &HttpClient, method: reqwest::Method, key: &str, headers: &[(reqwest::header::HeaderName, String)], body: Option<Vec<u8>>) -> Result<crate::http::Answer> {
+    fn http_call(
+        &self,
+        h: &HttpClient,
+        method: reqwest::Method,
+        key: &str,
+        headers: &[(reqwest::header::HeaderName, String)],
+        body: Option<Vec<u8>>,
+    ) -> Result<crate::http::Answer> {
         let a = self.rt.block_on(h.send(method, &HttpClient::object_path(key), headers, body.map(Bytes::from)))?;
         h.check(key, &a)?;
         Ok(a)
@@ -239,7 +246,13 @@ impl Backend {
     /// Writes an object only if none exists under `key` ([`StoreError::AlreadyExists`] otherwise).
     pub fn put_new(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
         if let Some(h) = self.http_client() {
-            let r = self.http_call(h, reqwest::Method::PUT, key, &[(reqwest::header::IF_NONE_MATCH, "*".into())], Some(bytes));
+            let r = self.http_call(
+                h,
+                reqwest::Method::PUT,
+                key,
+                &[(reqwest::header::IF_NONE_MATCH, "*".into())],
+                Some(bytes),
+            );
             return match r {
                 Err(StoreError::Conflict(_)) => Err(StoreError::AlreadyExists { what: "object", key: key.to_string() }),
                 other => other.map(|_| ()),
@@ -311,7 +324,9 @@ impl Backend {
             return self.http_call(h, reqwest::Method::GET, key, &[], None).map(|a| a.body);
         }
         let path = ObjPath::from(key);
-        self.rt.block_on(async { self.objects().get(&path).await?.bytes().await }).map_err(|e| Self::err("reading", key, e))
+        self.rt
+            .block_on(async { self.objects().get(&path).await?.bytes().await })
+            .map_err(|e| Self::err("reading", key, e))
     }
 
     /// Reads a whole object, or `None` if it does not exist.
@@ -327,7 +342,16 @@ impl Backend {
     pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         let want = range.end - range.start;
         let b = match self.http_client() {
-            Some(h) => self.http_call(h, reqwest::Method::GET, key, &[(reqwest::header::RANGE, HttpClient::range(&range))], None)?.body,
+            Some(h) => {
+                self.http_call(
+                    h,
+                    reqwest::Method::GET,
+                    key,
+                    &[(reqwest::header::RANGE, HttpClient::range(&range))],
+                    None,
+                )?
+                .body
+            }
             None => self
                 .rt
                 .block_on(self.objects().get_range(&ObjPath::from(key), range.clone()))
@@ -366,8 +390,12 @@ impl Backend {
             let path = format!("/v1/list?prefix={prefix}");
             let a = self.rt.block_on(h.send(reqwest::Method::GET, &path, &[], None))?;
             h.check(prefix, &a)?;
-            let v: Vec<serde_json::Value> = serde_json::from_slice(&a.body).map_err(|e| StoreError::Invalid(format!("server listing: {e}")))?;
-            return Ok(v.iter().filter_map(|o| Some(Listed { key: o["key"].as_str()?.to_string(), size: o["size"].as_u64()? })).collect());
+            let v: Vec<serde_json::Value> =
+                serde_json::from_slice(&a.body).map_err(|e| StoreError::Invalid(format!("server listing: {e}")))?;
+            return Ok(v
+                .iter()
+                .filter_map(|o| Some(Listed { key: o["key"].as_str()?.to_string(), size: o["size"].as_u64()? }))
+                .collect());
         }
         let p = ObjPath::from(prefix);
         self.rt

@@ -43,7 +43,13 @@ impl HttpClient {
     }
 
     /// Sends one request, retrying 5xx answers and connection failures with backoff.
-    pub async fn send(&self, method: Method, path: &str, headers: &[(header::HeaderName, String)], body: Option<Bytes>) -> Result<Answer> {
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(header::HeaderName, String)],
+        body: Option<Bytes>,
+    ) -> Result<Answer> {
         let url = format!("{}{path}", self.base);
         let mut delay = Duration::from_millis(100);
         let mut last = String::new();
@@ -62,8 +68,11 @@ impl HttpClient {
                 Ok(resp) if !resp.status().is_server_error() => {
                     let status = resp.status();
                     let etag = resp.headers().get(header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
-                    let content_length =
-                        resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+                    let content_length = resp
+                        .headers()
+                        .get(header::CONTENT_LENGTH)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse().ok());
                     let body = resp.bytes().await.map_err(|e| self.err(path, e.to_string()))?;
                     return Ok(Answer { status, etag, content_length, body });
                 }
@@ -93,8 +102,12 @@ impl HttpClient {
         match a.status {
             s if s.is_success() => Ok(()),
             StatusCode::NOT_FOUND => Err(StoreError::NotFound { what: "object", key: key.to_string() }),
-            StatusCode::PRECONDITION_FAILED => Err(StoreError::Conflict(format!("{key} was changed by another writer at the same time; nothing was overwritten: retry"))),
-            StatusCode::UNAUTHORIZED => Err(self.err(key, "access denied: missing or unknown token (set GSTORE_TOKEN)".into())),
+            StatusCode::PRECONDITION_FAILED => Err(StoreError::Conflict(format!(
+                "{key} was changed by another writer at the same time; nothing was overwritten: retry"
+            ))),
+            StatusCode::UNAUTHORIZED => {
+                Err(self.err(key, "access denied: missing or unknown token (set GSTORE_TOKEN)".into()))
+            }
             StatusCode::FORBIDDEN => Err(self.err(key, format!("access denied: {}", msg()))),
             s => Err(self.err(key, format!("HTTP {s}: {}", msg()))),
         }
