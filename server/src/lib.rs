@@ -3,6 +3,7 @@
 //! status codes and headers are in docs/HTTP.md.
 
 pub mod auth;
+pub mod chunks;
 pub mod keys;
 pub mod metrics;
 pub mod routes;
@@ -40,6 +41,8 @@ pub struct AppState {
     pub tokens: Arc<Tokens>,
     /// Prometheus metrics.
     pub metrics: Arc<metrics::Metrics>,
+    /// Which pack holds each chunk.
+    pub chunks: Arc<chunks::ChunkMap>,
     /// Serializes compare-and-swap writes on stores without native If-Match (local directory).
     pub cas_lock: Arc<tokio::sync::Mutex<()>>,
 }
@@ -67,6 +70,7 @@ pub async fn serve(
         tokens: Arc::new(s.tokens.clone()),
         metrics: Arc::new(metrics::Metrics::new()),
         cas_lock: Arc::default(),
+        chunks: Arc::default(),
     };
     let app = routes::router(state, &s);
     let listener = tokio::net::TcpListener::bind(s.addr).await.map_err(|e| format!("binding {}: {e}", s.addr))?;

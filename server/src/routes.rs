@@ -13,6 +13,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use futures::TryStreamExt;
+use gstore_store::backend::pack_key;
+use gstore_store::codec::Decoder;
+use gstore_store::pack::PackEntry;
+use gstore_store::ObjectId;
 use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use std::time::Instant;
@@ -24,6 +28,8 @@ pub fn router(state: AppState, s: &Settings) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/list", get(list))
         .route("/v1/o/{*key}", get(get_object).head(get_object).put(put_object).delete(delete_object))
+        .route("/v1/chunks/missing", axum::routing::post(missing_chunks))
+        .route("/v1/chunks/{id}", get(get_chunk))
         .layer(middleware::from_fn_with_state(state.clone(), record))
         .layer(DefaultBodyLimit::max(s.max_body))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, s.timeout))
@@ -234,6 +240,102 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
         Ok(v) => Json(v).into_response(),
         Err(e) => store_error(e),
     }
+}
+
+/// Finds a chunk, reading new pack footers once if it is not known yet.
+async fn locate(state: &AppState, id: &ObjectId) -> Result<Option<(ObjectId, PackEntry)>, Response> {
+    if let Some(found) = state.chunks.get(id).await {
+        return Ok(Some(found));
+    }
+    state.chunks.refresh(state.objects.as_ref()).await.map_err(store_error)?;
+    Ok(state.chunks.get(id).await)
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkQuery {
+    #[serde(default)]
+    stored: bool,
+}
+
+async fn get_chunk(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<ChunkQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
+        return r;
+    }
+    let Ok(id) = ObjectId::from_hex(&id) else { return error(StatusCode::BAD_REQUEST, "not a 64-hex chunk id") };
+    let (pack, e) = match locate(&state, &id).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return error(StatusCode::NOT_FOUND, "no pack holds this chunk"),
+        Err(r) => return r,
+    };
+    let range = e.offset..e.offset + e.stored_len as u64;
+    let stored = match state.objects.get_range(&ObjPath::from(pack_key(&pack).as_str()), range).await {
+        Ok(b) => b,
+        Err(err) => return store_error(err),
+    };
+    let codec = [(header::HeaderName::from_static("x-gstore-codec"), e.codec.name())];
+    if q.stored {
+        state.metrics.bytes_out.inc_by(stored.len() as u64);
+        return (codec, stored).into_response();
+    }
+    let decoded = tokio::task::spawn_blocking(move || {
+        let mut plain = Vec::with_capacity(e.plain_len as usize);
+        Decoder::new().decode_append(e.codec, &stored, e.plain_len as usize, &e.id, &mut plain).map(|()| plain)
+    })
+    .await;
+    match decoded {
+        Ok(Ok(plain)) => {
+            state.metrics.bytes_out.inc_by(plain.len() as u64);
+            plain.into_response()
+        }
+        Ok(Err(err)) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("stored chunk is damaged: {err}")),
+        Err(err) => error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+    }
+}
+
+/// Of the chunk ids posted (a JSON array of hex ids), the ones no pack holds.
+async fn missing_chunks(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
+        return r;
+    }
+    let Ok(ids) = serde_json::from_slice::<Vec<String>>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "expected a JSON array of 64-hex chunk ids");
+    };
+    let mut parsed = Vec::with_capacity(ids.len());
+    for s in &ids {
+        match ObjectId::from_hex(s) {
+            Ok(id) => parsed.push(id),
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("not a 64-hex chunk id: {:?}", s.chars().take(80).collect::<String>()),
+                )
+            }
+        }
+    }
+    // One refresh of the footers at most, whatever the batch size.
+    let mut refreshed = false;
+    let mut missing = Vec::new();
+    for id in parsed {
+        if state.chunks.get(&id).await.is_some() {
+            continue;
+        }
+        if !refreshed {
+            if let Err(e) = state.chunks.refresh(state.objects.as_ref()).await {
+                return store_error(e);
+            }
+            refreshed = true;
+            if state.chunks.get(&id).await.is_some() {
+                continue;
+            }
+        }
+        missing.push(id.to_hex());
+    }
+    Json(missing).into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

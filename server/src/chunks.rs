@@ -1,0 +1,62 @@
+//! The server's map of chunks to packs, built in memory from pack footers (the server keeps no
+//! files of its own) and refreshed, reading only new footers, when a chunk is not found.
+
+use futures::TryStreamExt;
+use gstore_store::backend::{pack_id_from_key, pack_key, PACKS_PREFIX};
+use gstore_store::pack::{parse_footer, parse_trailer, PackEntry, TRAILER_LEN};
+use gstore_store::ObjectId;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use std::collections::{HashMap, HashSet};
+use tokio::sync::RwLock;
+
+/// Where each chunk is.
+#[derive(Default)]
+pub struct ChunkMap {
+    inner: RwLock<Known>,
+}
+
+#[derive(Default)]
+struct Known {
+    chunks: HashMap<ObjectId, (ObjectId, PackEntry)>,
+    packs: HashSet<ObjectId>,
+}
+
+impl ChunkMap {
+    /// The pack and footer entry of `id`, if known.
+    pub async fn get(&self, id: &ObjectId) -> Option<(ObjectId, PackEntry)> {
+        self.inner.read().await.chunks.get(id).copied()
+    }
+
+    /// Reads the footers of packs not seen yet. Damaged packs are skipped.
+    pub async fn refresh(&self, objects: &dyn ObjectStore) -> object_store::Result<()> {
+        let listed: Vec<_> = objects.list(Some(&ObjPath::from(PACKS_PREFIX))).try_collect().await?;
+        let known = self.inner.read().await.packs.clone();
+        for meta in listed {
+            let Some(pack) = pack_id_from_key(meta.location.as_ref()) else { continue };
+            if known.contains(&pack) {
+                continue;
+            }
+            if let Ok(entries) = footer(objects, &pack, meta.size).await {
+                let mut k = self.inner.write().await;
+                k.packs.insert(pack);
+                for e in entries {
+                    k.chunks.entry(e.id).or_insert((pack, e));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn footer(objects: &dyn ObjectStore, pack: &ObjectId, size: u64) -> Result<Vec<PackEntry>, String> {
+    let key = pack_key(pack);
+    let path = ObjPath::from(key.as_str());
+    if size < TRAILER_LEN as u64 + 8 {
+        return Err("truncated".into());
+    }
+    let tail = objects.get_range(&path, size - TRAILER_LEN as u64..size).await.map_err(|e| e.to_string())?;
+    let t = parse_trailer(&tail, size, &key).map_err(|e| e.to_string())?;
+    let f = objects.get_range(&path, t.footer_offset..size - TRAILER_LEN as u64).await.map_err(|e| e.to_string())?;
+    parse_footer(&f, &t, &key).map_err(|e| e.to_string())
+}
