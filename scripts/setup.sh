@@ -10,6 +10,8 @@ source "$(dirname "$0")/env.sh"
 need=()
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 command -v zstd >/dev/null || need+=(zstd)
+command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl)
 command -v mkfifo >/dev/null || need+=(coreutils)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"

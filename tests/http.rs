@@ -301,3 +301,48 @@ fn two_machines_racing_on_one_tag_lose_nothing() {
         }
     }
 }
+
+#[test]
+fn https_with_a_trusted_certificate() {
+    let env = Env::new(&[]);
+    let (cert, key) = (env.path("cert.pem"), env.path("key.pem"));
+    let st = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .args([
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-addext",
+            "extendedKeyUsage=serverAuth",
+        ])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(st.success());
+    let server = Server::start(&env.store, &["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()]);
+    let url = format!("https://127.0.0.1:{}", server.port);
+    let f = env.path("f");
+    fs::write(&f, random_bytes(500_000, 3)).unwrap();
+    let gstore = |args: &[&str], ca: Option<&std::path::Path>| {
+        let mut c = std::process::Command::new(gstore_bin());
+        c.arg("--store").arg(&url).args(args).env("XDG_CACHE_HOME", env.path("cache")).env_remove("GSTORE_CA_CERT");
+        if let Some(ca) = ca {
+            c.env("GSTORE_CA_CERT", ca);
+        }
+        c.output().unwrap()
+    };
+    // Without trusting the certificate the client refuses to talk.
+    let o = gstore(&["ls"], None);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("certificate"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = gstore(&["push", f.to_str().unwrap(), "--tag", "secure"], Some(&cert));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = env.path("out");
+    let o = gstore(&["restore", "secure", "--to", out.to_str().unwrap()], Some(&cert));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(fs::read(out.join("f")).unwrap(), fs::read(&f).unwrap());
+}

@@ -144,6 +144,12 @@ pub enum Command {
         /// Requests handled at once.
         #[arg(long, default_value_t = 256)]
         max_concurrent: usize,
+        /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+        #[arg(long, value_name = "PEM", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The certificate's private key (PEM).
+        #[arg(long, value_name = "PEM", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
     },
     /// Maintain the local index.
     Index {

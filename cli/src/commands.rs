@@ -173,7 +173,7 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Serve { listen, tokens, insecure, max_body, timeout, max_concurrent } => {
+        Command::Serve { listen, tokens, insecure, max_body, timeout, max_concurrent, tls_cert, tls_key } => {
             let store = Store::open(&location)?;
             let objects = store
                 .backend()
@@ -187,6 +187,8 @@ pub fn run(cli: Cli) -> Result<()> {
                 }
                 None => gstore_server::auth::Tokens::default(),
             };
+            let tls = tls_cert.zip(tls_key);
+            let scheme = if tls.is_some() { "https" } else { "http" };
             let settings = gstore_server::Settings {
                 addr: listen,
                 tokens,
@@ -194,9 +196,10 @@ pub fn run(cli: Cli) -> Result<()> {
                 max_body,
                 timeout: Duration::from_secs(timeout),
                 max_concurrent,
+                tls,
             };
             gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
-            eprintln!("gstore: serving {} on http://{listen}", store.describe());
+            eprintln!("gstore: serving {} on {scheme}://{listen}", store.describe());
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(gstore_server::serve(objects, settings, shutdown_signal())).map_err(anyhow::Error::msg)
         }

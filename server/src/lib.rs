@@ -30,6 +30,8 @@ pub struct Settings {
     pub timeout: Duration,
     /// Requests handled at once; more wait.
     pub max_concurrent: usize,
+    /// TLS certificate chain and private key (PEM files); plain HTTP when `None`.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// What the handlers share.
@@ -73,6 +75,27 @@ pub async fn serve(
         chunks: Arc::default(),
     };
     let app = routes::router(state, &s);
-    let listener = tokio::net::TcpListener::bind(s.addr).await.map_err(|e| format!("binding {}: {e}", s.addr))?;
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(|e| e.to_string())
+    match &s.tls {
+        None => {
+            let listener =
+                tokio::net::TcpListener::bind(s.addr).await.map_err(|e| format!("binding {}: {e}", s.addr))?;
+            axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(|e| e.to_string())
+        }
+        Some((cert, key)) => {
+            let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+                .await
+                .map_err(|e| format!("TLS certificate {} / key {}: {e}", cert.display(), key.display()))?;
+            let handle = axum_server::Handle::new();
+            let h = handle.clone();
+            tokio::spawn(async move {
+                shutdown.await;
+                h.graceful_shutdown(None);
+            });
+            axum_server::bind_rustls(s.addr, config)
+                .handle(handle)
+                .serve(app.into_make_service())
+                .await
+                .map_err(|e| format!("serving {}: {e}", s.addr))
+        }
+    }
 }

@@ -13,6 +13,8 @@ pub struct Metrics {
     pub bytes_in: IntCounter,
     /// Request latency by method.
     pub latency: HistogramVec,
+    /// Chunk-map lookups: `hit`, or `miss` (which reads new pack footers).
+    pub chunk_lookups: IntCounterVec,
 }
 
 impl Metrics {
@@ -30,15 +32,21 @@ impl Metrics {
             &["method"],
         )
         .expect("metric");
+        let chunk_lookups = IntCounterVec::new(
+            Opts::new("gstore_chunk_map_lookups_total", "chunk map lookups (cache hits and misses)"),
+            &["result"],
+        )
+        .expect("metric");
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(bytes_out.clone()),
             Box::new(bytes_in.clone()),
             Box::new(latency.clone()),
+            Box::new(chunk_lookups.clone()),
         ] {
             registry.register(m).expect("unique metric names");
         }
-        Metrics { registry, requests, bytes_out, bytes_in, latency }
+        Metrics { registry, requests, bytes_out, bytes_in, latency, chunk_lookups }
     }
 
     /// The text exposition format.

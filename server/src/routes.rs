@@ -76,7 +76,8 @@ fn parse_range(v: &str) -> Option<GetRange> {
         return Some(GetRange::Offset(start));
     }
     let end: u64 = b.parse().ok()?;
-    (end >= start).then_some(GetRange::Bounded(start..end + 1))
+    let stop = end.checked_add(1)?;
+    (end >= start).then_some(GetRange::Bounded(start..stop))
 }
 
 async fn get_object(
@@ -245,8 +246,10 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
 /// Finds a chunk, reading new pack footers once if it is not known yet.
 async fn locate(state: &AppState, id: &ObjectId) -> Result<Option<(ObjectId, PackEntry)>, Response> {
     if let Some(found) = state.chunks.get(id).await {
+        state.metrics.chunk_lookups.with_label_values(&["hit"]).inc();
         return Ok(Some(found));
     }
+    state.metrics.chunk_lookups.with_label_values(&["miss"]).inc();
     state.chunks.refresh(state.objects.as_ref()).await.map_err(store_error)?;
     Ok(state.chunks.get(id).await)
 }
@@ -350,4 +353,30 @@ async fn record(State(state): State<AppState>, req: Request, next: Next) -> Resp
     state.metrics.requests.with_label_values(&[method.as_str(), resp.status().as_str()]).inc();
     state.metrics.latency.with_label_values(&[method.as_str()]).observe(started.elapsed().as_secs_f64());
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn ranges() {
+        assert!(matches!(parse_range("bytes=0-9"), Some(GetRange::Bounded(r)) if r == (0..10)));
+        assert!(matches!(parse_range("bytes=5-"), Some(GetRange::Offset(5))));
+        assert!(parse_range(&format!("bytes=0-{}", u64::MAX)).is_none(), "an end that overflows is refused");
+        for bad in ["bytes=9-0", "bytes=-5", "items=0-1", "bytes=a-b", "bytes=0-1,3-4", ""] {
+            assert!(parse_range(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn range_parser_never_panics(s in ".{0,64}", a in any::<u64>(), b in any::<u64>()) {
+            let _ = parse_range(&s);
+            if let Some(GetRange::Bounded(r)) = parse_range(&format!("bytes={a}-{b}")) {
+                prop_assert!(r.start <= r.end);
+            }
+        }
+    }
 }

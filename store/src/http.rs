@@ -31,13 +31,19 @@ pub struct Answer {
 }
 
 impl HttpClient {
-    /// A client for the server at `base` (`http://host:port`), token from `GSTORE_TOKEN`.
+    /// A client for the server at `base` (`http://host:port` or `https://…`), token from
+    /// `GSTORE_TOKEN`; an extra trusted CA certificate (PEM) from `GSTORE_CA_CERT`.
     pub fn new(base: &str) -> Result<HttpClient> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(300))
-            .build()
-            .map_err(|e| StoreError::Invalid(format!("HTTP client: {e}")))?;
+        let mut builder =
+            reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).timeout(Duration::from_secs(300));
+        if let Some(path) = std::env::var_os("GSTORE_CA_CERT").filter(|v| !v.is_empty()) {
+            let pem = std::fs::read(&path)
+                .map_err(|e| StoreError::io("reading GSTORE_CA_CERT", std::path::PathBuf::from(&path), e))?;
+            let cert = reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| StoreError::Invalid(format!("GSTORE_CA_CERT: {e}")))?;
+            builder = builder.add_root_certificate(cert);
+        }
+        let client = builder.build().map_err(|e| StoreError::Invalid(format!("HTTP client: {e}")))?;
         let token = std::env::var("GSTORE_TOKEN").ok().filter(|t| !t.is_empty());
         Ok(HttpClient { base: base.trim_end_matches('/').to_string(), token, client })
     }
