@@ -91,7 +91,7 @@ impl Backend {
             })?
             .with_fsync(true)
             .with_automatic_cleanup(true);
-        Ok(Self::wrap(Arc::new(fs), root.display().to_string()))
+        Ok(Self::wrap(Inner::Objects(Arc::new(fs)), root.display().to_string()))
     }
 
     /// An S3-compatible bucket, optionally under a key prefix. Endpoint, region, credentials
@@ -126,32 +126,30 @@ impl Backend {
         })?;
         let desc = format!("s3://{bucket}/{prefix}");
         if prefix.is_empty() {
-            Ok(Self::wrap(Arc::new(s3), desc))
+            Ok(Self::wrap(Inner::Objects(Arc::new(s3)), desc))
         } else {
-            Ok(Self::wrap(Arc::new(object_store::prefix::PrefixStore::new(s3, prefix)), desc))
+            Ok(Self::wrap(Inner::Objects(Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))), desc))
         }
     }
 
     /// An in-memory store, for unit tests only.
     pub fn memory() -> Backend {
-        Self::wrap(Arc::new(object_store::memory::InMemory::new()), "memory".into())
+        Self::wrap(Inner::Objects(Arc::new(object_store::memory::InMemory::new())), "memory".into())
     }
 
     /// A gstore HTTP chunk server at `url` (`http://host:port`); the token comes from
     /// `GSTORE_TOKEN`.
     pub fn http(url: &str) -> Result<Backend> {
-        let mut b = Self::wrap(Arc::new(object_store::memory::InMemory::new()), url.to_string());
-        b.inner = Inner::Http(Arc::new(HttpClient::new(url)?));
-        Ok(b)
+        Ok(Self::wrap(Inner::Http(Arc::new(HttpClient::new(url)?)), url.to_string()))
     }
 
-    fn wrap(store: Arc<dyn ObjectStore>, description: String) -> Backend {
+    fn wrap(inner: Inner, description: String) -> Backend {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("tokio runtime starts");
-        Backend { inner: Inner::Objects(store), rt: Arc::new(rt), description }
+        Backend { inner, rt: Arc::new(rt), description }
     }
 
     /// The `object_store` this backend reads and writes (for serving it over HTTP); `None` for
