@@ -4,19 +4,6 @@
 use gstore_tests::*;
 use std::fs;
 
-fn pack_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(pack_files(&p));
-        } else if p.extension().is_some_and(|x| x == "pack") {
-            out.push(p);
-        }
-    }
-    out
-}
-
 #[test]
 fn push_on_one_machine_restore_on_another() {
     let s3 = S3::start();

@@ -85,12 +85,17 @@ impl Env {
 
     /// Every pack file in the store.
     pub fn packs(&self) -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        walk_files(&self.store.join("packs"), &mut out);
-        out.retain(|p| p.extension().is_some_and(|e| e == "pack"));
-        out.sort();
-        out
+        pack_files(&self.store.join("packs"))
     }
+}
+
+/// Every `*.pack` file below `dir`, sorted.
+pub fn pack_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    walk_files(dir, &mut out);
+    out.retain(|p| p.extension().is_some_and(|e| e == "pack"));
+    out.sort();
+    out
 }
 
 fn walk_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -121,6 +121,11 @@ pub struct Store {
     cache: Option<RangeCache>,
 }
 
+/// A pack too short for the bytes a read needs.
+fn truncated(key: String, size: u64, needed: u64) -> StoreError {
+    StoreError::corrupt("pack", key, format!("{size} bytes long but bytes up to {needed} are needed: truncated"))
+}
+
 /// Mapping offsets must be multiples of the page size.
 const PAGE: u64 = 4096;
 
@@ -267,11 +272,7 @@ impl Store {
         };
         let size = file.metadata().map_err(|e| StoreError::io("checking", &path, e))?.len();
         if size < range.end {
-            return Err(StoreError::corrupt(
-                "pack",
-                key,
-                format!("{size} bytes long but bytes up to {} are needed: truncated", range.end),
-            ));
+            return Err(truncated(key, size, range.end));
         }
         if range.is_empty() {
             return Ok(Bytes::new());
@@ -295,13 +296,7 @@ impl Store {
             Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "pack", key }),
             Err(e) => match self.backend.size(&key)? {
                 None => return Err(StoreError::NotFound { what: "pack", key }),
-                Some(size) if size < range.end => {
-                    return Err(StoreError::corrupt(
-                        "pack",
-                        key,
-                        format!("{size} bytes long but bytes up to {} are needed: truncated", range.end),
-                    ))
-                }
+                Some(size) if size < range.end => return Err(truncated(key, size, range.end)),
                 Some(_) => return Err(e),
             },
         };

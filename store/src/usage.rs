@@ -64,9 +64,11 @@ pub fn usage(store: &Store) -> Result<Usage> {
     // chunk -> (number of manifests referencing it, stored len, plain len)
     let mut chunks: HashMap<ObjectId, (u32, u64, u64)> = HashMap::new();
     let mut missing = 0;
-    for m in manifests.values() {
-        let distinct: HashSet<ObjectId> = m.chunks.iter().filter(|c| !c.zero).map(|c| c.id).collect();
-        for id in distinct {
+    // Each manifest's distinct stored chunks, computed once.
+    let distinct: HashMap<ObjectId, HashSet<ObjectId>> =
+        manifests.iter().map(|(id, m)| (*id, m.chunks.iter().filter(|c| !c.zero).map(|c| c.id).collect())).collect();
+    for ids in distinct.values() {
+        for &id in ids {
             if let Some(e) = chunks.get_mut(&id) {
                 e.0 += 1;
             } else if let Some(loc) = store.locate(&id)? {
@@ -76,19 +78,18 @@ pub fn usage(store: &Store) -> Result<Usage> {
             }
         }
     }
-    let unique_stored = |m: &crate::manifest::Manifest| -> u64 {
-        let distinct: HashSet<ObjectId> = m.chunks.iter().filter(|c| !c.zero).map(|c| c.id).collect();
-        distinct.iter().filter_map(|id| chunks.get(id)).filter(|c| c.0 == 1).map(|c| c.1).sum()
+    let unique_stored = |manifest: &ObjectId| -> u64 {
+        distinct[manifest].iter().filter_map(|id| chunks.get(id)).filter(|c| c.0 == 1).map(|c| c.1).sum()
     };
     let images = tags
         .iter()
         .map(|t| {
-            let m = &manifests[&t.manifest_id().expect("checked above")];
+            let id = t.manifest_id().expect("checked above");
             ImageUsage {
                 tag: t.tag().to_string(),
                 manifest: t.manifest.clone(),
-                logical_bytes: m.logical_size(),
-                unique_stored_bytes: unique_stored(m),
+                logical_bytes: manifests[&id].logical_size(),
+                unique_stored_bytes: unique_stored(&id),
             }
         })
         .collect();

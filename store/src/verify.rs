@@ -5,6 +5,7 @@
 use crate::codec;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::index::ChunkLocation;
 use crate::manifest::Manifest;
 use crate::pack::PackEntry;
 use crate::progress::Progress;
@@ -75,13 +76,19 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
         }
     }
 
-    // Where each referenced chunk should be, per the index.
+    // Where each referenced chunk should be, per the index (looked up once per chunk).
+    let mut located: HashMap<ObjectId, Option<ChunkLocation>> = HashMap::new();
     let mut wanted: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
     for m in manifests.values().filter_map(|m| m.as_ref().ok()) {
         for c in m.chunks.iter().filter(|c| !c.zero) {
-            if let Some(loc) = store.locate(&c.id)? {
+            if located.contains_key(&c.id) {
+                continue;
+            }
+            let loc = store.locate(&c.id)?;
+            if let Some(loc) = loc {
                 wanted.entry(loc.pack).or_default().push(c.id);
             }
+            located.insert(c.id, loc);
         }
     }
     let packs: Vec<(ObjectId, Vec<ObjectId>)> = wanted.into_iter().collect();
@@ -109,7 +116,7 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
         match id.map(|id| (id, &manifests[&id])) {
             None => problems.push("tag record unreadable".to_string()),
             Some((_, Err(e))) => problems.push(e.clone()),
-            Some((_, Ok(m))) => image_problems(store, m, &pack_results, &mut problems)?,
+            Some((_, Ok(m))) => image_problems(m, &located, &pack_results, &mut problems),
         }
         statuses.push(ImageStatus {
             tag,
@@ -123,15 +130,15 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
 }
 
 fn image_problems(
-    store: &Store,
     m: &Manifest,
+    located: &HashMap<ObjectId, Option<ChunkLocation>>,
     packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
     problems: &mut Vec<String>,
-) -> Result<()> {
+) {
     let mut reported_packs = HashSet::new();
     for (entry, chunks) in m.files() {
         for c in chunks.iter().filter(|c| !c.zero) {
-            let Some(loc) = store.locate(&c.id)? else {
+            let Some(loc) = located[&c.id] else {
                 problems.push(format!("{}: chunk {} is in no indexed pack", entry.path, c.id.short()));
                 continue;
             };
@@ -170,7 +177,6 @@ fn image_problems(
             }
         }
     }
-    Ok(())
 }
 
 /// Reads a pack's footer and, with `read_data`, decodes and hashes the chunks in `ids`.
