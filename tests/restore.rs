@@ -17,7 +17,10 @@ fn an_interrupted_restore_resumes_and_repairs() {
     let partial = env.path(".out.gstore-partial");
     // Kill restores until one dies part-way (the staging directory holds some of the image).
     let mut interrupted = false;
-    for delay_ms in [150u64, 100, 200, 60, 250, 40, 300] {
+    // Part-way means some chunk data was written (the files start as holes: no blocks).
+    let written =
+        |p: &std::path::Path| fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) > 0).unwrap_or(false);
+    for delay_ms in [150u64, 100, 200, 120, 60, 250, 90, 180, 40, 300, 70, 220] {
         let mut child = env
             .cmd(&["-q", "restore", "big", "--to", dest.to_str().unwrap(), "--memory-budget", "16777216"])
             .spawn()
@@ -26,7 +29,7 @@ fn an_interrupted_restore_resumes_and_repairs() {
         let still_running = child.try_wait().unwrap().is_none();
         let _ = child.kill();
         let _ = child.wait();
-        if still_running && partial.join("pages-1.img").exists() && !dest.exists() {
+        if still_running && written(&partial.join("pages-1.img")) && !dest.exists() {
             interrupted = true;
             break;
         }
