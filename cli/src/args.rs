@@ -118,6 +118,10 @@ pub enum Command {
         /// NAME[:VERSION].
         image: String,
     },
+    /// Reclaim space safely while others push: apply retention (if asked), then one
+    /// mark-and-sweep pass. Unneeded packs and manifests are tombstoned first and deleted by
+    /// the next pass, so run it twice (e.g. daily) to get all the space back. See docs/GC.md.
+    Gc(GcArgs),
     /// Check every tagged image: manifests, packs, and with --read-data every chunk's bytes.
     Verify {
         /// Read, decode and hash every referenced chunk.
@@ -198,4 +202,26 @@ pub struct InitArgs {
     /// Target pack size in bytes.
     #[arg(long, default_value_t = 48 * 1024 * 1024)]
     pub pack_size: u64,
+}
+
+/// Arguments of `gstore gc`.
+#[derive(Args, Debug)]
+pub struct GcArgs {
+    /// Keep the newest N images of each tag name (its versions and their history together);
+    /// remove the rest.
+    #[arg(long, value_name = "N")]
+    pub keep_last: Option<usize>,
+    /// Keep every image set within this long before now, e.g. 7d, 12h, 90min. With
+    /// --keep-last, an image either rule keeps is kept.
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
+    pub keep_within: Option<std::time::Duration>,
+    /// Report what would be removed and reclaimed; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Rewrite packs whose live data is below this fraction of their size (0 never).
+    #[arg(long, default_value_t = 0.5, value_name = "FRACTION")]
+    pub repack_below: f64,
+    /// Take the gc lock from a gc this machine cannot prove dead. Only when it is dead.
+    #[arg(long)]
+    pub break_lock: bool,
 }

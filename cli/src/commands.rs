@@ -1,12 +1,12 @@
 //! One function per subcommand; each prints a human summary, or JSON with `--json`.
 
-use crate::args::{Cli, Command, CriuArgs, IndexAction, InitArgs};
+use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs};
 use crate::capture;
 use crate::load;
 use crate::progress::Bars;
 use anyhow::{bail, Context, Result};
 use gstore_store::manifest::EntryKind;
-use gstore_store::{push, usage, verify, Store, StoreConfig, StoreLocation, TagRef};
+use gstore_store::{gc, push, usage, verify, Store, StoreConfig, StoreLocation, TagRef};
 use indicatif::HumanBytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -149,10 +149,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Show { image } => show(&Store::open(&location)?, &image, &out),
         Command::Du => du(&open_indexed(&location)?, &out),
         Command::Tag { source, target } => {
-            let store = Store::open(&location)?;
+            let store = open_indexed(&location)?;
             let id = store.resolve(&source)?;
             store.get_manifest(&id).with_context(|| format!("{source} does not name a readable image"))?;
-            let rec = store.set_tag(&TagRef::parse(&target)?, id)?;
+            let rec = store.tag_existing(&TagRef::parse(&target)?, id)?;
             out.emit(&rec, || format!("tagged {} -> {}", rec.tag(), rec.manifest))
         }
         Command::Rm { image } => {
@@ -163,6 +163,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 format!("removed tag {tag} (space is reclaimed by gc)")
             })
         }
+        Command::Gc(a) => run_gc(&location, a, &out, &bars),
         Command::Verify { read_data } => {
             let store = open_indexed(&location)?;
             let r = verify::verify(&store, read_data, &bars)?;
@@ -427,5 +428,68 @@ fn verify_text(r: &verify::VerifyReport) -> String {
     if r.read_data {
         s.push_str(&format!(", {} chunks read ({})", r.chunks_read, HumanBytes(r.bytes_read)));
     }
+    s
+}
+
+fn run_gc(location: &StoreLocation, a: GcArgs, out: &Output, bars: &Bars) -> Result<()> {
+    if !(0.0..=1.0).contains(&a.repack_below) {
+        bail!("--repack-below must be a fraction between 0 and 1, not {}", a.repack_below);
+    }
+    if a.keep_last == Some(0) {
+        bail!("--keep-last 0 would remove every image; use gstore rm to remove tags");
+    }
+    let store = Store::open(location)?;
+    let opts = gc::GcOptions {
+        policy: gc::retention::Policy { keep_last: a.keep_last, keep_within_secs: a.keep_within.map(|d| d.as_secs()) },
+        dry_run: a.dry_run,
+        repack_below: a.repack_below,
+        break_lock: a.break_lock,
+    };
+    let r = gc::gc(&store, &opts, bars)?;
+    out.emit(&r, || gc_text(&r))
+}
+
+fn gc_text(r: &gc::GcReport) -> String {
+    let would = if r.dry_run { "would be " } else { "" };
+    let mut s = String::new();
+    for t in &r.tags_removed {
+        s += &format!("tag {t} {would}removed by retention\n");
+    }
+    for t in &r.tags_changed_meanwhile {
+        s += &format!("tag {t} changed during gc: left for the next run\n");
+    }
+    for l in &r.leases_dropped {
+        s += &format!("lease of a dead process {would}dropped: {l}\n");
+    }
+    for p in &r.damaged_packs {
+        s += &format!("pack {p} is damaged and was left alone: run gstore verify\n");
+    }
+    for m in &r.missing_manifests {
+        s += &format!("manifest {m} named by a tag is missing: run gstore verify\n");
+    }
+    s += &format!(
+        "{} images kept, {} running pushes; {} history entries {would}dropped\n\
+         {} packs ({}): {} {would}deleted ({} reclaimed), {} {would}tombstoned ({} to reclaim next pass), \
+         {} {would}rewritten ({} written), {} revived\n\
+         manifests: {} {would}deleted, {} {would}tombstoned, {} revived\n\
+         {} requests in {:.2} s",
+        r.images_kept,
+        r.leases_live,
+        r.history_dropped,
+        r.packs,
+        HumanBytes(r.pack_bytes),
+        r.packs_deleted,
+        HumanBytes(r.bytes_reclaimed),
+        r.packs_tombstoned,
+        HumanBytes(r.bytes_tombstoned),
+        r.packs_repacked,
+        HumanBytes(r.bytes_repacked),
+        r.packs_revived,
+        r.manifests_deleted,
+        r.manifests_tombstoned,
+        r.manifests_revived,
+        r.requests,
+        r.seconds
+    );
     s
 }

@@ -20,6 +20,34 @@ pub const MANIFESTS_PREFIX: &str = "manifests";
 /// Prefix under which tags live.
 pub const TAGS_PREFIX: &str = "tags";
 
+/// Prefix under which push and tag leases live.
+pub const LEASES_PREFIX: &str = "leases";
+/// Prefix under which gc's tombstones live.
+pub const TOMBSTONES_PREFIX: &str = "tombstones";
+/// Key of the object a running gc holds so that only one gc runs at a time.
+pub const GC_LOCK_KEY: &str = "gc/lock";
+
+/// Key of a lease: `leases/<id>.lease`.
+pub fn lease_key(id: &str) -> String {
+    format!("{LEASES_PREFIX}/{id}.lease")
+}
+
+/// Key of the tombstone of the object under `key`: `tombstones/<key>`.
+pub fn tombstone_key(key: &str) -> String {
+    format!("{TOMBSTONES_PREFIX}/{key}")
+}
+
+/// The key of the object a tombstone key names, if it is one.
+pub fn tombstoned_key(tombstone: &str) -> Option<&str> {
+    tombstone.strip_prefix(TOMBSTONES_PREFIX)?.strip_prefix('/')
+}
+
+/// Parses the id out of a manifest key, if it is one.
+pub fn manifest_id_from_key(key: &str) -> Option<ObjectId> {
+    let file = key.strip_prefix(MANIFESTS_PREFIX)?.rsplit('/').next()?;
+    ObjectId::from_hex(file.strip_suffix(".manifest")?).ok()
+}
+
 /// Key of a pack: `packs/<first 2 hex>/<hex>.pack`.
 pub fn pack_key(id: &ObjectId) -> String {
     let h = id.to_hex();
@@ -62,12 +90,18 @@ pub struct Listed {
     pub size: u64,
 }
 
-/// A blocking handle on an object store. Cheap to clone; safe to use from many threads.
+/// Called before every request with the operation's name and key (see [`Backend::with_gate`]).
+pub type Gate = Arc<dyn Fn(&'static str, &str) + Send + Sync>;
+
+/// A blocking handle on an object store. Cheap to clone (clones share the store, the request
+/// count and the gate); safe to use from many threads.
 #[derive(Clone)]
 pub struct Backend {
     inner: Inner,
     rt: Arc<tokio::runtime::Runtime>,
     description: String,
+    requests: Arc<std::sync::atomic::AtomicU64>,
+    gate: Option<Gate>,
 }
 
 /// What a backend talks to.
@@ -149,7 +183,26 @@ impl Backend {
             .enable_all()
             .build()
             .expect("tokio runtime starts");
-        Backend { inner, rt: Arc::new(rt), description }
+        Backend { inner, rt: Arc::new(rt), description, requests: Arc::default(), gate: None }
+    }
+
+    /// This backend with `gate` called before every request, sharing the same objects: a
+    /// test scheduler can hold a request until it is that actor's turn.
+    pub fn with_gate(&self, gate: Gate) -> Backend {
+        Backend { gate: Some(gate), ..self.clone() }
+    }
+
+    /// Requests sent so far through this backend and its clones.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts a request and passes the gate, if any.
+    fn before(&self, op: &'static str, key: &str) {
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(g) = &self.gate {
+            g(op, key);
+        }
     }
 
     /// The `object_store` this backend reads and writes (for serving it over HTTP); `None` for
@@ -214,6 +267,7 @@ impl Backend {
 
     /// Writes an object, replacing any existing one.
     pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        self.before("put", key);
         if let Some(h) = self.http_client() {
             return self.http_call(h, reqwest::Method::PUT, key, &[], Some(bytes)).map(|_| ());
         }
@@ -229,6 +283,7 @@ impl Backend {
         if self.http_client().is_some() {
             return self.put(key, bytes);
         }
+        self.before("put_multipart", key);
         let path = ObjPath::from(key);
         self.rt
             .block_on(async {
@@ -243,6 +298,7 @@ impl Backend {
 
     /// Writes an object only if none exists under `key` ([`StoreError::AlreadyExists`] otherwise).
     pub fn put_new(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        self.before("put_new", key);
         if let Some(h) = self.http_client() {
             let r = self.http_call(
                 h,
@@ -266,6 +322,7 @@ impl Backend {
     /// Reads a whole object with the version a later [`Backend::put_if`] can require, or
     /// `None` if it does not exist.
     pub fn get_versioned(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+        self.before("get_versioned", key);
         if let Some(h) = self.http_client() {
             return match self.http_call(h, reqwest::Method::GET, key, &[], None) {
                 Ok(a) => Ok(Some((a.body, Version(object_store::UpdateVersion { e_tag: a.etag, version: None })))),
@@ -291,6 +348,7 @@ impl Backend {
     /// [`StoreError::Conflict`]. A backend without compare-and-swap on existing objects (the
     /// local directory store) overwrites instead; callers there serialize by other means.
     pub fn put_if(&self, key: &str, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
+        self.before("put_if", key);
         if let Some(h) = self.http_client() {
             let cond = match expected {
                 None => (reqwest::header::IF_NONE_MATCH, "*".to_string()),
@@ -318,6 +376,7 @@ impl Backend {
 
     /// Reads a whole object.
     pub fn get(&self, key: &str) -> Result<Bytes> {
+        self.before("get", key);
         if let Some(h) = self.http_client() {
             return self.http_call(h, reqwest::Method::GET, key, &[], None).map(|a| a.body);
         }
@@ -338,6 +397,7 @@ impl Backend {
 
     /// Reads a byte range of an object.
     pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        self.before("get_range", key);
         let want = range.end - range.start;
         let b = match self.http_client() {
             Some(h) => {
@@ -367,6 +427,7 @@ impl Backend {
 
     /// The size of an object, or `None` if it does not exist.
     pub fn size(&self, key: &str) -> Result<Option<u64>> {
+        self.before("size", key);
         if let Some(h) = self.http_client() {
             let a = self.rt.block_on(h.send(reqwest::Method::HEAD, &HttpClient::object_path(key), &[], None))?;
             if a.status == reqwest::StatusCode::NOT_FOUND {
@@ -384,6 +445,7 @@ impl Backend {
 
     /// Lists every object under `prefix`.
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.before("list", prefix);
         if let Some(h) = self.http_client() {
             let path = format!("/v1/list?prefix={prefix}");
             let a = self.rt.block_on(h.send(reqwest::Method::GET, &path, &[], None))?;
@@ -408,6 +470,7 @@ impl Backend {
 
     /// Deletes an object; deleting a missing object is not an error.
     pub fn delete(&self, key: &str) -> Result<()> {
+        self.before("delete", key);
         if let Some(h) = self.http_client() {
             return match self.http_call(h, reqwest::Method::DELETE, key, &[], None) {
                 Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),

@@ -1,16 +1,28 @@
 //! The local RocksDB index: where every stored chunk lives (pack, offset, lengths, codec) and
 //! per-pack statistics. It is a cache of what the pack footers say and can be rebuilt from
 //! them at any time (`gstore index rebuild`).
+//!
+//! A chunk may be held by more than one pack (two machines uploaded it at once, or gc copied
+//! it into a new pack), so chunk entries are keyed by chunk id and pack id. Packs that gc has
+//! tombstoned ("doomed") are used only when no other pack holds the chunk, and never to
+//! deduplicate a push against.
 
 use crate::codec::Codec;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::pack::PackEntry;
-use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, DB};
+use rocksdb::{ColumnFamilyDescriptor, Options, SliceTransform, WriteBatch, DB};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 
 const CF_CHUNKS: &str = "chunks";
 const CF_PACKS: &str = "packs";
+const CF_DOOMED: &str = "doomed";
+/// Key (in the default column family) holding the index layout version.
+const FORMAT_KEY: &[u8] = b"format";
+/// The layout written by this version: chunk entries keyed by chunk id + pack id.
+const FORMAT: &[u8] = b"2";
 
 /// Where one chunk's stored bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,26 +40,26 @@ pub struct ChunkLocation {
 }
 
 impl ChunkLocation {
-    fn encode(&self) -> [u8; 49] {
-        let mut v = [0u8; 49];
-        v[..32].copy_from_slice(&self.pack.0);
-        v[32..40].copy_from_slice(&self.offset.to_le_bytes());
-        v[40..44].copy_from_slice(&self.stored_len.to_le_bytes());
-        v[44..48].copy_from_slice(&self.plain_len.to_le_bytes());
-        v[48] = self.codec as u8;
+    /// Value of a chunk entry (the pack id is in its key).
+    fn encode_value(&self) -> [u8; 17] {
+        let mut v = [0u8; 17];
+        v[..8].copy_from_slice(&self.offset.to_le_bytes());
+        v[8..12].copy_from_slice(&self.stored_len.to_le_bytes());
+        v[12..16].copy_from_slice(&self.plain_len.to_le_bytes());
+        v[16] = self.codec as u8;
         v
     }
 
-    fn decode(v: &[u8]) -> Option<Self> {
-        if v.len() != 49 {
+    fn decode(key: &[u8], v: &[u8]) -> Option<Self> {
+        if key.len() != 64 || v.len() != 17 {
             return None;
         }
         Some(ChunkLocation {
-            pack: ObjectId::from_slice(&v[..32])?,
-            offset: u64::from_le_bytes(v[32..40].try_into().ok()?),
-            stored_len: u32::from_le_bytes(v[40..44].try_into().ok()?),
-            plain_len: u32::from_le_bytes(v[44..48].try_into().ok()?),
-            codec: Codec::from_byte(v[48])?,
+            pack: ObjectId::from_slice(&key[32..])?,
+            offset: u64::from_le_bytes(v[..8].try_into().ok()?),
+            stored_len: u32::from_le_bytes(v[8..12].try_into().ok()?),
+            plain_len: u32::from_le_bytes(v[12..16].try_into().ok()?),
+            codec: Codec::from_byte(v[16])?,
         })
     }
 
@@ -90,26 +102,62 @@ impl PackStats {
 pub struct Index {
     db: DB,
     path: PathBuf,
+    /// Packs gc has tombstoned, as last seen (mirrors the doomed column family).
+    doomed: RwLock<HashSet<ObjectId>>,
+    /// True when the index was created (or reset from an older layout) by this open and has
+    /// to be filled from the pack footers.
+    empty_at_open: bool,
+}
+
+fn chunk_key(chunk: &ObjectId, pack: &ObjectId) -> [u8; 64] {
+    let mut k = [0u8; 64];
+    k[..32].copy_from_slice(&chunk.0);
+    k[32..].copy_from_slice(&pack.0);
+    k
 }
 
 impl Index {
-    /// Opens (creating if needed) the index at `path`. The caller holds the store lock.
+    /// Opens (creating if needed) the index at `path`. The caller holds the store lock. An
+    /// index in an older layout is emptied; [`Index::needs_fill`] then says so.
     pub fn open(path: &Path) -> Result<Index> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_keep_log_file_num(2);
         let mut chunk_opts = Options::default();
+        chunk_opts.set_prefix_extractor(SliceTransform::create_fixed_prefix(32));
         let mut table = rocksdb::BlockBasedOptions::default();
         table.set_bloom_filter(10.0, false);
+        table.set_whole_key_filtering(false);
         chunk_opts.set_block_based_table_factory(&table);
+        chunk_opts.set_memtable_prefix_bloom_ratio(0.1);
         let cfs = vec![
             ColumnFamilyDescriptor::new(CF_CHUNKS, chunk_opts),
             ColumnFamilyDescriptor::new(CF_PACKS, Options::default()),
+            ColumnFamilyDescriptor::new(CF_DOOMED, Options::default()),
         ];
         let db = DB::open_cf_descriptors(&opts, path, cfs)
             .map_err(|e| StoreError::Index { path: path.into(), message: e.to_string() })?;
-        Ok(Index { db, path: path.into() })
+        let mut index = Index { db, path: path.into(), doomed: RwLock::new(HashSet::new()), empty_at_open: false };
+        let format = index.db.get(FORMAT_KEY).map_err(|e| index.ierr(e))?;
+        if format.as_deref() != Some(FORMAT) {
+            index.clear()?;
+            index.db.put(FORMAT_KEY, FORMAT).map_err(|e| index.ierr(e))?;
+            index.empty_at_open = true;
+        }
+        let mut doomed = HashSet::new();
+        for item in index.db.iterator_cf(index.cf(CF_DOOMED), rocksdb::IteratorMode::Start) {
+            let (k, _) = item.map_err(|e| index.ierr(e))?;
+            doomed.extend(ObjectId::from_slice(&k));
+        }
+        index.doomed = RwLock::new(doomed);
+        Ok(index)
+    }
+
+    /// True when this open created the index (or reset one in an older layout), so it must be
+    /// filled from the pack footers before use.
+    pub fn needs_fill(&self) -> bool {
+        self.empty_at_open
     }
 
     fn ierr(&self, e: rocksdb::Error) -> StoreError {
@@ -120,22 +168,46 @@ impl Index {
         self.db.cf_handle(name).expect("column family created at open")
     }
 
-    /// Where a chunk is stored, if the index knows it. A damaged entry reads as unknown.
-    pub fn locate(&self, id: &ObjectId) -> Result<Option<ChunkLocation>> {
-        let v = self.db.get_pinned_cf(self.cf(CF_CHUNKS), id.0).map_err(|e| self.ierr(e))?;
-        Ok(v.and_then(|v| ChunkLocation::decode(&v)))
+    /// Every pack holding a chunk, per the index (damaged entries are skipped).
+    pub fn holders(&self, id: &ObjectId) -> Result<Vec<ChunkLocation>> {
+        let mut it = self.db.raw_iterator_cf(self.cf(CF_CHUNKS));
+        it.seek(id.0);
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if !k.starts_with(&id.0) {
+                break;
+            }
+            out.extend(ChunkLocation::decode(k, v));
+            it.next();
+        }
+        it.status().map_err(|e| self.ierr(e))?;
+        Ok(out)
     }
 
-    /// Records a pack and all its chunks in one atomic batch. Chunks already located in
-    /// another pack keep their first location.
+    /// Where a chunk is stored, if the index knows it: a pack gc has not tombstoned if there
+    /// is one, else a tombstoned one (still readable until gc deletes it).
+    pub fn locate(&self, id: &ObjectId) -> Result<Option<ChunkLocation>> {
+        let holders = self.holders(id)?;
+        let doomed = self.doomed.read().expect("doomed set lock");
+        Ok(holders.iter().find(|l| !doomed.contains(&l.pack)).or(holders.first()).copied())
+    }
+
+    /// Where a chunk is stored in a pack a push may deduplicate against (one gc has not
+    /// tombstoned), if any.
+    pub fn locate_for_dedup(&self, id: &ObjectId) -> Result<Option<ChunkLocation>> {
+        let holders = self.holders(id)?;
+        let doomed = self.doomed.read().expect("doomed set lock");
+        Ok(holders.into_iter().find(|l| !doomed.contains(&l.pack)))
+    }
+
+    /// Records a pack and all its chunks in one atomic batch.
     pub fn add_pack(&self, pack: ObjectId, size: u64, entries: &[PackEntry]) -> Result<()> {
         let mut batch = WriteBatch::default();
+        let mut value = Vec::with_capacity(20 + 32 * entries.len());
+        value.extend_from_slice(&[0u8; 20]);
         let mut plain = 0u64;
         for e in entries {
             plain += e.plain_len as u64;
-            if self.locate(&e.id)?.is_some() {
-                continue;
-            }
             let loc = ChunkLocation {
                 pack,
                 offset: e.offset,
@@ -143,11 +215,46 @@ impl Index {
                 plain_len: e.plain_len,
                 codec: e.codec,
             };
-            batch.put_cf(self.cf(CF_CHUNKS), e.id.0, loc.encode());
+            batch.put_cf(self.cf(CF_CHUNKS), chunk_key(&e.id, &pack), loc.encode_value());
+            value.extend_from_slice(&e.id.0);
         }
         let stats = PackStats { size, chunks: entries.len() as u32, plain_bytes: plain };
-        batch.put_cf(self.cf(CF_PACKS), pack.0, stats.encode());
+        value[..20].copy_from_slice(&stats.encode());
+        batch.put_cf(self.cf(CF_PACKS), pack.0, value);
         self.db.write(batch).map_err(|e| self.ierr(e))
+    }
+
+    /// Forgets a pack (gc deleted it) and every chunk entry pointing into it.
+    pub fn remove_pack(&self, pack: &ObjectId) -> Result<()> {
+        let Some(v) = self.db.get_pinned_cf(self.cf(CF_PACKS), pack.0).map_err(|e| self.ierr(e))? else {
+            return Ok(());
+        };
+        let mut batch = WriteBatch::default();
+        for id in v.get(20..).unwrap_or_default().chunks_exact(32) {
+            let id = ObjectId::from_slice(id).expect("32 bytes");
+            batch.delete_cf(self.cf(CF_CHUNKS), chunk_key(&id, pack));
+        }
+        batch.delete_cf(self.cf(CF_PACKS), pack.0);
+        batch.delete_cf(self.cf(CF_DOOMED), pack.0);
+        drop(v);
+        self.db.write(batch).map_err(|e| self.ierr(e))?;
+        self.doomed.write().expect("doomed set lock").remove(pack);
+        Ok(())
+    }
+
+    /// Replaces the set of packs gc has tombstoned (as just listed).
+    pub fn set_doomed(&self, packs: &HashSet<ObjectId>) -> Result<()> {
+        let mut current = self.doomed.write().expect("doomed set lock");
+        let mut batch = WriteBatch::default();
+        for p in current.difference(packs) {
+            batch.delete_cf(self.cf(CF_DOOMED), p.0);
+        }
+        for p in packs.difference(&current) {
+            batch.put_cf(self.cf(CF_DOOMED), p.0, []);
+        }
+        self.db.write(batch).map_err(|e| self.ierr(e))?;
+        *current = packs.clone();
+        Ok(())
     }
 
     /// Statistics of one pack, if indexed.
@@ -170,9 +277,10 @@ impl Index {
 
     /// Removes every entry (before a rebuild).
     pub fn clear(&self) -> Result<()> {
-        for cf in [CF_CHUNKS, CF_PACKS] {
-            self.db.delete_range_cf(self.cf(cf), &[0u8; 0][..], &[0xffu8; 33][..]).map_err(|e| self.ierr(e))?;
+        for cf in [CF_CHUNKS, CF_PACKS, CF_DOOMED] {
+            self.db.delete_range_cf(self.cf(cf), &[0u8; 0][..], &[0xffu8; 65][..]).map_err(|e| self.ierr(e))?;
         }
+        self.doomed.write().expect("doomed set lock").clear();
         Ok(())
     }
 }
@@ -182,19 +290,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn add_locate_clear() {
+    fn add_locate_remove_clear() {
         let dir = tempfile::tempdir().unwrap();
         let idx = Index::open(&dir.path().join("idx")).unwrap();
+        assert!(idx.needs_fill());
         let pack = ObjectId::of(b"pack");
         let e = PackEntry { id: ObjectId::of(b"c"), offset: 8, stored_len: 5, plain_len: 9, codec: Codec::Zstd };
         idx.add_pack(pack, 100, &[e]).unwrap();
         let loc = idx.locate(&e.id).unwrap().unwrap();
         assert_eq!((loc.pack, loc.offset, loc.stored_len, loc.plain_len, loc.codec), (pack, 8, 5, 9, Codec::Zstd));
-        // A second pack with the same chunk does not move it.
-        idx.add_pack(ObjectId::of(b"other"), 50, &[PackEntry { offset: 99, ..e }]).unwrap();
-        assert_eq!(idx.locate(&e.id).unwrap().unwrap().pack, pack);
+        // A second pack with the same chunk is a second holder.
+        let other = ObjectId::of(b"other");
+        idx.add_pack(other, 50, &[PackEntry { offset: 99, ..e }]).unwrap();
+        assert_eq!(idx.holders(&e.id).unwrap().len(), 2);
         assert_eq!(idx.packs().unwrap().len(), 2);
         assert_eq!(idx.pack_stats(&pack).unwrap().unwrap().plain_bytes, 9);
+        // A doomed holder is used only when it is the last one, and never for dedup.
+        idx.set_doomed(&[pack].into()).unwrap();
+        assert_eq!(idx.locate(&e.id).unwrap().unwrap().pack, other);
+        idx.remove_pack(&other).unwrap();
+        assert_eq!(idx.locate(&e.id).unwrap().unwrap().pack, pack);
+        assert!(idx.locate_for_dedup(&e.id).unwrap().is_none());
+        drop(idx);
+        // The doomed set and the format survive a reopen.
+        let idx = Index::open(&dir.path().join("idx")).unwrap();
+        assert!(!idx.needs_fill());
+        assert!(idx.locate_for_dedup(&e.id).unwrap().is_none());
         idx.clear().unwrap();
         assert!(idx.locate(&e.id).unwrap().is_none());
         assert!(idx.packs().unwrap().is_empty());

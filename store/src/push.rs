@@ -6,11 +6,17 @@
 //! thread that stores the pack and then indexes it, so the next batch is processed while the
 //! previous pack is written. The manifest is written after the last pack is indexed, and the
 //! tag after the manifest: a crash at any point leaves every earlier image intact.
+//!
+//! A push holds a lease (docs/GC.md) naming every pack it writes, before it writes it, and
+//! the packs it deduplicated against. Once those are named, it checks that none of them has
+//! a gc tombstone or is gone; chunks it relied on in such packs are read again from the
+//! source and uploaded anew. The lease goes away after the tag is written.
 
 use crate::chunker;
 use crate::codec::{self, Codec};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::lease::{self, Lease};
 use crate::manifest::{ChunkRef, Entry, EntryKind, Manifest};
 use crate::pack::{FinishedPack, PackBuilder};
 use crate::progress::Progress;
@@ -19,7 +25,7 @@ use crate::store::{now_unix, Store};
 use crate::tag::{TagRecord, TagRef};
 use rayon::prelude::*;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
 
@@ -50,6 +56,8 @@ pub struct PushReport {
     pub zero_bytes: u64,
     /// Packs written.
     pub packs: u64,
+    /// Chunks found in packs gc had tombstoned or deleted meanwhile, uploaded again.
+    pub reuploaded_chunks: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
 }
@@ -68,6 +76,16 @@ struct Cut {
     zero: bool,
     /// Encoded bytes, only for chunks the index did not know.
     stored: Option<(Codec, Vec<u8>)>,
+    /// The pack the index found the chunk in, for chunks deduplicated against the store.
+    found_in: Option<ObjectId>,
+}
+
+/// A chunk this push relies on in a pack it did not write: where to read it again.
+struct Relied {
+    id: ObjectId,
+    file: usize,
+    offset: u64,
+    len: u32,
 }
 
 /// Pushes `source` as a new image tagged `tag`, with `meta` recorded in the manifest.
@@ -95,8 +113,11 @@ pub fn push(
         new_stored_bytes: 0,
         zero_bytes: 0,
         packs: 0,
+        reuploaded_chunks: 0,
         seconds: 0.0,
     };
+    let lease = Lease::take(store.backend(), &format!("push {tag}"))?;
+    let mut relied: HashMap<ObjectId, Vec<Relied>> = HashMap::new();
     let mut file_chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); entries.len()];
     let files = open_files(&entries)?;
 
@@ -107,34 +128,45 @@ pub fn push(
         let handles: Vec<_> = (0..writers)
             .map(|_| {
                 let rx = &rx;
-                scope.spawn(move || -> Result<u64> {
-                    let mut n = 0;
+                let lease = &lease;
+                scope.spawn(move || -> Result<Vec<ObjectId>> {
+                    let mut written = Vec::new();
                     loop {
                         // The guard is released before the upload: other writers take the next pack.
                         let next = rx.lock().expect("pack queue lock").recv();
-                        let Ok(p) = next else { return Ok(n) };
+                        let Ok(p) = next else { return Ok(written) };
+                        written.push(p.id);
+                        lease.protect(&[p.id], &[])?;
                         store.put_pack(p)?;
-                        n += 1;
                     }
                 })
             })
             .collect();
-        let appended = append_all(store, &entries, &files, &units, &mut file_chunks, &mut report, &tx, progress);
+        let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
+        let appended = append_all(store, &entries, &files, &units, &mut out, &tx, progress);
         drop(tx);
-        let mut written = Ok(0);
+        let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
         for h in handles {
             let r = h.join().expect("pack writer thread does not panic");
             written = match (written, r) {
-                (Ok(a), Ok(b)) => Ok(a + b),
+                (Ok(mut a), Ok(b)) => {
+                    a.extend(b);
+                    Ok(a)
+                }
                 (Err(e), _) | (_, Err(e)) => Err(e),
             };
         }
         // A writer error explains an append error (a closed channel), so report it first.
-        report.packs = written?;
+        let written = written?;
+        report.packs = written.len() as u64;
+        for p in &written {
+            relied.remove(p);
+        }
         appended
     });
     progress.finish();
     result?;
+    report.reuploaded_chunks = reupload_unreliable(store, &lease, &entries, &files, relied)?;
 
     let manifest = Manifest {
         created_unix: now_unix(),
@@ -153,8 +185,11 @@ pub fn push(
             .collect(),
         chunks: file_chunks.into_iter().flatten().collect(),
     };
-    let id = store.put_manifest(&manifest)?;
+    let id = ObjectId::of(&manifest.encode());
+    lease.protect(&[], &[id])?;
+    store.put_manifest(&manifest)?;
     let _: TagRecord = store.set_tag(tag, id)?;
+    drop(lease);
     report.manifest = id.to_hex();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
@@ -185,17 +220,23 @@ fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<std::fs::File>>> {
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the ordered append step fills in.
+struct Appended<'a> {
+    file_chunks: &'a mut [Vec<ChunkRef>],
+    report: &'a mut PushReport,
+    relied: &'a mut HashMap<ObjectId, Vec<Relied>>,
+}
+
 fn append_all(
     store: &Store,
     entries: &[SourceEntry],
     files: &[Option<std::fs::File>],
     units: &[Unit],
-    file_chunks: &mut [Vec<ChunkRef>],
-    report: &mut PushReport,
+    out: &mut Appended,
     tx: &mpsc::SyncSender<FinishedPack>,
     progress: &dyn Progress,
 ) -> Result<()> {
+    let Appended { file_chunks, report, relied } = out;
     let cfg = store.config();
     let mut seen: HashSet<ObjectId> = HashSet::new();
     let mut pack = PackBuilder::new(cfg.pack_target as usize);
@@ -218,12 +259,18 @@ fn append_all(
             })
             .collect();
         for (u, cuts) in units[start..end].iter().zip(cuts) {
+            let mut offset = u.offset;
             for c in cuts? {
                 report.chunks += 1;
                 file_chunks[u.file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
+                offset += c.len as u64;
                 if c.zero {
                     report.zero_bytes += c.len as u64;
                     continue;
+                }
+                if let Some(pack) = c.found_in {
+                    let r = Relied { id: c.id, file: u.file, offset: offset - c.len as u64, len: c.len };
+                    relied.entry(pack).or_default().push(r);
                 }
                 let Some((codec, stored)) = c.stored else { continue };
                 if !seen.insert(c.id) {
@@ -264,8 +311,69 @@ fn process_unit(store: &Store, entry: &SourceEntry, file: &std::fs::File, u: &Un
             let plain = &data[span];
             let id = ObjectId::of(plain);
             let zero = codec::is_all_zero(plain);
-            let stored = if zero || store.locate(&id)?.is_some() { None } else { Some(encoder.encode(plain)) };
-            Ok(Cut { id, len: plain.len() as u32, zero, stored })
+            let found_in = if zero { None } else { store.index().locate_for_dedup(&id)?.map(|l| l.pack) };
+            let stored = if zero || found_in.is_some() { None } else { Some(encoder.encode(plain)) };
+            Ok(Cut { id, len: plain.len() as u32, zero, stored, found_in })
         })
         .collect()
+}
+
+/// Names the packs this push deduplicated against in its lease, then uploads again every
+/// chunk it relied on in a pack that gc has tombstoned or deleted meanwhile (docs/GC.md, rule
+/// P3). Returns how many chunks were uploaded again.
+fn reupload_unreliable(
+    store: &Store,
+    lease: &Lease,
+    entries: &[SourceEntry],
+    files: &[Option<std::fs::File>],
+    mut relied: HashMap<ObjectId, Vec<Relied>>,
+) -> Result<u64> {
+    if relied.is_empty() {
+        return Ok(0);
+    }
+    let packs: Vec<ObjectId> = relied.keys().copied().collect();
+    lease.protect(&packs, &[])?;
+    let (bad, doomed) = lease::unreliable_packs(store.backend(), &packs.iter().copied().collect())?;
+    let index = store.index();
+    index.set_doomed(&doomed)?;
+    let cfg = store.config();
+    let mut encoder = codec::Encoder::new(cfg.zstd_level)?;
+    let mut pack = PackBuilder::new(cfg.pack_target as usize);
+    let mut seen = HashSet::new();
+    let mut n = 0;
+    let flush = |pack: PackBuilder| -> Result<()> {
+        let p = pack.finish();
+        lease.protect(&[p.id], &[])?;
+        store.put_pack(p)
+    };
+    for p in bad {
+        if !doomed.contains(&p) {
+            index.remove_pack(&p)?;
+        }
+        for r in relied.remove(&p).unwrap_or_default() {
+            if !seen.insert(r.id) {
+                continue;
+            }
+            let e = &entries[r.file];
+            let mut data = vec![0u8; r.len as usize];
+            files[r.file]
+                .as_ref()
+                .expect("file entry")
+                .read_exact_at(&mut data, r.offset)
+                .map_err(|err| StoreError::io("reading", &e.abs, err))?;
+            if ObjectId::of(&data) != r.id {
+                return Err(StoreError::Invalid(format!("{} changed while it was being pushed", e.abs.display())));
+            }
+            let (codec, stored) = encoder.encode(&data);
+            pack.push(r.id, codec, &stored, r.len);
+            n += 1;
+            if pack.len() >= cfg.pack_target {
+                flush(std::mem::replace(&mut pack, PackBuilder::new(cfg.pack_target as usize)))?;
+            }
+        }
+    }
+    if !pack.is_empty() {
+        flush(pack)?;
+    }
+    Ok(n)
 }

@@ -30,6 +30,13 @@ pub enum StoreLocation {
         /// The server's base URL.
         url: String,
     },
+    /// A caller-built backend (tests, embedding), with this machine's index and cache in `dir`.
+    Custom {
+        /// The backend's description, for messages.
+        description: String,
+        /// Directory of the index, lock and caches.
+        dir: PathBuf,
+    },
 }
 
 impl StoreLocation {
@@ -72,6 +79,9 @@ impl StoreLocation {
             StoreLocation::Local(p) => Backend::local(p),
             StoreLocation::S3 { bucket, prefix } => Backend::s3(bucket, prefix),
             StoreLocation::Http { url } => Backend::http(url),
+            StoreLocation::Custom { description, .. } => {
+                Err(StoreError::Invalid(format!("{description}: a custom backend is opened with Store::open_backend")))
+            }
         }
     }
 
@@ -82,6 +92,7 @@ impl StoreLocation {
             StoreLocation::Local(_) => return None,
             StoreLocation::S3 { bucket, prefix } => format!("s3-{bucket}-{prefix}"),
             StoreLocation::Http { url } => url.replace("://", "-"),
+            StoreLocation::Custom { dir, .. } => return Some(dir.clone()),
         };
         let base = std::env::var_os("XDG_CACHE_HOME")
             .filter(|v| !v.is_empty())
@@ -97,7 +108,9 @@ impl StoreLocation {
     fn index_dir(&self) -> PathBuf {
         match self {
             StoreLocation::Local(p) => p.join("index"),
-            StoreLocation::S3 { .. } | StoreLocation::Http { .. } => self.local_dir().expect("remote").join("index"),
+            StoreLocation::S3 { .. } | StoreLocation::Http { .. } | StoreLocation::Custom { .. } => {
+                self.local_dir().expect("remote").join("index")
+            }
         }
     }
 
@@ -106,7 +119,14 @@ impl StoreLocation {
             StoreLocation::Local(p) => p.display().to_string(),
             StoreLocation::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
             StoreLocation::Http { url } => url.clone(),
+            StoreLocation::Custom { description, .. } => description.clone(),
         }
+    }
+
+    /// This machine's directory for the store's gc state (footer and manifest caches) and
+    /// gc's local lock: `STORE/gc-state` for a local store, beside the index otherwise.
+    pub fn gc_state_dir(&self) -> PathBuf {
+        self.index_dir().with_file_name("gc-state")
     }
 }
 
@@ -172,6 +192,12 @@ impl Store {
         if matches!(location, StoreLocation::S3 { .. }) {
             probe_conditional_writes(&backend)?;
         }
+        Self::init_backend(&backend, location, config)
+    }
+
+    /// Creates a new store in `backend` (described by `location`). Fails if one is there.
+    pub fn init_backend(backend: &Backend, location: &StoreLocation, config: &StoreConfig) -> Result<()> {
+        config.validate()?;
         let json = serde_json::to_vec_pretty(config).expect("config serializes");
         match backend.put_new(backend::CONFIG_KEY, json) {
             Err(StoreError::AlreadyExists { .. }) => {
@@ -189,7 +215,12 @@ impl Store {
                 return Err(StoreError::NotInitialized(location.describe()));
             }
         }
-        let backend = location.backend()?;
+        Self::open_backend(location.backend()?, location)
+    }
+
+    /// Opens an existing store in `backend` without its index; `location` says where this
+    /// machine keeps the index and caches (a [`StoreLocation::Custom`] for a caller-built backend).
+    pub fn open_backend(backend: Backend, location: &StoreLocation) -> Result<Store> {
         let bytes =
             backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
         let config = StoreConfig::from_json(&bytes)?;
@@ -206,22 +237,34 @@ impl Store {
     /// Opens an existing store with its index, waiting (after calling `on_wait`) while another
     /// process holds it. An index that does not exist yet is built from the pack footers.
     pub fn open_indexed(location: &StoreLocation, on_wait: &dyn Fn(&str)) -> Result<Store> {
-        let mut store = Store::open(location)?;
+        Store::open(location)?.with_index(on_wait)
+    }
+
+    /// Opens this store's index (see [`Store::open_indexed`]).
+    pub fn with_index(mut self, on_wait: &dyn Fn(&str)) -> Result<Store> {
+        let store = &mut self;
+        let location = store.location.clone();
         let dir = location.index_dir();
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent).map_err(|e| StoreError::io("creating", parent, e))?;
         }
         let lock = StoreLock::acquire(&dir.with_extension("lock"), on_wait)?;
-        let fresh = !dir.exists();
-        store.index = Some(Index::open(&dir)?);
+        let index = Index::open(&dir)?;
+        let fresh = index.needs_fill();
+        store.index = Some(index);
         store._lock = Some(lock);
         if fresh {
             store.rebuild_index(&crate::progress::Silent)?;
-        } else if store.is_remote() {
-            // Other machines push to a shared bucket: learn about their packs.
+        } else {
+            // Other processes and machines push packs and gc removes them: catch up.
             store.sync_index()?;
         }
-        Ok(store)
+        Ok(self)
+    }
+
+    /// This machine's directory for the store's gc state (see [`StoreLocation::gc_state_dir`]).
+    pub fn gc_state_dir(&self) -> PathBuf {
+        self.location.gc_state_dir()
     }
 
     /// True when reads go over the network (and gain from more requests in flight than cores).
@@ -261,7 +304,9 @@ impl Store {
         let key = backend::pack_key(pack);
         let root = match &self.location {
             StoreLocation::Local(root) => root,
-            StoreLocation::S3 { .. } | StoreLocation::Http { .. } => return self.read_remote_range(pack, range, key),
+            StoreLocation::S3 { .. } | StoreLocation::Http { .. } | StoreLocation::Custom { .. } => {
+                return self.read_remote_range(pack, range, key)
+            }
         };
         let path = root.join(&key);
         let file = match std::fs::File::open(&path) {
@@ -333,7 +378,7 @@ impl Store {
 
     /// How many packs a push uploads at once: one for a local disk, several over a network.
     pub fn upload_concurrency(&self) -> usize {
-        if self.is_remote() {
+        if matches!(self.location, StoreLocation::S3 { .. } | StoreLocation::Http { .. }) {
             4
         } else {
             1
@@ -360,10 +405,11 @@ impl Store {
 
     /// Reads a tag, or `None` if it does not exist.
     pub fn get_tag(&self, tag: &TagRef) -> Result<Option<TagRecord>> {
-        Ok(self.get_tag_versioned(tag)?.map(|(r, _)| r))
+        Ok(self.get_tag_versioned(tag)?.map(|(r, _)| r).filter(|r| r.removed_unix.is_none()))
     }
 
-    /// Reads a tag with the version [`Store::put_tag`] can require.
+    /// Reads a tag record with the version [`Store::put_tag`] can require (a record marked
+    /// removed by gc included).
     pub fn get_tag_versioned(&self, tag: &TagRef) -> Result<Option<(TagRecord, backend::Version)>> {
         match self.backend.get_versioned(&backend::tag_key(&tag.name, &tag.version))? {
             Some((b, v)) => Ok(Some((TagRecord::from_json(&b, tag)?, v))),
@@ -389,10 +435,40 @@ impl Store {
     pub fn set_tag(&self, tag: &TagRef, manifest: ObjectId) -> Result<TagRecord> {
         let key = backend::tag_key(&tag.name, &tag.version);
         let current = self.backend.get_versioned(&key)?;
-        // A damaged previous record must not block a new push: start a fresh history.
-        let previous = current.as_ref().and_then(|(b, _)| TagRecord::from_json(b, tag).ok());
+        // A damaged previous record must not block a new push: start a fresh history. A
+        // removed one starts afresh too.
+        let previous =
+            current.as_ref().and_then(|(b, _)| TagRecord::from_json(b, tag).ok()).filter(|r| r.removed_unix.is_none());
         let rec = TagRecord::new(tag, manifest, now_unix(), previous);
         self.put_tag(&rec, current.as_ref().map(|(_, v)| v))?;
+        Ok(rec)
+    }
+
+    /// Points `tag` at an image already in the store (`gstore tag`). A lease protects the
+    /// image while it has no tag, and the image is refused if gc has tombstoned its manifest
+    /// or a pack its chunks are only in (docs/GC.md, rule P3): gc might delete them any moment.
+    /// Needs the index.
+    pub fn tag_existing(&self, tag: &TagRef, id: ObjectId) -> Result<TagRecord> {
+        let lease = crate::lease::Lease::take(&self.backend, &format!("tag {tag}"))?;
+        lease.protect(&[], &[id])?;
+        let manifest_doomed = self.backend.size(&backend::tombstone_key(&backend::manifest_key(&id)))?.is_some();
+        let m = self.get_manifest(&id)?;
+        self.sync_index()?;
+        let mut chunks_doomed = false;
+        for c in m.chunks.iter().filter(|c| !c.zero) {
+            if self.index().locate_for_dedup(&c.id)?.is_none() {
+                chunks_doomed = true;
+                break;
+            }
+        }
+        if manifest_doomed || chunks_doomed {
+            return Err(StoreError::Invalid(format!(
+                "image {} is being garbage-collected (gc tombstoned part of it): push it again instead of tagging it",
+                id.to_hex()
+            )));
+        }
+        let rec = self.set_tag(tag, id)?;
+        drop(lease);
         Ok(rec)
     }
 
@@ -412,7 +488,13 @@ impl Store {
             let Some(rest) = l.key.strip_prefix("tags/").and_then(|r| r.strip_suffix(".tag")) else { continue };
             let Some((name, version)) = rest.split_once('/') else { continue };
             let Ok(tag) = TagRef::parse(&format!("{name}:{version}")) else { continue };
-            out.push((tag.clone(), self.backend.get(&l.key).and_then(|b| TagRecord::from_json(&b, &tag))));
+            let rec = self.backend.get(&l.key).and_then(|b| TagRecord::from_json(&b, &tag));
+            match rec {
+                Ok(r) if r.removed_unix.is_some() => {}
+                // Gone between the listing and the read: deleted meanwhile.
+                Err(StoreError::NotFound { .. }) => {}
+                other => out.push((tag, other)),
+            }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out.into_iter().map(|(_, r)| r).collect())
@@ -432,14 +514,28 @@ impl Store {
         }
     }
 
-    /// Indexes the packs in the backend that the local index does not know yet (pushed by
-    /// other machines), reading only their footers. Damaged ones are skipped (verify names
-    /// the images they break). Returns how many packs were added.
+    /// Brings the index up to date with the backend, reading only footers: indexes packs it
+    /// does not know yet (pushed by other processes or machines), forgets packs that are gone
+    /// (deleted by gc) and records which packs gc has tombstoned. Tombstones are listed before
+    /// packs (docs/GC.md). Damaged packs are skipped (verify names the images they break).
+    /// Returns how many packs were added.
     pub fn sync_index(&self) -> Result<usize> {
         let index = self.index();
-        let known: std::collections::HashSet<ObjectId> = index.packs()?.into_iter().map(|(id, _)| id).collect();
+        let doomed = crate::lease::tombstoned_packs(&self.backend)?;
+        let listed = self.backend.list(backend::PACKS_PREFIX)?;
+        let present: std::collections::HashSet<ObjectId> =
+            listed.iter().filter_map(|l| backend::pack_id_from_key(&l.key)).collect();
+        let mut known = std::collections::HashSet::new();
+        for (id, _) in index.packs()? {
+            if present.contains(&id) {
+                known.insert(id);
+            } else {
+                index.remove_pack(&id)?;
+            }
+        }
+        index.set_doomed(&doomed)?;
         let mut added = 0;
-        for l in self.backend.list(backend::PACKS_PREFIX)? {
+        for l in listed {
             let Some(id) = backend::pack_id_from_key(&l.key) else { continue };
             if known.contains(&id) {
                 continue;
@@ -455,9 +551,11 @@ impl Store {
     /// Rebuilds the index from the pack footers in the backend. Returns (packs indexed,
     /// damaged packs skipped with their errors).
     pub fn rebuild_index(&self, progress: &dyn crate::progress::Progress) -> Result<(usize, Vec<StoreError>)> {
+        let doomed = crate::lease::tombstoned_packs(&self.backend)?;
         let packs = self.backend.list(backend::PACKS_PREFIX)?;
         let index = self.index();
         index.clear()?;
+        index.set_doomed(&doomed)?;
         progress.start("indexing packs", packs.len() as u64);
         let mut ok = 0;
         let mut damaged = Vec::new();

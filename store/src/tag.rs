@@ -78,6 +78,10 @@ pub struct TagRecord {
     /// Earlier values, newest first.
     #[serde(default)]
     pub history: Vec<TagHistoryItem>,
+    /// Set when gc's retention removed the tag (seconds since the Unix epoch): the record is
+    /// kept so that the removal was a compare-and-swap, and reads treat the tag as absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed_unix: Option<u64>,
 }
 
 impl TagRecord {
@@ -96,6 +100,7 @@ impl TagRecord {
             manifest: manifest.to_hex(),
             set_unix: now,
             history,
+            removed_unix: None,
         }
     }
 

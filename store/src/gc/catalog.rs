@@ -1,0 +1,101 @@
+//! gc's reads of immutable objects — pack footers and manifests — cached on this machine for
+//! remote stores, so that a later gc reads only what is new (footers and manifests never
+//! change under their ids). Cached bytes are checked again on every use.
+
+use crate::backend;
+use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
+use crate::manifest::Manifest;
+use crate::pack::{self, PackEntry, TRAILER_LEN};
+use crate::store::Store;
+use bytes::Bytes;
+use std::path::PathBuf;
+
+/// Cached reads for one gc run.
+pub struct Catalog<'a> {
+    store: &'a Store,
+    /// Cache directory; `None` for local stores (reading the store is as cheap).
+    dir: Option<PathBuf>,
+}
+
+impl<'a> Catalog<'a> {
+    /// A catalog for `store`.
+    pub fn new(store: &'a Store) -> Catalog<'a> {
+        let dir = store.is_remote().then(|| store.gc_state_dir().join("cache"));
+        Catalog { store, dir }
+    }
+
+    fn cached(&self, kind: &str, id: &ObjectId) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| d.join(kind).join(id.to_hex()))
+    }
+
+    /// Writes a cache file atomically (a crash leaves the old one or none).
+    fn save(path: &std::path::Path, bytes: &[u8]) {
+        let Some(parent) = path.parent() else { return };
+        let tmp = path.with_extension("tmp");
+        let _ = std::fs::create_dir_all(parent)
+            .and_then(|_| std::fs::write(&tmp, bytes))
+            .and_then(|_| std::fs::rename(&tmp, path));
+    }
+
+    /// A pack's chunk list, checked, from the cache or the pack's tail (`size` as listed).
+    pub fn footer(&self, id: &ObjectId, size: u64) -> Result<Vec<PackEntry>> {
+        let key = backend::pack_key(id);
+        let cache = self.cached("footers", id);
+        if let Some(tail) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
+            if let Ok(entries) = parse_tail(&tail, size, &key) {
+                return Ok(entries);
+            }
+        }
+        if size < TRAILER_LEN as u64 + 8 {
+            return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
+        }
+        let b = self.store.backend();
+        let trailer = b.get_range(&key, size - TRAILER_LEN as u64..size)?;
+        let t = pack::parse_trailer(&trailer, size, &key)?;
+        let footer = b.get_range(&key, t.footer_offset..size - TRAILER_LEN as u64)?;
+        let entries = pack::parse_footer(&footer, &t, &key)?;
+        if let Some(p) = cache {
+            Self::save(&p, &[&footer[..], &trailer[..]].concat());
+        }
+        Ok(entries)
+    }
+
+    /// A manifest, checked against its id, from the cache or the store.
+    pub fn manifest(&self, id: &ObjectId) -> Result<Manifest> {
+        let cache = self.cached("manifests", id);
+        if let Some(bytes) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
+            if let Ok(m) = Manifest::decode(&bytes, id) {
+                return Ok(m);
+            }
+        }
+        let key = backend::manifest_key(id);
+        let bytes: Bytes = match self.store.backend().get(&key) {
+            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "manifest", key }),
+            other => other?,
+        };
+        let m = Manifest::decode(&bytes, id)?;
+        if let Some(p) = cache {
+            Self::save(&p, &bytes);
+        }
+        Ok(m)
+    }
+
+    /// Drops what is cached for an object gc deleted.
+    pub fn forget(&self, kind: &str, id: &ObjectId) {
+        if let Some(p) = self.cached(kind, id) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Parses a cached pack tail (footer then trailer) of a pack `size` bytes long.
+fn parse_tail(tail: &[u8], size: u64, key: &str) -> Result<Vec<PackEntry>> {
+    let bad = || StoreError::corrupt("pack", key, "cached footer does not fit");
+    let split = tail.len().checked_sub(TRAILER_LEN).ok_or_else(bad)?;
+    let t = pack::parse_trailer(&tail[split..], size, key)?;
+    if size - t.footer_offset != tail.len() as u64 {
+        return Err(bad());
+    }
+    pack::parse_footer(&tail[..split], &t, key)
+}

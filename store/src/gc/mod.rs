@@ -1,0 +1,471 @@
+//! Garbage collection: retention, then one mark-and-sweep pass that is safe while other
+//! processes and machines push. docs/GC.md gives the protocol and its invariants.
+//!
+//! A pass, in this order:
+//! 1. take the gc lock (one gc at a time; pushes never take it);
+//! 2. list tombstones — only objects tombstoned *before* this point may be deleted now;
+//! 3. list leases: their packs and manifests are kept; leases of provably dead owners go;
+//! 4. apply retention to the tags (compare-and-swap writes), then read every tag: the roots
+//!    are every manifest a tag names (current value and history) plus leased manifests;
+//! 5. mark: the chunks the roots name are live; each live chunk gets one home pack;
+//! 6. list packs and manifests and decide: objects still needed lose their tombstone;
+//!    tombstoned objects still not needed are deleted; other unneeded objects get a
+//!    tombstone; packs holding little live data are rewritten (live chunks copied into a new
+//!    pack, then the old one tombstoned), so their space comes back on the next pass.
+
+mod catalog;
+mod lock;
+pub mod retention;
+
+use crate::backend::{self, Backend};
+use crate::codec::Decoder;
+use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
+use crate::lease::LeaseRecord;
+use crate::pack::{PackBuilder, PackEntry};
+use crate::progress::Progress;
+use crate::store::{now_unix, Store};
+use crate::tag::{TagRecord, TagRef};
+use catalog::Catalog;
+use retention::{Outcome, Policy};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+
+/// How gc runs.
+#[derive(Debug, Clone, Copy)]
+pub struct GcOptions {
+    /// Retention rules.
+    pub policy: Policy,
+    /// Decide and report, but write and delete nothing.
+    pub dry_run: bool,
+    /// Packs whose live data is below this fraction of their size are rewritten.
+    pub repack_below: f64,
+    /// Take the gc lock even from a holder this machine cannot prove dead.
+    pub break_lock: bool,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions { policy: Policy::default(), dry_run: false, repack_below: 0.5, break_lock: false }
+    }
+}
+
+/// What a gc pass did (or, with `dry_run`, would do).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GcReport {
+    /// Nothing was written or deleted.
+    pub dry_run: bool,
+    /// Tags retention removed.
+    pub tags_removed: Vec<String>,
+    /// History entries retention dropped.
+    pub history_dropped: u64,
+    /// Tags retention left alone because another writer changed them meanwhile.
+    pub tags_changed_meanwhile: Vec<String>,
+    /// Manifests kept as roots (tagged or leased).
+    pub images_kept: usize,
+    /// Leases of running pushes (their packs and manifests were kept).
+    pub leases_live: usize,
+    /// Leases whose owner is provably dead here, dropped.
+    pub leases_dropped: Vec<String>,
+    /// Packs in the store when listed.
+    pub packs: usize,
+    /// Bytes of those packs.
+    pub pack_bytes: u64,
+    /// Packs tombstoned by this pass (deleted by the next one unless needed again).
+    pub packs_tombstoned: usize,
+    /// Bytes of those packs.
+    pub bytes_tombstoned: u64,
+    /// Packs deleted by this pass (tombstoned by an earlier one, still unneeded).
+    pub packs_deleted: usize,
+    /// Bytes of those packs: space reclaimed.
+    pub bytes_reclaimed: u64,
+    /// Tombstoned packs that were needed again and kept.
+    pub packs_revived: usize,
+    /// Mostly-dead packs rewritten.
+    pub packs_repacked: usize,
+    /// Bytes written into new packs by rewriting.
+    pub bytes_repacked: u64,
+    /// Manifests tombstoned, deleted and revived.
+    pub manifests_tombstoned: usize,
+    /// Manifests deleted.
+    pub manifests_deleted: usize,
+    /// Manifests revived.
+    pub manifests_revived: usize,
+    /// Damaged packs (left untouched; `gstore verify` names the images they break).
+    pub damaged_packs: Vec<String>,
+    /// Manifests tags name that are missing.
+    pub missing_manifests: Vec<String>,
+    /// Requests sent to the store.
+    pub requests: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// One listed pack with what the mark found in it.
+struct PackInfo {
+    id: ObjectId,
+    size: u64,
+    entries: Vec<PackEntry>,
+    tombstoned: bool,
+    protected: bool,
+    /// Stored bytes of live chunks in it (whether or not it is their home).
+    live_bytes: u64,
+}
+
+impl PackInfo {
+    /// Order of preference as a home for a live chunk: leased, not tombstoned, fuller, id.
+    fn rank(&self) -> (bool, bool, u64, std::cmp::Reverse<ObjectId>) {
+        let fill = if self.size == 0 { 0 } else { self.live_bytes * 1_000_000 / self.size };
+        (self.protected, !self.tombstoned, fill, std::cmp::Reverse(self.id))
+    }
+}
+
+/// Runs retention and one gc pass over `store` (opened without its index).
+pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<GcReport> {
+    let started = std::time::Instant::now();
+    let requests_before = store.backend().requests();
+    let b = store.backend();
+    let _lock = if opts.dry_run { None } else { Some(lock::GcLock::take(b, opts.break_lock)?) };
+    let mut report = GcReport { dry_run: opts.dry_run, ..Default::default() };
+    let catalog = Catalog::new(store);
+
+    // 2. Tombstones first: only these may be deleted by this pass.
+    let tombstones: HashSet<String> = b
+        .list(backend::TOMBSTONES_PREFIX)?
+        .iter()
+        .filter_map(|l| backend::tombstoned_key(&l.key).map(str::to_string))
+        .collect();
+
+    // 3. Leases.
+    let (leased_packs, leased_manifests) = read_leases(b, opts.dry_run, &mut report)?;
+
+    // 4. Retention, then the roots.
+    let mut roots: HashSet<ObjectId> = leased_manifests;
+    for rec in apply_retention(store, opts, &mut report)? {
+        roots.insert(rec.manifest_id()?);
+        for h in &rec.history {
+            // A history entry with a damaged id names nothing gc could keep.
+            roots.extend(ObjectId::from_hex(&h.manifest).ok());
+        }
+    }
+    report.images_kept = roots.len();
+
+    // 5. Mark.
+    progress.start("gc: reading manifests", roots.len() as u64);
+    let mut live: HashSet<ObjectId> = HashSet::new();
+    for id in &roots {
+        match catalog.manifest(id) {
+            Ok(m) => live.extend(m.chunks.iter().filter(|c| !c.zero).map(|c| c.id)),
+            Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
+            Err(e) => {
+                return Err(StoreError::Invalid(format!(
+                    "gc stopped before deleting anything: manifest {} cannot be read ({e}); run gstore verify",
+                    id.to_hex()
+                )))
+            }
+        }
+        progress.advance(1);
+    }
+    progress.finish();
+
+    // 6. Packs: read footers (new ones only, for a remote store), pick homes, decide.
+    let listed = b.list(backend::PACKS_PREFIX)?;
+    progress.start("gc: reading pack footers", listed.len() as u64);
+    let mut packs = Vec::new();
+    for l in &listed {
+        progress.advance(1);
+        let Some(id) = backend::pack_id_from_key(&l.key) else { continue };
+        report.packs += 1;
+        report.pack_bytes += l.size;
+        match catalog.footer(&id, l.size) {
+            Ok(entries) => {
+                let live_bytes = entries.iter().filter(|e| live.contains(&e.id)).map(|e| e.stored_len as u64).sum();
+                packs.push(PackInfo {
+                    id,
+                    size: l.size,
+                    entries,
+                    tombstoned: tombstones.contains(&l.key),
+                    protected: leased_packs.contains(&id),
+                    live_bytes,
+                });
+            }
+            Err(e) if e.is_damage() => report.damaged_packs.push(id.to_hex()),
+            Err(e) => return Err(e),
+        }
+    }
+    progress.finish();
+    let homes = pick_homes(&packs, &live);
+    let mut home_bytes: HashMap<ObjectId, u64> = HashMap::new();
+    for p in &packs {
+        for e in &p.entries {
+            if homes.get(&e.id) == Some(&p.id) {
+                *home_bytes.entry(p.id).or_default() += e.stored_len as u64;
+            }
+        }
+    }
+    let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run };
+    let mut to_tombstone = Vec::new();
+    let mut to_repack = Vec::new();
+    for p in &packs {
+        let needed = p.protected || home_bytes.contains_key(&p.id);
+        let key = backend::pack_key(&p.id);
+        match (needed, p.tombstoned) {
+            (true, true) => {
+                sweep.revive(&key)?;
+                report.packs_revived += 1;
+            }
+            (true, false) => {
+                let home = home_bytes[&p.id];
+                if !p.protected && (home as f64) < opts.repack_below * p.size as f64 {
+                    to_repack.push(p);
+                }
+            }
+            (false, true) => {
+                sweep.delete(&key, "footers", &p.id)?;
+                report.packs_deleted += 1;
+                report.bytes_reclaimed += p.size;
+            }
+            (false, false) => to_tombstone.push(p),
+        }
+    }
+    let repacked = sweep.repack(&to_repack, &homes, progress, &mut report)?;
+    for p in to_tombstone.into_iter().chain(repacked) {
+        sweep.tombstone(&backend::pack_key(&p.id))?;
+        report.packs_tombstoned += 1;
+        report.bytes_tombstoned += p.size;
+    }
+
+    // Manifests no root names.
+    let manifests = b.list(backend::MANIFESTS_PREFIX)?;
+    for l in &manifests {
+        let Some(id) = backend::manifest_id_from_key(&l.key) else { continue };
+        match (roots.contains(&id), tombstones.contains(&l.key)) {
+            (true, true) => {
+                sweep.revive(&l.key)?;
+                report.manifests_revived += 1;
+            }
+            (true, false) => {}
+            (false, true) => {
+                sweep.delete(&l.key, "manifests", &id)?;
+                report.manifests_deleted += 1;
+            }
+            (false, false) => {
+                sweep.tombstone(&l.key)?;
+                report.manifests_tombstoned += 1;
+            }
+        }
+    }
+
+    // Tombstones of objects that were already gone when listed (a gc stopped between the
+    // two deletes).
+    if !opts.dry_run {
+        let present: HashSet<&str> = listed.iter().chain(&manifests).map(|l| l.key.as_str()).collect();
+        for t in tombstones.iter().filter(|t| !present.contains(t.as_str())) {
+            b.delete(&backend::tombstone_key(t))?;
+        }
+    }
+    report.requests = b.requests() - requests_before;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Reads every lease: returns the packs and manifests live leases protect. Leases whose owner
+/// is provably dead here are deleted (unless `dry_run`). A damaged lease stops gc: what it
+/// protects is unknown.
+fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
+    let mut packs = HashSet::new();
+    let mut manifests = HashSet::new();
+    for l in b.list(backend::LEASES_PREFIX)? {
+        let Some(bytes) = b.get_opt(&l.key)? else { continue };
+        let rec = LeaseRecord::from_json(&bytes, &l.key).map_err(|e| {
+            StoreError::Invalid(format!(
+                "gc stopped before deleting anything: {e}; delete {} if no push is running",
+                l.key
+            ))
+        })?;
+        if rec.owner.is_dead_here() {
+            report.leases_dropped.push(format!("{} ({})", rec.purpose, rec.owner.describe()));
+            if !dry_run {
+                b.delete(&l.key)?;
+            }
+            continue;
+        }
+        report.leases_live += 1;
+        packs.extend(rec.pack_ids());
+        manifests.extend(rec.manifest_ids());
+    }
+    Ok((packs, manifests))
+}
+
+/// Applies retention to every tag (compare-and-swap writes) and returns the records that
+/// remain. A tag another writer changed meanwhile is kept whole, as re-read.
+fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Result<Vec<TagRecord>> {
+    let b = store.backend();
+    let mut records = Vec::new();
+    for l in b.list(backend::TAGS_PREFIX)? {
+        let Some(rest) = l.key.strip_prefix("tags/").and_then(|r| r.strip_suffix(".tag")) else { continue };
+        let Some((name, version)) = rest.split_once('/') else { continue };
+        let tag = TagRef::parse(&format!("{name}:{version}"))?;
+        let Some((rec, v)) = store.get_tag_versioned(&tag).map_err(|e| {
+            StoreError::Invalid(format!("gc stopped before deleting anything: {e}; fix or remove tag {tag}"))
+        })?
+        else {
+            continue;
+        };
+        if rec.removed_unix.is_none() {
+            records.push((rec, v));
+        }
+    }
+    let outcomes = opts.policy.apply(&records.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(), now_unix());
+    let mut kept = Vec::new();
+    for ((rec, version), outcome) in records.into_iter().zip(outcomes) {
+        let new = match outcome {
+            Outcome::Keep => {
+                kept.push(rec);
+                continue;
+            }
+            Outcome::Trim(trimmed, dropped) => {
+                report.history_dropped += dropped as u64;
+                Some(trimmed)
+            }
+            Outcome::Remove => {
+                report.tags_removed.push(rec.tag().to_string());
+                None
+            }
+        };
+        if opts.dry_run {
+            kept.extend(new);
+            continue;
+        }
+        let write = new.clone().unwrap_or_else(|| TagRecord { removed_unix: Some(now_unix()), ..rec.clone() });
+        match store.put_tag(&write, Some(&version)) {
+            Ok(()) => kept.extend(new),
+            Err(StoreError::Conflict(_)) => {
+                report.tags_changed_meanwhile.push(rec.tag().to_string());
+                if new.is_none() {
+                    report.tags_removed.pop();
+                }
+                // Keep whatever it names now (it may be gone again: then nothing).
+                kept.extend(store.get_tag(&rec.tag())?);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(kept)
+}
+
+/// For each live chunk, the one pack gc keeps it in: the best-ranked holder.
+fn pick_homes(packs: &[PackInfo], live: &HashSet<ObjectId>) -> HashMap<ObjectId, ObjectId> {
+    let mut best: HashMap<ObjectId, usize> = HashMap::new();
+    for (i, p) in packs.iter().enumerate() {
+        for e in p.entries.iter().filter(|e| live.contains(&e.id)) {
+            let slot = best.entry(e.id).or_insert(i);
+            if packs[*slot].rank() < p.rank() {
+                *slot = i;
+            }
+        }
+    }
+    best.into_iter().map(|(c, i)| (c, packs[i].id)).collect()
+}
+
+/// The writes of a pass (none with `dry_run`).
+struct Sweep<'a> {
+    store: &'a Store,
+    catalog: &'a Catalog<'a>,
+    dry_run: bool,
+}
+
+impl Sweep<'_> {
+    /// Marks the object under `key` for deletion by a later pass.
+    fn tombstone(&self, key: &str) -> Result<()> {
+        if self.dry_run {
+            return Ok(());
+        }
+        let body = serde_json::to_vec(&serde_json::json!({ "format": 1, "object": key })).expect("json");
+        match self.store.backend().put_new(&backend::tombstone_key(key), body) {
+            Ok(()) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the tombstone of an object that is needed again.
+    fn revive(&self, key: &str) -> Result<()> {
+        if self.dry_run {
+            return Ok(());
+        }
+        self.store.backend().delete(&backend::tombstone_key(key))
+    }
+
+    /// Deletes a tombstoned object, then its tombstone.
+    fn delete(&self, key: &str, kind: &str, id: &ObjectId) -> Result<()> {
+        if self.dry_run {
+            return Ok(());
+        }
+        self.store.backend().delete(key)?;
+        self.catalog.forget(kind, id);
+        self.store.backend().delete(&backend::tombstone_key(key))
+    }
+
+    /// Copies the chunks each of `packs` is home to into new packs, checking every one, and
+    /// returns the packs that were copied out (to be tombstoned). A pack with a damaged chunk
+    /// is left as it is.
+    fn repack<'p>(
+        &self,
+        packs: &[&'p PackInfo],
+        homes: &HashMap<ObjectId, ObjectId>,
+        progress: &dyn Progress,
+        report: &mut GcReport,
+    ) -> Result<Vec<&'p PackInfo>> {
+        if packs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let target = self.store.config().pack_target;
+        let mut out = PackBuilder::new(target as usize);
+        let mut copied = Vec::new();
+        let mut decoder = Decoder::new();
+        let mut scratch = Vec::new();
+        progress.start("gc: rewriting mostly-dead packs", packs.len() as u64);
+        for p in packs {
+            progress.advance(1);
+            let keep: Vec<&PackEntry> = p.entries.iter().filter(|e| homes.get(&e.id) == Some(&p.id)).collect();
+            let bytes = match self.store.read_pack_range(&p.id, 0..p.size) {
+                Ok(b) => b,
+                Err(e) if e.is_damage() || matches!(e, StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let ok = keep.iter().all(|e| {
+                scratch.clear();
+                let stored = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
+                decoder.decode_append(e.codec, stored, e.plain_len as usize, &e.id, &mut scratch).is_ok()
+            });
+            if !ok {
+                report.damaged_packs.push(p.id.to_hex());
+                continue;
+            }
+            if self.dry_run {
+                copied.push(*p);
+                continue;
+            }
+            for e in keep {
+                let stored = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
+                out.push(e.id, e.codec, stored, e.plain_len);
+            }
+            copied.push(*p);
+            if out.len() >= target {
+                self.put_new_pack(std::mem::replace(&mut out, PackBuilder::new(target as usize)), report)?;
+            }
+        }
+        if !out.is_empty() {
+            self.put_new_pack(out, report)?;
+        }
+        progress.finish();
+        report.packs_repacked += copied.len();
+        Ok(copied)
+    }
+
+    fn put_new_pack(&self, p: PackBuilder, report: &mut GcReport) -> Result<()> {
+        let p = p.finish();
+        report.bytes_repacked += p.bytes.len() as u64;
+        self.store.backend().put(&backend::pack_key(&p.id), p.bytes)
+    }
+}
