@@ -28,10 +28,16 @@ impl ChunkMap {
         self.inner.read().await.chunks.get(id).copied()
     }
 
-    /// Reads the footers of packs not seen yet. Damaged packs are skipped.
+    /// Reads the footers of packs not seen yet. Damaged packs are skipped. When gc deleted a
+    /// known pack, the map is rebuilt (chunks it held may live in another pack now).
     pub async fn refresh(&self, objects: &dyn ObjectStore) -> object_store::Result<()> {
         let listed: Vec<_> = objects.list(Some(&ObjPath::from(PACKS_PREFIX))).try_collect().await?;
-        let known = self.inner.read().await.packs.clone();
+        let present: HashSet<ObjectId> = listed.iter().filter_map(|m| pack_id_from_key(m.location.as_ref())).collect();
+        let mut known = self.inner.read().await.packs.clone();
+        if !known.is_subset(&present) {
+            *self.inner.write().await = Known::default();
+            known.clear();
+        }
         for meta in listed {
             let Some(pack) = pack_id_from_key(meta.location.as_ref()) else { continue };
             if known.contains(&pack) {

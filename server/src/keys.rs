@@ -15,6 +15,12 @@ pub enum Key {
     Manifest(ObjectId),
     /// `tags/<name>/<version>.tag`.
     Tag(TagRef),
+    /// `leases/<32 hex>.lease`.
+    Lease(String),
+    /// `tombstones/<pack or manifest key>`.
+    Tombstone(Box<Key>),
+    /// `gc/lock`.
+    GcLock,
 }
 
 impl Key {
@@ -23,6 +29,19 @@ impl Key {
         let bad = || format!("not a gstore object key: {:?}", key.chars().take(200).collect::<String>());
         if key == backend::CONFIG_KEY {
             return Ok(Key::Config);
+        }
+        if key == backend::GC_LOCK_KEY {
+            return Ok(Key::GcLock);
+        }
+        if let Some(name) = key.strip_prefix("leases/").and_then(|r| r.strip_suffix(".lease")) {
+            let ok = name.len() == 32 && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            return if ok { Ok(Key::Lease(name.to_string())) } else { Err(bad()) };
+        }
+        if let Some(inner) = backend::tombstoned_key(key) {
+            return match Key::parse(inner) {
+                Ok(k @ (Key::Pack(_) | Key::Manifest(_))) => Ok(Key::Tombstone(Box::new(k))),
+                _ => Err(bad()),
+            };
         }
         let id_in = |rest: &str, suffix: &str| -> Option<ObjectId> {
             let (dir, file) = rest.split_once('/')?;
@@ -60,6 +79,11 @@ mod tests {
         assert_eq!(Key::parse(&backend::manifest_key(&id)), Ok(Key::Manifest(id)));
         assert!(matches!(Key::parse("tags/app/v1.tag"), Ok(Key::Tag(_))));
         assert_eq!(Key::parse("config.json"), Ok(Key::Config));
+        assert_eq!(Key::parse("gc/lock"), Ok(Key::GcLock));
+        let lease = backend::lease_key(&"0a".repeat(16));
+        assert_eq!(Key::parse(&lease), Ok(Key::Lease("0a".repeat(16))));
+        let tomb = backend::tombstone_key(&backend::pack_key(&id));
+        assert_eq!(Key::parse(&tomb), Ok(Key::Tombstone(Box::new(Key::Pack(id)))));
         let long = format!("tags/{}/v.tag", "a".repeat(300));
         for bad in [
             "tags/../x.tag",
@@ -67,6 +91,10 @@ mod tests {
             "tags/a\0b/v.tag",
             "packs/zz/00.pack",
             "index/LOCK",
+            "tombstones/tags/a/v.tag",
+            "tombstones/config.json",
+            "leases/../x.lease",
+            "leases/ABC.lease",
             "../config.json",
             "",
             &long,
@@ -86,6 +114,9 @@ mod tests {
                     Key::Pack(id) => backend::pack_key(id),
                     Key::Manifest(id) => backend::manifest_key(id),
                     Key::Tag(t) => backend::tag_key(&t.name, &t.version),
+                    Key::Lease(name) => backend::lease_key(name),
+                    Key::Tombstone(_) => s.clone(),
+                    Key::GcLock => backend::GC_LOCK_KEY.to_string(),
                 };
                 prop_assert_eq!(again, s);
             }

@@ -143,12 +143,8 @@ async fn put_object(
         Ok(k) => k,
         Err(r) => return r,
     };
-    let (scope, tag) = match &k {
-        Key::Config => (Scope::Admin, None),
-        Key::Tag(t) => (Scope::Write, Some(t.name.clone())),
-        _ => (Scope::Write, None),
-    };
-    if let Err(r) = authorize(&state, &headers, scope, tag.as_deref()) {
+    let (scope, tag) = write_scope(&k);
+    if let Err(r) = authorize(&state, &headers, scope, tag) {
         return r;
     }
     let checked = {
@@ -200,13 +196,29 @@ async fn put_object(
     }
 }
 
+/// The scope (and tag namespace) writing or deleting an object needs: tags and leases are
+/// written by pushes; the config, packs' and manifests' deletion, tombstones and the gc lock
+/// belong to admins (gc).
+fn write_scope(k: &Key) -> (Scope, Option<&str>) {
+    match k {
+        Key::Tag(t) => (Scope::Write, Some(t.name.as_str())),
+        Key::Pack(_) | Key::Manifest(_) | Key::Lease(_) => (Scope::Write, None),
+        Key::Config | Key::Tombstone(_) | Key::GcLock => (Scope::Admin, None),
+    }
+}
+
 async fn delete_object(State(state): State<AppState>, Path(key): Path<String>, headers: HeaderMap) -> Response {
-    let tag = match parse_key(&key) {
-        Ok(Key::Tag(t)) => t,
-        Ok(_) => return error(StatusCode::METHOD_NOT_ALLOWED, "only tags can be deleted over HTTP"),
+    let k = match parse_key(&key) {
+        Ok(Key::Config) => return error(StatusCode::METHOD_NOT_ALLOWED, "the store config cannot be deleted"),
+        Ok(k) => k,
         Err(r) => return r,
     };
-    if let Err(r) = authorize(&state, &headers, Scope::Write, Some(&tag.name)) {
+    // Deleting packs and manifests is gc's work.
+    let (scope, tag) = match &k {
+        Key::Pack(_) | Key::Manifest(_) => (Scope::Admin, None),
+        other => write_scope(other),
+    };
+    if let Err(r) = authorize(&state, &headers, scope, tag) {
         return r;
     }
     let path = ObjPath::from(key.as_str());
@@ -228,8 +240,8 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
     if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
         return r;
     }
-    if !["packs", "manifests", "tags"].contains(&q.prefix.as_str()) {
-        return error(StatusCode::BAD_REQUEST, "prefix must be packs, manifests or tags");
+    if !["packs", "manifests", "tags", "leases", "tombstones"].contains(&q.prefix.as_str()) {
+        return error(StatusCode::BAD_REQUEST, "prefix must be packs, manifests, tags, leases or tombstones");
     }
     let listed: Result<Vec<_>, _> = state
         .objects

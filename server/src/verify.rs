@@ -4,6 +4,7 @@
 use crate::keys::Key;
 use gstore_store::codec::Decoder;
 use gstore_store::manifest::Manifest;
+use gstore_store::lease::{LeaseRecord, Owner};
 use gstore_store::tag::TagRecord;
 use gstore_store::{pack, ObjectId, StoreConfig};
 
@@ -30,5 +31,11 @@ pub fn upload(key: &Key, body: &[u8]) -> Result<(), String> {
         Key::Manifest(id) => Manifest::decode(body, id).map(|_| ()).map_err(|e| e.to_string()),
         Key::Tag(tag) => TagRecord::from_json(body, tag).map(|_| ()).map_err(|e| e.to_string()),
         Key::Config => StoreConfig::from_json(body).map(|_| ()).map_err(|e| e.to_string()),
+        Key::Lease(name) => LeaseRecord::from_json(body, name).map(|_| ()).map_err(|e| e.to_string()),
+        Key::GcLock => serde_json::from_slice::<Owner>(body).map(|_| ()).map_err(|e| format!("gc lock: {e}")),
+        Key::Tombstone(_) if body.len() <= 4096 => {
+            serde_json::from_slice::<serde_json::Value>(body).map(|_| ()).map_err(|e| format!("tombstone: {e}"))
+        }
+        Key::Tombstone(_) => Err("tombstone larger than 4 KiB".into()),
     }
 }

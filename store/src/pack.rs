@@ -85,11 +85,16 @@ fn salt() -> [u8; SALT_LEN] {
 }
 
 impl PackBuilder {
-    /// Starts an empty pack with room for `capacity` bytes.
+    /// Starts an empty pack with room for `capacity` bytes and a fresh random salt.
     pub fn new(capacity: usize) -> Self {
+        Self::with_salt(capacity, salt())
+    }
+
+    /// Starts an empty pack with the given salt (deterministic simulations choose their own).
+    pub fn with_salt(capacity: usize, salt: [u8; SALT_LEN]) -> Self {
         let mut buf = Vec::with_capacity(capacity + capacity / 64 + TRAILER_LEN);
         buf.extend_from_slice(PACK_MAGIC);
-        buf.extend_from_slice(&salt());
+        buf.extend_from_slice(&salt);
         PackBuilder { buf, entries: Vec::new() }
     }
 

@@ -239,7 +239,7 @@ fn append_all(
     let Appended { file_chunks, report, relied } = out;
     let cfg = store.config();
     let mut seen: HashSet<ObjectId> = HashSet::new();
-    let mut pack = PackBuilder::new(cfg.pack_target as usize);
+    let mut pack = store.new_pack();
     let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * cfg.segment_size);
     let writer_gone = || StoreError::Invalid("pack writer stopped".into());
     let mut start = 0;
@@ -281,7 +281,7 @@ fn append_all(
                 report.new_stored_bytes += stored.len() as u64;
                 pack.push(c.id, codec, &stored, c.len);
                 if pack.len() >= cfg.pack_target {
-                    let full = std::mem::replace(&mut pack, PackBuilder::new(cfg.pack_target as usize));
+                    let full = std::mem::replace(&mut pack, store.new_pack());
                     tx.send(full.finish()).map_err(|_| writer_gone())?;
                 }
             }
@@ -338,7 +338,7 @@ fn reupload_unreliable(
     index.set_doomed(&doomed)?;
     let cfg = store.config();
     let mut encoder = codec::Encoder::new(cfg.zstd_level)?;
-    let mut pack = PackBuilder::new(cfg.pack_target as usize);
+    let mut pack = store.new_pack();
     let mut seen = HashSet::new();
     let mut n = 0;
     let flush = |pack: PackBuilder| -> Result<()> {
@@ -346,6 +346,8 @@ fn reupload_unreliable(
         lease.protect(&[p.id], &[])?;
         store.put_pack(p)
     };
+    let mut bad: Vec<ObjectId> = bad.into_iter().collect();
+    bad.sort();
     for p in bad {
         if !doomed.contains(&p) {
             index.remove_pack(&p)?;
@@ -368,7 +370,7 @@ fn reupload_unreliable(
             pack.push(r.id, codec, &stored, r.len);
             n += 1;
             if pack.len() >= cfg.pack_target {
-                flush(std::mem::replace(&mut pack, PackBuilder::new(cfg.pack_target as usize)))?;
+                flush(std::mem::replace(&mut pack, store.new_pack()))?;
             }
         }
     }

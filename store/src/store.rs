@@ -139,6 +139,9 @@ pub struct Store {
     index: Option<Index>,
     _lock: Option<StoreLock>,
     cache: Option<RangeCache>,
+    /// Set by [`Store::with_salt_seed`]: pack salts derive from it and a counter.
+    salt_seed: Option<u64>,
+    salts_made: std::sync::atomic::AtomicU64,
 }
 
 /// A pack too short for the bytes a read needs.
@@ -231,7 +234,16 @@ impl Store {
                 .unwrap_or(crate::cache::DEFAULT_LIMIT);
             RangeCache::new(d.join("ranges"), limit)
         });
-        Ok(Store { backend, config, location: location.clone(), index: None, _lock: None, cache })
+        Ok(Store {
+            backend,
+            config,
+            location: location.clone(),
+            index: None,
+            _lock: None,
+            cache,
+            salt_seed: None,
+            salts_made: Default::default(),
+        })
     }
 
     /// Opens an existing store with its index, waiting (after calling `on_wait`) while another
@@ -376,6 +388,26 @@ impl Store {
         self.index().add_pack(p.id, size, &p.entries)
     }
 
+    /// Makes the salts of the packs this store writes derive from `seed` and a counter instead
+    /// of fresh randomness, so that a seeded simulation writes the same packs every run.
+    pub fn with_salt_seed(mut self, seed: u64) -> Store {
+        self.salt_seed = Some(seed);
+        self
+    }
+
+    /// A new, empty pack builder sized for this store's packs.
+    pub fn new_pack(&self) -> pack::PackBuilder {
+        let capacity = self.config.pack_target as usize;
+        match self.salt_seed {
+            None => pack::PackBuilder::new(capacity),
+            Some(seed) => {
+                let n = self.salts_made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let h = blake3::hash(&[seed.to_le_bytes(), n.to_le_bytes()].concat());
+                pack::PackBuilder::with_salt(capacity, h.as_bytes()[..pack::SALT_LEN].try_into().expect("16 bytes"))
+            }
+        }
+    }
+
     /// How many packs a push uploads at once: one for a local disk, several over a network.
     pub fn upload_concurrency(&self) -> usize {
         if matches!(self.location, StoreLocation::S3 { .. } | StoreLocation::Http { .. }) {
@@ -431,17 +463,39 @@ impl Store {
     }
 
     /// Points `tag` at `manifest`, keeping the previous value in its history. Fails with
-    /// [`StoreError::Conflict`] if another writer changes the tag in between.
+    /// [`StoreError::Conflict`] if another writer points the tag elsewhere in between; a
+    /// change that left its value alone (gc trimming its history or removing it) is retried.
     pub fn set_tag(&self, tag: &TagRef, manifest: ObjectId) -> Result<TagRecord> {
         let key = backend::tag_key(&tag.name, &tag.version);
-        let current = self.backend.get_versioned(&key)?;
-        // A damaged previous record must not block a new push: start a fresh history. A
-        // removed one starts afresh too.
-        let previous =
-            current.as_ref().and_then(|(b, _)| TagRecord::from_json(b, tag).ok()).filter(|r| r.removed_unix.is_none());
-        let rec = TagRecord::new(tag, manifest, now_unix(), previous);
-        self.put_tag(&rec, current.as_ref().map(|(_, v)| v))?;
-        Ok(rec)
+        let value = |current: &Option<(Bytes, backend::Version)>| {
+            // A damaged previous record must not block a new push: start a fresh history. A
+            // removed one starts afresh too.
+            current
+                .as_ref()
+                .and_then(|(b, _)| TagRecord::from_json(b, tag).ok())
+                .filter(|r| r.removed_unix.is_none())
+        };
+        let mut current = self.backend.get_versioned(&key)?;
+        for _ in 0..8 {
+            let previous = value(&current);
+            let rec = TagRecord::new(tag, manifest, now_unix(), previous.clone());
+            match self.put_tag(&rec, current.as_ref().map(|(_, v)| v)) {
+                Err(StoreError::Conflict(m)) => {
+                    current = self.backend.get_versioned(&key)?;
+                    let now = value(&current);
+                    let moved = match (&previous, &now) {
+                        (Some(a), Some(b)) => a.manifest != b.manifest || a.set_unix != b.set_unix,
+                        (None, Some(_)) => true,
+                        (_, None) => false,
+                    };
+                    if moved {
+                        return Err(StoreError::Conflict(m));
+                    }
+                }
+                other => return other.map(|()| rec),
+            }
+        }
+        Err(StoreError::Conflict(format!("tag {tag} keeps changing under this write: retry")))
     }
 
     /// Points `tag` at an image already in the store (`gstore tag`). A lease protects the

@@ -29,7 +29,7 @@ use crate::tag::{TagRecord, TagRef};
 use catalog::Catalog;
 use retention::{Outcome, Policy};
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// How gc runs.
 #[derive(Debug, Clone, Copy)]
@@ -113,10 +113,19 @@ struct PackInfo {
 }
 
 impl PackInfo {
-    /// Order of preference as a home for a live chunk: leased, not tombstoned, fuller, id.
-    fn rank(&self) -> (bool, bool, u64, std::cmp::Reverse<ObjectId>) {
-        let fill = if self.size == 0 { 0 } else { self.live_bytes * 1_000_000 / self.size };
-        (self.protected, !self.tombstoned, fill, std::cmp::Reverse(self.id))
+    /// Order of preference as a home for a live chunk: leased, staying (needed and not to be
+    /// rewritten), not tombstoned, fuller, lower id.
+    fn rank(&self, staying: &HashSet<ObjectId>) -> (bool, bool, bool, u64, std::cmp::Reverse<ObjectId>) {
+        let fill = self.live_bytes * 1_000_000 / self.data_bytes().max(1);
+        let stays = staying.contains(&self.id);
+        // A tombstoned pack that stays is revived: it ranks as if it had no tombstone, so the
+        // next pass, seeing no tombstone, chooses the same homes.
+        (self.protected, stays, stays || !self.tombstoned, fill, std::cmp::Reverse(self.id))
+    }
+
+    /// Stored bytes of all its chunks (the pack without header, footer and trailer).
+    fn data_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.stored_len as u64).sum()
     }
 }
 
@@ -130,7 +139,7 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     let catalog = Catalog::new(store);
 
     // 2. Tombstones first: only these may be deleted by this pass.
-    let tombstones: HashSet<String> = b
+    let tombstones: BTreeSet<String> = b
         .list(backend::TOMBSTONES_PREFIX)?
         .iter()
         .filter_map(|l| backend::tombstoned_key(&l.key).map(str::to_string))
@@ -140,7 +149,7 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     let (leased_packs, leased_manifests) = read_leases(b, opts.dry_run, &mut report)?;
 
     // 4. Retention, then the roots.
-    let mut roots: HashSet<ObjectId> = leased_manifests;
+    let mut roots: BTreeSet<ObjectId> = leased_manifests.into_iter().collect();
     for rec in apply_retention(store, opts, &mut report)? {
         roots.insert(rec.manifest_id()?);
         for h in &rec.history {
@@ -194,32 +203,44 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
         }
     }
     progress.finish();
-    let homes = pick_homes(&packs, &live);
-    let mut home_bytes: HashMap<ObjectId, u64> = HashMap::new();
-    for p in &packs {
-        for e in &p.entries {
-            if homes.get(&e.id) == Some(&p.id) {
-                *home_bytes.entry(p.id).or_default() += e.stored_len as u64;
-            }
+    // Homes, chosen again with the packs that stay ranked first until the choice settles: a
+    // chunk a staying pack holds is kept there, so rewriting copies only what lives nowhere
+    // else, and the next pass finds the same homes (and rewrites nothing more).
+    let mut staying = HashSet::new();
+    let (mut homes, mut home_bytes) = pick_homes(&packs, &live, &staying);
+    for _ in 0..4 {
+        let next: HashSet<ObjectId> = packs
+            .iter()
+            .filter(|p| {
+                let home = home_bytes.get(&p.id).copied().unwrap_or(0);
+                p.protected || (home > 0 && (home as f64) >= opts.repack_below * p.data_bytes() as f64)
+            })
+            .map(|p| p.id)
+            .collect();
+        if next == staying {
+            break;
         }
+        staying = next;
+        (homes, home_bytes) = pick_homes(&packs, &live, &staying);
     }
     let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run };
     let mut to_tombstone = Vec::new();
     let mut to_repack = Vec::new();
     for p in &packs {
-        let needed = p.protected || home_bytes.contains_key(&p.id);
+        let home = home_bytes.get(&p.id).copied().unwrap_or(0);
+        let needed = p.protected || home > 0;
+        if needed && !p.protected && (home as f64) < opts.repack_below * p.data_bytes() as f64 {
+            // Rewritten, then tombstoned (a tombstone it already has stays).
+            to_repack.push(p);
+            continue;
+        }
         let key = backend::pack_key(&p.id);
         match (needed, p.tombstoned) {
             (true, true) => {
                 sweep.revive(&key)?;
                 report.packs_revived += 1;
             }
-            (true, false) => {
-                let home = home_bytes[&p.id];
-                if !p.protected && (home as f64) < opts.repack_below * p.size as f64 {
-                    to_repack.push(p);
-                }
-            }
+            (true, false) => {}
             (false, true) => {
                 sweep.delete(&key, "footers", &p.id)?;
                 report.packs_deleted += 1;
@@ -229,7 +250,12 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
         }
     }
     let repacked = sweep.repack(&to_repack, &homes, progress, &mut report)?;
-    for p in to_tombstone.into_iter().chain(repacked) {
+    for p in to_repack.iter().filter(|p| p.tombstoned && !repacked.iter().any(|r| r.id == p.id)) {
+        // Could not be rewritten (damaged): still needed.
+        sweep.revive(&backend::pack_key(&p.id))?;
+        report.packs_revived += 1;
+    }
+    for p in to_tombstone.into_iter().chain(repacked.into_iter().filter(|p| !p.tombstoned)) {
         sweep.tombstone(&backend::pack_key(&p.id))?;
         report.packs_tombstoned += 1;
         report.bytes_tombstoned += p.size;
@@ -354,18 +380,27 @@ fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Re
     Ok(kept)
 }
 
-/// For each live chunk, the one pack gc keeps it in: the best-ranked holder.
-fn pick_homes(packs: &[PackInfo], live: &HashSet<ObjectId>) -> HashMap<ObjectId, ObjectId> {
-    let mut best: HashMap<ObjectId, usize> = HashMap::new();
+/// For each live chunk, the one pack gc keeps it in (the best-ranked holder), and the stored
+/// bytes each pack is home to.
+fn pick_homes(
+    packs: &[PackInfo],
+    live: &HashSet<ObjectId>,
+    staying: &HashSet<ObjectId>,
+) -> (HashMap<ObjectId, ObjectId>, HashMap<ObjectId, u64>) {
+    let mut best: HashMap<ObjectId, (usize, u32)> = HashMap::new();
     for (i, p) in packs.iter().enumerate() {
         for e in p.entries.iter().filter(|e| live.contains(&e.id)) {
-            let slot = best.entry(e.id).or_insert(i);
-            if packs[*slot].rank() < p.rank() {
-                *slot = i;
+            let slot = best.entry(e.id).or_insert((i, e.stored_len));
+            if packs[slot.0].rank(staying) < p.rank(staying) {
+                *slot = (i, e.stored_len);
             }
         }
     }
-    best.into_iter().map(|(c, i)| (c, packs[i].id)).collect()
+    let mut bytes: HashMap<ObjectId, u64> = HashMap::new();
+    for &(i, len) in best.values() {
+        *bytes.entry(packs[i].id).or_default() += len as u64;
+    }
+    (best.into_iter().map(|(c, (i, _))| (c, packs[i].id)).collect(), bytes)
 }
 
 /// The writes of a pass (none with `dry_run`).
@@ -420,7 +455,7 @@ impl Sweep<'_> {
             return Ok(Vec::new());
         }
         let target = self.store.config().pack_target;
-        let mut out = PackBuilder::new(target as usize);
+        let mut out = self.store.new_pack();
         let mut copied = Vec::new();
         let mut decoder = Decoder::new();
         let mut scratch = Vec::new();
@@ -452,7 +487,7 @@ impl Sweep<'_> {
             }
             copied.push(*p);
             if out.len() >= target {
-                self.put_new_pack(std::mem::replace(&mut out, PackBuilder::new(target as usize)), report)?;
+                self.put_new_pack(std::mem::replace(&mut out, self.store.new_pack()), report)?;
             }
         }
         if !out.is_empty() {
