@@ -3,8 +3,8 @@
 
 use crate::keys::Key;
 use gstore_store::codec::Decoder;
-use gstore_store::manifest::Manifest;
 use gstore_store::lease::{LeaseRecord, Owner};
+use gstore_store::manifest::Manifest;
 use gstore_store::tag::TagRecord;
 use gstore_store::{pack, ObjectId, StoreConfig};
 

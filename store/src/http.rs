@@ -105,6 +105,7 @@ impl HttpClient {
                 .and_then(|v| v["error"].as_str().map(str::to_string))
                 .unwrap_or_else(|| String::from_utf8_lossy(&a.body).into_owned())
         };
+        let path = Self::object_path(key);
         match a.status {
             s if s.is_success() => Ok(()),
             StatusCode::NOT_FOUND => Err(StoreError::NotFound { what: "object", key: key.to_string() }),
@@ -112,10 +113,10 @@ impl HttpClient {
                 "{key} was changed by another writer at the same time; nothing was overwritten: retry"
             ))),
             StatusCode::UNAUTHORIZED => {
-                Err(self.err(key, "access denied: missing or unknown token (set GSTORE_TOKEN)".into()))
+                Err(self.err(&path, "access denied: missing or unknown token (set GSTORE_TOKEN)".into()))
             }
-            StatusCode::FORBIDDEN => Err(self.err(key, format!("access denied: {}", msg()))),
-            s => Err(self.err(key, format!("HTTP {s}: {}", msg()))),
+            StatusCode::FORBIDDEN => Err(self.err(&path, format!("access denied: {}", msg()))),
+            s => Err(self.err(&path, format!("HTTP {s}: {}", msg()))),
         }
     }
 

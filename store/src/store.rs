@@ -470,10 +470,7 @@ impl Store {
         let value = |current: &Option<(Bytes, backend::Version)>| {
             // A damaged previous record must not block a new push: start a fresh history. A
             // removed one starts afresh too.
-            current
-                .as_ref()
-                .and_then(|(b, _)| TagRecord::from_json(b, tag).ok())
-                .filter(|r| r.removed_unix.is_none())
+            current.as_ref().and_then(|(b, _)| TagRecord::from_json(b, tag).ok()).filter(|r| r.removed_unix.is_none())
         };
         let mut current = self.backend.get_versioned(&key)?;
         for _ in 0..8 {

@@ -203,17 +203,25 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
         }
     }
     progress.finish();
-    // Homes, chosen again with the packs that stay ranked first until the choice settles: a
-    // chunk a staying pack holds is kept there, so rewriting copies only what lives nowhere
-    // else, and the next pass finds the same homes (and rewrites nothing more).
-    let mut staying = HashSet::new();
+    // Which packs stay: start from every pack without a tombstone; add tombstoned packs
+    // that are the best home left for some chunk (they will be revived) and drop packs that
+    // would be home to too little, until the set settles. Staying packs are preferred as
+    // homes, so a chunk a staying pack holds is kept there and rewriting copies only what
+    // lives nowhere else. The next pass starts from the same set (none of it tombstoned
+    // then) and settles on the same homes: it rewrites nothing more.
+    let min_dead = (store.config().pack_target / 4).min(64 << 10);
+    let stays = |p: &PackInfo, home: u64| {
+        let data = p.data_bytes();
+        p.protected || (home > 0 && ((home as f64) >= opts.repack_below * data as f64 || data - home < min_dead))
+    };
+    let mut staying: HashSet<ObjectId> = packs.iter().filter(|p| p.protected || !p.tombstoned).map(|p| p.id).collect();
     let (mut homes, mut home_bytes) = pick_homes(&packs, &live, &staying);
-    for _ in 0..4 {
+    for _ in 0..16 {
         let next: HashSet<ObjectId> = packs
             .iter()
             .filter(|p| {
                 let home = home_bytes.get(&p.id).copied().unwrap_or(0);
-                p.protected || (home > 0 && (home as f64) >= opts.repack_below * p.data_bytes() as f64)
+                (staying.contains(&p.id) || p.tombstoned) && stays(p, home)
             })
             .map(|p| p.id)
             .collect();
@@ -229,7 +237,7 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     for p in &packs {
         let home = home_bytes.get(&p.id).copied().unwrap_or(0);
         let needed = p.protected || home > 0;
-        if needed && !p.protected && (home as f64) < opts.repack_below * p.data_bytes() as f64 {
+        if needed && !stays(p, home) {
             // Rewritten, then tombstoned (a tombstone it already has stays).
             to_repack.push(p);
             continue;

@@ -1,0 +1,232 @@
+//! `gstore gc` with real processes: against a real S3 server while two machines push, killed
+//! with SIGKILL at random moments, on a local store, and through `gstore serve`.
+
+use gstore_tests::*;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// An image: a file shared by every image (so pushes deduplicate against each other and
+/// against what gc removes) and a file of its own.
+fn make_image(dir: &Path, seed: u64) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    write_mixed_file(&dir.join("base.img"), 1_500_000, 1000 + seed % 3);
+    write_mixed_file(&dir.join("own.img"), 700_000, seed);
+    dir.to_path_buf()
+}
+
+/// Names of the current tags (`ls --json`).
+fn tags(ls: &str) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(ls).unwrap();
+    v.as_array().unwrap().iter().map(|t| t["tag"].as_str().unwrap().to_string()).collect()
+}
+
+fn report(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("gc --json printed {out:?}: {e}"))
+}
+
+/// Every tag in `expected` restores to its source on a fresh machine, and verify is clean.
+fn check_all(s3: &S3, machine: &str, expected: &BTreeMap<String, PathBuf>) {
+    s3.ok(machine, &["verify", "--read-data"]);
+    let present = tags(&s3.ok(machine, &["--json", "ls"]));
+    for (tag, src) in expected {
+        assert!(present.contains(tag), "{tag} lost; tags: {present:?}");
+        let out = s3.tmp.path().join(format!("out-{machine}-{}", tag.replace(':', "-")));
+        s3.ok(machine, &["restore", tag, "--to", out.to_str().unwrap()]);
+        assert_same_tree(src, &out);
+    }
+}
+
+#[test]
+fn gc_runs_while_two_machines_push_to_s3() {
+    let s3 = S3::start();
+    s3.ok("p1", &["init", "--pack-size", "1048576"]);
+    let mut expected = BTreeMap::new();
+    for round in 0..2u64 {
+        // Two machines push three images each while a third runs gc (with retention) again
+        // and again; rm removes one image from the last round first.
+        if round > 0 {
+            s3.ok("g", &["rm", "p1-0"]);
+            expected.remove("p1-0:latest");
+        }
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let pushed = std::thread::scope(|s| {
+            let pushers: Vec<_> = ["p1", "p2"]
+                .into_iter()
+                .enumerate()
+                .map(|(m, machine)| {
+                    let s3 = &s3;
+                    s.spawn(move || {
+                        let mut last = Vec::new();
+                        for i in 0..3u64 {
+                            let seed = round * 100 + m as u64 * 10 + i;
+                            let src = make_image(&s3.tmp.path().join(format!("src-{seed}")), seed);
+                            let tag = format!("{machine}-{}:latest", i % 2);
+                            s3.ok(machine, &["-q", "push", src.to_str().unwrap(), "--tag", &tag]);
+                            last.push((tag, src));
+                        }
+                        last
+                    })
+                })
+                .collect();
+            let gc = s.spawn(|| {
+                let mut passes = 0;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) || passes < 2 {
+                    s3.ok("g", &["--json", "gc", "--keep-last", "2"]);
+                    passes += 1;
+                }
+                passes
+            });
+            let pushed: Vec<_> = pushers.into_iter().flat_map(|h| h.join().unwrap()).collect();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            assert!(gc.join().unwrap() >= 2);
+            pushed
+        });
+        // The last push to each tag is what it names.
+        expected.extend(pushed);
+        check_all(&s3, &format!("check{round}"), &expected);
+    }
+    // With nothing running, two passes reclaim everything no image needs.
+    s3.ok("g", &["gc"]);
+    let last = report(&s3.ok("g", &["--json", "gc"]));
+    assert_eq!(last["packs_tombstoned"], 0, "{last}");
+    assert!(walk(&s3.bucket_dir().join("images/tombstones")).is_empty());
+    check_all(&s3, "final", &expected);
+}
+
+/// Every file under `dir` (none if it does not exist).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().unwrap().is_dir() {
+                out.extend(walk(&e.path()));
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn gc_killed_at_random_moments_loses_nothing() {
+    let s3 = S3::start();
+    s3.ok("a", &["init", "--pack-size", "1048576"]);
+    let mut expected = BTreeMap::new();
+    for i in 0..8u64 {
+        let src = make_image(&s3.tmp.path().join(format!("src-{i}")), i);
+        s3.ok("a", &["-q", "push", src.to_str().unwrap(), "--tag", &format!("img{i}")]);
+        expected.insert(format!("img{i}:latest"), src);
+    }
+    for i in [1, 4, 6] {
+        s3.ok("a", &["rm", &format!("img{i}")]);
+        expected.remove(&format!("img{i}:latest"));
+    }
+    // How long one pass takes here, to spread the kills over it.
+    let t = std::time::Instant::now();
+    s3.ok("g", &["gc", "--dry-run"]);
+    let pass = t.elapsed().max(Duration::from_millis(50));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut killed = 0;
+    for _ in 0..12 {
+        let mut child = s3.cmd("g", &["-q", "gc"]).stderr(std::process::Stdio::null()).spawn().unwrap();
+        std::thread::sleep(pass.mul_f64(rng.random_range(0.1..1.1)));
+        if child.try_wait().unwrap().is_none() {
+            killed += 1;
+        }
+        let _ = child.kill();
+        child.wait().unwrap();
+        // Between kills the store stays whole.
+        s3.ok("g", &["verify"]);
+    }
+    assert!(killed >= 3, "only {killed} of 12 gc runs were killed before they finished");
+    // The next gc takes over the dead one's lock (same machine) and finishes.
+    s3.ok("g", &["gc"]);
+    s3.ok("g", &["gc"]);
+    check_all(&s3, "check", &expected);
+    let r = report(&s3.ok("g", &["--json", "gc"]));
+    assert_eq!((r["packs_tombstoned"].as_u64(), r["packs_deleted"].as_u64()), (Some(0), Some(0)), "{r}");
+}
+
+#[test]
+fn retention_dry_run_and_reclaim_on_a_local_store() {
+    let env = Env::new(&["--pack-size", "1048576"]);
+    let mut sources = Vec::new();
+    for i in 0..4u64 {
+        let src = make_image(&env.path(&format!("src-{i}")), i);
+        env.ok(&["-q", "push", src.to_str().unwrap(), "--tag", "model"]);
+        sources.push(src);
+    }
+    let before = env.json(&["du"]);
+    // A dry run says what would go and changes nothing.
+    let dry = env.json(&["gc", "--keep-last", "2", "--dry-run"]);
+    assert_eq!(dry["history_dropped"], 2, "{dry}");
+    assert_eq!(env.json(&["du"]), before);
+    // Retention keeps the two newest pushes of "model"; two passes reclaim the rest.
+    let first = env.json(&["gc", "--keep-last", "2"]);
+    assert_eq!(first["history_dropped"], 2);
+    let second = env.json(&["gc"]);
+    let reclaimed = first["bytes_reclaimed"].as_u64().unwrap() + second["bytes_reclaimed"].as_u64().unwrap();
+    assert!(reclaimed > 300_000, "reclaimed {reclaimed}: {first} {second}");
+    let after = env.json(&["du"]);
+    assert!(after["pack_bytes"].as_u64().unwrap() < before["pack_bytes"].as_u64().unwrap());
+    // Both kept images restore: the current value, and the previous one by manifest id.
+    let out = env.path("out");
+    env.ok(&["restore", "model", "--to", out.to_str().unwrap()]);
+    assert_same_tree(&sources[3], &out);
+    env.ok(&["verify", "--read-data"]);
+    // Bad arguments are refused before anything happens.
+    assert!(env.fails(&["gc", "--keep-last", "0"]).contains("--keep-last 0"));
+    assert!(env.fails(&["gc", "--repack-below", "2"]).contains("fraction"));
+    assert!(env.fails(&["gc", "--keep-within", "soon"]).contains("soon"));
+}
+
+#[test]
+fn a_second_gc_waits_for_nothing_and_is_refused_while_one_runs() {
+    let env = Env::new(&[]);
+    // A lock left by a gc on another machine: refused with a way out; --break-lock takes it.
+    let foreign = serde_json::json!({
+        "host": "elsewhere", "boot_id": "another-boot", "pid_ns": "pid:[1]", "pid": 1, "start_ticks": 1
+    });
+    std::fs::create_dir_all(env.store.join("gc")).unwrap();
+    std::fs::write(env.store.join("gc/lock"), foreign.to_string()).unwrap();
+    let err = env.fails(&["gc"]);
+    assert!(err.contains("another gc is running") && err.contains("--break-lock"), "{err}");
+    env.ok(&["gc", "--break-lock"]);
+    assert!(!env.store.join("gc/lock").exists());
+}
+
+#[test]
+fn gc_through_the_server_needs_an_admin_token() {
+    let env = Env::new(&["--pack-size", "1048576"]);
+    let tokens = env.path("tokens");
+    std::fs::write(&tokens, "writer-0123456789 write\nadmin-0123456789 admin\n").unwrap();
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    let run = |token: &str, args: &[&str]| server.cmd("m", token, args).output().unwrap();
+    let a = make_image(&env.path("a"), 1);
+    let b = make_image(&env.path("b"), 2);
+    for (src, tag) in [(&a, "a"), (&b, "b")] {
+        let o = run("writer-0123456789", &["-q", "push", src.to_str().unwrap(), "--tag", tag]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert!(run("writer-0123456789", &["rm", "a"]).status.success());
+    let o = run("writer-0123456789", &["gc"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("Admin is needed"), "{err}");
+    let mut reclaimed = 0;
+    for _ in 0..2 {
+        let o = run("admin-0123456789", &["--json", "gc"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        reclaimed += report(&String::from_utf8_lossy(&o.stdout))["bytes_reclaimed"].as_u64().unwrap();
+    }
+    assert!(reclaimed > 0);
+    let out = env.path("out");
+    let o = run("writer-0123456789", &["restore", "b", "--to", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_same_tree(&b, &out);
+    drop(server);
+    env.ok(&["verify", "--read-data"]);
+}
