@@ -151,7 +151,7 @@ pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
             let loc = store.locate(&id)?.ok_or_else(|| StoreError::NotFound {
                 what: "chunk",
                 key: format!(
-                    "{id} of {path:?} (in no indexed pack: the store is damaged, or run `gstore index rebuild`)"
+                    "{id} of {path:?} (in no pack of the store: a pack is missing or damaged; gstore verify names the images it breaks)"
                 ),
             })?;
             if loc.plain_len != len {

@@ -139,7 +139,11 @@ fn image_problems(
     for (entry, chunks) in m.files() {
         for c in chunks.iter().filter(|c| !c.zero) {
             let Some(loc) = located[&c.id] else {
-                problems.push(format!("{}: chunk {} is in no indexed pack", entry.path, c.id.short()));
+                problems.push(format!(
+                    "{}: chunk {} is in no pack of the store (a pack is missing or damaged)",
+                    entry.path,
+                    c.id.short()
+                ));
                 continue;
             };
             match &packs[&loc.pack] {

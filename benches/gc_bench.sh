@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# gc on a store of N images (default 100), 10 % of them removed, on the local directory store
+# and on S3 (s3s-fs on loopback): time and requests per pass, and bytes reclaimed against the
+# bytes that only the removed images referenced (`du`'s per-image unique stored bytes).
+# Each image is a shared 8 MiB base file plus UNIQUE_KIB (default 2048) of its own data.
+# Usage: benches/gc_bench.sh [IMAGES (default 100)] [UNIQUE_KIB (default 2048)]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+images=${1:-100}
+unique_kib=${2:-2048}
+work=$(mktemp -d /var/tmp/gstore-gcbench.XXXXXX)
+cargo build --release -q -p gstore-cli
+S3S=$(command -v s3s-fs || echo "$HOME/.cargo/bin/s3s-fs")
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+mkdir -p "$work/s3data/bench"
+"$S3S" --host 127.0.0.1 --port "$port" --access-key benchkey --secret-key benchsecret0123456789 "$work/s3data" >/dev/null 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; rm -rf "$work"' EXIT
+export AWS_ENDPOINT="http://127.0.0.1:$port" AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=benchkey AWS_SECRET_ACCESS_KEY=benchsecret0123456789 AWS_REGION=us-east-1
+for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+G="$GSTORE_BIN"
+export XDG_CACHE_HOME="$work/machine-a"
+
+# The images: one shared base, and a file of its own per image (seeded, incompressible).
+python3 - "$work/src" "$images" "$unique_kib" <<'EOF'
+import os, random, sys
+root, n, kib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.makedirs(root, exist_ok=True)
+base = random.Random(1).randbytes(8 << 20)
+for i in range(n):
+    d = os.path.join(root, f"img{i:03}")
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, "base.img"), "wb").write(base)
+    open(os.path.join(d, "own.img"), "wb").write(random.Random(1000 + i).randbytes(kib << 10))
+EOF
+
+field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.argv[2]])' "$1" "$2"; }
+
+bench() {
+  local name=$1 store=$2
+  "$G" -q init --store "$store" >/dev/null
+  for i in $(seq 0 $((images - 1))); do
+    "$G" -q push "$work/src/img$(printf %03d "$i")" --tag "img$(printf %03d "$i")" --store "$store" >/dev/null
+  done
+  "$G" -q --json du --store "$store" >"$work/du-before.json"
+  # Remove every tenth image; what only they referenced is what gc should give back.
+  local removed=()
+  for i in $(seq 0 10 $((images - 1))); do removed+=("img$(printf %03d "$i"):latest"); done
+  python3 - "$work/du-before.json" "${removed[@]}" >"$work/expected" <<'EOF'
+import json, sys
+du = json.load(open(sys.argv[1]))
+gone = set(sys.argv[2:])
+print(sum(i["unique_stored_bytes"] for i in du["images"] if i["tag"] in gone))
+EOF
+  for t in "${removed[@]}"; do "$G" -q rm "$t" --store "$store" >/dev/null; done
+  local reclaimed=0
+  for pass in 1 2 3; do
+    "$G" -q --json gc --store "$store" >"$work/gc$pass.json"
+    reclaimed=$((reclaimed + $(field "$work/gc$pass.json" bytes_reclaimed)))
+    printf "%-6s pass %d: %6.2f s, %5d requests, %9d bytes reclaimed, %9d tombstoned, %d packs rewritten\n" "$name" "$pass" \
+      "$(field "$work/gc$pass.json" seconds)" "$(field "$work/gc$pass.json" requests)" \
+      "$(field "$work/gc$pass.json" bytes_reclaimed)" "$(field "$work/gc$pass.json" bytes_tombstoned)" \
+      "$(field "$work/gc$pass.json" packs_repacked)"
+  done
+  "$G" -q --json du --store "$store" >"$work/du-after.json"
+  printf "%-6s %d images, %d removed: packs %d -> %d bytes; reclaimed %d of %d bytes only the removed images referenced (%.1f %%)\n" \
+    "$name" "$images" "${#removed[@]}" "$(field "$work/du-before.json" pack_bytes)" "$(field "$work/du-after.json" pack_bytes)" \
+    "$reclaimed" "$(cat "$work/expected")" "$(python3 -c "print(100*$reclaimed/max(1,$(cat "$work/expected")))")"
+  "$G" -q verify --store "$store" >/dev/null && echo "$name verify: ok"
+}
+
+bench local "$work/local"
+bench s3 s3://bench/store
+# A machine that never ran gc on this bucket: every footer and manifest is read once.
+export XDG_CACHE_HOME="$work/machine-b"
+"$G" -q --json gc --store s3://bench/store >"$work/gc-fresh.json"
+printf "s3     fresh machine (no cache): %6.2f s, %5d requests\n" "$(field "$work/gc-fresh.json" seconds)" "$(field "$work/gc-fresh.json" requests)"
