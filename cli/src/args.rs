@@ -218,8 +218,8 @@ pub struct GcArgs {
     /// Report what would be removed and reclaimed; change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Rewrite packs whose live data is below this fraction of their size (0 never).
-    #[arg(long, default_value_t = 0.5, value_name = "FRACTION")]
+    /// Rewrite packs whose live data is below this fraction of their chunk data (0: never).
+    #[arg(long, default_value_t = gstore_store::gc::DEFAULT_REPACK_BELOW, value_name = "FRACTION")]
     pub repack_below: f64,
     /// Take the gc lock from a gc this machine cannot prove dead. Only when it is dead.
     #[arg(long)]

@@ -408,6 +408,17 @@ impl Store {
         }
     }
 
+    /// How many small reads (footers, manifests) to keep in flight: 16 over a network, one
+    /// for a local disk or a caller-built backend (which a simulation orders request by
+    /// request).
+    pub fn reads_in_flight(&self) -> usize {
+        if matches!(self.location, StoreLocation::S3 { .. } | StoreLocation::Http { .. }) {
+            16
+        } else {
+            1
+        }
+    }
+
     /// How many packs a push uploads at once: one for a local disk, several over a network.
     pub fn upload_concurrency(&self) -> usize {
         if matches!(self.location, StoreLocation::S3 { .. } | StoreLocation::Http { .. }) {

@@ -27,9 +27,15 @@ use crate::progress::Progress;
 use crate::store::{now_unix, Store};
 use crate::tag::{TagRecord, TagRef};
 use catalog::Catalog;
+use rayon::prelude::*;
 use retention::{Outcome, Policy};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// Default of [`GcOptions::repack_below`]: packs with 10 % or more dead data are rewritten,
+/// so that after two passes the space of removed images is back even where their chunks
+/// shared a pack with live ones (a push's first pack holds whatever it found new).
+pub const DEFAULT_REPACK_BELOW: f64 = 0.9;
 
 /// How gc runs.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +44,7 @@ pub struct GcOptions {
     pub policy: Policy,
     /// Decide and report, but write and delete nothing.
     pub dry_run: bool,
-    /// Packs whose live data is below this fraction of their size are rewritten.
+    /// Packs whose live data is below this fraction of their chunk data are rewritten.
     pub repack_below: f64,
     /// Take the gc lock even from a holder this machine cannot prove dead.
     pub break_lock: bool,
@@ -46,7 +52,7 @@ pub struct GcOptions {
 
 impl Default for GcOptions {
     fn default() -> Self {
-        GcOptions { policy: Policy::default(), dry_run: false, repack_below: 0.5, break_lock: false }
+        GcOptions { policy: Policy::default(), dry_run: false, repack_below: DEFAULT_REPACK_BELOW, break_lock: false }
     }
 }
 
@@ -161,9 +167,15 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
 
     // 5. Mark.
     progress.start("gc: reading manifests", roots.len() as u64);
+    let roots_list: Vec<ObjectId> = roots.iter().copied().collect();
+    let manifests = in_flight(store, &roots_list, |id| {
+        let m = catalog.manifest(id);
+        progress.advance(1);
+        m
+    })?;
     let mut live: HashSet<ObjectId> = HashSet::new();
-    for id in &roots {
-        match catalog.manifest(id) {
+    for (id, m) in roots_list.iter().zip(manifests) {
+        match m {
             Ok(m) => live.extend(m.chunks.iter().filter(|c| !c.zero).map(|c| c.id)),
             Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
             Err(e) => {
@@ -173,27 +185,33 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
                 )))
             }
         }
-        progress.advance(1);
     }
     progress.finish();
 
     // 6. Packs: read footers (new ones only, for a remote store), pick homes, decide.
     let listed = b.list(backend::PACKS_PREFIX)?;
-    progress.start("gc: reading pack footers", listed.len() as u64);
-    let mut packs = Vec::new();
-    for l in &listed {
+    let pack_list: Vec<(ObjectId, &String, u64)> =
+        listed.iter().filter_map(|l| Some((backend::pack_id_from_key(&l.key)?, &l.key, l.size))).collect();
+    progress.start("gc: reading pack footers", pack_list.len() as u64);
+    let footers = in_flight(store, &pack_list, |(id, _, size)| {
+        let f = catalog.footer(id, *size);
         progress.advance(1);
-        let Some(id) = backend::pack_id_from_key(&l.key) else { continue };
+        f
+    })?;
+    progress.finish();
+    let mut packs = Vec::new();
+    for ((id, key, size), footer) in pack_list.iter().zip(footers) {
+        let (id, size) = (*id, *size);
         report.packs += 1;
-        report.pack_bytes += l.size;
-        match catalog.footer(&id, l.size) {
+        report.pack_bytes += size;
+        match footer {
             Ok(entries) => {
                 let live_bytes = entries.iter().filter(|e| live.contains(&e.id)).map(|e| e.stored_len as u64).sum();
                 packs.push(PackInfo {
                     id,
-                    size: l.size,
+                    size,
                     entries,
-                    tombstoned: tombstones.contains(&l.key),
+                    tombstoned: tombstones.contains(key.as_str()),
                     protected: leased_packs.contains(&id),
                     live_bytes,
                 });
@@ -202,7 +220,6 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
             Err(e) => return Err(e),
         }
     }
-    progress.finish();
     // Which packs stay: start from every pack without a tombstone; add tombstoned packs
     // that are the best home left for some chunk (they will be revived) and drop packs that
     // would be home to too little, until the set settles. Staying packs are preferred as
@@ -301,6 +318,19 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     report.requests = b.requests() - requests_before;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Maps `f` over `items` with [`Store::reads_in_flight`] calls at once, keeping the order.
+fn in_flight<T: Sync, R: Send>(store: &Store, items: &[T], f: impl Fn(&T) -> R + Sync) -> Result<Vec<R>> {
+    let n = store.reads_in_flight();
+    if n <= 1 {
+        return Ok(items.iter().map(f).collect());
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .map_err(|e| StoreError::Invalid(format!("starting gc read threads: {e}")))?;
+    Ok(pool.install(|| items.par_iter().map(&f).collect()))
 }
 
 /// Reads every lease: returns the packs and manifests live leases protect. Leases whose owner
