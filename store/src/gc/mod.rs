@@ -365,18 +365,18 @@ fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(Has
 /// remain. A tag another writer changed meanwhile is kept whole, as re-read.
 fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Result<Vec<TagRecord>> {
     let b = store.backend();
-    let mut records = Vec::new();
+    let mut tags = Vec::new();
     for l in b.list(backend::TAGS_PREFIX)? {
         let Some(rest) = l.key.strip_prefix("tags/").and_then(|r| r.strip_suffix(".tag")) else { continue };
         let Some((name, version)) = rest.split_once('/') else { continue };
-        let tag = TagRef::parse(&format!("{name}:{version}"))?;
-        let Some((rec, v)) = store.get_tag_versioned(&tag).map_err(|e| {
+        tags.push(TagRef::parse(&format!("{name}:{version}"))?);
+    }
+    let mut records = Vec::new();
+    for (tag, read) in tags.iter().zip(in_flight(store, &tags, |t| store.get_tag_versioned(t))?) {
+        let read = read.map_err(|e| {
             StoreError::Invalid(format!("gc stopped before deleting anything: {e}; fix or remove tag {tag}"))
-        })?
-        else {
-            continue;
-        };
-        if rec.removed_unix.is_none() {
+        })?;
+        if let Some((rec, v)) = read.filter(|(r, _)| r.removed_unix.is_none()) {
             records.push((rec, v));
         }
     }
