@@ -102,6 +102,9 @@ pub struct Backend {
     description: String,
     requests: Arc<std::sync::atomic::AtomicU64>,
     gate: Option<Gate>,
+    /// The same directory without fsync, for objects that need not survive a crash of the
+    /// machine (local stores only).
+    volatile: Option<Arc<dyn ObjectStore>>,
 }
 
 /// What a backend talks to.
@@ -125,7 +128,16 @@ impl Backend {
             })?
             .with_fsync(true)
             .with_automatic_cleanup(true);
-        Ok(Self::wrap(Inner::Objects(Arc::new(fs)), root.display().to_string()))
+        let volatile = object_store::local::LocalFileSystem::new_with_prefix(root)
+            .map_err(|e| StoreError::Backend {
+                action: "opening",
+                key: root.display().to_string(),
+                message: e.to_string(),
+            })?
+            .with_automatic_cleanup(true);
+        let mut b = Self::wrap(Inner::Objects(Arc::new(fs)), root.display().to_string());
+        b.volatile = Some(Arc::new(volatile));
+        Ok(b)
     }
 
     /// An S3-compatible bucket, optionally under a key prefix. Endpoint, region, credentials
@@ -183,7 +195,7 @@ impl Backend {
             .enable_all()
             .build()
             .expect("tokio runtime starts");
-        Backend { inner, rt: Arc::new(rt), description, requests: Arc::default(), gate: None }
+        Backend { inner, rt: Arc::new(rt), description, requests: Arc::default(), gate: None, volatile: None }
     }
 
     /// This backend with `gate` called before every request, sharing the same objects: a
@@ -273,6 +285,18 @@ impl Backend {
         }
         self.rt
             .block_on(self.objects().put(&ObjPath::from(key), PutPayload::from(bytes)))
+            .map(|_| ())
+            .map_err(|e| Self::err("writing", key, e))
+    }
+
+    /// Writes an object that need not survive a crash of this machine (a lease: its holder
+    /// dies with the machine), replacing any existing one: like [`Backend::put`], but without
+    /// fsync on a local store. Readers still see the old or the new object whole.
+    pub fn put_volatile(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        let Some(v) = &self.volatile else { return self.put(key, bytes) };
+        self.before("put", key);
+        self.rt
+            .block_on(v.put(&ObjPath::from(key), PutPayload::from(bytes)))
             .map(|_| ())
             .map_err(|e| Self::err("writing", key, e))
     }

@@ -170,7 +170,9 @@ impl Index {
 
     /// Every pack holding a chunk, per the index (damaged entries are skipped).
     pub fn holders(&self, id: &ObjectId) -> Result<Vec<ChunkLocation>> {
-        let mut it = self.db.raw_iterator_cf(self.cf(CF_CHUNKS));
+        let mut opts = rocksdb::ReadOptions::default();
+        opts.set_prefix_same_as_start(true);
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_CHUNKS), opts);
         it.seek(id.0);
         let mut out = Vec::new();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {

@@ -152,7 +152,7 @@ impl Lease {
         if before == (r.packs.len(), r.manifests.len()) {
             return Ok(());
         }
-        self.backend.put(&self.key, serde_json::to_vec_pretty(&*r).expect("lease serializes"))
+        self.backend.put_volatile(&self.key, serde_json::to_vec_pretty(&*r).expect("lease serializes"))
     }
 
     /// The lease's key, for messages.
