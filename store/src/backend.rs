@@ -120,23 +120,17 @@ impl Backend {
     /// A directory on local disk; writes are fsynced and published atomically (rename).
     pub fn local(root: &std::path::Path) -> Result<Backend> {
         std::fs::create_dir_all(root).map_err(|e| StoreError::io("creating store directory", root, e))?;
-        let fs = object_store::local::LocalFileSystem::new_with_prefix(root)
-            .map_err(|e| StoreError::Backend {
-                action: "opening",
-                key: root.display().to_string(),
-                message: e.to_string(),
-            })?
-            .with_fsync(true)
-            .with_automatic_cleanup(true);
-        let volatile = object_store::local::LocalFileSystem::new_with_prefix(root)
-            .map_err(|e| StoreError::Backend {
-                action: "opening",
-                key: root.display().to_string(),
-                message: e.to_string(),
-            })?
-            .with_automatic_cleanup(true);
-        let mut b = Self::wrap(Inner::Objects(Arc::new(fs)), root.display().to_string());
-        b.volatile = Some(Arc::new(volatile));
+        let open = |fsync: bool| {
+            object_store::local::LocalFileSystem::new_with_prefix(root)
+                .map(|fs| Arc::new(fs.with_fsync(fsync).with_automatic_cleanup(true)))
+                .map_err(|e| StoreError::Backend {
+                    action: "opening",
+                    key: root.display().to_string(),
+                    message: e.to_string(),
+                })
+        };
+        let mut b = Self::wrap(Inner::Objects(open(true)?), root.display().to_string());
+        b.volatile = Some(open(false)?);
         Ok(b)
     }
 

@@ -27,6 +27,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
 /// Input bytes processed in parallel before the ordered append step: at least this much, and
@@ -124,11 +125,12 @@ pub fn push(
     let writers = store.upload_concurrency();
     let (tx, rx) = mpsc::sync_channel::<FinishedPack>(writers);
     let rx = std::sync::Mutex::new(rx);
+    let writer_failed = AtomicBool::new(false);
+    let queue = PackQueue { tx, writer_failed: &writer_failed };
     let result = std::thread::scope(|scope| -> Result<()> {
         let handles: Vec<_> = (0..writers)
             .map(|_| {
-                let rx = &rx;
-                let lease = &lease;
+                let (rx, lease, failed) = (&rx, &lease, &writer_failed);
                 scope.spawn(move || -> Result<Vec<ObjectId>> {
                     let mut written = Vec::new();
                     loop {
@@ -136,15 +138,20 @@ pub fn push(
                         let next = rx.lock().expect("pack queue lock").recv();
                         let Ok(p) = next else { return Ok(written) };
                         written.push(p.id);
-                        lease.protect(&[p.id], &[])?;
-                        store.put_pack(p)?;
+                        if let Err(e) = lease.protect(&[p.id], &[]).and_then(|()| store.put_pack(p)) {
+                            // Stop the producer, and take what it already queued so it never
+                            // waits on a queue nobody empties.
+                            failed.store(true, Ordering::SeqCst);
+                            while rx.lock().expect("pack queue lock").recv().is_ok() {}
+                            return Err(e);
+                        }
                     }
                 })
             })
             .collect();
         let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
-        let appended = append_all(store, &entries, &files, &units, &mut out, &tx, progress);
-        drop(tx);
+        let appended = append_all(store, &entries, &files, &units, &mut out, &queue, progress);
+        drop(queue);
         let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
         for h in handles {
             let r = h.join().expect("pack writer thread does not panic");
@@ -220,6 +227,23 @@ fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<std::fs::File>>> {
         .collect()
 }
 
+/// Full packs on their way to the writer threads.
+struct PackQueue<'a> {
+    tx: mpsc::SyncSender<FinishedPack>,
+    /// Set by a writer that failed: the push stops producing packs.
+    writer_failed: &'a AtomicBool,
+}
+
+impl PackQueue<'_> {
+    fn send(&self, p: FinishedPack) -> Result<()> {
+        let gone = || StoreError::Invalid("pack writer stopped".into());
+        if self.writer_failed.load(Ordering::SeqCst) {
+            return Err(gone());
+        }
+        self.tx.send(p).map_err(|_| gone())
+    }
+}
+
 /// What the ordered append step fills in.
 struct Appended<'a> {
     file_chunks: &'a mut [Vec<ChunkRef>],
@@ -233,7 +257,7 @@ fn append_all(
     files: &[Option<std::fs::File>],
     units: &[Unit],
     out: &mut Appended,
-    tx: &mpsc::SyncSender<FinishedPack>,
+    queue: &PackQueue<'_>,
     progress: &dyn Progress,
 ) -> Result<()> {
     let Appended { file_chunks, report, relied } = out;
@@ -241,7 +265,6 @@ fn append_all(
     let mut seen: HashSet<ObjectId> = HashSet::new();
     let mut pack = store.new_pack();
     let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * cfg.segment_size);
-    let writer_gone = || StoreError::Invalid("pack writer stopped".into());
     let mut start = 0;
     while start < units.len() {
         let mut end = start;
@@ -282,14 +305,14 @@ fn append_all(
                 pack.push(c.id, codec, &stored, c.len);
                 if pack.len() >= cfg.pack_target {
                     let full = std::mem::replace(&mut pack, store.new_pack());
-                    tx.send(full.finish()).map_err(|_| writer_gone())?;
+                    queue.send(full.finish())?;
                 }
             }
         }
         start = end;
     }
     if !pack.is_empty() {
-        tx.send(pack.finish()).map_err(|_| writer_gone())?;
+        queue.send(pack.finish())?;
     }
     Ok(())
 }
