@@ -184,6 +184,71 @@ fn retention_dry_run_and_reclaim_on_a_local_store() {
 }
 
 #[test]
+fn retention_removes_whole_tags_and_a_removed_tag_can_be_pushed_again() {
+    let env = Env::new(&[]);
+    let v1 = make_image(&env.path("v1"), 1);
+    let v2 = make_image(&env.path("v2"), 2);
+    env.ok(&["-q", "push", v1.to_str().unwrap(), "--tag", "model:v1"]);
+    std::thread::sleep(Duration::from_millis(1100)); // set times are in seconds
+    env.ok(&["-q", "push", v2.to_str().unwrap(), "--tag", "model:v2"]);
+    let r = env.json(&["gc", "--keep-last", "1"]);
+    assert_eq!(r["tags_removed"], serde_json::json!(["model:v1"]), "{r}");
+    let ls = env.json(&["ls"]);
+    assert_eq!(ls.as_array().unwrap().len(), 1, "{ls}");
+    assert!(env.fails(&["show", "model:v1"]).contains("not found"));
+    // The removed tag's record is kept (marked) and a new push to it starts afresh.
+    env.ok(&["-q", "push", v1.to_str().unwrap(), "--tag", "model:v1"]);
+    let out = env.path("out");
+    env.ok(&["restore", "model:v1", "--to", out.to_str().unwrap()]);
+    assert_same_tree(&v1, &out);
+    env.ok(&["gc"]);
+    env.ok(&["gc"]);
+    env.ok(&["verify", "--read-data"]);
+}
+
+#[test]
+fn a_killed_push_leaves_a_lease_that_gc_on_the_same_machine_drops() {
+    let env = Env::new(&["--pack-size", "1048576"]);
+    let src = env.path("big");
+    std::fs::create_dir_all(&src).unwrap();
+    write_mixed_file(&src.join("a.img"), 40_000_000, 9);
+    let mut child = env.cmd(&["-q", "push", src.to_str().unwrap(), "--tag", "big"]).spawn().unwrap();
+    // Kill it once it has written packs (and so holds a lease naming them).
+    let leases = env.store.join("leases");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while env.packs().len() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(walk(&leases).len() == 1, "the killed push left no lease");
+    let packs = env.packs().len();
+    assert!(packs >= 2);
+    let first = env.json(&["gc"]);
+    assert_eq!(first["leases_dropped"].as_array().unwrap().len(), 1, "{first}");
+    assert_eq!(first["packs_tombstoned"].as_u64(), Some(packs as u64), "{first}");
+    let second = env.json(&["gc"]);
+    assert_eq!(second["packs_deleted"].as_u64(), Some(packs as u64), "{second}");
+    assert!(env.packs().is_empty() && walk(&leases).is_empty());
+    // A lease this machine cannot judge (another boot) is kept, and so is what it names.
+    let img = make_image(&env.path("img"), 3);
+    env.ok(&["-q", "push", img.to_str().unwrap(), "--tag", "img"]);
+    env.ok(&["rm", "img"]);
+    let pack = env.packs()[0].clone();
+    let id = pack.file_stem().unwrap().to_string_lossy().to_string();
+    let foreign = serde_json::json!({
+        "format": 1,
+        "owner": { "host": "elsewhere", "boot_id": "another-boot", "pid_ns": "pid:[1]", "pid": 1, "start_ticks": 1 },
+        "purpose": "push img:latest", "packs": [id], "manifests": []
+    });
+    std::fs::create_dir_all(&leases).unwrap();
+    std::fs::write(leases.join(format!("{}.lease", "ab".repeat(16))), foreign.to_string()).unwrap();
+    env.ok(&["gc"]);
+    env.ok(&["gc"]);
+    assert!(pack.exists(), "a pack a live lease names was deleted");
+}
+
+#[test]
 fn a_second_gc_waits_for_nothing_and_is_refused_while_one_runs() {
     let env = Env::new(&[]);
     // A lock left by a gc on another machine: refused with a way out; --break-lock takes it.
