@@ -67,7 +67,7 @@ pub struct GcReport {
     pub history_dropped: u64,
     /// Tags retention left alone because another writer changed them meanwhile.
     pub tags_changed_meanwhile: Vec<String>,
-    /// Manifests kept as roots (tagged or leased).
+    /// Images (manifests) the tags name, current values and history, all kept.
     pub images_kept: usize,
     /// Leases of running pushes (their packs and manifests were kept).
     pub leases_live: usize,
@@ -155,15 +155,16 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     let (leased_packs, leased_manifests) = read_leases(b, opts.dry_run, &mut report)?;
 
     // 4. Retention, then the roots.
-    let mut roots: BTreeSet<ObjectId> = leased_manifests.into_iter().collect();
+    let mut tagged: BTreeSet<ObjectId> = BTreeSet::new();
     for rec in apply_retention(store, opts, &mut report)? {
-        roots.insert(rec.manifest_id()?);
+        tagged.insert(rec.manifest_id()?);
         for h in &rec.history {
             // A history entry with a damaged id names nothing gc could keep.
-            roots.extend(ObjectId::from_hex(&h.manifest).ok());
+            tagged.extend(ObjectId::from_hex(&h.manifest).ok());
         }
     }
-    report.images_kept = roots.len();
+    report.images_kept = tagged.len();
+    let roots: BTreeSet<ObjectId> = tagged.iter().chain(&leased_manifests).copied().collect();
 
     // 5. Mark.
     progress.start("gc: reading manifests", roots.len() as u64);
@@ -177,6 +178,8 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     for (id, m) in roots_list.iter().zip(manifests) {
         match m {
             Ok(m) => live.extend(m.chunks.iter().filter(|c| !c.zero).map(|c| c.id)),
+            // A leased manifest may not be written yet: its push is still running.
+            Err(StoreError::NotFound { .. }) if !tagged.contains(id) => {}
             Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
             Err(e) => {
                 return Err(StoreError::Invalid(format!(
