@@ -175,7 +175,7 @@ pub fn push(
     result?;
     report.reuploaded_chunks = reupload_unreliable(store, &lease, &entries, &files, relied)?;
 
-    let manifest = Manifest {
+    let mut manifest = Manifest {
         created_unix: now_unix(),
         meta,
         entries: entries
@@ -192,8 +192,7 @@ pub fn push(
             .collect(),
         chunks: file_chunks.into_iter().flatten().collect(),
     };
-    let id = ObjectId::of(&manifest.encode());
-    lease.protect(&[], &[id])?;
+    let id = protect_manifest(store, &lease, &mut manifest)?;
     store.put_manifest(&manifest)?;
     let _: TagRecord = store.set_tag(tag, id)?;
     drop(lease);
@@ -341,6 +340,22 @@ fn process_unit(store: &Store, entry: &SourceEntry, file: &std::fs::File, u: &Un
         .collect()
 }
 
+/// Names the manifest in the lease and returns its id. A manifest is named by its content,
+/// so an identical one may exist already with a gc tombstone and be deleted any moment
+/// (docs/GC.md, rule P3): then the creation time moves on a second, giving a new id, until
+/// the id has no tombstone.
+fn protect_manifest(store: &Store, lease: &Lease, manifest: &mut Manifest) -> Result<ObjectId> {
+    loop {
+        let id = ObjectId::of(&manifest.encode());
+        lease.protect(&[], &[id])?;
+        let tombstone = crate::backend::tombstone_key(&crate::backend::manifest_key(&id));
+        if store.backend().size(&tombstone)?.is_none() {
+            return Ok(id);
+        }
+        manifest.created_unix += 1;
+    }
+}
+
 /// Names the packs this push deduplicated against in its lease, then uploads again every
 /// chunk it relied on in a pack that gc has tombstoned or deleted meanwhile (docs/GC.md, rule
 /// P3). Returns how many chunks were uploaded again.
@@ -401,4 +416,31 @@ fn reupload_unreliable(
         flush(pack)?;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{self, Backend};
+    use crate::store::StoreLocation;
+
+    #[test]
+    fn a_manifest_id_with_a_tombstone_is_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Backend::memory();
+        let loc = StoreLocation::Custom { description: "memory".into(), dir: dir.path().to_path_buf() };
+        Store::init_backend(&b, &loc, &crate::StoreConfig::default()).unwrap();
+        let store = Store::open_backend(b.clone(), &loc).unwrap();
+        let mut m = Manifest { created_unix: 100, meta: BTreeMap::new(), entries: Vec::new(), chunks: Vec::new() };
+        let first = ObjectId::of(&m.encode());
+        // gc tombstoned an identical manifest: the push must take another id.
+        b.put(&backend::tombstone_key(&backend::manifest_key(&first)), b"{}".to_vec()).unwrap();
+        let lease = Lease::take(&b, "push t").unwrap();
+        let id = protect_manifest(&store, &lease, &mut m).unwrap();
+        assert_ne!(id, first);
+        assert_eq!((m.created_unix, ObjectId::of(&m.encode())), (101, id));
+        let rec: crate::lease::LeaseRecord =
+            crate::lease::LeaseRecord::from_json(&b.get(lease.key()).unwrap(), lease.key()).unwrap();
+        assert!(rec.manifest_ids().any(|m| m == id), "the new id is leased");
+    }
 }

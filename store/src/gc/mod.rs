@@ -372,7 +372,8 @@ fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Re
     for l in b.list(backend::TAGS_PREFIX)? {
         let Some(rest) = l.key.strip_prefix("tags/").and_then(|r| r.strip_suffix(".tag")) else { continue };
         let Some((name, version)) = rest.split_once('/') else { continue };
-        tags.push(TagRef::parse(&format!("{name}:{version}"))?);
+        // Keys under tags/ that are no tag gstore could write name nothing.
+        tags.extend(TagRef::parse(&format!("{name}:{version}")).ok());
     }
     let mut records = Vec::new();
     for (tag, read) in tags.iter().zip(in_flight(store, &tags, |t| store.get_tag_versioned(t))?) {
