@@ -2,7 +2,8 @@
 # Sets up, builds, and runs gstore's main job on the embedded default store
 # ($GSTORE_STORE, else $XDG_DATA_HOME/gstore, else ~/.local/share/gstore): makes a
 # checkpoint-like image and a second near-identical one, pushes both, shows the dedup,
-# restores and verifies byte for byte.
+# restores and verifies byte for byte, then removes the second image and reclaims its space
+# with two gc passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -20,3 +21,9 @@ trap 'rm -rf "$work"' EXIT
 "$G" restore quickstart:next --to "$work/restored"
 diff -r "$work/corpus/next" "$work/restored" && echo "quickstart: restored image is byte-identical"
 "$G" verify --read-data
+# Retire the second image and reclaim what only it used: gc tombstones, the next pass deletes.
+"$G" rm quickstart:next
+"$G" gc
+"$G" gc
+"$G" du
+"$G" verify
