@@ -198,6 +198,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 timeout: Duration::from_secs(timeout),
                 max_concurrent,
                 tls,
+                cas_file: store.backend().cas_lock_path().map(std::path::Path::to_path_buf),
             };
             gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
             eprintln!("gstore: serving {} on {scheme}://{listen}", store.describe());

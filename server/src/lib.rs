@@ -32,6 +32,9 @@ pub struct Settings {
     pub max_concurrent: usize,
     /// TLS certificate chain and private key (PEM files); plain HTTP when `None`.
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// A local store's compare-and-swap lock file, shared with gstore processes writing the
+    /// same directory (see `Backend::cas_lock_path`).
+    pub cas_file: Option<std::path::PathBuf>,
 }
 
 /// What the handlers share.
@@ -47,6 +50,8 @@ pub struct AppState {
     pub chunks: Arc<chunks::ChunkMap>,
     /// Serializes compare-and-swap writes on stores without native If-Match (local directory).
     pub cas_lock: Arc<tokio::sync::Mutex<()>>,
+    /// The local store's lock file, taken too so that other processes are excluded.
+    pub cas_file: Option<std::path::PathBuf>,
 }
 
 /// Refuses an exposed address without authentication unless `insecure` is set.
@@ -72,6 +77,7 @@ pub async fn serve(
         tokens: Arc::new(s.tokens.clone()),
         metrics: Arc::new(metrics::Metrics::new()),
         cas_lock: Arc::default(),
+        cas_file: s.cas_file.clone(),
         chunks: Arc::default(),
     };
     let app = routes::router(state, &s);

@@ -175,6 +175,13 @@ async fn put_object(
                 return error(StatusCode::NOT_IMPLEMENTED, "the store cannot do this write");
             };
             let _guard = state.cas_lock.lock().await;
+            let _file = match &state.cas_file {
+                Some(p) => match lock_file(p.clone()).await {
+                    Ok(f) => Some(f),
+                    Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e),
+                },
+                None => None,
+            };
             match state.objects.head(&path).await {
                 Ok(m) if m.e_tag == expected.e_tag => state.objects.put(&path, PutPayload::from(body)).await,
                 Ok(_) => return error(StatusCode::PRECONDITION_FAILED, "the object changed: re-read and retry"),
@@ -194,6 +201,19 @@ async fn put_object(
         }
         Err(e) => store_error(e),
     }
+}
+
+/// Takes an exclusive lock on `path` (held while the returned file is open).
+async fn lock_file(path: std::path::PathBuf) -> Result<std::fs::File, String> {
+    let shown = path.display().to_string();
+    tokio::task::spawn_blocking(move || {
+        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+        f.lock()?;
+        Ok::<_, std::io::Error>(f)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("locking {shown}: {e}"))
 }
 
 /// The scope (and tag namespace) writing or deleting an object needs: tags and leases are

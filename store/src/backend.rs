@@ -20,6 +20,8 @@ pub const MANIFESTS_PREFIX: &str = "manifests";
 /// Prefix under which tags live.
 pub const TAGS_PREFIX: &str = "tags";
 
+/// File in a local store's directory that serializes compare-and-swap writes between processes.
+pub const CAS_LOCK_FILE: &str = "cas.lock";
 /// Prefix under which push and tag leases live.
 pub const LEASES_PREFIX: &str = "leases";
 /// Prefix under which gc's tombstones live.
@@ -105,6 +107,8 @@ pub struct Backend {
     /// The same directory without fsync, for objects that need not survive a crash of the
     /// machine (local stores only).
     volatile: Option<Arc<dyn ObjectStore>>,
+    /// Lock file that makes compare-and-swap atomic across processes on a local store.
+    cas_lock: Option<std::path::PathBuf>,
 }
 
 /// What a backend talks to.
@@ -131,6 +135,7 @@ impl Backend {
         };
         let mut b = Self::wrap(Inner::Objects(open(true)?), root.display().to_string());
         b.volatile = Some(open(false)?);
+        b.cas_lock = Some(root.join(CAS_LOCK_FILE));
         Ok(b)
     }
 
@@ -189,7 +194,15 @@ impl Backend {
             .enable_all()
             .build()
             .expect("tokio runtime starts");
-        Backend { inner, rt: Arc::new(rt), description, requests: Arc::default(), gate: None, volatile: None }
+        Backend {
+            inner,
+            rt: Arc::new(rt),
+            description,
+            requests: Arc::default(),
+            gate: None,
+            volatile: None,
+            cas_lock: None,
+        }
     }
 
     /// This backend with `gate` called before every request, sharing the same objects: a
@@ -247,6 +260,12 @@ impl Backend {
         let a = self.rt.block_on(h.send(method, &HttpClient::object_path(key), headers, body.map(Bytes::from)))?;
         h.check(key, &a)?;
         Ok(a)
+    }
+
+    /// The lock file that serializes compare-and-swap writes on a local store (`None`
+    /// elsewhere), for other writers of the same directory such as `gstore serve`.
+    pub fn cas_lock_path(&self) -> Option<&std::path::Path> {
+        self.cas_lock.as_deref()
     }
 
     /// Where this backend points, for messages.
@@ -363,8 +382,9 @@ impl Backend {
 
     /// Writes an object only if it is still at `expected` (or, with `None`, does not exist
     /// yet): compare-and-swap through the server's If-Match / If-None-Match. A lost race is
-    /// [`StoreError::Conflict`]. A backend without compare-and-swap on existing objects (the
-    /// local directory store) overwrites instead; callers there serialize by other means.
+    /// [`StoreError::Conflict`]. On a local directory store, which has no If-Match, the
+    /// version is compared and the object written under an exclusive lock on
+    /// `STORE/cas.lock`, which every gstore process on the machine takes for the same purpose.
     pub fn put_if(&self, key: &str, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
         self.before("put_if", key);
         if let Some(h) = self.http_client() {
@@ -387,9 +407,40 @@ impl Backend {
                     "{key} was changed by another writer at the same time; nothing was overwritten: retry"
                 )))
             }
-            Err(object_store::Error::NotImplemented { .. }) => self.put(key, bytes),
+            Err(object_store::Error::NotImplemented { .. }) => self.put_if_unchanged(key, bytes, expected),
             Err(e) => Err(Self::err("writing", key, e)),
         }
+    }
+
+    /// Compare-and-swap for a store without If-Match: compares the version and writes while
+    /// holding the store's CAS lock file (without one, just writes).
+    fn put_if_unchanged(&self, key: &str, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
+        let path = ObjPath::from(key);
+        let write = || {
+            self.rt
+                .block_on(self.objects().put(&path, PutPayload::from(bytes.clone())))
+                .map(|_| ())
+                .map_err(|e| Self::err("writing", key, e))
+        };
+        let Some(lock_path) = &self.cas_lock else { return write() };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(lock_path)
+            .map_err(|e| StoreError::io("opening", lock_path, e))?;
+        file.lock().map_err(|e| StoreError::io("locking", lock_path, e))?;
+        let current = match self.rt.block_on(self.objects().head(&path)) {
+            Ok(m) => Some(m.e_tag),
+            Err(object_store::Error::NotFound { .. }) => None,
+            Err(e) => return Err(Self::err("checking", key, e)),
+        };
+        if current != expected.map(|v| v.0.e_tag.clone()) {
+            return Err(StoreError::Conflict(format!(
+                "{key} was changed by another writer at the same time; nothing was overwritten: retry"
+            )));
+        }
+        write()
     }
 
     /// Reads a whole object.
@@ -581,6 +632,22 @@ mod tests {
         let id = ObjectId::of(b"x");
         assert_eq!(pack_id_from_key(&pack_key(&id)), Some(id));
         assert_eq!(pack_id_from_key("manifests/ab/cd.manifest"), None);
+    }
+
+    #[test]
+    fn local_compare_and_swap_refuses_a_stale_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Backend::local(dir.path()).unwrap();
+        b.put_if("tags/t/v.tag", b"1".to_vec(), None).unwrap();
+        let (_, v1) = b.get_versioned("tags/t/v.tag").unwrap().unwrap();
+        // Another process (here: another handle) moves it; the stale version loses.
+        let other = Backend::local(dir.path()).unwrap();
+        other.put_if("tags/t/v.tag", b"2".to_vec(), Some(&v1)).unwrap();
+        assert!(matches!(b.put_if("tags/t/v.tag", b"3".to_vec(), Some(&v1)), Err(StoreError::Conflict(_))));
+        assert_eq!(&b.get("tags/t/v.tag").unwrap()[..], b"2");
+        let (_, v2) = b.get_versioned("tags/t/v.tag").unwrap().unwrap();
+        b.put_if("tags/t/v.tag", b"3".to_vec(), Some(&v2)).unwrap();
+        assert_eq!(&b.get("tags/t/v.tag").unwrap()[..], b"3");
     }
 
     #[test]
