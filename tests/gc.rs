@@ -91,23 +91,8 @@ fn gc_runs_while_two_machines_push_to_s3() {
     s3.ok("g", &["gc"]);
     let last = report(&s3.ok("g", &["--json", "gc"]));
     assert_eq!(last["packs_tombstoned"], 0, "{last}");
-    assert!(walk(&s3.bucket_dir().join("images/tombstones")).is_empty());
+    assert!(files_below(&s3.bucket_dir().join("images/tombstones")).is_empty());
     check_all(&s3, "final", &expected);
-}
-
-/// Every file under `dir` (none if it does not exist).
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_type().unwrap().is_dir() {
-                out.extend(walk(&e.path()));
-            } else {
-                out.push(e.path());
-            }
-        }
-    }
-    out
 }
 
 #[test]
@@ -220,7 +205,7 @@ fn store_with_a_killed_push() -> Env {
         }
         let _ = child.kill();
         let status = child.wait().unwrap();
-        if !status.success() && !walk(&env.store.join("leases")).is_empty() {
+        if !status.success() && !files_below(&env.store.join("leases")).is_empty() {
             return env;
         }
     }
@@ -231,6 +216,7 @@ fn store_with_a_killed_push() -> Env {
 fn a_killed_push_leaves_a_lease_that_gc_on_the_same_machine_drops() {
     let env = store_with_a_killed_push();
     let leases = env.store.join("leases");
+    assert_eq!(files_below(&leases).len(), 1, "one lease: the killed push's");
     let packs = env.packs().len();
     assert!(packs >= 2);
     let first = env.json(&["gc"]);
@@ -238,7 +224,7 @@ fn a_killed_push_leaves_a_lease_that_gc_on_the_same_machine_drops() {
     assert_eq!(first["packs_tombstoned"].as_u64(), Some(packs as u64), "{first}");
     let second = env.json(&["gc"]);
     assert_eq!(second["packs_deleted"].as_u64(), Some(packs as u64), "{second}");
-    assert!(env.packs().is_empty() && walk(&leases).is_empty());
+    assert!(env.packs().is_empty() && files_below(&leases).is_empty());
     // A lease this machine cannot judge (another boot) is kept, and so is what it names.
     let img = make_image(&env.path("img"), 3);
     env.ok(&["-q", "push", img.to_str().unwrap(), "--tag", "img"]);

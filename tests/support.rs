@@ -91,9 +91,15 @@ impl Env {
 
 /// Every `*.pack` file below `dir`, sorted.
 pub fn pack_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = files_below(dir);
+    out.retain(|p| p.extension().is_some_and(|e| e == "pack"));
+    out
+}
+
+/// Every file below `dir`, sorted (none if it does not exist).
+pub fn files_below(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     walk_files(dir, &mut out);
-    out.retain(|p| p.extension().is_some_and(|e| e == "pack"));
     out.sort();
     out
 }

@@ -44,6 +44,14 @@ pub fn tombstoned_key(tombstone: &str) -> Option<&str> {
     tombstone.strip_prefix(TOMBSTONES_PREFIX)?.strip_prefix('/')
 }
 
+/// Parses the tag out of a tag key (`tags/<name>/<version>.tag`), if it is one gstore could
+/// have written.
+pub fn tag_from_key(key: &str) -> Option<crate::tag::TagRef> {
+    let rest = key.strip_prefix("tags/")?.strip_suffix(".tag")?;
+    let (name, version) = rest.split_once('/')?;
+    crate::tag::TagRef::parse(&format!("{name}:{version}")).ok()
+}
+
 /// Parses the id out of a manifest key, if it is one.
 pub fn manifest_id_from_key(key: &str) -> Option<ObjectId> {
     let file = key.strip_prefix(MANIFESTS_PREFIX)?.rsplit('/').next()?;

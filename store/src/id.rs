@@ -31,6 +31,20 @@ impl ObjectId {
         bytes.try_into().ok().map(ObjectId)
     }
 
+    /// An id no other call returns, in this process or any other, here or on another
+    /// machine: a hash of the time, the machine's boot id, the process and a process-wide
+    /// counter. Unpredictable enough for names and salts; not a secret.
+    pub fn unique() -> ObjectId {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let mut h = blake3::Hasher::new();
+        h.update(&nanos.to_le_bytes()).update(&std::process::id().to_le_bytes()).update(&n.to_le_bytes());
+        h.update(&std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default());
+        ObjectId(*h.finalize().as_bytes())
+    }
+
     /// The first 12 hex digits, for messages.
     pub fn short(&self) -> String {
         hex::encode(&self.0[..6])

@@ -108,15 +108,6 @@ impl LeaseRecord {
     }
 }
 
-/// A unique object name: a hash of who, when and a process-wide counter.
-fn unique_name(owner: &Owner) -> String {
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let seed = format!("{}|{}|{}|{}|{nanos}|{n}", owner.host, owner.boot_id, owner.pid, owner.start_ticks);
-    blake3::hash(seed.as_bytes()).to_hex()[..32].to_string()
-}
-
 /// A held lease. It is rewritten whenever it protects more; dropping it deletes it (best
 /// effort), so it must be dropped only once the tag naming what it protects is written, or
 /// when the work it protected is abandoned.
@@ -130,7 +121,7 @@ impl Lease {
     /// Takes a new lease (create-only write).
     pub fn take(backend: &Backend, purpose: &str) -> Result<Lease> {
         let owner = Owner::current();
-        let key = backend::lease_key(&unique_name(&owner));
+        let key = backend::lease_key(&ObjectId::unique().to_hex()[..32]);
         let record = LeaseRecord {
             format: 1,
             owner,
@@ -168,26 +159,33 @@ impl Drop for Lease {
 }
 
 /// Which of `relied` — packs a lease already protects — may have been deleted or be about to
-/// be: those with a tombstone and those no longer listed. Tombstones are listed before packs
-/// (docs/GC.md, rule P3). Also returns the full tombstone listing of packs.
+/// be: those with a tombstone and those no longer listed. Also returns the packs that have a
+/// tombstone.
 pub fn unreliable_packs(
     backend: &Backend,
     relied: &HashSet<ObjectId>,
 ) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
-    let doomed = tombstoned_packs(backend)?;
-    let present: HashSet<ObjectId> =
-        backend.list(backend::PACKS_PREFIX)?.iter().filter_map(|l| backend::pack_id_from_key(&l.key)).collect();
+    let (doomed, listed) = doomed_then_listed(backend)?;
+    let present: HashSet<ObjectId> = listed.iter().filter_map(|l| backend::pack_id_from_key(&l.key)).collect();
     let bad = relied.iter().filter(|p| doomed.contains(p) || !present.contains(p)).copied().collect();
     Ok((bad, doomed))
 }
 
-/// Packs that have a tombstone.
-pub fn tombstoned_packs(backend: &Backend) -> Result<HashSet<ObjectId>> {
-    Ok(backend
+/// The packs that have a tombstone, then the listing of `packs/`: listed in that order, so
+/// that a pack gc tombstones and deletes meanwhile is in one list or missing from the
+/// second (docs/GC.md, push step 4).
+pub fn doomed_then_listed(backend: &Backend) -> Result<(HashSet<ObjectId>, Vec<backend::Listed>)> {
+    let doomed = backend
         .list(backend::TOMBSTONES_PREFIX)?
         .iter()
         .filter_map(|l| backend::tombstoned_key(&l.key).and_then(backend::pack_id_from_key))
-        .collect())
+        .collect();
+    Ok((doomed, backend.list(backend::PACKS_PREFIX)?))
+}
+
+/// True when the object under `key` has a gc tombstone.
+pub fn has_tombstone(backend: &Backend, key: &str) -> Result<bool> {
+    Ok(backend.size(&backend::tombstone_key(key))?.is_some())
 }
 
 #[cfg(test)]

@@ -73,15 +73,9 @@ pub struct FinishedPack {
 pub const SALT_LEN: usize = 16;
 
 /// Bytes no other pack starts with, so that every pack written gets a new id even when it
-/// holds the same chunks as an earlier one (which gc may have tombstoned: docs/GC.md, P2).
+/// holds the same chunks as an earlier one (which gc may have tombstoned: docs/GC.md, I4).
 fn salt() -> [u8; SALT_LEN] {
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let mut h = blake3::Hasher::new();
-    h.update(&nanos.to_le_bytes()).update(&std::process::id().to_le_bytes()).update(&n.to_le_bytes());
-    h.update(&std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default());
-    h.finalize().as_bytes()[..SALT_LEN].try_into().expect("16 bytes")
+    ObjectId::unique().0[..SALT_LEN].try_into().expect("16 bytes")
 }
 
 impl PackBuilder {

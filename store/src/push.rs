@@ -138,7 +138,7 @@ pub fn push(
                         let next = rx.lock().expect("pack queue lock").recv();
                         let Ok(p) = next else { return Ok(written) };
                         written.push(p.id);
-                        if let Err(e) = lease.protect(&[p.id], &[]).and_then(|()| store.put_pack(p)) {
+                        if let Err(e) = write_pack(store, lease, p) {
                             // Stop the producer, and take what it already queued so it never
                             // waits on a queue nobody empties.
                             failed.store(true, Ordering::SeqCst);
@@ -192,8 +192,8 @@ pub fn push(
             .collect(),
         chunks: file_chunks.into_iter().flatten().collect(),
     };
-    let id = protect_manifest(store, &lease, &mut manifest)?;
-    store.put_manifest(&manifest)?;
+    let (id, bytes) = protect_manifest(store, &lease, &mut manifest)?;
+    store.put_manifest(&id, bytes)?;
     let _: TagRecord = store.set_tag(tag, id)?;
     drop(lease);
     report.manifest = id.to_hex();
@@ -281,18 +281,18 @@ fn append_all(
             })
             .collect();
         for (u, cuts) in units[start..end].iter().zip(cuts) {
-            let mut offset = u.offset;
+            let mut next_offset = u.offset;
             for c in cuts? {
                 report.chunks += 1;
                 file_chunks[u.file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
-                offset += c.len as u64;
+                let offset = next_offset;
+                next_offset += c.len as u64;
                 if c.zero {
                     report.zero_bytes += c.len as u64;
                     continue;
                 }
                 if let Some(pack) = c.found_in {
-                    let r = Relied { id: c.id, file: u.file, offset: offset - c.len as u64, len: c.len };
-                    relied.entry(pack).or_default().push(r);
+                    relied.entry(pack).or_default().push(Relied { id: c.id, file: u.file, offset, len: c.len });
                 }
                 let Some((codec, stored)) = c.stored else { continue };
                 if !seen.insert(c.id) {
@@ -340,20 +340,26 @@ fn process_unit(store: &Store, entry: &SourceEntry, file: &std::fs::File, u: &Un
         .collect()
 }
 
-/// Names the manifest in the lease and returns its id. A manifest is named by its content,
-/// so an identical one may exist already with a gc tombstone and be deleted any moment
-/// (docs/GC.md, rule P3): then the creation time moves on a second, giving a new id, until
-/// the id has no tombstone.
-fn protect_manifest(store: &Store, lease: &Lease, manifest: &mut Manifest) -> Result<ObjectId> {
+/// Names the manifest in the lease and returns its id and encoded bytes. A manifest is named
+/// by its content, so an identical one may exist already with a gc tombstone and be deleted
+/// any moment (docs/GC.md, push step 5): then the creation time moves on a second, giving a
+/// new id, until the id has no tombstone.
+fn protect_manifest(store: &Store, lease: &Lease, manifest: &mut Manifest) -> Result<(ObjectId, Vec<u8>)> {
     loop {
-        let id = ObjectId::of(&manifest.encode());
+        let bytes = manifest.encode();
+        let id = ObjectId::of(&bytes);
         lease.protect(&[], &[id])?;
-        let tombstone = crate::backend::tombstone_key(&crate::backend::manifest_key(&id));
-        if store.backend().size(&tombstone)?.is_none() {
-            return Ok(id);
+        if !lease::has_tombstone(store.backend(), &crate::backend::manifest_key(&id))? {
+            return Ok((id, bytes));
         }
         manifest.created_unix += 1;
     }
+}
+
+/// Stores a pack this push wrote, naming it in the lease first (docs/GC.md, push step 2).
+fn write_pack(store: &Store, lease: &Lease, p: FinishedPack) -> Result<()> {
+    lease.protect(&[p.id], &[])?;
+    store.put_pack(p)
 }
 
 /// Names the packs this push deduplicated against in its lease, then uploads again every
@@ -379,11 +385,7 @@ fn reupload_unreliable(
     let mut pack = store.new_pack();
     let mut seen = HashSet::new();
     let mut n = 0;
-    let flush = |pack: PackBuilder| -> Result<()> {
-        let p = pack.finish();
-        lease.protect(&[p.id], &[])?;
-        store.put_pack(p)
-    };
+    let flush = |pack: PackBuilder| write_pack(store, lease, pack.finish());
     let mut bad: Vec<ObjectId> = bad.into_iter().collect();
     bad.sort();
     for p in bad {
@@ -436,8 +438,9 @@ mod tests {
         // gc tombstoned an identical manifest: the push must take another id.
         b.put(&backend::tombstone_key(&backend::manifest_key(&first)), b"{}".to_vec()).unwrap();
         let lease = Lease::take(&b, "push t").unwrap();
-        let id = protect_manifest(&store, &lease, &mut m).unwrap();
+        let (id, bytes) = protect_manifest(&store, &lease, &mut m).unwrap();
         assert_ne!(id, first);
+        assert_eq!(ObjectId::of(&bytes), id);
         assert_eq!((m.created_unix, ObjectId::of(&m.encode())), (101, id));
         let rec: crate::lease::LeaseRecord =
             crate::lease::LeaseRecord::from_json(&b.get(lease.key()).unwrap(), lease.key()).unwrap();

@@ -123,8 +123,8 @@ impl StoreLocation {
         }
     }
 
-    /// This machine's directory for the store's gc state (footer and manifest caches) and
-    /// gc's local lock: `STORE/gc-state` for a local store, beside the index otherwise.
+    /// This machine's directory for the store's gc state (its footer and manifest caches):
+    /// `STORE/gc-state` for a local store, beside the index otherwise.
     pub fn gc_state_dir(&self) -> PathBuf {
         self.index_dir().with_file_name("gc-state")
     }
@@ -155,8 +155,7 @@ const PAGE: u64 = 4096;
 /// Checks that a remote store honours conditional writes (If-None-Match and If-Match), which
 /// tag updates rely on; refuses with a clear error otherwise.
 fn probe_conditional_writes(backend: &Backend) -> Result<()> {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let key = format!("probe/conditional-{}-{nanos}", std::process::id());
+    let key = format!("probe/conditional-{}", ObjectId::unique().short());
     let refuse = |what: &str| {
         StoreError::Invalid(format!(
             "{} does not honour {what}: two machines updating one tag could lose an update, so gstore will not keep a store there",
@@ -367,13 +366,21 @@ impl Store {
     pub fn read_pack_footer(&self, pack: &ObjectId) -> Result<Vec<PackEntry>> {
         let key = backend::pack_key(pack);
         let size = self.backend.size(&key)?.ok_or_else(|| StoreError::NotFound { what: "pack", key: key.clone() })?;
+        Ok(self.read_pack_tail(pack, size)?.0)
+    }
+
+    /// Reads and checks the footer of a pack `size` bytes long (as listed): its entries, and
+    /// the raw tail they were parsed from (footer entries, then trailer).
+    pub fn read_pack_tail(&self, pack: &ObjectId, size: u64) -> Result<(Vec<PackEntry>, Vec<u8>)> {
+        let key = backend::pack_key(pack);
         if size < TRAILER_LEN as u64 + 8 {
             return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
         }
-        let tail = self.backend.get_range(&key, size - TRAILER_LEN as u64..size)?;
-        let t = pack::parse_trailer(&tail, size, &key)?;
+        let trailer = self.backend.get_range(&key, size - TRAILER_LEN as u64..size)?;
+        let t = pack::parse_trailer(&trailer, size, &key)?;
         let footer = self.backend.get_range(&key, t.footer_offset..size - TRAILER_LEN as u64)?;
-        pack::parse_footer(&footer, &t, &key)
+        let entries = pack::parse_footer(&footer, &t, &key)?;
+        Ok((entries, [&footer[..], &trailer[..]].concat()))
     }
 
     /// Stores a finished pack, then records it in the index (pack before index).
@@ -412,7 +419,7 @@ impl Store {
     /// for a local disk or a caller-built backend (which a simulation orders request by
     /// request).
     pub fn reads_in_flight(&self) -> usize {
-        if matches!(self.location, StoreLocation::S3 { .. } | StoreLocation::Http { .. }) {
+        if self.over_network() {
             16
         } else {
             1
@@ -421,19 +428,22 @@ impl Store {
 
     /// How many packs a push uploads at once: one for a local disk, several over a network.
     pub fn upload_concurrency(&self) -> usize {
-        if matches!(self.location, StoreLocation::S3 { .. } | StoreLocation::Http { .. }) {
+        if self.over_network() {
             4
         } else {
             1
         }
     }
 
-    /// Stores a manifest and returns its id.
-    pub fn put_manifest(&self, m: &Manifest) -> Result<ObjectId> {
-        let bytes = m.encode();
-        let id = ObjectId::of(&bytes);
-        self.backend.put(&backend::manifest_key(&id), bytes)?;
-        Ok(id)
+    /// True for S3 and HTTP stores, whose requests wait on the network; false for a local
+    /// directory and for a caller-built backend (a simulation orders its requests itself).
+    fn over_network(&self) -> bool {
+        matches!(self.location, StoreLocation::S3 { .. } | StoreLocation::Http { .. })
+    }
+
+    /// Stores an encoded manifest under its id (`ObjectId::of(&bytes)`).
+    pub fn put_manifest(&self, id: &ObjectId, bytes: Vec<u8>) -> Result<()> {
+        self.backend.put(&backend::manifest_key(id), bytes)
     }
 
     /// Reads and checks a manifest.
@@ -513,7 +523,7 @@ impl Store {
     pub fn tag_existing(&self, tag: &TagRef, id: ObjectId) -> Result<TagRecord> {
         let lease = crate::lease::Lease::take(&self.backend, &format!("tag {tag}"))?;
         lease.protect(&[], &[id])?;
-        let manifest_doomed = self.backend.size(&backend::tombstone_key(&backend::manifest_key(&id)))?.is_some();
+        let manifest_doomed = crate::lease::has_tombstone(&self.backend, &backend::manifest_key(&id))?;
         let m = self.get_manifest(&id)?;
         self.sync_index()?;
         let mut chunks_doomed = false;
@@ -547,9 +557,7 @@ impl Store {
     pub fn list_tags(&self) -> Result<Vec<Result<TagRecord>>> {
         let mut out = Vec::new();
         for l in self.backend.list(backend::TAGS_PREFIX)? {
-            let Some(rest) = l.key.strip_prefix("tags/").and_then(|r| r.strip_suffix(".tag")) else { continue };
-            let Some((name, version)) = rest.split_once('/') else { continue };
-            let Ok(tag) = TagRef::parse(&format!("{name}:{version}")) else { continue };
+            let Some(tag) = backend::tag_from_key(&l.key) else { continue };
             let rec = self.backend.get(&l.key).and_then(|b| TagRecord::from_json(&b, &tag));
             match rec {
                 Ok(r) if r.removed_unix.is_some() => {}
@@ -583,8 +591,7 @@ impl Store {
     /// Returns how many packs were added.
     pub fn sync_index(&self) -> Result<usize> {
         let index = self.index();
-        let doomed = crate::lease::tombstoned_packs(&self.backend)?;
-        let listed = self.backend.list(backend::PACKS_PREFIX)?;
+        let (doomed, listed) = crate::lease::doomed_then_listed(&self.backend)?;
         let present: std::collections::HashSet<ObjectId> =
             listed.iter().filter_map(|l| backend::pack_id_from_key(&l.key)).collect();
         let mut known = std::collections::HashSet::new();
@@ -602,7 +609,7 @@ impl Store {
             if known.contains(&id) {
                 continue;
             }
-            if let Ok(entries) = self.read_pack_footer(&id) {
+            if let Ok((entries, _)) = self.read_pack_tail(&id, l.size) {
                 index.add_pack(id, l.size, &entries)?;
                 added += 1;
             }
@@ -613,8 +620,7 @@ impl Store {
     /// Rebuilds the index from the pack footers in the backend. Returns (packs indexed,
     /// damaged packs skipped with their errors).
     pub fn rebuild_index(&self, progress: &dyn crate::progress::Progress) -> Result<(usize, Vec<StoreError>)> {
-        let doomed = crate::lease::tombstoned_packs(&self.backend)?;
-        let packs = self.backend.list(backend::PACKS_PREFIX)?;
+        let (doomed, packs) = crate::lease::doomed_then_listed(&self.backend)?;
         let index = self.index();
         index.clear()?;
         index.set_doomed(&doomed)?;
@@ -623,8 +629,8 @@ impl Store {
         let mut damaged = Vec::new();
         for l in packs {
             if let Some(id) = backend::pack_id_from_key(&l.key) {
-                match self.read_pack_footer(&id) {
-                    Ok(entries) => {
+                match self.read_pack_tail(&id, l.size) {
+                    Ok((entries, _)) => {
                         index.add_pack(id, l.size, &entries)?;
                         ok += 1;
                     }

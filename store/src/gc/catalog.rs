@@ -47,16 +47,9 @@ impl<'a> Catalog<'a> {
                 return Ok(entries);
             }
         }
-        if size < TRAILER_LEN as u64 + 8 {
-            return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
-        }
-        let b = self.store.backend();
-        let trailer = b.get_range(&key, size - TRAILER_LEN as u64..size)?;
-        let t = pack::parse_trailer(&trailer, size, &key)?;
-        let footer = b.get_range(&key, t.footer_offset..size - TRAILER_LEN as u64)?;
-        let entries = pack::parse_footer(&footer, &t, &key)?;
+        let (entries, tail) = self.store.read_pack_tail(id, size)?;
         if let Some(p) = cache {
-            Self::save(&p, &[&footer[..], &trailer[..]].concat());
+            Self::save(&p, &tail);
         }
         Ok(entries)
     }

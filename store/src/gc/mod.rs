@@ -138,8 +138,8 @@ impl PackInfo {
 /// Runs retention and one gc pass over `store` (opened without its index).
 pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<GcReport> {
     let started = std::time::Instant::now();
-    let requests_before = store.backend().requests();
     let b = store.backend();
+    let requests_before = b.requests();
     let _lock = if opts.dry_run { None } else { Some(lock::GcLock::take(b, opts.break_lock)?) };
     let mut report = GcReport { dry_run: opts.dry_run, ..Default::default() };
     let catalog = Catalog::new(store);
@@ -166,147 +166,24 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     report.images_kept = tagged.len();
     let roots: BTreeSet<ObjectId> = tagged.iter().chain(&leased_manifests).copied().collect();
 
-    // 5. Mark.
-    progress.start("gc: reading manifests", roots.len() as u64);
-    let roots_list: Vec<ObjectId> = roots.iter().copied().collect();
-    let manifests = in_flight(store, &roots_list, |id| {
-        let m = catalog.manifest(id);
-        progress.advance(1);
-        m
-    })?;
-    let mut live: HashSet<ObjectId> = HashSet::new();
-    for (id, m) in roots_list.iter().zip(manifests) {
-        match m {
-            Ok(m) => live.extend(m.chunks.iter().filter(|c| !c.zero).map(|c| c.id)),
-            // A leased manifest may not be written yet: its push is still running.
-            Err(StoreError::NotFound { .. }) if !tagged.contains(id) => {}
-            Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
-            Err(e) => {
-                return Err(StoreError::Invalid(format!(
-                    "gc stopped before deleting anything: manifest {} cannot be read ({e}); run gstore verify",
-                    id.to_hex()
-                )))
-            }
-        }
-    }
-    progress.finish();
-
-    // 6. Packs: read footers (new ones only, for a remote store), pick homes, decide.
+    // 5. Mark, then read the packs and settle each live chunk's home.
+    let live = mark(store, &catalog, &roots, &tagged, progress, &mut report)?;
     let listed = b.list(backend::PACKS_PREFIX)?;
-    let pack_list: Vec<(ObjectId, &String, u64)> =
-        listed.iter().filter_map(|l| Some((backend::pack_id_from_key(&l.key)?, &l.key, l.size))).collect();
-    progress.start("gc: reading pack footers", pack_list.len() as u64);
-    let footers = in_flight(store, &pack_list, |(id, _, size)| {
-        let f = catalog.footer(id, *size);
-        progress.advance(1);
-        f
-    })?;
-    progress.finish();
-    let mut packs = Vec::new();
-    for ((id, key, size), footer) in pack_list.iter().zip(footers) {
-        let (id, size) = (*id, *size);
-        report.packs += 1;
-        report.pack_bytes += size;
-        match footer {
-            Ok(entries) => {
-                let live_bytes = entries.iter().filter(|e| live.contains(&e.id)).map(|e| e.stored_len as u64).sum();
-                packs.push(PackInfo {
-                    id,
-                    size,
-                    entries,
-                    tombstoned: tombstones.contains(key.as_str()),
-                    protected: leased_packs.contains(&id),
-                    live_bytes,
-                });
-            }
-            Err(e) if e.is_damage() => report.damaged_packs.push(id.to_hex()),
-            Err(e) => return Err(e),
-        }
-    }
-    // Which packs stay: start from every pack without a tombstone; add tombstoned packs
-    // that are the best home left for some chunk (they will be revived) and drop packs that
-    // would be home to too little, until the set settles. Staying packs are preferred as
-    // homes, so a chunk a staying pack holds is kept there and rewriting copies only what
-    // lives nowhere else. The next pass starts from the same set (none of it tombstoned
-    // then) and settles on the same homes: it rewrites nothing more.
-    let min_dead = (store.config().pack_target / 4).min(64 << 10);
-    let stays = |p: &PackInfo, home: u64| {
-        let data = p.data_bytes();
-        p.protected || (home > 0 && ((home as f64) >= opts.repack_below * data as f64 || data - home < min_dead))
-    };
-    let mut staying: HashSet<ObjectId> = packs.iter().filter(|p| p.protected || !p.tombstoned).map(|p| p.id).collect();
-    let (mut homes, mut home_bytes) = pick_homes(&packs, &live, &staying);
-    for _ in 0..16 {
-        let next: HashSet<ObjectId> = packs
-            .iter()
-            .filter(|p| {
-                let home = home_bytes.get(&p.id).copied().unwrap_or(0);
-                (staying.contains(&p.id) || p.tombstoned) && stays(p, home)
-            })
-            .map(|p| p.id)
-            .collect();
-        if next == staying {
-            break;
-        }
-        staying = next;
-        (homes, home_bytes) = pick_homes(&packs, &live, &staying);
-    }
-    let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run };
-    let mut to_tombstone = Vec::new();
-    let mut to_repack = Vec::new();
-    for p in &packs {
-        let home = home_bytes.get(&p.id).copied().unwrap_or(0);
-        let needed = p.protected || home > 0;
-        if needed && !stays(p, home) {
-            // Rewritten, then tombstoned (a tombstone it already has stays).
-            to_repack.push(p);
-            continue;
-        }
-        let key = backend::pack_key(&p.id);
-        match (needed, p.tombstoned) {
-            (true, true) => {
-                sweep.revive(&key)?;
-                report.packs_revived += 1;
-            }
-            (true, false) => {}
-            (false, true) => {
-                sweep.delete(&key, "footers", &p.id)?;
-                report.packs_deleted += 1;
-                report.bytes_reclaimed += p.size;
-            }
-            (false, false) => to_tombstone.push(p),
-        }
-    }
-    let repacked = sweep.repack(&to_repack, &homes, progress, &mut report)?;
-    for p in to_repack.iter().filter(|p| p.tombstoned && !repacked.iter().any(|r| r.id == p.id)) {
-        // Could not be rewritten (damaged): still needed.
-        sweep.revive(&backend::pack_key(&p.id))?;
-        report.packs_revived += 1;
-    }
-    for p in to_tombstone.into_iter().chain(repacked.into_iter().filter(|p| !p.tombstoned)) {
-        sweep.tombstone(&backend::pack_key(&p.id))?;
-        report.packs_tombstoned += 1;
-        report.bytes_tombstoned += p.size;
-    }
+    let packs = read_packs(store, &catalog, &listed, &tombstones, &leased_packs, &live, progress, &mut report)?;
+    let rewrite = Rewrite { below: opts.repack_below, min_dead: (store.config().pack_target / 4).min(64 << 10) };
+    let (homes, home_bytes) = settle_homes(&packs, &live, &rewrite);
 
-    // Manifests no root names.
+    // 6. Decide.
+    let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run };
+    sweep_packs(&sweep, &packs, &homes, &home_bytes, &rewrite, progress, &mut report)?;
     let manifests = b.list(backend::MANIFESTS_PREFIX)?;
     for l in &manifests {
         let Some(id) = backend::manifest_id_from_key(&l.key) else { continue };
-        match (roots.contains(&id), tombstones.contains(&l.key)) {
-            (true, true) => {
-                sweep.revive(&l.key)?;
-                report.manifests_revived += 1;
-            }
-            (true, false) => {}
-            (false, true) => {
-                sweep.delete(&l.key, "manifests", &id)?;
-                report.manifests_deleted += 1;
-            }
-            (false, false) => {
-                sweep.tombstone(&l.key)?;
-                report.manifests_tombstoned += 1;
-            }
+        match sweep.settle(&l.key, "manifests", &id, roots.contains(&id), tombstones.contains(&l.key))? {
+            Settled::Revived => report.manifests_revived += 1,
+            Settled::Deleted => report.manifests_deleted += 1,
+            Settled::Tombstoned => report.manifests_tombstoned += 1,
+            Settled::Kept => {}
         }
     }
 
@@ -321,6 +198,191 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     report.requests = b.requests() - requests_before;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The non-zero chunks of every root manifest. A tagged manifest that is missing is
+/// reported; a leased one may not be written yet. One that cannot be read stops gc.
+fn mark(
+    store: &Store,
+    catalog: &Catalog,
+    roots: &BTreeSet<ObjectId>,
+    tagged: &BTreeSet<ObjectId>,
+    progress: &dyn Progress,
+    report: &mut GcReport,
+) -> Result<HashSet<ObjectId>> {
+    progress.start("gc: reading manifests", roots.len() as u64);
+    let roots: Vec<ObjectId> = roots.iter().copied().collect();
+    // Chunks go into the set as each manifest arrives, so manifests are not all held at once.
+    let live = std::sync::Mutex::new(HashSet::new());
+    let reads = in_flight(store, &roots, |id| {
+        let read = catalog
+            .manifest(id)
+            .map(|m| live.lock().expect("live set lock").extend(m.chunks.iter().filter(|c| !c.zero).map(|c| c.id)));
+        progress.advance(1);
+        read
+    })?;
+    progress.finish();
+    for (id, read) in roots.iter().zip(reads) {
+        match read {
+            Ok(()) => {}
+            // A leased manifest may not be written yet: its push is still running.
+            Err(StoreError::NotFound { .. }) if !tagged.contains(id) => {}
+            Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
+            Err(e) => {
+                return Err(StoreError::Invalid(format!(
+                    "gc stopped before deleting anything: manifest {} cannot be read ({e}); run gstore verify",
+                    id.to_hex()
+                )))
+            }
+        }
+    }
+    Ok(live.into_inner().expect("live set lock"))
+}
+
+/// Reads the footer of every listed pack (cached for a remote store) and what the mark found
+/// in it. Damaged packs are reported and left out: nothing is decided about them.
+#[allow(clippy::too_many_arguments)]
+fn read_packs(
+    store: &Store,
+    catalog: &Catalog,
+    listed: &[backend::Listed],
+    tombstones: &BTreeSet<String>,
+    leased: &HashSet<ObjectId>,
+    live: &HashSet<ObjectId>,
+    progress: &dyn Progress,
+    report: &mut GcReport,
+) -> Result<Vec<PackInfo>> {
+    let pack_list: Vec<(ObjectId, &backend::Listed)> =
+        listed.iter().filter_map(|l| Some((backend::pack_id_from_key(&l.key)?, l))).collect();
+    progress.start("gc: reading pack footers", pack_list.len() as u64);
+    let footers = in_flight(store, &pack_list, |(id, l)| {
+        let f = catalog.footer(id, l.size);
+        progress.advance(1);
+        f
+    })?;
+    progress.finish();
+    let mut packs = Vec::new();
+    for ((id, l), footer) in pack_list.into_iter().zip(footers) {
+        report.packs += 1;
+        report.pack_bytes += l.size;
+        match footer {
+            Ok(entries) => {
+                let live_bytes = entries.iter().filter(|e| live.contains(&e.id)).map(|e| e.stored_len as u64).sum();
+                packs.push(PackInfo {
+                    id,
+                    size: l.size,
+                    entries,
+                    tombstoned: tombstones.contains(&l.key),
+                    protected: leased.contains(&id),
+                    live_bytes,
+                });
+            }
+            Err(e) if e.is_damage() => report.damaged_packs.push(id.to_hex()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(packs)
+}
+
+/// When a pack is worth rewriting.
+struct Rewrite {
+    /// `--repack-below`: live data below this fraction of the chunk data.
+    below: f64,
+    /// ...and at least this many dead bytes to free.
+    min_dead: u64,
+}
+
+impl Rewrite {
+    /// True when `p`, home to `home` live bytes, stays as it is: leased, or home to enough.
+    fn stays(&self, p: &PackInfo, home: u64) -> bool {
+        let data = p.data_bytes();
+        p.protected || (home > 0 && ((home as f64) >= self.below * data as f64 || data - home < self.min_dead))
+    }
+}
+
+/// Each live chunk's home pack, and the stored bytes each pack is home to.
+///
+/// Which packs stay: start from every pack without a tombstone; add tombstoned packs that
+/// are the best home left for some chunk (they will be revived) and drop packs that would be
+/// home to too little, until the set settles. Staying packs are preferred as homes, so a
+/// chunk a staying pack holds is kept there and rewriting copies only what lives nowhere
+/// else. The next pass starts from the same set (none of it tombstoned then) and settles on
+/// the same homes: it rewrites nothing more.
+fn settle_homes(
+    packs: &[PackInfo],
+    live: &HashSet<ObjectId>,
+    rewrite: &Rewrite,
+) -> (HashMap<ObjectId, ObjectId>, HashMap<ObjectId, u64>) {
+    let mut staying: HashSet<ObjectId> = packs.iter().filter(|p| p.protected || !p.tombstoned).map(|p| p.id).collect();
+    let (mut homes, mut home_bytes) = pick_homes(packs, live, &staying);
+    for _ in 0..16 {
+        let next: HashSet<ObjectId> = packs
+            .iter()
+            .filter(|p| {
+                let home = home_bytes.get(&p.id).copied().unwrap_or(0);
+                (staying.contains(&p.id) || p.tombstoned) && rewrite.stays(p, home)
+            })
+            .map(|p| p.id)
+            .collect();
+        if next == staying {
+            break;
+        }
+        staying = next;
+        (homes, home_bytes) = pick_homes(packs, live, &staying);
+    }
+    (homes, home_bytes)
+}
+
+/// Decides every pack: needed ones keep (or lose) their tombstone, unneeded ones are
+/// tombstoned or, if tombstoned before, deleted; packs home to too little are rewritten,
+/// then tombstoned.
+fn sweep_packs(
+    sweep: &Sweep,
+    packs: &[PackInfo],
+    homes: &HashMap<ObjectId, ObjectId>,
+    home_bytes: &HashMap<ObjectId, u64>,
+    rewrite: &Rewrite,
+    progress: &dyn Progress,
+    report: &mut GcReport,
+) -> Result<()> {
+    let mut to_repack = Vec::new();
+    for p in packs {
+        let home = home_bytes.get(&p.id).copied().unwrap_or(0);
+        let needed = p.protected || home > 0;
+        if needed && !rewrite.stays(p, home) {
+            // Rewritten, then tombstoned (a tombstone it already has stays).
+            to_repack.push(p);
+            continue;
+        }
+        match sweep.settle(&backend::pack_key(&p.id), "footers", &p.id, needed, p.tombstoned)? {
+            Settled::Revived => report.packs_revived += 1,
+            Settled::Deleted => {
+                report.packs_deleted += 1;
+                report.bytes_reclaimed += p.size;
+            }
+            Settled::Tombstoned => {
+                report.packs_tombstoned += 1;
+                report.bytes_tombstoned += p.size;
+            }
+            Settled::Kept => {}
+        }
+    }
+    let repacked = sweep.repack(&to_repack, homes, progress, report)?;
+    for p in to_repack {
+        let key = backend::pack_key(&p.id);
+        if !repacked.iter().any(|r| r.id == p.id) {
+            // Could not be rewritten (damaged): still needed.
+            if p.tombstoned {
+                sweep.revive(&key)?;
+                report.packs_revived += 1;
+            }
+        } else if !p.tombstoned {
+            sweep.tombstone(&key)?;
+            report.packs_tombstoned += 1;
+            report.bytes_tombstoned += p.size;
+        }
+    }
+    Ok(())
 }
 
 /// Maps `f` over `items` with [`Store::reads_in_flight`] calls at once, keeping the order.
@@ -368,13 +430,9 @@ fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(Has
 /// remain. A tag another writer changed meanwhile is kept whole, as re-read.
 fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Result<Vec<TagRecord>> {
     let b = store.backend();
-    let mut tags = Vec::new();
-    for l in b.list(backend::TAGS_PREFIX)? {
-        let Some(rest) = l.key.strip_prefix("tags/").and_then(|r| r.strip_suffix(".tag")) else { continue };
-        let Some((name, version)) = rest.split_once('/') else { continue };
-        // Keys under tags/ that are no tag gstore could write name nothing.
-        tags.extend(TagRef::parse(&format!("{name}:{version}")).ok());
-    }
+    // Keys under tags/ that are no tag gstore could write name nothing.
+    let tags: Vec<TagRef> =
+        b.list(backend::TAGS_PREFIX)?.iter().filter_map(|l| backend::tag_from_key(&l.key)).collect();
     let mut records = Vec::new();
     for (tag, read) in tags.iter().zip(in_flight(store, &tags, |t| store.get_tag_versioned(t))?) {
         let read = read.map_err(|e| {
@@ -452,7 +510,39 @@ struct Sweep<'a> {
     dry_run: bool,
 }
 
+/// What a pass did with one pack or manifest.
+enum Settled {
+    /// Needed, and had no tombstone: nothing to do.
+    Kept,
+    /// Needed again: its tombstone was removed.
+    Revived,
+    /// Tombstoned by an earlier pass and still unneeded: deleted.
+    Deleted,
+    /// Unneeded: tombstoned, for a later pass to delete.
+    Tombstoned,
+}
+
 impl Sweep<'_> {
+    /// Settles the object under `key` (cached as `kind`/`id`) by whether it is needed and
+    /// whether it had a tombstone when this pass began.
+    fn settle(&self, key: &str, kind: &str, id: &ObjectId, needed: bool, tombstoned: bool) -> Result<Settled> {
+        Ok(match (needed, tombstoned) {
+            (true, false) => Settled::Kept,
+            (true, true) => {
+                self.revive(key)?;
+                Settled::Revived
+            }
+            (false, true) => {
+                self.delete(key, kind, id)?;
+                Settled::Deleted
+            }
+            (false, false) => {
+                self.tombstone(key)?;
+                Settled::Tombstoned
+            }
+        })
+    }
+
     /// Marks the object under `key` for deletion by a later pass.
     fn tombstone(&self, key: &str) -> Result<()> {
         if self.dry_run {
