@@ -363,8 +363,8 @@ fn write_pack(store: &Store, lease: &Lease, p: FinishedPack) -> Result<()> {
 }
 
 /// Names the packs this push deduplicated against in its lease, then uploads again every
-/// chunk it relied on in a pack that gc has tombstoned or deleted meanwhile (docs/GC.md, rule
-/// P3). Returns how many chunks were uploaded again.
+/// chunk it relied on in a pack that gc has tombstoned or deleted meanwhile (docs/GC.md, push
+/// step 4). Returns how many chunks were uploaded again.
 fn reupload_unreliable(
     store: &Store,
     lease: &Lease,

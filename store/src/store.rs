@@ -518,7 +518,8 @@ impl Store {
 
     /// Points `tag` at an image already in the store (`gstore tag`). A lease protects the
     /// image while it has no tag, and the image is refused if gc has tombstoned its manifest
-    /// or a pack its chunks are only in (docs/GC.md, rule P3): gc might delete them any moment.
+    /// or a pack its chunks are only in (docs/GC.md, "A push", the tag copy): gc might delete
+    /// them any moment.
     /// Needs the index.
     pub fn tag_existing(&self, tag: &TagRef, id: ObjectId) -> Result<TagRecord> {
         let lease = crate::lease::Lease::take(&self.backend, &format!("tag {tag}"))?;
