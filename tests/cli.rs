@@ -100,6 +100,40 @@ fn ls_show_tag_rm_and_history() {
 }
 
 #[test]
+fn tag_names_that_read_as_manifest_ids_are_refused() {
+    let env = Env::new(&[]);
+    let (a, b) = (env.path("a"), env.path("b"));
+    fs::write(&a, b"image a").unwrap();
+    fs::write(&b, b"image b").unwrap();
+    let id_a = env.json(&["push", a.to_str().unwrap(), "--tag", "a"])["manifest"].as_str().unwrap().to_string();
+    // A tag named like an id would be shadowed by that id: restoring it would give image a.
+    for name in [id_a.as_str(), "deadbeef", "0123456789:v2"] {
+        let err = env.fails(&["push", b.to_str().unwrap(), "--tag", name]);
+        assert!(err.contains("would read as a manifest id"), "{name}: {err}");
+        let err = env.fails(&["tag", "a", name]);
+        assert!(err.contains("would read as a manifest id"), "{name}: {err}");
+    }
+    assert_eq!(env.json(&["ls"]).as_array().unwrap().len(), 1);
+    // A tag with such a name written by an older gstore stays listed, restorable as
+    // NAME:VERSION and removable; the bare id still names image a.
+    let id_b = env.json(&["push", b.to_str().unwrap(), "--tag", "b"])["manifest"].as_str().unwrap().to_string();
+    fs::create_dir_all(env.store.join(format!("tags/{id_a}"))).unwrap();
+    let old = serde_json::json!({"format": 1, "name": id_a, "version": "latest", "manifest": id_b, "set_unix": 1});
+    fs::write(env.store.join(format!("tags/{id_a}/latest.tag")), old.to_string()).unwrap();
+    let ls = env.json(&["ls"]);
+    assert!(ls.as_array().unwrap().iter().any(|t| t["tag"] == format!("{id_a}:latest").as_str()), "{ls}");
+    env.ok(&["restore", &format!("{id_a}:latest"), "--to", env.path("old-tag").to_str().unwrap()]);
+    assert_eq!(fs::read(env.path("old-tag/b")).unwrap(), b"image b");
+    env.ok(&["restore", &id_a, "--to", env.path("by-id").to_str().unwrap()]);
+    assert_eq!(fs::read(env.path("by-id/a")).unwrap(), b"image a");
+    env.ok(&["tag", &format!("{id_a}:latest"), "b-copy"]);
+    env.ok(&["rm", &id_a]);
+    let tags: Vec<String> =
+        env.json(&["ls"]).as_array().unwrap().iter().map(|t| t["tag"].as_str().unwrap().to_string()).collect();
+    assert_eq!(tags, ["a:latest", "b-copy:latest", "b:latest"]);
+}
+
+#[test]
 fn index_rebuild_restores_the_same_answers() {
     let env = Env::new(&["--pack-size", "1048576"]);
     let src = env.path("src");

@@ -122,3 +122,20 @@ fn damaged_footer_is_skipped_by_index_rebuild_and_named() {
     assert_damage_reported(&env, &["verify"], "in no pack of the store");
     assert_restore_refused(&env, "in no pack of the store");
 }
+
+#[test]
+fn a_damaged_index_is_replaced_by_index_rebuild() {
+    let (env, _) = two_images();
+    fs::write(env.store.join("index/CURRENT"), "garbage\n").unwrap();
+    // Commands that need the index say what to do.
+    for args in [&["restore", "good", "--to", env.path("out").to_str().unwrap()][..], &["verify"], &["du"]] {
+        let err = env.fails(args);
+        assert!(err.contains("cannot open the local index") && err.contains("gstore index rebuild"), "{args:?}: {err}");
+    }
+    // Rebuilding does not need to open it.
+    let r = env.json(&["index", "rebuild"]);
+    assert!(r["packs_indexed"].as_u64().unwrap() >= 2, "{r}");
+    env.ok(&["verify", "--read-data"]);
+    env.ok(&["restore", "victim", "--to", env.path("victim-out").to_str().unwrap()]);
+    assert_same_tree(&env.path("victim"), &env.path("victim-out"));
+}

@@ -290,3 +290,106 @@ fn gc_through_the_server_needs_an_admin_token() {
     drop(server);
     env.ok(&["verify", "--read-data"]);
 }
+
+#[test]
+fn keep_last_keeps_the_newest_of_pushes_within_one_second() {
+    let env = Env::new(&[]);
+    // Six quick pushes: several share a second, which alone cannot order them.
+    for i in 1..=6 {
+        let src = env.path(&format!("v{i}"));
+        std::fs::write(&src, format!("version {i}")).unwrap();
+        env.ok(&["-q", "push", src.to_str().unwrap(), "--tag", &format!("fast:v{i}")]);
+    }
+    let dry = env.json(&["gc", "--keep-last", "2", "--dry-run"]);
+    let mut removed: Vec<&str> = dry["tags_removed"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    removed.sort();
+    assert_eq!(removed, ["fast:v1", "fast:v2", "fast:v3", "fast:v4"], "{dry}");
+    env.ok(&["gc", "--keep-last", "2"]);
+    assert_eq!(tags(&env.ok(&["--json", "ls"])), ["fast:v5", "fast:v6"]);
+}
+
+/// The temporary files (`<key>#<n>`) of unfinished writes in a local store.
+fn temp_files(env: &Env) -> std::collections::BTreeSet<PathBuf> {
+    let is_temp = |p: &PathBuf| {
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        name.rsplit_once('#').is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    files_below(&env.store).into_iter().filter(is_temp).collect()
+}
+
+/// True when `files` holds a pack's temporary file that is not in `known`.
+fn new_pack_temp(files: &std::collections::BTreeSet<PathBuf>, known: &std::collections::BTreeSet<PathBuf>) -> bool {
+    files.difference(known).any(|p| p.to_string_lossy().contains(".pack#"))
+}
+
+/// Sends `signal` (e.g. "-STOP") to `pid`.
+fn signal(pid: u32, signal: &str) {
+    assert!(std::process::Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success());
+}
+
+/// Starts a push of 24 MB of fresh random bytes (from `seed`), tagged `t<seed>`, and waits
+/// until it is writing a pack; returns it, still running, or `None` if it finished first.
+fn push_caught_writing(env: &Env, seed: u64) -> Option<std::process::Child> {
+    let src = env.path(&format!("src-{seed}"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.img"), random_bytes(24_000_000, seed)).unwrap();
+    let before = temp_files(env);
+    let mut child = env.cmd(&["-q", "push", src.to_str().unwrap(), "--tag", &format!("t{seed}")]).spawn().unwrap();
+    loop {
+        if new_pack_temp(&temp_files(env), &before) {
+            return Some(child);
+        }
+        if child.try_wait().unwrap().is_some() {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn gc_sweeps_the_temporary_files_of_killed_pushes_and_spares_a_running_one() {
+    let env = Env::new(&["--pack-size", "1048576"]);
+    // Pushes killed with SIGKILL while they write a pack leave `*.pack#1` files behind.
+    let mut seed = 0;
+    while temp_files(&env).is_empty() {
+        seed += 1;
+        assert!(seed <= 20, "in 20 tries no push was killed while writing a pack");
+        if let Some(mut child) = push_caught_writing(&env, seed) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+    let killed = temp_files(&env);
+    let killed_bytes: u64 = killed.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    // A push that is running (here: stopped) while it writes a pack.
+    let running = loop {
+        seed += 1;
+        assert!(seed <= 40, "in 20 tries no push was caught writing a pack");
+        let Some(child) = push_caught_writing(&env, seed) else { continue };
+        signal(child.id(), "-STOP");
+        if new_pack_temp(&temp_files(&env), &killed) {
+            break child;
+        }
+        // Its write finished between the look and the stop: let it go on and try again.
+        signal(child.id(), "-CONT");
+        let mut child = child;
+        assert!(child.wait().unwrap().success());
+    };
+    let in_flight: Vec<PathBuf> = temp_files(&env).difference(&killed).cloned().collect();
+    let first = env.json(&["gc"]);
+    assert_eq!(first["temp_files_swept"].as_u64(), Some(killed.len() as u64), "{first}");
+    assert_eq!(first["temp_bytes_swept"].as_u64(), Some(killed_bytes), "{first}");
+    assert!(killed.iter().all(|p| !p.exists()), "{first}");
+    let second = env.json(&["gc"]);
+    assert_eq!(second["temp_files_swept"], 0, "{second}");
+    assert!(in_flight.iter().all(|p| p.exists()), "the running push's temporary file was removed");
+    // The running push goes on unharmed.
+    let mut running = running;
+    signal(running.id(), "-CONT");
+    assert!(running.wait().unwrap().success(), "the running push failed after gc");
+    let restored = env.path("restored");
+    env.ok(&["restore", &format!("t{seed}"), "--to", restored.to_str().unwrap()]);
+    assert_same_tree(&env.path(&format!("src-{seed}")), &restored);
+    assert!(temp_files(&env).is_empty(), "{:?}", temp_files(&env));
+    env.ok(&["verify", "--read-data"]);
+}

@@ -57,6 +57,77 @@ fn a_second_restore_reads_from_the_local_cache() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("DAMAGED  x:latest"), "{}", String::from_utf8_lossy(&o.stdout));
 }
 
+/// Where machine `machine` keeps its range cache of the test bucket.
+fn range_cache(s3: &S3, machine: &str) -> std::path::PathBuf {
+    s3.tmp.path().join(machine).join("gstore/s3-gstore-test-images/ranges")
+}
+
+#[test]
+fn the_range_cache_keeps_only_checked_ranges() {
+    let s3 = S3::start();
+    let src = s3.tmp.path().join("src");
+    make_tree(&src, 6, 5_000_000);
+    s3.ok("a", &["init"]);
+    s3.ok("a", &["push", src.to_str().unwrap(), "--tag", "x"]);
+    // Damage every pack in the bucket (footers stay readable), keeping the originals.
+    let packs = pack_files(&s3.bucket_dir());
+    let originals: Vec<Vec<u8>> = packs.iter().map(|p| fs::read(p).unwrap()).collect();
+    for (p, b) in packs.iter().zip(&originals) {
+        let mut b = b.clone();
+        for i in (8..b.len() / 2).step_by(4096) {
+            b[i] ^= 0xff;
+        }
+        fs::write(p, b).unwrap();
+    }
+    let restore = |name: &str, cache_bytes: Option<&str>| {
+        let mut c = s3.cmd("c", &["restore", "x", "--to", s3.tmp.path().join(name).to_str().unwrap()]);
+        if let Some(n) = cache_bytes {
+            c.env("GSTORE_CACHE_BYTES", n);
+        }
+        c.output().unwrap()
+    };
+    let o = restore("o1", None);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("corrupt chunk"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(files_below(&range_cache(&s3, "c")).is_empty(), "ranges that failed their check were cached");
+    // The packs are repaired: every restore works again, with and without the cache.
+    for (p, b) in packs.iter().zip(&originals) {
+        fs::write(p, b).unwrap();
+    }
+    s3.ok("c", &["verify", "--read-data"]);
+    let o = restore("o2", Some("0"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_same_tree(&src, &s3.tmp.path().join("o2"));
+    assert!(files_below(&range_cache(&s3, "c")).is_empty(), "GSTORE_CACHE_BYTES=0 cached ranges");
+    let o = restore("o3", None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_same_tree(&src, &s3.tmp.path().join("o3"));
+    // A cached range whose chunks do not check out (cached by an older gstore) is dropped and
+    // read again from the bucket.
+    let entries = files_below(&range_cache(&s3, "c"));
+    assert!(!entries.is_empty(), "checked ranges are cached");
+    let damaged: Vec<std::path::PathBuf> = entries
+        .iter()
+        .map(|e| {
+            let mut b = fs::read(e).unwrap();
+            b[b.len() / 2] ^= 0xff;
+            // Named after its new content, so the cache's own hash check passes.
+            let name = e.file_name().unwrap().to_str().unwrap();
+            let (prefix, _) = name.rsplit_once('-').unwrap();
+            let hash = &gstore_store::ObjectId::of(&b).to_hex()[..16];
+            let renamed = e.with_file_name(format!("{prefix}-{hash}"));
+            fs::remove_file(e).unwrap();
+            fs::write(&renamed, b).unwrap();
+            renamed
+        })
+        .collect();
+    let o = restore("o4", None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_same_tree(&src, &s3.tmp.path().join("o4"));
+    assert!(damaged.iter().all(|e| !e.exists()), "a damaged cache entry was kept");
+    assert_eq!(files_below(&range_cache(&s3, "c")), entries, "the ranges read again are cached");
+}
+
 #[test]
 fn server_failures_give_clear_errors_and_lose_nothing() {
     let mut s3 = S3::start();
@@ -128,7 +199,7 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
 
 #[test]
 fn racing_tag_updates_conflict_instead_of_losing_one() {
-    use gstore_store::tag::TagRecord;
+    use gstore_store::tag::{SetTime, TagRecord};
     use gstore_store::{ObjectId, Store, StoreError, StoreLocation, TagRef};
     let s3 = S3::start();
     s3.ok("a", &["init"]);
@@ -148,11 +219,12 @@ fn racing_tag_updates_conflict_instead_of_losing_one() {
     let loc = StoreLocation::parse(&s3.url).unwrap();
     let (a, b) = (Store::open(&loc).unwrap(), Store::open(&loc).unwrap());
     let tag = TagRef::parse("shared").unwrap();
+    let at = |unix| SetTime { unix, nanos: 0 };
     // Both machines read the tag, then both try to move it.
     let (rec_a, ver_a) = a.get_tag_versioned(&tag).unwrap().unwrap();
     let (rec_b, ver_b) = b.get_tag_versioned(&tag).unwrap().unwrap();
-    b.put_tag(&TagRecord::new(&tag, ids[1], 2, Some(rec_b)), Some(&ver_b)).unwrap();
-    let err = a.put_tag(&TagRecord::new(&tag, ids[2], 3, Some(rec_a)), Some(&ver_a)).unwrap_err();
+    b.put_tag(&TagRecord::new(&tag, ids[1], at(2), Some(rec_b)), Some(&ver_b)).unwrap();
+    let err = a.put_tag(&TagRecord::new(&tag, ids[2], at(3), Some(rec_a)), Some(&ver_a)).unwrap_err();
     assert!(matches!(err, StoreError::Conflict(_)), "{err}");
     assert!(err.to_string().contains("changed by another writer"), "{err}");
     // The winner's value stands, with the first value in its history.
@@ -161,8 +233,8 @@ fn racing_tag_updates_conflict_instead_of_losing_one() {
     assert_eq!(now.history[0].manifest, ids[0].to_hex());
     // Creating a tag that someone else created first is a conflict too.
     let fresh = TagRef::parse("fresh").unwrap();
-    a.put_tag(&TagRecord::new(&fresh, ids[0], 1, None), None).unwrap();
-    assert!(matches!(b.put_tag(&TagRecord::new(&fresh, ids[1], 1, None), None), Err(StoreError::Conflict(_))));
+    a.put_tag(&TagRecord::new(&fresh, ids[0], at(1), None), None).unwrap();
+    assert!(matches!(b.put_tag(&TagRecord::new(&fresh, ids[1], at(1), None), None), Err(StoreError::Conflict(_))));
 }
 
 #[test]

@@ -23,9 +23,9 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Init(a) => init(&location, a, &out),
         Command::Push { path, tag, meta } => {
-            let store = open_indexed(&location)?;
-            let tag = TagRef::parse(&tag)?;
+            let tag = TagRef::parse_new(&tag)?;
             let meta = parse_meta(&meta)?;
+            let store = open_indexed(&location)?;
             let r = push::push(&store, &path, &tag, meta, &bars)
                 .with_context(|| format!("push of {} failed", path.display()))?;
             out.emit(&r, || {
@@ -70,9 +70,9 @@ pub fn run(cli: Cli) -> Result<()> {
             })
         }
         Command::Checkpoint { pid, tag, leave_running, lock_timeout, staging, criu } => {
+            let tag = TagRef::parse_new(&tag)?;
             // The store lock is taken before the process is frozen, so it never waits frozen.
             let store = open_indexed(&location)?;
-            let tag = TagRef::parse(&tag)?;
             let r = capture::checkpoint(
                 &store,
                 pid,
@@ -149,10 +149,11 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Show { image } => show(&Store::open(&location)?, &image, &out),
         Command::Du => du(&open_indexed(&location)?, &out),
         Command::Tag { source, target } => {
+            let target = TagRef::parse_new(&target)?;
             let store = open_indexed(&location)?;
             let id = store.resolve(&source)?;
             store.get_manifest(&id).with_context(|| format!("{source} does not name a readable image"))?;
-            let rec = store.tag_existing(&TagRef::parse(&target)?, id)?;
+            let rec = store.tag_existing(&target, id)?;
             out.emit(&rec, || format!("tagged {} -> {}", rec.tag(), rec.manifest))
         }
         Command::Rm { image } => {
@@ -206,8 +207,9 @@ pub fn run(cli: Cli) -> Result<()> {
             rt.block_on(gstore_server::serve(objects, settings, shutdown_signal())).map_err(anyhow::Error::msg)
         }
         Command::Index { action: IndexAction::Rebuild } => {
-            let store = open_indexed(&location)?;
-            let (n, damaged) = store.rebuild_index(&bars)?;
+            // The old index is not opened: a damaged one is replaced, not an obstacle.
+            let (_store, n, damaged) =
+                Store::open(&location)?.with_new_index(&|msg| eprintln!("gstore: {msg}"), &bars)?;
             for d in &damaged {
                 eprintln!("gstore: skipped damaged pack: {d}");
             }
@@ -467,6 +469,13 @@ fn gc_text(r: &gc::GcReport) -> String {
     }
     for m in &r.missing_manifests {
         s += &format!("manifest {m} named by a tag is missing: run gstore verify\n");
+    }
+    if r.temp_files_swept > 0 {
+        s += &format!(
+            "{} temporary files of killed writers {would}removed ({})\n",
+            r.temp_files_swept,
+            HumanBytes(r.temp_bytes_swept)
+        );
     }
     s += &format!(
         "{} images kept, {} running pushes; {} history entries {would}dropped\n\

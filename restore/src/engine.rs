@@ -121,23 +121,28 @@ fn fetch_decode_write(
     arena: &mut Vec<u8>,
     sink: &dyn Sink,
 ) -> Result<u64> {
-    let data = store.read_pack_range(&read.pack, read.start..read.end)?;
-    arena.clear();
-    let mut sources = Vec::with_capacity(read.chunks.len());
-    for c in &read.chunks {
-        let at = (c.loc.offset - read.start) as usize;
-        let stored = &data[at..at + c.loc.stored_len as usize];
-        let plain_len = c.loc.plain_len as usize;
-        let src = if c.loc.codec == Codec::Raw {
-            codec::verify(stored, plain_len, &c.id).map_err(|e| in_pack(e, &read.pack))?;
-            Source::Fetched(at..at + plain_len)
-        } else {
-            let start = arena.len();
-            decoder.decode_append(c.loc.codec, stored, plain_len, &c.id, arena).map_err(|e| in_pack(e, &read.pack))?;
-            Source::Arena(start..arena.len())
-        };
-        sources.push(src);
-    }
+    // Every chunk is checked before the range counts as good (and may be cached).
+    let (data, sources) = store.read_checked_range(&read.pack, read.start..read.end, |data| {
+        arena.clear();
+        let mut sources = Vec::with_capacity(read.chunks.len());
+        for c in &read.chunks {
+            let at = (c.loc.offset - read.start) as usize;
+            let stored = &data[at..at + c.loc.stored_len as usize];
+            let plain_len = c.loc.plain_len as usize;
+            let src = if c.loc.codec == Codec::Raw {
+                codec::verify(stored, plain_len, &c.id).map_err(|e| in_pack(e, &read.pack))?;
+                Source::Fetched(at..at + plain_len)
+            } else {
+                let start = arena.len();
+                decoder
+                    .decode_append(c.loc.codec, stored, plain_len, &c.id, arena)
+                    .map_err(|e| in_pack(e, &read.pack))?;
+                Source::Arena(start..arena.len())
+            };
+            sources.push(src);
+        }
+        Ok((data.clone(), sources))
+    })?;
     let mut pieces = Vec::with_capacity(read.chunks.len());
     let mut written = 0;
     for (c, src) in read.chunks.iter().zip(&sources) {

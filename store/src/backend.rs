@@ -117,6 +117,8 @@ pub struct Backend {
     volatile: Option<Arc<dyn ObjectStore>>,
     /// Lock file that makes compare-and-swap atomic across processes on a local store.
     cas_lock: Option<std::path::PathBuf>,
+    /// The directory of a local store.
+    root: Option<std::path::PathBuf>,
 }
 
 /// What a backend talks to.
@@ -144,6 +146,7 @@ impl Backend {
         let mut b = Self::wrap(Inner::Objects(open(true)?), root.display().to_string());
         b.volatile = Some(open(false)?);
         b.cas_lock = Some(root.join(CAS_LOCK_FILE));
+        b.root = Some(root.to_path_buf());
         Ok(b)
     }
 
@@ -210,6 +213,7 @@ impl Backend {
             gate: None,
             volatile: None,
             cas_lock: None,
+            root: None,
         }
     }
 
@@ -274,6 +278,12 @@ impl Backend {
     /// elsewhere), for other writers of the same directory such as `gstore serve`.
     pub fn cas_lock_path(&self) -> Option<&std::path::Path> {
         self.cas_lock.as_deref()
+    }
+
+    /// The directory of a local store, where an object's key is its path (`None` for other
+    /// backends).
+    pub fn local_root(&self) -> Option<&std::path::Path> {
+        self.root.as_deref()
     }
 
     /// Where this backend points, for messages.

@@ -1,8 +1,9 @@
 //! A local, size-bounded cache of pack ranges fetched from a remote store, so a second
-//! restore on the same node reads locally. Entries are files named after the pack, the range
+//! restore on the same node reads locally. Only ranges whose chunks were checked go in
+//! ([`crate::Store::read_checked_range`]). Entries are files named after the pack, the range
 //! and a BLAKE3 prefix of their content (checked on every hit, so a damaged entry is a miss).
-//! Least recently used entries are evicted once the cache exceeds its limit. Every failure
-//! here is a miss: the cache never makes a restore fail.
+//! Least recently used entries are evicted once the cache exceeds its limit; a limit of 0
+//! means no cache at all. Every failure here is a miss: the cache never makes a restore fail.
 
 use crate::id::ObjectId;
 use bytes::Bytes;
@@ -19,23 +20,31 @@ pub struct RangeCache {
 }
 
 impl RangeCache {
-    /// A cache in `dir` holding at most `limit` bytes.
-    pub fn new(dir: PathBuf, limit: u64) -> RangeCache {
-        RangeCache { dir, limit }
+    /// A cache in `dir` holding at most `limit` bytes; `None` (no caching, no reads of what
+    /// an earlier run cached) when `limit` is 0.
+    pub fn new(dir: PathBuf, limit: u64) -> Option<RangeCache> {
+        (limit > 0).then_some(RangeCache { dir, limit })
     }
 
     fn prefix(pack: &ObjectId, range: &Range<u64>) -> String {
         format!("{}-{}-{}-", pack.to_hex(), range.start, range.end)
     }
 
-    /// The cached bytes of `range` of `pack`, if present and intact.
-    pub fn get(&self, pack: &ObjectId, range: &Range<u64>) -> Option<Bytes> {
+    /// The cache entry holding `range` of `pack`, if any.
+    fn entry(&self, pack: &ObjectId, range: &Range<u64>) -> Option<std::fs::DirEntry> {
         let prefix = Self::prefix(pack, range);
-        let entry = std::fs::read_dir(&self.dir)
-            .ok()?
-            .flatten()
-            .find(|e| e.file_name().to_string_lossy().starts_with(&prefix))?;
+        std::fs::read_dir(&self.dir).ok()?.flatten().find(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+    }
+
+    /// The cached bytes of `range` of `pack`, if present, intact and within the limit (an
+    /// entry larger than the limit, cached under a larger one, is dropped).
+    pub fn get(&self, pack: &ObjectId, range: &Range<u64>) -> Option<Bytes> {
+        let entry = self.entry(pack, range)?;
         let path = entry.path();
+        if range.end - range.start > self.limit {
+            let _ = std::fs::remove_file(&path);
+            return None;
+        }
         let data = std::fs::read(&path).ok()?;
         let name = entry.file_name().to_string_lossy().to_string();
         if data.len() as u64 != range.end - range.start
@@ -47,6 +56,13 @@ impl RangeCache {
         let _ =
             std::fs::File::options().write(true).open(&path).and_then(|f| f.set_modified(std::time::SystemTime::now()));
         Some(Bytes::from(data))
+    }
+
+    /// Drops the entry of `range` of `pack` (one whose bytes failed a check).
+    pub fn remove(&self, pack: &ObjectId, range: &Range<u64>) {
+        if let Some(e) = self.entry(pack, range) {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 
     /// Stores `data` as `range` of `pack`, then evicts the least recently used entries while
@@ -93,7 +109,7 @@ mod tests {
     #[test]
     fn hit_miss_damage_and_eviction() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = RangeCache::new(dir.path().join("c"), 250);
+        let cache = RangeCache::new(dir.path().join("c"), 250).unwrap();
         let p = ObjectId::of(b"pack");
         assert!(cache.get(&p, &(0..100)).is_none());
         cache.put(&p, &(0..100), &[1u8; 100]);
@@ -110,5 +126,22 @@ mod tests {
         }
         assert!(cache.get(&p, &(0..100)).is_none());
         assert!(cache.get(&p, &(300..400)).is_some());
+    }
+
+    #[test]
+    fn removed_entries_and_entries_over_the_limit_are_misses() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = ObjectId::of(b"pack");
+        let big = RangeCache::new(dir.path().join("c"), 1000).unwrap();
+        big.put(&p, &(0..100), &[1u8; 100]);
+        big.put(&p, &(100..300), &[2u8; 200]);
+        big.remove(&p, &(0..100));
+        assert!(big.get(&p, &(0..100)).is_none());
+        // The same directory under a lower limit: the larger entry is not served, and goes.
+        let small = RangeCache::new(dir.path().join("c"), 150).unwrap();
+        assert!(small.get(&p, &(100..300)).is_none());
+        assert!(big.get(&p, &(100..300)).is_none(), "the entry over the limit was dropped");
+        // A limit of 0 is no cache.
+        assert!(RangeCache::new(dir.path().join("c"), 0).is_none());
     }
 }

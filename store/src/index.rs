@@ -136,10 +136,19 @@ impl Index {
             ColumnFamilyDescriptor::new(CF_PACKS, Options::default()),
             ColumnFamilyDescriptor::new(CF_DOOMED, Options::default()),
         ];
-        let db = DB::open_cf_descriptors(&opts, path, cfs)
-            .map_err(|e| StoreError::Index { path: path.into(), message: e.to_string() })?;
+        // Whatever stops the index from opening, rebuilding it (which deletes it unopened)
+        // gets past it: say so.
+        let unusable = |e: rocksdb::Error| {
+            StoreError::Index {
+            path: path.into(),
+            message: format!(
+                "cannot open the local index ({e}); it is only a cache of the pack footers: run `gstore index rebuild` to build it anew"
+            ),
+        }
+        };
+        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(unusable)?;
         let mut index = Index { db, path: path.into(), doomed: RwLock::new(HashSet::new()), empty_at_open: false };
-        let format = index.db.get(FORMAT_KEY).map_err(|e| index.ierr(e))?;
+        let format = index.db.get(FORMAT_KEY).map_err(unusable)?;
         if format.as_deref() != Some(FORMAT) {
             index.clear()?;
             index.db.put(FORMAT_KEY, FORMAT).map_err(|e| index.ierr(e))?;
@@ -147,7 +156,7 @@ impl Index {
         }
         let mut doomed = HashSet::new();
         for item in index.db.iterator_cf(index.cf(CF_DOOMED), rocksdb::IteratorMode::Start) {
-            let (k, _) = item.map_err(|e| index.ierr(e))?;
+            let (k, _) = item.map_err(unusable)?;
             doomed.extend(ObjectId::from_slice(&k));
         }
         index.doomed = RwLock::new(doomed);

@@ -98,6 +98,8 @@ pub fn push(
     progress: &dyn Progress,
 ) -> Result<PushReport> {
     let started = std::time::Instant::now();
+    // Refused before any work rather than when the tag is written.
+    tag.check_new()?;
     let entries = source::scan(source)?;
     let units = plan_units(&entries, store.config().segment_size);
     let total: u64 = units.iter().map(|u| u.len).sum();

@@ -9,7 +9,7 @@ use crate::index::{ChunkLocation, Index};
 use crate::lock::StoreLock;
 use crate::manifest::Manifest;
 use crate::pack::{self, PackEntry, TRAILER_LEN};
-use crate::tag::{TagRecord, TagRef};
+use crate::tag::{SetTime, TagRecord, TagRef};
 use bytes::Bytes;
 use std::path::PathBuf;
 
@@ -226,7 +226,7 @@ impl Store {
         let bytes =
             backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
         let config = StoreConfig::from_json(&bytes)?;
-        let cache = location.local_dir().map(|d| {
+        let cache = location.local_dir().and_then(|d| {
             let limit = std::env::var("GSTORE_CACHE_BYTES")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -251,26 +251,54 @@ impl Store {
         Store::open(location)?.with_index(on_wait)
     }
 
-    /// Opens this store's index (see [`Store::open_indexed`]).
+    /// Opens this store's index (see [`Store::open_indexed`]). An index that cannot be opened
+    /// (damaged) is an error that says to run `gstore index rebuild`.
     pub fn with_index(mut self, on_wait: &dyn Fn(&str)) -> Result<Store> {
-        let store = &mut self;
-        let location = store.location.clone();
-        let dir = location.index_dir();
+        let (dir, lock) = self.lock_index(on_wait)?;
+        let index = Index::open(&dir)?;
+        let fresh = index.needs_fill();
+        self.index = Some(index);
+        self._lock = Some(lock);
+        if fresh {
+            self.rebuild_index(&crate::progress::Silent)?;
+        } else {
+            // Other processes and machines push packs and gc removes them: catch up.
+            self.sync_index()?;
+        }
+        Ok(self)
+    }
+
+    /// Opens this store with a new index built from the pack footers (`gstore index
+    /// rebuild`): the old index is deleted without being opened, so a damaged one is no
+    /// obstacle (it is only a cache). Returns the store, the packs indexed, and the damaged
+    /// packs skipped with their errors.
+    pub fn with_new_index(
+        mut self,
+        on_wait: &dyn Fn(&str),
+        progress: &dyn crate::progress::Progress,
+    ) -> Result<(Store, usize, Vec<StoreError>)> {
+        let (dir, lock) = self.lock_index(on_wait)?;
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(StoreError::io("removing the old index", &dir, e))
+            }
+            _ => {}
+        }
+        self.index = Some(Index::open(&dir)?);
+        self._lock = Some(lock);
+        let (indexed, damaged) = self.rebuild_index(progress)?;
+        Ok((self, indexed, damaged))
+    }
+
+    /// Takes the store lock (waiting for another process that holds it); returns it with the
+    /// index directory it guards.
+    fn lock_index(&self, on_wait: &dyn Fn(&str)) -> Result<(PathBuf, StoreLock)> {
+        let dir = self.location.index_dir();
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent).map_err(|e| StoreError::io("creating", parent, e))?;
         }
         let lock = StoreLock::acquire(&dir.with_extension("lock"), on_wait)?;
-        let index = Index::open(&dir)?;
-        let fresh = index.needs_fill();
-        store.index = Some(index);
-        store._lock = Some(lock);
-        if fresh {
-            store.rebuild_index(&crate::progress::Silent)?;
-        } else {
-            // Other processes and machines push packs and gc removes them: catch up.
-            store.sync_index()?;
-        }
-        Ok(self)
+        Ok((dir, lock))
     }
 
     /// This machine's directory for the store's gc state (see [`StoreLocation::gc_state_dir`]).
@@ -308,15 +336,16 @@ impl Store {
         self.index().locate(id)
     }
 
-    /// Reads a byte range of a pack, telling a missing or truncated pack apart. For a local
-    /// store the range is memory-mapped (and pre-faulted), so it is a view of the page cache,
-    /// not a copy; the mapping lives as long as the returned bytes.
+    /// Reads a byte range of a pack from the store itself (never from this machine's range
+    /// cache), telling a missing or truncated pack apart. For a local store the range is
+    /// memory-mapped (and pre-faulted), so it is a view of the page cache, not a copy; the
+    /// mapping lives as long as the returned bytes.
     pub fn read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) -> Result<Bytes> {
         let key = backend::pack_key(pack);
         let root = match &self.location {
             StoreLocation::Local(root) => root,
             StoreLocation::S3 { .. } | StoreLocation::Http { .. } | StoreLocation::Custom { .. } => {
-                return self.read_remote_range(pack, range, key)
+                return self.read_remote_range(range, key)
             }
         };
         let path = root.join(&key);
@@ -342,24 +371,43 @@ impl Store {
         Ok(Bytes::from_owner(map).slice((range.start - start) as usize..))
     }
 
-    /// A remote range read, through the local range cache.
-    fn read_remote_range(&self, pack: &ObjectId, range: std::ops::Range<u64>, key: String) -> Result<Bytes> {
-        if let Some(hit) = self.cache.as_ref().and_then(|c| c.get(pack, &range)) {
-            return Ok(hit);
-        }
-        let bytes = match self.backend.get_range(&key, range.clone()) {
-            Ok(b) => b,
-            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "pack", key }),
+    /// A remote range read.
+    fn read_remote_range(&self, range: std::ops::Range<u64>, key: String) -> Result<Bytes> {
+        match self.backend.get_range(&key, range.clone()) {
+            Ok(b) => Ok(b),
+            Err(StoreError::NotFound { .. }) => Err(StoreError::NotFound { what: "pack", key }),
             Err(e) => match self.backend.size(&key)? {
-                None => return Err(StoreError::NotFound { what: "pack", key }),
-                Some(size) if size < range.end => return Err(truncated(key, size, range.end)),
-                Some(_) => return Err(e),
+                None => Err(StoreError::NotFound { what: "pack", key }),
+                Some(size) if size < range.end => Err(truncated(key, size, range.end)),
+                Some(_) => Err(e),
             },
-        };
-        if let Some(c) = &self.cache {
-            c.put(pack, &range, &bytes);
         }
-        Ok(bytes)
+    }
+
+    /// Reads a byte range of a pack and passes it to `check`, which checks the chunks in it
+    /// (and may decode them): its result is returned. A remote store's ranges go through this
+    /// machine's range cache, which only ever holds ranges `check` accepted: a range read from
+    /// the store is cached after `check` passes, and a cached range `check` finds damaged is
+    /// dropped and read again from the store.
+    pub fn read_checked_range<T>(
+        &self,
+        pack: &ObjectId,
+        range: std::ops::Range<u64>,
+        mut check: impl FnMut(&Bytes) -> Result<T>,
+    ) -> Result<T> {
+        let Some(cache) = &self.cache else {
+            return check(&self.read_pack_range(pack, range)?);
+        };
+        if let Some(hit) = cache.get(pack, &range) {
+            match check(&hit) {
+                Err(e) if e.is_damage() => cache.remove(pack, &range),
+                other => return other,
+            }
+        }
+        let bytes = self.read_pack_range(pack, range.clone())?;
+        let checked = check(&bytes)?;
+        cache.put(pack, &range, &bytes);
+        Ok(checked)
     }
 
     /// Reads and checks a pack's footer (without reading its chunk data).
@@ -486,7 +534,9 @@ impl Store {
     /// Points `tag` at `manifest`, keeping the previous value in its history. Fails with
     /// [`StoreError::Conflict`] if another writer points the tag elsewhere in between; a
     /// change that left its value alone (gc trimming its history or removing it) is retried.
+    /// A tag whose name reads as a manifest id is refused ([`TagRef::check_new`]).
     pub fn set_tag(&self, tag: &TagRef, manifest: ObjectId) -> Result<TagRecord> {
+        tag.check_new()?;
         let key = backend::tag_key(&tag.name, &tag.version);
         let value = |current: &Option<(Bytes, backend::Version)>| {
             // A damaged previous record must not block a new push: start a fresh history. A
@@ -496,13 +546,13 @@ impl Store {
         let mut current = self.backend.get_versioned(&key)?;
         for _ in 0..8 {
             let previous = value(&current);
-            let rec = TagRecord::new(tag, manifest, now_unix(), previous.clone());
+            let rec = TagRecord::new(tag, manifest, SetTime::now(), previous.clone());
             match self.put_tag(&rec, current.as_ref().map(|(_, v)| v)) {
                 Err(StoreError::Conflict(m)) => {
                     current = self.backend.get_versioned(&key)?;
                     let now = value(&current);
                     let moved = match (&previous, &now) {
-                        (Some(a), Some(b)) => a.manifest != b.manifest || a.set_unix != b.set_unix,
+                        (Some(a), Some(b)) => a.manifest != b.manifest || a.set_time() != b.set_time(),
                         (None, Some(_)) => true,
                         (_, None) => false,
                     };
@@ -571,7 +621,9 @@ impl Store {
         Ok(out.into_iter().map(|(_, r)| r).collect())
     }
 
-    /// Resolves `NAME[:VER]` (or a 64-hex manifest id) to a manifest id.
+    /// Resolves `NAME[:VER]` (or a 64-hex manifest id) to a manifest id. A reference with a
+    /// version is always a tag, so a tag an older gstore let have an id-like name is reached
+    /// as `NAME:VERSION`.
     pub fn resolve(&self, reference: &str) -> Result<ObjectId> {
         if reference.len() == 64 {
             if let Ok(id) = ObjectId::from_hex(reference) {
@@ -618,9 +670,9 @@ impl Store {
         Ok(added)
     }
 
-    /// Rebuilds the index from the pack footers in the backend. Returns (packs indexed,
+    /// Fills the index from the pack footers in the backend. Returns (packs indexed,
     /// damaged packs skipped with their errors).
-    pub fn rebuild_index(&self, progress: &dyn crate::progress::Progress) -> Result<(usize, Vec<StoreError>)> {
+    fn rebuild_index(&self, progress: &dyn crate::progress::Progress) -> Result<(usize, Vec<StoreError>)> {
         let (doomed, packs) = crate::lease::doomed_then_listed(&self.backend)?;
         let index = self.index();
         index.clear()?;

@@ -5,6 +5,7 @@
 //! 1. take the gc lock (one gc at a time; pushes never take it);
 //! 2. list tombstones — only objects tombstoned *before* this point may be deleted now;
 //! 3. list leases: their packs and manifests are kept; leases of provably dead owners go;
+//!    so do temporary files of killed writers in a local store (listed before the leases);
 //! 4. apply retention to the tags (compare-and-swap writes), then read every tag: the roots
 //!    are every manifest a tag names (current value and history) plus leased manifests;
 //! 5. mark: the chunks the roots name are live; each live chunk gets one home pack;
@@ -16,6 +17,7 @@
 mod catalog;
 mod lock;
 pub mod retention;
+mod temps;
 
 use crate::backend::{self, Backend};
 use crate::codec::Decoder;
@@ -101,6 +103,10 @@ pub struct GcReport {
     pub damaged_packs: Vec<String>,
     /// Manifests tags name that are missing.
     pub missing_manifests: Vec<String>,
+    /// Temporary files of killed writers removed from a local store's directory.
+    pub temp_files_swept: usize,
+    /// Bytes of those files.
+    pub temp_bytes_swept: u64,
     /// Requests sent to the store.
     pub requests: u64,
     /// Wall-clock seconds.
@@ -143,6 +149,8 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     let _lock = if opts.dry_run { None } else { Some(lock::GcLock::take(b, opts.break_lock)?) };
     let mut report = GcReport { dry_run: opts.dry_run, ..Default::default() };
     let catalog = Catalog::new(store);
+    // Temporary files of a local store, listed before leases are read (temps.rs).
+    let temp_files = temps::list(b)?;
 
     // 2. Tombstones first: only these may be deleted by this pass.
     let tombstones: BTreeSet<String> = b
@@ -151,8 +159,9 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
         .filter_map(|l| backend::tombstoned_key(&l.key).map(str::to_string))
         .collect();
 
-    // 3. Leases.
+    // 3. Leases; then the temporary files no live lease covers go.
     let (leased_packs, leased_manifests) = read_leases(b, opts.dry_run, &mut report)?;
+    temps::sweep(temp_files, &leased_packs, &leased_manifests, opts.dry_run, &mut report)?;
 
     // 4. Retention, then the roots.
     let mut tagged: BTreeSet<ObjectId> = BTreeSet::new();

@@ -1,12 +1,15 @@
 //! Retention: which images of each tag name `gstore gc --keep-last N --keep-within DUR` keeps.
 //!
 //! An image of a tag name is the current value or a history entry of any of its versions,
-//! dated by when it was set. Within one name, images are ranked newest first; one is kept if
+//! dated by when it was set, to the nanosecond (records of older versions have whole seconds:
+//! they count as set at the start of theirs). Within one name, images are ranked newest
+//! first, and equal times (older records) by each record's own order: its current value
+//! before its history, history newest first. One is kept if
 //! its rank is below `keep_last` or it was set within `keep_within` of now. With neither
 //! rule, everything is kept. A tag record is removed only when none of its images is kept;
 //! otherwise its history is trimmed to the kept entries.
 
-use crate::tag::TagRecord;
+use crate::tag::{SetTime, TagRecord};
 use std::collections::BTreeMap;
 
 /// The retention rules (both optional; an image kept by either rule is kept).
@@ -41,11 +44,11 @@ impl Policy {
             return vec![Outcome::Keep; records.len()];
         }
         // (set time, is current, record index, history index) per image, grouped by name.
-        let mut by_name: BTreeMap<&str, Vec<(u64, bool, usize, usize)>> = BTreeMap::new();
+        let mut by_name: BTreeMap<&str, Vec<(SetTime, bool, usize, usize)>> = BTreeMap::new();
         for (i, r) in records.iter().enumerate() {
             let items = by_name.entry(&r.name).or_default();
-            items.push((r.set_unix, true, i, 0));
-            items.extend(r.history.iter().enumerate().map(|(j, h)| (h.set_unix, false, i, j)));
+            items.push((r.set_time(), true, i, 0));
+            items.extend(r.history.iter().enumerate().map(|(j, h)| (h.set_time(), false, i, j)));
         }
         let mut keep_current = vec![false; records.len()];
         let mut keep_history: Vec<Vec<bool>> = records.iter().map(|r| vec![false; r.history.len()]).collect();
@@ -53,7 +56,7 @@ impl Policy {
             items.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
             for (rank, &(set, current, i, j)) in items.iter().enumerate() {
                 let kept = self.keep_last.is_some_and(|n| rank < n)
-                    || self.keep_within_secs.is_some_and(|w| now.saturating_sub(set) <= w);
+                    || self.keep_within_secs.is_some_and(|w| now.saturating_sub(set.unix) <= w);
                 if kept && current {
                     keep_current[i] = true;
                 } else if kept {
@@ -87,14 +90,58 @@ mod tests {
     use crate::id::ObjectId;
     use crate::tag::TagRef;
 
-    /// A record for `tag` whose values were set at `times` (oldest first).
+    /// A record for `tag` whose values were set at `times` (oldest first, whole seconds).
     fn record(tag: &str, times: &[u64]) -> TagRecord {
+        let times: Vec<SetTime> = times.iter().map(|&unix| SetTime { unix, nanos: 0 }).collect();
+        record_at(tag, &times)
+    }
+
+    /// A record for `tag` whose values were set at `times` (oldest first).
+    fn record_at(tag: &str, times: &[SetTime]) -> TagRecord {
         let t = TagRef::parse(tag).unwrap();
         let mut r: Option<TagRecord> = None;
         for &at in times {
-            r = Some(TagRecord::new(&t, ObjectId::of(&at.to_le_bytes()), at, r));
+            let id = ObjectId::of(&[tag.as_bytes(), &at.unix.to_le_bytes(), &at.nanos.to_le_bytes()].concat());
+            r = Some(TagRecord::new(&t, id, at, r));
         }
         r.unwrap()
+    }
+
+    /// Drops the nanoseconds, as a record written by an older version has none.
+    fn without_nanos(mut r: TagRecord) -> TagRecord {
+        r.set_nanos = 0;
+        for h in &mut r.history {
+            h.set_nanos = 0;
+        }
+        r
+    }
+
+    #[test]
+    fn pushes_within_one_second_rank_by_their_nanoseconds() {
+        // fast:v1 .. fast:v6 set in the same second, in that order; records list v1 first.
+        let recs: Vec<TagRecord> =
+            (1..=6u32).map(|i| record_at(&format!("fast:v{i}"), &[SetTime { unix: 100, nanos: i * 1000 }])).collect();
+        let out = Policy { keep_last: Some(2), ..Default::default() }.apply(&recs, 100);
+        let kept: Vec<&str> =
+            recs.iter().zip(&out).filter(|(_, o)| **o != Outcome::Remove).map(|(r, _)| r.version.as_str()).collect();
+        assert_eq!(kept, ["v5", "v6"]);
+    }
+
+    #[test]
+    fn older_records_without_nanoseconds_rank_by_their_own_order() {
+        // One tag moved three times within a second by an older version: history order says
+        // which is newest.
+        let moved = without_nanos(record("a", &[100, 100, 100]));
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&[moved.clone()], 100);
+        match &out[0] {
+            Outcome::Trim(r, 2) => assert_eq!(r.manifest, moved.manifest),
+            other => panic!("{other:?}"),
+        }
+        // A value set later in the same second by this version ranks before the older record's.
+        let old = without_nanos(record("b:old", &[100]));
+        let new = record_at("b:new", &[SetTime { unix: 100, nanos: 1 }]);
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&[new, old], 100);
+        assert_eq!(out, vec![Outcome::Keep, Outcome::Remove]);
     }
 
     #[test]
