@@ -130,7 +130,7 @@ fn tag_names_that_read_as_manifest_ids_are_refused() {
     env.ok(&["rm", &id_a]);
     let tags: Vec<String> =
         env.json(&["ls"]).as_array().unwrap().iter().map(|t| t["tag"].as_str().unwrap().to_string()).collect();
-    assert_eq!(tags, ["a:latest", "b-copy:latest", "b:latest"]);
+    assert_eq!(tags, ["a:latest", "b:latest", "b-copy:latest"]);
 }
 
 #[test]

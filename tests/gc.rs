@@ -327,6 +327,23 @@ fn signal(pid: u32, signal: &str) {
     assert!(std::process::Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success());
 }
 
+/// Waits until every thread of `pid` is stopped (a thread inside a system call stops only
+/// when the call returns).
+fn wait_stopped(pid: u32) {
+    let state = |stat: String| stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    loop {
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+        let running = threads
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+            .any(|stat| !matches!(state(stat), Some('T' | 't')));
+        if !running {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Starts a push of 24 MB of fresh random bytes (from `seed`), tagged `t<seed>`, and waits
 /// until it is writing a pack; returns it, still running, or `None` if it finished first.
 fn push_caught_writing(env: &Env, seed: u64) -> Option<std::process::Child> {
@@ -367,6 +384,7 @@ fn gc_sweeps_the_temporary_files_of_killed_pushes_and_spares_a_running_one() {
         assert!(seed <= 40, "in 20 tries no push was caught writing a pack");
         let Some(child) = push_caught_writing(&env, seed) else { continue };
         signal(child.id(), "-STOP");
+        wait_stopped(child.id());
         if new_pack_temp(&temp_files(&env), &killed) {
             break child;
         }

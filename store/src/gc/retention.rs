@@ -132,7 +132,7 @@ mod tests {
         // One tag moved three times within a second by an older version: history order says
         // which is newest.
         let moved = without_nanos(record("a", &[100, 100, 100]));
-        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&[moved.clone()], 100);
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(std::slice::from_ref(&moved), 100);
         match &out[0] {
             Outcome::Trim(r, 2) => assert_eq!(r.manifest, moved.manifest),
             other => panic!("{other:?}"),
