@@ -170,7 +170,14 @@ impl Index {
     }
 
     fn ierr(&self, e: rocksdb::Error) -> StoreError {
-        StoreError::Index { path: self.path.clone(), message: e.to_string() }
+        let message = if e.kind() == rocksdb::ErrorKind::Corruption {
+            format!(
+                "{e}: the local index is damaged; it is only a cache of the pack footers: run `gstore index rebuild`"
+            )
+        } else {
+            e.to_string()
+        };
+        StoreError::Index { path: self.path.clone(), message }
     }
 
     fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {

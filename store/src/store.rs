@@ -569,9 +569,10 @@ impl Store {
     /// Points `tag` at an image already in the store (`gstore tag`). A lease protects the
     /// image while it has no tag, and the image is refused if gc has tombstoned its manifest
     /// or a pack its chunks are only in (docs/GC.md, "A push", the tag copy): gc might delete
-    /// them any moment.
-    /// Needs the index.
+    /// them any moment. A tag whose name reads as a manifest id is refused
+    /// ([`TagRef::check_new`]). Needs the index.
     pub fn tag_existing(&self, tag: &TagRef, id: ObjectId) -> Result<TagRecord> {
+        tag.check_new()?;
         let lease = crate::lease::Lease::take(&self.backend, &format!("tag {tag}"))?;
         lease.protect(&[], &[id])?;
         let manifest_doomed = crate::lease::has_tombstone(&self.backend, &backend::manifest_key(&id))?;
