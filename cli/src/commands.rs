@@ -10,6 +10,7 @@ use gstore_store::{gc, push, usage, verify, Store, StoreConfig, StoreLocation, T
 use indicatif::HumanBytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::time::Duration;
 
 /// Runs the parsed command line.
@@ -237,14 +238,19 @@ struct Output {
     json: bool,
 }
 
+/// Stdout was closed by its reader (`gstore ls | head -1`): not a failure, nothing to report.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout closed by its reader")]
+pub struct StdoutClosed;
+
 impl Output {
     fn emit<T: Serialize>(&self, value: &T, text: impl FnOnce() -> String) -> Result<()> {
-        if self.json {
-            println!("{}", serde_json::to_string_pretty(value)?);
-        } else {
-            println!("{}", text());
+        let out = if self.json { serde_json::to_string_pretty(value)? } else { text() };
+        let mut stdout = std::io::stdout().lock();
+        match writeln!(stdout, "{out}").and_then(|()| stdout.flush()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+            other => Ok(other?),
         }
-        Ok(())
     }
 }
 
