@@ -61,7 +61,12 @@ impl ChunkMap {
     }
 }
 
-async fn footer(objects: &dyn ObjectStore, pack: &ObjectId, size: u64, chunk_max: u32) -> Result<Vec<PackEntry>, String> {
+async fn footer(
+    objects: &dyn ObjectStore,
+    pack: &ObjectId,
+    size: u64,
+    chunk_max: u32,
+) -> Result<Vec<PackEntry>, String> {
     let key = pack_key(pack);
     let path = ObjPath::from(key.as_str());
     if size < TRAILER_LEN as u64 + 8 {

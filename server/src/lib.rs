@@ -115,8 +115,7 @@ pub async fn serve(
             let mut only_http1 = (*config.get_inner()).clone();
             only_http1.alpn_protocols = vec![b"http/1.1".to_vec()];
             config.reload_from_config(Arc::new(only_http1));
-            let acceptor =
-                axum_server::tls_rustls::RustlsAcceptor::new(config).handshake_timeout(s.header_timeout);
+            let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(config).handshake_timeout(s.header_timeout);
             let mut server = axum_server::bind(s.addr).acceptor(acceptor).handle(handle).http1_only();
             limit_header_reads(&mut server, s.header_timeout);
             server.serve(app).await
