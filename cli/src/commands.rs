@@ -175,7 +175,17 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Serve { listen, tokens, insecure, max_body, timeout, max_concurrent, tls_cert, tls_key } => {
+        Command::Serve {
+            listen,
+            tokens,
+            insecure,
+            max_body,
+            timeout,
+            header_timeout,
+            max_concurrent,
+            tls_cert,
+            tls_key,
+        } => {
             let store = Store::open(&location)?;
             let objects = store
                 .backend()
@@ -197,9 +207,11 @@ pub fn run(cli: Cli) -> Result<()> {
                 insecure,
                 max_body,
                 timeout: Duration::from_secs(timeout),
+                header_timeout: Duration::from_secs(header_timeout),
                 max_concurrent,
                 tls,
                 cas_file: store.backend().cas_lock_path().map(std::path::Path::to_path_buf),
+                chunk_max: store.config().chunk_max,
             };
             gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
             eprintln!("gstore: serving {} on {scheme}://{listen}", store.describe());
