@@ -49,7 +49,7 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.bench_function("decode+verify", |b| {
-        let mut dec = codec::Decoder::new();
+        let mut dec = codec::Decoder::new(cfg.chunk_max);
         let mut out = Vec::with_capacity(1 << 20);
         b.iter(|| {
             encoded.iter().for_each(|(c, s, n, id)| {

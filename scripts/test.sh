@@ -6,4 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/env.sh
+# The integration tests drive the release binary: build it first (`cargo test` builds a
+# package's binaries only for that package's own tests).
+cargo build --release -p gstore-cli
 cargo nextest run --release --workspace --no-fail-fast "$@"

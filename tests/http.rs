@@ -306,24 +306,7 @@ fn two_machines_racing_on_one_tag_lose_nothing() {
 #[test]
 fn https_with_a_trusted_certificate() {
     let env = Env::new(&[]);
-    let (cert, key) = (env.path("cert.pem"), env.path("key.pem"));
-    let st = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .args([
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-addext",
-            "basicConstraints=critical,CA:FALSE",
-            "-addext",
-            "extendedKeyUsage=serverAuth",
-        ])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl runs");
-    assert!(st.success());
+    let (cert, key) = self_signed_cert(&env);
     let server = Server::start(&env.store, &["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()]);
     let url = format!("https://127.0.0.1:{}", server.port);
     let f = env.path("f");

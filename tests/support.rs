@@ -463,8 +463,21 @@ pub struct Server {
 impl Server {
     /// Serves `store` with extra `serve` arguments (e.g. `--tokens FILE`).
     pub fn start(store: &Path, extra: &[&str]) -> Server {
+        Server::spawn(Command::new(gstore_bin()), store, extra)
+    }
+
+    /// As [`Server::start`], with the server allowed at most `max_fds` open files (sockets
+    /// included), as on a machine with a low `ulimit -n`.
+    pub fn start_with_fd_limit(store: &Path, extra: &[&str], max_fds: u32) -> Server {
+        let mut c = Command::new("sh");
+        c.args(["-c", &format!("ulimit -n {max_fds} && exec \"$0\" \"$@\"")]).arg(gstore_bin());
+        Server::spawn(c, store, extra)
+    }
+
+    /// Runs `command` (gstore, or a shell that execs it) with the `serve` arguments.
+    fn spawn(mut command: Command, store: &Path, extra: &[&str]) -> Server {
         let port = free_port();
-        let child = Command::new(gstore_bin())
+        let child = command
             .arg("--store")
             .arg(store)
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
@@ -530,6 +543,29 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A self-signed certificate for 127.0.0.1 and its key (PEM files in `env`'s scratch dir).
+pub fn self_signed_cert(env: &Env) -> (PathBuf, PathBuf) {
+    let (cert, key) = (env.path("cert.pem"), env.path("key.pem"));
+    let st = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .args([
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-addext",
+            "extendedKeyUsage=serverAuth",
+        ])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(st.success());
+    (cert, key)
 }
 
 /// A TCP port free on 127.0.0.1 right now.

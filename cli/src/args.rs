@@ -145,6 +145,10 @@ pub enum Command {
         /// Seconds before a request is answered 408.
         #[arg(long, default_value_t = 300, value_name = "SECS")]
         timeout: u64,
+        /// Seconds a connection has to send a request's headers (and a TLS handshake to end)
+        /// before it is closed, idle connections between requests included.
+        #[arg(long, default_value_t = 10, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+        header_timeout: u64,
         /// Requests handled at once.
         #[arg(long, default_value_t = 256)]
         max_concurrent: usize,

@@ -10,6 +10,7 @@ use gstore_store::{gc, push, usage, verify, Store, StoreConfig, StoreLocation, T
 use indicatif::HumanBytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::time::Duration;
 
 /// Runs the parsed command line.
@@ -175,7 +176,17 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Serve { listen, tokens, insecure, max_body, timeout, max_concurrent, tls_cert, tls_key } => {
+        Command::Serve {
+            listen,
+            tokens,
+            insecure,
+            max_body,
+            timeout,
+            header_timeout,
+            max_concurrent,
+            tls_cert,
+            tls_key,
+        } => {
             let store = Store::open(&location)?;
             let objects = store
                 .backend()
@@ -197,9 +208,11 @@ pub fn run(cli: Cli) -> Result<()> {
                 insecure,
                 max_body,
                 timeout: Duration::from_secs(timeout),
+                header_timeout: Duration::from_secs(header_timeout),
                 max_concurrent,
                 tls,
                 cas_file: store.backend().cas_lock_path().map(std::path::Path::to_path_buf),
+                chunk_max: store.config().chunk_max,
             };
             gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
             eprintln!("gstore: serving {} on {scheme}://{listen}", store.describe());
@@ -239,14 +252,19 @@ struct Output {
     json: bool,
 }
 
+/// Stdout was closed by its reader (`gstore ls | head -1`): not a failure, nothing to report.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout closed by its reader")]
+pub struct StdoutClosed;
+
 impl Output {
     fn emit<T: Serialize>(&self, value: &T, text: impl FnOnce() -> String) -> Result<()> {
-        if self.json {
-            println!("{}", serde_json::to_string_pretty(value)?);
-        } else {
-            println!("{}", text());
+        let out = if self.json { serde_json::to_string_pretty(value)? } else { text() };
+        let mut stdout = std::io::stdout().lock();
+        match writeln!(stdout, "{out}").and_then(|()| stdout.flush()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+            other => Ok(other?),
         }
-        Ok(())
     }
 }
 

@@ -56,13 +56,15 @@ fn leave_running_keeps_counting_and_the_image_restores_the_dump_point() {
     let went_on = counter.wait_above(at_dump + 20, Duration::from_secs(10));
 
     // Kill it and bring back the dumped state: it counts on from the dump point, not from
-    // where the killed process stopped.
+    // where the killed process stopped. Where it stopped is read once it is dead and before
+    // the restore: the restored process may write its next count at once.
     counter.kill();
+    wait_for(Duration::from_secs(5), || (!procfs::is_alive(counter.pid)).then_some(())).expect("killed");
+    let stopped_at = counter.value();
+    assert!(stopped_at >= went_on);
     let opts = RestoreOptions { original_pid: Some(counter.pid), ..RestoreOptions::new(&criu) };
     let restored = checkpoint::restore(&dir, &opts).expect("restore");
     assert_eq!(restored.pid, counter.pid);
-    let stopped_at = counter.value();
-    assert!(stopped_at >= went_on);
     let resumed = wait_for(Duration::from_secs(5), || Some(counter.value()).filter(|v| *v != stopped_at))
         .expect("the restored process counts");
     assert!(

@@ -1,12 +1,18 @@
 //! The directory sink: restores an image's entries under a destination directory.
 //!
 //! Everything is written into a hidden staging directory beside the destination
-//! (`.NAME.gstore-partial`), which is renamed into place only once every chunk has been
-//! fetched, verified and written, so a destination that exists is complete. Files are created
-//! at their final size (zero chunks stay sparse holes) and filled with positional writes.
-//! A restore that fails on damage or a full disk removes the staging directory; one that is
-//! interrupted (killed, or the backend unreachable) leaves it, and running the same restore
-//! again resumes: chunks whose bytes are already in place (checked by hash) are not fetched.
+//! (`.NAME.gstore-partial`, private to the restoring user), which is renamed into place only
+//! once every chunk has been fetched, verified and written, so a destination that exists is
+//! complete. Files are created at their final size (zero chunks stay sparse holes) and filled
+//! with positional writes. A restore that fails on damage, a full disk or any other lasting
+//! error removes the staging directory; one that is interrupted (killed, or the backend
+//! unreachable) leaves it, and running the same restore again resumes: chunks whose bytes are
+//! already in place (checked by hash) are not fetched.
+//!
+//! Nothing is ever written through a symlink: manifests with entries below a symlink are
+//! refused when decoded, every parent directory is checked to be a real directory, files are
+//! opened with `O_NOFOLLOW`, symlinks are created last, and a staging directory is resumed
+//! only when it holds nothing but what this restore itself would have made there.
 
 use crate::engine::{self, Piece, Sink};
 use crate::plan::{self, PlannedChunk};
@@ -14,8 +20,10 @@ use gstore_store::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use serde::Serialize;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Marker file inside a staging directory naming the manifest being restored.
@@ -61,20 +69,18 @@ impl Sink for DirSink {
 impl DirSink {
     /// Creates (or, when resuming, reopens) every entry under `root`.
     fn open(root: &Path, m: &Manifest, resume: bool) -> Result<DirSink> {
+        let mut dirs = Dirs::new(root);
         let mut files = Vec::with_capacity(m.entries.len());
         for e in &m.entries {
-            let path = root.join(&e.path);
             files.push(match e.kind {
                 EntryKind::Dir => {
-                    fs::create_dir_all(&path).map_err(|err| StoreError::io("creating", &path, err))?;
+                    dirs.make(&e.path)?;
                     None
                 }
                 EntryKind::File => {
-                    if let Some(parent) = path.parent() {
-                        fs::create_dir_all(parent).map_err(|err| StoreError::io("creating", parent, err))?;
-                    }
+                    let path = dirs.parent_of(&e.path)?;
                     let mut o = OpenOptions::new();
-                    o.read(true).write(true);
+                    o.read(true).write(true).custom_flags(libc::O_NOFOLLOW);
                     if resume {
                         o.create(true);
                     } else {
@@ -104,8 +110,9 @@ impl DirSink {
     fn finish(self) -> Result<()> {
         let DirSink { root, files, m } = self;
         drop(files);
+        let mut dirs = Dirs::new(&root);
         for e in m.entries.iter().filter(|e| e.kind == EntryKind::Symlink) {
-            let path = root.join(&e.path);
+            let path = dirs.parent_of(&e.path)?;
             if fs::symlink_metadata(&path).is_ok() {
                 fs::remove_file(&path).map_err(|err| StoreError::io("replacing", &path, err))?;
             }
@@ -118,6 +125,54 @@ impl DirSink {
                 .map_err(|err| StoreError::io("setting mode of", &path, err))?;
         }
         Ok(())
+    }
+}
+
+/// Directories below a restore root, each checked (or made) once: a path component that
+/// exists as anything but a real directory is refused, never followed.
+struct Dirs<'a> {
+    root: &'a Path,
+    checked: HashSet<String>,
+}
+
+impl<'a> Dirs<'a> {
+    fn new(root: &'a Path) -> Dirs<'a> {
+        Dirs { root, checked: HashSet::new() }
+    }
+
+    /// Makes sure `rel` and each of its parents is a real directory, creating what is missing.
+    fn make(&mut self, rel: &str) -> Result<()> {
+        let ends = rel.match_indices('/').map(|(i, _)| i).chain([rel.len()]);
+        for end in ends {
+            let prefix = &rel[..end];
+            if self.checked.contains(prefix) {
+                continue;
+            }
+            let path = self.root.join(prefix);
+            match fs::symlink_metadata(&path) {
+                Ok(md) if md.file_type().is_dir() => {}
+                Ok(_) => {
+                    return Err(StoreError::Invalid(format!(
+                        "{} is not a directory; a restore never writes through it",
+                        path.display()
+                    )))
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    fs::create_dir(&path).map_err(|err| StoreError::io("creating", &path, err))?
+                }
+                Err(e) => return Err(StoreError::io("checking", &path, e)),
+            }
+            self.checked.insert(prefix.to_string());
+        }
+        Ok(())
+    }
+
+    /// The path of entry `rel`, once its parent directories are checked (or made).
+    fn parent_of(&mut self, rel: &str) -> Result<PathBuf> {
+        if let Some((parent, _)) = rel.rsplit_once('/') {
+            self.make(parent)?;
+        }
+        Ok(self.root.join(rel))
     }
 }
 
@@ -135,19 +190,10 @@ pub fn restore_to_dir(
     check_destination(dest)?;
     let mut plan = plan::plan(store, m, engine::max_read_for(memory_budget))?;
     let staging = staging_path(dest)?;
-    let resume = match fs::read_to_string(staging.join(MARKER)) {
-        Ok(marker) if marker.trim() == id.to_hex() => true,
-        _ => {
-            if staging.exists() {
-                fs::remove_dir_all(&staging)
-                    .map_err(|e| StoreError::io("removing stale staging directory", &staging, e))?;
-            }
-            fs::create_dir(&staging).map_err(|e| StoreError::io("creating", &staging, e))?;
-            fs::write(staging.join(MARKER), id.to_hex())
-                .map_err(|e| StoreError::io("writing", staging.join(MARKER), e))?;
-            false
-        }
-    };
+    let resume = resumable(&staging, id, m);
+    if !resume {
+        start_staging(&staging, id)?;
+    }
     let result = (|| {
         let sink = DirSink::open(&staging, m, resume)?;
         let before = plan.chunk_count();
@@ -157,6 +203,9 @@ pub fn restore_to_dir(
         engine::run(store, &plan, &sink, progress)?;
         sink.finish()?;
         fs::remove_file(staging.join(MARKER)).map_err(|e| StoreError::io("removing", staging.join(MARKER), e))?;
+        let mode = 0o777 & !umask();
+        fs::set_permissions(&staging, fs::Permissions::from_mode(mode))
+            .map_err(|e| StoreError::io("setting mode of", &staging, e))?;
         publish(&staging, dest)?;
         Ok(before - plan.chunk_count())
     })();
@@ -184,18 +233,96 @@ pub fn restore_to_dir(
     })
 }
 
-/// Damage will not heal and a full disk needs the space back: only other failures (the
-/// backend unreachable, an interrupted transfer) keep the partial restore for a retry.
+/// Only failures that may pass (the backend unreachable, an interrupted transfer, a timeout,
+/// memory short for a moment) keep the partial restore for a retry. Damage will not heal, a
+/// full disk needs the space back, and other file-system errors (a name too long, an entry
+/// that exists, a permission refused) would fail the same way again.
 fn keep_for_resume(e: &StoreError) -> bool {
     match e {
         StoreError::Backend { .. } => true,
-        StoreError::Io { source, .. } => source.raw_os_error() != Some(ENOSPC),
+        StoreError::Io { source, .. } => {
+            matches!(source.kind(), ErrorKind::Interrupted | ErrorKind::TimedOut | ErrorKind::OutOfMemory)
+        }
         _ => false,
     }
 }
 
-/// "No space left on device" (Linux).
-const ENOSPC: i32 = 28;
+/// Whether `staging` holds an interrupted restore of `id` that is safe to resume: a private
+/// directory of this user holding only the marker and entries of `m` with their kinds, owned
+/// by this user, writable, files with one link and no set-id bits the image does not give
+/// them. Anything else (planted by another user, left by something other than gstore) is not
+/// resumed.
+fn resumable(staging: &Path, id: &ObjectId, m: &Manifest) -> bool {
+    let uid = unsafe { libc::geteuid() };
+    let ours = |md: &fs::Metadata| md.uid() == uid;
+    let Ok(md) = fs::symlink_metadata(staging) else { return false };
+    if !md.file_type().is_dir() || !ours(&md) || md.mode() & 0o777 != 0o700 {
+        return false;
+    }
+    let marker = staging.join(MARKER);
+    match fs::symlink_metadata(&marker) {
+        Ok(md) if md.file_type().is_file() && ours(&md) && md.nlink() == 1 => {}
+        _ => return false,
+    }
+    if !fs::read_to_string(&marker).is_ok_and(|text| text.trim() == id.to_hex()) {
+        return false;
+    }
+    let expected: HashMap<&str, (EntryKind, u32)> =
+        m.entries.iter().map(|e| (e.path.as_str(), (e.kind, e.mode))).collect();
+    let mut todo = vec![(staging.to_path_buf(), String::new())];
+    while let Some((dir, prefix)) = todo.pop() {
+        let Ok(rd) = fs::read_dir(&dir) else { return false };
+        for item in rd {
+            let Ok(item) = item else { return false };
+            let Some(name) = item.file_name().to_str().map(str::to_string) else { return false };
+            let rel = format!("{prefix}{name}");
+            if rel == MARKER {
+                continue;
+            }
+            let Ok(md) = item.metadata() else { return false };
+            let Some(&(kind, mode)) = expected.get(rel.as_str()) else { return false };
+            let ft = md.file_type();
+            let fits = ours(&md)
+                && match kind {
+                    EntryKind::Dir => ft.is_dir() && md.mode() & 0o700 == 0o700,
+                    EntryKind::File => {
+                        ft.is_file() && md.nlink() == 1 && md.mode() & 0o200 != 0 && md.mode() & !mode & 0o7000 == 0
+                    }
+                    EntryKind::Symlink => ft.is_symlink(),
+                };
+            if !fits {
+                return false;
+            }
+            if kind == EntryKind::Dir {
+                todo.push((item.path(), format!("{rel}/")));
+            }
+        }
+    }
+    true
+}
+
+/// Replaces whatever is at `staging` (a stale or untrusted staging directory) with a new,
+/// private one holding the marker for `id`.
+fn start_staging(staging: &Path, id: &ObjectId) -> Result<()> {
+    match fs::symlink_metadata(staging) {
+        Ok(md) if md.file_type().is_dir() => fs::remove_dir_all(staging),
+        Ok(_) => fs::remove_file(staging),
+        Err(_) => Ok(()),
+    }
+    .map_err(|e| StoreError::io("removing stale staging directory", staging, e))?;
+    fs::DirBuilder::new().mode(0o700).create(staging).map_err(|e| StoreError::io("creating", staging, e))?;
+    let marker = staging.join(MARKER);
+    fs::write(&marker, id.to_hex()).map_err(|e| StoreError::io("writing", marker, e))
+}
+
+/// The process's file-mode creation mask (from /proc; 022 when it cannot be read).
+fn umask() -> u32 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Umask:").map(|v| v.trim().to_string())))
+        .and_then(|v| u32::from_str_radix(&v, 8).ok())
+        .unwrap_or(0o022)
+}
 
 fn check_destination(dest: &Path) -> Result<()> {
     match fs::symlink_metadata(dest) {

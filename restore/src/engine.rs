@@ -97,7 +97,7 @@ pub fn run(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress)
 fn run_here(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress) -> Result<()> {
     progress.start("restoring", plan.write_bytes());
     let r = plan.reads.par_iter().try_for_each_init(
-        || (codec::Decoder::new(), Vec::new()),
+        || (codec::Decoder::new(store.config().chunk_max), Vec::new()),
         |(decoder, arena), read| {
             let written = fetch_decode_write(store, read, decoder, arena, sink)?;
             progress.advance(written);

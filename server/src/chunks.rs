@@ -11,9 +11,10 @@ use std::collections::{HashMap, HashSet};
 use tokio::sync::RwLock;
 
 /// Where each chunk is.
-#[derive(Default)]
 pub struct ChunkMap {
     inner: RwLock<Known>,
+    /// The store's `chunk_max`: packs listing a longer chunk are damaged.
+    chunk_max: u32,
 }
 
 #[derive(Default)]
@@ -23,6 +24,11 @@ struct Known {
 }
 
 impl ChunkMap {
+    /// An empty map for a store whose chunks are at most `chunk_max` bytes.
+    pub fn new(chunk_max: u32) -> ChunkMap {
+        ChunkMap { inner: RwLock::default(), chunk_max }
+    }
+
     /// The pack and footer entry of `id`, if known.
     pub async fn get(&self, id: &ObjectId) -> Option<(ObjectId, PackEntry)> {
         self.inner.read().await.chunks.get(id).copied()
@@ -43,7 +49,7 @@ impl ChunkMap {
             if known.contains(&pack) {
                 continue;
             }
-            if let Ok(entries) = footer(objects, &pack, meta.size).await {
+            if let Ok(entries) = footer(objects, &pack, meta.size, self.chunk_max).await {
                 let mut k = self.inner.write().await;
                 k.packs.insert(pack);
                 for e in entries {
@@ -55,7 +61,12 @@ impl ChunkMap {
     }
 }
 
-async fn footer(objects: &dyn ObjectStore, pack: &ObjectId, size: u64) -> Result<Vec<PackEntry>, String> {
+async fn footer(
+    objects: &dyn ObjectStore,
+    pack: &ObjectId,
+    size: u64,
+    chunk_max: u32,
+) -> Result<Vec<PackEntry>, String> {
     let key = pack_key(pack);
     let path = ObjPath::from(key.as_str());
     if size < TRAILER_LEN as u64 + 8 {
@@ -64,5 +75,5 @@ async fn footer(objects: &dyn ObjectStore, pack: &ObjectId, size: u64) -> Result
     let tail = objects.get_range(&path, size - TRAILER_LEN as u64..size).await.map_err(|e| e.to_string())?;
     let t = parse_trailer(&tail, size, &key).map_err(|e| e.to_string())?;
     let f = objects.get_range(&path, t.footer_offset..size - TRAILER_LEN as u64).await.map_err(|e| e.to_string())?;
-    parse_footer(&f, &t, &key).map_err(|e| e.to_string())
+    parse_footer(&f, &t, &key, chunk_max).map_err(|e| e.to_string())
 }

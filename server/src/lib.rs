@@ -28,6 +28,9 @@ pub struct Settings {
     pub max_body: usize,
     /// Requests taking longer are answered 408.
     pub timeout: Duration,
+    /// A connection that has not sent a whole request head (request line and headers) this long
+    /// after it opened or its last response is closed; so is a TLS handshake taking longer.
+    pub header_timeout: Duration,
     /// Requests handled at once; more wait.
     pub max_concurrent: usize,
     /// TLS certificate chain and private key (PEM files); plain HTTP when `None`.
@@ -35,6 +38,9 @@ pub struct Settings {
     /// A local store's compare-and-swap lock file, shared with gstore processes writing the
     /// same directory (see `Backend::cas_lock_path`).
     pub cas_file: Option<std::path::PathBuf>,
+    /// The store's `chunk_max` (its config's): uploaded or served packs listing a longer
+    /// chunk are corrupt, and nothing longer is ever decoded.
+    pub chunk_max: u32,
 }
 
 /// What the handlers share.
@@ -52,6 +58,8 @@ pub struct AppState {
     pub cas_lock: Arc<tokio::sync::Mutex<()>>,
     /// The local store's lock file, taken too so that other processes are excluded.
     pub cas_file: Option<std::path::PathBuf>,
+    /// The store's `chunk_max`: the longest chunk a pack may list.
+    pub chunk_max: u32,
 }
 
 /// Refuses an exposed address without authentication unless `insecure` is set.
@@ -66,6 +74,12 @@ pub fn check_exposure(s: &Settings) -> Result<(), String> {
 }
 
 /// Serves until `shutdown` completes, then finishes the requests in flight.
+///
+/// HTTP/1.1 only (the gstore client speaks it; TLS offers only `http/1.1` by ALPN), so that
+/// every connection is under hyper's header-read timeout from its first byte: one that does not
+/// send a whole request head within `header_timeout`, idle ones between requests included, is
+/// closed. (HTTP/2, or the version sniffing that serving both needs, would wait on a silent
+/// connection for ever.)
 pub async fn serve(
     objects: Arc<dyn ObjectStore>,
     s: Settings,
@@ -78,30 +92,39 @@ pub async fn serve(
         metrics: Arc::new(metrics::Metrics::new()),
         cas_lock: Arc::default(),
         cas_file: s.cas_file.clone(),
-        chunks: Arc::default(),
+        chunks: Arc::new(chunks::ChunkMap::new(s.chunk_max)),
+        chunk_max: s.chunk_max,
     };
-    let app = routes::router(state, &s);
-    match &s.tls {
+    let app = routes::router(state, &s).into_make_service();
+    let handle = axum_server::Handle::new();
+    let h = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        h.graceful_shutdown(None);
+    });
+    let served = match &s.tls {
         None => {
-            let listener =
-                tokio::net::TcpListener::bind(s.addr).await.map_err(|e| format!("binding {}: {e}", s.addr))?;
-            axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(|e| e.to_string())
+            let mut server = axum_server::bind(s.addr).handle(handle).http1_only();
+            limit_header_reads(&mut server, s.header_timeout);
+            server.serve(app).await
         }
         Some((cert, key)) => {
             let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
                 .await
                 .map_err(|e| format!("TLS certificate {} / key {}: {e}", cert.display(), key.display()))?;
-            let handle = axum_server::Handle::new();
-            let h = handle.clone();
-            tokio::spawn(async move {
-                shutdown.await;
-                h.graceful_shutdown(None);
-            });
-            axum_server::bind_rustls(s.addr, config)
-                .handle(handle)
-                .serve(app.into_make_service())
-                .await
-                .map_err(|e| format!("serving {}: {e}", s.addr))
+            let mut only_http1 = (*config.get_inner()).clone();
+            only_http1.alpn_protocols = vec![b"http/1.1".to_vec()];
+            config.reload_from_config(Arc::new(only_http1));
+            let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(config).handshake_timeout(s.header_timeout);
+            let mut server = axum_server::bind(s.addr).acceptor(acceptor).handle(handle).http1_only();
+            limit_header_reads(&mut server, s.header_timeout);
+            server.serve(app).await
         }
-    }
+    };
+    served.map_err(|e| format!("serving {}: {e}", s.addr))
+}
+
+/// Closes connections that take longer than `timeout` to send a request head.
+fn limit_header_reads<A>(server: &mut axum_server::Server<SocketAddr, A>, timeout: Duration) {
+    server.http_builder().http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
 }

@@ -6,7 +6,7 @@ use crate::auth::{Denied, Scope};
 use crate::keys::Key;
 use crate::{verify, AppState, Settings};
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -21,7 +21,8 @@ use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use std::time::Instant;
 
-/// The router with every layer: auth is per handler; limits, timeout and metrics wrap all.
+/// The router with every layer: auth is per handler, from the headers, before any body is
+/// read; limits, timeout and metrics wrap all.
 pub fn router(state: AppState, s: &Settings) -> Router {
     Router::new()
         .route("/v1/health", get(|| async { "ok" }))
@@ -51,6 +52,12 @@ fn authorize(state: &AppState, headers: &HeaderMap, scope: Scope, tag: Option<&s
         Denied::Unauthenticated => error(StatusCode::UNAUTHORIZED, "missing or unknown bearer token"),
         Denied::Forbidden(why) => error(StatusCode::FORBIDDEN, why),
     })
+}
+
+/// Reads a request's body (413 over `--max-body`): only once the request is authorized, so
+/// that a request without a valid token costs the server no more than its headers.
+async fn body_of(req: Request) -> Result<Bytes, Response> {
+    Bytes::from_request(req, &()).await.map_err(IntoResponse::into_response)
 }
 
 fn parse_key(key: &str) -> Result<Key, Response> {
@@ -133,23 +140,23 @@ async fn get_object(
     }
 }
 
-async fn put_object(
-    State(state): State<AppState>,
-    Path(key): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req: Request) -> Response {
     let k = match parse_key(&key) {
         Ok(k) => k,
         Err(r) => return r,
     };
     let (scope, tag) = write_scope(&k);
-    if let Err(r) = authorize(&state, &headers, scope, tag) {
+    if let Err(r) = authorize(&state, req.headers(), scope, tag) {
         return r;
     }
+    let headers = req.headers().clone();
+    let body = match body_of(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let checked = {
-        let (k, body) = (k.clone(), body.clone());
-        tokio::task::spawn_blocking(move || verify::upload(&k, &body)).await
+        let (k, body, chunk_max) = (k.clone(), body.clone(), state.chunk_max);
+        tokio::task::spawn_blocking(move || verify::upload(&k, &body, chunk_max)).await
     };
     match checked {
         Ok(Ok(())) => {}
@@ -317,9 +324,10 @@ async fn get_chunk(
         state.metrics.bytes_out.inc_by(stored.len() as u64);
         return (codec, stored).into_response();
     }
+    let chunk_max = state.chunk_max;
     let decoded = tokio::task::spawn_blocking(move || {
         let mut plain = Vec::with_capacity(e.plain_len as usize);
-        Decoder::new().decode_append(e.codec, &stored, e.plain_len as usize, &e.id, &mut plain).map(|()| plain)
+        Decoder::new(chunk_max).decode_append(e.codec, &stored, e.plain_len as usize, &e.id, &mut plain).map(|()| plain)
     })
     .await;
     match decoded {
@@ -333,10 +341,14 @@ async fn get_chunk(
 }
 
 /// Of the chunk ids posted (a JSON array of hex ids), the ones no pack holds.
-async fn missing_chunks(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
+async fn missing_chunks(State(state): State<AppState>, req: Request) -> Response {
+    if let Err(r) = authorize(&state, req.headers(), Scope::Read, None) {
         return r;
     }
+    let body = match body_of(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let Ok(ids) = serde_json::from_slice::<Vec<String>>(&body) else {
         return error(StatusCode::BAD_REQUEST, "expected a JSON array of 64-hex chunk ids");
     };
@@ -373,7 +385,10 @@ async fn missing_chunks(State(state): State<AppState>, headers: HeaderMap, body:
     Json(missing).into_response()
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
+        return r;
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
 

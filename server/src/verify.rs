@@ -8,16 +8,17 @@ use gstore_store::manifest::Manifest;
 use gstore_store::tag::TagRecord;
 use gstore_store::{pack, ObjectId, StoreConfig};
 
-/// Verifies `body` as the object `key` names; the error says what is wrong.
-pub fn upload(key: &Key, body: &[u8]) -> Result<(), String> {
+/// Verifies `body` as the object `key` names, for a store whose chunks are at most
+/// `chunk_max` bytes; the error says what is wrong.
+pub fn upload(key: &Key, body: &[u8], chunk_max: u32) -> Result<(), String> {
     match key {
         Key::Pack(id) => {
             let got = ObjectId::of(body);
             if &got != id {
                 return Err(format!("pack content hashes to {}, not {}", got.to_hex(), id.to_hex()));
             }
-            let entries = pack::parse_pack(body, &id.to_hex()).map_err(|e| e.to_string())?;
-            let mut decoder = Decoder::new();
+            let entries = pack::parse_pack(body, &id.to_hex(), chunk_max).map_err(|e| e.to_string())?;
+            let mut decoder = Decoder::new(chunk_max);
             let mut plain = Vec::new();
             for e in &entries {
                 plain.clear();

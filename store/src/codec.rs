@@ -74,6 +74,8 @@ impl Encoder {
 /// Decodes and verifies chunks, reusing one zstd context (keep one per thread).
 pub struct Decoder {
     zstd: zstd::bulk::Decompressor<'static>,
+    /// The longest chunk it decodes: the store's `chunk_max`.
+    chunk_max: u32,
 }
 
 /// Checks `plain` against the chunk id and expected length.
@@ -97,9 +99,10 @@ pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId) -> Result<()> {
 }
 
 impl Decoder {
-    /// A new decoder.
-    pub fn new() -> Decoder {
-        Decoder { zstd: zstd::bulk::Decompressor::new().expect("zstd decompression context") }
+    /// A decoder for a store whose chunks are at most `chunk_max` bytes (its config's): a
+    /// longer `plain_len` is refused as corrupt before anything is allocated.
+    pub fn new(chunk_max: u32) -> Decoder {
+        Decoder { zstd: zstd::bulk::Decompressor::new().expect("zstd decompression context"), chunk_max }
     }
 
     /// Decodes `stored`, appends the plain bytes to `out` and checks them against `id`. On
@@ -112,6 +115,13 @@ impl Decoder {
         id: &ObjectId,
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        if plain_len > self.chunk_max as usize {
+            return Err(StoreError::corrupt(
+                "chunk",
+                id.to_hex(),
+                format!("plain length {plain_len} exceeds the store's chunk max {}", self.chunk_max),
+            ));
+        }
         let start = out.len();
         let r = match codec {
             Codec::Raw => {
@@ -142,22 +152,19 @@ impl Decoder {
     }
 }
 
-impl Default for Decoder {
-    fn default() -> Self {
-        Decoder::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A chunk max above every test chunk.
+    const MAX: u32 = 1 << 20;
+
     fn round_trip(data: &[u8]) -> Codec {
         let id = ObjectId::of(data);
         let (codec, stored) = Encoder::new(1).unwrap().encode(data);
         let mut out = b"prefix".to_vec();
-        Decoder::new().decode_append(codec, &stored, data.len(), &id, &mut out).unwrap();
+        Decoder::new(MAX).decode_append(codec, &stored, data.len(), &id, &mut out).unwrap();
         assert_eq!(&out[..6], b"prefix");
         assert_eq!(&out[6..], data);
         codec
@@ -180,9 +187,26 @@ mod tests {
             let mid = stored.len() / 2;
             stored[mid] ^= 1;
             let mut out = b"keep".to_vec();
-            assert!(Decoder::new().decode_append(codec, &stored, data.len(), &id, &mut out).is_err());
+            assert!(Decoder::new(MAX).decode_append(codec, &stored, data.len(), &id, &mut out).is_err());
             assert_eq!(out, b"keep", "a failed decode leaves the buffer as it was");
         }
+    }
+
+    #[test]
+    fn lengths_over_the_chunk_max_are_refused_before_allocating() {
+        // A zero chunk of 4 GiB would be allocated and filled if the length were trusted.
+        let id = ObjectId::of(b"");
+        for codec in [Codec::Zero, Codec::Zstd, Codec::Raw] {
+            let mut out = b"keep".to_vec();
+            let err = Decoder::new(MAX).decode_append(codec, &[], u32::MAX as usize, &id, &mut out).unwrap_err();
+            assert!(err.to_string().contains("exceeds the store's chunk max"), "{err}");
+            assert_eq!(out, b"keep");
+            assert!(out.capacity() < 1 << 20, "{} bytes allocated", out.capacity());
+        }
+        let zeros = vec![0u8; 4096];
+        let mut out = Vec::new();
+        Decoder::new(4096).decode_append(Codec::Zero, &[], 4096, &ObjectId::of(&zeros), &mut out).unwrap();
+        assert_eq!(out, zeros, "a chunk of exactly the chunk max decodes");
     }
 
     #[test]

@@ -37,6 +37,17 @@ pub enum EntryKind {
     Symlink,
 }
 
+impl EntryKind {
+    /// Lowercase name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            EntryKind::File => "file",
+            EntryKind::Dir => "directory",
+            EntryKind::Symlink => "symlink",
+        }
+    }
+}
+
 /// One entry of an image.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
@@ -132,9 +143,12 @@ impl Manifest {
             return Err(bad(format!("manifest format {} is not supported", header.format)));
         }
         let table = &bytes[12 + json_len..];
-        let total: u64 = header.entries.iter().map(|e| e.chunks).sum();
-        if table.len() as u64 != total * CHUNK_REF_LEN as u64 {
-            return Err(bad(format!("chunk table holds {} bytes, entries need {total} references", table.len())));
+        // Counts come from untrusted JSON: add them up without overflow, bounded by the table.
+        let held = (table.len() / CHUNK_REF_LEN) as u64;
+        let total = header.entries.iter().try_fold(0u64, |sum, e| sum.checked_add(e.chunks).filter(|&t| t <= held));
+        if total.map(|t| t * CHUNK_REF_LEN as u64) != Some(table.len() as u64) {
+            let need = header.entries.iter().fold(0u128, |sum, e| sum + e.chunks as u128);
+            return Err(bad(format!("chunk table holds {} bytes, entries need {need} references", table.len())));
         }
         let chunks: Vec<ChunkRef> = table
             .chunks_exact(CHUNK_REF_LEN)
@@ -149,14 +163,33 @@ impl Manifest {
         Ok(m)
     }
 
-    /// Structural checks: safe paths, no duplicates, chunk lengths add up to sizes.
+    /// Structural checks: safe paths, no duplicates, nothing below an entry that is not a
+    /// directory (a symlink or file an entry would be written through), chunk lengths add up
+    /// to sizes.
     fn check(&self) -> std::result::Result<(), String> {
-        let mut seen = std::collections::HashSet::new();
-        for (e, chunks) in self.files() {
+        let mut kinds = std::collections::HashMap::with_capacity(self.entries.len());
+        for e in &self.entries {
             check_relative_path(&e.path)?;
-            if !seen.insert(e.path.as_str()) {
+            if kinds.insert(e.path.as_str(), e.kind).is_some() {
                 return Err(format!("entry {:?} appears twice", e.path));
             }
+        }
+        for e in &self.entries {
+            for (i, _) in e.path.match_indices('/') {
+                let parent = &e.path[..i];
+                match kinds.get(parent) {
+                    Some(EntryKind::Dir) | None => {}
+                    Some(kind) => {
+                        return Err(format!(
+                            "entry {:?} lies below {parent:?}, which is a {} and not a directory",
+                            e.path,
+                            kind.name()
+                        ))
+                    }
+                }
+            }
+        }
+        for (e, chunks) in self.files() {
             let sum: u64 = chunks.iter().map(|c| c.len as u64).sum();
             if e.kind == EntryKind::File && sum != e.size {
                 return Err(format!("entry {:?}: chunks add up to {sum} bytes, size says {}", e.path, e.size));
@@ -221,6 +254,58 @@ mod tests {
             let err = Manifest::decode(&bytes, &ObjectId::of(&bytes)).unwrap_err().to_string();
             assert!(err.contains("unsafe entry path"), "{p:?}: {err}");
         }
+    }
+
+    fn entry(path: &str, kind: EntryKind, target: Option<&str>) -> Entry {
+        Entry { path: path.into(), kind, mode: 0o755, size: 0, target: target.map(Into::into), chunks: 0 }
+    }
+
+    fn decode_err(m: &Manifest) -> String {
+        let bytes = m.encode();
+        Manifest::decode(&bytes, &ObjectId::of(&bytes)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn entries_below_a_symlink_or_file_are_refused() {
+        let mut m = sample();
+        m.entries = vec![
+            entry("a", EntryKind::Symlink, Some("/some/outside/dir")),
+            entry("a/victim.txt", EntryKind::Symlink, Some("/x")),
+        ];
+        m.chunks.clear();
+        let err = decode_err(&m);
+        assert!(err.contains("lies below \"a\", which is a symlink"), "{err}");
+        // Order does not matter, nor depth, nor the kind of the entry below.
+        m.entries = vec![
+            entry("a/b/c", EntryKind::Dir, None),
+            entry("a", EntryKind::Dir, None),
+            entry("a/b", EntryKind::Symlink, Some("..")),
+        ];
+        assert!(decode_err(&m).contains("lies below \"a/b\""));
+        let mut f = sample();
+        f.entries.push(entry("d/f/g", EntryKind::Dir, None));
+        assert!(decode_err(&f).contains("which is a file"));
+        // A symlink beside a directory of a similar name is fine.
+        let mut ok = sample();
+        ok.entries.push(entry("dd", EntryKind::Symlink, Some("d")));
+        ok.entries.push(entry("d/g", EntryKind::Symlink, Some("f")));
+        let bytes = ok.encode();
+        assert_eq!(Manifest::decode(&bytes, &ObjectId::of(&bytes)).unwrap(), ok);
+    }
+
+    #[test]
+    fn chunk_counts_that_overflow_are_refused() {
+        let mut m = sample();
+        m.chunks.clear();
+        m.entries = vec![entry("x", EntryKind::File, None), entry("y", EntryKind::File, None)];
+        for e in &mut m.entries {
+            e.chunks = 1 << 63;
+        }
+        let err = decode_err(&m);
+        assert!(err.contains("chunk table holds 0 bytes, entries need 18446744073709551616 references"), "{err}");
+        m.entries[0].chunks = u64::MAX;
+        m.entries[1].chunks = 1;
+        assert!(decode_err(&m).contains("chunk table holds 0 bytes"));
     }
 
     #[test]

@@ -51,6 +51,22 @@ impl PackEntry {
             codec,
         })
     }
+
+    /// Why the lengths cannot be those of a chunk of a store with this `chunk_max`, if so: the
+    /// plain length is at most `chunk_max`; raw bytes are as long as the plain ones, a zero
+    /// chunk stores nothing, and a zstd frame is kept only when shorter than the plain bytes.
+    fn bad_lengths(&self, chunk_max: u32) -> Option<String> {
+        let (stored, plain) = (self.stored_len, self.plain_len);
+        if plain > chunk_max {
+            return Some(format!("plain length {plain} exceeds the store's chunk max {chunk_max}"));
+        }
+        let fits = match self.codec {
+            Codec::Raw => stored == plain,
+            Codec::Zero => stored == 0,
+            Codec::Zstd => stored <= plain,
+        };
+        (!fits).then(|| format!("stored length {stored} does not fit a {} chunk of {plain} bytes", self.codec.name()))
+    }
 }
 
 /// Accumulates stored chunks into one pack in memory.
@@ -169,8 +185,9 @@ pub fn parse_trailer(tail: &[u8], pack_len: u64, pack: &str) -> Result<Trailer> 
     Ok(t)
 }
 
-/// Parses and checks footer entries against the trailer: checksum, bounds, known codecs.
-pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str) -> Result<Vec<PackEntry>> {
+/// Parses and checks footer entries against the trailer: checksum, bounds, known codecs, and
+/// lengths that fit a store whose chunks are at most `chunk_max` bytes (its config's).
+pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
     if blake3::hash(footer).as_bytes() != &t.footer_hash {
         return Err(StoreError::corrupt("pack", pack, "footer checksum mismatch"));
     }
@@ -185,24 +202,30 @@ pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str) -> Result<Vec<PackEn
                 format!("chunk {} lies outside the data area", e.id.short()),
             ));
         }
+        if let Some(why) = e.bad_lengths(chunk_max) {
+            return Err(StoreError::corrupt("pack", pack, format!("chunk {}: {why}", e.id.short())));
+        }
         entries.push(e);
     }
     Ok(entries)
 }
 
-/// Parses a whole pack held in memory: header, trailer, footer.
-pub fn parse_pack(bytes: &[u8], pack: &str) -> Result<Vec<PackEntry>> {
+/// Parses a whole pack held in memory: header, trailer, footer (see [`parse_footer`]).
+pub fn parse_pack(bytes: &[u8], pack: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
     if bytes.len() < PACK_MAGIC.len() || &bytes[..8] != PACK_MAGIC {
         return Err(StoreError::corrupt("pack", pack, "header magic missing"));
     }
     let len = bytes.len() as u64;
     let t = parse_trailer(&bytes[bytes.len().saturating_sub(TRAILER_LEN)..], len, pack)?;
-    parse_footer(&bytes[t.footer_offset as usize..bytes.len() - TRAILER_LEN], &t, pack)
+    parse_footer(&bytes[t.footer_offset as usize..bytes.len() - TRAILER_LEN], &t, pack, chunk_max)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chunk max above every test chunk.
+    const MAX: u32 = 1 << 20;
 
     fn sample() -> FinishedPack {
         let mut b = PackBuilder::new(1024);
@@ -220,7 +243,7 @@ mod tests {
     fn round_trip() {
         let p = sample();
         assert_eq!(p.id, ObjectId::of(&p.bytes));
-        let entries = parse_pack(&p.bytes, "p").unwrap();
+        let entries = parse_pack(&p.bytes, "p", MAX).unwrap();
         assert_eq!(entries, p.entries);
         assert_eq!(&p.bytes[entries[1].offset as usize..][..3], b"two");
     }
@@ -230,14 +253,35 @@ mod tests {
         let p = sample();
         // Truncation at every length.
         for n in 0..p.bytes.len() {
-            assert!(parse_pack(&p.bytes[..n], "p").is_err(), "truncated to {n} parsed");
+            assert!(parse_pack(&p.bytes[..n], "p", MAX).is_err(), "truncated to {n} parsed");
         }
         // A flipped byte anywhere in footer or trailer.
         let footer_start = p.entries.last().map(|e| (e.offset + e.stored_len as u64) as usize).unwrap();
         for i in footer_start..p.bytes.len() {
             let mut b = p.bytes.clone();
             b[i] ^= 0x40;
-            assert!(parse_pack(&b, "p").is_err(), "flip at {i} parsed");
+            assert!(parse_pack(&b, "p", MAX).is_err(), "flip at {i} parsed");
+        }
+    }
+
+    #[test]
+    fn lengths_that_no_chunk_has_are_corrupt() {
+        // The 129-byte pack of issue 11: one zero chunk claiming 4 GiB.
+        let mut b = PackBuilder::new(0);
+        b.push(ObjectId::of(b"z"), Codec::Zero, &[], u32::MAX);
+        let p = b.finish();
+        assert_eq!(p.bytes.len(), 129);
+        let err = parse_pack(&p.bytes, "p", MAX).unwrap_err().to_string();
+        assert!(err.contains("corrupt pack p") && err.contains("exceeds the store's chunk max"), "{err}");
+        let mut b = PackBuilder::new(0);
+        b.push(ObjectId::of(b"z"), Codec::Zero, &[], MAX);
+        assert!(parse_pack(&b.finish().bytes, "p", MAX).is_ok(), "a chunk of exactly the chunk max is fine");
+        // Stored lengths that do not fit the codec.
+        for (codec, stored, plain) in [(Codec::Raw, 3, 4), (Codec::Zero, 1, 4), (Codec::Zstd, 5, 4)] {
+            let mut b = PackBuilder::new(0);
+            b.push(ObjectId::of(b"x"), codec, &vec![1; stored], plain);
+            let err = parse_pack(&b.finish().bytes, "p", MAX).unwrap_err().to_string();
+            assert!(err.contains("does not fit"), "{codec:?}: {err}");
         }
     }
 }

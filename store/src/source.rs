@@ -28,8 +28,10 @@ fn utf8(p: &Path) -> Result<String> {
     })
 }
 
-fn entry(abs: PathBuf, rel: String) -> Result<SourceEntry> {
-    let md = std::fs::symlink_metadata(&abs).map_err(|e| StoreError::io("reading", &abs, e))?;
+/// The entry at `abs`; a symlink is kept as a symlink unless `follow` is set.
+fn entry(abs: PathBuf, rel: String, follow: bool) -> Result<SourceEntry> {
+    let md = if follow { std::fs::metadata(&abs) } else { std::fs::symlink_metadata(&abs) }
+        .map_err(|e| StoreError::io("reading", &abs, e))?;
     let ft = md.file_type();
     let mode = md.permissions().mode() & 0o7777;
     let (kind, size, target) = if ft.is_file() {
@@ -49,13 +51,15 @@ fn entry(abs: PathBuf, rel: String) -> Result<SourceEntry> {
 }
 
 /// Walks `root`: a single file gives one entry named after it; a directory gives every entry
-/// below it (not itself), parents before children, siblings sorted by name.
+/// below it (not itself), parents before children, siblings sorted by name. One rule for
+/// symlinks: `root` itself is followed when it is one (a link to a file stores the file, a
+/// link to a directory the directory's entries); symlinks below `root` are stored as symlinks.
 pub fn scan(root: &Path) -> Result<Vec<SourceEntry>> {
     let md = std::fs::metadata(root).map_err(|e| StoreError::io("reading source", root, e))?;
     if !md.is_dir() {
         let name =
             root.file_name().ok_or_else(|| StoreError::Invalid(format!("{} has no file name", root.display())))?;
-        return Ok(vec![entry(root.to_path_buf(), utf8(Path::new(name))?)?]);
+        return Ok(vec![entry(root.to_path_buf(), utf8(Path::new(name))?, true)?]);
     }
     let mut out = Vec::new();
     walk(root, "", &mut out)?;
@@ -73,7 +77,7 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<SourceEntry>) -> Result<()> {
     for name in names {
         let abs = dir.join(&name);
         let rel = format!("{prefix}{}", utf8(Path::new(&name))?);
-        let e = entry(abs.clone(), rel.clone())?;
+        let e = entry(abs.clone(), rel.clone(), false)?;
         let is_dir = e.kind == EntryKind::Dir;
         out.push(e);
         if is_dir {
@@ -81,4 +85,25 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<SourceEntry>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_symlink_is_followed_and_links_below_are_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (file, dir) = (tmp.path().join("file"), tmp.path().join("dir"));
+        std::fs::write(&file, b"twelve bytes").unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(&file, dir.join("inner")).unwrap();
+        std::os::unix::fs::symlink(&file, tmp.path().join("to-file")).unwrap();
+        std::os::unix::fs::symlink(&dir, tmp.path().join("to-dir")).unwrap();
+        let f = scan(&tmp.path().join("to-file")).unwrap();
+        assert_eq!((f.len(), f[0].rel.as_str(), f[0].kind, f[0].size), (1, "to-file", EntryKind::File, 12));
+        let d = scan(&tmp.path().join("to-dir")).unwrap();
+        assert_eq!((d.len(), d[0].rel.as_str(), d[0].kind), (1, "inner", EntryKind::Symlink));
+        assert_eq!(d[0].target.as_deref(), file.to_str());
+    }
 }

@@ -427,7 +427,7 @@ impl Store {
         let trailer = self.backend.get_range(&key, size - TRAILER_LEN as u64..size)?;
         let t = pack::parse_trailer(&trailer, size, &key)?;
         let footer = self.backend.get_range(&key, t.footer_offset..size - TRAILER_LEN as u64)?;
-        let entries = pack::parse_footer(&footer, &t, &key)?;
+        let entries = pack::parse_footer(&footer, &t, &key, self.config.chunk_max)?;
         Ok((entries, [&footer[..], &trailer[..]].concat()))
     }
 

@@ -192,7 +192,7 @@ fn check_pack(store: &Store, pack: &ObjectId, ids: &[ObjectId], read_data: bool)
         let data_end = entries.values().map(|e| e.offset + e.stored_len as u64).max().unwrap_or(0);
         let data = store.read_pack_range(pack, 0..data_end)?;
         bytes = data.len() as u64;
-        let mut decoder = codec::Decoder::new();
+        let mut decoder = codec::Decoder::new(store.config().chunk_max);
         let mut plain = Vec::new();
         let unique: HashSet<&ObjectId> = ids.iter().collect();
         for id in unique {

@@ -43,7 +43,7 @@ impl<'a> Catalog<'a> {
         let key = backend::pack_key(id);
         let cache = self.cached("footers", id);
         if let Some(tail) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
-            if let Ok(entries) = parse_tail(&tail, size, &key) {
+            if let Ok(entries) = parse_tail(&tail, size, &key, self.store.config().chunk_max) {
                 return Ok(entries);
             }
         }
@@ -82,13 +82,14 @@ impl<'a> Catalog<'a> {
     }
 }
 
-/// Parses a cached pack tail (footer then trailer) of a pack `size` bytes long.
-fn parse_tail(tail: &[u8], size: u64, key: &str) -> Result<Vec<PackEntry>> {
+/// Parses a cached pack tail (footer then trailer) of a pack `size` bytes long, of a store
+/// whose chunks are at most `chunk_max` bytes.
+fn parse_tail(tail: &[u8], size: u64, key: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
     let bad = || StoreError::corrupt("pack", key, "cached footer does not fit");
     let split = tail.len().checked_sub(TRAILER_LEN).ok_or_else(bad)?;
     let t = pack::parse_trailer(&tail[split..], size, key)?;
     if size - t.footer_offset != tail.len() as u64 {
         return Err(bad());
     }
-    pack::parse_footer(&tail[..split], &t, key)
+    pack::parse_footer(&tail[..split], &t, key, chunk_max)
 }

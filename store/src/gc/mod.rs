@@ -598,7 +598,7 @@ impl Sweep<'_> {
         let target = self.store.config().pack_target;
         let mut out = self.store.new_pack();
         let mut copied = Vec::new();
-        let mut decoder = Decoder::new();
+        let mut decoder = Decoder::new(self.store.config().chunk_max);
         let mut scratch = Vec::new();
         progress.start("gc: rewriting mostly-dead packs", packs.len() as u64);
         for p in packs {

@@ -1,0 +1,195 @@
+//! Hostile images and careless use: crafted manifests, planted staging directories, symlinked
+//! sources, permanent restore errors and closed pipes (issue 11). Each test failed before its fix.
+
+use gstore_store::manifest::{ChunkRef, Entry, EntryKind, Manifest};
+use gstore_store::{ObjectId, Store, StoreLocation, TagRef};
+use gstore_tests::*;
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Stdio;
+
+fn entry(path: &str, kind: EntryKind, target: Option<&str>) -> Entry {
+    Entry { path: path.into(), kind, mode: 0o755, size: 0, target: target.map(Into::into), chunks: 0 }
+}
+
+/// Writes `m` into the env's store as is (no checks) and tags it `tag`; returns its id.
+fn plant(env: &Env, m: &Manifest, tag: &str) -> ObjectId {
+    let store = Store::open(&StoreLocation::Local(env.store.clone())).unwrap();
+    let bytes = m.encode();
+    let id = ObjectId::of(&bytes);
+    store.put_manifest(&id, bytes).unwrap();
+    store.set_tag(&TagRef::parse(tag).unwrap(), id).unwrap();
+    id
+}
+
+fn crafted(entries: Vec<Entry>) -> Manifest {
+    Manifest { created_unix: 1, meta: BTreeMap::new(), entries, chunks: vec![] }
+}
+
+#[test]
+fn manifest_with_entries_below_a_symlink_is_refused_everywhere() {
+    let env = Env::new(&[]);
+    let outside = env.path("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("victim.txt"), b"precious").unwrap();
+    let evil = crafted(vec![
+        entry("a", EntryKind::Symlink, Some(outside.to_str().unwrap())),
+        entry("a/victim.txt", EntryKind::Symlink, Some("/x")),
+    ]);
+    let id = plant(&env, &evil, "evil");
+    let verify = env.run(&["verify"]);
+    assert!(!verify.status.success(), "verify accepted a manifest writing through a symlink");
+    let dest = env.path("dest");
+    let err = env.fails(&["restore", "evil", "--to", dest.to_str().unwrap()]);
+    assert!(err.contains("lies below \"a\", which is a symlink"), "{err}");
+    assert_eq!(fs::read(outside.join("victim.txt")).unwrap(), b"precious");
+    assert!(!dest.exists());
+    // A manifest uploaded through the server is refused the same way, before it is stored.
+    let clean = Env::new(&[]);
+    let server = Server::start(&clean.store, &[]);
+    let body = env.path("evil.manifest");
+    fs::write(&body, evil.encode()).unwrap();
+    let key = gstore_store::backend::manifest_key(&id);
+    let (status, text) = server.curl("PUT", &format!("/v1/o/{key}"), None, &[], Some(&body));
+    assert_eq!(status, 422, "{text}");
+    assert!(text.contains("lies below"), "{text}");
+    assert!(!clean.store.join(&key).exists());
+}
+
+#[test]
+fn planted_staging_directory_is_not_resumed() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a.txt"), b"the real content").unwrap();
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "img"]);
+    let id = env.json(&["show", "img"])["manifest"].as_str().unwrap().to_string();
+    let outside = env.path("outside.txt");
+    let dest = env.path("dest");
+    let staging = env.path(".dest.gstore-partial");
+    // Each plant names the manifest in its marker, as an interrupted restore would.
+    let plants: [(&str, &dyn Fn(&Path)); 3] = [
+        ("a symlink where a file goes", &|s| std::os::unix::fs::symlink(&outside, s.join("a.txt")).unwrap()),
+        ("an unknown set-uid file", &|s| {
+            fs::write(s.join("extra"), b"#!/bin/sh\n").unwrap();
+            fs::set_permissions(s.join("extra"), fs::Permissions::from_mode(0o4755)).unwrap();
+        }),
+        ("a directory others may write", &|s| {
+            fs::set_permissions(s, fs::Permissions::from_mode(0o777)).unwrap();
+            fs::write(s.join("a.txt"), b"planted!").unwrap();
+        }),
+    ];
+    for (what, plant) in plants {
+        fs::write(&outside, b"outside, keep me").unwrap();
+        fs::create_dir(&staging).unwrap();
+        fs::set_permissions(&staging, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::write(staging.join(".gstore-restore"), &id).unwrap();
+        plant(&staging);
+        env.ok(&["restore", "img", "--to", dest.to_str().unwrap()]);
+        assert_same_tree(&src, &dest);
+        assert_eq!(fs::read(&outside).unwrap(), b"outside, keep me", "{what}");
+        assert!(!staging.exists(), "{what}");
+        fs::remove_dir_all(&dest).unwrap();
+    }
+}
+
+#[test]
+fn a_symlink_given_as_the_source_is_followed() {
+    let env = Env::new(&[]);
+    let file = env.path("weights.bin");
+    fs::write(&file, random_bytes(300_000, 3)).unwrap();
+    let link = env.path("link.bin");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    let pushed = env.json(&["push", link.to_str().unwrap(), "--tag", "linked"]);
+    assert_eq!(pushed["logical_bytes"], 300_000, "{pushed}");
+    let dest = env.path("dest");
+    env.ok(&["restore", "linked", "--to", dest.to_str().unwrap()]);
+    let restored = dest.join("link.bin");
+    assert!(fs::symlink_metadata(&restored).unwrap().file_type().is_file());
+    assert_eq!(fs::read(&restored).unwrap(), fs::read(&file).unwrap());
+}
+
+#[test]
+fn chunk_count_overflow_is_a_clear_error_not_a_panic() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 4, 50_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "good"]);
+    let mut m = crafted(vec![entry("x", EntryKind::File, None), entry("y", EntryKind::File, None)]);
+    for e in &mut m.entries {
+        e.chunks = 1 << 63;
+    }
+    plant(&env, &m, "overflow");
+    let dest = env.path("dest");
+    for args in [
+        vec!["ls"],
+        vec!["show", "overflow"],
+        vec!["du"],
+        vec!["verify"],
+        vec!["restore", "overflow", "--to", dest.to_str().unwrap()],
+        vec!["gc", "--dry-run"],
+    ] {
+        let o = env.run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        let said = format!("{}{err}", String::from_utf8_lossy(&o.stdout));
+        assert_ne!(o.status.code(), Some(101), "{args:?} panicked: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        if !o.status.success() {
+            assert!(said.contains("chunk table holds 0 bytes"), "{args:?}: {said}");
+        }
+    }
+    assert!(env.fails(&["show", "overflow"]).contains("chunk table holds 0 bytes"));
+    // The good image is untouched and still restores.
+    env.ok(&["restore", "good", "--to", dest.to_str().unwrap()]);
+    assert_same_tree(&src, &dest);
+    // Through the server such a manifest is refused as bad input, not with a panic.
+    let server = Server::start(&env.store, &[]);
+    let body = env.path("overflow.manifest");
+    fs::write(&body, m.encode()).unwrap();
+    let key = gstore_store::backend::manifest_key(&ObjectId::of(&m.encode()));
+    let (status, text) = server.curl("PUT", &format!("/v1/o/{key}"), None, &[], Some(&body));
+    assert_eq!(status, 422, "{text}");
+    assert!(text.contains("chunk table holds 0 bytes") && !text.contains("panicked"), "{text}");
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let env = Env::new(&[]);
+    let src = env.path("many");
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..3000 {
+        fs::write(src.join(format!("file-{i:05}")), i.to_string()).unwrap();
+    }
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "many"]);
+    for args in [vec!["show", "many"], vec!["ls"], vec!["--json", "show", "many"]] {
+        // The reader reads one byte, then goes away (as `| head -c1` does).
+        let mut child = env.cmd(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut one = [0u8; 1];
+        child.stdout.take().unwrap().read_exact(&mut one).unwrap();
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{args:?}: {:?} {err}", o.status);
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn permanent_restore_errors_are_not_called_resumable() {
+    let env = Env::new(&[]);
+    let long = "n".repeat(300);
+    let mut file = entry(&long, EntryKind::File, None);
+    file.size = 4096;
+    file.chunks = 1;
+    let mut m = crafted(vec![file]);
+    m.chunks = vec![ChunkRef { id: ObjectId::of(&[0u8; 4096]), len: 4096, zero: true }];
+    plant(&env, &m, "long");
+    let dest = env.path("dest");
+    let err = env.fails(&["restore", "long", "--to", dest.to_str().unwrap()]);
+    assert!(err.contains("File name too long"), "{err}");
+    assert!(!err.contains("resume"), "{err}");
+    assert!(!env.path(".dest.gstore-partial").exists(), "staging kept for a restore that can never finish");
+    assert!(!dest.exists());
+}

@@ -1,0 +1,223 @@
+//! `gstore serve` against hostile clients (issue 11): requests without a valid token must cost
+//! no more than their headers, connections that send headers slowly (or nothing) are closed,
+//! `/metrics` needs a token, and a pack claiming a huge chunk is corrupt, not an allocation.
+
+use gstore_store::backend;
+use gstore_store::codec::Codec;
+use gstore_store::pack::PackBuilder;
+use gstore_store::ObjectId;
+use gstore_tests::*;
+use std::fs;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const READ: &str = "readtoken-0123456789";
+const ADMIN: &str = "admintoken-0123456789";
+
+fn token_file(env: &Env) -> std::path::PathBuf {
+    let p = env.path("tokens");
+    fs::write(&p, format!("{READ} read\n{ADMIN} admin\n")).unwrap();
+    p
+}
+
+/// Sends only the head of a request whose body is announced (`framing` header) but never sent,
+/// and returns the status line the server answers with; panics if none comes within 10 s.
+fn answer_to_head(port: u16, method: &str, path: &str, token: Option<&str>, framing: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let head = format!("{method} {path} HTTP/1.1\r\nHost: gstore\r\n{auth}{framing}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => line.push(byte[0]),
+            Ok(_) => panic!("{method} {path} ({framing}): connection closed without an answer"),
+            Err(e) => panic!("{method} {path} ({framing}): no answer while the body was not sent: {e}"),
+        }
+    }
+    String::from_utf8_lossy(&line).trim_end().to_string()
+}
+
+#[test]
+fn requests_without_a_valid_token_are_answered_from_their_headers() {
+    let env = Env::new(&[]);
+    let tokens = token_file(&env);
+    // A handler waiting for the body would answer 408 only after a minute.
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap(), "--timeout", "60"]);
+    let id = ObjectId::of(b"anything");
+    let pack = backend::pack_key(&id);
+    let puts = [
+        pack.clone(),
+        backend::manifest_key(&id),
+        backend::tag_key("app", "v1"),
+        backend::CONFIG_KEY.to_string(),
+        backend::lease_key(&"0a".repeat(16)),
+        backend::tombstone_key(&pack),
+        backend::GC_LOCK_KEY.to_string(),
+    ];
+    let mut requests: Vec<(&str, String)> = puts.iter().map(|k| ("PUT", format!("/v1/o/{k}"))).collect();
+    requests.push(("POST", "/v1/chunks/missing".to_string()));
+    // A 250 MB upload (under the default --max-body) announced by length, or a streamed one.
+    for framing in ["Content-Length: 250000000", "Transfer-Encoding: chunked"] {
+        for (method, path) in &requests {
+            for token in [None, Some("wrong-token-0123456789")] {
+                let status = answer_to_head(server.port, method, path, token, framing);
+                assert!(status.starts_with("HTTP/1.1 401"), "{method} {path} ({framing}, {token:?}): {status}");
+            }
+            // A valid token without the scope is refused as early.
+            if *method == "PUT" {
+                let status = answer_to_head(server.port, method, path, Some(READ), framing);
+                assert!(status.starts_with("HTTP/1.1 403"), "{method} {path} ({framing}, read token): {status}");
+            }
+        }
+    }
+    // The server is fine and still reads bodies of authorized requests.
+    let q = env.path("q.json");
+    fs::write(&q, b"[]").unwrap();
+    assert_eq!(server.curl("POST", "/v1/chunks/missing", Some(READ), &[], Some(&q)), (200, "[]".to_string()));
+}
+
+#[test]
+fn metrics_need_a_read_token() {
+    let env = Env::new(&[]);
+    let tokens = token_file(&env);
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    assert_eq!(server.curl("GET", "/metrics", None, &[], None).0, 401);
+    assert_eq!(server.curl("GET", "/metrics", Some("wrong-token-0123456789"), &[], None).0, 401);
+    let (code, body) = server.curl("GET", "/metrics", Some(READ), &[], None);
+    assert_eq!(code, 200);
+    assert!(body.contains("gstore_http_requests_total"), "{body}");
+    // Health stays open, for load balancers.
+    assert_eq!(server.curl("GET", "/v1/health", None, &[], None), (200, "ok".to_string()));
+}
+
+/// The 129-byte pack of issue 11: one zero chunk whose footer entry claims 4 GiB.
+fn pack_claiming_4_gib() -> (ObjectId, Vec<u8>) {
+    let chunk = ObjectId::of(b"not really 4 GiB of zeros");
+    let mut b = PackBuilder::new(0);
+    b.push(chunk, Codec::Zero, &[], u32::MAX);
+    let p = b.finish();
+    assert_eq!(p.bytes.len(), 129);
+    (chunk, p.bytes)
+}
+
+#[test]
+fn a_pack_claiming_a_4_gib_chunk_is_corrupt() {
+    let env = Env::new(&[]);
+    let (chunk, bytes) = pack_claiming_4_gib();
+    let id = ObjectId::of(&bytes);
+    let key = backend::pack_key(&id);
+    let server = Server::start(&env.store, &["--timeout", "60"]);
+    // An upload is refused before anything is allocated for the chunk.
+    let p = env.path("p");
+    fs::write(&p, &bytes).unwrap();
+    let (code, body) = server.curl("PUT", &format!("/v1/o/{key}"), None, &[], Some(&p));
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains(&format!("corrupt pack {}", id.to_hex())), "{body}");
+    assert!(body.contains("plain length 4294967295 exceeds the store's chunk max 262144"), "{body}");
+    assert!(env.packs().is_empty());
+    // Put into the store behind the server's back, its chunk is never served ...
+    let path = env.store.join(&key);
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(&path, &bytes).unwrap();
+    let (code, body) = server.curl("GET", &format!("/v1/chunks/{}", chunk.to_hex()), None, &[], None);
+    assert_eq!(code, 404, "{body}");
+    // ... and the store's own footer reads call the pack damaged.
+    assert_eq!(env.json(&["index", "rebuild"])["packs_damaged"], 1);
+}
+
+/// A connection that sends a request head one byte every 400 ms, never finishing it, or
+/// (`silent`) nothing at all.
+struct Slow {
+    stream: TcpStream,
+    silent: bool,
+    closed_after: Option<Duration>,
+}
+
+impl Slow {
+    fn open(port: u16, silent: bool) -> Slow {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        Slow { stream, silent, closed_after: None }
+    }
+
+    /// Sends byte `n` of the head (unless silent); notes when the server has closed.
+    fn step(&mut self, n: usize, since: Instant) {
+        const HEAD: &[u8] = b"GET /v1/health HTTP/1.1\r\nHost: gstore\r\nX-Slow: ";
+        let mut buf = [0u8; 256];
+        let closed = match self.stream.read(&mut buf) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != ErrorKind::WouldBlock,
+        };
+        let closed = closed || (!self.silent && self.stream.write(&[*HEAD.get(n).unwrap_or(&b'a')]).is_err());
+        if closed {
+            self.closed_after = Some(since.elapsed());
+        }
+    }
+}
+
+/// Dribbles on `conns` until the server closed them all (or 30 s passed).
+fn dribble(conns: &mut [Slow], since: Instant) {
+    let mut n = 0;
+    while conns.iter().any(|c| c.closed_after.is_none()) && since.elapsed() < Duration::from_secs(30) {
+        for c in conns.iter_mut().filter(|c| c.closed_after.is_none()) {
+            c.step(n, since);
+        }
+        n += 1;
+        std::thread::sleep(Duration::from_millis(400));
+    }
+}
+
+#[test]
+fn slow_or_silent_connections_are_closed_and_health_stays_answered() {
+    let env = Env::new(&[]);
+    // 100 slow connections against a server with 64 file descriptors: it stays answerable only
+    // if it closes them.
+    let server = Server::start_with_fd_limit(&env.store, &["--header-timeout", "2"], 64);
+    let since = Instant::now();
+    let mut conns: Vec<Slow> = (0..100).map(|i| Slow::open(server.port, i % 2 == 0)).collect();
+    let url = format!("{}/v1/health", server.url());
+    let health = std::thread::spawn(move || {
+        let o = std::process::Command::new("curl").args(["-s", "--max-time", "25"]).arg(&url).output().unwrap();
+        (String::from_utf8_lossy(&o.stdout).to_string(), since.elapsed())
+    });
+    dribble(&mut conns, since);
+    let (body, took) = health.join().unwrap();
+    assert_eq!(body, "ok", "/v1/health went unanswered for {took:?} while slow connections were open");
+    let times: Vec<Duration> = conns.iter().map(|c| c.closed_after.unwrap_or(Duration::MAX)).collect();
+    let (first, last) = (times.iter().min().unwrap(), times.iter().max().unwrap());
+    assert!(*last < Duration::from_secs(20), "slow connections were still open after {last:?}");
+    assert!(*first >= Duration::from_secs(1), "a connection was closed after {first:?}, before the header timeout");
+}
+
+#[test]
+fn slow_headers_over_tls_are_cut_off() {
+    let env = Env::new(&[]);
+    let (cert, key) = self_signed_cert(&env);
+    let args = ["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap(), "--header-timeout", "2"];
+    let server = Server::start(&env.store, &args);
+    // The handshake completes; then half a request head, and the client waits.
+    let mut client = std::process::Command::new("openssl")
+        .args(["s_client", "-quiet", "-connect", &format!("127.0.0.1:{}", server.port)])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("openssl runs");
+    let mut stdin = client.stdin.take().unwrap();
+    stdin.write_all(b"GET /v1/health HTTP/1.1\r\nHost: gstore\r\n").unwrap();
+    stdin.flush().unwrap();
+    let since = Instant::now();
+    while client.try_wait().unwrap().is_none() && since.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let open = client.try_wait().unwrap().is_none();
+    let _ = client.kill();
+    let _ = client.wait();
+    drop(stdin);
+    assert!(!open, "the server kept a TLS connection with an unfinished request head open for 15 s");
+}
