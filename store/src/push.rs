@@ -178,7 +178,7 @@ pub fn push(
     report.reuploaded_chunks = reupload_unreliable(store, &lease, &entries, &files, relied)?;
 
     let mut manifest = Manifest {
-        created_unix: now_unix(),
+        created_unix: creation_time(),
         meta,
         entries: entries
             .iter()
@@ -201,6 +201,12 @@ pub fn push(
     report.manifest = id.to_hex();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The creation time a push records: `SOURCE_DATE_EPOCH` (seconds) when set, for reproducible
+/// images (the same tree pushed twice gets the same manifest id), else now.
+fn creation_time() -> u64 {
+    std::env::var("SOURCE_DATE_EPOCH").ok().and_then(|v| v.trim().parse().ok()).unwrap_or_else(now_unix)
 }
 
 fn plan_units(entries: &[SourceEntry], segment: u64) -> Vec<Unit> {
