@@ -59,6 +59,9 @@ fn manifest_with_entries_below_a_symlink_is_refused_everywhere() {
     assert!(!clean.store.join(&key).exists());
 }
 
+/// Plants something in a staging directory.
+type Plant<'a> = dyn Fn(&Path) + 'a;
+
 #[test]
 fn planted_staging_directory_is_not_resumed() {
     let env = Env::new(&[]);
@@ -71,7 +74,7 @@ fn planted_staging_directory_is_not_resumed() {
     let dest = env.path("dest");
     let staging = env.path(".dest.gstore-partial");
     // Each plant names the manifest in its marker, as an interrupted restore would.
-    let plants: [(&str, &dyn Fn(&Path)); 3] = [
+    let plants: [(&str, &Plant<'_>); 3] = [
         ("a symlink where a file goes", &|s| std::os::unix::fs::symlink(&outside, s.join("a.txt")).unwrap()),
         ("an unknown set-uid file", &|s| {
             fs::write(s.join("extra"), b"#!/bin/sh\n").unwrap();
