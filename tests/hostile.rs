@@ -196,3 +196,26 @@ fn permanent_restore_errors_are_not_called_resumable() {
     assert!(!env.path(".dest.gstore-partial").exists(), "staging kept for a restore that can never finish");
     assert!(!dest.exists());
 }
+
+#[test]
+fn the_server_refuses_new_tags_that_read_as_manifest_ids() {
+    let env = Env::new(&[]);
+    let src = env.path("f");
+    fs::write(&src, b"data").unwrap();
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "ok"]);
+    let id = env.json(&["show", "ok"])["manifest"].as_str().unwrap().to_string();
+    // A well-formed record for a tag named like the manifest id, as a raw client would send.
+    let mut rec: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.store.join("tags/ok/latest.tag")).unwrap()).unwrap();
+    rec["name"] = id.clone().into();
+    let body = env.path("rec.json");
+    fs::write(&body, serde_json::to_vec(&rec).unwrap()).unwrap();
+    let server = Server::start(&env.store, &[]);
+    let key = format!("/v1/o/tags/{id}/latest.tag");
+    for headers in [&["If-None-Match: *"][..], &[][..]] {
+        let (status, text) = server.curl("PUT", &key, None, headers, Some(&body));
+        assert_eq!(status, 422, "{headers:?}: {text}");
+        assert!(text.contains("would read as a manifest id"), "{text}");
+    }
+    assert!(!env.store.join("tags").join(&id).exists());
+}

@@ -169,6 +169,13 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
         (_, Some(etag)) => PutMode::Update(UpdateVersion { e_tag: Some(etag), version: None }),
         _ => PutMode::Overwrite,
     };
+    // A new tag must not read as a manifest id; an existing one (written by an older gstore)
+    // may still be updated in place.
+    if let (Key::Tag(t), PutMode::Create | PutMode::Overwrite) = (&k, &mode) {
+        if let Err(e) = t.check_new() {
+            return error(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected, nothing stored: {e}"));
+        }
+    }
     let len = body.len() as u64;
     let path = ObjPath::from(key.as_str());
     let put = match state
