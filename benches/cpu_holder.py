@@ -1,0 +1,53 @@
+"""A CPU process for the process-restore benchmark: holds GIB of seeded memory (half
+pseudo-random, half compressible float-like text) and answers requests.
+Usage: cpu_holder.py GIB OUTDIR
+
+Writes OUTDIR/ready (the memory's checksum) once set up. On SIGUSR2 it answers: OUTDIR/pong
+(a request count, via rename). On SIGUSR1 it recomputes the checksum into OUTDIR/checksum.
+It keeps no file open, so CRIU sees no file change between dump and restore."""
+import hashlib
+import os
+import random
+import signal
+import sys
+import time
+
+gib, out = float(sys.argv[1]), sys.argv[2]
+block = 64 << 20
+rng = random.Random(1234)
+blocks = []
+for i in range(max(1, int(gib * 2**30 / block))):
+    if i % 2 == 0:
+        blocks.append(bytearray(rng.randbytes(block)))
+    else:
+        text = " ".join(f"{rng.gauss(0, 0.02):.5f}" for _ in range(4096)).encode()
+        blocks.append(bytearray((text * (block // len(text) + 1))[:block]))
+
+
+def checksum():
+    h = hashlib.blake2b()
+    for b in blocks:
+        h.update(b)
+    return h.hexdigest()
+
+
+def put(name, text):
+    tmp = os.path.join(out, name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, os.path.join(out, name))
+
+
+asked = {"ping": 0, "check": False}
+signal.signal(signal.SIGUSR1, lambda *_: asked.update(check=True))
+signal.signal(signal.SIGUSR2, lambda *_: asked.update(ping=asked["ping"] + 1))
+put("ready", checksum())
+answered = 0
+while True:
+    if asked["ping"] != answered:
+        answered = asked["ping"]
+        put("pong", str(answered))
+    if asked["check"]:
+        asked["check"] = False
+        put("checksum", checksum())
+    time.sleep(0.002)

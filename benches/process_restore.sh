@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Process restore benchmark on this machine (CPU, real CRIU, root), with the raw path measured
+# in the same run: a process holding GIB of seeded memory (benches/cpu_holder.py: half
+# pseudo-random, half compressible text) is dumped and restored ROUNDS times each way:
+#   raw:    criu dump -D DIR, then criu restore -D DIR --restore-detached (DIR page-cache warm)
+#   gstore: gstore checkpoint --pid, then gstore restore IMAGE --run (store page-cache warm)
+# For each restore: seconds until the restore command returns (all memory is back: both paths
+# restore eagerly today) and until the process answers a request; the memory's checksum is
+# checked after every restore. Prints a table and the gstore/raw ratios (medians).
+# Usage: benches/process_restore.sh [GIB (default 2)] [ROUNDS (default 3)] [WORKDIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+gib=${1:-2}
+rounds=${2:-3}
+work=${3:-$(mktemp -d /var/tmp/gstore-proc-bench.XXXXXX)}
+cargo build --release -q -p gstore-cli
+G="$GSTORE_BIN"
+CRIU=$(command -v criu || echo /opt/criu/sbin/criu)
+mkdir -p "$work"
+export GSTORE_STORE="$work/store"
+"$G" -q init >/dev/null
+pid=""
+trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
+
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+median() { tr ' ' '\n' | grep . | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+wait_file() { for _ in $(seq 1200); do [ -s "$1" ] && return 0; sleep 0.05; done; echo "no $1" >&2; return 1; }
+wait_gone() { for _ in $(seq 600); do [ -d "/proc/$1" ] || return 0; sleep 0.02; done; echo "pid $1 still there" >&2; return 1; }
+js() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {'d': d}))" "$@"; }
+answers() {  # seconds from $1 until the process answers a ping
+  rm -f "$work/app/pong"; kill -USR2 "$pid"; wait_file "$work/app/pong"; secs "$1" "$(now)"
+}
+intact() {
+  rm -f "$work/app/checksum"; kill -USR1 "$pid"; wait_file "$work/app/checksum"
+  [ "$(cat "$work/app/checksum")" = "$(cat "$work/app/ready")" ] || { echo "memory differs after restore" >&2; exit 1; }
+}
+
+mkdir -p "$work/app"
+# Started through a shell that exits at once, so the holder is re-parented to PID 1 (as a
+# daemon would be) and is gone, not a zombie of ours, once a dump ends it.
+sh -c 'setsid python3 "$0" "$1" "$2" </dev/null >"$3" 2>&1 & echo $! >"$4"' \
+  benches/cpu_holder.py "$gib" "$work/app" "$work/app.log" "$work/pid"
+pid=$(cat "$work/pid")
+wait_file "$work/app/ready"
+echo "holder: pid $pid, $(awk -v k="$(grep VmRSS /proc/$pid/status | awk '{print $2}')" 'BEGIN{printf "%.2f GB", k*1024/1e9}') resident"
+
+raw_ret=""; raw_ans=""; g_ret=""; g_ans=""; g_write=""; g_criu=""
+for r in $(seq "$rounds"); do
+  img="$work/raw"; rm -rf "$img"; mkdir -p "$img"
+  "$CRIU" dump -t "$pid" -D "$img" -o dump.log || { tail -5 "$img/dump.log"; exit 1; }
+  wait_gone "$pid"
+  t0=$(now); "$CRIU" restore -D "$img" --restore-detached -o restore.log || { tail -5 "$img/restore.log"; exit 1; }
+  ret=$(secs "$t0" "$(now)"); ans=$(answers "$t0"); intact
+  raw_ret+=" $ret"; raw_ans+=" $ans"
+  echo "round $r raw:    restore returned $ret s, answered $ans s (image $(du -sb "$img" | awk '{printf "%.2f GB", $1/1e9}'))"
+  rm -rf "$img"
+
+  "$G" --json checkpoint --pid "$pid" --tag "proc:$r" --criu "$CRIU" >"$work/ckpt.json"
+  wait_gone "$pid"
+  t0=$(now); "$G" --json restore "proc:$r" --run --criu "$CRIU" >"$work/run.json"
+  ret=$(secs "$t0" "$(now)"); ans=$(answers "$t0"); intact
+  w=$(js "$work/run.json" "round(d['materialize_s'], 2)"); c=$(js "$work/run.json" "round(d['restore']['timings']['criu_restore_s'], 2)")
+  g_ret+=" $ret"; g_ans+=" $ans"; g_write+=" $w"; g_criu+=" $c"
+  echo "round $r gstore: restore returned $ret s (write-out $w + criu $c), answered $ans s"
+done
+
+mr=$(echo "$raw_ret" | median); ma=$(echo "$raw_ans" | median)
+gr=$(echo "$g_ret" | median); ga=$(echo "$g_ans" | median)
+echo "medians of $rounds rounds, $gib GiB holder, $(nproc) cores:"
+echo "  raw criu restore:      all memory back $mr s, answers $ma s"
+echo "  gstore restore --run:  all memory back $gr s, answers $ga s (write-out $(echo "$g_write" | median) + criu $(echo "$g_criu" | median))"
+echo "  ratio gstore/raw:      $(awk -v a="$ga" -v b="$ma" 'BEGIN{printf "%.2f", a/b}') x to the first answer"
