@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing gstore needs on a fresh Debian 12 machine (run as root):
-# libclang for RocksDB's bindings, zstd for the benchmark baseline, cargo-nextest, CRIU >= 4
-# built from source (scripts/criu.sh) for the process checkpoint tests, and s3s-fs, the S3
-# server the S3 tests start on 127.0.0.1.
+# libclang for RocksDB's bindings, zstd for the benchmark baseline, python3 and procps for
+# the test processes, cargo-nextest, CRIU >= 4 built from source (scripts/criu.sh) for the
+# process checkpoint tests, and s3s-fs, the S3 server the S3 tests start on 127.0.0.1.
 # Safe to run again: it skips what is already there.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -13,6 +13,8 @@ command -v zstd >/dev/null || need+=(zstd)
 command -v curl >/dev/null || need+=(curl)
 command -v openssl >/dev/null || need+=(openssl)
 command -v mkfifo >/dev/null || need+=(coreutils)
+command -v python3 >/dev/null || need+=(python3)            # test processes (counters, holders)
+[ -x /bin/kill ] || [ -x /usr/bin/kill ] || need+=(procps)  # tests signal processes by pid
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   apt-get update -qq
