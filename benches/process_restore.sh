@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Process restore benchmark on this machine (CPU, real CRIU, root), with the raw path measured
+# Process restore benchmark on this machine (CPU, real CRIU, root), with the raw paths measured
 # in the same run: a process holding GIB of seeded memory (benches/cpu_holder.py: half
 # pseudo-random, half compressible text) is dumped and restored ROUNDS times each way:
 #   raw:    criu dump -D DIR, then criu restore -D DIR --restore-detached (DIR page-cache warm)
+#   lazy:   the same dump, restored with CRIU's own `criu lazy-pages` daemon serving DIR
+#           (`criu restore --lazy-pages`): the process runs while the daemon fills its memory
 #   gstore: gstore checkpoint --pid, then gstore restore IMAGE --run (store page-cache warm)
-# For each restore: seconds until the restore command returns (all memory is back: both paths
-# restore eagerly today) and until the process answers a request; the memory's checksum is
-# checked after every restore. Prints a table and the gstore/raw ratios (medians).
+# For each restore: seconds until the restore command returns, until the process answers a
+# request, and until all its memory is back (the eager paths: when the command returns; lazy:
+# when the daemon exits); the memory's checksum is checked after every restore. Prints each
+# round and the medians, with the gstore/raw ratio to the first answer.
 # Usage: benches/process_restore.sh [GIB (default 2)] [ROUNDS (default 3)] [WORKDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,15 +49,31 @@ pid=$(cat "$work/pid")
 wait_file "$work/app/ready"
 echo "holder: pid $pid, $(awk -v k="$(grep VmRSS /proc/$pid/status | awk '{print $2}')" 'BEGIN{printf "%.2f GB", k*1024/1e9}') resident"
 
-raw_ret=""; raw_ans=""; g_ret=""; g_ans=""; g_write=""; g_criu=""
-for r in $(seq "$rounds"); do
+raw_dump() {  # a plain CRIU dump of the holder into $work/raw (which ends it)
   img="$work/raw"; rm -rf "$img"; mkdir -p "$img"
   "$CRIU" dump -t "$pid" -D "$img" -o dump.log || { tail -5 "$img/dump.log"; exit 1; }
   wait_gone "$pid"
+}
+
+raw_ret=""; raw_ans=""; l_ret=""; l_ans=""; l_all=""; g_ret=""; g_ans=""; g_write=""; g_criu=""
+for r in $(seq "$rounds"); do
+  raw_dump
   t0=$(now); "$CRIU" restore -D "$img" --restore-detached -o restore.log || { tail -5 "$img/restore.log"; exit 1; }
   ret=$(secs "$t0" "$(now)"); ans=$(answers "$t0"); intact
   raw_ret+=" $ret"; raw_ans+=" $ans"
   echo "round $r raw:    restore returned $ret s, answered $ans s (image $(du -sb "$img" | awk '{printf "%.2f GB", $1/1e9}'))"
+
+  raw_dump
+  t0=$(now)
+  "$CRIU" lazy-pages -D "$img" -o lazy-pages.log &
+  daemon=$!
+  for _ in $(seq 500); do [ -S "$img/lazy-pages.socket" ] && break; sleep 0.01; done
+  "$CRIU" restore -D "$img" --lazy-pages --restore-detached -o restore.log || { tail -5 "$img/restore.log"; exit 1; }
+  ret=$(secs "$t0" "$(now)"); ans=$(answers "$t0")
+  wait "$daemon" || { tail -5 "$img/lazy-pages.log"; exit 1; }
+  all=$(secs "$t0" "$(now)"); intact
+  l_ret+=" $ret"; l_ans+=" $ans"; l_all+=" $all"
+  echo "round $r lazy:   restore returned $ret s, answered $ans s, all memory back $all s"
   rm -rf "$img"
 
   "$G" --json checkpoint --pid "$pid" --tag "proc:$r" --criu "$CRIU" >"$work/ckpt.json"
@@ -70,5 +89,6 @@ mr=$(echo "$raw_ret" | median); ma=$(echo "$raw_ans" | median)
 gr=$(echo "$g_ret" | median); ga=$(echo "$g_ans" | median)
 echo "medians of $rounds rounds, $gib GiB holder, $(nproc) cores:"
 echo "  raw criu restore:      all memory back $mr s, answers $ma s"
+echo "  criu lazy-pages:       returns $(echo "$l_ret" | median) s, answers $(echo "$l_ans" | median) s, all memory back $(echo "$l_all" | median) s"
 echo "  gstore restore --run:  all memory back $gr s, answers $ga s (write-out $(echo "$g_write" | median) + criu $(echo "$g_criu" | median))"
 echo "  ratio gstore/raw:      $(awk -v a="$ga" -v b="$ma" 'BEGIN{printf "%.2f", a/b}') x to the first answer"
