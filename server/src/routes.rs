@@ -140,6 +140,17 @@ async fn get_object(
     }
 }
 
+/// The write a PUT asks for: `If-None-Match: *` creates, `If-Match: ETAG` updates that
+/// version, neither overwrites.
+fn put_mode(headers: &HeaderMap) -> PutMode {
+    let header_str = |n: header::HeaderName| headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+    match (header_str(header::IF_NONE_MATCH), header_str(header::IF_MATCH)) {
+        (Some(v), _) if v == "*" => PutMode::Create,
+        (_, Some(etag)) => PutMode::Update(UpdateVersion { e_tag: Some(etag), version: None }),
+        _ => PutMode::Overwrite,
+    }
+}
+
 async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req: Request) -> Response {
     let k = match parse_key(&key) {
         Ok(k) => k,
@@ -149,7 +160,14 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
     if let Err(r) = authorize(&state, req.headers(), scope, tag) {
         return r;
     }
-    let headers = req.headers().clone();
+    let mode = put_mode(req.headers());
+    // A new tag must not read as a manifest id; an existing one (written by an older gstore)
+    // may still be updated in place. Known from the headers: refused before the body is read.
+    if let (Key::Tag(t), PutMode::Create | PutMode::Overwrite) = (&k, &mode) {
+        if let Err(e) = t.check_new() {
+            return error(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected, nothing stored: {e}"));
+        }
+    }
     let body = match body_of(req).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -162,19 +180,6 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
         Ok(Ok(())) => {}
         Ok(Err(why)) => return error(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected, nothing stored: {why}")),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
-    let header_str = |n: header::HeaderName| headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
-    let mode = match (header_str(header::IF_NONE_MATCH), header_str(header::IF_MATCH)) {
-        (Some(v), _) if v == "*" => PutMode::Create,
-        (_, Some(etag)) => PutMode::Update(UpdateVersion { e_tag: Some(etag), version: None }),
-        _ => PutMode::Overwrite,
-    };
-    // A new tag must not read as a manifest id; an existing one (written by an older gstore)
-    // may still be updated in place.
-    if let (Key::Tag(t), PutMode::Create | PutMode::Overwrite) = (&k, &mode) {
-        if let Err(e) = t.check_new() {
-            return error(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected, nothing stored: {e}"));
-        }
     }
     let len = body.len() as u64;
     let path = ObjPath::from(key.as_str());
