@@ -16,6 +16,9 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
+/// What to do about an index that cannot be used.
+const REBUILD_HINT: &str = "it is only a cache of the pack footers: run `gstore index rebuild`";
+
 const CF_CHUNKS: &str = "chunks";
 const CF_PACKS: &str = "packs";
 const CF_DOOMED: &str = "doomed";
@@ -138,13 +141,9 @@ impl Index {
         ];
         // Whatever stops the index from opening, rebuilding it (which deletes it unopened)
         // gets past it: say so.
-        let unusable = |e: rocksdb::Error| {
-            StoreError::Index {
+        let unusable = |e: rocksdb::Error| StoreError::Index {
             path: path.into(),
-            message: format!(
-                "cannot open the local index ({e}); it is only a cache of the pack footers: run `gstore index rebuild` to build it anew"
-            ),
-        }
+            message: format!("cannot open the local index ({e}); {REBUILD_HINT} to build it anew"),
         };
         let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(unusable)?;
         let mut index = Index { db, path: path.into(), doomed: RwLock::new(HashSet::new()), empty_at_open: false };
@@ -171,9 +170,7 @@ impl Index {
 
     fn ierr(&self, e: rocksdb::Error) -> StoreError {
         let message = if e.kind() == rocksdb::ErrorKind::Corruption {
-            format!(
-                "{e}: the local index is damaged; it is only a cache of the pack footers: run `gstore index rebuild`"
-            )
+            format!("{e}: the local index is damaged; {REBUILD_HINT}")
         } else {
             e.to_string()
         };
