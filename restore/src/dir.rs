@@ -50,7 +50,8 @@ pub struct RestoreReport {
 
 /// Writes pieces into the files of one image.
 struct DirSink {
-    root: PathBuf,
+    /// The staging root and the directories below it already checked or made.
+    dirs: Dirs,
     files: Vec<Option<File>>,
     m: Manifest,
 }
@@ -60,7 +61,7 @@ impl Sink for DirSink {
         for p in pieces {
             let f = self.files[p.entry].as_ref().expect("chunk targets are files");
             f.write_all_at(p.data, p.offset)
-                .map_err(|e| StoreError::io("writing", self.root.join(&self.m.entries[p.entry].path), e))?;
+                .map_err(|e| StoreError::io("writing", self.dirs.root.join(&self.m.entries[p.entry].path), e))?;
         }
         Ok(())
     }
@@ -93,7 +94,7 @@ impl DirSink {
                 EntryKind::Symlink => None,
             });
         }
-        Ok(DirSink { root: root.to_path_buf(), files, m: m.clone() })
+        Ok(DirSink { dirs, files, m: m.clone() })
     }
 
     /// True when every target of `c` already holds its bytes.
@@ -108,9 +109,8 @@ impl DirSink {
     /// Symlinks last, so no file is ever written through one; modes last, so read-only
     /// files and directories could still be filled.
     fn finish(self) -> Result<()> {
-        let DirSink { root, files, m } = self;
+        let DirSink { mut dirs, files, m } = self;
         drop(files);
-        let mut dirs = Dirs::new(&root);
         for e in m.entries.iter().filter(|e| e.kind == EntryKind::Symlink) {
             let path = dirs.parent_of(&e.path)?;
             if fs::symlink_metadata(&path).is_ok() {
@@ -120,7 +120,7 @@ impl DirSink {
                 .map_err(|err| StoreError::io("creating symlink", &path, err))?;
         }
         for e in m.entries.iter().rev().filter(|e| e.kind != EntryKind::Symlink) {
-            let path = root.join(&e.path);
+            let path = dirs.root.join(&e.path);
             fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
                 .map_err(|err| StoreError::io("setting mode of", &path, err))?;
         }
@@ -130,14 +130,14 @@ impl DirSink {
 
 /// Directories below a restore root, each checked (or made) once: a path component that
 /// exists as anything but a real directory is refused, never followed.
-struct Dirs<'a> {
-    root: &'a Path,
+struct Dirs {
+    root: PathBuf,
     checked: HashSet<String>,
 }
 
-impl<'a> Dirs<'a> {
-    fn new(root: &'a Path) -> Dirs<'a> {
-        Dirs { root, checked: HashSet::new() }
+impl Dirs {
+    fn new(root: &Path) -> Dirs {
+        Dirs { root: root.to_path_buf(), checked: HashSet::new() }
     }
 
     /// Makes sure `rel` and each of its parents is a real directory, creating what is missing.
