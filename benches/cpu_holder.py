@@ -2,8 +2,9 @@
 pseudo-random, half compressible float-like text) and answers requests.
 Usage: cpu_holder.py GIB OUTDIR
 
-Writes OUTDIR/ready (the memory's checksum) once set up. On SIGUSR2 it answers: OUTDIR/pong
-(a request count, via rename). On SIGUSR1 it recomputes the checksum into OUTDIR/checksum.
+Writes OUTDIR/ready (the memory's checksum) once set up. On SIGUSR2, or when OUTDIR/ask exists
+(it is then removed), it answers: OUTDIR/pong (a request count, via rename). A request file
+made before a restore starts is answered as soon as the restored process runs. On SIGUSR1 it recomputes the checksum into OUTDIR/checksum.
 It keeps no file open, so CRIU sees no file change between dump and restore."""
 import hashlib
 import os
@@ -44,6 +45,9 @@ signal.signal(signal.SIGUSR2, lambda *_: asked.update(ping=asked["ping"] + 1))
 put("ready", checksum())
 answered = 0
 while True:
+    if os.path.exists(os.path.join(out, "ask")):
+        os.remove(os.path.join(out, "ask"))
+        asked["ping"] += 1
     if asked["ping"] != answered:
         answered = asked["ping"]
         put("pong", str(answered))

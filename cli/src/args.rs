@@ -53,6 +53,11 @@ pub enum Command {
         /// With --run: seconds to wait for the image's pid to be free.
         #[arg(long, default_value_t = 10, requires = "run")]
         pid_wait: u64,
+        /// With --run: write the whole image out before CRIU starts instead of serving the
+        /// process's memory from the store while it runs (the default where this machine's
+        /// userfaultfd allows it).
+        #[arg(long, requires = "run")]
+        no_lazy: bool,
         /// CRIU options (with --run).
         #[command(flatten)]
         criu: CriuArgs,

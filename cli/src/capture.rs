@@ -113,22 +113,39 @@ pub fn checkpoint(
 pub struct RunReport {
     /// The restored process.
     pub pid: u32,
-    /// Seconds to write the image out of the store.
+    /// How memory came back: "lazy" (served from the store while the process runs) or "eager"
+    /// (the whole image written out first).
+    pub mode: &'static str,
+    /// Why the eager path was taken although --no-lazy was not given.
+    pub eager_reason: Option<String>,
+    /// Seconds to write the image (lazy: only what CRIU reads itself) out of the store.
     pub materialize_s: f64,
     /// The CRIU and GPU phases.
     pub restore: checkpoint::RestoreReport,
+    /// The lazy fill (lazy mode only).
+    pub fill: Option<gstore_lazy::FillReport>,
     /// Seconds in all.
     pub total_s: f64,
 }
 
-/// Restores the process image `reference` and starts it.
+/// How `restore --run` proceeds.
+pub struct RunOptions {
+    /// `--no-lazy`: write the whole image out first.
+    pub eager: bool,
+    /// Seconds to wait for the image's pids to be free.
+    pub pid_wait: Duration,
+    /// Bytes the restore may hold in flight.
+    pub memory_budget: u64,
+}
+
+/// Restores the process image `reference` and starts it. Memory is served lazily from the
+/// store unless `opts.eager` is set or this machine cannot (then the report says why).
 pub fn run(
     store: &Store,
     reference: &str,
     criu: CriuChoice,
     keep_at: Option<PathBuf>,
-    pid_wait: Duration,
-    memory_budget: u64,
+    opts: RunOptions,
     bars: &Bars,
 ) -> Result<RunReport> {
     let started = Instant::now();
@@ -146,8 +163,53 @@ pub fn run(
         Some(d) => (d, false),
         None => (staging::new_dir("restore")?, true),
     };
+    let mut ropts = RestoreOptions::new(&criu_bin);
+    ropts.cuda = cuda.as_ref().ok();
+    ropts.gpu = image.kind == ImageKind::GpuProcess;
+    ropts.original_pid = original_pid;
+    ropts.pid_wait = opts.pid_wait;
+    ropts.shell_job = criu.shell_job;
+    ropts.extra_criu_args = criu.extra;
+    let mut eager_reason = None;
+    if !opts.eager {
+        match gstore_lazy::uffd::check_support() {
+            Ok(()) => {
+                let t = Instant::now();
+                match gstore_lazy::prepare(store, &id, &m, &dir, opts.memory_budget, bars) {
+                    Ok(prepared) => {
+                        let materialize_s = t.elapsed().as_secs_f64();
+                        let r = run_lazy(store, &dir, prepared, &mut ropts);
+                        if made {
+                            staging::remove(&dir);
+                        }
+                        let (restore, fill) = r.with_context(|| format!("restoring the process of {reference} failed"))?;
+                        return Ok(RunReport {
+                            pid: restore.pid,
+                            mode: "lazy",
+                            eager_reason: None,
+                            materialize_s,
+                            restore,
+                            fill: Some(fill),
+                            total_s: started.elapsed().as_secs_f64(),
+                        });
+                    }
+                    Err(gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. }) => {
+                        let _ = std::fs::remove_dir_all(&dir);
+                        eager_reason = Some(why);
+                    }
+                    Err(e) => {
+                        if made {
+                            staging::remove(&dir);
+                        }
+                        return Err(anyhow!(e).context(format!("writing out {reference} failed")));
+                    }
+                }
+            }
+            Err(why) => eager_reason = Some(why),
+        }
+    }
     let t = Instant::now();
-    let materialized = gstore_restore::restore_to_dir(store, &id, &m, &dir, memory_budget, bars)
+    let materialized = gstore_restore::restore_to_dir(store, &id, &m, &dir, opts.memory_budget, bars)
         .with_context(|| format!("writing out {reference} failed"));
     let materialize_s = t.elapsed().as_secs_f64();
     if let Err(e) = materialized {
@@ -156,17 +218,58 @@ pub fn run(
         }
         return Err(e);
     }
-    let mut opts = RestoreOptions::new(&criu_bin);
-    opts.cuda = cuda.as_ref().ok();
-    opts.gpu = image.kind == ImageKind::GpuProcess;
-    opts.original_pid = original_pid;
-    opts.pid_wait = pid_wait;
-    opts.shell_job = criu.shell_job;
-    opts.extra_criu_args = criu.extra;
-    let restored = checkpoint::restore(&dir, &opts);
+    let restored = checkpoint::restore(&dir, &ropts);
     if made {
         staging::remove(&dir);
     }
     let restore = restored.with_context(|| format!("restoring the process of {reference} failed"))?;
-    Ok(RunReport { pid: restore.pid, materialize_s, restore, total_s: started.elapsed().as_secs_f64() })
+    Ok(RunReport {
+        pid: restore.pid,
+        mode: "eager",
+        eager_reason,
+        materialize_s,
+        restore,
+        fill: None,
+        total_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// `criu restore --lazy-pages` with gstore serving the memory; the GPU state (if any) is
+/// restored once every page is in place.
+fn run_lazy(
+    store: &Store,
+    dir: &Path,
+    prepared: gstore_lazy::Prepared,
+    ropts: &mut RestoreOptions<'_>,
+) -> Result<(checkpoint::RestoreReport, gstore_lazy::FillReport)> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let socket = gstore_lazy::socket::LazySocket::bind(dir)?;
+    ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
+    let workers = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let fill_opts = gstore_lazy::FillOptions {
+        workers: if store.is_remote() { workers.max(16) } else { workers },
+        profile: None,
+    };
+    let abort = AtomicBool::new(false);
+    let gstore_lazy::Prepared { layout, chunks, .. } = prepared;
+    std::thread::scope(|scope| {
+        let daemon = scope.spawn(|| {
+            let conn = socket.accept(&abort)?;
+            gstore_lazy::serve(store, &layout, chunks, conn, &fill_opts, &abort)
+        });
+        let mut fill = None;
+        let restored = checkpoint::restore_with(dir, ropts, |_pid| {
+            let r = daemon.join().unwrap_or(Err(gstore_lazy::LazyError::Protocol("the daemon thread panicked".into())));
+            match r {
+                Ok(report) => {
+                    fill = Some(report);
+                    Ok(())
+                }
+                Err(e) => Err(Box::new(e)),
+            }
+        });
+        abort.store(true, Ordering::Release);
+        let restore = restored?;
+        Ok((restore, fill.expect("the fill finished before the GPU restore")))
+    })
 }

@@ -43,31 +43,24 @@ pub fn run(cli: Cli) -> Result<()> {
                 )
             })
         }
-        Command::Restore { image, to, run: true, pid_wait, criu, memory_budget } => {
+        Command::Restore { image, to, run: true, pid_wait, criu, memory_budget, no_lazy } => {
             let store = open_indexed(&location)?;
-            let r = capture::run(
-                &store,
-                &image,
-                criu_choice(&criu),
-                to,
-                Duration::from_secs(pid_wait),
-                memory_budget,
-                &bars,
-            )?;
+            let opts = capture::RunOptions { eager: no_lazy, pid_wait: Duration::from_secs(pid_wait), memory_budget };
+            let r = capture::run(&store, &image, criu_choice(&criu), to, opts, &bars)?;
             out.emit(&r, || {
                 let t = &r.restore.timings;
-                format!(
-                    "restored {image} as pid {}\nphases: write image {:.2} s, wait for pid {:.2} s, criu restore {:.2} s{}, total {:.2} s",
-                    r.pid,
-                    r.materialize_s,
-                    t.pid_wait_s,
-                    t.criu_restore_s,
-                    match (t.gpu_restore_s, t.gpu_unlock_s) {
-                        (Some(a), Some(b)) => format!(", GPU restore {a:.2} s, unlock {b:.2} s"),
-                        _ => String::new(),
-                    },
-                    r.total_s
-                )
+                let mut text = format!("restored {image} as pid {} ({} memory)\nphases: write image {:.2} s, wait for pid {:.2} s, criu restore {:.2} s", r.pid, r.mode, r.materialize_s, t.pid_wait_s, t.criu_restore_s);
+                if let Some(f) = &r.fill {
+                    text.push_str(&format!(" (memory complete {:.2} s later, {} faults served)", f.fill_s, f.faults));
+                }
+                if let (Some(a), Some(b)) = (t.gpu_restore_s, t.gpu_unlock_s) {
+                    text.push_str(&format!(", GPU restore {a:.2} s, unlock {b:.2} s"));
+                }
+                text.push_str(&format!(", total {:.2} s", r.total_s));
+                if let Some(why) = &r.eager_reason {
+                    text.push_str(&format!("\nrestored eagerly: {why}"));
+                }
+                text
             })
         }
         Command::Checkpoint { pid, tag, leave_running, lock_timeout, staging, criu } => {

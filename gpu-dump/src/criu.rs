@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::error::{GpuDumpError, Result};
-use crate::procfs;
+use crate::{images, procfs};
 
 /// Where [`Criu::find`] looks when no path is given and `criu` is not on `PATH`
 /// (scripts/criu.sh installs there).
@@ -281,92 +281,11 @@ pub fn wait_pid_free(pid: u32, timeout: Duration) -> Result<()> {
 pub fn image_pids(dir: &Path) -> Result<Vec<u32>> {
     let path = dir.join("pstree.img");
     let bytes = std::fs::read(&path).map_err(|e| GpuDumpError::io(format!("read {}", path.display()), e))?;
-    let mut pids = parse_pstree(&bytes).map_err(|detail| GpuDumpError::Image { path, detail })?;
+    let tree = images::parse_pstree(&bytes).map_err(|detail| GpuDumpError::Image { path, detail })?;
+    let mut pids: Vec<u32> = tree.into_iter().flat_map(|p| std::iter::once(p.pid).chain(p.threads)).collect();
     pids.sort_unstable();
     pids.dedup();
     Ok(pids)
-}
-
-const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
-const PSTREE_MAGIC: u32 = 0x5027_3030;
-
-/// Parses pstree.img: two magics, then (u32 length, `pstree_entry` protobuf) records with
-/// `pid` in field 1 and `threads` in field 5.
-fn parse_pstree(bytes: &[u8]) -> std::result::Result<Vec<u32>, String> {
-    let mut rest = bytes;
-    if word(take(&mut rest, 4)?) != IMG_COMMON_MAGIC || word(take(&mut rest, 4)?) != PSTREE_MAGIC {
-        return Err("not a pstree image (bad magic)".to_string());
-    }
-    let mut pids = Vec::new();
-    while !rest.is_empty() {
-        let len = word(take(&mut rest, 4)?) as usize;
-        parse_pstree_entry(take(&mut rest, len)?, &mut pids)?;
-    }
-    if pids.is_empty() {
-        return Err("no processes recorded".to_string());
-    }
-    Ok(pids)
-}
-
-/// Splits the first `n` bytes off `rest`.
-fn take<'a>(rest: &mut &'a [u8], n: usize) -> std::result::Result<&'a [u8], String> {
-    if rest.len() < n {
-        return Err("truncated".to_string());
-    }
-    let (head, tail) = rest.split_at(n);
-    *rest = tail;
-    Ok(head)
-}
-
-/// A native-endian u32 from the first 4 bytes of `b` (callers pass exactly 4).
-fn word(b: &[u8]) -> u32 {
-    u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
-}
-
-fn parse_pstree_entry(mut msg: &[u8], pids: &mut Vec<u32>) -> std::result::Result<(), String> {
-    while !msg.is_empty() {
-        let key = varint(&mut msg)?;
-        let (field, wire) = (key >> 3, key & 7);
-        match wire {
-            0 => {
-                let value = varint(&mut msg)?;
-                if field == 1 || field == 5 {
-                    pids.push(u32::try_from(value).map_err(|_| format!("pid {value} out of range"))?);
-                }
-            }
-            2 => {
-                let len = usize::try_from(varint(&mut msg)?).map_err(|_| "bad length".to_string())?;
-                if msg.len() < len {
-                    return Err("truncated field".to_string());
-                }
-                let (mut packed, tail) = msg.split_at(len);
-                msg = tail;
-                while field == 5 && !packed.is_empty() {
-                    let value = varint(&mut packed)?;
-                    pids.push(u32::try_from(value).map_err(|_| format!("tid {value} out of range"))?);
-                }
-            }
-            1 | 5 => {
-                let skip = if wire == 1 { 8 } else { 4 };
-                msg = msg.get(skip..).ok_or("truncated field")?;
-            }
-            other => return Err(format!("unexpected protobuf wire type {other}")),
-        }
-    }
-    Ok(())
-}
-
-fn varint(bytes: &mut &[u8]) -> std::result::Result<u64, String> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&byte, rest) = bytes.split_first().ok_or("truncated varint")?;
-        *bytes = rest;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Ok(value);
-        }
-    }
-    Err("varint too long".to_string())
 }
 
 #[cfg(test)]
@@ -436,25 +355,18 @@ mod tests {
     }
 
     #[test]
-    fn pstree_parsing() {
-        // Two processes as CRIU 4.1.1 wrote them: 19843 (threads: itself) and its child 19883.
-        let mut img = Vec::new();
-        img.extend(IMG_COMMON_MAGIC.to_ne_bytes());
-        img.extend(PSTREE_MAGIC.to_ne_bytes());
-        let first = [
-            0x08, 0x83, 0x9b, 0x01, 0x10, 0x00, 0x18, 0x83, 0x9b, 0x01, 0x20, 0x83, 0x9b, 0x01, 0x28, 0x83, 0x9b, 0x01,
-        ];
-        img.extend((first.len() as u32).to_ne_bytes());
-        img.extend(first);
-        // The child, with its threads packed (wire type 2) to cover that encoding too.
-        let second = [0x08, 0xab, 0x9b, 0x01, 0x10, 0x83, 0x9b, 0x01, 0x2a, 0x06, 0xab, 0x9b, 0x01, 0xac, 0x9b, 0x01];
-        img.extend((second.len() as u32).to_ne_bytes());
-        img.extend(second);
+    fn image_pids_lists_every_pid_and_thread_once() {
         let dir = tempfile::tempdir().expect("tempdir");
+        let mut img = Vec::new();
+        img.extend(images::IMG_COMMON_MAGIC.to_le_bytes());
+        img.extend(images::PSTREE_MAGIC.to_le_bytes());
+        // pid 300 with threads 300, 301; child 200 with thread 200.
+        for rec in [vec![0x08, 0xac, 0x02, 0x28, 0xac, 0x02, 0x28, 0xad, 0x02], vec![0x08, 0xc8, 0x01, 0x28, 0xc8, 0x01]] {
+            img.extend((rec.len() as u32).to_le_bytes());
+            img.extend(rec);
+        }
         std::fs::write(dir.path().join("pstree.img"), &img).expect("write");
-        assert_eq!(image_pids(dir.path()).expect("parse"), vec![19843, 19883, 19884]);
-        assert!(parse_pstree(&img[..img.len() - 3]).is_err(), "truncated image");
-        assert!(parse_pstree(&img[4..]).is_err(), "bad magic");
+        assert_eq!(image_pids(dir.path()).expect("parse"), vec![200, 300, 301]);
         let err = image_pids(Path::new("/nonexistent")).expect_err("no image");
         assert!(err.to_string().contains("/nonexistent/pstree.img"), "{err}");
     }

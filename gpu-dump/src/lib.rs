@@ -6,6 +6,8 @@
 //! - [`criu`]: finds CRIU >= 4.0 and runs `criu dump` / `criu restore`.
 //! - [`checkpoint`]: the orchestration (GPU lock → GPU checkpoint → CRIU dump, and back) with
 //!   rollback, plus the metadata to record with an image.
+//! - [`images`]: reads the CRIU image files a page server needs (process tree, memory areas,
+//!   page maps).
 //! - [`compat`]: refuses, before touching anything, to restore an image on a machine that
 //!   cannot take it.
 //!
@@ -18,6 +20,7 @@ pub mod compat;
 pub mod criu;
 pub mod cuda;
 pub mod error;
+pub mod images;
 pub mod procfs;
 #[cfg(test)]
 mod testutil;

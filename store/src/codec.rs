@@ -152,6 +152,37 @@ impl Decoder {
     }
 }
 
+impl Decoder {
+    /// Decodes `stored` into `out`, which must be exactly the chunk's plain length, and checks
+    /// the bytes against `id`. On error `out` holds unspecified bytes.
+    pub fn decode_into(&mut self, codec: Codec, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<()> {
+        let plain_len = out.len();
+        if plain_len > self.chunk_max as usize {
+            return Err(StoreError::corrupt(
+                "chunk",
+                id.to_hex(),
+                format!("plain length {plain_len} exceeds the store's chunk max {}", self.chunk_max),
+            ));
+        }
+        let n = match codec {
+            Codec::Raw if stored.len() == plain_len => {
+                out.copy_from_slice(stored);
+                plain_len
+            }
+            Codec::Raw => stored.len(),
+            Codec::Zero => {
+                out.fill(0);
+                plain_len
+            }
+            Codec::Zstd => self
+                .zstd
+                .decompress_to_buffer(stored, out)
+                .map_err(|e| StoreError::corrupt("chunk", id.to_hex(), format!("zstd: {e}")))?,
+        };
+        verify(&out[..n.min(plain_len)], plain_len, id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +199,24 @@ mod tests {
         assert_eq!(&out[..6], b"prefix");
         assert_eq!(&out[6..], data);
         codec
+    }
+
+    #[test]
+    fn decode_into_fills_an_exact_buffer_and_refuses_wrong_bytes() {
+        for data in [b"abcd".repeat(10_000), (0..40_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect()] {
+            let id = ObjectId::of(&data);
+            let (codec, stored) = Encoder::new(1).unwrap().encode(&data);
+            let mut out = vec![7u8; data.len()];
+            Decoder::new(MAX).decode_into(codec, &stored, &id, &mut out).unwrap();
+            assert_eq!(out, data);
+            let mut short = vec![0u8; data.len() - 1];
+            assert!(Decoder::new(MAX).decode_into(codec, &stored, &id, &mut short).is_err());
+            let mut bad = stored.clone();
+            let last = bad.len() - 1;
+            bad[last] ^= 1;
+            let err = Decoder::new(MAX).decode_into(codec, &bad, &id, &mut out).unwrap_err();
+            assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        }
     }
 
     #[test]

@@ -1,0 +1,162 @@
+//! Reading byte ranges of an image file straight from the store into a page-aligned buffer:
+//! the chunks covering the range are fetched (consecutive ones of a pack in one range read),
+//! checked against their BLAKE3 ids and decoded in place.
+
+use crate::error::Result;
+use gstore_gpu_dump::images::PAGE_SIZE;
+use gstore_store::codec;
+use gstore_store::index::ChunkLocation;
+use gstore_store::manifest::Manifest;
+use gstore_store::{ObjectId, Store, StoreError};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Two chunks of one pack are read together when at most this many bytes lie between them.
+const MAX_GAP: u64 = 64 * 1024;
+
+/// One chunk of a file, located in the store (`None`: an all-zero chunk, never fetched).
+#[derive(Debug, Clone)]
+pub struct Located {
+    /// Offset in the file.
+    pub offset: u64,
+    /// Plain length.
+    pub len: u32,
+    /// Chunk id.
+    pub id: ObjectId,
+    /// Where it is stored.
+    pub loc: Option<ChunkLocation>,
+}
+
+/// The chunks of one file of an image, located, in file order.
+#[derive(Debug, Clone)]
+pub struct FileChunks {
+    /// The file's path in the image.
+    pub path: String,
+    /// Its size.
+    pub size: u64,
+    /// Its chunks.
+    pub chunks: Vec<Located>,
+}
+
+impl FileChunks {
+    /// Locates every chunk of the file `path` of `m` (index lookups in parallel).
+    pub fn locate(store: &Store, m: &Manifest, path: &str) -> Result<FileChunks> {
+        let (entry, refs) = m.files().find(|(e, _)| e.path == path).ok_or_else(|| StoreError::NotFound {
+            what: "image file",
+            key: format!("{path} (the image's page map names it, its manifest does not have it)"),
+        })?;
+        let mut offsets = Vec::with_capacity(refs.len());
+        let mut at = 0u64;
+        for c in refs {
+            offsets.push(at);
+            at += c.len as u64;
+        }
+        let chunks = refs
+            .par_iter()
+            .zip(offsets)
+            .map(|(c, offset)| {
+                let loc = if c.zero {
+                    None
+                } else {
+                    let loc = store.locate(&c.id)?.ok_or_else(|| StoreError::NotFound {
+                        what: "chunk",
+                        key: format!("{} of {path:?} (in no pack of the store: a pack is missing or damaged)", c.id),
+                    })?;
+                    if loc.plain_len != c.len {
+                        return Err(StoreError::corrupt(
+                            "chunk",
+                            c.id.to_hex(),
+                            format!("index says {} bytes, manifest says {}", loc.plain_len, c.len),
+                        ));
+                    }
+                    Some(loc)
+                };
+                Ok(Located { offset, len: c.len, id: c.id, loc })
+            })
+            .collect::<std::result::Result<Vec<_>, StoreError>>()?;
+        Ok(FileChunks { path: path.to_string(), size: entry.size, chunks })
+    }
+
+    /// The chunks overlapping `range`.
+    fn covering(&self, range: &Range<u64>) -> &[Located] {
+        let first = self.chunks.partition_point(|c| c.offset + c.len as u64 <= range.start);
+        let last = self.chunks.partition_point(|c| c.offset < range.end);
+        &self.chunks[first..last.max(first)]
+    }
+
+    /// The buffer size [`FileChunks::read_into`] needs for ranges of up to `range_len` bytes
+    /// in a store whose chunks are at most `chunk_max` bytes.
+    pub fn buffer_len(range_len: u64, chunk_max: u32) -> usize {
+        (range_len + 2 * chunk_max as u64 + 2 * PAGE_SIZE) as usize
+    }
+
+    /// Fetches, checks and decodes the chunks covering `range` (page-aligned) into `buf`.
+    /// Returns where `range.start` landed in `buf` (page-aligned, since `buf` is).
+    pub fn read_into(
+        &self,
+        store: &Store,
+        range: Range<u64>,
+        buf: &mut [u8],
+        decoder: &mut codec::Decoder,
+    ) -> Result<usize> {
+        if range.end > self.size {
+            return Err(StoreError::corrupt(
+                "image file",
+                self.path.clone(),
+                format!("the page map needs {} bytes, the file has {}", range.end, self.size),
+            )
+            .into());
+        }
+        let chunks = self.covering(&range);
+        let base = chunks.first().map_or(range.start, |c| c.offset - c.offset % PAGE_SIZE);
+        let need = chunks.last().map_or(0, |c| c.offset + c.len as u64) - base;
+        if need as usize > buf.len() {
+            return Err(StoreError::Invalid(format!("{need} bytes do not fit a {}-byte buffer", buf.len())).into());
+        }
+        let mut i = 0;
+        while i < chunks.len() {
+            let Some(first) = chunks[i].loc else {
+                let c = &chunks[i];
+                let at = (c.offset - base) as usize;
+                buf[at..at + c.len as usize].fill(0);
+                i += 1;
+                continue;
+            };
+            // Extend the read over following chunks stored just after this one in the same pack.
+            let mut j = i + 1;
+            let mut end = first.range().end;
+            while let Some(Some(next)) = chunks.get(j).map(|c| c.loc) {
+                let r = next.range();
+                if next.pack != first.pack || r.start < end || r.start - end > MAX_GAP {
+                    break;
+                }
+                end = r.end;
+                j += 1;
+            }
+            let group = &chunks[i..j];
+            store.read_checked_range(&first.pack, first.offset..end, |data| {
+                for c in group {
+                    let loc = c.loc.expect("grouped chunks are stored");
+                    let stored = &data[(loc.offset - first.offset) as usize..][..loc.stored_len as usize];
+                    let at = (c.offset - base) as usize;
+                    decoder
+                        .decode_into(loc.codec, stored, &c.id, &mut buf[at..at + c.len as usize])
+                        .map_err(|e| in_pack(e, &loc.pack, &self.path))?;
+                }
+                Ok(())
+            })?;
+            i = j;
+        }
+        Ok((range.start - base) as usize)
+    }
+}
+
+/// Names the pack and file a damaged chunk was found in.
+fn in_pack(e: StoreError, pack: &ObjectId, path: &str) -> StoreError {
+    match e {
+        StoreError::Corrupt { what, key, detail } => {
+            StoreError::Corrupt { what, key, detail: format!("{detail} (in pack {}, file {path})", pack.to_hex()) }
+        }
+        other => other,
+    }
+}

@@ -1,0 +1,157 @@
+//! The guard: a small process forked from the daemon that holds a copy of every restored
+//! task's userfaultfd and their pids. While any copy of a userfaultfd is open, a missing page
+//! makes the touching thread wait instead of reading zeros. If the daemon dies before it says
+//! the memory is complete (its end of the control socket closes), the guard kills every
+//! restored process it knows and exits, so that none ever runs on missing memory.
+//!
+//! The guard leaves the terminal's session and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT, so
+//! that a Ctrl-C of `gstore restore` reaches the daemon only. After the fork it makes nothing
+//! but async-signal-safe system calls, with buffers allocated before the fork.
+
+use crate::error::{LazyError, Result};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The most processes one guard tracks.
+const MAX_PIDS: usize = 4096;
+/// Control messages: a tag byte and a native pid.
+const TAG_PID: u8 = b'P';
+const TAG_RELEASE: u8 = b'R';
+const TAG_KILL: u8 = b'K';
+
+/// The daemon's handle on its guard.
+pub struct Guard {
+    pid: libc::pid_t,
+    ctl: OwnedFd,
+}
+
+impl Guard {
+    /// Forks the guard. It keeps `uffds` open and will kill `pids` if the daemon dies.
+    pub fn start(pids: &[i32], uffds: &[RawFd]) -> Result<Guard> {
+        if pids.len() > MAX_PIDS {
+            return Err(LazyError::Unsupported(format!("{} processes is more than the {MAX_PIDS} a restore guard tracks", pids.len())));
+        }
+        let mut pair = [0 as RawFd; 2];
+        // SAFETY: socketpair writes two descriptors into `pair`.
+        if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) } != 0 {
+            return Err(LazyError::os("creating the guard's socket", io::Error::last_os_error()));
+        }
+        // SAFETY: both descriptors were just created and are owned here.
+        let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+        let mut keep: Vec<RawFd> = uffds.iter().copied().chain([theirs.as_raw_fd()]).collect();
+        keep.sort_unstable();
+        let mut known = [0 as libc::pid_t; MAX_PIDS];
+        known[..pids.len()].copy_from_slice(pids);
+        // SAFETY: the child runs only `guard_main`, which makes async-signal-safe calls.
+        match unsafe { libc::fork() } {
+            -1 => Err(LazyError::os("forking the restore guard", io::Error::last_os_error())),
+            0 => guard_main(theirs.as_raw_fd(), &keep, known, pids.len()),
+            pid => Ok(Guard { pid, ctl: ours }),
+        }
+    }
+
+    /// Tells the guard about a process forked during the fill, with its userfaultfd.
+    pub fn add(&self, pid: i32, uffd: Option<RawFd>) -> Result<()> {
+        send(&self.ctl, TAG_PID, pid, uffd).map_err(|e| LazyError::os("telling the restore guard a new pid", e))
+    }
+
+    /// The memory is complete: the guard exits, closing its copies of the userfaultfds.
+    pub fn release(&self) {
+        self.finish(TAG_RELEASE);
+    }
+
+    /// The fill failed: the guard kills every process it knows, then exits.
+    pub fn kill(&self) {
+        self.finish(TAG_KILL);
+    }
+
+    fn finish(&self, tag: u8) {
+        let _ = send(&self.ctl, tag, 0, None);
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
+}
+
+/// Sends one control message, with `fd` as SCM_RIGHTS if given.
+fn send(ctl: &OwnedFd, tag: u8, pid: i32, fd: Option<RawFd>) -> io::Result<()> {
+    let mut payload = [0u8; 5];
+    payload[0] = tag;
+    payload[1..].copy_from_slice(&pid.to_ne_bytes());
+    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+    let mut cmsg = [0u64; 4];
+    // SAFETY: msghdr points at live local buffers; the control message is laid out with the
+    // CMSG macros inside `cmsg`, which is large enough for one descriptor.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if let Some(fd) = fd {
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+            libc::CMSG_DATA(c).cast::<i32>().write_unaligned(fd);
+        }
+        if libc::sendmsg(ctl.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The guard process. Never returns.
+fn guard_main(ctl: RawFd, keep: &[RawFd], mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! {
+    // SAFETY (whole function): async-signal-safe system calls only, on memory allocated before
+    // the fork.
+    unsafe {
+        libc::setsid();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        // Close everything but the control socket and the userfaultfds (`keep` is sorted).
+        let mut from: RawFd = 3;
+        for &fd in keep {
+            if fd > from {
+                libc::syscall(libc::SYS_close_range, from as u32, (fd - 1) as u32, 0u32);
+            }
+            from = fd + 1;
+        }
+        libc::syscall(libc::SYS_close_range, from as u32, u32::MAX, 0u32);
+        loop {
+            let mut payload = [0u8; 5];
+            let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+            let mut cmsg = [0u64; 4];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&cmsg);
+            let r = libc::recvmsg(ctl, &mut msg, 0);
+            if r < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            match (r, payload[0]) {
+                (5, TAG_PID) => {
+                    // The received descriptor (if any) simply stays open.
+                    if n < MAX_PIDS {
+                        pids[n] = i32::from_ne_bytes([payload[1], payload[2], payload[3], payload[4]]);
+                        n += 1;
+                    }
+                }
+                (5, TAG_RELEASE) => libc::_exit(0),
+                _ => {
+                    // Told to, or the daemon is gone: nobody may run on missing memory.
+                    for &pid in &pids[..n] {
+                        if pid > 0 {
+                            libc::kill(pid, libc::SIGKILL);
+                        }
+                    }
+                    libc::_exit(0);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! What a lazy restore writes to disk before CRIU starts: every image file except the pages
+//! files in full (they are small), and each `pages-N.img` as a sparse file of its full size
+//! holding only the pages CRIU restores itself. CRIU never reads the lazy byte ranges.
+
+use crate::error::{LazyError, Result};
+use crate::fetch::FileChunks;
+use crate::layout::Layout;
+use gstore_store::codec::Decoder;
+use gstore_store::manifest::Manifest;
+use gstore_store::progress::Progress;
+use gstore_store::{ObjectId, Store};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Bytes of eager pages fetched at a time.
+const EAGER_READ: u64 = 4 << 20;
+
+/// An image made ready for a lazy restore.
+pub struct Prepared {
+    /// Which memory is lazy.
+    pub layout: Layout,
+    /// The located chunks of each process's pages file (in `layout.processes` order).
+    pub chunks: Vec<FileChunks>,
+    /// Bytes written to disk.
+    pub written_bytes: u64,
+}
+
+/// Whether `path` is a pages file (`pages-N.img`).
+fn is_pages_file(path: &str) -> bool {
+    path.strip_prefix("pages-")
+        .and_then(|r| r.strip_suffix(".img"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Writes image `id` (manifest `m`) out to the new directory `dir` for a lazy restore.
+pub fn prepare(
+    store: &Store,
+    id: &ObjectId,
+    m: &Manifest,
+    dir: &Path,
+    memory_budget: u64,
+    progress: &dyn Progress,
+) -> Result<Prepared> {
+    let mut small = m.clone();
+    let mut chunks = Vec::new();
+    let mut refs = m.files().map(|(_, c)| c.to_vec());
+    small.entries.clear();
+    small.chunks.clear();
+    for e in &m.entries {
+        let c = refs.next().expect("one chunk list per entry");
+        if !is_pages_file(&e.path) {
+            small.entries.push(e.clone());
+            small.chunks.extend(c);
+        }
+    }
+    let report = gstore_restore::restore_to_dir(store, id, &small, dir, memory_budget, progress)?;
+    let mut written = report.logical_bytes;
+    let layout = Layout::read(dir)?;
+    let mut decoder = Decoder::new(store.config().chunk_max);
+    let mut buf = vec![0u8; FileChunks::buffer_len(EAGER_READ, store.config().chunk_max) + 4096];
+    let align = buf.as_ptr().align_offset(4096);
+    for p in &layout.processes {
+        let file = FileChunks::locate(store, m, &p.pages_file)?;
+        if file.size < p.pages_len {
+            return Err(LazyError::Image {
+                file: p.pages_file.clone(),
+                detail: format!("holds {} bytes, its page map needs {}", file.size, p.pages_len),
+            });
+        }
+        let path = dir.join(&p.pages_file);
+        if !path.exists() {
+            let mode = m.entries.iter().find(|e| e.path == p.pages_file).map_or(0o600, |e| e.mode & 0o777);
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .map_err(|e| LazyError::os(format!("creating {}", path.display()), e))?;
+            f.set_len(file.size).map_err(|e| LazyError::os(format!("sizing {}", path.display()), e))?;
+            for range in &p.eager {
+                let mut at = range.start;
+                while at < range.end {
+                    let end = range.end.min(at + EAGER_READ);
+                    let off = file.read_into(store, at..end, &mut buf[align..], &mut decoder)?;
+                    let bytes = &buf[align + off..align + off + (end - at) as usize];
+                    f.write_all_at(bytes, at).map_err(|e| LazyError::os(format!("writing {}", path.display()), e))?;
+                    written += end - at;
+                    at = end;
+                }
+            }
+        }
+        chunks.push(file);
+    }
+    Ok(Prepared { layout, chunks, written_bytes: written })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_files_are_told_apart() {
+        assert!(is_pages_file("pages-1.img") && is_pages_file("pages-12.img"));
+        assert!(!is_pages_file("pagemap-1.img") && !is_pages_file("pages-.img") && !is_pages_file("pages-1.img.x"));
+        assert!(!is_pages_file("dir/pages-1.img"));
+    }
+}

@@ -1,0 +1,151 @@
+//! CRIU's side of the lazy-pages protocol: `criu restore --lazy-pages` connects once to
+//! `<work dir>/lazy-pages.socket`, sends one record per process of the image (a native `int`
+//! pid, then a one-byte message carrying the task's userfaultfd as SCM_RIGHTS; a zombie sends
+//! its pid negated and no descriptor) and, once every task is restored, the u32 `RSTF`.
+
+use crate::error::{LazyError, Result};
+use crate::uffd::Uffd;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The socket's name in CRIU's work directory.
+pub const SOCKET_NAME: &str = "lazy-pages.socket";
+/// What CRIU sends once every task is restored: "RSTF".
+pub const RESTORE_FINISHED: u32 = 0x5253_5446;
+
+/// A restored task as CRIU announced it.
+#[derive(Debug)]
+pub struct Announced {
+    /// Its pid.
+    pub pid: i32,
+    /// Its userfaultfd (`None` for a zombie).
+    pub uffd: Option<Uffd>,
+}
+
+/// The listening socket, bound before `criu restore` starts.
+pub struct LazySocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl LazySocket {
+    /// Binds `dir/lazy-pages.socket` (through `/proc/self/fd` when the path is too long for a
+    /// socket address).
+    pub fn bind(dir: &Path) -> Result<LazySocket> {
+        let path = dir.join(SOCKET_NAME);
+        let _ = std::fs::remove_file(&path);
+        let bound = if path.as_os_str().len() < 100 {
+            UnixListener::bind(&path)
+        } else {
+            let d = std::fs::File::open(dir).map_err(|e| LazyError::os(format!("opening {}", dir.display()), e))?;
+            UnixListener::bind(format!("/proc/self/fd/{}/{SOCKET_NAME}", d.as_raw_fd()))
+        };
+        let listener = bound.map_err(|e| LazyError::os(format!("listening on {}", path.display()), e))?;
+        listener.set_nonblocking(true).map_err(|e| LazyError::os("making the lazy-pages socket non-blocking", e))?;
+        Ok(LazySocket { listener, path })
+    }
+
+    /// Waits for CRIU's connection; gives up with [`LazyError::Aborted`] once `abort` is set.
+    pub fn accept(&self, abort: &AtomicBool) -> Result<UnixStream> {
+        loop {
+            match self.listener.accept() {
+                Ok((conn, _)) => {
+                    conn.set_nonblocking(false).map_err(|e| LazyError::os("setting up the CRIU connection", e))?;
+                    return Ok(conn);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if abort.load(Ordering::Acquire) {
+                        return Err(LazyError::Aborted);
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(LazyError::os("accepting CRIU's connection", e)),
+            }
+        }
+    }
+}
+
+impl Drop for LazySocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Receives the `tasks` records CRIU sends, in any order.
+pub fn receive_tasks(conn: &UnixStream, tasks: usize) -> Result<Vec<Announced>> {
+    let mut out = Vec::with_capacity(tasks);
+    for _ in 0..tasks {
+        let mut pid = [0u8; 4];
+        let fds = recv_exact(conn, &mut pid)?;
+        let pid = i32::from_ne_bytes(pid);
+        if pid <= 0 {
+            out.push(Announced { pid: -pid, uffd: None });
+            continue;
+        }
+        let mut fds = if fds.is_empty() { recv_exact(conn, &mut [0u8; 1])? } else { fds };
+        if fds.len() != 1 {
+            return Err(LazyError::Protocol(format!("pid {pid} came with {} descriptors, expected one", fds.len())));
+        }
+        out.push(Announced { pid, uffd: Some(Uffd::new(fds.remove(0))) });
+    }
+    Ok(out)
+}
+
+/// Waits for the end-of-restore word. `false` if CRIU closed the connection first (it failed).
+pub fn wait_restore_finished(mut conn: &UnixStream) -> Result<bool> {
+    let mut word = [0u8; 4];
+    match conn.read_exact(&mut word) {
+        Ok(()) if u32::from_ne_bytes(word) == RESTORE_FINISHED => Ok(true),
+        Ok(()) => Err(LazyError::Protocol(format!("expected RSTF, got {:#x}", u32::from_ne_bytes(word)))),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(LazyError::os("reading from CRIU", e)),
+    }
+}
+
+/// Fills `buf` from `conn`, collecting any descriptors that come along.
+fn recv_exact(conn: &UnixStream, buf: &mut [u8]) -> Result<Vec<OwnedFd>> {
+    let mut fds = Vec::new();
+    let mut got = 0;
+    while got < buf.len() {
+        let mut iov = libc::iovec { iov_base: buf[got..].as_mut_ptr().cast(), iov_len: buf.len() - got };
+        let mut cmsg = [0u64; 8];
+        // SAFETY: msghdr points at live local buffers of the stated sizes.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cmsg.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cmsg);
+        // SAFETY: as above.
+        let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(LazyError::os("receiving from CRIU", err));
+        }
+        if n == 0 {
+            return Err(LazyError::Protocol("CRIU closed the connection before announcing every task".into()));
+        }
+        got += n as usize;
+        // SAFETY: walking the control messages the kernel wrote into `cmsg`.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c).cast::<i32>();
+                    let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                    for i in 0..count {
+                        fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+    }
+    Ok(fds)
+}
