@@ -3,6 +3,9 @@ computing. Usage: holder.py GIB OUTDIR
 
 Writes OUTDIR/ready (the tensors' checksum) once set up, OUTDIR/counter (steps done, via
 rename) as it computes, and on SIGUSR1 OUTDIR/checksum (the tensors' checksum, recomputed).
+When OUTDIR/ask exists (it is then removed) it answers with the recomputed checksum in
+OUTDIR/answer, which must equal OUTDIR/expect (the checksum at start): a request file made
+before a restore starts is answered as soon as the restored process runs.
 It keeps no file open, so CRIU sees no file change between dump and restore."""
 import os
 import signal
@@ -36,7 +39,9 @@ def put(name, text):
 
 asked = []
 signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
-put("ready", checksum())
+start_sum = checksum()
+put("expect", start_sum)
+put("ready", start_sum)
 step = 0
 while True:
     work = torch.tanh(work @ work * 1e-3)
@@ -46,4 +51,7 @@ while True:
     if asked:
         asked.clear()
         put("checksum", checksum())
-    time.sleep(0.05)
+    if os.path.exists(os.path.join(out, "ask")):
+        os.remove(os.path.join(out, "ask"))
+        put("answer", checksum())
+    time.sleep(0.01)

@@ -1,0 +1,214 @@
+//! Lazy process restores (gstore as CRIU's lazy-pages daemon) with real CRIU: a process tree
+//! with known memory checks itself after restore; a child forked while memory is being
+//! filled; a damaged chunk and a daemon killed mid-fill must leave no process running.
+
+use gstore_store::{Store, StoreLocation};
+use gstore_tests::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const TREE_PY: &str = include_str!("lazy_tree.py");
+const CRIU: &str = "/opt/criu/sbin/criu";
+
+/// The test program's tree: parent and child pids, and its output directory.
+struct Tree {
+    parent: u32,
+    child: u32,
+    dir: tempfile::TempDir,
+}
+
+impl Tree {
+    fn start(mb: u32) -> Tree {
+        assert!(Path::new(CRIU).exists(), "CRIU >= 4 is not installed at {CRIU}: run scripts/criu.sh");
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("tree.py");
+        std::fs::write(&script, TREE_PY).unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let pidfile = dir.path().join("pid");
+        let st = Command::new("sh")
+            .arg("-c")
+            .arg(r#"setsid python3 "$0" "$1" "$2" </dev/null >/dev/null 2>&1 & echo $! > "$3""#)
+            .arg(&script)
+            .arg(&out)
+            .arg(mb.to_string())
+            .arg(&pidfile)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let parent: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let mut t = Tree { parent, child: 0, dir };
+        t.wait_file("ready-parent", Duration::from_secs(60));
+        t.wait_file("ready-child", Duration::from_secs(60));
+        let child = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap();
+        t.child = child.trim().parse().expect("one child");
+        t
+    }
+
+    fn out(&self, name: &str) -> PathBuf {
+        self.dir.path().join("out").join(name)
+    }
+
+    fn wait_file(&self, name: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(s) = std::fs::read_to_string(self.out(name)) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "{name} did not appear within {limit:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Asks `role` for the checksum of its memory now and compares it with the one at start.
+    fn assert_intact(&self, role: &str) {
+        let _ = std::fs::remove_file(self.out(&format!("result-{role}")));
+        std::fs::write(self.out(&format!("go-{role}")), "").unwrap();
+        let now = self.wait_file(&format!("result-{role}"), Duration::from_secs(60));
+        assert_eq!(now, std::fs::read_to_string(self.out(&format!("ready-{role}"))).unwrap(), "{role}'s memory differs");
+    }
+
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()))
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    }
+
+    fn wait_gone(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while [self.parent, self.child].iter().any(|&p| Path::new(&format!("/proc/{p}")).exists()) {
+            assert!(Instant::now() < deadline, "the tree ({}, {}) is still there", self.parent, self.child);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn checkpoint(&self, env: &Env, tag: &str) {
+        let pid = self.parent.to_string();
+        env.json(&["checkpoint", "--pid", &pid, "--tag", tag, "--criu", CRIU]);
+        self.wait_gone(Duration::from_secs(10));
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        for pid in [self.parent, self.child] {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains("tree.py") {
+                let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_tree_comes_back_with_every_page_and_a_child_forked_during_the_fill_sees_them_too() {
+    let env = Env::new(&[]);
+    let tree = Tree::start(320);
+    tree.checkpoint(&env, "tree:1");
+    // Asked before the restore, so the parent forks as soon as it runs, while memory is filled.
+    std::fs::write(tree.out("fork"), "").unwrap();
+    let r = env.json(&["restore", "tree:1", "--run", "--criu", CRIU]);
+    assert_eq!(r["mode"], "lazy", "{r}");
+    assert_eq!(r["pid"].as_u64(), Some(tree.parent as u64));
+    let fill = &r["fill"];
+    assert_eq!(fill["tasks"], 2, "{r}");
+    assert!(fill["lazy_bytes"].as_u64().unwrap() > 400 << 20, "{r}");
+    assert!(fill["forked"].as_u64().unwrap() >= 1, "the fork came after the fill: {r}");
+    let forked = tree.wait_file("result-forked", Duration::from_secs(60));
+    assert_eq!(forked, std::fs::read_to_string(tree.out("ready-parent")).unwrap(), "the forked child's memory differs");
+    tree.assert_intact("parent");
+    tree.assert_intact("child");
+
+    // Many restores in a row: checkpoint the restored tree again and bring it back, twice.
+    for round in 2..=3 {
+        let tag = format!("tree:{round}");
+        tree.checkpoint(&env, &tag);
+        let r = env.json(&["restore", &tag, "--run", "--criu", CRIU]);
+        assert_eq!(r["mode"], "lazy", "{r}");
+        tree.assert_intact("parent");
+        tree.assert_intact("child");
+    }
+    // The eager path stays.
+    tree.checkpoint(&env, "tree:eager");
+    let r = env.json(&["restore", "tree:eager", "--run", "--no-lazy", "--criu", CRIU]);
+    assert_eq!(r["mode"], "eager", "{r}");
+    assert!(r["fill"].is_null() && r["eager_reason"].is_null(), "{r}");
+    tree.assert_intact("parent");
+    tree.assert_intact("child");
+}
+
+/// Flips a byte in the stored form of a chunk from the middle of the parent's pages file.
+fn damage_a_lazy_chunk(env: &Env, tag: &str) -> String {
+    let store = Store::open_indexed(&StoreLocation::Local(env.store.clone()), &|_| {}).unwrap();
+    let m = store.get_manifest(&store.resolve(tag).unwrap()).unwrap();
+    let (_, chunks) = m
+        .files()
+        .filter(|(e, _)| e.path.starts_with("pages-"))
+        .max_by_key(|(e, _)| e.size)
+        .expect("a pages file");
+    let c = chunks.iter().skip(chunks.len() / 2).find(|c| !c.zero).expect("a stored chunk");
+    let loc = store.locate(&c.id).unwrap().expect("indexed");
+    let pack = env.packs().into_iter().find(|p| p.to_string_lossy().contains(&loc.pack.to_hex())).expect("its pack");
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[(loc.offset + loc.stored_len as u64 / 2) as usize] ^= 0x55;
+    std::fs::write(&pack, bytes).unwrap();
+    c.id.to_hex()
+}
+
+#[test]
+fn a_damaged_chunk_mid_fill_kills_the_restored_tree_and_names_the_chunk() {
+    let env = Env::new(&[]);
+    let tree = Tree::start(200);
+    tree.checkpoint(&env, "tree:1");
+    let chunk = damage_a_lazy_chunk(&env, "tree:1");
+    let err = env.fails(&["restore", "tree:1", "--run", "--criu", CRIU]);
+    assert!(err.contains("tree:1") && err.contains(&chunk) && err.contains("corrupt chunk"), "{err}");
+    assert!(err.contains("were killed"), "{err}");
+    tree.wait_gone(Duration::from_secs(5));
+}
+
+#[test]
+fn a_daemon_killed_mid_fill_leaves_no_process_running() {
+    let env = Env::new(&[]);
+    let tree = Tree::start(320);
+    tree.checkpoint(&env, "tree:1");
+    let server = Server::start(&env.store, &[]);
+    let mut restore = server.cmd("node", "", &["--json", "restore", "tree:1", "--run", "--criu", CRIU]);
+    let mut restore = restore.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    // Once the restored parent exists, the fill is under way: freeze the store, kill gstore.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !Tree::alive(tree.parent) {
+        assert!(Instant::now() < deadline, "the tree was never restored");
+        assert!(restore.try_wait().unwrap().is_none(), "gstore ended before the tree was restored");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let server_pid = server_pid(&server);
+    Command::new("kill").args(["-STOP", &server_pid]).status().unwrap();
+    let finished = restore.try_wait().unwrap();
+    restore.kill().unwrap();
+    restore.wait().unwrap();
+    Command::new("kill").args(["-CONT", &server_pid]).status().unwrap();
+    eprintln!("gstore had ended before it was killed: {finished:?}");
+    match finished {
+        // The fill won the race: then the memory must be complete.
+        Some(status) if status.success() => {
+            tree.assert_intact("parent");
+            tree.assert_intact("child");
+        }
+        _ => tree.wait_gone(Duration::from_secs(5)),
+    }
+}
+
+/// The pid of the `gstore serve` listening on the server's port.
+fn server_pid(server: &Server) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ss -Hltnp 'sport = :{}' | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2", server.port))
+        .output()
+        .unwrap();
+    let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!pid.is_empty(), "no process listens on port {}", server.port);
+    pid
+}
