@@ -66,7 +66,11 @@ impl Tree {
         let _ = std::fs::remove_file(self.out(&format!("result-{role}")));
         std::fs::write(self.out(&format!("go-{role}")), "").unwrap();
         let now = self.wait_file(&format!("result-{role}"), Duration::from_secs(60));
-        assert_eq!(now, std::fs::read_to_string(self.out(&format!("ready-{role}"))).unwrap(), "{role}'s memory differs");
+        assert_eq!(
+            now,
+            std::fs::read_to_string(self.out(&format!("ready-{role}"))).unwrap(),
+            "{role}'s memory differs"
+        );
     }
 
     fn alive(pid: u32) -> bool {
@@ -143,11 +147,8 @@ fn a_tree_comes_back_with_every_page_and_a_child_forked_during_the_fill_sees_the
 fn damage_a_lazy_chunk(env: &Env, tag: &str) -> String {
     let store = Store::open_indexed(&StoreLocation::Local(env.store.clone()), &|_| {}).unwrap();
     let m = store.get_manifest(&store.resolve(tag).unwrap()).unwrap();
-    let (_, chunks) = m
-        .files()
-        .filter(|(e, _)| e.path.starts_with("pages-"))
-        .max_by_key(|(e, _)| e.size)
-        .expect("a pages file");
+    let (_, chunks) =
+        m.files().filter(|(e, _)| e.path.starts_with("pages-")).max_by_key(|(e, _)| e.size).expect("a pages file");
     let c = chunks.iter().skip(chunks.len() / 2).find(|c| !c.zero).expect("a stored chunk");
     let loc = store.locate(&c.id).unwrap().expect("indexed");
     let pack = env.packs().into_iter().find(|p| p.to_string_lossy().contains(&loc.pack.to_hex())).expect("its pack");

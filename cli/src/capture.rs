@@ -182,7 +182,8 @@ pub fn run(
                         if made {
                             staging::remove(&dir);
                         }
-                        let (restore, fill) = r.with_context(|| format!("restoring the process of {reference} failed"))?;
+                        let (restore, fill) =
+                            r.with_context(|| format!("restoring the process of {reference} failed"))?;
                         return Ok(RunReport {
                             pid: restore.pid,
                             mode: "lazy",
@@ -193,7 +194,9 @@ pub fn run(
                             total_s: started.elapsed().as_secs_f64(),
                         });
                     }
-                    Err(gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. }) => {
+                    Err(
+                        gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. },
+                    ) => {
                         let _ = std::fs::remove_dir_all(&dir);
                         eager_reason = Some(why);
                     }
@@ -246,10 +249,8 @@ fn run_lazy(
     let socket = gstore_lazy::socket::LazySocket::bind(dir)?;
     ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
     let workers = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let fill_opts = gstore_lazy::FillOptions {
-        workers: if store.is_remote() { workers.max(16) } else { workers },
-        profile: None,
-    };
+    let fill_opts =
+        gstore_lazy::FillOptions { workers: if store.is_remote() { workers.max(16) } else { workers }, profile: None };
     let abort = AtomicBool::new(false);
     let gstore_lazy::Prepared { layout, chunks, .. } = prepared;
     std::thread::scope(|scope| {

@@ -157,7 +157,11 @@ pub fn parse_pagemap(bytes: &[u8]) -> Parse<Pagemap> {
         let end = nr_pages.checked_mul(PAGE_SIZE).and_then(|len| vaddr.checked_add(len));
         match end {
             Some(end) if vaddr % PAGE_SIZE == 0 && nr_pages > 0 && vaddr >= prev_end => prev_end = end,
-            _ => return Err(format!("pagemap entry at {vaddr:#x} ({nr_pages} pages) is empty, unaligned or out of order")),
+            _ => {
+                return Err(format!(
+                    "pagemap entry at {vaddr:#x} ({nr_pages} pages) is empty, unaligned or out of order"
+                ))
+            }
         }
         entries.push(PagemapEntry { vaddr, nr_pages, flags });
     }
@@ -286,7 +290,8 @@ mod tests {
         let first = vec![
             0x08, 0x83, 0x9b, 0x01, 0x10, 0x00, 0x18, 0x83, 0x9b, 0x01, 0x20, 0x83, 0x9b, 0x01, 0x28, 0x83, 0x9b, 0x01,
         ];
-        let second = vec![0x08, 0xab, 0x9b, 0x01, 0x10, 0x83, 0x9b, 0x01, 0x2a, 0x06, 0xab, 0x9b, 0x01, 0xac, 0x9b, 0x01];
+        let second =
+            vec![0x08, 0xab, 0x9b, 0x01, 0x10, 0x83, 0x9b, 0x01, 0x2a, 0x06, 0xab, 0x9b, 0x01, 0xac, 0x9b, 0x01];
         let img = image(PSTREE_MAGIC, &[first, second]);
         let tree = parse_pstree(&img).expect("parse");
         assert_eq!(tree[0], PstreeEntry { pid: 19843, threads: vec![19843] });
@@ -341,8 +346,8 @@ mod tests {
         let mut flagless = Vec::new();
         int_field(&mut flagless, 1, 0x1000);
         int_field(&mut flagless, 2, 1);
-        let pm = parse_pagemap(&image(PAGEMAP_MAGIC, &[head.clone(), flagless, old(0x2000, 2, 4), new]))
-            .expect("parse");
+        let pm =
+            parse_pagemap(&image(PAGEMAP_MAGIC, &[head.clone(), flagless, old(0x2000, 2, 4), new])).expect("parse");
         assert_eq!(pm.pages_id, 3);
         assert_eq!(
             pm.entries,

@@ -378,7 +378,9 @@ fn descendants(roots: &[i32]) -> Vec<i32> {
     let mut i = 0;
     while i < out.len() {
         let p = out[i];
-        out.extend(parent_of.iter().filter(|&&(c, pp)| pp == p && !out.contains(&c)).map(|&(c, _)| c).collect::<Vec<_>>());
+        out.extend(
+            parent_of.iter().filter(|&&(c, pp)| pp == p && !out.contains(&c)).map(|&(c, _)| c).collect::<Vec<_>>(),
+        );
         i += 1;
     }
     out
@@ -443,7 +445,8 @@ pub fn serve(
         failure: Mutex::new(None),
         faults: AtomicU64::new(0),
     };
-    let mut events = EventLoop { conn: Some(conn), criu_s: 0.0, forked: 0, first_need: Vec::new(), seen: HashSet::new() };
+    let mut events =
+        EventLoop { conn: Some(conn), criu_s: 0.0, forked: 0, first_need: Vec::new(), seen: HashSet::new() };
     let outcome = std::thread::scope(|scope| {
         for _ in 0..opts.workers.max(1) {
             scope.spawn(|| worker(&sh));
@@ -527,7 +530,8 @@ impl EventLoop {
                 sh.wake.notify_all();
             }
             for (i, task) in tasks.iter().enumerate() {
-                if !task.gone.load(Ordering::Acquire) && polls.iter().any(|p| p.fd == task.uffd.raw() && p.revents != 0) {
+                if !task.gone.load(Ordering::Acquire) && polls.iter().any(|p| p.fd == task.uffd.raw() && p.revents != 0)
+                {
                     self.drain(sh, i, task)?;
                 }
             }
@@ -541,7 +545,8 @@ impl EventLoop {
                             self.drain(sh, i, task)?;
                         }
                     }
-                    if sh.remaining.load(Ordering::Acquire) == 0 && sh.tasks.read().expect("tasks lock").len() == before {
+                    if sh.remaining.load(Ordering::Acquire) == 0 && sh.tasks.read().expect("tasks lock").len() == before
+                    {
                         return Ok(t.elapsed().as_secs_f64());
                     }
                 }
@@ -583,7 +588,10 @@ impl EventLoop {
                             // page is really missing, fill the segment again.
                             let pid = task.pid.load(Ordering::Acquire);
                             if pid <= 0 || page_present(pid, page) != Some(true) {
-                                if task.state[seg].compare_exchange(DONE, PENDING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                                if task.state[seg]
+                                    .compare_exchange(DONE, PENDING, Ordering::AcqRel, Ordering::Acquire)
+                                    .is_ok()
+                                {
                                     sh.remaining.fetch_add(1, Ordering::AcqRel);
                                     sh.push_urgent(index, seg);
                                 }

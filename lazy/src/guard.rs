@@ -29,11 +29,16 @@ impl Guard {
     /// Forks the guard. It keeps `uffds` open and will kill `pids` if the daemon dies.
     pub fn start(pids: &[i32], uffds: &[RawFd]) -> Result<Guard> {
         if pids.len() > MAX_PIDS {
-            return Err(LazyError::Unsupported(format!("{} processes is more than the {MAX_PIDS} a restore guard tracks", pids.len())));
+            return Err(LazyError::Unsupported(format!(
+                "{} processes is more than the {MAX_PIDS} a restore guard tracks",
+                pids.len()
+            )));
         }
         let mut pair = [0 as RawFd; 2];
         // SAFETY: socketpair writes two descriptors into `pair`.
-        if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) } != 0 {
+        if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) }
+            != 0
+        {
             return Err(LazyError::os("creating the guard's socket", io::Error::last_os_error()));
         }
         // SAFETY: both descriptors were just created and are owned here.

@@ -133,11 +133,18 @@ fn process(pid: u32, vmas: &[Vma], pagemap: &images::Pagemap) -> std::result::Re
 }
 
 /// Adds the run `[vaddr, vaddr + len)` to `runs`, cut where memory areas end.
-fn split_at_areas(vaddr: u64, file_off: u64, len: u64, vmas: &[Vma], runs: &mut Vec<Run>) -> std::result::Result<(), String> {
+fn split_at_areas(
+    vaddr: u64,
+    file_off: u64,
+    len: u64,
+    vmas: &[Vma],
+    runs: &mut Vec<Run>,
+) -> std::result::Result<(), String> {
     let (mut at, end) = (vaddr, vaddr + len);
     while at < end {
         let i = vmas.partition_point(|v| v.end <= at);
-        let v = vmas.get(i).filter(|v| v.start <= at).ok_or_else(|| format!("lazy page {at:#x} lies in no memory area"))?;
+        let v =
+            vmas.get(i).filter(|v| v.start <= at).ok_or_else(|| format!("lazy page {at:#x} lies in no memory area"))?;
         let piece = v.end.min(end) - at;
         runs.push(Run { vaddr: at, file_off: file_off + (at - vaddr), len: piece, area_len: v.end - v.start });
         at += piece;

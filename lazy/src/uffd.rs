@@ -226,7 +226,10 @@ pub fn check_support() -> std::result::Result<(), String> {
         return Err(format!("userfaultfd API handshake failed: {}", io::Error::last_os_error()));
     }
     if api.features & NEEDED_FEATURES != NEEDED_FEATURES {
-        return Err(format!("this kernel's userfaultfd lacks fork/remap/remove/unmap events (features {:#x})", api.features));
+        return Err(format!(
+            "this kernel's userfaultfd lacks fork/remap/remove/unmap events (features {:#x})",
+            api.features
+        ));
     }
     Ok(())
 }

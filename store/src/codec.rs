@@ -203,7 +203,8 @@ mod tests {
 
     #[test]
     fn decode_into_fills_an_exact_buffer_and_refuses_wrong_bytes() {
-        for data in [b"abcd".repeat(10_000), (0..40_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect()] {
+        for data in [b"abcd".repeat(10_000), (0..40_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect()]
+        {
             let id = ObjectId::of(&data);
             let (codec, stored) = Encoder::new(1).unwrap().encode(&data);
             let mut out = vec![7u8; data.len()];

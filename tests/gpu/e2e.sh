@@ -3,13 +3,20 @@
 # (driver >= 570), PyTorch, root, and the stripped gstore binary plus the CRIU bundle from
 # ../shared/device/criu-bundle.sh (see tests/gpu/README.md).
 #
-# 1. holder.py keeps 4 GiB of seeded random tensors in VRAM and computes. It is checkpointed
-#    with the raw path (driver API via ctypes + criu dump/restore to a plain directory), then
-#    with gstore (--leave-running, then a full checkpoint), killed, `gstore restore --run`,
-#    and its tensors' checksum and progress are checked after each restore.
-# 2. serve.py (a GPT-2-medium-sized fp16 decoder, random weights from a fixed seed) goes
-#    through the same raw and gstore paths; then a second replica with the same seed is
-#    checkpointed and must add <= 10 % of its image size to the store.
+# Workloads (E2E_CASES, default "holder medium large"; also "qwen8b"):
+#   holder  holder.py keeps HOLDER_GIB of seeded random tensors in VRAM and computes; its
+#           answer to a request is the tensors' checksum, which must equal the one at start.
+#   medium, large, qwen8b
+#           serve.py of that size (GPT-2-medium/-large-shaped fp16, Qwen3-8B-shaped bf16;
+#           random weights from a fixed seed) generating tokens; its answer to a request is a
+#           deterministic greedy generation, which must equal the one computed at start.
+# Each workload is checkpointed with the raw path (driver API via ctypes + criu dump/restore
+# to a plain directory), then with gstore (--leave-running, then a full checkpoint), killed,
+# `gstore restore --run` (lazy, the default), checkpointed again, and `gstore restore --run
+# --no-lazy` (eager). Before each restore a request file is made; the time from the restore
+# command's start to the process's verified answer is measured, and the process must run on
+# under its pid. For medium a second replica with the same seed is checkpointed and must add
+# <= 10 % of its image size to the store.
 # Prints a table of raw vs gstore times and exits non-zero if a check fails.
 # Usage: tests/gpu/e2e.sh [GSTORE_BIN] [CRIU_BUNDLE_DIR] [HOLDER_GIB]
 set -uo pipefail
@@ -17,6 +24,7 @@ cd "$(dirname "$0")/../.."
 G=$(realpath "${1:-.device/gstore}")
 BUNDLE=$(realpath "${2:-.device/criu}")
 GIB=${3:-4}
+CASES=${E2E_CASES:-holder medium large}
 HERE=$(realpath tests/gpu)
 W=${E2E_WORK:-/var/tmp/gstore-gpu-e2e}
 rm -rf "$W"; mkdir -p "$W"
@@ -33,11 +41,13 @@ WRAP
 chmod +x "$W/criu"
 "$W/criu" --version | head -1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUTFILE"
+say "cases: $CASES (holder $GIB GiB); $(nproc) CPUs"
 export GSTORE_STORE="$W/store"
 "$G" -q init >/dev/null
 
 now() { date +%s.%N; }
 dt() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 js() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {'d': d}))" "$@"; }
 wait_file() { for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
 wait_gone() { for _ in $(seq 300); do [ -d "/proc/$1" ] || return 0; sleep 0.05; done; return 1; }
@@ -47,15 +57,24 @@ start() {  # start NAME SCRIPT ARGS... -> sets PID, DIR
   DIR="$W/$1"; mkdir -p "$DIR"; shift
   setsid python3 "$@" </dev/null >"$DIR.log" 2>&1 &
   PID=$!
-  wait_file "$DIR/ready" || { say "FAIL  $DIR did not start"; cat "$DIR.log"; exit 1; }
+  wait_file "$DIR/ready" || { say "FAIL  $DIR did not start"; cat "$DIR.log" | tee -a "$OUTFILE"; exit 1; }
 }
-checksum_ok() {  # checksum_ok DIR PID: ask the holder to recompute its checksum
+checksum_ok() {  # checksum_ok DIR PID: ask the holder to recompute its checksum (SIGUSR1)
   rm -f "$1/checksum"; kill -USR1 "$2"; wait_file "$1/checksum" && [ "$(cat "$1/checksum")" = "$(cat "$1/ready")" ]
+}
+# A request: DIR/ask, answered by the process in DIR/answer, which must equal DIR/expect.
+ask() { rm -f "$1/answer"; : >"$1/ask"; }
+wait_answer() {  # polls every 10 ms, up to ~2 min
+  local i; for i in $(seq 12000); do [ -s "$1/answer" ] && return 0; sleep 0.01; done; return 1
+}
+answer_ok() {
+  [ -s "$1/answer" ] && [ "$(cat "$1/answer")" = "$(cat "$1/expect")" ] && return 0
+  say "      answer: $(cat "$1/answer" 2>&1)"; say "      expect: $(cat "$1/expect" 2>&1)"; return 1
 }
 
 # raw WORKLOAD DIR: the driver API and CRIU by hand, no gstore. Process ends dumped and back.
 raw() {
-  local name=$1 dir=$2 img="$W/raw-$1" t0 t1 t2 t3 t4
+  local name=$1 dir=$2 img="$W/raw-$1" t0 t1 t2 t3 t4 t5 t6 gpu
   mkdir -p "$img" "$img-live"
   # The app-resumed baseline: suspend, dump --leave-running, resume.
   t0=$(now); python3 "$HERE/raw_cr.py" suspend "$PID" >/dev/null || return 1
@@ -65,70 +84,131 @@ raw() {
   t0=$(now); python3 "$HERE/raw_cr.py" suspend "$PID" >/dev/null || return 1
   t1=$(now); "$W/criu" dump -t "$PID" -D "$img" -o dump.log || { tail -5 "$img/dump.log"; return 1; }
   t2=$(now); wait "$PID" 2>/dev/null; wait_gone "$PID"
+  ask "$dir"
   t3=$(now); "$W/criu" restore -D "$img" --restore-detached -o restore.log || { tail -5 "$img/restore.log"; return 1; }
-  t4=$(now); python3 "$HERE/raw_cr.py" resume "$PID" >/dev/null || return 1
-  local t5; t5=$(now)
+  t4=$(now); gpu=$(python3 "$HERE/raw_cr.py" resume "$PID") || return 1
+  t5=$(now); wait_answer "$dir"
+  t6=$(now)
   RAW_CKPT="$(dt "$t0" "$t1") + $(dt "$t1" "$t2")"; RAW_CKPT_S=$(dt "$t0" "$t2")
-  RAW_REST="$(dt "$t3" "$t4") + $(dt "$t4" "$t5")"; RAW_REST_S=$(dt "$t3" "$t5")
+  RAW_REST="criu $(dt "$t3" "$t4") + GPU $(dt "$t4" "$t5") [driver: $gpu]"; RAW_REST_S=$(dt "$t3" "$t5")
+  RAW_ANS_S=$(dt "$t3" "$t6")
   RAW_IMG=$(du -sb "$img" | cut -f1)
   rm -rf "$img"
 }
 
-# gstore_paths NAME DIR: leave-running checkpoint, full checkpoint, restore --run.
+# grestore NAME DIR TAG MODE: `gstore restore TAG --run` (MODE lazy) or with --no-lazy (MODE
+# eager), a request made before it starts; sets ANS_<MODE> (seconds to the verified answer).
+grestore() {
+  local name=$1 dir=$2 tag=$3 mode=$4 flag= t0 t1
+  local img="$W/$name-$mode-img" json="$W/$name-$mode.json"
+  [ "$mode" = eager ] && flag=--no-lazy
+  ask "$dir"
+  t0=$(now)
+  if ! "$G" --json restore "$tag" --run --to "$img" $flag --criu "$W/criu" >"$json" 2>"$W/$name-$mode.err"; then
+    say "FAIL  $name: gstore restore --run ($mode) failed:"
+    tee -a "$OUTFILE" <"$W/$name-$mode.err"
+    say "--- $json:"; tee -a "$OUTFILE" <"$json"
+    say "--- tail of $img/restore.log:"; tail -40 "$img/restore.log" 2>&1 | tee -a "$OUTFILE"
+    ls -la "$img" 2>&1 | tee -a "$OUTFILE"
+    fails=$((fails+1)); return 1
+  fi
+  wait_answer "$dir"
+  t1=$(now)
+  eval "ANS_$mode=$(dt "$t0" "$t1")"
+  say "  (gstore $mode json: $(tr -d '\n ' <"$json"))"
+  check "$name: $mode restore reports mode $mode" "[ \"\$(js $json \"d['mode']\")\" = $mode ]"
+  check "$name: restored under its pid ($mode)" "[ \"\$(js $json \"d['pid']\")\" = $PID ]"
+  check "$name: verified answer after the $mode restore" "answer_ok $dir"
+  check "$name: computes on after the $mode restore" "progressing $dir"
+  rm -rf "$img"
+}
+
+# gstore_paths NAME DIR: leave-running checkpoint, full checkpoint, lazy restore --run,
+# checkpoint again, eager restore --run.
 gstore_paths() {
   local name=$1 dir=$2
   "$G" --json checkpoint --pid "$PID" --tag "$name:live" --leave-running --criu "$W/criu" >"$W/$name-live.json" || return 1
   check "$name: runs on after a --leave-running checkpoint" "progressing $dir"
   "$G" --json checkpoint --pid "$PID" --tag "$name:full" --criu "$W/criu" >"$W/$name-full.json" || return 1
   wait_gone "$PID"
-  local before; before=$(counter "$dir")
-  "$G" --json restore "$name:full" --run --criu "$W/criu" >"$W/$name-run.json" || return 1
-  local pid2; pid2=$(js "$W/$name-run.json" "d['pid']")
-  check "$name: restored under its pid" "[ $pid2 = $PID ]"
-  check "$name: computes on from where it stopped" "progressing $dir && [ \$(counter $dir) -gt $before ]"
+  if grestore "$name" "$dir" "$name:full" lazy; then
+    "$G" --json checkpoint --pid "$PID" --tag "$name:again" --criu "$W/criu" >"$W/$name-again.json" || return 1
+    wait_gone "$PID"
+    grestore "$name" "$dir" "$name:again" eager || return 1
+  else
+    # The lazy restore failed: measure the eager one all the same, from the same checkpoint.
+    kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+    grestore "$name" "$dir" "$name:full" eager
+    return 1
+  fi
 }
 
 table_row() {  # NAME
   local n=$1
-  local live="$W/$n-live.json" full="$W/$n-full.json" run="$W/$n-run.json"
-  local paused total push rest
-  paused=$(js "$live" "round(d['paused_s'], 2)")
-  total=$(js "$full" "round(d['total_s'], 2)")
-  push=$(js "$full" "round(d['push']['seconds'], 2)")
-  rest=$(js "$run" "round(d['total_s'], 2)")
-  local mat; mat=$(js "$run" "round(d['materialize_s'], 2)")
-  local phases; phases=$(js "$full" "'lock %.2f + gpu %.2f + dump %.2f' % (d['capture']['timings']['lock_s'] or 0, d['capture']['timings']['gpu_checkpoint_s'] or 0, d['capture']['timings']['criu_dump_s'])")
-  local rphases; rphases=$(js "$run" "'write %.2f + criu %.2f + gpu %.2f + unlock %.2f' % (d['materialize_s'], d['restore']['timings']['criu_restore_s'], d['restore']['timings']['gpu_restore_s'] or 0, d['restore']['timings']['gpu_unlock_s'] or 0)")
-  say "$n: image $(awk -v b="$RAW_IMG" 'BEGIN{printf "%.2f GB", b/1e9}')"
-  say "  raw checkpoint      $RAW_CKPT_S s ($RAW_CKPT: lock+checkpoint, criu dump)"
-  say "  raw --leave-running (suspend, dump, resume): app paused $RAW_LIVE_S s"
-  say "  gstore --leave-running: app paused $paused s  ratio $(awk -v a="$paused" -v b="$RAW_LIVE_S" 'BEGIN{printf "%.2f", a/b}') x raw"
-  say "  gstore checkpoint   $total s ($phases, store $push)"
-  say "  raw restore         $RAW_REST_S s ($RAW_REST: criu restore, GPU restore+unlock)"
-  say "  gstore restore --run $rest s ($rphases)  ratio $(awk -v a="$rest" -v b="$RAW_REST_S" 'BEGIN{printf "%.2f", a/b}') x raw restore"
+  local live="$W/$n-live.json" full="$W/$n-full.json" lazy="$W/$n-lazy.json" eager="$W/$n-eager.json"
+  local paused total push phases
+  say "$n: image $(awk -v b="${RAW_IMG:-0}" 'BEGIN{printf "%.2f GB", b/1e9}') (raw)"
+  say "  raw checkpoint      ${RAW_CKPT_S:-?} s (${RAW_CKPT:-?}: lock+checkpoint, criu dump)"
+  say "  raw --leave-running (suspend, dump, resume): app paused ${RAW_LIVE_S:-?} s"
+  if [ -s "$live" ]; then
+    paused=$(js "$live" "round(d['paused_s'], 2)")
+    say "  gstore --leave-running: app paused $paused s  ratio $(ratio "$paused" "${RAW_LIVE_S:-0}") x raw"
+  fi
+  if [ -s "$full" ]; then
+    total=$(js "$full" "round(d['total_s'], 2)")
+    push=$(js "$full" "round(d['push']['seconds'], 2)")
+    phases=$(js "$full" "'lock %.2f + gpu %.2f + dump %.2f' % (d['capture']['timings']['lock_s'] or 0, d['capture']['timings']['gpu_checkpoint_s'] or 0, d['capture']['timings']['criu_dump_s'])")
+    say "  gstore checkpoint   $total s ($phases, store $push)"
+  fi
+  say "  raw restore         answer ${RAW_ANS_S:-?} s; restored ${RAW_REST_S:-?} s (${RAW_REST:-?})"
+  if [ -s "$lazy" ]; then
+    phases=$(js "$lazy" "'write %.2f + criu %.2f (of it: lazy daemon sees criu %.2f) + fill %.2f + gpu %.2f + unlock %.2f; total %.2f; %d faults, %.2f GB lazy' % (d['materialize_s'], d['restore']['timings']['criu_restore_s'], d['fill']['criu_s'], d['fill']['fill_s'], d['restore']['timings']['gpu_restore_s'] or 0, d['restore']['timings']['gpu_unlock_s'] or 0, d['total_s'], d['fill']['faults'], d['fill']['lazy_bytes'] / 1e9)")
+    say "  gstore lazy         answer ${ANS_lazy:-?} s  ratio $(ratio "${ANS_lazy:-0}" "${RAW_ANS_S:-0}") x raw ($phases)"
+  fi
+  if [ -s "$eager" ]; then
+    phases=$(js "$eager" "'write %.2f + criu %.2f + gpu %.2f + unlock %.2f; total %.2f' % (d['materialize_s'], d['restore']['timings']['criu_restore_s'], d['restore']['timings']['gpu_restore_s'] or 0, d['restore']['timings']['gpu_unlock_s'] or 0, d['total_s'])")
+    say "  gstore --no-lazy    answer ${ANS_eager:-?} s  ratio $(ratio "${ANS_eager:-0}" "${RAW_ANS_S:-0}") x raw ($phases)"
+  fi
 }
 
-# 1. holder: GPU memory must come back intact.
-start holder "$HERE/holder.py" "$GIB" "$W/holder"
-raw holder "$W/holder" || { say "FAIL  raw path on holder"; fails=$((fails+1)); }
-check "holder: tensors intact after the raw path" "checksum_ok $W/holder $PID"
-gstore_paths holder "$W/holder" || { say "FAIL  gstore path on holder"; fails=$((fails+1)); }
-check "holder: tensors intact after gstore restore --run" "checksum_ok $W/holder $PID"
-table_row holder
-kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+reset_times() { unset RAW_IMG RAW_CKPT RAW_CKPT_S RAW_LIVE_S RAW_REST RAW_REST_S RAW_ANS_S ANS_lazy ANS_eager; }
 
-# 2. serving replicas: timings, and dedup between two replicas of one model.
-start serve "$HERE/serve.py" "$W/serve" 7
-raw serve "$W/serve" || { say "FAIL  raw path on serve"; fails=$((fails+1)); }
-gstore_paths serve "$W/serve" || { say "FAIL  gstore path on serve"; fails=$((fails+1)); }
-table_row serve
-SERVE1=$PID
-start serve2 "$HERE/serve.py" "$W/serve2" 7
-"$G" --json checkpoint --pid "$PID" --tag serve2:live --leave-running --criu "$W/criu" >"$W/serve2.json"
-added=$(js "$W/serve2.json" "round(d['push']['new_stored_bytes'] / d['push']['logical_bytes'], 4)")
-say "second replica adds $added of its image size ($(js "$W/serve2.json" "d['push']['new_stored_bytes']") of $(js "$W/serve2.json" "d['push']['logical_bytes']") bytes)"
-check "second replica adds <= 10 %" "awk -v a=$added 'BEGIN{exit !(a <= 0.10)}'"
-kill -9 "$PID" "$SERVE1" 2>/dev/null
+for c in $CASES; do
+  reset_times
+  if [ "$c" = holder ]; then
+    # GPU memory must come back intact.
+    start holder "$HERE/holder.py" "$GIB" "$W/holder"
+    raw holder "$W/holder" || { say "FAIL  raw path on holder"; fails=$((fails+1)); }
+    check "holder: tensors intact after the raw path (answer = checksum at start)" "answer_ok $W/holder"
+    gstore_paths holder "$W/holder" || { say "FAIL  gstore path on holder"; fails=$((fails+1)); }
+    check "holder: tensors intact after gstore restore --run (SIGUSR1 checksum)" "checksum_ok $W/holder $PID"
+    table_row holder
+    kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+    continue
+  fi
+  n=serve-$c
+  t0=$(now); start "$n" "$HERE/serve.py" "$W/$n" 7 "$c"
+  say "$n: $(cat "$W/$n/ready") parameters, loaded in $(dt "$t0" "$(now)") s"
+  ask "$W/$n"; wait_answer "$W/$n"
+  check "$n: answers deterministically before any checkpoint" "answer_ok $W/$n"
+  raw "$n" "$W/$n" || { say "FAIL  raw path on $n"; fails=$((fails+1)); }
+  check "$n: verified answer after the raw restore" "answer_ok $W/$n"
+  check "$n: computes on after the raw restore" "progressing $W/$n"
+  gstore_paths "$n" "$W/$n" || { say "FAIL  gstore path on $n"; fails=$((fails+1)); }
+  table_row "$n"
+  if [ "$c" = medium ]; then
+    # Dedup between two replicas of one model.
+    SERVE1=$PID
+    start serve2 "$HERE/serve.py" "$W/serve2" 7 "$c"
+    "$G" --json checkpoint --pid "$PID" --tag serve2:live --leave-running --criu "$W/criu" >"$W/serve2.json"
+    added=$(js "$W/serve2.json" "round(d['push']['new_stored_bytes'] / d['push']['logical_bytes'], 4)")
+    say "second replica adds $added of its image size ($(js "$W/serve2.json" "d['push']['new_stored_bytes']") of $(js "$W/serve2.json" "d['push']['logical_bytes']") bytes)"
+    check "second replica adds <= 10 %" "awk -v a=$added 'BEGIN{exit !(a <= 0.10)}'"
+    kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+    PID=$SERVE1
+  fi
+  kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+done
 "$G" du | tee -a "$OUTFILE"
 check "store verifies clean" "'$G' -q verify --read-data >/dev/null"
 say "$fails failed"
