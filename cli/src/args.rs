@@ -44,7 +44,8 @@ pub enum Command {
         /// NAME[:VERSION] or a 64-hex manifest id.
         image: String,
         /// Destination directory (created; must not exist or be empty). With --run: where the
-        /// process image is written and kept (default: a temporary directory, removed after).
+        /// process image is written and kept (default: a temporary directory, removed after);
+        /// a lazy restore's pages-N.img files there hold only the pages CRIU read itself.
         #[arg(long, required_unless_present = "run")]
         to: Option<PathBuf>,
         /// Restore a process checkpoint (from `gstore checkpoint`) and start it, detached.
