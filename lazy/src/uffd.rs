@@ -93,6 +93,23 @@ pub enum Copied {
     Gone,
 }
 
+/// How a fill ioctl (COPY or ZEROPAGE) went, from its return value and its count of bytes
+/// done (or negative errno).
+fn outcome(r: libc::c_int, done: i64) -> io::Result<Copied> {
+    if r == 0 {
+        return Ok(Copied::Done);
+    }
+    let err = io::Error::last_os_error();
+    let done = done.max(0) as u64;
+    match err.raw_os_error() {
+        Some(libc::EEXIST) => Ok(Copied::Exists(done)),
+        Some(libc::EAGAIN) => Ok(Copied::Again(done)),
+        Some(libc::ENOENT) => Ok(Copied::NoRange(done)),
+        Some(libc::ESRCH) => Ok(Copied::Gone),
+        _ => Err(err),
+    }
+}
+
 /// A task's userfaultfd.
 #[derive(Debug)]
 pub struct Uffd(OwnedFd);
@@ -114,18 +131,7 @@ impl Uffd {
         let mut arg = Copy { dst, src: src as u64, len, mode: 0, copy: 0 };
         // SAFETY: UFFDIO_COPY reads `len` bytes at `src`, which the caller keeps valid.
         let r = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut arg) };
-        if r == 0 {
-            return Ok(Copied::Done);
-        }
-        let err = io::Error::last_os_error();
-        let done = arg.copy.max(0) as u64;
-        match err.raw_os_error() {
-            Some(libc::EEXIST) => Ok(Copied::Exists(done)),
-            Some(libc::EAGAIN) => Ok(Copied::Again(done)),
-            Some(libc::ENOENT) => Ok(Copied::NoRange(done)),
-            Some(libc::ESRCH) => Ok(Copied::Gone),
-            _ => Err(err),
-        }
+        outcome(r, arg.copy)
     }
 
     /// Maps zero pages over `[start, start + len)` where pages are missing, waking waiters.
@@ -133,18 +139,7 @@ impl Uffd {
         let mut arg = ZeroPage { range: Range { start, len }, mode: 0, zeropage: 0 };
         // SAFETY: plain ioctl on an owned descriptor with a correctly laid out argument.
         let r = unsafe { libc::ioctl(self.raw(), UFFDIO_ZEROPAGE, &mut arg) };
-        if r == 0 {
-            return Ok(Copied::Done);
-        }
-        let err = io::Error::last_os_error();
-        let done = arg.zeropage.max(0) as u64;
-        match err.raw_os_error() {
-            Some(libc::EEXIST) => Ok(Copied::Exists(done)),
-            Some(libc::EAGAIN) => Ok(Copied::Again(done)),
-            Some(libc::ENOENT) => Ok(Copied::NoRange(done)),
-            Some(libc::ESRCH) => Ok(Copied::Gone),
-            _ => Err(err),
-        }
+        outcome(r, arg.zeropage)
     }
 
     /// Wakes threads waiting on `[start, start + len)` (they fault again if it is still missing).
