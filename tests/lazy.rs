@@ -1,6 +1,7 @@
 //! Lazy process restores (gstore as CRIU's lazy-pages daemon) with real CRIU: a process tree
 //! with known memory checks itself after restore; a child forked while memory is being
-//! filled; a damaged chunk and a daemon killed mid-fill must leave no process running.
+//! filled; a damaged chunk, a store server killed mid-fill and a daemon killed mid-fill must
+//! leave no process running.
 
 use gstore_store::{Store, StoreLocation};
 use gstore_tests::*;
@@ -88,6 +89,14 @@ impl Tree {
         }
     }
 
+    /// Kills the restored tree (so that its image can be restored again).
+    fn kill(&self) {
+        for pid in [self.parent, self.child] {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+        self.wait_gone(Duration::from_secs(10));
+    }
+
     fn checkpoint(&self, env: &Env, tag: &str) {
         let pid = self.parent.to_string();
         env.json(&["checkpoint", "--pid", &pid, "--tag", tag, "--criu", CRIU]);
@@ -141,6 +150,69 @@ fn a_tree_comes_back_with_every_page_and_a_child_forked_during_the_fill_sees_the
     assert!(r["fill"].is_null() && r["eager_reason"].is_null(), "{r}");
     tree.assert_intact("parent");
     tree.assert_intact("child");
+}
+
+/// The restore profiles in the store: (path, JSON).
+fn profiles(env: &Env) -> Vec<(PathBuf, serde_json::Value)> {
+    let mut out = Vec::new();
+    for dir in std::fs::read_dir(env.store.join("profiles")).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            let json = serde_json::from_slice(&std::fs::read(f.path()).unwrap()).unwrap_or_default();
+            out.push((f.path(), json));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_restore_profile_is_recorded_then_followed_and_goes_with_its_image() {
+    let env = Env::new(&[]);
+    let tree = Tree::start(200);
+    tree.checkpoint(&env, "tree:1");
+    let restore = || env.json(&["restore", "tree:1", "--run", "--criu", CRIU]);
+    let r = restore();
+    assert_eq!(r["profile"], "recorded a profile for the next restore", "{r}");
+    assert_eq!(r["fill"]["used_profile"], false, "{r}");
+    let stored = profiles(&env);
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let (path, profile) = &stored[0];
+    let order = profile["order"].as_array().expect("an order");
+    assert!(!order.is_empty(), "{profile}");
+    let pids = [tree.parent as u64, tree.child as u64];
+    assert!(order.iter().all(|e| pids.contains(&e[0].as_u64().unwrap())), "{profile}");
+
+    // The next restore follows it.
+    tree.kill();
+    let r = restore();
+    assert_eq!(r["profile"], "followed the stored profile", "{r}");
+    assert_eq!(r["fill"]["used_profile"], true, "{r}");
+    tree.assert_intact("parent");
+    tree.assert_intact("child");
+
+    // A damaged profile is only a lost hint: the restore is whole, and a new profile is stored.
+    tree.kill();
+    std::fs::write(path, br#"{"format": 9, "segment_bytes": 2097152, "order": []}"#).unwrap();
+    let r = restore();
+    let note = r["profile"].as_str().unwrap_or_default();
+    assert!(note.starts_with("the stored profile is unreadable") && note.contains("format 9"), "{r}");
+    assert!(note.ends_with("recorded a profile for the next restore"), "{r}");
+    tree.assert_intact("parent");
+    tree.assert_intact("child");
+    assert_eq!(profiles(&env)[0].1["format"], 1);
+
+    // gc deletes it with its image: the first pass tombstones the manifest, the second deletes both.
+    tree.kill();
+    env.ok(&["rm", "tree:1"]);
+    let first = env.json(&["gc"]);
+    assert_eq!(first["profiles_deleted"], 0, "{first}");
+    assert_eq!(profiles(&env).len(), 1);
+    let second = env.json(&["gc"]);
+    assert_eq!(
+        (second["manifests_deleted"].as_u64(), second["profiles_deleted"].as_u64()),
+        (Some(1), Some(1)),
+        "{second}"
+    );
+    assert!(profiles(&env).is_empty());
 }
 
 /// Flips a byte in the stored form of a chunk from the middle of the parent's pages file.
@@ -200,6 +272,34 @@ fn a_daemon_killed_mid_fill_leaves_no_process_running() {
         }
         _ => tree.wait_gone(Duration::from_secs(5)),
     }
+}
+
+#[test]
+fn a_store_server_killed_mid_fill_kills_the_restored_tree_and_says_what_failed() {
+    let env = Env::new(&[]);
+    let tree = Tree::start(320);
+    tree.checkpoint(&env, "tree:1");
+    let server = Server::start(&env.store, &[]);
+    let mut restore = server.cmd("node", "", &["restore", "tree:1", "--run", "--criu", CRIU]);
+    let mut restore = restore.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    // The restored parent exists while CRIU still restores: no lazy page has been filled in
+    // the background yet. Freeze the server there, then kill it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !Tree::alive(tree.parent) {
+        assert!(Instant::now() < deadline, "the tree was never restored");
+        assert!(restore.try_wait().unwrap().is_none(), "gstore ended before the tree was restored");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let server_pid = server_pid(&server);
+    Command::new("kill").args(["-STOP", &server_pid]).status().unwrap();
+    Command::new("kill").args(["-KILL", &server_pid]).status().unwrap();
+    let out = restore.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the restore succeeded without its store: {err}");
+    assert!(err.contains("restoring the process of tree:1 failed"), "{err}");
+    assert!(err.contains("fetching chunk") && err.contains("pages-"), "{err}");
+    assert!(err.contains("were killed"), "{err}");
+    tree.wait_gone(Duration::from_secs(5));
 }
 
 /// The pid of the `gstore serve` listening on the server's port.

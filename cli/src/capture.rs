@@ -6,7 +6,7 @@ use crate::staging;
 use anyhow::{anyhow, Context, Result};
 use gstore_gpu_dump::checkpoint::{self, CheckpointOptions, ImageKind, RestoreOptions, META_PID};
 use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, ImageMeta, MachineInfo};
-use gstore_store::{push, Store, TagRef};
+use gstore_store::{push, ObjectId, Store, TagRef};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -124,6 +124,8 @@ pub struct RunReport {
     pub restore: checkpoint::RestoreReport,
     /// The lazy fill (lazy mode only).
     pub fill: Option<gstore_lazy::FillReport>,
+    /// What became of the restore profile (lazy mode only): followed, recorded, or why not.
+    pub profile: Option<String>,
     /// Seconds in all.
     pub total_s: f64,
 }
@@ -155,14 +157,38 @@ pub fn run(
         anyhow!("{reference} is not a process checkpoint ({e}); restore its files with --to DIR instead")
     })?;
     let criu_bin = Criu::find(criu.path)?;
-    let cuda = CudaDriver::load();
-    check_compatible(&image, &MachineInfo::probe(Some(&criu_bin), &cuda))
-        .with_context(|| format!("{reference} cannot be restored on this machine"))?;
     let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
     let (dir, made) = match keep_at {
         Some(d) => (d, false),
         None => (staging::new_dir("restore")?, true),
     };
+    let mut eager_reason = None;
+    let lazy = !opts.eager && gstore_lazy::uffd::check_support().map_err(|why| eager_reason = Some(why)).is_ok();
+    // The machine is checked (CUDA driver, CRIU) while the image is written out: the driver's
+    // start costs a GPU machine a tenth of a second or more. Nothing runs before the check passes.
+    let t = Instant::now();
+    let (machine, prepared) = std::thread::scope(|s| {
+        let machine = s.spawn(|| {
+            let cuda = CudaDriver::load();
+            let compatible = check_compatible(&image, &MachineInfo::probe(Some(&criu_bin), &cuda));
+            (cuda, compatible)
+        });
+        let prepared = lazy.then(|| gstore_lazy::prepare(store, &id, &m, &dir, opts.memory_budget, bars));
+        (machine.join().expect("the machine check does not panic"), prepared)
+    });
+    let materialize_s = t.elapsed().as_secs_f64();
+    let (cuda, compatible) = machine;
+    let remove = |dir: &Path| {
+        if made {
+            staging::remove(dir);
+        } else {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    };
+    if let Err(e) = compatible {
+        remove(&dir);
+        return Err(anyhow!(e).context(format!("{reference} cannot be restored on this machine")));
+    }
     let mut ropts = RestoreOptions::new(&criu_bin);
     ropts.cuda = cuda.as_ref().ok();
     ropts.gpu = image.kind == ImageKind::GpuProcess;
@@ -170,46 +196,35 @@ pub fn run(
     ropts.pid_wait = opts.pid_wait;
     ropts.shell_job = criu.shell_job;
     ropts.extra_criu_args = criu.extra;
-    let mut eager_reason = None;
-    if !opts.eager {
-        match gstore_lazy::uffd::check_support() {
-            Ok(()) => {
-                let t = Instant::now();
-                match gstore_lazy::prepare(store, &id, &m, &dir, opts.memory_budget, bars) {
-                    Ok(prepared) => {
-                        let materialize_s = t.elapsed().as_secs_f64();
-                        let r = run_lazy(store, &dir, prepared, &mut ropts);
-                        if made {
-                            staging::remove(&dir);
-                        }
-                        let (restore, fill) =
-                            r.with_context(|| format!("restoring the process of {reference} failed"))?;
-                        return Ok(RunReport {
-                            pid: restore.pid,
-                            mode: "lazy",
-                            eager_reason: None,
-                            materialize_s,
-                            restore,
-                            fill: Some(fill),
-                            total_s: started.elapsed().as_secs_f64(),
-                        });
-                    }
-                    Err(
-                        gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. },
-                    ) => {
-                        let _ = std::fs::remove_dir_all(&dir);
-                        eager_reason = Some(why);
-                    }
-                    Err(e) => {
-                        if made {
-                            staging::remove(&dir);
-                        }
-                        return Err(anyhow!(e).context(format!("writing out {reference} failed")));
-                    }
-                }
+    match prepared {
+        Some(Ok(prepared)) => {
+            let r = run_lazy(store, &id, &dir, prepared, &mut ropts);
+            if made {
+                staging::remove(&dir);
             }
-            Err(why) => eager_reason = Some(why),
+            let (restore, fill, profile) = r.with_context(|| format!("restoring the process of {reference} failed"))?;
+            return Ok(RunReport {
+                pid: restore.pid,
+                mode: "lazy",
+                eager_reason: None,
+                materialize_s,
+                restore,
+                fill: Some(fill),
+                profile: Some(profile),
+                total_s: started.elapsed().as_secs_f64(),
+            });
         }
+        Some(Err(gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. })) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            eager_reason = Some(why);
+        }
+        Some(Err(e)) => {
+            if made {
+                staging::remove(&dir);
+            }
+            return Err(anyhow!(e).context(format!("writing out {reference} failed")));
+        }
+        None => {}
     }
     let t = Instant::now();
     let materialized = gstore_restore::restore_to_dir(store, &id, &m, &dir, opts.memory_budget, bars)
@@ -233,44 +248,65 @@ pub fn run(
         materialize_s,
         restore,
         fill: None,
+        profile: None,
         total_s: started.elapsed().as_secs_f64(),
     })
 }
 
-/// `criu restore --lazy-pages` with gstore serving the memory; the GPU state (if any) is
-/// restored once every page is in place.
+/// `criu restore --lazy-pages` with gstore serving the memory of image `id`. The GPU state
+/// (if any) is restored while the fill goes on; the restore returns once every page is in
+/// place. A fill that fails kills the restored tree, and its error is the one reported.
 fn run_lazy(
     store: &Store,
+    id: &ObjectId,
     dir: &Path,
     prepared: gstore_lazy::Prepared,
     ropts: &mut RestoreOptions<'_>,
-) -> Result<(checkpoint::RestoreReport, gstore_lazy::FillReport)> {
+) -> Result<(checkpoint::RestoreReport, gstore_lazy::FillReport, String)> {
     use std::sync::atomic::{AtomicBool, Ordering};
     let socket = gstore_lazy::socket::LazySocket::bind(dir)?;
     ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
     let workers = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let (profile, unreadable) = match store.profile(id) {
+        Ok(p) => (p, None),
+        Err(e) => (None, Some(e)),
+    };
     let fill_opts =
-        gstore_lazy::FillOptions { workers: if store.is_remote() { workers.max(16) } else { workers }, profile: None };
+        gstore_lazy::FillOptions { workers: if store.is_remote() { workers.max(16) } else { workers }, profile };
     let abort = AtomicBool::new(false);
     let gstore_lazy::Prepared { layout, chunks, .. } = prepared;
-    std::thread::scope(|scope| {
+    let (restored, filled) = std::thread::scope(|scope| {
         let daemon = scope.spawn(|| {
             let conn = socket.accept(&abort)?;
             gstore_lazy::serve(store, &layout, chunks, conn, &fill_opts, &abort)
         });
-        let mut fill = None;
-        let restored = checkpoint::restore_with(dir, ropts, |_pid| {
-            let r = daemon.join().unwrap_or(Err(gstore_lazy::LazyError::Protocol("the daemon thread panicked".into())));
-            match r {
-                Ok(report) => {
-                    fill = Some(report);
-                    Ok(())
-                }
-                Err(e) => Err(Box::new(e)),
+        let restored = checkpoint::restore(dir, ropts);
+        if restored.is_err() {
+            abort.store(true, Ordering::Release);
+        }
+        let filled =
+            daemon.join().unwrap_or(Err(gstore_lazy::LazyError::Protocol("the daemon thread panicked".into())));
+        (restored, filled)
+    });
+    // A failed fill killed the restored tree: it is the cause of whatever else failed.
+    let (restore, fill) = match (restored, filled) {
+        (_, Err(e)) if !matches!(e, gstore_lazy::LazyError::Aborted) => return Err(e.into()),
+        (Err(e), _) => return Err(e.into()),
+        (Ok(_), Err(e)) => return Err(e.into()),
+        (Ok(r), Ok(f)) => (r, f),
+    };
+    let note = match (fill.used_profile, unreadable) {
+        (true, _) => "followed the stored profile".to_string(),
+        (false, why) => {
+            let recorded = match store.put_profile(id, &fill.profile) {
+                Ok(()) => "recorded a profile for the next restore".to_string(),
+                Err(e) => format!("could not store a profile for the next restore ({e})"),
+            };
+            match why {
+                Some(e) => format!("the stored profile is unreadable ({e}); {recorded}"),
+                None => recorded,
             }
-        });
-        abort.store(true, Ordering::Release);
-        let restore = restored?;
-        Ok((restore, fill.expect("the fill finished before the GPU restore")))
-    })
+        }
+    };
+    Ok((restore, fill, note))
 }

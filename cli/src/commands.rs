@@ -50,13 +50,19 @@ pub fn run(cli: Cli) -> Result<()> {
             out.emit(&r, || {
                 let t = &r.restore.timings;
                 let mut text = format!("restored {image} as pid {} ({} memory)\nphases: write image {:.2} s, wait for pid {:.2} s, criu restore {:.2} s", r.pid, r.mode, r.materialize_s, t.pid_wait_s, t.criu_restore_s);
-                if let Some(f) = &r.fill {
-                    text.push_str(&format!(" (memory complete {:.2} s later, {} faults served)", f.fill_s, f.faults));
-                }
                 if let (Some(a), Some(b)) = (t.gpu_restore_s, t.gpu_unlock_s) {
                     text.push_str(&format!(", GPU restore {a:.2} s, unlock {b:.2} s"));
                 }
                 text.push_str(&format!(", total {:.2} s", r.total_s));
+                if let Some(f) = &r.fill {
+                    text.push_str(&format!(
+                        "\nmemory: served from the store while the process ran, complete {:.2} s after criu restore ({} faults served)",
+                        f.fill_s, f.faults
+                    ));
+                }
+                if let Some(p) = &r.profile {
+                    text.push_str(&format!("; {p}"));
+                }
                 if let Some(why) = &r.eager_reason {
                     text.push_str(&format!("\nrestored eagerly: {why}"));
                 }
@@ -492,7 +498,7 @@ fn gc_text(r: &gc::GcReport) -> String {
         "{} images kept, {} running pushes; {} history entries {would}dropped\n\
          {} packs ({}): {} {would}deleted ({} reclaimed), {} {would}tombstoned ({} to reclaim next pass), \
          {} {would}rewritten ({} written), {} revived\n\
-         manifests: {} {would}deleted, {} {would}tombstoned, {} revived\n\
+         manifests: {} {would}deleted, {} {would}tombstoned, {} revived; restore profiles: {} {would}deleted\n\
          {} requests in {:.2} s",
         r.images_kept,
         r.leases_live,
@@ -509,6 +515,7 @@ fn gc_text(r: &gc::GcReport) -> String {
         r.manifests_deleted,
         r.manifests_tombstoned,
         r.manifests_revived,
+        r.profiles_deleted,
         r.requests,
         r.seconds
     );

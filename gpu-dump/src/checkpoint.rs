@@ -291,17 +291,6 @@ pub struct RestoreReport {
 /// [`crate::compat::check_compatible`] first to refuse unsuitable machines before this
 /// touches anything.
 pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
-    restore_with(dir, opts, |_| Ok(()))
-}
-
-/// Like [`restore`], with `after_criu` run once CRIU has restored the process tree (given the
-/// root pid) and before its GPU state is restored: a lazy restore completes the process's
-/// memory there. Its error ends the restore ([`GpuDumpError::AfterCriu`]).
-pub fn restore_with(
-    dir: &Path,
-    opts: &RestoreOptions<'_>,
-    after_criu: impl FnOnce(u32) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>,
-) -> Result<RestoreReport> {
     let cuda = match (opts.gpu, opts.cuda) {
         (true, None) => {
             return Err(GpuDumpError::Incompatible {
@@ -327,7 +316,6 @@ pub fn restore_with(
     let criu_opts = criu::RestoreOptions { shell_job: opts.shell_job, extra_args: opts.extra_criu_args.clone() };
     let pid = opts.criu.restore(dir, &criu_opts)?;
     timings.criu_restore_s = seconds(start);
-    after_criu(pid).map_err(GpuDumpError::AfterCriu)?;
     if let Some(cuda) = cuda {
         let (restore_s, unlock_s) =
             resume(cuda, pid).map_err(|e| GpuDumpError::GpuRestore { pid, source: Box::new(e) })?;

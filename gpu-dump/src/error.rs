@@ -251,10 +251,6 @@ pub enum GpuDumpError {
         detail: String,
     },
 
-    /// The step between CRIU and the GPU restore failed (e.g. filling lazily restored memory).
-    #[error("{0}")]
-    AfterCriu(Box<dyn std::error::Error + Send + Sync>),
-
     /// A file system operation failed.
     #[error("{context}: {source}")]
     Io {

@@ -12,6 +12,19 @@ pub enum LazyError {
     /// The store failed: a chunk or pack is damaged, missing or unreachable.
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// Chunks could not be fetched from the store (unreachable, refused, cut off).
+    #[error("fetching chunk {chunk} of image file {file} (and {more} stored after it) failed: {source}")]
+    Fetch {
+        /// The first chunk of the read.
+        chunk: String,
+        /// Further chunks the same read fetched.
+        more: usize,
+        /// The image file they belong to.
+        file: String,
+        /// What the store said.
+        #[source]
+        source: Box<StoreError>,
+    },
     /// A CRIU image file is malformed.
     #[error("image file {file}: {detail}")]
     Image {

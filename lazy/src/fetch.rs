@@ -2,7 +2,7 @@
 //! the chunks covering the range are fetched (consecutive ones of a pack in one range read),
 //! checked against their BLAKE3 ids and decoded in place.
 
-use crate::error::Result;
+use crate::error::{LazyError, Result};
 use gstore_gpu_dump::images::PAGE_SIZE;
 use gstore_store::codec;
 use gstore_store::index::ChunkLocation;
@@ -134,7 +134,7 @@ impl FileChunks {
                 j += 1;
             }
             let group = &chunks[i..j];
-            store.read_checked_range(&first.pack, first.offset..end, |data| {
+            let read = store.read_checked_range(&first.pack, first.offset..end, |data| {
                 for c in group {
                     let loc = c.loc.expect("grouped chunks are stored");
                     let stored = &data[(loc.offset - first.offset) as usize..][..loc.stored_len as usize];
@@ -144,6 +144,16 @@ impl FileChunks {
                         .map_err(|e| in_pack(e, &loc.pack, &self.path))?;
                 }
                 Ok(())
+            });
+            read.map_err(|e| match e {
+                // A damaged chunk names itself, its pack and file.
+                e @ StoreError::Corrupt { what: "chunk", .. } => LazyError::Store(e),
+                e => LazyError::Fetch {
+                    chunk: chunks[i].id.to_hex(),
+                    more: j - i - 1,
+                    file: self.path.clone(),
+                    source: Box::new(e),
+                },
             })?;
             i = j;
         }

@@ -2,9 +2,11 @@
 //! lazy page from many threads, then closes the userfaultfds.
 //!
 //! - Lazy memory is cut into segments of up to [`SEGMENT`] bytes of one pages file. A worker
-//!   takes a segment (a faulted one first, else the next in fill order), decodes its chunks
-//!   from the store into a resident buffer and copies it into the task with `UFFDIO_COPY`s as
-//!   large as the memory areas allow.
+//!   takes a segment (a faulted one first, then one read ahead behind a fault, see
+//!   [`crate::ahead`], else the next in fill order), decodes its chunks from the store into a
+//!   resident buffer and copies it into the task with `UFFDIO_COPY`s as large as the memory
+//!   areas allow. What was needed first (faults, then what was read ahead behind them) is
+//!   recorded as the profile for the next restore.
 //! - One event thread reads every task's events under that task's gate (a write lock that
 //!   copies hold for reading), so a copy never lands on memory the task has meanwhile
 //!   unmapped, moved or dropped: mremap, munmap and madvise are recorded as operations that
@@ -15,6 +17,7 @@
 //! - When nothing is missing any more, the userfaultfds are closed: what is left (holes) the
 //!   kernel fills natively. On any failure the restored processes are killed.
 
+use crate::ahead::Readahead;
 use crate::error::{LazyError, Result};
 use crate::fetch::FileChunks;
 use crate::guard::Guard;
@@ -46,7 +49,7 @@ const DONE: u8 = 2;
 pub struct FillOptions {
     /// Worker threads.
     pub workers: usize,
-    /// A recorded order, if the image has one.
+    /// A recorded order, if the image has one (one of another segment size is not used).
     pub profile: Option<Profile>,
 }
 
@@ -199,6 +202,14 @@ impl Task {
     }
 }
 
+/// Segments (pid, offset in its pages file) in the order they were first needed (faulted or
+/// read ahead).
+#[derive(Default)]
+struct FirstNeed {
+    order: Vec<(u32, u64)>,
+    seen: HashSet<(u32, u64)>,
+}
+
 /// State shared by the event thread and the workers.
 struct Shared<'a> {
     store: &'a Store,
@@ -206,6 +217,8 @@ struct Shared<'a> {
     images: Vec<Image>,
     tasks: RwLock<Vec<Arc<Task>>>,
     urgent: Mutex<VecDeque<(usize, usize)>>,
+    ahead: Mutex<Readahead>,
+    needed: Mutex<FirstNeed>,
     wake: Condvar,
     /// Segments not yet done, over all live tasks.
     remaining: AtomicUsize,
@@ -232,6 +245,16 @@ impl Shared<'_> {
         self.wake.notify_one();
     }
 
+    /// Records that segment `seg` of `task` was needed, if it is the first time.
+    fn needed(&self, task: &Task, seg: usize) {
+        let image = &self.images[task.image];
+        let key = (image.pid, image.segments[seg].file.start);
+        let mut n = self.needed.lock().expect("profile lock");
+        if n.seen.insert(key) {
+            n.order.push(key);
+        }
+    }
+
     /// The next (task, segment) to fill, claimed; `None` when the workers should stop.
     fn next(&self) -> Option<(Arc<Task>, usize)> {
         loop {
@@ -248,6 +271,11 @@ impl Shared<'_> {
             }
             if self.started.load(Ordering::Acquire) {
                 let tasks = self.tasks.read().expect("tasks lock").clone();
+                let ahead = self.ahead.lock().expect("read-ahead lock").next(|t, s| tasks[t].claim(s));
+                if let Some((t, s)) = ahead {
+                    self.needed(&tasks[t], s);
+                    return Some((tasks[t].clone(), s));
+                }
                 for task in tasks {
                     if task.gone.load(Ordering::Acquire) {
                         continue;
@@ -410,9 +438,10 @@ pub fn serve(
     let pids: Vec<i32> = announced.iter().map(|a| a.pid).collect();
     let fds: Vec<i32> = announced.iter().filter_map(|a| a.uffd.as_ref().map(Uffd::raw)).collect();
     let guard = Guard::start(&pids, &fds)?;
+    let profile = opts.profile.as_ref().filter(|p| p.segment_bytes == SEGMENT);
     let mut images = Vec::new();
     for (p, c) in layout.processes.iter().zip(chunks) {
-        images.push(Image::new(p, c, opts.profile.as_ref()));
+        images.push(Image::new(p, c, profile));
     }
     let mut tasks = Vec::new();
     let mut remaining = 0;
@@ -437,6 +466,8 @@ pub fn serve(
         images,
         tasks: RwLock::new(tasks),
         urgent: Mutex::new(VecDeque::new()),
+        ahead: Mutex::new(Readahead::default()),
+        needed: Mutex::new(FirstNeed::default()),
         wake: Condvar::new(),
         remaining: AtomicUsize::new(remaining),
         in_flight: AtomicUsize::new(0),
@@ -445,8 +476,7 @@ pub fn serve(
         failure: Mutex::new(None),
         faults: AtomicU64::new(0),
     };
-    let mut events =
-        EventLoop { conn: Some(conn), criu_s: 0.0, forked: 0, first_need: Vec::new(), seen: HashSet::new() };
+    let mut events = EventLoop { conn: Some(conn), criu_s: 0.0, forked: 0 };
     let outcome = std::thread::scope(|scope| {
         for _ in 0..opts.workers.max(1) {
             scope.spawn(|| worker(&sh));
@@ -470,8 +500,8 @@ pub fn serve(
                 faults: sh.faults.load(Ordering::Acquire),
                 criu_s: events.criu_s,
                 fill_s,
-                used_profile: opts.profile.is_some(),
-                profile: Profile::new(SEGMENT, events.first_need),
+                used_profile: profile.is_some(),
+                profile: Profile::new(SEGMENT, std::mem::take(&mut sh.needed.lock().expect("profile lock").order)),
             })
         }
         (r, failure) => {
@@ -487,8 +517,6 @@ struct EventLoop {
     conn: Option<UnixStream>,
     criu_s: f64,
     forked: usize,
-    first_need: Vec<(u32, u64)>,
-    seen: HashSet<(u32, u64)>,
 }
 
 impl EventLoop {
@@ -577,12 +605,12 @@ impl EventLoop {
                         }
                         continue;
                     };
-                    let key = (image.pid, image.segments[seg].file.start);
-                    if self.seen.insert(key) {
-                        self.first_need.push(key);
-                    }
+                    sh.needed(task, seg);
                     match task.state[seg].load(Ordering::Acquire) {
-                        PENDING => sh.push_urgent(index, seg),
+                        PENDING => {
+                            sh.push_urgent(index, seg);
+                            sh.ahead.lock().expect("read-ahead lock").fault(index, seg, image.segments.len());
+                        }
                         DONE => {
                             // Usually a fault read after the copy that already woke it; if the
                             // page is really missing, fill the segment again.

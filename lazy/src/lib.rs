@@ -10,13 +10,14 @@
 //! - [`layout`] reads from those files which address ranges are lazy and where their bytes are.
 //! - [`fill`] receives the tasks ([`socket`]), answers faults at once and meanwhile fills every
 //!   lazy page from many threads with large `UFFDIO_COPY`s ([`uffd`]), decoding chunks
-//!   straight from the store ([`fetch`]) in profile order ([`profile`]), then closes the
-//!   userfaultfds so that the kernel handles everything that is left (holes) itself.
+//!   straight from the store ([`fetch`]), reading ahead behind faults ([`ahead`]), otherwise in
+//!   profile order ([`profile`]), then closes the userfaultfds so that the kernel handles everything that is left (holes) itself.
 //! - [`guard`] keeps a restored process from ever running on missing memory: a small forked
 //!   process holds the userfaultfds too and kills the restored tree if the daemon dies first.
 
 #![deny(missing_docs)]
 
+pub mod ahead;
 pub mod error;
 pub mod fetch;
 pub mod fill;

@@ -15,6 +15,8 @@ pub enum Key {
     Manifest(ObjectId),
     /// `tags/<name>/<version>.tag`.
     Tag(TagRef),
+    /// `profiles/xx/<manifest id>.profile`.
+    Profile(ObjectId),
     /// `leases/<32 hex>.lease`.
     Lease(String),
     /// `tombstones/<pack or manifest key>`.
@@ -54,6 +56,9 @@ impl Key {
         if let Some(rest) = key.strip_prefix("manifests/") {
             return id_in(rest, ".manifest").map(Key::Manifest).ok_or_else(bad);
         }
+        if let Some(rest) = key.strip_prefix("profiles/") {
+            return id_in(rest, ".profile").map(Key::Profile).ok_or_else(bad);
+        }
         if let Some(rest) = key.strip_prefix("tags/") {
             let (name, file) = rest.split_once('/').ok_or_else(bad)?;
             let version = file.strip_suffix(".tag").ok_or_else(bad)?;
@@ -77,6 +82,7 @@ mod tests {
         let id = ObjectId::of(b"x");
         assert_eq!(Key::parse(&backend::pack_key(&id)), Ok(Key::Pack(id)));
         assert_eq!(Key::parse(&backend::manifest_key(&id)), Ok(Key::Manifest(id)));
+        assert_eq!(Key::parse(&backend::profile_key(&id)), Ok(Key::Profile(id)));
         assert!(matches!(Key::parse("tags/app/v1.tag"), Ok(Key::Tag(_))));
         assert_eq!(Key::parse("config.json"), Ok(Key::Config));
         assert_eq!(Key::parse("gc/lock"), Ok(Key::GcLock));
@@ -95,6 +101,8 @@ mod tests {
             "tombstones/config.json",
             "leases/../x.lease",
             "leases/ABC.lease",
+            "profiles/zz/00.profile",
+            "tombstones/profiles/00/00.profile",
             "../config.json",
             "",
             &long,
@@ -113,6 +121,7 @@ mod tests {
                     Key::Config => backend::CONFIG_KEY.to_string(),
                     Key::Pack(id) => backend::pack_key(id),
                     Key::Manifest(id) => backend::manifest_key(id),
+                    Key::Profile(id) => backend::profile_key(id),
                     Key::Tag(t) => backend::tag_key(&t.name, &t.version),
                     Key::Lease(name) => backend::lease_key(name),
                     Key::Tombstone(_) => s.clone(),

@@ -236,12 +236,12 @@ async fn lock_file(path: std::path::PathBuf) -> Result<std::fs::File, String> {
 }
 
 /// The scope (and tag namespace) writing or deleting an object needs: tags and leases are
-/// written by pushes; the config, packs' and manifests' deletion, tombstones and the gc lock
-/// belong to admins (gc).
+/// written by pushes, restore profiles by restores; the config, the deletion of packs,
+/// manifests and profiles, tombstones and the gc lock belong to admins (gc).
 fn write_scope(k: &Key) -> (Scope, Option<&str>) {
     match k {
         Key::Tag(t) => (Scope::Write, Some(t.name.as_str())),
-        Key::Pack(_) | Key::Manifest(_) | Key::Lease(_) => (Scope::Write, None),
+        Key::Pack(_) | Key::Manifest(_) | Key::Lease(_) | Key::Profile(_) => (Scope::Write, None),
         Key::Config | Key::Tombstone(_) | Key::GcLock => (Scope::Admin, None),
     }
 }
@@ -252,9 +252,9 @@ async fn delete_object(State(state): State<AppState>, Path(key): Path<String>, h
         Ok(k) => k,
         Err(r) => return r,
     };
-    // Deleting packs and manifests is gc's work.
+    // Deleting packs, manifests and profiles is gc's work.
     let (scope, tag) = match &k {
-        Key::Pack(_) | Key::Manifest(_) => (Scope::Admin, None),
+        Key::Pack(_) | Key::Manifest(_) | Key::Profile(_) => (Scope::Admin, None),
         other => write_scope(other),
     };
     if let Err(r) = authorize(&state, &headers, scope, tag) {
@@ -279,8 +279,8 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
     if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
         return r;
     }
-    if !["packs", "manifests", "tags", "leases", "tombstones"].contains(&q.prefix.as_str()) {
-        return error(StatusCode::BAD_REQUEST, "prefix must be packs, manifests, tags, leases or tombstones");
+    if !["packs", "manifests", "tags", "leases", "tombstones", "profiles"].contains(&q.prefix.as_str()) {
+        return error(StatusCode::BAD_REQUEST, "prefix must be packs, manifests, tags, leases, tombstones or profiles");
     }
     let listed: Result<Vec<_>, _> = state
         .objects

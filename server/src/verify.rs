@@ -1,10 +1,11 @@
 //! Checks an upload before anything is stored: every chunk of a pack decoded and hashed and
-//! the footer recomputed, a manifest's id and structure, a tag record's shape.
+//! the footer recomputed, a manifest's id and structure, a tag record's shape, a restore profile's.
 
 use crate::keys::Key;
 use gstore_store::codec::Decoder;
 use gstore_store::lease::{LeaseRecord, Owner};
 use gstore_store::manifest::Manifest;
+use gstore_store::profile::Profile;
 use gstore_store::tag::TagRecord;
 use gstore_store::{pack, ObjectId, StoreConfig};
 
@@ -30,6 +31,7 @@ pub fn upload(key: &Key, body: &[u8], chunk_max: u32) -> Result<(), String> {
             Ok(())
         }
         Key::Manifest(id) => Manifest::decode(body, id).map(|_| ()).map_err(|e| e.to_string()),
+        Key::Profile(id) => Profile::from_json(body, id).map(|_| ()).map_err(|e| e.to_string()),
         Key::Tag(tag) => TagRecord::from_json(body, tag).map(|_| ()).map_err(|e| e.to_string()),
         Key::Config => StoreConfig::from_json(body).map(|_| ()).map_err(|e| e.to_string()),
         Key::Lease(name) => LeaseRecord::from_json(body, name).map(|_| ()).map_err(|e| e.to_string()),

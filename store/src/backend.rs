@@ -29,6 +29,21 @@ pub const TOMBSTONES_PREFIX: &str = "tombstones";
 /// Key of the object a running gc holds so that only one gc runs at a time.
 pub const GC_LOCK_KEY: &str = "gc/lock";
 
+/// Prefix under which restore profiles live.
+pub const PROFILES_PREFIX: &str = "profiles";
+
+/// Key of an image's restore profile: `profiles/<first 2 hex>/<manifest hex>.profile`.
+pub fn profile_key(id: &ObjectId) -> String {
+    let h = id.to_hex();
+    format!("{PROFILES_PREFIX}/{}/{h}.profile", &h[..2])
+}
+
+/// Parses the image id out of a profile key, if it is one.
+pub fn profile_id_from_key(key: &str) -> Option<ObjectId> {
+    let file = key.strip_prefix(PROFILES_PREFIX)?.rsplit('/').next()?;
+    ObjectId::from_hex(file.strip_suffix(".profile")?).ok()
+}
+
 /// Key of a lease: `leases/<id>.lease`.
 pub fn lease_key(id: &str) -> String {
     format!("{LEASES_PREFIX}/{id}.lease")

@@ -21,6 +21,7 @@ pub mod lease;
 pub mod lock;
 pub mod manifest;
 pub mod pack;
+pub mod profile;
 pub mod progress;
 pub mod push;
 pub mod source;

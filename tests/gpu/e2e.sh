@@ -12,7 +12,8 @@
 #           deterministic greedy generation, which must equal the one computed at start.
 # Each workload is checkpointed with the raw path (driver API via ctypes + criu dump/restore
 # to a plain directory), then with gstore (--leave-running, then a full checkpoint), killed,
-# `gstore restore --run` (lazy, the default), checkpointed again, and `gstore restore --run
+# `gstore restore --run` (lazy, the default), killed and restored lazily again (following the
+# restore profile the first restore stored), checkpointed again, and `gstore restore --run
 # --no-lazy` (eager). Before each restore a request file is made; the time from the restore
 # command's start to the process's verified answer is measured, and the process must run on
 # under its pid. For medium a second replica with the same seed is checkpointed and must add
@@ -96,12 +97,14 @@ raw() {
   rm -rf "$img"
 }
 
-# grestore NAME DIR TAG MODE: `gstore restore TAG --run` (MODE lazy) or with --no-lazy (MODE
-# eager), a request made before it starts; sets ANS_<MODE> (seconds to the verified answer).
+# grestore NAME DIR TAG MODE: `gstore restore TAG --run` (MODE lazy; relazy: again, with the
+# profile the first one stored) or with --no-lazy (MODE eager), a request made before it
+# starts; sets ANS_<MODE> (seconds to the verified answer).
 grestore() {
-  local name=$1 dir=$2 tag=$3 mode=$4 flag= t0 t1
+  local name=$1 dir=$2 tag=$3 mode=$4 flag= t0 t1 want=$4
   local img="$W/$name-$mode-img" json="$W/$name-$mode.json"
   [ "$mode" = eager ] && flag=--no-lazy
+  [ "$mode" = relazy ] && want=lazy
   ask "$dir"
   t0=$(now)
   if ! "$G" --json restore "$tag" --run --to "$img" $flag --criu "$W/criu" >"$json" 2>"$W/$name-$mode.err"; then
@@ -116,15 +119,16 @@ grestore() {
   t1=$(now)
   eval "ANS_$mode=$(dt "$t0" "$t1")"
   say "  (gstore $mode json: $(tr -d '\n ' <"$json"))"
-  check "$name: $mode restore reports mode $mode" "[ \"\$(js $json \"d['mode']\")\" = $mode ]"
+  check "$name: $mode restore reports mode $want" "[ \"\$(js $json \"d['mode']\")\" = $want ]"
+  [ "$mode" = relazy ] && check "$name: the second lazy restore followed the stored profile" "[ \"\$(js $json \"d['profile']\")\" = 'followed the stored profile' ]"
   check "$name: restored under its pid ($mode)" "[ \"\$(js $json \"d['pid']\")\" = $PID ]"
   check "$name: verified answer after the $mode restore" "answer_ok $dir"
   check "$name: computes on after the $mode restore" "progressing $dir"
   rm -rf "$img"
 }
 
-# gstore_paths NAME DIR: leave-running checkpoint, full checkpoint, lazy restore --run,
-# checkpoint again, eager restore --run.
+# gstore_paths NAME DIR: leave-running checkpoint, full checkpoint, lazy restore --run, killed
+# and restored lazily again (now with a profile), checkpoint again, eager restore --run.
 gstore_paths() {
   local name=$1 dir=$2
   "$G" --json checkpoint --pid "$PID" --tag "$name:live" --leave-running --criu "$W/criu" >"$W/$name-live.json" || return 1
@@ -132,6 +136,8 @@ gstore_paths() {
   "$G" --json checkpoint --pid "$PID" --tag "$name:full" --criu "$W/criu" >"$W/$name-full.json" || return 1
   wait_gone "$PID"
   if grestore "$name" "$dir" "$name:full" lazy; then
+    kill -9 "$PID"; wait_gone "$PID"
+    grestore "$name" "$dir" "$name:full" relazy || return 1
     "$G" --json checkpoint --pid "$PID" --tag "$name:again" --criu "$W/criu" >"$W/$name-again.json" || return 1
     wait_gone "$PID"
     grestore "$name" "$dir" "$name:again" eager || return 1
@@ -145,7 +151,7 @@ gstore_paths() {
 
 table_row() {  # NAME
   local n=$1
-  local live="$W/$n-live.json" full="$W/$n-full.json" lazy="$W/$n-lazy.json" eager="$W/$n-eager.json"
+  local live="$W/$n-live.json" full="$W/$n-full.json" eager="$W/$n-eager.json" lazy mode
   local paused total push phases
   say "$n: image $(awk -v b="${RAW_IMG:-0}" 'BEGIN{printf "%.2f GB", b/1e9}') (raw)"
   say "  raw checkpoint      ${RAW_CKPT_S:-?} s (${RAW_CKPT:-?}: lock+checkpoint, criu dump)"
@@ -161,17 +167,20 @@ table_row() {  # NAME
     say "  gstore checkpoint   $total s ($phases, store $push)"
   fi
   say "  raw restore         answer ${RAW_ANS_S:-?} s; restored ${RAW_REST_S:-?} s (${RAW_REST:-?})"
-  if [ -s "$lazy" ]; then
-    phases=$(js "$lazy" "'write %.2f + criu %.2f (of it: lazy daemon sees criu %.2f) + fill %.2f + gpu %.2f + unlock %.2f; total %.2f; %d faults, %.2f GB lazy' % (d['materialize_s'], d['restore']['timings']['criu_restore_s'], d['fill']['criu_s'], d['fill']['fill_s'], d['restore']['timings']['gpu_restore_s'] or 0, d['restore']['timings']['gpu_unlock_s'] or 0, d['total_s'], d['fill']['faults'], d['fill']['lazy_bytes'] / 1e9)")
-    say "  gstore lazy         answer ${ANS_lazy:-?} s  ratio $(ratio "${ANS_lazy:-0}" "${RAW_ANS_S:-0}") x raw ($phases)"
-  fi
+  for mode in lazy relazy; do
+    lazy="$W/$n-$mode.json"
+    [ -s "$lazy" ] || continue
+    phases=$(js "$lazy" "'write %.2f + criu %.2f + gpu %.2f + unlock %.2f, the fill alongside, complete %.2f s after criu; total %.2f; %d faults, %.2f GB lazy; profile: %s' % (d['materialize_s'], d['restore']['timings']['criu_restore_s'], d['restore']['timings']['gpu_restore_s'] or 0, d['restore']['timings']['gpu_unlock_s'] or 0, d['fill']['fill_s'], d['total_s'], d['fill']['faults'], d['fill']['lazy_bytes'] / 1e9, d['profile'])")
+    local ans; eval "ans=\${ANS_$mode:-0}"
+    say "  gstore $mode$( [ $mode = lazy ] && echo '  ' )     answer $ans s  ratio $(ratio "$ans" "${RAW_ANS_S:-0}") x raw ($phases)"
+  done
   if [ -s "$eager" ]; then
     phases=$(js "$eager" "'write %.2f + criu %.2f + gpu %.2f + unlock %.2f; total %.2f' % (d['materialize_s'], d['restore']['timings']['criu_restore_s'], d['restore']['timings']['gpu_restore_s'] or 0, d['restore']['timings']['gpu_unlock_s'] or 0, d['total_s'])")
     say "  gstore --no-lazy    answer ${ANS_eager:-?} s  ratio $(ratio "${ANS_eager:-0}" "${RAW_ANS_S:-0}") x raw ($phases)"
   fi
 }
 
-reset_times() { unset RAW_IMG RAW_CKPT RAW_CKPT_S RAW_LIVE_S RAW_REST RAW_REST_S RAW_ANS_S ANS_lazy ANS_eager; }
+reset_times() { unset RAW_IMG RAW_CKPT RAW_CKPT_S RAW_LIVE_S RAW_REST RAW_REST_S RAW_ANS_S ANS_lazy ANS_relazy ANS_eager; }
 
 for c in $CASES; do
   reset_times
