@@ -23,22 +23,9 @@ impl Tree {
     fn start(mb: u32) -> Tree {
         assert!(Path::new(CRIU).exists(), "CRIU >= 4 is not installed at {CRIU}: run scripts/criu.sh");
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("tree.py");
-        std::fs::write(&script, TREE_PY).unwrap();
         let out = dir.path().join("out");
         std::fs::create_dir(&out).unwrap();
-        let pidfile = dir.path().join("pid");
-        let st = Command::new("sh")
-            .arg("-c")
-            .arg(r#"setsid python3 "$0" "$1" "$2" </dev/null >/dev/null 2>&1 & echo $! > "$3""#)
-            .arg(&script)
-            .arg(&out)
-            .arg(mb.to_string())
-            .arg(&pidfile)
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let parent: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let parent = spawn_detached_python(dir.path(), TREE_PY, &[out.as_os_str(), mb.to_string().as_ref()]);
         let mut t = Tree { parent, child: 0, dir };
         t.wait_file("ready-parent", Duration::from_secs(60));
         t.wait_file("ready-child", Duration::from_secs(60));
@@ -108,7 +95,7 @@ impl Drop for Tree {
     fn drop(&mut self) {
         for pid in [self.parent, self.child] {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains("tree.py") {
+            if String::from_utf8_lossy(&cmdline).contains(&*self.dir.path().to_string_lossy()) {
                 let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
             }
         }

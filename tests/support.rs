@@ -246,25 +246,32 @@ while True:
     time.sleep(0.05)
 "#;
 
+/// Starts `python3 SCRIPT ARGS...` (the script written into `dir`) in a session of its own,
+/// detached from the test (no terminal, stdio closed, not a child of the test process, as a
+/// CRIU-dumpable service would run); returns its pid.
+pub fn spawn_detached_python(dir: &Path, script: &str, args: &[&std::ffi::OsStr]) -> u32 {
+    let path = dir.join("script.py");
+    fs::write(&path, script).unwrap();
+    let pidfile = dir.join("pid");
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(r#"pidfile=$1; shift; setsid python3 "$@" </dev/null >/dev/null 2>&1 & echo $! > "$pidfile""#)
+        .arg("sh")
+        .arg(&pidfile)
+        .arg(&path)
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap()
+}
+
 impl PyCounter {
     /// Starts a counter whose blob comes from `seed`; waits until it counts.
     pub fn start(seed: u64) -> PyCounter {
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("counter.py");
-        fs::write(&script, COUNTER_PY).unwrap();
-        let pidfile = dir.path().join("pid");
         let count = dir.path().join("count");
-        let st = Command::new("sh")
-            .arg("-c")
-            .arg(r#"setsid python3 "$0" "$1" "$2" </dev/null >/dev/null 2>&1 & echo $! > "$3""#)
-            .arg(&script)
-            .arg(&count)
-            .arg(seed.to_string())
-            .arg(&pidfile)
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let pid: u32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let pid = spawn_detached_python(dir.path(), COUNTER_PY, &[count.as_os_str(), seed.to_string().as_ref()]);
         let c = PyCounter { pid, dir };
         c.wait_above(1);
         c
@@ -308,7 +315,7 @@ impl PyCounter {
     /// Kills the process if it is still this counter.
     pub fn kill(&self) {
         let cmdline = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains("counter.py") {
+        if String::from_utf8_lossy(&cmdline).contains(&*self.dir.path().to_string_lossy()) {
             let _ = Command::new("kill").arg("-9").arg(self.pid.to_string()).status();
         }
     }
