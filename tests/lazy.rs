@@ -141,14 +141,14 @@ fn a_tree_comes_back_with_every_page_and_a_child_forked_during_the_fill_sees_the
 
 /// The restore profiles in the store: (path, JSON).
 fn profiles(env: &Env) -> Vec<(PathBuf, serde_json::Value)> {
-    let mut out = Vec::new();
-    for dir in std::fs::read_dir(env.store.join("profiles")).into_iter().flatten().flatten() {
-        for f in std::fs::read_dir(dir.path()).unwrap().flatten() {
-            let json = serde_json::from_slice(&std::fs::read(f.path()).unwrap()).unwrap_or_default();
-            out.push((f.path(), json));
-        }
-    }
-    out
+    let json = |p: &Path| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap_or_default();
+    walk(&env.store.join("profiles"))
+        .into_iter()
+        .map(|p| {
+            let j = json(&p);
+            (p, j)
+        })
+        .collect()
 }
 
 #[test]
@@ -200,6 +200,47 @@ fn a_restore_profile_is_recorded_then_followed_and_goes_with_its_image() {
         "{second}"
     );
     assert!(profiles(&env).is_empty());
+}
+
+#[test]
+fn a_tree_checkpointed_into_s3_comes_back_lazily_on_another_machine_and_its_profile_is_stored() {
+    let s3 = S3::start();
+    s3.ok("a", &["init"]);
+    let tree = Tree::start(200);
+    let pid = tree.parent.to_string();
+    s3.ok("a", &["checkpoint", "--pid", &pid, "--tag", "tree:s3", "--criu", CRIU]);
+    tree.wait_gone(Duration::from_secs(10));
+    let restore = || -> serde_json::Value {
+        serde_json::from_str(&s3.ok("b", &["--json", "restore", "tree:s3", "--run", "--criu", CRIU])).unwrap()
+    };
+    let r = restore();
+    assert_eq!(
+        (r["mode"].as_str(), r["profile"].as_str()),
+        (Some("lazy"), Some("recorded a profile for the next restore")),
+        "{r}"
+    );
+    tree.assert_intact("parent");
+    tree.assert_intact("child");
+    let stored = walk(&s3.bucket_dir().join("images/profiles"));
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    tree.kill();
+    let r = restore();
+    assert_eq!(r["profile"], "followed the stored profile", "{r}");
+    tree.assert_intact("parent");
+    tree.assert_intact("child");
+}
+
+/// Every file below `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
 }
 
 /// Flips a byte in the stored form of a chunk from the middle of the parent's pages file.
