@@ -498,7 +498,7 @@ fn gc_text(r: &gc::GcReport) -> String {
         "{} images kept, {} running pushes; {} history entries {would}dropped\n\
          {} packs ({}): {} {would}deleted ({} reclaimed), {} {would}tombstoned ({} to reclaim next pass), \
          {} {would}rewritten ({} written), {} revived\n\
-         manifests: {} {would}deleted, {} {would}tombstoned, {} revived; restore profiles: {} {would}deleted\n\
+         manifests: {} {would}deleted, {} {would}tombstoned, {} revived\n\
          {} requests in {:.2} s",
         r.images_kept,
         r.leases_live,
@@ -515,7 +515,6 @@ fn gc_text(r: &gc::GcReport) -> String {
         r.manifests_deleted,
         r.manifests_tombstoned,
         r.manifests_revived,
-        r.profiles_deleted,
         r.requests,
         r.seconds
     );

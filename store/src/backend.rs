@@ -38,12 +38,6 @@ pub fn profile_key(id: &ObjectId) -> String {
     format!("{PROFILES_PREFIX}/{}/{h}.profile", &h[..2])
 }
 
-/// Parses the image id out of a profile key, if it is one.
-pub fn profile_id_from_key(key: &str) -> Option<ObjectId> {
-    let file = key.strip_prefix(PROFILES_PREFIX)?.rsplit('/').next()?;
-    ObjectId::from_hex(file.strip_suffix(".profile")?).ok()
-}
-
 /// Key of a lease: `leases/<id>.lease`.
 pub fn lease_key(id: &str) -> String {
     format!("{LEASES_PREFIX}/{id}.lease")

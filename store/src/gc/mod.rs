@@ -13,7 +13,7 @@
 //!    tombstoned objects still not needed are deleted; other unneeded objects get a
 //!    tombstone; packs holding little live data are rewritten (live chunks copied into a new
 //!    pack, then the old one tombstoned), so their space comes back on the next pass;
-//!    restore profiles of images that are gone (or deleted now) are deleted.
+//!    a deleted manifest's restore profile is deleted with it.
 
 mod catalog;
 mod lock;
@@ -100,8 +100,6 @@ pub struct GcReport {
     pub manifests_deleted: usize,
     /// Manifests revived.
     pub manifests_revived: usize,
-    /// Restore profiles deleted because their image is gone.
-    pub profiles_deleted: usize,
     /// Damaged packs (left untouched; `gstore verify` names the images they break).
     pub damaged_packs: Vec<String>,
     /// Manifests tags name that are missing.
@@ -189,28 +187,19 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run };
     sweep_packs(&sweep, &packs, &homes, &home_bytes, &rewrite, progress, &mut report)?;
     let manifests = b.list(backend::MANIFESTS_PREFIX)?;
-    let mut images: HashSet<ObjectId> = HashSet::new();
     for l in &manifests {
         let Some(id) = backend::manifest_id_from_key(&l.key) else { continue };
         match sweep.settle(&l.key, "manifests", &id, roots.contains(&id), tombstones.contains(&l.key))? {
             Settled::Revived => report.manifests_revived += 1,
-            Settled::Deleted => report.manifests_deleted += 1,
+            Settled::Deleted => {
+                report.manifests_deleted += 1;
+                // The image's restore profile (if it has one) goes with it.
+                if !opts.dry_run {
+                    b.delete(&backend::profile_key(&id))?;
+                }
+            }
             Settled::Tombstoned => report.manifests_tombstoned += 1,
             Settled::Kept => {}
-        }
-        images.insert(id);
-    }
-    // A restore profile goes with its image. It is only a hint: one written for an image
-    // pushed after the listing above may go too, and the next restore records it again.
-    for l in b.list(backend::PROFILES_PREFIX)? {
-        let Some(id) = backend::profile_id_from_key(&l.key) else { continue };
-        let deleted =
-            !images.contains(&id) || (tombstones.contains(&backend::manifest_key(&id)) && !roots.contains(&id));
-        if deleted {
-            report.profiles_deleted += 1;
-            if !opts.dry_run {
-                b.delete(&l.key)?;
-            }
         }
     }
 
