@@ -4,15 +4,13 @@
 
 use crate::error::{LazyError, Result};
 use gstore_gpu_dump::images::PAGE_SIZE;
+use gstore_restore::plan::{locate_chunk, MAX_GAP};
 use gstore_store::codec;
 use gstore_store::index::ChunkLocation;
 use gstore_store::manifest::Manifest;
 use gstore_store::{ObjectId, Store, StoreError};
 use rayon::prelude::*;
 use std::ops::Range;
-
-/// Two chunks of one pack are read together when at most this many bytes lie between them.
-const MAX_GAP: u64 = 64 * 1024;
 
 /// One chunk of a file, located in the store (`None`: an all-zero chunk, never fetched).
 #[derive(Debug, Clone)]
@@ -55,22 +53,7 @@ impl FileChunks {
             .par_iter()
             .zip(offsets)
             .map(|(c, offset)| {
-                let loc = if c.zero {
-                    None
-                } else {
-                    let loc = store.locate(&c.id)?.ok_or_else(|| StoreError::NotFound {
-                        what: "chunk",
-                        key: format!("{} of {path:?} (in no pack of the store: a pack is missing or damaged)", c.id),
-                    })?;
-                    if loc.plain_len != c.len {
-                        return Err(StoreError::corrupt(
-                            "chunk",
-                            c.id.to_hex(),
-                            format!("index says {} bytes, manifest says {}", loc.plain_len, c.len),
-                        ));
-                    }
-                    Some(loc)
-                };
+                let loc = if c.zero { None } else { Some(locate_chunk(store, &c.id, c.len, path)?) };
                 Ok(Located { offset, len: c.len, id: c.id, loc })
             })
             .collect::<std::result::Result<Vec<_>, StoreError>>()?;

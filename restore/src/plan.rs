@@ -113,6 +113,25 @@ fn entry_order(m: &Manifest) -> Vec<usize> {
     idx
 }
 
+/// Where chunk `id` (of `len` plain bytes, part of the image file `path`) is stored: an error
+/// that names the file when the index knows no pack holding it, or disagrees on its length.
+pub fn locate_chunk(store: &Store, id: &ObjectId, len: u32, path: &str) -> Result<ChunkLocation> {
+    let loc = store.locate(id)?.ok_or_else(|| StoreError::NotFound {
+        what: "chunk",
+        key: format!(
+            "{id} of {path:?} (in no pack of the store: a pack is missing or damaged; gstore verify names the images it breaks)"
+        ),
+    })?;
+    if loc.plain_len != len {
+        return Err(StoreError::corrupt(
+            "chunk",
+            id.to_hex(),
+            format!("index says {} bytes, manifest says {len}", loc.plain_len),
+        ));
+    }
+    Ok(loc)
+}
+
 /// Plans the restore of every file of `m`, with range reads of at most `max_read` bytes
 /// (stored and plain alike), which bounds the memory one read needs.
 pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
@@ -147,20 +166,7 @@ pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
         .into_par_iter()
         .enumerate()
         .map(|(first, (id, entry, len, targets))| {
-            let path = &files[entry].0.path;
-            let loc = store.locate(&id)?.ok_or_else(|| StoreError::NotFound {
-                what: "chunk",
-                key: format!(
-                    "{id} of {path:?} (in no pack of the store: a pack is missing or damaged; gstore verify names the images it breaks)"
-                ),
-            })?;
-            if loc.plain_len != len {
-                return Err(StoreError::corrupt(
-                    "chunk",
-                    id.to_hex(),
-                    format!("index says {} bytes, manifest says {len}", loc.plain_len),
-                ));
-            }
+            let loc = locate_chunk(store, &id, len, &files[entry].0.path)?;
             Ok((first, PlannedChunk { id, loc, targets }))
         })
         .collect::<Result<_>>()?;
