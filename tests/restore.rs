@@ -78,3 +78,59 @@ fn load_into_host_memory_and_clear_device_errors() {
     let err = env.fails(&["load", "w", "--device", "cuda:0"]);
     assert!(err.contains("no CUDA driver"), "{err}");
 }
+
+/// Builds the test CUDA driver (gpu-dump/tests/fake_libcuda.c: device memory is host memory,
+/// no kernel API) into `dir`/libcuda.so.1.
+fn fake_libcuda(dir: &std::path::Path) {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../gpu-dump/tests/fake_libcuda.c");
+    std::fs::create_dir_all(dir.join("state")).unwrap();
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1"])
+        .arg(format!("-DSTATE_DIR=\"{}\"", dir.join("state").display()))
+        .arg("-o")
+        .arg(dir.join("libcuda.so.1"))
+        .arg(source)
+        .status()
+        .expect("run cc (a C compiler is needed for this test)");
+    assert!(status.success());
+}
+
+#[test]
+fn load_into_a_device_without_the_kernel_api_checks_on_the_host() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 3, 4_000_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "w"]);
+    let cuda = env.path("cuda");
+    fake_libcuda(&cuda);
+    let load = |args: &[&str]| {
+        let mut a = vec!["--json", "load", "w", "--device", "cuda:0"];
+        a.extend_from_slice(args);
+        env.cmd(&a).env("LD_LIBRARY_PATH", &cuda).output().expect("gstore runs")
+    };
+    // --check reads every device buffer back and hashes each chunk against the manifest.
+    let o = load(&["--check", "--memory-budget", "16000000"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["bytes"], env.json(&["show", "w"])["logical_bytes"]);
+    assert_eq!(r["checked"], true);
+    let path = r["path"].as_str().unwrap();
+    assert!(path.contains("checked and decoded on the host") && path.contains("cuModuleLoadData"), "{path}");
+    // A damaged pack fails the load, naming the chunk.
+    for pack in env.packs() {
+        let mut bytes = std::fs::read(&pack).unwrap();
+        let mid = bytes.len() / 3;
+        bytes[mid] ^= 0x40;
+        std::fs::write(&pack, bytes).unwrap();
+    }
+    let o = load(&[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("corrupt chunk"), "{err}");
+    // A missing pack too, naming the pack.
+    for pack in env.packs() {
+        std::fs::remove_file(pack).unwrap();
+    }
+    let err = String::from_utf8_lossy(&load(&[]).stderr).to_string();
+    assert!(err.contains("pack") && err.contains("not found"), "{err}");
+}

@@ -126,11 +126,10 @@ pub fn run(cli: Cli) -> Result<()> {
             })
         }
         Command::Load { image, device, check, memory_budget } => {
-            let store = open_indexed(&location)?;
-            let r = load::load(&store, &image, &device, check, memory_budget, &bars)?;
+            let r = load::load(|| open_indexed(&location), &image, &device, check, memory_budget, &bars)?;
             out.emit(&r, || {
                 format!(
-                    "loaded {} into {} in {:.2} s: {:.2} GB/s{}{}",
+                    "loaded {} into {} in {:.2} s: {:.2} GB/s{}{}{}",
                     HumanBytes(r.bytes),
                     r.device,
                     r.seconds,
@@ -141,7 +140,8 @@ pub fn run(cli: Cli) -> Result<()> {
                             r.bytes as f64 / 1e9 / t.max(1e-9)
                         ))
                         .unwrap_or_default(),
-                    if r.checked { " (read back and checked)" } else { "" }
+                    if r.checked { " (read back and checked)" } else { "" },
+                    r.path.as_deref().map(|p| format!("\n{p}")).unwrap_or_default()
                 )
             })
         }

@@ -26,42 +26,54 @@ pub struct LoadReport {
     /// Device loads: seconds planning, allocating, transferring.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<[f64; 3]>,
+    /// Device loads: where chunks were checked and decoded, and why there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
-/// Loads `reference` onto `device` (`host` or `cuda:N`).
+/// Opens the store with `open` and loads `reference` onto `device` (`host` or `cuda:N`). The
+/// CUDA driver and context start while the store opens and the image is read; the time
+/// reported runs from the call to the last byte checked in memory.
 pub fn load(
-    store: &Store,
+    open: impl FnOnce() -> Result<Store>,
     reference: &str,
     device: &str,
     check: bool,
     memory_budget: u64,
     bars: &Bars,
 ) -> Result<LoadReport> {
+    let started = Instant::now();
+    let gpu = match device {
+        "host" => None,
+        _ => Some(
+            device
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<u32>().ok())
+                .with_context(|| format!("--device {device:?}: expected host or cuda:N"))?,
+        ),
+    };
+    if gpu.is_none() && check {
+        bail!("--check reads device memory back; host loads are verified chunk by chunk already");
+    }
+    let context =
+        gpu.map(|index| std::thread::spawn(move || Ok::<_, anyhow::Error>(CudaDriver::load()?.context(index)?)));
+    let store = open()?;
     let id = store.resolve(reference)?;
     let m = store.get_manifest(&id)?;
-    let started = Instant::now();
-    let bytes = if device == "host" {
-        if check {
-            bail!("--check reads device memory back; host loads are verified chunk by chunk already");
-        }
-        gstore_restore::restore_to_memory(store, &m, memory_budget, bars)?.len()
-    } else {
-        let index: u32 = device
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .with_context(|| format!("--device {device:?}: expected host or cuda:N"))?;
-        let driver = CudaDriver::load()?;
-        let ctx = driver.context(index)?;
-        let image = gstore_restore::restore_to_device(store, &m, &ctx, memory_budget, bars)?;
-        let mut r = report(reference, device, image.len(), started.elapsed().as_secs_f64());
-        r.phases = Some([image.plan_s, image.alloc_s, image.transfer_s]);
-        if check {
-            check_device(&m, &image, &ctx)?;
-            r.checked = true;
-        }
-        return Ok(r);
+    let Some(context) = context else {
+        let bytes = gstore_restore::restore_to_memory(&store, &m, memory_budget, bars)?.len();
+        return Ok(report(reference, device, bytes, started.elapsed().as_secs_f64()));
     };
-    Ok(report(reference, device, bytes, started.elapsed().as_secs_f64()))
+    let ctx = context.join().expect("CUDA start does not panic")?;
+    let image = gstore_restore::restore_to_device(&store, &m, &ctx, memory_budget, bars)?;
+    let mut r = report(reference, device, image.len(), started.elapsed().as_secs_f64());
+    r.phases = Some([image.plan_s, image.alloc_s, image.transfer_s]);
+    r.path = Some(image.path.clone());
+    if check {
+        check_device(&m, &image, &ctx)?;
+        r.checked = true;
+    }
+    Ok(r)
 }
 
 fn report(image: &str, device: &str, bytes: u64, seconds: f64) -> LoadReport {
@@ -73,6 +85,7 @@ fn report(image: &str, device: &str, bytes: u64, seconds: f64) -> LoadReport {
         gb_per_s: bytes as f64 / 1e9 / seconds.max(1e-9),
         checked: false,
         phases: None,
+        path: None,
     }
 }
 

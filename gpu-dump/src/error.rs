@@ -81,6 +81,15 @@ pub enum GpuDumpError {
         hint: &'static str,
     },
 
+    /// An optional GPU library (nvCOMP) could not be loaded or failed a call.
+    #[error("{library}: {detail}")]
+    GpuLibrary {
+        /// The library name or path.
+        library: String,
+        /// What went wrong.
+        detail: String,
+    },
+
     /// No CRIU binary was found.
     #[error(
         "CRIU not found (tried {tried}); install CRIU >= 4.0 with scripts/criu.sh, or name the \

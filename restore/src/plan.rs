@@ -132,45 +132,96 @@ pub fn locate_chunk(store: &Store, id: &ObjectId, len: u32, path: &str) -> Resul
     Ok(loc)
 }
 
-/// Plans the restore of every file of `m`, with range reads of at most `max_read` bytes
-/// (stored and plain alike), which bounds the memory one read needs.
-pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
-    use rayon::prelude::*;
-    let files: Vec<_> = m.files().collect();
-    // (id, entry of first use, length, targets), in order of first use
-    let mut order: Vec<(ObjectId, usize, u32, Vec<Target>)> = Vec::new();
-    let mut slot: HashMap<ObjectId, usize> = HashMap::new();
-    let mut zeros = Vec::new();
-    for i in entry_order(m) {
-        let (_, chunks) = files[i];
-        let mut off = 0u64;
-        for c in chunks {
-            if c.zero {
-                match zeros.last_mut() {
-                    Some(ZeroRange { entry: e, offset, len }) if *e == i && *offset + *len == off => {
-                        *len += c.len as u64
+/// Two chunks share a range read only while it holds at most this many chunks, which bounds
+/// the per-read bookkeeping a sink allocates up front (e.g. GPU decode scratch per slot).
+pub const MAX_CHUNKS_PER_READ: usize = 512;
+
+/// A distinct chunk an image needs, before the index is asked where it is.
+struct Needed {
+    id: ObjectId,
+    /// The entry of its first use.
+    entry: usize,
+    len: u32,
+    targets: Vec<Target>,
+}
+
+/// What an image needs, from its manifest alone: its distinct chunks in order of first use,
+/// with every place each goes, and its zero runs. Planning it ([`Needs::plan_batches`]) asks
+/// the index where each chunk is stored.
+pub struct Needs {
+    chunks: Vec<Needed>,
+    /// The image's zero runs.
+    pub zeros: Vec<ZeroRange>,
+}
+
+impl Needs {
+    /// Reads `m`: no index lookups, no I/O.
+    pub fn of(m: &Manifest) -> Needs {
+        let files: Vec<_> = m.files().collect();
+        let mut chunks: Vec<Needed> = Vec::new();
+        let mut slot: HashMap<ObjectId, usize> = HashMap::new();
+        let mut zeros = Vec::new();
+        for i in entry_order(m) {
+            let (_, list) = files[i];
+            let mut off = 0u64;
+            for c in list {
+                if c.zero {
+                    match zeros.last_mut() {
+                        Some(ZeroRange { entry: e, offset, len }) if *e == i && *offset + *len == off => {
+                            *len += c.len as u64
+                        }
+                        _ => zeros.push(ZeroRange { entry: i, offset: off, len: c.len as u64 }),
                     }
-                    _ => zeros.push(ZeroRange { entry: i, offset: off, len: c.len as u64 }),
+                } else if let Some(&k) = slot.get(&c.id) {
+                    chunks[k].targets.push((i, off));
+                } else {
+                    slot.insert(c.id, chunks.len());
+                    chunks.push(Needed { id: c.id, entry: i, len: c.len, targets: vec![(i, off)] });
                 }
-            } else if let Some(&k) = slot.get(&c.id) {
-                order[k].3.push((i, off));
-            } else {
-                slot.insert(c.id, order.len());
-                order.push((c.id, i, c.len, vec![(i, off)]));
+                off += c.len as u64;
             }
-            off += c.len as u64;
         }
+        Needs { chunks, zeros }
     }
-    // Index lookups in parallel: one per distinct chunk.
-    let chunks: Vec<(usize, PlannedChunk)> = order
-        .into_par_iter()
-        .enumerate()
-        .map(|(first, (id, entry, len, targets))| {
-            let loc = locate_chunk(store, &id, len, &files[entry].0.path)?;
-            Ok((first, PlannedChunk { id, loc, targets }))
-        })
-        .collect::<Result<_>>()?;
-    let mut chunks = chunks;
+
+    /// Plans the reads in batches of `batch` distinct chunks (in order of first use), handing
+    /// each batch's reads (at most `max_read` bytes stored and plain, each) to `emit` as soon
+    /// as they are planned, so a restore can start on them while later batches are looked up.
+    /// Reads never span two batches. Stops at the first error, `emit`'s included.
+    pub fn plan_batches(
+        self,
+        store: &Store,
+        m: &Manifest,
+        max_read: u64,
+        batch: usize,
+        mut emit: impl FnMut(Vec<RangeRead>) -> Result<()>,
+    ) -> Result<()> {
+        use rayon::prelude::*;
+        let paths: Vec<&str> = m.entries.iter().map(|e| e.path.as_str()).collect();
+        let mut chunks = self.chunks;
+        let mut first = 0;
+        while !chunks.is_empty() {
+            let rest = chunks.split_off(batch.min(chunks.len()));
+            // Index lookups in parallel: one per distinct chunk.
+            let located: Vec<(usize, PlannedChunk)> = chunks
+                .into_par_iter()
+                .enumerate()
+                .map(|(k, n)| {
+                    let loc = locate_chunk(store, &n.id, n.len, paths[n.entry])?;
+                    Ok((first + k, PlannedChunk { id: n.id, loc, targets: n.targets }))
+                })
+                .collect::<Result<_>>()?;
+            first += located.len();
+            emit(coalesce(located, max_read))?;
+            chunks = rest;
+        }
+        Ok(())
+    }
+}
+
+/// Groups located chunks (each with its rank of first use) into range reads of at most
+/// `max_read` bytes and [`MAX_CHUNKS_PER_READ`] chunks, ordered by first use.
+fn coalesce(mut chunks: Vec<(usize, PlannedChunk)>, max_read: u64) -> Vec<RangeRead> {
     chunks.sort_by_key(|(_, p)| (p.loc.pack, p.loc.offset));
     let mut reads: Vec<(usize, RangeRead, u64)> = Vec::new();
     for (first, p) in chunks {
@@ -182,7 +233,8 @@ pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
                     && r.start >= cur.end
                     && r.start - cur.end <= MAX_GAP
                     && r.end - cur.start <= max_read
-                    && *cur_plain + plain <= max_read =>
+                    && *cur_plain + plain <= max_read
+                    && cur.chunks.len() < MAX_CHUNKS_PER_READ =>
             {
                 cur.end = r.end;
                 *f = (*f).min(first);
@@ -195,5 +247,18 @@ pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
         }
     }
     reads.sort_by_key(|(f, _, _)| *f);
-    Ok(Plan { reads: reads.into_iter().map(|(_, r, _)| r).collect(), zeros })
+    reads.into_iter().map(|(_, r, _)| r).collect()
+}
+
+/// Plans the restore of every file of `m`, with range reads of at most `max_read` bytes
+/// (stored and plain alike), which bounds the memory one read needs.
+pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
+    let needs = Needs::of(m);
+    let zeros = needs.zeros.clone();
+    let mut reads = Vec::new();
+    needs.plan_batches(store, m, max_read, usize::MAX, |batch| {
+        reads = batch;
+        Ok(())
+    })?;
+    Ok(Plan { reads, zeros })
 }

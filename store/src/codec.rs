@@ -156,6 +156,14 @@ impl Decoder {
     /// Decodes `stored` into `out`, which must be exactly the chunk's plain length, and checks
     /// the bytes against `id`. On error `out` holds unspecified bytes.
     pub fn decode_into(&mut self, codec: Codec, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<()> {
+        let n = self.expand_into(codec, stored, id, out)?;
+        verify(&out[..n.min(out.len())], out.len(), id)
+    }
+
+    /// Decodes `stored` into `out` (the chunk's plain length) without hashing the result, for
+    /// callers that check the bytes elsewhere (a GPU kernel): returns the decoded length, which
+    /// differs from `out.len()` only for a damaged chunk (`id` names it in errors).
+    pub fn expand_into(&mut self, codec: Codec, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<usize> {
         let plain_len = out.len();
         if plain_len > self.chunk_max as usize {
             return Err(StoreError::corrupt(
@@ -164,7 +172,7 @@ impl Decoder {
                 format!("plain length {plain_len} exceeds the store's chunk max {}", self.chunk_max),
             ));
         }
-        let n = match codec {
+        Ok(match codec {
             Codec::Raw if stored.len() == plain_len => {
                 out.copy_from_slice(stored);
                 plain_len
@@ -178,8 +186,7 @@ impl Decoder {
                 .zstd
                 .decompress_to_buffer(stored, out)
                 .map_err(|e| StoreError::corrupt("chunk", id.to_hex(), format!("zstd: {e}")))?,
-        };
-        verify(&out[..n.min(plain_len)], plain_len, id)
+        })
     }
 }
 

@@ -1,49 +1,43 @@
 """Baselines and data for the VRAM load benchmark (tests/gpu/load_bench.sh).
-Usage: load_bench.py make DIR GIB      writes DIR/raw/*.bin (random bits: stored raw) and
-                                       DIR/bf16/*.bin (randn bf16: zstd-compressible), 1 GiB shards,
-                                       and DIR/st/ (the raw shards as safetensors, if installed)
-       load_bench.py baselines DIR      prints pinned and pageable host->device GB/s and the
-                                       time to load DIR/raw with safetensors (or numpy) + .cuda()"""
+Usage: load_bench.py make DIR GIB KIND...   writes DIR/KIND/shard-NN.safetensors, 1 GiB each, one
+                                            tensor "w": raw = random int16 bits (stored raw by
+                                            gstore), bf16 = N(0, 0.02) bf16 weights (small-magnitude,
+                                            as trained weights are; zstd stores them at ~0.8)
+       load_bench.py pinned                 prints pinned and pageable host->device GB/s
+       load_bench.py safetensors DIR        loads every shard in DIR with safetensors'
+                                            load_file(device="cuda") and prints the GB/s"""
 import glob
 import os
 import sys
 import time
 
 import torch
+from safetensors.torch import load_file, save_file
 
 GIB = 1 << 30
 
 
-def make(root, gib):
-    for kind in ("raw", "bf16"):
-        os.makedirs(os.path.join(root, kind), exist_ok=True)
+def make(root, gib, kinds):
     g = torch.Generator(device="cuda").manual_seed(11)
-    for i in range(gib):
-        bits = torch.randint(-32768, 32767, (GIB // 2,), dtype=torch.int16, device="cuda", generator=g)
-        bits.cpu().numpy().tofile(os.path.join(root, "raw", f"shard-{i:02}.bin"))
-        vals = torch.randn(GIB // 2, dtype=torch.bfloat16, device="cuda", generator=g)
-        vals.view(torch.int16).cpu().numpy().tofile(os.path.join(root, "bf16", f"shard-{i:02}.bin"))
-    try:
-        from safetensors.torch import save_file
-
-        os.makedirs(os.path.join(root, "st"), exist_ok=True)
-        for path in sorted(glob.glob(os.path.join(root, "raw", "*.bin"))):
-            t = torch.from_file(path, size=GIB // 2, dtype=torch.int16)
-            save_file({"w": t}, os.path.join(root, "st", os.path.basename(path) + ".safetensors"))
-    except ImportError:
-        pass
+    for kind in kinds:
+        os.makedirs(os.path.join(root, kind), exist_ok=True)
+        for i in range(gib):
+            if kind == "raw":
+                t = torch.randint(-32768, 32767, (GIB // 2,), dtype=torch.int16, device="cuda", generator=g)
+            else:
+                t = (torch.randn(GIB // 2, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+            save_file({"w": t.cpu()}, os.path.join(root, kind, f"shard-{i:02}.safetensors"))
 
 
 def gbps(nbytes, secs):
     return nbytes / 1e9 / secs
 
 
-def baselines(root):
+def pinned():
     n = GIB
-    pinned = torch.empty(n, dtype=torch.uint8).pin_memory()
-    pageable = torch.empty(n, dtype=torch.uint8)
+    host = {"pinned": torch.empty(n, dtype=torch.uint8).pin_memory(), "pageable": torch.empty(n, dtype=torch.uint8)}
     dev = torch.empty(n, dtype=torch.uint8, device="cuda")
-    for name, src in (("pinned", pinned), ("pageable", pageable)):
+    for name, src in host.items():
         dev.copy_(src, non_blocking=True)
         torch.cuda.synchronize()
         t = time.time()
@@ -51,32 +45,23 @@ def baselines(root):
             dev.copy_(src, non_blocking=True)
         torch.cuda.synchronize()
         print(f"{name} host->device: {gbps(8 * n, time.time() - t):.2f} GB/s")
-    del dev
-    files = sorted(glob.glob(os.path.join(root, "raw", "*.bin")))
-    st = sorted(glob.glob(os.path.join(root, "st", "*.safetensors")))
+
+
+def safetensors(root):
+    files = sorted(glob.glob(os.path.join(root, "*.safetensors")))
     total = sum(os.path.getsize(f) for f in files)
-    for f in st or files:  # warm the page cache, as for the store
-        with open(f, "rb") as h:
-            while h.read(64 << 20):
-                pass
-    torch.cuda.synchronize()
+    torch.cuda.init()
     t = time.time()
-    if st:
-        from safetensors.torch import load_file
-
-        out = [load_file(f)["w"].cuda() for f in st]
-        how = "safetensors load_file + .cuda()"
-    else:
-        import numpy as np
-
-        out = [torch.from_numpy(np.fromfile(f, dtype=np.int16)).cuda() for f in files]
-        how = "numpy fromfile + .cuda() (safetensors not installed)"
+    out = [load_file(f, device="cuda") for f in files]
     torch.cuda.synchronize()
-    print(f"{how}: {total / 1e9:.2f} GB in {time.time() - t:.2f} s: {gbps(total, time.time() - t):.2f} GB/s")
+    secs = time.time() - t
+    print(f"safetensors load_file(device=cuda) {os.path.basename(root)}: {total / 1e9:.2f} GB in {secs:.2f} s: {gbps(total, secs):.2f} GB/s")
     del out
 
 
 if sys.argv[1] == "make":
-    make(sys.argv[2], int(sys.argv[3]))
+    make(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+elif sys.argv[1] == "pinned":
+    pinned()
 else:
-    baselines(sys.argv[2])
+    safetensors(sys.argv[2])

@@ -1,38 +1,66 @@
 #!/usr/bin/env bash
-# VRAM load benchmark (issue #4): an image of GIB GiB of random bits (stored raw) and one of
-# randn bf16 (zstd-compressible) restored into GPU memory with `gstore load --device cuda:0`
-# from a warm local store, against the pinned and pageable host->device copy rates measured
-# in the same run and against loading the same bytes with safetensors (or numpy) + .cuda().
-# With LOAD_BASE=OTHER_GSTORE_BIN the same loads also run with that binary (e.g. the previous
-# release), in the same run. Last, a byte in the middle of every pack is flipped: both loads
-# must then fail naming a corrupt chunk.
+# VRAM load benchmark (issues #4, #13): images of GIB GiB of safetensors shards — random bits
+# (stored raw) and N(0, 0.02) bf16 weights (zstd) — loaded into GPU memory with
+# `gstore load --device cuda:0` from a local store, against the pinned and pageable
+# host->device copy rates and safetensors' load_file(device="cuda") of the same shards, all
+# in the same run. Times are end to end: command start to exit, with every byte checked in VRAM.
+# With GSTORE_NVCOMP set, zstd decodes on the GPU; each load also runs once without it.
+# With LOAD_BASE=OTHER_GSTORE_BIN the loads also run with that binary (e.g. the previous
+# release). With COLD=1 the page cache is dropped before each timed load (and the disk's own
+# read rate is printed). KINDS picks the images (default "raw bf16").
+# Last, a byte in the middle of every pack is flipped: every load must then fail naming a
+# corrupt chunk.
 # Usage: tests/gpu/load_bench.sh [GSTORE_BIN] [GIB]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 G=$(realpath "${1:-.device/gstore}")
 GIB=${2:-8}
+KINDS=${KINDS:-raw bf16}
 W=${LOAD_WORK:-/var/tmp/gstore-load-bench}
 rm -rf "$W"; mkdir -p "$W"
 trap 'rm -rf "$W"' EXIT
 export GSTORE_STORE="$W/store"
-python3 tests/gpu/load_bench.py make "$W/data" "$GIB"
+python3 tests/gpu/load_bench.py make "$W/data" "$GIB" $KINDS
 "$G" -q init >/dev/null
-for kind in raw bf16; do
+for kind in $KINDS; do
   t0=$(date +%s.%N)
   "$G" -q push "$W/data/$kind" --tag "$kind" >/dev/null
   echo "push $kind: $(awk -v a="$t0" -v b="$(date +%s.%N)" -v g="$GIB" 'BEGIN{printf "%.2f s, %.2f GB/s", b-a, g*1.073741824/(b-a)}')"
 done
 "$G" du | head -4
-python3 tests/gpu/load_bench.py baselines "$W/data"
-for kind in raw bf16; do
-  "$G" -q load "$kind" --device cuda:0 --check | sed "s/^/$kind (first, checked): /"
-  for i in 1 2; do "$G" -q load "$kind" --device cuda:0 | sed "s/^/$kind run $i: /"; done
-done
-if [ -n "${LOAD_BASE:-}" ]; then
-  for kind in raw bf16; do
-    for i in 1 2; do "$LOAD_BASE" -q load "$kind" --device cuda:0 | sed "s/^/$kind base run $i: /"; done
-  done
+df -h "$W" | tail -1
+cool() {
+  if [ "${COLD:-0}" = 1 ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+}
+warm() {  # reads every file under $1 once, into the page cache
+  find "$1" -type f -exec cat {} + > /dev/null
+}
+timed() {  # LABEL CMD...: runs CMD, prints its output and the wall time from start to exit
+  local label=$1; shift
+  local t0; t0=$(date +%s.%N)
+  local out; out=$("$@" 2>&1) || { echo "FAIL: $label: $out"; exit 1; }
+  local t1; t1=$(date +%s.%N)
+  echo "$out" | sed "s/^/$label: /"
+  echo "$label: end to end $(awk -v a="$t0" -v b="$t1" -v g="$GIB" 'BEGIN{printf "%.2f s, %.2f GB/s", b-a, g*1.073741824/(b-a)}')"
+}
+python3 tests/gpu/load_bench.py pinned
+if [ "${COLD:-0}" = 1 ]; then
+  cool; f=$(ls "$W"/data/*/shard-00.safetensors | head -1)
+  echo "disk: $(dd if="$f" of=/dev/null bs=16M 2>&1 | tail -1)"
 fi
+for kind in $KINDS; do
+  if [ "${COLD:-0}" = 1 ]; then cool; else warm "$W/data/$kind"; fi
+  python3 tests/gpu/load_bench.py safetensors "$W/data/$kind"
+  if [ "${COLD:-0}" = 1 ]; then cool; else warm "$W/store"; fi
+  timed "$kind (first, read back and checked)" "$G" -q load "$kind" --device cuda:0 --check
+  for i in 1 2; do cool; timed "$kind run $i" "$G" -q load "$kind" --device cuda:0; done
+  if [ -n "${GSTORE_NVCOMP:-}" ]; then
+    cool; timed "$kind without nvCOMP" env GSTORE_NVCOMP=/nonexistent/libnvcomp.so.6 "$G" -q load "$kind" --device cuda:0
+  fi
+  if [ -n "${LOAD_BASE:-}" ]; then
+    for i in 1 2; do cool; timed "$kind base run $i" "$LOAD_BASE" -q load "$kind" --device cuda:0; done
+  fi
+done
 # A damaged chunk fails the load, naming it; nothing is reported as loaded.
 python3 - "$W/store/packs" <<'PY'
 import glob, os, sys
@@ -43,12 +71,14 @@ for p in glob.glob(os.path.join(sys.argv[1], "*", "*.pack")):
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0x55]))
 PY
-for kind in raw bf16; do
-  if out=$("$G" -q load "$kind" --device cuda:0 2>&1); then
-    echo "FAIL: $kind loaded from damaged packs: $out"; exit 1
-  fi
-  case "$out" in
-    *"corrupt chunk"*) echo "PASS: $kind from damaged packs fails: $(echo "$out" | tail -1 | cut -c1-160)" ;;
-    *) echo "FAIL: $kind from damaged packs: unexpected error: $out"; exit 1 ;;
-  esac
+for kind in $KINDS; do
+  for nv in "${GSTORE_NVCOMP:-}" /nonexistent/libnvcomp.so.6; do
+    if out=$(GSTORE_NVCOMP=$nv "$G" -q load "$kind" --device cuda:0 2>&1); then
+      echo "FAIL: $kind loaded from damaged packs: $out"; exit 1
+    fi
+    case "$out" in
+      *"corrupt chunk"*) echo "PASS: $kind from damaged packs fails (nvCOMP ${nv:-default}): $(echo "$out" | tail -1 | cut -c1-200)" ;;
+      *) echo "FAIL: $kind from damaged packs: unexpected error: $out"; exit 1 ;;
+    esac
+  done
 done

@@ -153,6 +153,39 @@ pub type CuEventSynchronize = unsafe extern "C" fn(event: CuEvent) -> CuResult;
 /// `cuEventDestroy_v2(CUevent event)`.
 pub type CuEventDestroy = unsafe extern "C" fn(event: CuEvent) -> CuResult;
 
+/// `CUmodule`: an opaque loaded-module handle.
+pub type CuModule = *mut c_void;
+/// `CUfunction`: an opaque kernel handle inside a module.
+pub type CuFunction = *mut c_void;
+/// `cuModuleLoadData(CUmodule *module, const void *image)`: `image` is PTX text (NUL-terminated)
+/// or a cubin; PTX is compiled by the driver for the current device.
+pub type CuModuleLoadData = unsafe extern "C" fn(module: *mut CuModule, image: *const c_void) -> CuResult;
+/// `cuModuleUnload(CUmodule module)`.
+pub type CuModuleUnload = unsafe extern "C" fn(module: CuModule) -> CuResult;
+/// `cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name)`.
+pub type CuModuleGetFunction =
+    unsafe extern "C" fn(function: *mut CuFunction, module: CuModule, name: *const c_char) -> CuResult;
+/// `cuLaunchKernel(CUfunction f, grid x/y/z, block x/y/z, unsigned int sharedMemBytes,
+/// CUstream stream, void **kernelParams, void **extra)`.
+pub type CuLaunchKernel = unsafe extern "C" fn(
+    function: CuFunction,
+    grid_x: c_uint,
+    grid_y: c_uint,
+    grid_z: c_uint,
+    block_x: c_uint,
+    block_y: c_uint,
+    block_z: c_uint,
+    shared_bytes: c_uint,
+    stream: CuStream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult;
+/// `cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream)`.
+pub type CuMemsetD8Async = unsafe extern "C" fn(dst: CuDevicePtr, value: u8, n: size_t, stream: CuStream) -> CuResult;
+/// `cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream)`.
+pub type CuMemcpyDtoDAsync =
+    unsafe extern "C" fn(dst: CuDevicePtr, src: CuDevicePtr, bytes: size_t, stream: CuStream) -> CuResult;
+
 #[cfg(test)]
 mod tests {
     use super::*;

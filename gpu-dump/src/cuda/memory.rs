@@ -12,6 +12,7 @@ use std::sync::Arc;
 use libc::{c_int, c_void, size_t};
 use libloading::Library;
 
+use super::kernel::KernelApi;
 use super::{ffi, hint_for, resolve, CudaDriver, ErrorTexts};
 use crate::error::{GpuDumpError, Result};
 use ffi::CuResult;
@@ -131,6 +132,7 @@ impl CudaDriver {
                 raw,
                 device: dev,
                 ordinal: device,
+                kernels: self.kernels.clone(),
                 _lib: Arc::clone(&self.lib),
             }),
         })
@@ -150,6 +152,8 @@ struct ContextInner {
     raw: ffi::CuContext,
     device: ffi::CuDevice,
     ordinal: u32,
+    /// The kernel entry points, or the first one the driver lacks.
+    kernels: std::result::Result<KernelApi, (&'static str, String)>,
     /// Keeps the driver mapped while `api` points into it.
     _lib: Arc<Library>,
 }
@@ -192,7 +196,12 @@ impl Context {
         &self.inner.api
     }
 
-    fn check(&self, code: CuResult, call: impl FnOnce() -> String) -> Result<()> {
+    /// The kernel entry points, or the first one the driver lacks (with the loader's message).
+    pub(super) fn kernels(&self) -> std::result::Result<KernelApi, (&'static str, String)> {
+        self.inner.kernels.clone()
+    }
+
+    pub(super) fn check(&self, code: CuResult, call: impl FnOnce() -> String) -> Result<()> {
         if code == ffi::CUDA_SUCCESS {
             return Ok(());
         }
@@ -457,6 +466,11 @@ impl Stream {
         let code =
             unsafe { (self.ctx.api().memcpy_htod_async)(dst, src.ptr.as_ptr().add(src_offset).cast(), len, self.raw) };
         self.ctx.check(code, || format!("cuMemcpyHtoDAsync_v2(dst {dst:#x}, src offset {src_offset}, {len} bytes)"))
+    }
+
+    /// The raw `CUstream` (also a `cudaStream_t`), for libraries that queue work on it.
+    pub(crate) fn raw(&self) -> ffi::CuStream {
+        self.raw
     }
 
     /// Waits until all work queued on this stream has finished (`cuStreamSynchronize`).

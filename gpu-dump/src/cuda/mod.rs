@@ -9,10 +9,16 @@
 //! For a restore engine that fills GPU memory itself, [`CudaDriver::context`] opens the memory
 //! API: [`Context`] (a device's primary context), [`DeviceBuffer`], [`PinnedBuffer`],
 //! [`Stream`] and [`Event`]. Its symbols are resolved optionally, so a driver without them
-//! still serves the checkpoint API.
+//! still serves the checkpoint API. [`Context::load_kernel`] and the stream's kernel launches,
+//! fills and device copies are optional the same way; [`check`] is gstore's own kernel (BLAKE3
+//! of chunks in VRAM) and [`nvcomp`] NVIDIA's batched GPU decoder, loaded at run time when
+//! present.
 
+pub mod check;
 pub mod ffi;
+mod kernel;
 mod memory;
+pub mod nvcomp;
 
 use std::ffi::CStr;
 use std::sync::{Arc, OnceLock};
@@ -23,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{GpuDumpError, Result};
 use ffi::CuResult;
+pub use kernel::Kernel;
 pub use memory::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
 
 /// The library names tried by [`CudaDriver::load`], in order.
@@ -105,6 +112,8 @@ pub struct CudaDriver {
     init_result: OnceLock<CuResult>,
     /// The memory API, or the first of its symbols the library lacks (and the loader's message).
     memory: std::result::Result<memory::MemApi, (&'static str, String)>,
+    /// The kernel entry points, or the first of them the library lacks.
+    kernels: std::result::Result<kernel::KernelApi, (&'static str, String)>,
     /// Keeps the library mapped while `api` (and any [`Context`], which holds a clone) points
     /// into it.
     lib: Arc<Library>,
@@ -179,7 +188,15 @@ impl CudaDriver {
             get_restore_thread_id: checkpoint!("cuCheckpointProcessGetRestoreThreadId"),
         };
         let memory = memory::MemApi::resolve(&lib);
-        Ok(CudaDriver { api, library: library.to_string(), init_result: OnceLock::new(), memory, lib: Arc::new(lib) })
+        let kernels = kernel::KernelApi::resolve(&lib);
+        Ok(CudaDriver {
+            api,
+            library: library.to_string(),
+            init_result: OnceLock::new(),
+            memory,
+            kernels,
+            lib: Arc::new(lib),
+        })
     }
 
     /// The library name or path that was loaded.

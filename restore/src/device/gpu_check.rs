@@ -1,0 +1,355 @@
+//! Loads that check chunks on the GPU. A worker copies a range read of a pack, as stored,
+//! into a pinned buffer; one DMA moves it to a device staging area; zstd chunks are decoded
+//! there by nvCOMP (or, without it, on the host into a second pinned area moved beside it);
+//! then the `verify_chunks` kernel hashes every chunk with BLAKE3 against its id and copies
+//! it to its place in the image's buffers. The CPU never hashes, and with nvCOMP never decodes.
+//!
+//! A failing chunk lowers one device word to its number; the load reads that word once every
+//! stream is done and fails naming the chunk and its pack, so nothing unchecked is returned.
+
+use super::{cuda_err, Planned, Pool};
+use crate::engine::Buffers;
+use crate::plan::{RangeRead, MAX_CHUNKS_PER_READ};
+use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
+use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
+use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
+use gstore_store::codec::{Codec, Decoder};
+use gstore_store::progress::Progress;
+use gstore_store::{Result, Store, StoreError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Bytes of one slot's metadata per chunk: its check job (80), five u64 nvCOMP array entries
+/// (frame address and length, output capacity, decoded length, output address) and a status.
+const META_PER_CHUNK: usize = 80 + 5 * 8 + 4;
+
+/// One staging slot: range and decode areas, per-chunk metadata, a stream.
+struct Slot {
+    /// The range as stored, then (without nvCOMP) host-decoded zstd chunks.
+    pinned: PinnedBuffer,
+    /// The range, then decoded zstd chunks, in device memory.
+    device: DeviceBuffer,
+    meta_host: PinnedBuffer,
+    meta_device: DeviceBuffer,
+    /// nVCOMP's scratch memory.
+    temp: Option<DeviceBuffer>,
+    stream: Stream,
+    done: Event,
+    in_flight: bool,
+}
+
+/// Where each array lives in a slot's metadata area, for up to `chunks` chunks per read.
+#[derive(Clone, Copy)]
+struct MetaLayout {
+    chunks: usize,
+}
+
+impl MetaLayout {
+    fn bytes(self) -> usize {
+        self.chunks * META_PER_CHUNK
+    }
+    fn job(self, k: usize) -> usize {
+        80 * k
+    }
+    /// nVCOMP array `array` (0 frame addresses, 1 frame lengths, 2 capacities, 3 decoded
+    /// lengths, 4 output addresses), entry `k`.
+    fn array(self, array: usize, k: usize) -> usize {
+        80 * self.chunks + 8 * (array * self.chunks + k)
+    }
+    fn status(self, k: usize) -> usize {
+        (80 + 40) * self.chunks + 4 * k
+    }
+}
+
+/// A GPU-checked load, prepared (kernel loaded, staging allocated) alongside the plan.
+pub(super) struct GpuLoad {
+    ctx: Context,
+    check: ChunkCheck,
+    nvcomp: std::result::Result<Nvcomp, String>,
+    slots: Vec<Slot>,
+    layout: MetaLayout,
+    read_cap: usize,
+    temp_bytes: usize,
+}
+
+/// The reads a load's workers take from the planner, numbered as they are taken.
+struct Queue {
+    reads: std::sync::mpsc::Receiver<RangeRead>,
+    /// Every read taken, with the number of its first chunk.
+    taken: Vec<(u32, Arc<RangeRead>)>,
+    next_tag: u32,
+}
+
+impl GpuLoad {
+    /// Loads the check kernel (and nvCOMP when present) and allocates `slots` staging slots
+    /// for range reads of up to `read_cap` bytes, whose chunks are at most `chunk_max` bytes.
+    /// `Ok(Err(reason))` when the kernel cannot be used here (the caller then checks on the
+    /// host).
+    pub(super) fn prepare(
+        ctx: &Context,
+        slots: u64,
+        read_cap: usize,
+        chunk_max: usize,
+    ) -> Result<std::result::Result<GpuLoad, String>> {
+        let check = match ChunkCheck::load(ctx) {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(format!("the GPU check kernel is unavailable: {e}"))),
+        };
+        let nvcomp = Nvcomp::load().map_err(|e| e.to_string());
+        let layout = MetaLayout { chunks: MAX_CHUNKS_PER_READ };
+        let temp_bytes = match &nvcomp {
+            Ok(n) => n.zstd_temp_bytes(ctx, layout.chunks, chunk_max, read_cap).map_err(cuda_err)?,
+            Err(_) => 0,
+        };
+        let host_decode = if nvcomp.is_ok() { 0 } else { read_cap };
+        let mut all = Vec::new();
+        for _ in 0..slots {
+            all.push(Slot {
+                pinned: ctx.alloc_pinned(read_cap + host_decode).map_err(cuda_err)?,
+                device: ctx.alloc(2 * read_cap).map_err(cuda_err)?,
+                meta_host: ctx.alloc_pinned(layout.bytes()).map_err(cuda_err)?,
+                meta_device: ctx.alloc(layout.bytes()).map_err(cuda_err)?,
+                temp: if temp_bytes > 0 { Some(ctx.alloc(temp_bytes).map_err(cuda_err)?) } else { None },
+                stream: ctx.stream().map_err(cuda_err)?,
+                done: ctx.event().map_err(cuda_err)?,
+                in_flight: false,
+            });
+        }
+        Ok(Ok(GpuLoad { ctx: ctx.clone(), check, nvcomp, slots: all, layout, read_cap, temp_bytes }))
+    }
+
+    /// What checks and decodes the chunks, for reports.
+    pub(super) fn describe(&self) -> String {
+        match &self.nvcomp {
+            Ok(n) => format!("chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the GPU by {}", n.describe()),
+            Err(why) => format!("chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the host ({why})"),
+        }
+    }
+
+    /// Fills the zero runs and every read arriving from the planner (until it hangs up) into
+    /// `buffers` with `workers` threads, waits for every queued copy, decode and check, and
+    /// fails if any chunk did not match its id.
+    pub(super) fn run(
+        self,
+        store: &Store,
+        planned: Planned,
+        buffers: &Buffers,
+        workers: usize,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let Planned { reads, zeros, total } = planned;
+        let failed = self.ctx.alloc(4).map_err(cuda_err)?;
+        {
+            let first = &self.slots[0].stream;
+            first.fill_async(failed.ptr(), 0xff, 4).map_err(cuda_err)?;
+            first.synchronize().map_err(cuda_err)?;
+            for z in &zeros {
+                first
+                    .fill_async(buffers.address(z.entry, z.offset, z.len as usize)?, 0, z.len as usize)
+                    .map_err(cuda_err)?;
+            }
+        }
+        let pool = Pool::new(self.slots);
+        let loader = Loader {
+            store,
+            buffers,
+            check: &self.check,
+            nvcomp: self.nvcomp.as_ref().ok(),
+            layout: self.layout,
+            read_cap: self.read_cap,
+            temp_bytes: self.temp_bytes,
+            failed: failed.ptr(),
+        };
+        let queue = Mutex::new(Queue { reads, taken: Vec::new(), next_tag: 0 });
+        let stop = AtomicBool::new(false);
+        progress.start("loading", total);
+        let r = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut decoder = Decoder::new(store.config().chunk_max);
+                        while !stop.load(Ordering::Relaxed) {
+                            let next = {
+                                let mut q = queue.lock().expect("queue lock");
+                                q.reads.recv().ok().map(|read| {
+                                    let (tag, read) = (q.next_tag, Arc::new(read));
+                                    q.next_tag += read.chunks.len() as u32;
+                                    q.taken.push((tag, Arc::clone(&read)));
+                                    (tag, read)
+                                })
+                            };
+                            let Some((tag, read)) = next else { return Ok(()) };
+                            let mut slot = pool.take();
+                            let r = loader.queue(&mut slot, &read, tag, &mut decoder);
+                            pool.give(slot);
+                            match r {
+                                Ok(n) => progress.advance(n),
+                                Err(e) => {
+                                    stop.store(true, Ordering::Relaxed);
+                                    return Err(e);
+                                }
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("load workers do not panic")).collect::<Result<Vec<()>>>()
+        });
+        progress.finish();
+        // Every queued step finishes before any buffer it touches can be freed.
+        let mut drained = Ok(());
+        for slot in pool.into_inner() {
+            drained = drained.and(slot.stream.synchronize().map_err(cuda_err));
+        }
+        r.and(drained)?;
+        let mut word = [0u8; 4];
+        self.ctx.copy_to_host(&mut word, failed.ptr()).map_err(cuda_err)?;
+        let tag = u32::from_le_bytes(word);
+        if tag == NO_FAILURE {
+            return Ok(());
+        }
+        let taken = queue.into_inner().expect("queue lock").taken;
+        let (first, read) =
+            taken.iter().filter(|(t, _)| *t <= tag).max_by_key(|(t, _)| *t).expect("a failing chunk was queued");
+        let c = &read.chunks[(tag - first) as usize];
+        Err(StoreError::corrupt(
+            "chunk",
+            c.id.to_hex(),
+            format!(
+                "its {} bytes in VRAM do not hash to its id (or did not decode to that length) (in pack {})",
+                c.loc.plain_len,
+                read.pack.to_hex()
+            ),
+        ))
+    }
+}
+
+/// What every worker shares while queueing reads.
+struct Loader<'a> {
+    store: &'a Store,
+    buffers: &'a Buffers,
+    check: &'a ChunkCheck,
+    nvcomp: Option<&'a Nvcomp>,
+    layout: MetaLayout,
+    read_cap: usize,
+    temp_bytes: usize,
+    failed: u64,
+}
+
+fn put_u64(buf: &mut [u8], at: usize, v: u64) {
+    buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+impl Loader<'_> {
+    /// Reads `read` into `slot` and queues its DMA, decode, check and placement; returns the
+    /// plain bytes it places.
+    fn queue(&self, slot: &mut Slot, read: &RangeRead, first_tag: u32, decoder: &mut Decoder) -> Result<u64> {
+        if slot.in_flight {
+            slot.done.synchronize().map_err(cuda_err)?;
+            slot.in_flight = false;
+        }
+        let data = self.store.read_pack_range(&read.pack, read.start..read.end)?;
+        if data.len() > self.read_cap || read.chunks.len() > self.layout.chunks {
+            return Err(StoreError::Invalid(format!(
+                "a read of {} bytes in {} chunks exceeds the staging slot",
+                data.len(),
+                read.chunks.len()
+            )));
+        }
+        let Slot { pinned, device, meta_host, meta_device, temp, stream, done, .. } = slot;
+        pinned.as_mut_slice()[..data.len()].copy_from_slice(&data);
+        let (base, decoded_base, meta_base) = (device.ptr(), device.ptr() + self.read_cap as u64, meta_device.ptr());
+        let meta = meta_host.as_mut_slice();
+        let (mut decoded, mut frames, mut host_decoded, mut written) = (0usize, 0usize, 0usize, 0u64);
+        let mut fills = Vec::new();
+        let mut repeats = Vec::new();
+        for (k, c) in read.chunks.iter().enumerate() {
+            let at = (c.loc.offset - read.start) as usize;
+            let stored = &data[at..at + c.loc.stored_len as usize];
+            let plain = c.loc.plain_len as usize;
+            let (entry, offset) = c.targets[0];
+            let dst = self.buffers.address(entry, offset, plain)?;
+            let mut job = CheckJob::new(base + at as u64, dst, c.loc.plain_len, first_tag + k as u32, &c.id.0);
+            match c.loc.codec {
+                Codec::Raw => {}
+                Codec::Zero => {
+                    // Filled in place, then hashed there.
+                    fills.push((dst, plain));
+                    (job.src, job.dst) = (dst, 0);
+                }
+                Codec::Zstd => {
+                    job.src = decoded_base + decoded as u64;
+                    if self.nvcomp.is_some() {
+                        let l = self.layout;
+                        put_u64(meta, l.array(0, frames), base + at as u64);
+                        put_u64(meta, l.array(1, frames), stored.len() as u64);
+                        put_u64(meta, l.array(2, frames), plain as u64);
+                        put_u64(meta, l.array(4, frames), job.src);
+                        job.actual_len = meta_base + l.array(3, frames) as u64;
+                        job.status = meta_base + l.status(frames) as u64;
+                        frames += 1;
+                    } else {
+                        let out = &mut pinned.as_mut_slice()[self.read_cap + decoded..][..plain];
+                        let n = decoder.expand_into(Codec::Zstd, stored, &c.id, out).map_err(|e| in_pack(e, read))?;
+                        if n != plain {
+                            return Err(in_pack(
+                                StoreError::corrupt(
+                                    "chunk",
+                                    c.id.to_hex(),
+                                    format!("decodes to {n} bytes, not {plain}"),
+                                ),
+                                read,
+                            ));
+                        }
+                        host_decoded = decoded + plain;
+                    }
+                    decoded += plain;
+                }
+            }
+            meta[self.layout.job(k)..][..80].copy_from_slice(job.as_bytes());
+            for &(e, o) in &c.targets[1..] {
+                repeats.push((self.buffers.address(e, o, plain)?, dst, plain));
+            }
+            written += (plain * c.targets.len()) as u64;
+        }
+        stream.copy_to_device_async(base, pinned, 0, data.len()).map_err(cuda_err)?;
+        stream.copy_to_device_async(decoded_base, pinned, self.read_cap, host_decoded).map_err(cuda_err)?;
+        stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(cuda_err)?;
+        for (dst, len) in fills {
+            stream.fill_async(dst, 0, len).map_err(cuda_err)?;
+        }
+        if let (Some(nvcomp), true) = (self.nvcomp, frames > 0) {
+            let l = self.layout;
+            let at = |array| meta_base + l.array(array, 0) as u64;
+            let batch = ZstdBatch {
+                count: frames,
+                compressed_ptrs: at(0),
+                compressed_bytes: at(1),
+                out_capacity: at(2),
+                out_bytes: at(3),
+                out_ptrs: at(4),
+                statuses: meta_base + l.status(0) as u64,
+                temp: temp.as_ref().map_or(0, |t| t.ptr()),
+                temp_bytes: self.temp_bytes,
+            };
+            // SAFETY: every address lies in this slot's staging and metadata buffers, written
+            // above and kept alive (and unreused) until the slot's event says the work is done.
+            unsafe { nvcomp.zstd_decompress_async(stream, &batch) }.map_err(cuda_err)?;
+        }
+        // SAFETY: the jobs (copied above) point into this slot's buffers and into the image's
+        // buffers, all alive until the load drains every stream.
+        unsafe { self.check.launch(stream, meta_base, read.chunks.len() as u32, self.failed) }.map_err(cuda_err)?;
+        for (dst, src, len) in repeats {
+            stream.copy_on_device_async(dst, src, len).map_err(cuda_err)?;
+        }
+        done.record(stream).map_err(cuda_err)?;
+        slot.in_flight = true;
+        Ok(written)
+    }
+}
+
+/// Adds the pack to a chunk error so the user learns which object is damaged.
+fn in_pack(e: StoreError, read: &RangeRead) -> StoreError {
+    crate::engine::in_pack(e, &read.pack)
+}

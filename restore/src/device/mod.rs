@@ -1,0 +1,190 @@
+//! The device memory sink: restores every file of an image into its own `cuMemAlloc`'d VRAM
+//! buffer. Buffers and staging are allocated while the restore is planned; then one of two
+//! paths fills them:
+//!
+//! - [`gpu_check`] (local stores, when the driver runs gstore's kernel): packs' bytes go to
+//!   the GPU as stored; nvCOMP decodes zstd there when present; a BLAKE3 kernel checks every
+//!   chunk against its id before the load returns.
+//! - [`host_check`] (remote stores, whose range cache only keeps ranges the host has checked,
+//!   and drivers without the kernel API): the CPU decodes and hashes, pinned buffers stage the
+//!   verified bytes.
+
+mod gpu_check;
+mod host_check;
+
+use crate::engine::{self, Buffers};
+use crate::plan::{self, Plan, RangeRead, ZeroRange};
+use gstore_gpu_dump::cuda::{Context, DeviceBuffer};
+use gstore_store::manifest::Manifest;
+use gstore_store::progress::Progress;
+use gstore_store::{Result, Store, StoreError};
+use std::sync::{mpsc, Condvar, Mutex};
+
+/// One restored file in device memory.
+pub struct DeviceEntry {
+    /// The entry's path in the image.
+    pub path: String,
+    /// Its bytes in VRAM.
+    pub buffer: DeviceBuffer,
+}
+
+/// Every file of an image, restored into device memory, in manifest order.
+pub struct DeviceImage {
+    /// The files.
+    pub entries: Vec<DeviceEntry>,
+    /// Seconds spent planning (index lookups).
+    pub plan_s: f64,
+    /// Seconds spent allocating device buffers and staging (and loading the check kernel),
+    /// alongside the planning.
+    pub alloc_s: f64,
+    /// Seconds spent fetching, decoding, checking and copying, once both were done.
+    pub transfer_s: f64,
+    /// Where chunks were checked and decoded, and why there.
+    pub path: String,
+}
+
+impl DeviceImage {
+    /// Total bytes held.
+    pub fn len(&self) -> u64 {
+        self.entries.iter().map(|e| e.buffer.len() as u64).sum()
+    }
+
+    /// True when the image has no file bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn cuda_err(e: gstore_gpu_dump::GpuDumpError) -> StoreError {
+    StoreError::Device(e.to_string())
+}
+
+/// A pool of staging slots shared by the restore's worker threads.
+struct Pool<T> {
+    free: Mutex<Vec<T>>,
+    available: Condvar,
+}
+
+impl<T> Pool<T> {
+    fn new(items: Vec<T>) -> Pool<T> {
+        Pool { free: Mutex::new(items), available: Condvar::new() }
+    }
+
+    /// Takes a slot, waiting for one to come back when all are taken.
+    fn take(&self) -> T {
+        let mut free = self.free.lock().expect("pool lock");
+        loop {
+            if let Some(s) = free.pop() {
+                return s;
+            }
+            free = self.available.wait(free).expect("pool lock");
+        }
+    }
+
+    fn give(&self, item: T) {
+        self.free.lock().expect("pool lock").push(item);
+        self.available.notify_one();
+    }
+
+    fn into_inner(self) -> Vec<T> {
+        self.free.into_inner().expect("pool lock")
+    }
+}
+
+/// A plan as it arrives: range reads sent by the planner while it looks chunks up, and what
+/// the manifest alone says.
+struct Planned {
+    reads: mpsc::Receiver<RangeRead>,
+    zeros: Vec<ZeroRange>,
+    /// Plain bytes to place (zero runs excluded).
+    total: u64,
+}
+
+/// How the chunks will be checked: prepared alongside the plan.
+enum Checker {
+    Gpu(gpu_check::GpuLoad),
+    Host(host_check::Ring, String),
+}
+
+/// Distinct chunks looked up per planning batch: the first reads start loading after one
+/// batch, not after the whole image is planned.
+const PLAN_BATCH: usize = 8192;
+
+/// Restores every file of `m` into VRAM on `ctx`'s device, staging through at most a quarter
+/// (host checks) or half (GPU checks, which hold no decoded copies on the host) of
+/// `memory_budget` in pinned memory.
+pub fn restore_to_device(
+    store: &Store,
+    m: &Manifest,
+    ctx: &Context,
+    memory_budget: u64,
+    progress: &dyn Progress,
+) -> Result<DeviceImage> {
+    let t = std::time::Instant::now();
+    let max_read = engine::max_read_for(memory_budget);
+    let threads = rayon::current_num_threads().max(2) as u64;
+    let needs = plan::Needs::of(m);
+    let zeros = needs.zeros.clone();
+    let total = m.files().map(|(e, _)| e.size).sum::<u64>() - zeros.iter().map(|z| z.len).sum::<u64>();
+    let (sender, reads) = mpsc::channel();
+    // The planner looks chunks up batch by batch while the device buffers, the staging and
+    // the check kernel are made ready; the GPU path then loads each read as it arrives.
+    std::thread::scope(|s| {
+        let planner = s.spawn(move || {
+            let t = std::time::Instant::now();
+            needs.plan_batches(store, m, max_read, PLAN_BATCH, |batch| {
+                for read in batch {
+                    sender.send(read).map_err(|_| StoreError::Invalid("the load stopped before its plan".into()))?;
+                }
+                Ok(())
+            })?;
+            Ok::<f64, StoreError>(t.elapsed().as_secs_f64())
+        });
+        let prepared = (|| {
+            let (owned, buffers) = Buffers::allocate(m, |e| {
+                let buffer = ctx.alloc(e.size as usize).map_err(cuda_err)?;
+                let (base, len) = (buffer.ptr(), buffer.len());
+                Ok((buffer, base, len))
+            })?;
+            let gpu = if store.is_remote() {
+                Err("a remote store's range cache keeps only ranges the host has checked".to_string())
+            } else {
+                let slots = ((memory_budget / 2) / (2 * max_read)).clamp(2, threads + 4);
+                gpu_check::GpuLoad::prepare(ctx, slots, max_read as usize, store.config().chunk_max as usize)?
+            };
+            let checker = match gpu {
+                Ok(g) => Checker::Gpu(g),
+                Err(why) => {
+                    let slots = ((memory_budget / 4) / max_read).clamp(2, 2 * threads);
+                    Checker::Host(host_check::Ring::allocate(ctx, slots, max_read as usize)?, why)
+                }
+            };
+            Ok::<_, StoreError>((owned, buffers, checker))
+        })();
+        let alloc_s = t.elapsed().as_secs_f64();
+        let loaded = prepared.and_then(|(owned, buffers, checker)| {
+            let path = match checker {
+                Checker::Gpu(g) => {
+                    let path = g.describe();
+                    g.run(store, Planned { reads, zeros, total }, &buffers, threads as usize, progress)?;
+                    path
+                }
+                Checker::Host(ring, why) => {
+                    let plan = Plan { reads: reads.iter().collect(), zeros };
+                    ring.run(store, &plan, buffers, progress)?;
+                    format!("chunks checked and decoded on the host ({why})")
+                }
+            };
+            Ok((owned, path))
+        });
+        // A load error comes first (the planner then only saw the load stop); a plan that
+        // failed fails the load even though every read it did send was loaded.
+        let planned = planner.join().expect("the planner does not panic");
+        let ((owned, path), plan_s) = match (loaded, planned) {
+            (Ok(done), Ok(plan_s)) => (done, plan_s),
+            (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
+        };
+        let entries = owned.into_iter().map(|(path, buffer)| DeviceEntry { path, buffer }).collect();
+        Ok(DeviceImage { entries, plan_s, alloc_s, transfer_s: t.elapsed().as_secs_f64() - alloc_s, path })
+    })
+}
