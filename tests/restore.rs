@@ -73,7 +73,7 @@ fn load_into_host_memory_and_clear_device_errors() {
     let expect: u64 = env.json(&["show", "w"])["logical_bytes"].as_u64().unwrap();
     assert_eq!(r["bytes"].as_u64().unwrap(), expect);
     assert!(r["gb_per_s"].as_f64().unwrap() > 0.0);
-    assert!(env.fails(&["load", "w", "--device", "gpu0"]).contains("expected host or cuda:N"));
+    assert!(env.fails(&["load", "w", "--device", "gpu0"]).contains("expected host, all, or cuda:N"));
     // No GPU on this machine: a clear error, never a crash.
     let err = env.fails(&["load", "w", "--device", "cuda:0"]);
     assert!(err.contains("no CUDA driver"), "{err}");
@@ -116,6 +116,23 @@ fn load_into_a_device_without_the_kernel_api_checks_on_the_host() {
     assert_eq!(r["checked"], true);
     let path = r["path"].as_str().unwrap();
     assert!(path.contains("checked and decoded on the host") && path.contains("cuModuleLoadData"), "{path}");
+    let logical = r["bytes"].as_u64().unwrap();
+    // Two devices (the test driver has one GPU; it serves both): split, then replicated.
+    for (extra, bytes) in [(None, logical), (Some("--replicate"), 2 * logical)] {
+        let mut args = vec!["--check"];
+        args.extend(extra);
+        let mut a = vec!["--json", "load", "w", "--device", "cuda:0,cuda:0"];
+        a.extend_from_slice(&args);
+        let o = env.cmd(&a).env("LD_LIBRARY_PATH", &cuda).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["bytes"].as_u64().unwrap(), bytes, "{r}");
+        let shares: Vec<u64> =
+            r["per_device"].as_array().unwrap().iter().map(|d| d["bytes"].as_u64().unwrap()).collect();
+        assert_eq!(shares.len(), 2);
+        assert!(shares.iter().all(|&b| b > 0), "both devices get files: {shares:?}");
+        assert_eq!(r["checked"], true);
+    }
     // A damaged pack fails the load, naming the chunk.
     for pack in env.packs() {
         let mut bytes = std::fs::read(&pack).unwrap();

@@ -93,12 +93,17 @@ pub enum Command {
     Load {
         /// NAME[:VERSION] or a 64-hex manifest id.
         image: String,
-        /// Where to: host, or cuda:N for GPU N.
+        /// Where to: host; cuda:N for GPU N; several GPUs as cuda:0,cuda:1,...; or all (every
+        /// GPU). Several GPUs load in parallel, each file whole on one of them (about the same
+        /// bytes on each), or every file on each with --replicate.
         #[arg(long, default_value = "host")]
         device: String,
         /// Read device buffers back afterwards and check every chunk's hash.
         #[arg(long)]
         check: bool,
+        /// With several GPUs: load the whole image onto each, instead of splitting its files.
+        #[arg(long)]
+        replicate: bool,
         /// Bytes the restore may hold in flight, pinned staging included (default 1 GiB).
         #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
         memory_budget: u64,

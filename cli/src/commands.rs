@@ -125,11 +125,11 @@ pub fn run(cli: Cli) -> Result<()> {
                 )
             })
         }
-        Command::Load { image, device, check, memory_budget } => {
-            let r = load::load(|| open_indexed(&location), &image, &device, check, memory_budget, &bars)?;
+        Command::Load { image, device, check, replicate, memory_budget } => {
+            let r = load::load(|| open_indexed(&location), &image, &device, check, replicate, memory_budget, &bars)?;
             out.emit(&r, || {
                 format!(
-                    "loaded {} into {} in {:.2} s: {:.2} GB/s{}{}{}",
+                    "loaded {} into {} in {:.2} s: {:.2} GB/s{}{}{}{}",
                     HumanBytes(r.bytes),
                     r.device,
                     r.seconds,
@@ -141,6 +141,11 @@ pub fn run(cli: Cli) -> Result<()> {
                         ))
                         .unwrap_or_default(),
                     if r.checked { " (read back and checked)" } else { "" },
+                    r.per_device
+                        .iter()
+                        .flatten()
+                        .map(|d| format!("\n{}: {}", d.device, HumanBytes(d.bytes)))
+                        .collect::<String>(),
                     r.path.as_deref().map(|p| format!("\n{p}")).unwrap_or_default()
                 )
             })

@@ -1,11 +1,15 @@
-//! `gstore load`: restore an image's files straight into memory — host or GPU — and report
+//! `gstore load`: restore an image's files straight into memory — host or GPUs — and report
 //! the throughput. `--check` reads device buffers back and checks every chunk's hash.
 
 use crate::progress::Bars;
 use anyhow::{bail, Context, Result};
+use gstore_gpu_dump::cuda::Context as CudaContext;
 use gstore_gpu_dump::CudaDriver;
-use gstore_store::{ObjectId, Store};
+use gstore_restore::{DeviceImage, Spread};
+use gstore_store::manifest::Manifest;
+use gstore_store::{ObjectId, Store, StoreError};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// What `gstore load` reports.
@@ -13,64 +17,122 @@ use std::time::Instant;
 pub struct LoadReport {
     /// The image loaded.
     pub image: String,
-    /// `host` or `cuda:N`.
+    /// `host`, or the devices: `cuda:N[,cuda:M...]`.
     pub device: String,
-    /// Bytes placed in memory.
+    /// Bytes placed in memory (on all devices together).
     pub bytes: u64,
-    /// Seconds to place them (allocation included).
+    /// Seconds from the start of the command's work to the last byte checked in memory.
     pub seconds: f64,
     /// bytes / seconds, in GB/s.
     pub gb_per_s: f64,
     /// Whether the device copy was read back and checked.
     pub checked: bool,
-    /// Device loads: seconds planning, allocating, transferring.
+    /// Device loads: seconds planning, allocating, transferring (the slowest device's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<[f64; 3]>,
     /// Device loads: where chunks were checked and decoded, and why there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// Loads onto several devices: the bytes each holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_device: Option<Vec<DeviceShare>>,
 }
 
-/// Opens the store with `open` and loads `reference` onto `device` (`host` or `cuda:N`). The
-/// CUDA driver and context start while the store opens and the image is read; the time
-/// reported runs from the call to the last byte checked in memory.
+/// One device's part of a multi-device load.
+#[derive(Serialize)]
+pub struct DeviceShare {
+    /// `cuda:N`.
+    pub device: String,
+    /// Bytes it holds.
+    pub bytes: u64,
+}
+
+/// Where `--device` puts the image.
+enum Target {
+    Host,
+    Cuda(Vec<u32>),
+    AllCuda,
+}
+
+fn parse_target(device: &str) -> Result<Target> {
+    match device {
+        "host" => Ok(Target::Host),
+        "all" => Ok(Target::AllCuda),
+        list => list
+            .split(',')
+            .map(|d| d.trim().strip_prefix("cuda:").and_then(|n| n.parse::<u32>().ok()))
+            .collect::<Option<Vec<u32>>>()
+            .map(Target::Cuda)
+            .with_context(|| format!("--device {device:?}: expected host, all, or cuda:N[,cuda:M...]")),
+    }
+}
+
+/// Opens the store with `open` and loads `reference` onto `device` (`host`, `cuda:N`, a
+/// comma-separated list of GPUs, or `all` of them), split across several GPUs or, with
+/// `replicate`, whole on each. The CUDA driver and contexts start while the store opens and
+/// the image is planned; the time reported runs from the call to the last byte checked.
 pub fn load(
     open: impl FnOnce() -> Result<Store>,
     reference: &str,
     device: &str,
     check: bool,
+    replicate: bool,
     memory_budget: u64,
     bars: &Bars,
 ) -> Result<LoadReport> {
     let started = Instant::now();
-    let gpu = match device {
-        "host" => None,
-        _ => Some(
-            device
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse::<u32>().ok())
-                .with_context(|| format!("--device {device:?}: expected host or cuda:N"))?,
-        ),
+    let devices = match parse_target(device)? {
+        Target::Host => {
+            if check {
+                bail!("--check reads device memory back; host loads are verified chunk by chunk already");
+            }
+            let store = open()?;
+            let m = store.get_manifest(&store.resolve(reference)?)?;
+            let bytes = gstore_restore::restore_to_memory(&store, &m, memory_budget, bars)?.len();
+            return Ok(report(reference, device, bytes, started.elapsed().as_secs_f64()));
+        }
+        Target::Cuda(list) => list,
+        Target::AllCuda => {
+            let n = CudaDriver::load()?.devices()?.len() as u32;
+            if n == 0 {
+                bail!("--device all: the CUDA driver sees no GPU");
+            }
+            (0..n).collect()
+        }
     };
-    if gpu.is_none() && check {
-        bail!("--check reads device memory back; host loads are verified chunk by chunk already");
-    }
-    let context =
-        gpu.map(|index| std::thread::spawn(move || Ok::<_, anyhow::Error>(CudaDriver::load()?.context(index)?)));
+    let contexts: Vec<_> =
+        devices.iter().map(|&index| std::thread::spawn(move || CudaDriver::load()?.context(index))).collect();
     let store = open()?;
-    let id = store.resolve(reference)?;
-    let m = store.get_manifest(&id)?;
-    let Some(context) = context else {
-        let bytes = gstore_restore::restore_to_memory(&store, &m, memory_budget, bars)?.len();
-        return Ok(report(reference, device, bytes, started.elapsed().as_secs_f64()));
-    };
-    let ctx = context.join().expect("CUDA start does not panic")?;
-    let image = gstore_restore::restore_to_device(&store, &m, &ctx, memory_budget, bars)?;
-    let mut r = report(reference, device, image.len(), started.elapsed().as_secs_f64());
-    r.phases = Some([image.plan_s, image.alloc_s, image.transfer_s]);
-    r.path = Some(image.path.clone());
+    let m = store.get_manifest(&store.resolve(reference)?)?;
+    let open_contexts: Vec<_> = contexts
+        .into_iter()
+        .map(|started| {
+            move || -> gstore_store::Result<CudaContext> {
+                started.join().expect("CUDA start does not panic").map_err(|e| StoreError::Device(e.to_string()))
+            }
+        })
+        .collect();
+    let spread = if replicate { Spread::Replicate } else { Spread::Split };
+    let images = gstore_restore::restore_to_devices(&store, &m, open_contexts, spread, memory_budget, bars)?;
+    let bytes = images.iter().map(DeviceImage::len).sum();
+    let mut r = report(reference, device, bytes, started.elapsed().as_secs_f64());
+    let slowest = |f: fn(&DeviceImage) -> f64| images.iter().map(f).fold(0.0, f64::max);
+    r.phases = Some([slowest(|i| i.plan_s), slowest(|i| i.alloc_s), slowest(|i| i.transfer_s)]);
+    r.path = images.first().map(|i| i.path.clone());
+    if images.len() > 1 {
+        r.device = devices.iter().map(|d| format!("cuda:{d}")).collect::<Vec<_>>().join(",");
+        r.per_device = Some(
+            devices
+                .iter()
+                .zip(&images)
+                .map(|(d, i)| DeviceShare { device: format!("cuda:{d}"), bytes: i.len() })
+                .collect(),
+        );
+    }
     if check {
-        check_device(&m, &image, &ctx)?;
+        for image in &images {
+            check_device(&m, image)?;
+        }
         r.checked = true;
     }
     Ok(r)
@@ -86,27 +148,29 @@ fn report(image: &str, device: &str, bytes: u64, seconds: f64) -> LoadReport {
         checked: false,
         phases: None,
         path: None,
+        per_device: None,
     }
 }
 
-/// Copies every device buffer back and checks each chunk's BLAKE3 against the manifest.
-fn check_device(
-    m: &gstore_store::manifest::Manifest,
-    image: &gstore_restore::DeviceImage,
-    ctx: &gstore_gpu_dump::cuda::Context,
-) -> Result<()> {
-    let mut loaded = image.entries.iter();
-    for (entry, chunks) in m.files().filter(|(e, _)| e.kind == gstore_store::manifest::EntryKind::File) {
-        let dev = loaded.next().context("fewer device buffers than files")?;
+/// Copies every device buffer of `image` back and checks each chunk's BLAKE3 against the
+/// manifest's entry of the same path.
+fn check_device(m: &Manifest, image: &DeviceImage) -> Result<()> {
+    let chunks: HashMap<&str, &[gstore_store::manifest::ChunkRef]> =
+        m.files().map(|(e, c)| (e.path.as_str(), c)).collect();
+    for dev in &image.entries {
+        let list = chunks.get(dev.path.as_str()).with_context(|| format!("{}: not in the image", dev.path))?;
         let mut host = vec![0u8; dev.buffer.len()];
-        ctx.copy_to_host(&mut host, dev.buffer.ptr())?;
+        dev.buffer.context().copy_to_host(&mut host, dev.buffer.ptr())?;
         let mut off = 0usize;
-        for c in chunks {
+        for c in *list {
             let bytes = &host[off..off + c.len as usize];
             if ObjectId::of(bytes) != c.id {
-                bail!("{}: bytes at {off} in VRAM do not match chunk {}", entry.path, c.id.short());
+                bail!("{}: bytes at {off} in VRAM do not match chunk {}", dev.path, c.id.short());
             }
             off += c.len as usize;
+        }
+        if off != host.len() {
+            bail!("{}: {} bytes in VRAM, the image has {off}", dev.path, host.len());
         }
     }
     Ok(())

@@ -371,6 +371,37 @@ impl Store {
         Ok(Bytes::from_owner(map).slice((range.start - start) as usize..))
     }
 
+    /// Reads a byte range of a pack into `out` (exactly `range`'s length), from the store
+    /// itself as [`Store::read_pack_range`] does. A local pack is read with `pread` straight
+    /// into `out` (e.g. pinned memory a GPU copies from): one copy from the page cache, and no
+    /// mapping, whose setup and teardown serialise threads on the process's address space.
+    pub fn read_pack_range_into(&self, pack: &ObjectId, range: std::ops::Range<u64>, out: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let key = backend::pack_key(pack);
+        let want = (range.end - range.start) as usize;
+        if out.len() != want {
+            return Err(StoreError::Invalid(format!("a {want}-byte range read into a {}-byte buffer", out.len())));
+        }
+        let StoreLocation::Local(root) = &self.location else {
+            out.copy_from_slice(&self.read_remote_range(range, key)?);
+            return Ok(());
+        };
+        let path = root.join(&key);
+        let file = match std::fs::File::open(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StoreError::NotFound { what: "pack", key })
+            }
+            other => other.map_err(|e| StoreError::io("opening", &path, e))?,
+        };
+        match file.read_exact_at(out, range.start) {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                let size = file.metadata().map_err(|e| StoreError::io("checking", &path, e))?.len();
+                Err(truncated(key, size, range.end))
+            }
+            other => other.map_err(|e| StoreError::io("reading", &path, e)),
+        }
+    }
+
     /// A remote range read.
     fn read_remote_range(&self, range: std::ops::Range<u64>, key: String) -> Result<Bytes> {
         match self.backend.get_range(&key, range.clone()) {

@@ -249,16 +249,15 @@ impl Loader<'_> {
             slot.done.synchronize().map_err(cuda_err)?;
             slot.in_flight = false;
         }
-        let data = self.store.read_pack_range(&read.pack, read.start..read.end)?;
-        if data.len() > self.read_cap || read.chunks.len() > self.layout.chunks {
+        let len = (read.end - read.start) as usize;
+        if len > self.read_cap || read.chunks.len() > self.layout.chunks {
             return Err(StoreError::Invalid(format!(
-                "a read of {} bytes in {} chunks exceeds the staging slot",
-                data.len(),
+                "a read of {len} bytes in {} chunks exceeds the staging slot",
                 read.chunks.len()
             )));
         }
         let Slot { pinned, device, meta_host, meta_device, temp, stream, done, .. } = slot;
-        pinned.as_mut_slice()[..data.len()].copy_from_slice(&data);
+        self.store.read_pack_range_into(&read.pack, read.start..read.end, &mut pinned.as_mut_slice()[..len])?;
         let (base, decoded_base, meta_base) = (device.ptr(), device.ptr() + self.read_cap as u64, meta_device.ptr());
         let meta = meta_host.as_mut_slice();
         let (mut decoded, mut frames, mut host_decoded, mut written) = (0usize, 0usize, 0usize, 0u64);
@@ -266,7 +265,7 @@ impl Loader<'_> {
         let mut repeats = Vec::new();
         for (k, c) in read.chunks.iter().enumerate() {
             let at = (c.loc.offset - read.start) as usize;
-            let stored = &data[at..at + c.loc.stored_len as usize];
+            let stored_len = c.loc.stored_len as usize;
             let plain = c.loc.plain_len as usize;
             let (entry, offset) = c.targets[0];
             let dst = self.buffers.address(entry, offset, plain)?;
@@ -283,14 +282,16 @@ impl Loader<'_> {
                     if self.nvcomp.is_some() {
                         let l = self.layout;
                         put_u64(meta, l.array(0, frames), base + at as u64);
-                        put_u64(meta, l.array(1, frames), stored.len() as u64);
+                        put_u64(meta, l.array(1, frames), stored_len as u64);
                         put_u64(meta, l.array(2, frames), plain as u64);
                         put_u64(meta, l.array(4, frames), job.src);
                         job.actual_len = meta_base + l.array(3, frames) as u64;
                         job.status = meta_base + l.status(frames) as u64;
                         frames += 1;
                     } else {
-                        let out = &mut pinned.as_mut_slice()[self.read_cap + decoded..][..plain];
+                        let (range, rest) = pinned.as_mut_slice().split_at_mut(self.read_cap);
+                        let stored = &range[at..at + stored_len];
+                        let out = &mut rest[decoded..][..plain];
                         let n = decoder.expand_into(Codec::Zstd, stored, &c.id, out).map_err(|e| in_pack(e, read))?;
                         if n != plain {
                             return Err(in_pack(
@@ -313,7 +314,7 @@ impl Loader<'_> {
             }
             written += (plain * c.targets.len()) as u64;
         }
-        stream.copy_to_device_async(base, pinned, 0, data.len()).map_err(cuda_err)?;
+        stream.copy_to_device_async(base, pinned, 0, len).map_err(cuda_err)?;
         stream.copy_to_device_async(decoded_base, pinned, self.read_cap, host_decoded).map_err(cuda_err)?;
         stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(cuda_err)?;
         for (dst, len) in fills {

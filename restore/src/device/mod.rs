@@ -11,6 +11,9 @@
 
 mod gpu_check;
 mod host_check;
+mod spread;
+
+pub use spread::{parts, restore_to_devices, Spread};
 
 use crate::engine::{self, Buffers};
 use crate::plan::{self, Plan, RangeRead, ZeroRange};
@@ -32,12 +35,12 @@ pub struct DeviceEntry {
 pub struct DeviceImage {
     /// The files.
     pub entries: Vec<DeviceEntry>,
-    /// Seconds spent planning (index lookups).
+    /// Seconds the planner took (index lookups), alongside allocation and the first transfers.
     pub plan_s: f64,
-    /// Seconds spent allocating device buffers and staging (and loading the check kernel),
-    /// alongside the planning.
+    /// Seconds until the device buffers and staging were allocated and the check kernel
+    /// loaded (waiting for the CUDA context included), while the planner ran.
     pub alloc_s: f64,
-    /// Seconds spent fetching, decoding, checking and copying, once both were done.
+    /// Seconds from then until every byte was checked in place.
     pub transfer_s: f64,
     /// Where chunks were checked and decoded, and why there.
     pub path: String,
@@ -120,6 +123,20 @@ pub fn restore_to_device(
     memory_budget: u64,
     progress: &dyn Progress,
 ) -> Result<DeviceImage> {
+    restore_to_device_with(store, m, || Ok(ctx.clone()), memory_budget, progress)
+}
+
+/// [`restore_to_device`] onto the context `open_context` gives, which is called once the
+/// planner is under way: a caller still starting CUDA (`cuInit` and the primary context take
+/// a few hundred milliseconds) passes a function that waits for it, and the index lookups run
+/// meanwhile.
+pub fn restore_to_device_with(
+    store: &Store,
+    m: &Manifest,
+    open_context: impl FnOnce() -> Result<Context>,
+    memory_budget: u64,
+    progress: &dyn Progress,
+) -> Result<DeviceImage> {
     let t = std::time::Instant::now();
     let max_read = engine::max_read_for(memory_budget);
     let threads = rayon::current_num_threads().max(2) as u64;
@@ -141,6 +158,7 @@ pub fn restore_to_device(
             Ok::<f64, StoreError>(t.elapsed().as_secs_f64())
         });
         let prepared = (|| {
+            let ctx = &open_context()?;
             let (owned, buffers) = Buffers::allocate(m, |e| {
                 let buffer = ctx.alloc(e.size as usize).map_err(cuda_err)?;
                 let (base, len) = (buffer.ptr(), buffer.len());
