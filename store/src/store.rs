@@ -728,3 +728,33 @@ impl Store {
         Ok((ok, damaged))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_reads_into_a_buffer_match_mapped_reads_and_name_what_is_wrong() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let location = StoreLocation::Local(dir.path().to_path_buf());
+        Store::init(&location, &StoreConfig::default()).expect("init");
+        let store = Store::open(&location).expect("open");
+        let pack = ObjectId::of(b"pack");
+        let path = dir.path().join(backend::pack_key(&pack));
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).expect("write");
+        for range in [0..1, 5..4097, 4095..100_000, 99_999..100_000] {
+            let mut out = vec![0u8; (range.end - range.start) as usize];
+            store.read_pack_range_into(&pack, range.clone(), &mut out).expect("read");
+            assert_eq!(out, &bytes[range.start as usize..range.end as usize]);
+            assert_eq!(out, &store.read_pack_range(&pack, range).expect("mapped read")[..]);
+        }
+        let mut out = vec![0u8; 10];
+        let err = store.read_pack_range_into(&pack, 99_995..100_005, &mut out).expect_err("past the end").to_string();
+        assert!(err.contains("truncated"), "{err}");
+        assert!(store.read_pack_range_into(&pack, 0..5, &mut out).is_err(), "a buffer of the wrong size");
+        let err = store.read_pack_range_into(&ObjectId::of(b"gone"), 0..10, &mut out).expect_err("missing").to_string();
+        assert!(err.contains("pack not found"), "{err}");
+    }
+}
