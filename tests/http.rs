@@ -255,6 +255,21 @@ fn chunks_by_id_and_the_missing_query() {
     assert_eq!(server.curl("POST", "/v1/chunks/missing", None, &[], Some(&q)).0, 400);
     fs::write(&q, b"{oops").unwrap();
     assert_eq!(server.curl("POST", "/v1/chunks/missing", None, &[], Some(&q)).0, 400);
+    // Once gc has tombstoned the only pack holding a chunk, a push must not rely on that pack
+    // (docs/GC.md): the query calls the chunk missing, though it is still served until gc
+    // deletes the pack.
+    env.ok(&["rm", "x"]);
+    env.ok(&["gc"]);
+    assert!(files_below(&env.store.join("tombstones")).iter().any(|p| p.to_string_lossy().ends_with(".pack")));
+    fs::write(&q, serde_json::to_vec(&[chunk.id.to_hex()]).unwrap()).unwrap();
+    let (code, body) = server.curl("POST", "/v1/chunks/missing", None, &["Content-Type: application/json"], Some(&q));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Vec<String>>(&body).unwrap(), vec![chunk.id.to_hex()], "a tombstoned pack offered for dedup");
+    assert_eq!(server.curl("GET", &format!("/v1/chunks/{}", chunk.id.to_hex()), None, &[], None).0, 200);
+    // Pushed again, the chunk lands in a new pack, and the query finds it there.
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "x"]);
+    let (code, body) = server.curl("POST", "/v1/chunks/missing", None, &["Content-Type: application/json"], Some(&q));
+    assert_eq!((code, serde_json::from_str::<Vec<String>>(&body).unwrap()), (200, vec![]), "{body}");
 }
 
 /// Two machines pushing the same tag at once through one server (in front of a local store,

@@ -1,8 +1,10 @@
 //! The server's map of chunks to packs, built in memory from pack footers (the server keeps no
-//! files of its own) and refreshed, reading only new footers, when a chunk is not found.
+//! files of its own) and refreshed, reading only new footers, when a chunk is not found. It
+//! also knows which packs gc has tombstoned: those still serve reads, but a push must not
+//! deduplicate against them (docs/GC.md), so they never make a chunk count as present.
 
 use futures::TryStreamExt;
-use gstore_store::backend::{pack_id_from_key, pack_key, PACKS_PREFIX};
+use gstore_store::backend::{pack_id_from_key, pack_key, tombstoned_key, PACKS_PREFIX, TOMBSTONES_PREFIX};
 use gstore_store::pack::{parse_footer, parse_trailer, PackEntry, TRAILER_LEN};
 use gstore_store::ObjectId;
 use object_store::path::Path as ObjPath;
@@ -19,8 +21,18 @@ pub struct ChunkMap {
 
 #[derive(Default)]
 struct Known {
-    chunks: HashMap<ObjectId, (ObjectId, PackEntry)>,
+    /// Every pack known to hold each chunk.
+    chunks: HashMap<ObjectId, Vec<(ObjectId, PackEntry)>>,
     packs: HashSet<ObjectId>,
+    /// Packs with a gc tombstone, as last listed.
+    doomed: HashSet<ObjectId>,
+}
+
+impl Known {
+    /// A holder of `id` without a tombstone, if any.
+    fn live(&self, id: &ObjectId) -> Option<(ObjectId, PackEntry)> {
+        self.chunks.get(id)?.iter().find(|(pack, _)| !self.doomed.contains(pack)).copied()
+    }
 }
 
 impl ChunkMap {
@@ -29,9 +41,24 @@ impl ChunkMap {
         ChunkMap { inner: RwLock::default(), chunk_max }
     }
 
-    /// The pack and footer entry of `id`, if known.
+    /// The pack and footer entry of `id` to read it from, if known: a pack without a
+    /// tombstone if there is one, else a tombstoned one (readable until gc deletes it).
     pub async fn get(&self, id: &ObjectId) -> Option<(ObjectId, PackEntry)> {
-        self.inner.read().await.chunks.get(id).copied()
+        let k = self.inner.read().await;
+        k.live(id).or_else(|| k.chunks.get(id)?.first().copied())
+    }
+
+    /// True when a pack without a tombstone (as last listed) holds `id`: one a push may rely on.
+    pub async fn held_live(&self, id: &ObjectId) -> bool {
+        self.inner.read().await.live(id).is_some()
+    }
+
+    /// Lists gc's tombstones again, so [`ChunkMap::held_live`] answers for now.
+    pub async fn refresh_tombstones(&self, objects: &dyn ObjectStore) -> object_store::Result<()> {
+        let listed: Vec<_> = objects.list(Some(&ObjPath::from(TOMBSTONES_PREFIX))).try_collect().await?;
+        let doomed = listed.iter().filter_map(|m| tombstoned_key(m.location.as_ref()).and_then(pack_id_from_key)).collect();
+        self.inner.write().await.doomed = doomed;
+        Ok(())
     }
 
     /// Reads the footers of packs not seen yet. Damaged packs are skipped. When gc deleted a
@@ -41,7 +68,9 @@ impl ChunkMap {
         let present: HashSet<ObjectId> = listed.iter().filter_map(|m| pack_id_from_key(m.location.as_ref())).collect();
         let mut known = self.inner.read().await.packs.clone();
         if !known.is_subset(&present) {
-            *self.inner.write().await = Known::default();
+            let mut k = self.inner.write().await;
+            k.chunks.clear();
+            k.packs.clear();
             known.clear();
         }
         for meta in listed {
@@ -53,7 +82,7 @@ impl ChunkMap {
                 let mut k = self.inner.write().await;
                 k.packs.insert(pack);
                 for e in entries {
-                    k.chunks.entry(e.id).or_insert((pack, e));
+                    k.chunks.entry(e.id).or_default().push((pack, e));
                 }
             }
         }

@@ -352,7 +352,8 @@ async fn get_chunk(
     }
 }
 
-/// Of the chunk ids posted (a JSON array of hex ids), the ones no pack holds.
+/// Of the chunk ids posted (a JSON array of hex ids), the ones no pack without a gc tombstone
+/// holds: the chunks a push must upload.
 async fn missing_chunks(State(state): State<AppState>, req: Request) -> Response {
     if let Err(r) = authorize(&state, req.headers(), Scope::Read, None) {
         return r;
@@ -376,11 +377,15 @@ async fn missing_chunks(State(state): State<AppState>, req: Request) -> Response
             }
         }
     }
-    // One refresh of the footers at most, whatever the batch size.
+    // Tombstones are listed for every query (a push must not rely on a pack gc tombstoned
+    // since), footers refreshed once at most, whatever the batch size.
+    if let Err(e) = state.chunks.refresh_tombstones(state.objects.as_ref()).await {
+        return store_error(e);
+    }
     let mut refreshed = false;
     let mut missing = Vec::new();
     for id in parsed {
-        if state.chunks.get(&id).await.is_some() {
+        if state.chunks.held_live(&id).await {
             continue;
         }
         if !refreshed {
@@ -388,7 +393,7 @@ async fn missing_chunks(State(state): State<AppState>, req: Request) -> Response
                 return store_error(e);
             }
             refreshed = true;
-            if state.chunks.get(&id).await.is_some() {
+            if state.chunks.held_live(&id).await {
                 continue;
             }
         }
