@@ -133,6 +133,15 @@ fn load_into_a_device_without_the_kernel_api_checks_on_the_host() {
         assert!(shares.iter().all(|&b| b > 0), "both devices get files: {shares:?}");
         assert_eq!(r["checked"], true);
     }
+    // An image larger than the device's free memory (the test driver has 1 GiB) is refused
+    // before anything is allocated.
+    let big = env.path("big");
+    std::fs::create_dir_all(&big).unwrap();
+    std::fs::File::create(big.join("sparse")).unwrap().set_len(1 << 31).unwrap();
+    env.ok(&["push", big.to_str().unwrap(), "--tag", "big"]);
+    let o = env.cmd(&["load", "big", "--device", "cuda:0"]).env("LD_LIBRARY_PATH", &cuda).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("need 2147483648 bytes of device memory"), "{err}");
     // A damaged pack fails the load, naming the chunk.
     for pack in env.packs() {
         let mut bytes = std::fs::read(&pack).unwrap();

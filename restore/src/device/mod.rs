@@ -18,7 +18,7 @@ pub use spread::{parts, restore_to_devices, Spread};
 use crate::engine::{self, Buffers};
 use crate::plan::{self, Plan, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer};
-use gstore_store::manifest::Manifest;
+use gstore_store::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::{Result, Store, StoreError};
 use std::sync::{mpsc, Condvar, Mutex};
@@ -159,6 +159,14 @@ pub fn restore_to_device_with(
         });
         let prepared = (|| {
             let ctx = &open_context()?;
+            let image_bytes = m.files().filter(|(e, _)| e.kind == EntryKind::File).map(|(e, _)| e.size).sum::<u64>();
+            let (free, _) = ctx.mem_info().map_err(cuda_err)?;
+            if image_bytes > free {
+                return Err(StoreError::Device(format!(
+                    "the image's files need {image_bytes} bytes of device memory and cuda:{} has {free} free; nothing was loaded",
+                    ctx.device()
+                )));
+            }
             let (owned, buffers) = Buffers::allocate(m, |e| {
                 let buffer = ctx.alloc(e.size as usize).map_err(cuda_err)?;
                 let (base, len) = (buffer.ptr(), buffer.len());
