@@ -264,7 +264,11 @@ fn chunks_by_id_and_the_missing_query() {
     fs::write(&q, serde_json::to_vec(&[chunk.id.to_hex()]).unwrap()).unwrap();
     let (code, body) = server.curl("POST", "/v1/chunks/missing", None, &["Content-Type: application/json"], Some(&q));
     assert_eq!(code, 200, "{body}");
-    assert_eq!(serde_json::from_str::<Vec<String>>(&body).unwrap(), vec![chunk.id.to_hex()], "a tombstoned pack offered for dedup");
+    assert_eq!(
+        serde_json::from_str::<Vec<String>>(&body).unwrap(),
+        vec![chunk.id.to_hex()],
+        "a tombstoned pack offered for dedup"
+    );
     assert_eq!(server.curl("GET", &format!("/v1/chunks/{}", chunk.id.to_hex()), None, &[], None).0, 200);
     // Pushed again, the chunk lands in a new pack, and the query finds it there.
     env.ok(&["push", src.to_str().unwrap(), "--tag", "x"]);
@@ -344,4 +348,36 @@ fn https_with_a_trusted_certificate() {
     let o = gstore(&["restore", "secure", "--to", out.to_str().unwrap()], Some(&cert));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(fs::read(out.join("f")).unwrap(), fs::read(&f).unwrap());
+}
+
+/// A create-only write whose answer was lost (the server wrote it, the client saw a 503) is
+/// retried and meets its own object: the lease of a push and the lock of a gc must count that
+/// as their success, not as another writer's.
+#[test]
+fn a_retried_create_that_had_landed_is_its_writers_own() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    write_mixed_file(&src.join("data"), 300_000, 9);
+    let server = Server::start(&env.store, &[]);
+    for (patterns, args) in [
+        (&["put /v1/o/leases/", "if-none-match"][..], vec!["push", src.to_str().unwrap(), "--tag", "x"]),
+        (&["put /v1/o/gc/lock", "if-none-match"][..], vec!["gc"]),
+        // A tag made (If-None-Match), then moved (If-Match), each answer lost once.
+        (&["put /v1/o/tags/y/", "if-none-match"][..], vec!["tag", "x", "y"]),
+        (&["put /v1/o/tags/y/", "if-match"][..], vec!["tag", "x", "y"]),
+    ] {
+        let patterns: &'static [&'static str] = Box::leak(patterns.to_vec().into_boxed_slice());
+        let proxy = LostAnswers::start(server.port, patterns, 1);
+        let o = std::process::Command::new(gstore_bin())
+            .arg("--store")
+            .arg(format!("http://127.0.0.1:{}", proxy.port))
+            .args(&args)
+            .env("XDG_CACHE_HOME", env.path("cache"))
+            .output()
+            .unwrap();
+        assert_eq!(proxy.lost.load(std::sync::atomic::Ordering::SeqCst), 2, "one answer lost, then the retry's");
+        assert!(o.status.success(), "gstore {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    env.ok(&["show", "x"]);
 }

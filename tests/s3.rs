@@ -309,3 +309,26 @@ fn packs_larger_than_the_multipart_threshold_upload_in_parts() {
     s3.ok("b", &["restore", "big", "--to", out.to_str().unwrap()]);
     assert_same_tree(&src, &out);
 }
+
+/// object_store's S3 client retries a 503 too: a create-only write whose answer was lost after
+/// it landed meets its own object on the retry, and the push's lease and gc's lock count that
+/// as their success.
+#[test]
+fn a_retried_create_that_had_landed_is_its_writers_own() {
+    let s3 = S3::start();
+    let src = s3.tmp.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    write_mixed_file(&src.join("data"), 300_000, 10);
+    s3.ok("a", &["init"]);
+    for (patterns, args) in [
+        (&["put /gstore-test/images/leases/", "if-none-match"][..], vec!["push", src.to_str().unwrap(), "--tag", "x"]),
+        (&["put /gstore-test/images/gc/lock", "if-none-match"][..], vec!["gc"]),
+    ] {
+        let patterns: &'static [&'static str] = Box::leak(patterns.to_vec().into_boxed_slice());
+        let proxy = LostAnswers::start(s3.port, patterns, 1);
+        let o = s3.cmd("a", &args).env("AWS_ENDPOINT", format!("http://127.0.0.1:{}", proxy.port)).output().unwrap();
+        assert_eq!(proxy.lost.load(std::sync::atomic::Ordering::SeqCst), 2, "one answer lost, then the retry's");
+        assert!(o.status.success(), "gstore {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    s3.ok("a", &["show", "x"]);
+}

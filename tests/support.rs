@@ -588,3 +588,82 @@ pub fn wait_for_port(port: u16, what: &str) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// A loopback proxy in front of an HTTP server (gstore serve, s3s-fs) that forwards every
+/// request and, for the first `lose` requests whose head (request line and headers,
+/// lowercased) contains every one of `patterns`, throws the server's answer away and answers
+/// 503 instead: the server acted, its answer was lost, as when a connection drops after a
+/// write landed. Every request gets its own upstream connection (`Connection: close`).
+pub struct LostAnswers {
+    /// The port clients connect to.
+    pub port: u16,
+    /// Answers thrown away so far.
+    pub lost: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LostAnswers {
+    /// Starts the proxy in front of `127.0.0.1:upstream` (it runs until the test ends).
+    pub fn start(upstream: u16, patterns: &'static [&'static str], lose: usize) -> LostAnswers {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = lost.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(mut client) = client else { continue };
+                let counter = counter.clone();
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut byte = [0u8; 4096];
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match client.read(&mut byte) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&byte[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + length {
+                        match client.read(&mut byte) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&byte[..n]),
+                        }
+                    }
+                    // Forward with the connection closed after the answer.
+                    let original = String::from_utf8_lossy(&buf[..head_end]).to_string();
+                    let mut forwarded: String = original
+                        .split("\r\n")
+                        .filter(|l| !l.to_lowercase().starts_with("connection:"))
+                        .take_while(|l| !l.is_empty())
+                        .map(|l| format!("{l}\r\n"))
+                        .collect();
+                    forwarded.push_str("Connection: close\r\n\r\n");
+                    let Ok(mut server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else { return };
+                    let _ = server.write_all(forwarded.as_bytes());
+                    let _ = server.write_all(&buf[head_end..head_end + length]);
+                    let mut answer = Vec::new();
+                    let _ = server.read_to_end(&mut answer);
+                    let lose_it =
+                        patterns.iter().all(|p| head.contains(p)) && counter.fetch_add(1, Ordering::SeqCst) < lose;
+                    if lose_it {
+                        let _ = client.write_all(
+                            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        );
+                    } else {
+                        let _ = client.write_all(&answer);
+                    }
+                });
+            }
+        });
+        LostAnswers { port, lost }
+    }
+}

@@ -56,7 +56,8 @@ impl ChunkMap {
     /// Lists gc's tombstones again, so [`ChunkMap::held_live`] answers for now.
     pub async fn refresh_tombstones(&self, objects: &dyn ObjectStore) -> object_store::Result<()> {
         let listed: Vec<_> = objects.list(Some(&ObjPath::from(TOMBSTONES_PREFIX))).try_collect().await?;
-        let doomed = listed.iter().filter_map(|m| tombstoned_key(m.location.as_ref()).and_then(pack_id_from_key)).collect();
+        let doomed =
+            listed.iter().filter_map(|m| tombstoned_key(m.location.as_ref()).and_then(pack_id_from_key)).collect();
         self.inner.write().await.doomed = doomed;
         Ok(())
     }

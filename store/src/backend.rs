@@ -383,6 +383,20 @@ impl Backend {
             .map_err(|e| Self::err("writing", key, e))
     }
 
+    /// [`Backend::put_new`] for a record no other writer could produce byte for byte (a lease
+    /// under a random key, a gc lock with a nonce): an object already there with exactly these
+    /// bytes is this writer's own, met by a retry of a request whose answer was lost after it
+    /// landed (the HTTP client and the S3 client both retry), and counts as written.
+    pub fn create_record(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        match self.put_new(key, bytes.clone()) {
+            Err(StoreError::AlreadyExists { what, key: k }) => match self.get_opt(key)? {
+                Some(found) if found[..] == bytes[..] => Ok(()),
+                _ => Err(StoreError::AlreadyExists { what, key: k }),
+            },
+            other => other,
+        }
+    }
+
     /// Reads a whole object with the version a later [`Backend::put_if`] can require, or
     /// `None` if it does not exist.
     pub fn get_versioned(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
@@ -412,7 +426,21 @@ impl Backend {
     /// [`StoreError::Conflict`]. On a local directory store, which has no If-Match, the
     /// version is compared and the object written under an exclusive lock on
     /// `STORE/cas.lock`, which every gstore process on the machine takes for the same purpose.
+    ///
+    /// A conflict whose object now holds exactly `bytes` is this writer's own write, met by a
+    /// retry of a request whose answer was lost after it landed: it counts as written (had
+    /// another writer put the same bytes, the object holds what this writer wanted anyway).
     pub fn put_if(&self, key: &str, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
+        match self.put_if_once(key, bytes.clone(), expected) {
+            Err(StoreError::Conflict(msg)) => match self.get_opt(key)? {
+                Some(found) if found[..] == bytes[..] => Ok(()),
+                _ => Err(StoreError::Conflict(msg)),
+            },
+            other => other,
+        }
+    }
+
+    fn put_if_once(&self, key: &str, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
         self.before("put_if", key);
         if let Some(h) = self.http_client() {
             let cond = match expected {

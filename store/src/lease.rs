@@ -129,7 +129,7 @@ impl Lease {
             packs: BTreeSet::new(),
             manifests: BTreeSet::new(),
         };
-        backend.put_new(&key, serde_json::to_vec_pretty(&record).expect("lease serializes"))?;
+        backend.create_record(&key, serde_json::to_vec_pretty(&record).expect("lease serializes"))?;
         Ok(Lease { backend: backend.clone(), key, record: Mutex::new(record) })
     }
 

@@ -4,7 +4,18 @@
 
 use crate::backend::{Backend, GC_LOCK_KEY};
 use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
 use crate::lease::Owner;
+use serde::Serialize;
+
+/// What the lock object holds: its owner, and a nonce that makes every record unique, so a
+/// create retried after its answer was lost recognises its own object.
+#[derive(Serialize)]
+struct LockRecord {
+    #[serde(flatten)]
+    owner: Owner,
+    nonce: String,
+}
 
 /// A held gc lock; dropping it deletes the lock object.
 pub struct GcLock {
@@ -14,9 +25,10 @@ pub struct GcLock {
 impl GcLock {
     /// Takes the lock. `break_lock` takes it from a holder this machine cannot judge.
     pub fn take(backend: &Backend, break_lock: bool) -> Result<GcLock> {
-        let record = serde_json::to_vec_pretty(&Owner::current()).expect("owner serializes");
+        let record = LockRecord { owner: Owner::current(), nonce: ObjectId::unique().to_hex()[..32].to_string() };
+        let record = serde_json::to_vec_pretty(&record).expect("lock record serializes");
         for _ in 0..2 {
-            match backend.put_new(GC_LOCK_KEY, record.clone()) {
+            match backend.create_record(GC_LOCK_KEY, record.clone()) {
                 Ok(()) => return Ok(GcLock { backend: backend.clone() }),
                 Err(StoreError::AlreadyExists { .. }) => {}
                 Err(e) => return Err(e),
