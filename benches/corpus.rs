@@ -142,6 +142,37 @@ pub fn write_next(base: &Path, dir: &Path, seed: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Writes float data as trained models keep it, about `size` bytes each: `bf16/weights.bin`
+/// (N(0, 0.02) bf16 weights) and a float32 training checkpoint in `fp32/` — `weights.bin`
+/// (N(0, 0.02)), `adam-m.bin` (Adam's first moment, N(0, 1e-3)) and `adam-v.bin` (its second
+/// moment: squared N(0, 1e-3) values, each scaled by a factor in 0.1..10).
+pub fn write_floats(dir: &Path, size: usize, seed: u64) -> std::io::Result<()> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let normal = |rng: &mut rand::rngs::StdRng, scale: f32| -> f32 {
+        (0..3).map(|_| rng.random::<f32>() - 0.5).sum::<f32>() * 2.0 * scale
+    };
+    fs::create_dir_all(dir.join("bf16"))?;
+    fs::create_dir_all(dir.join("fp32"))?;
+    let mut bf16 = vec![0u8; size];
+    fill_region(Region::Bf16, &mut bf16, &mut rng);
+    fs::write(dir.join("bf16/weights.bin"), bf16)?;
+    let third = size / 3 / 4;
+    let write = |name: &str, values: Vec<f32>| {
+        fs::write(dir.join("fp32").join(name), values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+    };
+    write("weights.bin", (0..third).map(|_| normal(&mut rng, 0.02)).collect())?;
+    write("adam-m.bin", (0..third).map(|_| normal(&mut rng, 1e-3)).collect())?;
+    write(
+        "adam-v.bin",
+        (0..third)
+            .map(|_| {
+                let g = normal(&mut rng, 1e-3);
+                g * g * 10f32.powf(rng.random::<f32>() * 2.0 - 1.0)
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -160,3 +160,42 @@ fn load_into_a_device_without_the_kernel_api_checks_on_the_host() {
     let err = String::from_utf8_lossy(&load(&[]).stderr).to_string();
     assert!(err.contains("pack") && err.contains("not found"), "{err}");
 }
+
+/// bf16-like weights (small-magnitude values) from a seed.
+fn write_bf16_weights(path: &std::path::Path, values: usize, seed: u64) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let bytes: Vec<u8> = (0..values)
+        .flat_map(|_| {
+            let v: f32 = (0..3).map(|_| rng.random::<f32>() - 0.5).sum::<f32>() * 0.04;
+            ((v.to_bits() >> 16) as u16).to_le_bytes()
+        })
+        .collect();
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn float_weights_take_the_float_codec_restore_exactly_and_damage_is_caught() {
+    let plain = Env::new(&["--no-float-codec"]);
+    let floats = Env::new(&[]);
+    let src = floats.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    write_bf16_weights(&src.join("weights.bin"), 3_000_000, 5);
+    let stored = |env: &Env| {
+        env.ok(&["push", src.to_str().unwrap(), "--tag", "w"]);
+        env.json(&["du"])["pack_bytes"].as_u64().unwrap()
+    };
+    let (zstd_only, grouped) = (stored(&plain), stored(&floats));
+    assert!(grouped * 100 < zstd_only * 92, "float codec {grouped} bytes, zstd {zstd_only}");
+    floats.ok(&["verify", "--read-data"]);
+    floats.ok(&["restore", "w", "--to", floats.path("out").to_str().unwrap()]);
+    assert_same_tree(&src, &floats.path("out"));
+    for pack in floats.packs() {
+        let mut bytes = std::fs::read(&pack).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(&pack, bytes).unwrap();
+    }
+    let err = floats.fails(&["restore", "w", "--to", floats.path("again").to_str().unwrap()]);
+    assert!(err.contains("corrupt chunk"), "{err}");
+}

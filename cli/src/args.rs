@@ -217,6 +217,10 @@ pub struct InitArgs {
     /// Target pack size in bytes.
     #[arg(long, default_value_t = 48 * 1024 * 1024)]
     pub pack_size: u64,
+    /// Never use the byte-grouped float codec (codec 3): chunks are stored zstd or raw only,
+    /// as gstore before it wrote them (older readers refuse float-coded chunks).
+    #[arg(long)]
+    pub no_float_codec: bool,
 }
 
 /// Arguments of `gstore gc`.

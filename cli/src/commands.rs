@@ -292,6 +292,7 @@ fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
         chunk_max: a.chunk_max,
         zstd_level: a.zstd_level,
         pack_target: a.pack_size,
+        float_codec: !a.no_float_codec,
         ..StoreConfig::default()
     };
     Store::init(location, &config)?;

@@ -24,6 +24,14 @@ pub struct StoreConfig {
     pub zstd_level: i32,
     /// A pack is closed once it holds at least this many stored bytes.
     pub pack_target: u64,
+    /// Whether chunks that look like 2- or 4-byte floats are tried with the byte-grouped float
+    /// codec (codec 3) before zstd. Absent in stores made before it existed: on.
+    #[serde(default = "float_codec_default")]
+    pub float_codec: bool,
+}
+
+fn float_codec_default() -> bool {
+    true
 }
 
 impl Default for StoreConfig {
@@ -36,6 +44,7 @@ impl Default for StoreConfig {
             segment_size: 16 * 1024 * 1024,
             zstd_level: 1,
             pack_target: 48 * 1024 * 1024,
+            float_codec: true,
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod chunker;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod floats;
 pub mod gc;
 pub mod http;
 pub mod id;

@@ -54,7 +54,7 @@ impl PackEntry {
 
     /// Why the lengths cannot be those of a chunk of a store with this `chunk_max`, if so: the
     /// plain length is at most `chunk_max`; raw bytes are as long as the plain ones, a zero
-    /// chunk stores nothing, and a zstd frame is kept only when shorter than the plain bytes.
+    /// chunk stores nothing, and zstd or float lanes are kept only when shorter than the plain bytes.
     fn bad_lengths(&self, chunk_max: u32) -> Option<String> {
         let (stored, plain) = (self.stored_len, self.plain_len);
         if plain > chunk_max {
@@ -63,7 +63,7 @@ impl PackEntry {
         let fits = match self.codec {
             Codec::Raw => stored == plain,
             Codec::Zero => stored == 0,
-            Codec::Zstd => stored <= plain,
+            Codec::Zstd | Codec::Floats => stored <= plain,
         };
         (!fits).then(|| format!("stored length {stored} does not fit a {} chunk of {plain} bytes", self.codec.name()))
     }

@@ -334,7 +334,7 @@ fn process_unit(store: &Store, entry: &SourceEntry, file: &std::fs::File, u: &Un
         }
     })?;
     let cfg = store.config();
-    let mut encoder = codec::Encoder::new(cfg.zstd_level)?;
+    let mut encoder = codec::Encoder::new(cfg.zstd_level, cfg.float_codec)?;
     chunker::cut_segment(&data, cfg)
         .into_iter()
         .map(|span| {
@@ -389,7 +389,7 @@ fn reupload_unreliable(
     let index = store.index();
     index.set_doomed(&doomed)?;
     let cfg = store.config();
-    let mut encoder = codec::Encoder::new(cfg.zstd_level)?;
+    let mut encoder = codec::Encoder::new(cfg.zstd_level, cfg.float_codec)?;
     let mut pack = store.new_pack();
     let mut seen = HashSet::new();
     let mut n = 0;

@@ -7,7 +7,9 @@
 # With GSTORE_NVCOMP set, zstd decodes on the GPU; each load also runs once without it.
 # With LOAD_BASE=OTHER_GSTORE_BIN the loads also run with that binary (e.g. the previous
 # release). With COLD=1 the page cache is dropped before each timed load (and the disk's own
-# read rate is printed). KINDS picks the images (default "raw bf16").
+# read rate is printed). KINDS picks the images (default "raw bf16"). LOAD_INIT adds `gstore
+# init` flags, e.g. --no-float-codec to store bf16 as zstd (which nvCOMP decodes on the GPU)
+# rather than as float lanes (decoded on the host, checked on the GPU).
 # Last, a byte in the middle of every pack is flipped: every load must then fail naming a
 # corrupt chunk.
 # Usage: tests/gpu/load_bench.sh [GSTORE_BIN] [GIB]
@@ -21,7 +23,7 @@ rm -rf "$W"; mkdir -p "$W"
 trap 'rm -rf "$W"' EXIT
 export GSTORE_STORE="$W/store"
 python3 tests/gpu/load_bench.py make "$W/data" "$GIB" $KINDS
-"$G" -q init >/dev/null
+"$G" -q init ${LOAD_INIT:-} >/dev/null
 for kind in $KINDS; do
   t0=$(date +%s.%N)
   "$G" -q push "$W/data/$kind" --tag "$kind" >/dev/null

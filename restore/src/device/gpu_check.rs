@@ -25,7 +25,8 @@ const META_PER_CHUNK: usize = 80 + 5 * 8 + 4;
 
 /// One staging slot: range and decode areas, per-chunk metadata, a stream.
 struct Slot {
-    /// The range as stored, then (without nvCOMP) host-decoded zstd chunks.
+    /// The range as stored, then chunks decoded on the host (float-coded ones, and zstd
+    /// without nvCOMP).
     pinned: PinnedBuffer,
     /// The range, then decoded zstd chunks, in device memory.
     device: DeviceBuffer,
@@ -101,11 +102,10 @@ impl GpuLoad {
             Ok(n) => n.zstd_temp_bytes(ctx, layout.chunks, chunk_max, read_cap).map_err(cuda_err)?,
             Err(_) => 0,
         };
-        let host_decode = if nvcomp.is_ok() { 0 } else { read_cap };
         let mut all = Vec::new();
         for _ in 0..slots {
             all.push(Slot {
-                pinned: ctx.alloc_pinned(read_cap + host_decode).map_err(cuda_err)?,
+                pinned: ctx.alloc_pinned(2 * read_cap).map_err(cuda_err)?,
                 device: ctx.alloc(2 * read_cap).map_err(cuda_err)?,
                 meta_host: ctx.alloc_pinned(layout.bytes()).map_err(cuda_err)?,
                 meta_device: ctx.alloc(layout.bytes()).map_err(cuda_err)?,
@@ -277,9 +277,9 @@ impl Loader<'_> {
                     fills.push((dst, plain));
                     (job.src, job.dst) = (dst, 0);
                 }
-                Codec::Zstd => {
+                Codec::Zstd | Codec::Floats => {
                     job.src = decoded_base + decoded as u64;
-                    if self.nvcomp.is_some() {
+                    if let (Some(_), Codec::Zstd) = (self.nvcomp, c.loc.codec) {
                         let l = self.layout;
                         put_u64(meta, l.array(0, frames), base + at as u64);
                         put_u64(meta, l.array(1, frames), stored_len as u64);
@@ -289,10 +289,11 @@ impl Loader<'_> {
                         job.status = meta_base + l.status(frames) as u64;
                         frames += 1;
                     } else {
+                        // Decoded here without hashing; the kernel checks the bytes.
                         let (range, rest) = pinned.as_mut_slice().split_at_mut(self.read_cap);
                         let stored = &range[at..at + stored_len];
                         let out = &mut rest[decoded..][..plain];
-                        let n = decoder.expand_into(Codec::Zstd, stored, &c.id, out).map_err(|e| in_pack(e, read))?;
+                        let n = decoder.expand_into(c.loc.codec, stored, &c.id, out).map_err(|e| in_pack(e, read))?;
                         if n != plain {
                             return Err(in_pack(
                                 StoreError::corrupt(

@@ -1,0 +1,371 @@
+//! The byte-grouped float codec (codec byte 3): a chunk of 2- or 4-byte floats is split into
+//! lanes — lane `i` holds byte `i` of every word — and each lane is kept as a zstd frame or
+//! raw. The lanes holding sign and exponent bits are nearly constant in trained weights and
+//! optimizer state and compress well; mantissa lanes are close to random and stay raw, so zstd
+//! no longer has to model bytes of both kinds at once (as ZipNN and xet's BG4 do).
+//!
+//! Stored form (docs/FORMAT.md): the width W (2 or 4), then per lane a codec byte (0 raw,
+//! 1 zstd), a u32 LE stored length and the stored bytes, then the `plain_len mod W` bytes
+//! past the last whole word, raw. Every lane decodes to `plain_len / W` bytes.
+
+use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
+
+/// Lane codec byte: the lane's bytes as they are.
+const LANE_RAW: u8 = 0;
+/// Lane codec byte: one zstd frame.
+const LANE_ZSTD: u8 = 1;
+/// Bytes sampled from a chunk to decide whether it holds floats.
+const SAMPLE: usize = 8192;
+/// A lane whose sampled bytes carry more entropy than this (bits per byte) is kept raw
+/// without trying zstd.
+const RAW_LANE_ABOVE: f64 = 7.8;
+/// Grouping must lower the sample's order-0 entropy by at least this many bits per byte for
+/// a chunk to be tried as floats.
+const MIN_GAIN_BITS: f64 = 0.5;
+/// Below this order-0 entropy (bits per byte) a sample is repetitive enough for zstd's
+/// matches to do better (floats with near-random mantissas sit well above it).
+const MIN_WHOLE_BITS: f64 = 5.0;
+
+/// `c * log2(c)` for every count a sampled lane can hold.
+fn c_log_c() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=SAMPLE).map(|c| if c == 0 { 0.0 } else { c as f32 * (c as f32).log2() }).collect())
+}
+
+/// Order-0 entropy, in bits per byte, of bytes counted in `counts`.
+fn entropy(counts: &[u32; 256]) -> f64 {
+    let n: u32 = counts.iter().sum();
+    if n == 0 {
+        return 0.0;
+    }
+    // H = log2(n) - sum(c log2 c) / n
+    let table = c_log_c();
+    let sum: f64 = counts.iter().map(|&c| table[c as usize] as f64).sum();
+    (n as f64).log2() - sum / n as f64
+}
+
+/// Byte counts of the four lanes of 4-byte words of `sample` (whose length is a multiple of
+/// 4): one pass, each lane's counter apart, so runs of one byte value do not serialise.
+fn lane_counts(sample: &[u8]) -> [[u32; 256]; 4] {
+    let mut counts = [[0u32; 256]; 4];
+    for w in sample.chunks_exact(4) {
+        counts[0][w[0] as usize] += 1;
+        counts[1][w[1] as usize] += 1;
+        counts[2][w[2] as usize] += 1;
+        counts[3][w[3] as usize] += 1;
+    }
+    counts
+}
+
+fn sum(a: &[u32; 256], b: &[u32; 256]) -> [u32; 256] {
+    std::array::from_fn(|i| a[i] + b[i])
+}
+
+/// What a sample says about a chunk: the word width to group by and which lanes are worth
+/// compressing, or `None` when grouping does not look worth trying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// 2 or 4.
+    pub width: usize,
+    /// Lanes to try zstd on (bit `i` for lane `i`).
+    pub compress: u8,
+}
+
+/// Looks at a sample from the middle of `plain`: grouping bytes by 2 or 4 must lower their
+/// order-0 entropy by [`MIN_GAIN_BITS`], as it does for floats (whose exponent bytes repeat)
+/// and not for text, code, pointers or random bytes, and the sample must not be so
+/// repetitive ([`MIN_WHOLE_BITS`]) that zstd's matches serve it better.
+pub fn plan(plain: &[u8]) -> Option<Plan> {
+    if plain.len() < 2 * SAMPLE {
+        return None;
+    }
+    let start = (plain.len() / 2 - SAMPLE / 2) & !3;
+    let sample = &plain[start..start + SAMPLE];
+    // Lanes of 2-byte words are pairs of lanes of 4-byte ones; the whole is all four.
+    let four = lane_counts(sample);
+    let (even, odd) = (sum(&four[0], &four[2]), sum(&four[1], &four[3]));
+    let whole = entropy(&sum(&even, &odd));
+    if whole < MIN_WHOLE_BITS {
+        return None;
+    }
+    let four: Vec<f64> = four.iter().map(entropy).collect();
+    let two = vec![entropy(&even), entropy(&odd)];
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    let (width, lanes) = if mean(&four) + 0.1 < mean(&two) { (4, four) } else { (2, two) };
+    if mean(&lanes) + MIN_GAIN_BITS > whole {
+        return None;
+    }
+    let compress = lanes.iter().enumerate().filter(|(_, &h)| h <= RAW_LANE_ABOVE).fold(0u8, |m, (i, _)| m | 1 << i);
+    Some(Plan { width, compress })
+}
+
+/// Splits whole words of `plain` into `lanes` (lane `i` at `i * n`, `n` words).
+fn split(plain: &[u8], w: usize, lanes: &mut [u8]) {
+    let n = lanes.len() / w;
+    match w {
+        2 => {
+            let (l0, l1) = lanes.split_at_mut(n);
+            for ((word, a), b) in plain.chunks_exact(2).zip(l0).zip(l1) {
+                (*a, *b) = (word[0], word[1]);
+            }
+        }
+        _ => {
+            let (l01, l23) = lanes.split_at_mut(2 * n);
+            let ((l0, l1), (l2, l3)) = (l01.split_at_mut(n), l23.split_at_mut(n));
+            for ((((word, a), b), c), d) in plain.chunks_exact(4).zip(l0).zip(l1).zip(l2).zip(l3) {
+                (*a, *b, *c, *d) = (word[0], word[1], word[2], word[3]);
+            }
+        }
+    }
+}
+
+/// Interleaves `lanes` back into whole words of `out`.
+fn join(lanes: &[u8], w: usize, out: &mut [u8]) {
+    let n = lanes.len() / w;
+    match w {
+        2 => {
+            let (l0, l1) = lanes.split_at(n);
+            for ((word, a), b) in out.chunks_exact_mut(2).zip(l0).zip(l1) {
+                (word[0], word[1]) = (*a, *b);
+            }
+        }
+        _ => {
+            let (l01, l23) = lanes.split_at(2 * n);
+            let ((l0, l1), (l2, l3)) = (l01.split_at(n), l23.split_at(n));
+            for ((((word, a), b), c), d) in out.chunks_exact_mut(4).zip(l0).zip(l1).zip(l2).zip(l3) {
+                (word[0], word[1], word[2], word[3]) = (*a, *b, *c, *d);
+            }
+        }
+    }
+}
+
+/// Reusable buffers for encoding and decoding (keep one per thread).
+#[derive(Default)]
+pub struct Scratch {
+    lanes: Vec<u8>,
+    frame: Vec<u8>,
+}
+
+/// Encodes `plain` as `plan` says into `out` (cleared first).
+pub fn encode(
+    plain: &[u8],
+    plan: Plan,
+    zstd: &mut zstd::bulk::Compressor<'static>,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) {
+    let w = plan.width;
+    let n = plain.len() / w;
+    scratch.lanes.clear();
+    scratch.lanes.resize(n * w, 0);
+    split(plain, w, &mut scratch.lanes);
+    out.clear();
+    out.push(w as u8);
+    for i in 0..w {
+        let lane = &scratch.lanes[i * n..(i + 1) * n];
+        // A frame that does not fit the lane's length (or is not shorter) leaves it raw.
+        let compressed = if plan.compress & (1 << i) != 0 {
+            scratch.frame.clear();
+            scratch.frame.reserve(n);
+            zstd.compress_to_buffer(lane, &mut scratch.frame).ok().filter(|&len| len < n)
+        } else {
+            None
+        };
+        match compressed {
+            Some(len) => {
+                out.push(LANE_ZSTD);
+                out.extend_from_slice(&(len as u32).to_le_bytes());
+                out.extend_from_slice(&scratch.frame[..len]);
+            }
+            None => {
+                out.push(LANE_RAW);
+                out.extend_from_slice(&(n as u32).to_le_bytes());
+                out.extend_from_slice(lane);
+            }
+        }
+    }
+    out.extend_from_slice(&plain[n * w..]);
+}
+
+/// Decodes `stored` into `out` (exactly the chunk's plain length); any inconsistency is a
+/// corrupt chunk `id`.
+pub fn decode(
+    stored: &[u8],
+    out: &mut [u8],
+    zstd: &mut zstd::bulk::Decompressor<'static>,
+    scratch: &mut Scratch,
+    id: &ObjectId,
+) -> Result<()> {
+    let bad = |detail: String| StoreError::corrupt("chunk", id.to_hex(), format!("float lanes: {detail}"));
+    let w = *stored.first().ok_or_else(|| bad("empty".into()))? as usize;
+    if w != 2 && w != 4 {
+        return Err(bad(format!("word width {w} (2 or 4 expected)")));
+    }
+    let n = out.len() / w;
+    scratch.lanes.clear();
+    scratch.lanes.resize(n * w, 0);
+    let mut at = 1usize;
+    for i in 0..w {
+        let head = stored.get(at..at + 5).ok_or_else(|| bad(format!("lane {i} is cut short")))?;
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let body = stored.get(at + 5..at + 5 + len).ok_or_else(|| bad(format!("lane {i} is cut short")))?;
+        let lane = &mut scratch.lanes[i * n..(i + 1) * n];
+        match head[0] {
+            LANE_RAW if len == n => lane.copy_from_slice(body),
+            LANE_ZSTD => {
+                let got = zstd.decompress_to_buffer(body, lane).map_err(|e| bad(format!("lane {i}: zstd: {e}")))?;
+                if got != n {
+                    return Err(bad(format!("lane {i} decodes to {got} bytes, not {n}")));
+                }
+            }
+            c => return Err(bad(format!("lane {i}: codec {c} with {len} bytes for {n}"))),
+        }
+        at += 5 + len;
+    }
+    let tail = &stored[at..];
+    if tail.len() != out.len() - n * w {
+        return Err(bad(format!("{} bytes after the lanes, {} expected", tail.len(), out.len() - n * w)));
+    }
+    join(&scratch.lanes, w, out);
+    out[n * w..].copy_from_slice(tail);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{Codec, Decoder, Encoder};
+    use proptest::prelude::*;
+
+    /// Roughly N(0, scale) floats from a seed (sum of three uniforms).
+    fn normal(n: usize, scale: f32, seed: u64) -> Vec<f32> {
+        let mut x = seed | 1;
+        let mut uniform = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        (0..n).map(|_| (uniform() + uniform() + uniform()) * 2.0 * scale).collect()
+    }
+
+    fn bf16(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect()
+    }
+
+    fn fp32(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// Encodes with the store's encoder, decodes with its decoder (which checks the hash).
+    fn round_trip(plain: &[u8]) -> (Codec, usize) {
+        let (codec, stored) = Encoder::new(1, true).unwrap().encode(plain);
+        let id = ObjectId::of(plain);
+        let mut out = Vec::new();
+        Decoder::new(1 << 24).decode_append(codec, &stored, plain.len(), &id, &mut out).unwrap();
+        assert_eq!(out, plain);
+        (codec, stored.len())
+    }
+
+    #[test]
+    fn weights_and_optimizer_state_take_the_float_codec_and_shrink() {
+        let w = normal(32768, 0.02, 1);
+        let (codec, stored) = round_trip(&bf16(&w));
+        assert_eq!(codec, Codec::Floats);
+        assert!(stored < 65536 * 70 / 100, "bf16 weights stored at {stored} of 65536");
+        let (codec, stored) = round_trip(&fp32(&w[..16384]));
+        assert_eq!(codec, Codec::Floats);
+        assert!(stored < 65536 * 85 / 100, "fp32 weights stored at {stored} of 65536");
+        // Adam's second moment: small positive values.
+        let v: Vec<f32> = normal(16384, 1e-4, 2).iter().map(|x| x * x).collect();
+        assert_eq!(round_trip(&fp32(&v)).0, Codec::Floats);
+    }
+
+    #[test]
+    fn text_pointers_and_random_bytes_do_not_look_like_floats() {
+        let text: Vec<u8> =
+            b"fn main() { println!(\"hello\"); } // comment\n".iter().cycle().take(65536).copied().collect();
+        assert_eq!(plan(&text), None);
+        let mut x = 7u64;
+        let random: Vec<u8> = (0..65536)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (x >> 56) as u8
+            })
+            .collect();
+        assert_eq!(plan(&random), None);
+        assert_eq!(round_trip(&random).0, Codec::Raw);
+        assert_eq!(round_trip(&text).0, Codec::Zstd);
+    }
+
+    #[test]
+    fn odd_lengths_nans_denormals_and_constant_words_round_trip() {
+        let mut v = normal(20000, 0.02, 3);
+        v[5] = f32::NAN;
+        v[6] = f32::INFINITY;
+        v[7] = f32::MIN_POSITIVE / 8.0;
+        v[8] = -0.0;
+        for len in [40001usize, 40002, 40003, 80000 - 1] {
+            let bytes = fp32(&v);
+            round_trip(&bytes[..len.min(bytes.len())]);
+        }
+        let constant: Vec<u8> = fp32(&[1.5f32; 20000]);
+        round_trip(&constant);
+        // Forced through each width, whatever the sample says.
+        for width in [2, 4] {
+            let plain = bf16(&v);
+            let mut out = Vec::new();
+            let mut zstd = zstd::bulk::Compressor::new(1).unwrap();
+            encode(
+                &plain[..plain.len() - 1],
+                Plan { width, compress: 0b1010 },
+                &mut zstd,
+                &mut Scratch::default(),
+                &mut out,
+            );
+            let mut back = vec![0u8; plain.len() - 1];
+            let mut d = zstd::bulk::Decompressor::new().unwrap();
+            decode(&out, &mut back, &mut d, &mut Scratch::default(), &ObjectId::of(b"x")).unwrap();
+            assert_eq!(back, &plain[..plain.len() - 1]);
+        }
+    }
+
+    #[test]
+    fn damaged_lanes_are_refused_or_caught_by_the_hash() {
+        let plain = bf16(&normal(32768, 0.02, 4));
+        let (codec, stored) = Encoder::new(1, true).unwrap().encode(&plain);
+        assert_eq!(codec, Codec::Floats);
+        let id = ObjectId::of(&plain);
+        let mut d = Decoder::new(1 << 24);
+        for at in [0, 1, 3, 6, stored.len() / 2, stored.len() - 1] {
+            let mut bad = stored.clone();
+            bad[at] ^= 0x21;
+            let err = d.decode_append(codec, &bad, plain.len(), &id, &mut Vec::new()).expect_err("damage");
+            assert!(err.to_string().contains("corrupt chunk"), "{err}");
+        }
+        for cut in [0, 1, 5, stored.len() - 1] {
+            assert!(d.decode_append(codec, &stored[..cut], plain.len(), &id, &mut Vec::new()).is_err());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_round_trip_through_either_width(data in proptest::collection::vec(any::<u8>(), 0..5000), width in prop_oneof![Just(2usize), Just(4usize)], compress in 0u8..16) {
+            let mut out = Vec::new();
+            let mut zstd = zstd::bulk::Compressor::new(1).unwrap();
+            encode(&data, Plan { width, compress }, &mut zstd, &mut Scratch::default(), &mut out);
+            let mut back = vec![0u8; data.len()];
+            decode(&out, &mut back, &mut zstd::bulk::Decompressor::new().unwrap(), &mut Scratch::default(), &ObjectId::of(b"p")).unwrap();
+            prop_assert_eq!(back, data);
+        }
+
+        #[test]
+        fn float_like_buffers_round_trip_through_the_encoder(seed in 1u64..1000, len in 0usize..70000, scale in prop_oneof![Just(0.02f32), Just(1.0f32), Just(1e-30f32)]) {
+            let bytes = fp32(&normal(len / 4 + 1, scale, seed));
+            round_trip(&bytes[..len.min(bytes.len())]);
+            let bytes = bf16(&normal(len / 2 + 1, scale, seed));
+            round_trip(&bytes[..len.min(bytes.len())]);
+        }
+    }
+}
