@@ -1,5 +1,6 @@
 //! Per-core micro benchmarks of the ingest and restore building blocks on corpus-like data:
-//! FastCDC chunking, BLAKE3 hashing, zstd compression and decompression.
+//! FastCDC chunking, BLAKE3 hashing, chunk encoding (zstd-1 alone, and the default choice
+//! with the float codec) and decoding+verifying; and the float codec on bf16 weights alone.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gstore_benches::{fill_region, Region};
@@ -17,18 +18,49 @@ fn mixed(len: usize) -> Vec<u8> {
     v
 }
 
+/// Chunks of `data` as `spans` cut them, encoded: (codec, stored bytes, plain length, id).
+type Encoded = Vec<(codec::Codec, Vec<u8>, usize, ObjectId)>;
+
+fn encode_all(data: &[u8], spans: &[std::ops::Range<usize>], floats: bool) -> Encoded {
+    let mut enc = codec::Encoder::new(1, floats).unwrap();
+    spans
+        .iter()
+        .map(|s| {
+            let (c, b) = enc.encode(&data[s.clone()]);
+            (c, b, s.len(), ObjectId::of(&data[s.clone()]))
+        })
+        .collect()
+}
+
+/// Benchmarks encoding the chunks (zstd-1 lanes and frames) and decoding+verifying them.
+fn bench_codec(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    data: &[u8],
+    spans: &[std::ops::Range<usize>],
+    floats: bool,
+) {
+    let encoded = encode_all(data, spans, floats);
+    g.bench_function(format!("{name}-encode"), |b| {
+        let mut enc = codec::Encoder::new(1, floats).unwrap();
+        b.iter(|| spans.iter().for_each(|s| drop(black_box(enc.encode(&data[s.clone()])))))
+    });
+    g.bench_function(format!("{name}-decode+verify"), |b| {
+        let mut dec = codec::Decoder::new(StoreConfig::default().chunk_max);
+        let mut out = Vec::with_capacity(1 << 20);
+        b.iter(|| {
+            encoded.iter().for_each(|(c, s, n, id)| {
+                out.clear();
+                dec.decode_append(*c, s, *n, id, &mut out).unwrap();
+            })
+        })
+    });
+}
+
 fn bench(c: &mut Criterion) {
     let cfg = StoreConfig::default();
     let data = mixed(64 << 20);
     let spans = chunker::cut_segment(&data, &cfg);
-    let encoded: Vec<(codec::Codec, Vec<u8>, usize, ObjectId)> = spans
-        .iter()
-        .map(|s| {
-            let (c, b) = codec::Encoder::new(cfg.zstd_level, cfg.float_codec).unwrap().encode(&data[s.clone()]);
-            (c, b, s.len(), ObjectId::of(&data[s.clone()]))
-        })
-        .collect();
-
     let mut g = c.benchmark_group("per-core");
     g.throughput(Throughput::Bytes(data.len() as u64));
     g.sample_size(10);
@@ -40,27 +72,11 @@ fn bench(c: &mut Criterion) {
             })
         })
     });
-    g.bench_function("zstd-1-encode", |b| {
-        let mut enc = codec::Encoder::new(1, true).unwrap();
-        b.iter(|| {
-            spans.iter().for_each(|s| {
-                black_box(enc.encode(&data[s.clone()]));
-            })
-        })
-    });
-    g.bench_function("decode+verify", |b| {
-        let mut dec = codec::Decoder::new(cfg.chunk_max);
-        let mut out = Vec::with_capacity(1 << 20);
-        b.iter(|| {
-            encoded.iter().for_each(|(c, s, n, id)| {
-                out.clear();
-                dec.decode_append(*c, s, *n, id, &mut out).unwrap();
-            })
-        })
-    });
+    bench_codec(&mut g, "zstd-1", &data, &spans, false);
+    bench_codec(&mut g, "default-codecs", &data, &spans, true);
     g.finish();
 
-    // bf16 weights alone: the float codec against zstd-1, encode and decode+verify per core.
+    // bf16 weights alone: the float codec against zstd-1.
     let mut rng = rand::rngs::StdRng::seed_from_u64(8);
     let mut bf16 = vec![0u8; 64 << 20];
     fill_region(Region::Bf16, &mut bf16, &mut rng);
@@ -68,29 +84,8 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("per-core-bf16");
     g.throughput(Throughput::Bytes(bf16.len() as u64));
     g.sample_size(10);
-    for (name, floats) in [("zstd-1", false), ("floats", true)] {
-        let encoded: Vec<(codec::Codec, Vec<u8>, usize, ObjectId)> = spans
-            .iter()
-            .map(|s| {
-                let (c, b) = codec::Encoder::new(1, floats).unwrap().encode(&bf16[s.clone()]);
-                (c, b, s.len(), ObjectId::of(&bf16[s.clone()]))
-            })
-            .collect();
-        g.bench_function(format!("{name}-encode"), |b| {
-            let mut enc = codec::Encoder::new(1, floats).unwrap();
-            b.iter(|| spans.iter().for_each(|s| drop(black_box(enc.encode(&bf16[s.clone()])))))
-        });
-        g.bench_function(format!("{name}-decode+verify"), |b| {
-            let mut dec = codec::Decoder::new(cfg.chunk_max);
-            let mut out = Vec::with_capacity(1 << 20);
-            b.iter(|| {
-                encoded.iter().for_each(|(c, s, n, id)| {
-                    out.clear();
-                    dec.decode_append(*c, s, *n, id, &mut out).unwrap();
-                })
-            })
-        });
-    }
+    bench_codec(&mut g, "zstd-1", &bf16, &spans, false);
+    bench_codec(&mut g, "floats", &bf16, &spans, true);
     g.finish();
 }
 
