@@ -8,8 +8,9 @@
 //! restores byte-exact from a fresh machine, `verify --read-data` is clean, and two quiet gc
 //! passes leave no pack without live data, no unreferenced manifest and no tombstone.
 
-use gstore_store::backend::{self, Backend};
+use gstore_store::backend::Backend;
 use gstore_store::gc::{self, retention::Policy, GcOptions};
+use gstore_store::key::{Family, ObjectKey};
 use gstore_store::progress::Silent;
 use gstore_store::{verify, ObjectId, Store, StoreConfig, StoreError, StoreLocation, TagRef};
 use rand::rngs::StdRng;
@@ -288,8 +289,8 @@ fn check_images(world: &World, pushed: &Pushed, seed: u64, ctx: &str) {
 fn check_nothing_dead(world: &World, ctx: &str) {
     let b = &world.backend;
     let keys = |p: &str| b.list(p).unwrap().into_iter().map(|l| l.key).collect::<Vec<_>>();
-    assert!(keys(backend::TOMBSTONES_PREFIX).is_empty(), "{ctx}: tombstones left: {:?}", keys("tombstones"));
-    assert!(keys(backend::LEASES_PREFIX).is_empty(), "{ctx}: leases left");
+    assert!(keys(Family::Tombstones.prefix()).is_empty(), "{ctx}: tombstones left: {:?}", keys("tombstones"));
+    assert!(keys(Family::Leases.prefix()).is_empty(), "{ctx}: leases left");
     let store = world.machine("final-check", None, 0);
     let mut roots = BTreeSet::new();
     let mut live = std::collections::HashSet::new();
@@ -298,12 +299,12 @@ fn check_nothing_dead(world: &World, ctx: &str) {
         for id in std::iter::once(&rec.manifest).chain(rec.history.iter().map(|h| &h.manifest)) {
             let id = ObjectId::from_hex(id).unwrap();
             live.extend(store.get_manifest(&id).unwrap().chunks.iter().filter(|c| !c.zero).map(|c| c.id));
-            roots.insert(backend::manifest_key(&id));
+            roots.insert(ObjectKey::Manifest(id).to_string());
         }
     }
-    assert_eq!(keys(backend::MANIFESTS_PREFIX).into_iter().collect::<BTreeSet<_>>(), roots, "{ctx}: manifests");
-    for l in b.list(backend::PACKS_PREFIX).unwrap() {
-        let id = backend::pack_id_from_key(&l.key).unwrap();
+    assert_eq!(keys(Family::Manifests.prefix()).into_iter().collect::<BTreeSet<_>>(), roots, "{ctx}: manifests");
+    for l in b.list(Family::Packs.prefix()).unwrap() {
+        let id = ObjectKey::parse(&l.key).ok().and_then(|k| k.pack()).unwrap();
         let entries = store.read_pack_footer(&id).unwrap();
         assert!(entries.iter().any(|e| live.contains(&e.id)), "{ctx}: pack {} holds nothing live", l.key);
     }

@@ -1,6 +1,7 @@
 //! Hostile images and careless use: crafted manifests, planted staging directories, symlinked
 //! sources, permanent restore errors and closed pipes (issue 11). Each test failed before its fix.
 
+use gstore_store::key::ObjectKey;
 use gstore_store::manifest::{ChunkRef, Entry, EntryKind, Manifest};
 use gstore_store::{ObjectId, Store, StoreLocation, TagRef};
 use gstore_tests::*;
@@ -52,7 +53,7 @@ fn manifest_with_entries_below_a_symlink_is_refused_everywhere() {
     let server = Server::start(&clean.store, &[]);
     let body = env.path("evil.manifest");
     fs::write(&body, evil.encode()).unwrap();
-    let key = gstore_store::backend::manifest_key(&id);
+    let key = ObjectKey::Manifest(id).to_string();
     let (status, text) = server.curl("PUT", &format!("/v1/o/{key}"), None, &[], Some(&body));
     assert_eq!(status, 422, "{text}");
     assert!(text.contains("lies below"), "{text}");
@@ -152,7 +153,7 @@ fn chunk_count_overflow_is_a_clear_error_not_a_panic() {
     let server = Server::start(&env.store, &[]);
     let body = env.path("overflow.manifest");
     fs::write(&body, m.encode()).unwrap();
-    let key = gstore_store::backend::manifest_key(&ObjectId::of(&m.encode()));
+    let key = ObjectKey::Manifest(ObjectId::of(&m.encode())).to_string();
     let (status, text) = server.curl("PUT", &format!("/v1/o/{key}"), None, &[], Some(&body));
     assert_eq!(status, 422, "{text}");
     assert!(text.contains("chunk table holds 0 bytes") && !text.contains("panicked"), "{text}");

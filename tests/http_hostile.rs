@@ -2,8 +2,8 @@
 //! no more than their headers, connections that send headers slowly (or nothing) are closed,
 //! `/metrics` needs a token, and a pack claiming a huge chunk is corrupt, not an allocation.
 
-use gstore_store::backend;
 use gstore_store::codec::Codec;
+use gstore_store::key::ObjectKey;
 use gstore_store::pack::PackBuilder;
 use gstore_store::ObjectId;
 use gstore_tests::*;
@@ -48,15 +48,15 @@ fn requests_without_a_valid_token_are_answered_from_their_headers() {
     // A handler waiting for the body would answer 408 only after a minute.
     let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap(), "--timeout", "60"]);
     let id = ObjectId::of(b"anything");
-    let pack = backend::pack_key(&id);
+    let pack = ObjectKey::Pack(id).to_string();
     let puts = [
         pack.clone(),
-        backend::manifest_key(&id),
-        backend::tag_key("app", "v1"),
-        backend::CONFIG_KEY.to_string(),
-        backend::lease_key(&"0a".repeat(16)),
-        backend::tombstone_key(&pack),
-        backend::GC_LOCK_KEY.to_string(),
+        ObjectKey::Manifest(id).to_string(),
+        ObjectKey::Tag(gstore_store::TagRef::parse("app:v1").unwrap()).to_string(),
+        ObjectKey::Config.to_string().to_string(),
+        ObjectKey::Lease("0a".repeat(16)).to_string(),
+        ObjectKey::Pack(id).tombstone().to_string(),
+        ObjectKey::GcLock.to_string(),
     ];
     let mut requests: Vec<(&str, String)> = puts.iter().map(|k| ("PUT", format!("/v1/o/{k}"))).collect();
     requests.push(("POST", "/v1/chunks/missing".to_string()));
@@ -109,7 +109,7 @@ fn a_pack_claiming_a_4_gib_chunk_is_corrupt() {
     let env = Env::new(&[]);
     let (chunk, bytes) = pack_claiming_4_gib();
     let id = ObjectId::of(&bytes);
-    let key = backend::pack_key(&id);
+    let key = ObjectKey::Pack(id).to_string();
     let server = Server::start(&env.store, &["--timeout", "60"]);
     // An upload is refused before anything is allocated for the chunk.
     let p = env.path("p");

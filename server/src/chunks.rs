@@ -4,7 +4,7 @@
 //! deduplicate against them (docs/GC.md), so they never make a chunk count as present.
 
 use futures::TryStreamExt;
-use gstore_store::backend::{pack_id_from_key, pack_key, tombstoned_key, PACKS_PREFIX, TOMBSTONES_PREFIX};
+use gstore_store::key::{Family, ObjectKey};
 use gstore_store::pack::{parse_footer, parse_trailer, PackEntry, TRAILER_LEN};
 use gstore_store::ObjectId;
 use object_store::path::Path as ObjPath;
@@ -55,9 +55,8 @@ impl ChunkMap {
 
     /// Lists gc's tombstones again, so [`ChunkMap::held_live`] answers for now.
     pub async fn refresh_tombstones(&self, objects: &dyn ObjectStore) -> object_store::Result<()> {
-        let listed: Vec<_> = objects.list(Some(&ObjPath::from(TOMBSTONES_PREFIX))).try_collect().await?;
-        let doomed =
-            listed.iter().filter_map(|m| tombstoned_key(m.location.as_ref()).and_then(pack_id_from_key)).collect();
+        let listed: Vec<_> = objects.list(Some(&ObjPath::from(Family::Tombstones.prefix()))).try_collect().await?;
+        let doomed = listed.iter().filter_map(|m| tombstoned_pack(m.location.as_ref())).collect();
         self.inner.write().await.doomed = doomed;
         Ok(())
     }
@@ -65,8 +64,8 @@ impl ChunkMap {
     /// Reads the footers of packs not seen yet. Damaged packs are skipped. When gc deleted a
     /// known pack, the map is rebuilt (chunks it held may live in another pack now).
     pub async fn refresh(&self, objects: &dyn ObjectStore) -> object_store::Result<()> {
-        let listed: Vec<_> = objects.list(Some(&ObjPath::from(PACKS_PREFIX))).try_collect().await?;
-        let present: HashSet<ObjectId> = listed.iter().filter_map(|m| pack_id_from_key(m.location.as_ref())).collect();
+        let listed: Vec<_> = objects.list(Some(&ObjPath::from(Family::Packs.prefix()))).try_collect().await?;
+        let present: HashSet<ObjectId> = listed.iter().filter_map(|m| listed_pack(m.location.as_ref())).collect();
         let mut known = self.inner.read().await.packs.clone();
         if !known.is_subset(&present) {
             let mut k = self.inner.write().await;
@@ -75,7 +74,7 @@ impl ChunkMap {
             known.clear();
         }
         for meta in listed {
-            let Some(pack) = pack_id_from_key(meta.location.as_ref()) else { continue };
+            let Some(pack) = listed_pack(meta.location.as_ref()) else { continue };
             if known.contains(&pack) {
                 continue;
             }
@@ -91,13 +90,23 @@ impl ChunkMap {
     }
 }
 
+/// The pack a listed key names, if it is a pack's.
+fn listed_pack(key: &str) -> Option<ObjectId> {
+    ObjectKey::parse(key).ok()?.pack()
+}
+
+/// The pack a listed tombstone marks, if it marks a pack.
+fn tombstoned_pack(key: &str) -> Option<ObjectId> {
+    ObjectKey::parse(key).ok()?.tombstoned()?.pack()
+}
+
 async fn footer(
     objects: &dyn ObjectStore,
     pack: &ObjectId,
     size: u64,
     chunk_max: u32,
 ) -> Result<Vec<PackEntry>, String> {
-    let key = pack_key(pack);
+    let key = ObjectKey::Pack(*pack).to_string();
     let path = ObjPath::from(key.as_str());
     if size < TRAILER_LEN as u64 + 8 {
         return Err("truncated".into());

@@ -4,7 +4,6 @@
 
 pub mod auth;
 pub mod chunks;
-pub mod keys;
 pub mod metrics;
 pub mod routes;
 pub mod verify;

@@ -3,7 +3,6 @@
 #![allow(clippy::result_large_err)]
 
 use crate::auth::{Denied, Scope};
-use crate::keys::Key;
 use crate::{verify, AppState, Settings};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
@@ -13,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use futures::TryStreamExt;
-use gstore_store::backend::pack_key;
 use gstore_store::codec::Decoder;
+use gstore_store::key::{Family, ObjectKey as Key};
 use gstore_store::pack::PackEntry;
 use gstore_store::ObjectId;
 use object_store::path::Path as ObjPath;
@@ -60,8 +59,12 @@ async fn body_of(req: Request) -> Result<Bytes, Response> {
     Bytes::from_request(req, &()).await.map_err(IntoResponse::into_response)
 }
 
+/// The store object a request path names; `gstore init`'s probe objects are not served.
 fn parse_key(key: &str) -> Result<Key, Response> {
-    Key::parse(key).map_err(|e| error(StatusCode::BAD_REQUEST, e))
+    match Key::parse(key) {
+        Ok(Key::Probe(_)) => Err(error(StatusCode::BAD_REQUEST, format!("not a served gstore object key: {key:?}"))),
+        other => other.map_err(|e| error(StatusCode::BAD_REQUEST, e)),
+    }
 }
 
 fn store_error(e: object_store::Error) -> Response {
@@ -242,7 +245,7 @@ fn write_scope(k: &Key) -> (Scope, Option<&str>) {
     match k {
         Key::Tag(t) => (Scope::Write, Some(t.name.as_str())),
         Key::Pack(_) | Key::Manifest(_) | Key::Lease(_) | Key::Profile(_) => (Scope::Write, None),
-        Key::Config | Key::Tombstone(_) | Key::GcLock => (Scope::Admin, None),
+        Key::Config | Key::Tombstone(_) | Key::GcLock | Key::Probe(_) => (Scope::Admin, None),
     }
 }
 
@@ -279,8 +282,9 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
     if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
         return r;
     }
-    if !["packs", "manifests", "tags", "leases", "tombstones", "profiles"].contains(&q.prefix.as_str()) {
-        return error(StatusCode::BAD_REQUEST, "prefix must be packs, manifests, tags, leases, tombstones or profiles");
+    if !Family::ALL.iter().any(|f| f.prefix() == q.prefix) {
+        let all: Vec<&str> = Family::ALL.iter().map(|f| f.prefix()).collect();
+        return error(StatusCode::BAD_REQUEST, format!("prefix must be one of {}", all.join(", ")));
     }
     let listed: Result<Vec<_>, _> = state
         .objects
@@ -327,7 +331,7 @@ async fn get_chunk(
         Err(r) => return r,
     };
     let range = e.offset..e.offset + e.stored_len as u64;
-    let stored = match state.objects.get_range(&ObjPath::from(pack_key(&pack).as_str()), range).await {
+    let stored = match state.objects.get_range(&ObjPath::from(Key::Pack(pack).to_string().as_str()), range).await {
         Ok(b) => b,
         Err(err) => return store_error(err),
     };

@@ -1,8 +1,8 @@
 //! Checks an upload before anything is stored: every chunk of a pack decoded and hashed and
 //! the footer recomputed, a manifest's id and structure, a tag record's shape, a restore profile's.
 
-use crate::keys::Key;
 use gstore_store::codec::Decoder;
+use gstore_store::key::ObjectKey as Key;
 use gstore_store::lease::{LeaseRecord, Owner};
 use gstore_store::manifest::Manifest;
 use gstore_store::profile::Profile;
@@ -40,5 +40,6 @@ pub fn upload(key: &Key, body: &[u8], chunk_max: u32) -> Result<(), String> {
             serde_json::from_slice::<serde_json::Value>(body).map(|_| ()).map_err(|e| format!("tombstone: {e}"))
         }
         Key::Tombstone(_) => Err("tombstone larger than 4 KiB".into()),
+        Key::Probe(_) => Err("probe objects are not served".into()),
     }
 }

@@ -1,9 +1,8 @@
-//! The object backend: a blocking facade over the `object_store` crate, and the key layout of
-//! a store (which object lives under which key).
+//! The object backend: a blocking facade over the `object_store` crate (keys are built and
+//! parsed by [`crate::key`]).
 
 use crate::error::{Result, StoreError};
 use crate::http::HttpClient;
-use crate::id::ObjectId;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjPath;
@@ -11,84 +10,8 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Key of the store's settings object.
-pub const CONFIG_KEY: &str = "config.json";
-/// Prefix under which packs live.
-pub const PACKS_PREFIX: &str = "packs";
-/// Prefix under which manifests live.
-pub const MANIFESTS_PREFIX: &str = "manifests";
-/// Prefix under which tags live.
-pub const TAGS_PREFIX: &str = "tags";
-
 /// File in a local store's directory that serializes compare-and-swap writes between processes.
 pub const CAS_LOCK_FILE: &str = "cas.lock";
-/// Prefix under which push and tag leases live.
-pub const LEASES_PREFIX: &str = "leases";
-/// Prefix under which gc's tombstones live.
-pub const TOMBSTONES_PREFIX: &str = "tombstones";
-/// Key of the object a running gc holds so that only one gc runs at a time.
-pub const GC_LOCK_KEY: &str = "gc/lock";
-
-/// Prefix under which restore profiles live.
-pub const PROFILES_PREFIX: &str = "profiles";
-
-/// Key of an image's restore profile: `profiles/<first 2 hex>/<manifest hex>.profile`.
-pub fn profile_key(id: &ObjectId) -> String {
-    let h = id.to_hex();
-    format!("{PROFILES_PREFIX}/{}/{h}.profile", &h[..2])
-}
-
-/// Key of a lease: `leases/<id>.lease`.
-pub fn lease_key(id: &str) -> String {
-    format!("{LEASES_PREFIX}/{id}.lease")
-}
-
-/// Key of the tombstone of the object under `key`: `tombstones/<key>`.
-pub fn tombstone_key(key: &str) -> String {
-    format!("{TOMBSTONES_PREFIX}/{key}")
-}
-
-/// The key of the object a tombstone key names, if it is one.
-pub fn tombstoned_key(tombstone: &str) -> Option<&str> {
-    tombstone.strip_prefix(TOMBSTONES_PREFIX)?.strip_prefix('/')
-}
-
-/// Parses the tag out of a tag key (`tags/<name>/<version>.tag`), if it is one gstore could
-/// have written.
-pub fn tag_from_key(key: &str) -> Option<crate::tag::TagRef> {
-    let rest = key.strip_prefix("tags/")?.strip_suffix(".tag")?;
-    let (name, version) = rest.split_once('/')?;
-    crate::tag::TagRef::parse(&format!("{name}:{version}")).ok()
-}
-
-/// Parses the id out of a manifest key, if it is one.
-pub fn manifest_id_from_key(key: &str) -> Option<ObjectId> {
-    let file = key.strip_prefix(MANIFESTS_PREFIX)?.rsplit('/').next()?;
-    ObjectId::from_hex(file.strip_suffix(".manifest")?).ok()
-}
-
-/// Key of a pack: `packs/<first 2 hex>/<hex>.pack`.
-pub fn pack_key(id: &ObjectId) -> String {
-    let h = id.to_hex();
-    format!("{PACKS_PREFIX}/{}/{h}.pack", &h[..2])
-}
-
-/// Key of a manifest: `manifests/<first 2 hex>/<hex>.manifest`.
-pub fn manifest_key(id: &ObjectId) -> String {
-    let h = id.to_hex();
-    format!("{MANIFESTS_PREFIX}/{}/{h}.manifest", &h[..2])
-}
-
-/// Key of a tag: `tags/<name>/<version>.tag`.
-pub fn tag_key(name: &str, version: &str) -> String {
-    format!("{TAGS_PREFIX}/{name}/{version}.tag")
-}
-
-/// Parses the id out of a pack key, if it is one.
-pub fn pack_id_from_key(key: &str) -> Option<ObjectId> {
-    let file = key.strip_prefix(PACKS_PREFIX)?.rsplit('/').next()?;
-    ObjectId::from_hex(file.strip_suffix(".pack")?).ok()
-}
 
 /// The version of an object as read, for compare-and-swap writes.
 #[derive(Debug, Clone)]
@@ -680,13 +603,6 @@ mod tests {
         );
         assert_eq!(hint("404 Not Found: NoSuchBucket"), Some("no such bucket"));
         assert_eq!(hint("something else"), None);
-    }
-
-    #[test]
-    fn keys_parse_back() {
-        let id = ObjectId::of(b"x");
-        assert_eq!(pack_id_from_key(&pack_key(&id)), Some(id));
-        assert_eq!(pack_id_from_key("manifests/ab/cd.manifest"), None);
     }
 
     #[test]

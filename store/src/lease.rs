@@ -10,6 +10,7 @@
 use crate::backend::{self, Backend};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::key::{Family, ObjectKey};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Mutex;
@@ -121,7 +122,7 @@ impl Lease {
     /// Takes a new lease (create-only write).
     pub fn take(backend: &Backend, purpose: &str) -> Result<Lease> {
         let owner = Owner::current();
-        let key = backend::lease_key(&ObjectId::unique().to_hex()[..32]);
+        let key = ObjectKey::Lease(ObjectId::unique().to_hex()[..32].to_string()).to_string();
         let record = LeaseRecord {
             format: 1,
             owner,
@@ -166,7 +167,8 @@ pub fn unreliable_packs(
     relied: &HashSet<ObjectId>,
 ) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
     let (doomed, listed) = doomed_then_listed(backend)?;
-    let present: HashSet<ObjectId> = listed.iter().filter_map(|l| backend::pack_id_from_key(&l.key)).collect();
+    let present: HashSet<ObjectId> =
+        listed.iter().filter_map(|l| ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())).collect();
     let bad = relied.iter().filter(|p| doomed.contains(p) || !present.contains(p)).copied().collect();
     Ok((bad, doomed))
 }
@@ -176,16 +178,16 @@ pub fn unreliable_packs(
 /// second (docs/GC.md, push step 4).
 pub fn doomed_then_listed(backend: &Backend) -> Result<(HashSet<ObjectId>, Vec<backend::Listed>)> {
     let doomed = backend
-        .list(backend::TOMBSTONES_PREFIX)?
+        .list(Family::Tombstones.prefix())?
         .iter()
-        .filter_map(|l| backend::tombstoned_key(&l.key).and_then(backend::pack_id_from_key))
+        .filter_map(|l| ObjectKey::parse(&l.key).ok()?.tombstoned()?.pack())
         .collect();
-    Ok((doomed, backend.list(backend::PACKS_PREFIX)?))
+    Ok((doomed, backend.list(Family::Packs.prefix())?))
 }
 
 /// True when the object under `key` has a gc tombstone.
-pub fn has_tombstone(backend: &Backend, key: &str) -> Result<bool> {
-    Ok(backend.size(&backend::tombstone_key(key))?.is_some())
+pub fn has_tombstone(backend: &Backend, key: &ObjectKey) -> Result<bool> {
+    Ok(backend.size(&key.tombstone().to_string())?.is_some())
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod gc;
 pub mod http;
 pub mod id;
 pub mod index;
+pub mod key;
 pub mod lease;
 pub mod lock;
 pub mod manifest;

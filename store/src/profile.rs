@@ -3,9 +3,9 @@
 //! first. A profile is only a hint: a missing or unreadable one changes the fill order, never
 //! what is restored. FORMAT.md describes the object.
 
-use crate::backend;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::key::ObjectKey;
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
 
@@ -57,7 +57,7 @@ impl Profile {
 impl Store {
     /// The restore profile stored for image `id`, if any.
     pub fn profile(&self, id: &ObjectId) -> Result<Option<Profile>> {
-        match self.backend().get_opt(&backend::profile_key(id))? {
+        match self.backend().get_opt(&ObjectKey::Profile(*id).to_string())? {
             Some(bytes) => Profile::from_json(&bytes, id).map(Some),
             None => Ok(None),
         }
@@ -65,7 +65,7 @@ impl Store {
 
     /// Stores `profile` for image `id`, replacing any earlier one.
     pub fn put_profile(&self, id: &ObjectId, profile: &Profile) -> Result<()> {
-        self.backend().put(&backend::profile_key(id), profile.to_json())
+        self.backend().put(&ObjectKey::Profile(*id).to_string(), profile.to_json())
     }
 }
 
@@ -99,7 +99,7 @@ mod tests {
         store.put_profile(&id, &Profile::new(4096, vec![(1, 0)])).expect("put");
         store.put_profile(&id, &Profile::new(4096, vec![(1, 4096)])).expect("replace");
         assert_eq!(store.profile(&id).expect("read"), Some(Profile::new(4096, vec![(1, 4096)])));
-        std::fs::write(dir.path().join(backend::profile_key(&id)), b"garbage").expect("damage");
+        std::fs::write(dir.path().join(ObjectKey::Profile(id).to_string()), b"garbage").expect("damage");
         assert!(store.profile(&id).expect_err("damaged").to_string().contains("corrupt profile"));
     }
 }

@@ -16,6 +16,7 @@ use crate::chunker;
 use crate::codec::{self, Codec};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::key::ObjectKey;
 use crate::lease::{self, Lease};
 use crate::manifest::{ChunkRef, Entry, EntryKind, Manifest};
 use crate::pack::{FinishedPack, PackBuilder};
@@ -357,7 +358,7 @@ fn protect_manifest(store: &Store, lease: &Lease, manifest: &mut Manifest) -> Re
         let bytes = manifest.encode();
         let id = ObjectId::of(&bytes);
         lease.protect(&[], &[id])?;
-        if !lease::has_tombstone(store.backend(), &crate::backend::manifest_key(&id))? {
+        if !lease::has_tombstone(store.backend(), &ObjectKey::Manifest(id))? {
             return Ok((id, bytes));
         }
         manifest.created_unix += 1;
@@ -431,7 +432,7 @@ fn reupload_unreliable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{self, Backend};
+    use crate::backend::Backend;
     use crate::store::StoreLocation;
 
     #[test]
@@ -444,7 +445,7 @@ mod tests {
         let mut m = Manifest { created_unix: 100, meta: BTreeMap::new(), entries: Vec::new(), chunks: Vec::new() };
         let first = ObjectId::of(&m.encode());
         // gc tombstoned an identical manifest: the push must take another id.
-        b.put(&backend::tombstone_key(&backend::manifest_key(&first)), b"{}".to_vec()).unwrap();
+        b.put(&ObjectKey::Manifest(first).tombstone().to_string(), b"{}".to_vec()).unwrap();
         let lease = Lease::take(&b, "push t").unwrap();
         let (id, bytes) = protect_manifest(&store, &lease, &mut m).unwrap();
         assert_ne!(id, first);

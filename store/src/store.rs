@@ -6,6 +6,7 @@ use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::index::{ChunkLocation, Index};
+use crate::key::{Family, ObjectKey};
 use crate::lock::StoreLock;
 use crate::manifest::Manifest;
 use crate::pack::{self, PackEntry, TRAILER_LEN};
@@ -155,7 +156,7 @@ const PAGE: u64 = 4096;
 /// Checks that a remote store honours conditional writes (If-None-Match and If-Match), which
 /// tag updates rely on; refuses with a clear error otherwise.
 fn probe_conditional_writes(backend: &Backend) -> Result<()> {
-    let key = format!("probe/conditional-{}", ObjectId::unique().short());
+    let key = ObjectKey::Probe(format!("conditional-{}", ObjectId::unique().short())).to_string();
     let refuse = |what: &str| {
         StoreError::Invalid(format!(
             "{} does not honour {what}: two machines updating one tag could lose an update, so gstore will not keep a store there",
@@ -201,7 +202,7 @@ impl Store {
     pub fn init_backend(backend: &Backend, location: &StoreLocation, config: &StoreConfig) -> Result<()> {
         config.validate()?;
         let json = serde_json::to_vec_pretty(config).expect("config serializes");
-        match backend.put_new(backend::CONFIG_KEY, json) {
+        match backend.put_new(&ObjectKey::Config.to_string(), json) {
             Err(StoreError::AlreadyExists { .. }) => {
                 Err(StoreError::AlreadyExists { what: "store", key: location.describe() })
             }
@@ -213,7 +214,7 @@ impl Store {
     pub fn open(location: &StoreLocation) -> Result<Store> {
         // Checked before the backend is built: building it creates the directory.
         if let StoreLocation::Local(p) = location {
-            if !p.join(backend::CONFIG_KEY).exists() {
+            if !p.join(ObjectKey::Config.to_string()).exists() {
                 return Err(StoreError::NotInitialized(location.describe()));
             }
         }
@@ -223,8 +224,9 @@ impl Store {
     /// Opens an existing store in `backend` without its index; `location` says where this
     /// machine keeps the index and caches (a [`StoreLocation::Custom`] for a caller-built backend).
     pub fn open_backend(backend: Backend, location: &StoreLocation) -> Result<Store> {
-        let bytes =
-            backend.get_opt(backend::CONFIG_KEY)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
+        let bytes = backend
+            .get_opt(&ObjectKey::Config.to_string())?
+            .ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
         let config = StoreConfig::from_json(&bytes)?;
         let cache = location.local_dir().and_then(|d| {
             let limit = std::env::var("GSTORE_CACHE_BYTES")
@@ -341,7 +343,7 @@ impl Store {
     /// memory-mapped (and pre-faulted), so it is a view of the page cache, not a copy; the
     /// mapping lives as long as the returned bytes.
     pub fn read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) -> Result<Bytes> {
-        let key = backend::pack_key(pack);
+        let key = ObjectKey::Pack(*pack).to_string();
         let root = match &self.location {
             StoreLocation::Local(root) => root,
             StoreLocation::S3 { .. } | StoreLocation::Http { .. } | StoreLocation::Custom { .. } => {
@@ -377,7 +379,7 @@ impl Store {
     /// mapping, whose setup and teardown serialise threads on the process's address space.
     pub fn read_pack_range_into(&self, pack: &ObjectId, range: std::ops::Range<u64>, out: &mut [u8]) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        let key = backend::pack_key(pack);
+        let key = ObjectKey::Pack(*pack).to_string();
         let want = (range.end - range.start) as usize;
         if out.len() != want {
             return Err(StoreError::Invalid(format!("a {want}-byte range read into a {}-byte buffer", out.len())));
@@ -443,7 +445,7 @@ impl Store {
 
     /// Reads and checks a pack's footer (without reading its chunk data).
     pub fn read_pack_footer(&self, pack: &ObjectId) -> Result<Vec<PackEntry>> {
-        let key = backend::pack_key(pack);
+        let key = ObjectKey::Pack(*pack).to_string();
         let size = self.backend.size(&key)?.ok_or_else(|| StoreError::NotFound { what: "pack", key: key.clone() })?;
         Ok(self.read_pack_tail(pack, size)?.0)
     }
@@ -451,7 +453,7 @@ impl Store {
     /// Reads and checks the footer of a pack `size` bytes long (as listed): its entries, and
     /// the raw tail they were parsed from (footer entries, then trailer).
     pub fn read_pack_tail(&self, pack: &ObjectId, size: u64) -> Result<(Vec<PackEntry>, Vec<u8>)> {
-        let key = backend::pack_key(pack);
+        let key = ObjectKey::Pack(*pack).to_string();
         if size < TRAILER_LEN as u64 + 8 {
             return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
         }
@@ -465,7 +467,7 @@ impl Store {
     /// Stores a finished pack, then records it in the index (pack before index).
     pub fn put_pack(&self, p: pack::FinishedPack) -> Result<()> {
         let size = p.bytes.len() as u64;
-        let key = backend::pack_key(&p.id);
+        let key = ObjectKey::Pack(p.id).to_string();
         if self.is_remote() && p.bytes.len() as u64 > backend::MULTIPART_ABOVE {
             self.backend.put_multipart(&key, p.bytes)?;
         } else {
@@ -522,12 +524,12 @@ impl Store {
 
     /// Stores an encoded manifest under its id (`ObjectId::of(&bytes)`).
     pub fn put_manifest(&self, id: &ObjectId, bytes: Vec<u8>) -> Result<()> {
-        self.backend.put(&backend::manifest_key(id), bytes)
+        self.backend.put(&ObjectKey::Manifest(*id).to_string(), bytes)
     }
 
     /// Reads and checks a manifest.
     pub fn get_manifest(&self, id: &ObjectId) -> Result<Manifest> {
-        let key = backend::manifest_key(id);
+        let key = ObjectKey::Manifest(*id).to_string();
         let bytes = match self.backend.get(&key) {
             Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "manifest", key }),
             other => other?,
@@ -543,7 +545,7 @@ impl Store {
     /// Reads a tag record with the version [`Store::put_tag`] can require (a record marked
     /// removed by gc included).
     pub fn get_tag_versioned(&self, tag: &TagRef) -> Result<Option<(TagRecord, backend::Version)>> {
-        match self.backend.get_versioned(&backend::tag_key(&tag.name, &tag.version))? {
+        match self.backend.get_versioned(&ObjectKey::Tag(tag.clone()).to_string())? {
             Some((b, v)) => Ok(Some((TagRecord::from_json(&b, tag)?, v))),
             None => Ok(None),
         }
@@ -553,7 +555,7 @@ impl Store {
     /// two writers racing on one tag get one success and one [`StoreError::Conflict`].
     pub fn put_tag(&self, rec: &TagRecord, expected: Option<&backend::Version>) -> Result<()> {
         let json = serde_json::to_vec_pretty(rec).expect("tag serializes");
-        self.backend.put_if(&backend::tag_key(&rec.name, &rec.version), json, expected).map_err(|e| match e {
+        self.backend.put_if(&ObjectKey::Tag(rec.tag()).to_string(), json, expected).map_err(|e| match e {
             StoreError::Conflict(_) => StoreError::Conflict(format!(
                 "tag {} was changed by another writer at the same time; nothing was overwritten: retry",
                 rec.tag()
@@ -568,7 +570,7 @@ impl Store {
     /// A tag whose name reads as a manifest id is refused ([`TagRef::check_new`]).
     pub fn set_tag(&self, tag: &TagRef, manifest: ObjectId) -> Result<TagRecord> {
         tag.check_new()?;
-        let key = backend::tag_key(&tag.name, &tag.version);
+        let key = ObjectKey::Tag(tag.clone()).to_string();
         let value = |current: &Option<(Bytes, backend::Version)>| {
             // A damaged previous record must not block a new push: start a fresh history. A
             // removed one starts afresh too.
@@ -606,7 +608,7 @@ impl Store {
         tag.check_new()?;
         let lease = crate::lease::Lease::take(&self.backend, &format!("tag {tag}"))?;
         lease.protect(&[], &[id])?;
-        let manifest_doomed = crate::lease::has_tombstone(&self.backend, &backend::manifest_key(&id))?;
+        let manifest_doomed = crate::lease::has_tombstone(&self.backend, &ObjectKey::Manifest(id))?;
         let m = self.get_manifest(&id)?;
         self.sync_index()?;
         let mut chunks_doomed = false;
@@ -632,15 +634,15 @@ impl Store {
         if self.get_tag(tag)?.is_none() {
             return Err(StoreError::NotFound { what: "tag", key: tag.to_string() });
         }
-        self.backend.delete(&backend::tag_key(&tag.name, &tag.version))
+        self.backend.delete(&ObjectKey::Tag(tag.clone()).to_string())
     }
 
     /// Every tag, sorted by name and version. Records that fail to parse are returned as errors
     /// alongside the good ones so that one damaged tag does not hide the rest.
     pub fn list_tags(&self) -> Result<Vec<Result<TagRecord>>> {
         let mut out = Vec::new();
-        for l in self.backend.list(backend::TAGS_PREFIX)? {
-            let Some(tag) = backend::tag_from_key(&l.key) else { continue };
+        for l in self.backend.list(Family::Tags.prefix())? {
+            let Ok(ObjectKey::Tag(tag)) = ObjectKey::parse(&l.key) else { continue };
             let rec = self.backend.get(&l.key).and_then(|b| TagRecord::from_json(&b, &tag));
             match rec {
                 Ok(r) if r.removed_unix.is_some() => {}
@@ -678,7 +680,7 @@ impl Store {
         let index = self.index();
         let (doomed, listed) = crate::lease::doomed_then_listed(&self.backend)?;
         let present: std::collections::HashSet<ObjectId> =
-            listed.iter().filter_map(|l| backend::pack_id_from_key(&l.key)).collect();
+            listed.iter().filter_map(|l| ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())).collect();
         let mut known = std::collections::HashSet::new();
         for (id, _) in index.packs()? {
             if present.contains(&id) {
@@ -690,7 +692,7 @@ impl Store {
         index.set_doomed(&doomed)?;
         let mut added = 0;
         for l in listed {
-            let Some(id) = backend::pack_id_from_key(&l.key) else { continue };
+            let Some(id) = ObjectKey::parse(&l.key).ok().and_then(|k| k.pack()) else { continue };
             if known.contains(&id) {
                 continue;
             }
@@ -713,7 +715,7 @@ impl Store {
         let mut ok = 0;
         let mut damaged = Vec::new();
         for l in packs {
-            if let Some(id) = backend::pack_id_from_key(&l.key) {
+            if let Some(id) = ObjectKey::parse(&l.key).ok().and_then(|k| k.pack()) {
                 match self.read_pack_tail(&id, l.size) {
                     Ok((entries, _)) => {
                         index.add_pack(id, l.size, &entries)?;
@@ -740,7 +742,7 @@ mod tests {
         Store::init(&location, &StoreConfig::default()).expect("init");
         let store = Store::open(&location).expect("open");
         let pack = ObjectId::of(b"pack");
-        let path = dir.path().join(backend::pack_key(&pack));
+        let path = dir.path().join(ObjectKey::Pack(pack).to_string());
         std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
         let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
         std::fs::write(&path, &bytes).expect("write");

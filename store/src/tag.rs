@@ -52,6 +52,14 @@ impl TagRef {
         Ok(TagRef { name: name.to_string(), version: version.to_string() })
     }
 
+    /// A tag from its two parts (as a tag key holds them), checked as [`TagRef::parse`] does.
+    pub fn from_parts(name: &str, version: &str) -> Result<TagRef> {
+        let full = format!("{name}/{version}");
+        check_part("name", name, &full)?;
+        check_part("version", version, &full)?;
+        Ok(TagRef { name: name.to_string(), version: version.to_string() })
+    }
+
     /// Parses a tag to write (push, checkpoint, the target of `gstore tag`): as
     /// [`TagRef::parse`], and [`TagRef::check_new`].
     pub fn parse_new(s: &str) -> Result<TagRef> {

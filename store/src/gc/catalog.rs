@@ -2,9 +2,9 @@
 //! remote stores, so that a later gc reads only what is new (footers and manifests never
 //! change under their ids). Cached bytes are checked again on every use.
 
-use crate::backend;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::key::ObjectKey;
 use crate::manifest::Manifest;
 use crate::pack::{self, PackEntry, TRAILER_LEN};
 use crate::store::Store;
@@ -40,7 +40,7 @@ impl<'a> Catalog<'a> {
 
     /// A pack's chunk list, checked, from the cache or the pack's tail (`size` as listed).
     pub fn footer(&self, id: &ObjectId, size: u64) -> Result<Vec<PackEntry>> {
-        let key = backend::pack_key(id);
+        let key = ObjectKey::Pack(*id).to_string();
         let cache = self.cached("footers", id);
         if let Some(tail) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
             if let Ok(entries) = parse_tail(&tail, size, &key, self.store.config().chunk_max) {
@@ -62,7 +62,7 @@ impl<'a> Catalog<'a> {
                 return Ok(m);
             }
         }
-        let key = backend::manifest_key(id);
+        let key = ObjectKey::Manifest(*id).to_string();
         let bytes: Bytes = match self.store.backend().get(&key) {
             Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "manifest", key }),
             other => other?,

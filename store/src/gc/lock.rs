@@ -2,9 +2,10 @@
 //! store. Pushes never take it. A lock whose holder is provably dead (same boot and pid
 //! namespace, pid gone) is taken over; otherwise only `--break-lock` takes it.
 
-use crate::backend::{Backend, GC_LOCK_KEY};
+use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::key::ObjectKey;
 use crate::lease::Owner;
 use serde::Serialize;
 
@@ -28,12 +29,12 @@ impl GcLock {
         let record = LockRecord { owner: Owner::current(), nonce: ObjectId::unique().to_hex()[..32].to_string() };
         let record = serde_json::to_vec_pretty(&record).expect("lock record serializes");
         for _ in 0..2 {
-            match backend.create_record(GC_LOCK_KEY, record.clone()) {
+            match backend.create_record(&ObjectKey::GcLock.to_string(), record.clone()) {
                 Ok(()) => return Ok(GcLock { backend: backend.clone() }),
                 Err(StoreError::AlreadyExists { .. }) => {}
                 Err(e) => return Err(e),
             }
-            let holder = match backend.get_opt(GC_LOCK_KEY)? {
+            let holder = match backend.get_opt(&ObjectKey::GcLock.to_string())? {
                 None => continue,
                 Some(b) => serde_json::from_slice::<Owner>(&b).ok(),
             };
@@ -41,10 +42,11 @@ impl GcLock {
             if !(dead || break_lock) {
                 let who = holder.map(|o| o.describe()).unwrap_or_else(|| "an unreadable holder".into());
                 return Err(StoreError::Conflict(format!(
-                    "another gc is running on this store ({who}, object {GC_LOCK_KEY}); if it is dead, run gstore gc --break-lock"
+                    "another gc is running on this store ({who}, object {}); if it is dead, run gstore gc --break-lock",
+                    ObjectKey::GcLock
                 )));
             }
-            backend.delete(GC_LOCK_KEY)?;
+            backend.delete(&ObjectKey::GcLock.to_string())?;
         }
         Err(StoreError::Conflict("another gc took the gc lock at the same moment: retry".into()))
     }
@@ -52,7 +54,7 @@ impl GcLock {
 
 impl Drop for GcLock {
     fn drop(&mut self) {
-        let _ = self.backend.delete(GC_LOCK_KEY);
+        let _ = self.backend.delete(&ObjectKey::GcLock.to_string());
     }
 }
 
@@ -66,17 +68,17 @@ mod tests {
         let held = GcLock::take(&b, false).unwrap();
         assert!(matches!(GcLock::take(&b, false), Err(StoreError::Conflict(m)) if m.contains("--break-lock")));
         drop(held);
-        assert!(b.get_opt(GC_LOCK_KEY).unwrap().is_none());
+        assert!(b.get_opt(&ObjectKey::GcLock.to_string()).unwrap().is_none());
         // A lock left by a process that has exited here is taken over.
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = Owner { pid: child.id(), ..Owner::current() };
         child.wait().unwrap();
-        b.put_new(GC_LOCK_KEY, serde_json::to_vec(&dead).unwrap()).unwrap();
+        b.put_new(&ObjectKey::GcLock.to_string(), serde_json::to_vec(&dead).unwrap()).unwrap();
         let _l = GcLock::take(&b, false).unwrap();
         // One held by another machine is taken only with --break-lock.
         drop(_l);
         let foreign = Owner { boot_id: "elsewhere".into(), ..Owner::current() };
-        b.put_new(GC_LOCK_KEY, serde_json::to_vec(&foreign).unwrap()).unwrap();
+        b.put_new(&ObjectKey::GcLock.to_string(), serde_json::to_vec(&foreign).unwrap()).unwrap();
         assert!(GcLock::take(&b, false).is_err());
         assert!(GcLock::take(&b, true).is_ok());
     }

@@ -24,6 +24,7 @@ use crate::backend::{self, Backend};
 use crate::codec::Decoder;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::key::{Family, ObjectKey};
 use crate::lease::LeaseRecord;
 use crate::pack::{PackBuilder, PackEntry};
 use crate::progress::Progress;
@@ -154,10 +155,10 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     let temp_files = temps::list(b)?;
 
     // 2. Tombstones first: only these may be deleted by this pass.
-    let tombstones: BTreeSet<String> = b
-        .list(backend::TOMBSTONES_PREFIX)?
+    let tombstones: BTreeSet<ObjectKey> = b
+        .list(Family::Tombstones.prefix())?
         .iter()
-        .filter_map(|l| backend::tombstoned_key(&l.key).map(str::to_string))
+        .filter_map(|l| Some(ObjectKey::parse(&l.key).ok()?.tombstoned()?.clone()))
         .collect();
 
     // 3. Leases; then the temporary files no live lease covers go.
@@ -178,7 +179,7 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
 
     // 5. Mark, then read the packs and settle each live chunk's home.
     let live = mark(store, &catalog, &roots, &tagged, progress, &mut report)?;
-    let listed = b.list(backend::PACKS_PREFIX)?;
+    let listed = b.list(Family::Packs.prefix())?;
     let packs = read_packs(store, &catalog, &listed, &tombstones, &leased_packs, &live, progress, &mut report)?;
     let rewrite = Rewrite { below: opts.repack_below, min_dead: (store.config().pack_target / 4).min(64 << 10) };
     let (homes, home_bytes) = settle_homes(&packs, &live, &rewrite);
@@ -186,16 +187,17 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     // 6. Decide.
     let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run };
     sweep_packs(&sweep, &packs, &homes, &home_bytes, &rewrite, progress, &mut report)?;
-    let manifests = b.list(backend::MANIFESTS_PREFIX)?;
+    let manifests = b.list(Family::Manifests.prefix())?;
     for l in &manifests {
-        let Some(id) = backend::manifest_id_from_key(&l.key) else { continue };
-        match sweep.settle(&l.key, "manifests", &id, roots.contains(&id), tombstones.contains(&l.key))? {
+        let Some(id) = ObjectKey::parse(&l.key).ok().and_then(|k| k.manifest()) else { continue };
+        let key = ObjectKey::Manifest(id);
+        match sweep.settle(&key, "manifests", &id, roots.contains(&id), tombstones.contains(&key))? {
             Settled::Revived => report.manifests_revived += 1,
             Settled::Deleted => {
                 report.manifests_deleted += 1;
                 // The image's restore profile (if it has one) goes with it.
                 if !opts.dry_run {
-                    b.delete(&backend::profile_key(&id))?;
+                    b.delete(&ObjectKey::Profile(id).to_string())?;
                 }
             }
             Settled::Tombstoned => report.manifests_tombstoned += 1,
@@ -207,8 +209,8 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     // two deletes).
     if !opts.dry_run {
         let present: HashSet<&str> = listed.iter().chain(&manifests).map(|l| l.key.as_str()).collect();
-        for t in tombstones.iter().filter(|t| !present.contains(t.as_str())) {
-            b.delete(&backend::tombstone_key(t))?;
+        for t in tombstones.iter().filter(|t| !present.contains(t.to_string().as_str())) {
+            b.delete(&t.tombstone().to_string())?;
         }
     }
     report.requests = b.requests() - requests_before;
@@ -262,14 +264,14 @@ fn read_packs(
     store: &Store,
     catalog: &Catalog,
     listed: &[backend::Listed],
-    tombstones: &BTreeSet<String>,
+    tombstones: &BTreeSet<ObjectKey>,
     leased: &HashSet<ObjectId>,
     live: &HashSet<ObjectId>,
     progress: &dyn Progress,
     report: &mut GcReport,
 ) -> Result<Vec<PackInfo>> {
     let pack_list: Vec<(ObjectId, &backend::Listed)> =
-        listed.iter().filter_map(|l| Some((backend::pack_id_from_key(&l.key)?, l))).collect();
+        listed.iter().filter_map(|l| Some((ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())?, l))).collect();
     progress.start("gc: reading pack footers", pack_list.len() as u64);
     let footers = in_flight(store, &pack_list, |(id, l)| {
         let f = catalog.footer(id, l.size);
@@ -288,7 +290,7 @@ fn read_packs(
                     id,
                     size: l.size,
                     entries,
-                    tombstoned: tombstones.contains(&l.key),
+                    tombstoned: tombstones.contains(&ObjectKey::Pack(id)),
                     protected: leased.contains(&id),
                     live_bytes,
                 });
@@ -370,7 +372,7 @@ fn sweep_packs(
             to_repack.push(p);
             continue;
         }
-        match sweep.settle(&backend::pack_key(&p.id), "footers", &p.id, needed, p.tombstoned)? {
+        match sweep.settle(&ObjectKey::Pack(p.id), "footers", &p.id, needed, p.tombstoned)? {
             Settled::Revived => report.packs_revived += 1,
             Settled::Deleted => {
                 report.packs_deleted += 1;
@@ -385,7 +387,7 @@ fn sweep_packs(
     }
     let repacked = sweep.repack(&to_repack, homes, progress, report)?;
     for p in to_repack {
-        let key = backend::pack_key(&p.id);
+        let key = ObjectKey::Pack(p.id);
         if !repacked.iter().any(|r| r.id == p.id) {
             // Could not be rewritten (damaged): still needed.
             if p.tombstoned {
@@ -420,7 +422,7 @@ fn in_flight<T: Sync, R: Send>(store: &Store, items: &[T], f: impl Fn(&T) -> R +
 fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
     let mut packs = HashSet::new();
     let mut manifests = HashSet::new();
-    for l in b.list(backend::LEASES_PREFIX)? {
+    for l in b.list(Family::Leases.prefix())? {
         let Some(bytes) = b.get_opt(&l.key)? else { continue };
         let rec = LeaseRecord::from_json(&bytes, &l.key).map_err(|e| {
             StoreError::Invalid(format!(
@@ -447,8 +449,14 @@ fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(Has
 fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Result<Vec<TagRecord>> {
     let b = store.backend();
     // Keys under tags/ that are no tag gstore could write name nothing.
-    let tags: Vec<TagRef> =
-        b.list(backend::TAGS_PREFIX)?.iter().filter_map(|l| backend::tag_from_key(&l.key)).collect();
+    let tags: Vec<TagRef> = b
+        .list(Family::Tags.prefix())?
+        .iter()
+        .filter_map(|l| match ObjectKey::parse(&l.key) {
+            Ok(ObjectKey::Tag(t)) => Some(t),
+            _ => None,
+        })
+        .collect();
     let mut records = Vec::new();
     for (tag, read) in tags.iter().zip(in_flight(store, &tags, |t| store.get_tag_versioned(t))?) {
         let read = read.map_err(|e| {
@@ -541,7 +549,7 @@ enum Settled {
 impl Sweep<'_> {
     /// Settles the object under `key` (cached as `kind`/`id`) by whether it is needed and
     /// whether it had a tombstone when this pass began.
-    fn settle(&self, key: &str, kind: &str, id: &ObjectId, needed: bool, tombstoned: bool) -> Result<Settled> {
+    fn settle(&self, key: &ObjectKey, kind: &str, id: &ObjectId, needed: bool, tombstoned: bool) -> Result<Settled> {
         Ok(match (needed, tombstoned) {
             (true, false) => Settled::Kept,
             (true, true) => {
@@ -560,33 +568,33 @@ impl Sweep<'_> {
     }
 
     /// Marks the object under `key` for deletion by a later pass.
-    fn tombstone(&self, key: &str) -> Result<()> {
+    fn tombstone(&self, key: &ObjectKey) -> Result<()> {
         if self.dry_run {
             return Ok(());
         }
-        let body = serde_json::to_vec(&serde_json::json!({ "format": 1, "object": key })).expect("json");
-        match self.store.backend().put_new(&backend::tombstone_key(key), body) {
+        let body = serde_json::to_vec(&serde_json::json!({ "format": 1, "object": key.to_string() })).expect("json");
+        match self.store.backend().put_new(&key.tombstone().to_string(), body) {
             Ok(()) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
             Err(e) => Err(e),
         }
     }
 
     /// Removes the tombstone of an object that is needed again.
-    fn revive(&self, key: &str) -> Result<()> {
+    fn revive(&self, key: &ObjectKey) -> Result<()> {
         if self.dry_run {
             return Ok(());
         }
-        self.store.backend().delete(&backend::tombstone_key(key))
+        self.store.backend().delete(&key.tombstone().to_string())
     }
 
     /// Deletes a tombstoned object, then its tombstone.
-    fn delete(&self, key: &str, kind: &str, id: &ObjectId) -> Result<()> {
+    fn delete(&self, key: &ObjectKey, kind: &str, id: &ObjectId) -> Result<()> {
         if self.dry_run {
             return Ok(());
         }
-        self.store.backend().delete(key)?;
+        self.store.backend().delete(&key.to_string())?;
         self.catalog.forget(kind, id);
-        self.store.backend().delete(&backend::tombstone_key(key))
+        self.store.backend().delete(&key.tombstone().to_string())
     }
 
     /// Copies the chunks each of `packs` is home to into new packs, checking every one, and
@@ -649,6 +657,6 @@ impl Sweep<'_> {
     fn put_new_pack(&self, p: PackBuilder, report: &mut GcReport) -> Result<()> {
         let p = p.finish();
         report.bytes_repacked += p.bytes.len() as u64;
-        self.store.backend().put(&backend::pack_key(&p.id), p.bytes)
+        self.store.backend().put(&ObjectKey::Pack(p.id).to_string(), p.bytes)
     }
 }

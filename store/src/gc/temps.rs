@@ -20,9 +20,10 @@
 //! gc that is refused the lock writes for a moment) is left alone.
 
 use super::GcReport;
-use crate::backend::{self, Backend};
+use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::key::{Family, ObjectKey};
 use crate::lease::LeaseRecord;
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -30,11 +31,11 @@ use std::path::{Path, PathBuf};
 
 /// Prefixes whose temporary files may be swept.
 const PREFIXES: [&str; 5] = [
-    backend::PACKS_PREFIX,
-    backend::MANIFESTS_PREFIX,
-    backend::TAGS_PREFIX,
-    backend::LEASES_PREFIX,
-    backend::TOMBSTONES_PREFIX,
+    Family::Packs.prefix(),
+    Family::Manifests.prefix(),
+    Family::Tags.prefix(),
+    Family::Leases.prefix(),
+    Family::Tombstones.prefix(),
 ];
 
 /// A temporary file as listed.
@@ -119,19 +120,19 @@ pub(super) fn sweep(
     report: &mut GcReport,
 ) -> Result<()> {
     for t in temps {
-        let writer_gone = if let Some(pack) = backend::pack_id_from_key(&t.key) {
+        let writer_gone = if let Some(pack) = ObjectKey::parse(&t.key).ok().and_then(|k| k.pack()) {
             !leased_packs.contains(&pack)
-        } else if let Some(manifest) = backend::manifest_id_from_key(&t.key) {
+        } else if let Some(manifest) = ObjectKey::parse(&t.key).ok().and_then(|k| k.manifest()) {
             !leased_manifests.contains(&manifest)
-        } else if backend::tag_from_key(&t.key).is_some() {
+        } else if matches!(ObjectKey::parse(&t.key), Ok(ObjectKey::Tag(_))) {
             tag_manifest(&t.path).is_some_and(|m| !leased_manifests.contains(&m))
-        } else if t.key.starts_with(&format!("{}/", backend::LEASES_PREFIX)) {
+        } else if matches!(ObjectKey::parse(&t.key), Ok(ObjectKey::Lease(_))) {
             std::fs::read(&t.path)
                 .ok()
                 .and_then(|b| LeaseRecord::from_json(&b, &t.key).ok())
                 .is_some_and(|l| l.owner.is_dead_here())
         } else {
-            backend::tombstoned_key(&t.key).is_some()
+            matches!(ObjectKey::parse(&t.key), Ok(ObjectKey::Tombstone(_)))
         };
         // Still there and unchanged since it was listed (before the leases were read).
         if !writer_gone || Identity::of(&t.path).as_ref() != Some(&t.identity) {
@@ -208,19 +209,19 @@ mod tests {
         let (tag_leased, tag_free) = (tag(&leased), tag(&free));
         let (alive, dead) = (lease(me.pid, me.start_ticks), lease(me.pid, me.start_ticks + 1));
         let files: Vec<(String, &[u8])> = vec![
-            (format!("{}#1", backend::pack_key(&leased)), b"kept"),
-            (format!("{}#1", backend::pack_key(&free)), b"swept"),
-            (format!("{}#2", backend::manifest_key(&leased)), b"kept"),
-            (format!("{}#1", backend::manifest_key(&free)), b"swept"),
+            (format!("{}#1", ObjectKey::Pack(leased)), b"kept"),
+            (format!("{}#1", ObjectKey::Pack(free)), b"swept"),
+            (format!("{}#2", ObjectKey::Manifest(leased)), b"kept"),
+            (format!("{}#1", ObjectKey::Manifest(free)), b"swept"),
             ("tags/t/a.tag#1".into(), tag_leased.as_bytes()),
             ("tags/t/b.tag#1".into(), tag_free.as_bytes()),
             ("tags/t/c.tag#1".into(), b"{\"form"),
-            ("leases/aa.lease#1".into(), alive.as_bytes()),
-            ("leases/bb.lease#1".into(), dead.as_bytes()),
-            (format!("tombstones/{}#1", backend::pack_key(&free)), b"swept"),
+            (format!("{}#1", ObjectKey::Lease("aa".repeat(16))), alive.as_bytes()),
+            (format!("{}#1", ObjectKey::Lease("bb".repeat(16))), dead.as_bytes()),
+            (format!("tombstones/{}#1", ObjectKey::Pack(free)), b"swept"),
             ("config.json#1".into(), b"kept"),
             ("gc/lock#1".into(), b"kept"),
-            (backend::pack_key(&free), b"an object"),
+            (ObjectKey::Pack(free).to_string(), b"an object"),
         ];
         let files: Vec<(&str, &[u8])> = files.iter().map(|(k, c)| (k.as_str(), *c)).collect();
         let (dir, _b, temps) = listed(&files);
@@ -230,14 +231,14 @@ mod tests {
         sweep(temps, &packs, &packs, false, &mut report).unwrap();
         let left = files_below(dir.path(), dir.path());
         let expect_left: HashSet<String> = [
-            format!("{}#1", backend::pack_key(&leased)),
-            format!("{}#2", backend::manifest_key(&leased)),
+            format!("{}#1", ObjectKey::Pack(leased)),
+            format!("{}#2", ObjectKey::Manifest(leased)),
             "tags/t/a.tag#1".into(),
             "tags/t/c.tag#1".into(),
-            "leases/aa.lease#1".into(),
+            format!("{}#1", ObjectKey::Lease("aa".repeat(16))),
             "config.json#1".into(),
             "gc/lock#1".into(),
-            backend::pack_key(&free),
+            ObjectKey::Pack(free).to_string(),
         ]
         .into();
         assert_eq!(left, expect_left);
@@ -247,7 +248,7 @@ mod tests {
     #[test]
     fn a_file_changed_or_replaced_since_the_listing_is_kept() {
         let free = ObjectId::of(b"free");
-        let key = format!("{}#1", backend::pack_key(&free));
+        let key = format!("{}#1", ObjectKey::Pack(free));
         let (dir, _b, temps) = listed(&[(key.as_str(), b"one")]);
         // Its writer was still writing, or it went and another took the name.
         std::fs::write(dir.path().join(&key), b"longer now").unwrap();
