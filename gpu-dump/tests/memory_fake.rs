@@ -2,6 +2,9 @@
 //! fake libcuda (tests/fake_libcuda.c) that backs device memory with host memory, checks every
 //! copy's ranges, keeps a per-thread current context (so a call that forgot to bind fails with
 //! CUDA_ERROR_INVALID_CONTEXT) and counts what is alive.
+//!
+//! Safety of the async copies below: each test waits for its stream or event before it
+//! writes or drops a pinned buffer a copy reads, and copies only into its own device buffers.
 
 mod common;
 
@@ -169,7 +172,7 @@ fn pinned_to_device_round_trip_on_a_stream_with_events() {
     let chunks: Vec<usize> = (0..N).step_by(CHUNK).collect();
     for (i, &offset) in chunks.iter().enumerate().rev() {
         let len = CHUNK.min(N - offset);
-        stream.copy_to_device_async(dev.ptr() + offset as u64, &pinned, offset, len).expect("async copy");
+        unsafe { stream.copy_to_device_async(dev.ptr() + offset as u64, &pinned, offset, len) }.expect("async copy");
         events[i % 2].record(&stream).expect("record");
     }
     for event in &events {
@@ -183,7 +186,7 @@ fn pinned_to_device_round_trip_on_a_stream_with_events() {
     // A slot refilled after its event completed carries the new bytes.
     let again = pattern(2, CHUNK);
     pinned.as_mut_slice()[..CHUNK].copy_from_slice(&again);
-    stream.copy_to_device_async(dev.ptr() + 5, &pinned, 0, CHUNK).expect("async copy");
+    unsafe { stream.copy_to_device_async(dev.ptr() + 5, &pinned, 0, CHUNK) }.expect("async copy");
     events[0].record(&stream).expect("record");
     events[0].synchronize().expect("event sync");
     let mut back = vec![0u8; CHUNK];
@@ -230,7 +233,7 @@ fn every_call_binds_the_context_itself_on_any_thread() {
     on_fresh_thread(|| ctx.copy_to_device(dev.ptr(), &[9u8; N]).expect("copy_to_device"));
     let input = pattern(4, N);
     pinned.as_mut_slice().copy_from_slice(&input);
-    on_fresh_thread(|| stream.copy_to_device_async(dev.ptr(), &pinned, 0, N).expect("copy_to_device_async"));
+    on_fresh_thread(|| unsafe { stream.copy_to_device_async(dev.ptr(), &pinned, 0, N) }.expect("copy_to_device_async"));
     on_fresh_thread(|| event.record(&stream).expect("record"));
     on_fresh_thread(|| event.synchronize().expect("event synchronize"));
     on_fresh_thread(|| stream.synchronize().expect("stream synchronize"));
@@ -277,14 +280,14 @@ fn many_threads_use_one_context_at_once() {
                 for round in 0..ROUNDS {
                     let input = pattern(1000 * t as u64 + round, SLICE);
                     pinned.as_mut_slice().copy_from_slice(&input);
-                    stream.copy_to_device_async(dev.ptr(), &pinned, 0, SLICE).expect("async copy");
+                    unsafe { stream.copy_to_device_async(dev.ptr(), &pinned, 0, SLICE) }.expect("async copy");
                     event.record(&stream).expect("record");
                     event.synchronize().expect("event sync");
                     ctx.copy_to_host(&mut back, dev.ptr()).expect("copy back");
                     assert!(back == input, "thread {t} round {round}: wrong bytes in device memory");
                 }
                 let dst = shared.ptr() + (t * SLICE) as u64;
-                shared_stream.copy_to_device_async(dst, &pinned, 0, SLICE).expect("async copy to shared");
+                unsafe { shared_stream.copy_to_device_async(dst, &pinned, 0, SLICE) }.expect("async copy to shared");
                 shared_stream.synchronize().expect("shared stream sync");
             });
         }
@@ -316,7 +319,7 @@ fn dropping_everything_frees_everything() {
     assert_eq!((empty.ptr(), empty.len(), empty.is_empty()), (0, 0, true));
     let mut empty_pinned = ctx.alloc_pinned(0).expect("empty pinned");
     assert!(empty_pinned.is_empty() && empty_pinned.as_slice().is_empty() && empty_pinned.as_mut_slice().is_empty());
-    streams[0].copy_to_device_async(devs[0].ptr(), &empty_pinned, 0, 0).expect("empty copy");
+    unsafe { streams[0].copy_to_device_async(devs[0].ptr(), &empty_pinned, 0, 0) }.expect("empty copy");
     assert_eq!(fake.live(), Live { device_allocs: 3, host_allocs: 2, streams: 2, events: 3, primary_ctx_refs: 2 });
 
     // The contexts go first: the handles keep them retained.
@@ -368,7 +371,8 @@ fn copies_outside_the_pinned_buffer_are_refused_before_the_driver() {
     let stream = ctx.stream().expect("stream");
 
     for (offset, len) in [(4000, 200), (0, 4097), (4097, 0), (usize::MAX, 2), (1, usize::MAX)] {
-        let err = stream.copy_to_device_async(dev.ptr() + 4096, &pinned, offset, len).expect_err("out of bounds");
+        let err =
+            unsafe { stream.copy_to_device_async(dev.ptr() + 4096, &pinned, offset, len) }.expect_err("out of bounds");
         assert!(matches!(err, GpuDumpError::Cuda { code: 1, .. }), "{err:?}");
         let msg = err.to_string();
         let head = format!(
@@ -379,8 +383,8 @@ fn copies_outside_the_pinned_buffer_are_refused_before_the_driver() {
         assert_eq!(msg, head);
     }
     // Ranges that end exactly at the end are fine.
-    stream.copy_to_device_async(dev.ptr(), &pinned, 4000, 96).expect("the last 96 bytes");
-    stream.copy_to_device_async(dev.ptr(), &pinned, 4096, 0).expect("an empty range at the end");
+    unsafe { stream.copy_to_device_async(dev.ptr(), &pinned, 4000, 96) }.expect("the last 96 bytes");
+    unsafe { stream.copy_to_device_async(dev.ptr(), &pinned, 4096, 0) }.expect("an empty range at the end");
     stream.synchronize().expect("sync");
     let mut back = vec![0u8; 8192];
     ctx.copy_to_host(&mut back, dev.ptr()).expect("copy back");

@@ -381,9 +381,7 @@ impl Backend {
         match self.rt.block_on(self.objects().put_opts(&path, PutPayload::from(bytes.clone()), opts)) {
             Ok(_) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => {
-                Err(StoreError::Conflict(format!(
-                    "{key} was changed by another writer at the same time; nothing was overwritten: retry"
-                )))
+                Err(StoreError::lost_race(key))
             }
             Err(object_store::Error::NotImplemented { .. }) => self.put_if_unchanged(key, bytes, expected),
             Err(e) => Err(Self::err("writing", key, e)),
@@ -414,9 +412,7 @@ impl Backend {
             Err(e) => return Err(Self::err("checking", key, e)),
         };
         if current != expected.map(|v| v.0.e_tag.clone()) {
-            return Err(StoreError::Conflict(format!(
-                "{key} was changed by another writer at the same time; nothing was overwritten: retry"
-            )));
+            return Err(StoreError::lost_race(key));
         }
         write()
     }

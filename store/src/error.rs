@@ -83,6 +83,14 @@ impl StoreError {
         StoreError::Io { action, path: path.into(), source }
     }
 
+    /// The [`StoreError::Conflict`] of a compare-and-swap write that lost a race on `what`
+    /// (an object key, or "tag NAME:VERSION").
+    pub fn lost_race(what: impl std::fmt::Display) -> Self {
+        StoreError::Conflict(format!(
+            "{what} was changed by another writer at the same time; nothing was overwritten: retry"
+        ))
+    }
+
     /// Builds a [`StoreError::Corrupt`].
     pub fn corrupt(what: &'static str, key: impl Into<String>, detail: impl Into<String>) -> Self {
         StoreError::Corrupt { what, key: key.into(), detail: detail.into() }

@@ -109,9 +109,7 @@ impl HttpClient {
         match a.status {
             s if s.is_success() => Ok(()),
             StatusCode::NOT_FOUND => Err(StoreError::NotFound { what: "object", key: key.to_string() }),
-            StatusCode::PRECONDITION_FAILED => Err(StoreError::Conflict(format!(
-                "{key} was changed by another writer at the same time; nothing was overwritten: retry"
-            ))),
+            StatusCode::PRECONDITION_FAILED => Err(StoreError::lost_race(key)),
             StatusCode::UNAUTHORIZED => {
                 Err(self.err(&path, "access denied: missing or unknown token (set GSTORE_TOKEN)".into()))
             }

@@ -556,10 +556,7 @@ impl Store {
     pub fn put_tag(&self, rec: &TagRecord, expected: Option<&backend::Version>) -> Result<()> {
         let json = serde_json::to_vec_pretty(rec).expect("tag serializes");
         self.backend.put_if(&ObjectKey::Tag(rec.tag()).to_string(), json, expected).map_err(|e| match e {
-            StoreError::Conflict(_) => StoreError::Conflict(format!(
-                "tag {} was changed by another writer at the same time; nothing was overwritten: retry",
-                rec.tag()
-            )),
+            StoreError::Conflict(_) => StoreError::lost_race(format_args!("tag {}", rec.tag())),
             other => other,
         })
     }

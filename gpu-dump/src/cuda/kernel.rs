@@ -130,25 +130,33 @@ impl Stream {
     }
 
     /// Queues setting `len` bytes at device address `dst` to `value` (`cuMemsetD8Async`).
-    pub fn fill_async(&self, dst: u64, value: u8, len: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// `dst..dst + len` must be device memory of this context that nothing else uses until
+    /// the fill is done (the driver cannot catch a run into a neighbouring allocation).
+    pub unsafe fn fill_async(&self, dst: u64, value: u8, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
         let api = self.context().kernel_api()?;
         self.context().bind()?;
-        // SAFETY: a live stream; the driver checks that dst..dst+len is device memory.
+        // SAFETY: a live stream; the range is the caller's to fill (contract above).
         let code = unsafe { (api.memset_d8_async)(dst, value, len, self.raw()) };
         self.context().check(code, || format!("cuMemsetD8Async(dst {dst:#x}, {len} bytes)"))
     }
 
     /// Queues a copy of `len` bytes between device addresses (`cuMemcpyDtoDAsync_v2`).
-    pub fn copy_on_device_async(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// Both ranges must be device memory of this context, the destination used by nothing
+    /// else until the copy is done and the source not written meanwhile.
+    pub unsafe fn copy_on_device_async(&self, dst: u64, src: u64, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
         let api = self.context().kernel_api()?;
         self.context().bind()?;
-        // SAFETY: a live stream; the driver checks that both ranges are device memory.
+        // SAFETY: a live stream; the ranges are the caller's to use (contract above).
         let code = unsafe { (api.memcpy_dtod_async)(dst, src, len, self.raw()) };
         self.context().check(code, || format!("cuMemcpyDtoDAsync_v2(dst {dst:#x}, src {src:#x}, {len} bytes)"))
     }

@@ -436,12 +436,20 @@ impl Stream {
     /// buffer is refused (`CUDA_ERROR_INVALID_VALUE`) without calling the driver; `len` 0 does
     /// nothing.
     ///
-    /// The copy reads `src` after this returns: do not write that range of `src` (nor drop
-    /// `src`) until the copy is done, i.e. until an [`Event`] recorded on this stream after
-    /// it, or the stream itself, has been synchronised. `dst..dst + len` must be device memory
-    /// of this context (e.g. inside a [`DeviceBuffer`]); the driver rejects addresses that are
-    /// not device memory but cannot catch a run into a neighbouring allocation.
-    pub fn copy_to_device_async(&self, dst: u64, src: &PinnedBuffer, src_offset: usize, len: usize) -> Result<()> {
+    /// # Safety
+    /// The copy reads `src` after this returns: the caller must not write that range of `src`
+    /// (nor drop `src`) until the copy is done, i.e. until an [`Event`] recorded on this stream
+    /// after it, or the stream itself, has been synchronised. `dst..dst + len` must be device
+    /// memory of this context that nothing else uses meanwhile (e.g. inside a
+    /// [`DeviceBuffer`]); the driver rejects addresses that are not device memory but cannot
+    /// catch a run into a neighbouring allocation.
+    pub unsafe fn copy_to_device_async(
+        &self,
+        dst: u64,
+        src: &PinnedBuffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         if src_offset.checked_add(len).is_none_or(|end| end > src.len) {
             return Err(GpuDumpError::Cuda {
                 call: format!(

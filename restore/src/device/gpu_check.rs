@@ -141,12 +141,14 @@ impl GpuLoad {
         let failed = self.ctx.alloc(4).map_err(cuda_err)?;
         {
             let first = &self.slots[0].stream;
-            first.fill_async(failed.ptr(), 0xff, 4).map_err(cuda_err)?;
+            // SAFETY: the failure word is this load's; zero runs lie in files' buffers (checked
+            // by `address`) where no chunk goes.
+            unsafe { first.fill_async(failed.ptr(), 0xff, 4) }.map_err(cuda_err)?;
             first.synchronize().map_err(cuda_err)?;
             for z in &zeros {
-                first
-                    .fill_async(buffers.address(z.entry, z.offset, z.len as usize)?, 0, z.len as usize)
-                    .map_err(cuda_err)?;
+                let at = buffers.address(z.entry, z.offset, z.len as usize)?;
+                // SAFETY: as above.
+                unsafe { first.fill_async(at, 0, z.len as usize) }.map_err(cuda_err)?;
             }
         }
         let pool = Pool::new(self.slots);
@@ -315,11 +317,17 @@ impl Loader<'_> {
             }
             written += (plain * c.targets.len()) as u64;
         }
-        stream.copy_to_device_async(base, pinned, 0, len).map_err(cuda_err)?;
-        stream.copy_to_device_async(decoded_base, pinned, self.read_cap, host_decoded).map_err(cuda_err)?;
-        stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(cuda_err)?;
-        for (dst, len) in fills {
-            stream.fill_async(dst, 0, len).map_err(cuda_err)?;
+        // SAFETY (the copies and fills below): this slot's pinned buffers are not written again
+        // before its event (recorded last) is waited on, its device buffers are its own, and
+        // every destination lies in a file's buffer (checked by `address`) that no other read
+        // writes.
+        unsafe {
+            stream.copy_to_device_async(base, pinned, 0, len).map_err(cuda_err)?;
+            stream.copy_to_device_async(decoded_base, pinned, self.read_cap, host_decoded).map_err(cuda_err)?;
+            stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(cuda_err)?;
+            for (dst, len) in fills {
+                stream.fill_async(dst, 0, len).map_err(cuda_err)?;
+            }
         }
         if let (Some(nvcomp), true) = (self.nvcomp, frames > 0) {
             let l = self.layout;
@@ -343,7 +351,9 @@ impl Loader<'_> {
         // buffers, all alive until the load drains every stream.
         unsafe { self.check.launch(stream, meta_base, read.chunks.len() as u32, self.failed) }.map_err(cuda_err)?;
         for (dst, src, len) in repeats {
-            stream.copy_on_device_async(dst, src, len).map_err(cuda_err)?;
+            // SAFETY: `src` was placed by the kernel queued before on this stream; `dst` is
+            // another place of the same chunk in a file's buffer.
+            unsafe { stream.copy_on_device_async(dst, src, len) }.map_err(cuda_err)?;
         }
         done.record(stream).map_err(cuda_err)?;
         slot.in_flight = true;

@@ -88,7 +88,9 @@ impl DeviceSink<'_> {
             run = match run {
                 Some((d, s, l)) if d + l as u64 == dst && s + l == at => Some((d, s, l + p.data.len())),
                 Some((d, s, l)) => {
-                    slot.stream.copy_to_device_async(d, &slot.pinned, s, l).map_err(cuda_err)?;
+                    // SAFETY: the slot is not written again before its event (recorded below) is
+                    // waited on; `d` lies in a file's buffer (checked by `address`).
+                    unsafe { slot.stream.copy_to_device_async(d, &slot.pinned, s, l) }.map_err(cuda_err)?;
                     Some((dst, at, p.data.len()))
                 }
                 None => Some((dst, at, p.data.len())),
@@ -96,7 +98,8 @@ impl DeviceSink<'_> {
             at += p.data.len();
         }
         if let Some((d, s, l)) = run {
-            slot.stream.copy_to_device_async(d, &slot.pinned, s, l).map_err(cuda_err)?;
+            // SAFETY: as above.
+            unsafe { slot.stream.copy_to_device_async(d, &slot.pinned, s, l) }.map_err(cuda_err)?;
         }
         slot.done.record(&slot.stream).map_err(cuda_err)?;
         slot.in_flight = true;
@@ -118,7 +121,10 @@ impl DeviceSink<'_> {
                 let mut off = 0;
                 while off < z.len {
                     let n = step.min(z.len - off);
-                    slot.stream.copy_to_device_async(base + off, &slot.pinned, 0, n as usize).map_err(cuda_err)?;
+                    // SAFETY: the zeroed slot is not written before its event is waited on; the
+                    // range lies in a file's buffer (checked by `address`).
+                    unsafe { slot.stream.copy_to_device_async(base + off, &slot.pinned, 0, n as usize) }
+                        .map_err(cuda_err)?;
                     off += n;
                 }
             }
