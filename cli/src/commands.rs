@@ -1,10 +1,10 @@
 //! One function per subcommand; each prints a human summary, or JSON with `--json`.
 
 use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs};
-use crate::capture;
 use crate::load;
 use crate::progress::Bars;
 use anyhow::{bail, Context, Result};
+use gstore_capture as capture;
 use gstore_store::manifest::EntryKind;
 use gstore_store::{gc, push, usage, verify, Store, StoreConfig, StoreLocation, TagRef};
 use indicatif::HumanBytes;

@@ -1,11 +1,9 @@
 //! The `gstore` command-line tool.
 
 mod args;
-mod capture;
 mod commands;
 mod load;
 mod progress;
-mod staging;
 
 use clap::Parser;
 

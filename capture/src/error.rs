@@ -1,0 +1,90 @@
+//! What can go wrong checkpointing into, or running out of, the store.
+
+use gstore_gpu_dump::GpuDumpError;
+use gstore_lazy::LazyError;
+use gstore_store::StoreError;
+
+/// Result of this crate's calls.
+pub type Result<T> = std::result::Result<T, CaptureError>;
+
+/// Everything that can go wrong, each saying what was being done and what became of the
+/// process.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// The store failed (opening an image, resolving a reference).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+
+    /// The capture layer failed before anything was captured (finding CRIU, ...).
+    #[error(transparent)]
+    Gpu(#[from] GpuDumpError),
+
+    /// A staging directory could not be made.
+    #[error("creating staging directory {path}: {source}")]
+    Staging {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+
+    /// CRIU or the CUDA checkpoint failed; the capture layer says what became of the process.
+    #[error("checkpoint of pid {pid} failed: {source}")]
+    Checkpoint {
+        /// The process.
+        pid: u32,
+        /// The cause.
+        source: GpuDumpError,
+    },
+
+    /// The push of a checkpoint failed; `after` says what became of the process and image.
+    #[error("storing the checkpoint of pid {pid} failed{after}: {source}")]
+    PushFailed {
+        /// The process checkpointed.
+        pid: u32,
+        /// E.g. " (the process kept running)".
+        after: String,
+        /// The cause.
+        source: StoreError,
+    },
+
+    /// The image is not a process checkpoint.
+    #[error("{reference} is not a process checkpoint ({detail}); restore its files with --to DIR instead")]
+    NotAProcess {
+        /// The image as named.
+        reference: String,
+        /// Why.
+        detail: String,
+    },
+
+    /// This machine cannot run the image.
+    #[error("{reference} cannot be restored on this machine: {source}")]
+    Incompatible {
+        /// The image as named.
+        reference: String,
+        /// Why.
+        source: GpuDumpError,
+    },
+
+    /// Writing the image out of the store failed; nothing was started.
+    #[error("writing out {reference} failed: {source}")]
+    WriteOut {
+        /// The image as named.
+        reference: String,
+        /// The cause.
+        source: Box<CaptureError>,
+    },
+
+    /// CRIU, the CUDA restore or the lazy fill failed.
+    #[error("restoring the process of {reference} failed: {source}")]
+    Restore {
+        /// The image as named.
+        reference: String,
+        /// The cause.
+        source: Box<CaptureError>,
+    },
+
+    /// The lazy-pages daemon failed.
+    #[error(transparent)]
+    Lazy(#[from] LazyError),
+}

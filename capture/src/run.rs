@@ -1,0 +1,199 @@
+//! A process image restored from the store and started.
+
+use crate::checkpoint::CriuChoice;
+use crate::error::{CaptureError, Result};
+use crate::staging::Staged;
+use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_PID};
+use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, ImageMeta, MachineInfo};
+use gstore_store::progress::Progress;
+use gstore_store::{ObjectId, Store};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What a restore-and-run reports.
+#[derive(Serialize)]
+pub struct RunReport {
+    /// The restored process.
+    pub pid: u32,
+    /// How memory came back: "lazy" (served from the store while the process runs) or "eager"
+    /// (the whole image written out first).
+    pub mode: &'static str,
+    /// Why the eager path was taken although it was not asked for.
+    pub eager_reason: Option<String>,
+    /// Seconds to write the image (lazy: only what CRIU reads itself) out of the store.
+    pub materialize_s: f64,
+    /// The CRIU and GPU phases.
+    pub restore: RestoreReport,
+    /// The lazy fill (lazy mode only).
+    pub fill: Option<gstore_lazy::FillReport>,
+    /// What became of the restore profile (lazy mode only): followed, recorded, or why not.
+    pub profile: Option<String>,
+    /// Seconds in all.
+    pub total_s: f64,
+}
+
+/// How a restore-and-run proceeds.
+pub struct RunOptions {
+    /// Write the whole image out first (no lazy pages).
+    pub eager: bool,
+    /// How long to wait for the image's pids to be free.
+    pub pid_wait: Duration,
+    /// Bytes the restore may hold in flight.
+    pub memory_budget: u64,
+}
+
+/// Restores the process image `reference` and starts it, writing the image into `keep_at`
+/// (kept) or a staging directory (removed). Memory is served lazily from the store unless
+/// `opts.eager` is set or this machine cannot (then the report says why).
+pub fn run(
+    store: &Store,
+    reference: &str,
+    criu: CriuChoice,
+    keep_at: Option<PathBuf>,
+    opts: RunOptions,
+    progress: &dyn Progress,
+) -> Result<RunReport> {
+    let started = Instant::now();
+    let id = store.resolve(reference)?;
+    let m = store.get_manifest(&id)?;
+    let image = ImageMeta::from_metadata(&m.meta)
+        .map_err(|e| CaptureError::NotAProcess { reference: reference.to_string(), detail: e.to_string() })?;
+    let criu_bin = Criu::find(criu.path)?;
+    let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
+    let staged = Staged::new(keep_at, "restore")?;
+    let dir = staged.path();
+    let write_out = |e: CaptureError| CaptureError::WriteOut { reference: reference.to_string(), source: Box::new(e) };
+    let restoring = |e: CaptureError| CaptureError::Restore { reference: reference.to_string(), source: Box::new(e) };
+    let mut eager_reason = None;
+    let lazy = !opts.eager && gstore_lazy::uffd::check_support().map_err(|why| eager_reason = Some(why)).is_ok();
+    // The machine is checked (CUDA driver, CRIU) while the image is written out: the driver's
+    // start costs a GPU machine a tenth of a second or more. Nothing runs before the check passes.
+    let t = Instant::now();
+    let (machine, prepared) = std::thread::scope(|s| {
+        let machine = s.spawn(|| {
+            let cuda = CudaDriver::load();
+            let compatible = check_compatible(&image, &MachineInfo::probe(Some(&criu_bin), &cuda));
+            (cuda, compatible)
+        });
+        let prepared = lazy.then(|| gstore_lazy::prepare(store, &id, &m, dir, opts.memory_budget, progress));
+        (machine.join().expect("the machine check does not panic"), prepared)
+    });
+    let materialize_s = t.elapsed().as_secs_f64();
+    let (cuda, compatible) = machine;
+    if let Err(source) = compatible {
+        staged.remove();
+        return Err(CaptureError::Incompatible { reference: reference.to_string(), source });
+    }
+    let mut ropts = RestoreOptions::new(&criu_bin);
+    ropts.cuda = cuda.as_ref().ok();
+    ropts.gpu = image.kind == ImageKind::GpuProcess;
+    ropts.original_pid = original_pid;
+    ropts.pid_wait = opts.pid_wait;
+    ropts.shell_job = criu.shell_job;
+    ropts.extra_criu_args = criu.extra;
+    match prepared {
+        Some(Ok(prepared)) => {
+            let r = run_lazy(store, &id, dir, prepared, &mut ropts);
+            staged.remove_if_made();
+            let (restore, fill, profile) = r.map_err(restoring)?;
+            return Ok(RunReport {
+                pid: restore.pid,
+                mode: "lazy",
+                eager_reason: None,
+                materialize_s,
+                restore,
+                fill: Some(fill),
+                profile: Some(profile),
+                total_s: started.elapsed().as_secs_f64(),
+            });
+        }
+        Some(Err(gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. })) => {
+            let _ = std::fs::remove_dir_all(dir);
+            eager_reason = Some(why);
+        }
+        Some(Err(e)) => {
+            staged.remove_if_made();
+            return Err(write_out(e.into()));
+        }
+        None => {}
+    }
+    let t = Instant::now();
+    let materialized = gstore_restore::restore_to_dir(store, &id, &m, dir, opts.memory_budget, progress);
+    let materialize_s = t.elapsed().as_secs_f64();
+    if let Err(e) = materialized {
+        staged.remove_if_made();
+        return Err(write_out(e.into()));
+    }
+    let restored = checkpoint::restore(dir, &ropts);
+    staged.remove_if_made();
+    let restore = restored.map_err(|e| restoring(e.into()))?;
+    Ok(RunReport {
+        pid: restore.pid,
+        mode: "eager",
+        eager_reason,
+        materialize_s,
+        restore,
+        fill: None,
+        profile: None,
+        total_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// `criu restore --lazy-pages` with gstore serving the memory of image `id`. The GPU state
+/// (if any) is restored while the fill goes on; the restore returns once every page is in
+/// place. A fill that fails kills the restored tree, and its error is the one reported.
+fn run_lazy(
+    store: &Store,
+    id: &ObjectId,
+    dir: &Path,
+    prepared: gstore_lazy::Prepared,
+    ropts: &mut RestoreOptions<'_>,
+) -> Result<(RestoreReport, gstore_lazy::FillReport, String)> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let socket = gstore_lazy::socket::LazySocket::bind(dir)?;
+    ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
+    let workers = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let (profile, unreadable) = match store.profile(id) {
+        Ok(p) => (p, None),
+        Err(e) => (None, Some(e)),
+    };
+    let fill_opts =
+        gstore_lazy::FillOptions { workers: if store.is_remote() { workers.max(16) } else { workers }, profile };
+    let abort = AtomicBool::new(false);
+    let gstore_lazy::Prepared { layout, chunks, .. } = prepared;
+    let (restored, filled) = std::thread::scope(|scope| {
+        let daemon = scope.spawn(|| {
+            let conn = socket.accept(&abort)?;
+            gstore_lazy::serve(store, &layout, chunks, conn, &fill_opts, &abort)
+        });
+        let restored = checkpoint::restore(dir, ropts);
+        if restored.is_err() {
+            abort.store(true, Ordering::Release);
+        }
+        let filled =
+            daemon.join().unwrap_or(Err(gstore_lazy::LazyError::Protocol("the daemon thread panicked".into())));
+        (restored, filled)
+    });
+    // A failed fill killed the restored tree: it is the cause of whatever else failed.
+    let (restore, fill) = match (restored, filled) {
+        (_, Err(e)) if !matches!(e, gstore_lazy::LazyError::Aborted) => return Err(e.into()),
+        (Err(e), _) => return Err(e.into()),
+        (Ok(_), Err(e)) => return Err(e.into()),
+        (Ok(r), Ok(f)) => (r, f),
+    };
+    let note = match (fill.used_profile, unreadable) {
+        (true, _) => "followed the stored profile".to_string(),
+        (false, why) => {
+            let recorded = match store.put_profile(id, &fill.profile) {
+                Ok(()) => "recorded a profile for the next restore".to_string(),
+                Err(e) => format!("could not store a profile for the next restore ({e})"),
+            };
+            match why {
+                Some(e) => format!("the stored profile is unreadable ({e}); {recorded}"),
+                None => recorded,
+            }
+        }
+    };
+    Ok((restore, fill, note))
+}
