@@ -1,15 +1,14 @@
 //! `gstore load`: restore an image's files straight into memory — host or GPUs — and report
-//! the throughput. `--check` reads device buffers back and checks every chunk's hash.
+//! the throughput. `--check` reads device buffers back and checks every chunk's hash
+//! ([`DeviceImage::read_back_and_check`]).
 
 use crate::progress::Bars;
 use anyhow::{bail, Context, Result};
 use gstore_gpu_dump::cuda::Context as CudaContext;
 use gstore_gpu_dump::CudaDriver;
 use gstore_restore::{DeviceImage, Spread};
-use gstore_store::manifest::Manifest;
-use gstore_store::{ObjectId, Store, StoreError};
+use gstore_store::{Store, StoreError};
 use serde::Serialize;
-use std::collections::HashMap;
 use std::time::Instant;
 
 /// What `gstore load` reports.
@@ -131,7 +130,7 @@ pub fn load(
     }
     if check {
         for image in &images {
-            check_device(&m, image)?;
+            image.read_back_and_check(&m)?;
         }
         r.checked = true;
     }
@@ -150,28 +149,4 @@ fn report(image: &str, device: &str, bytes: u64, seconds: f64) -> LoadReport {
         path: None,
         per_device: None,
     }
-}
-
-/// Copies every device buffer of `image` back and checks each chunk's BLAKE3 against the
-/// manifest's entry of the same path.
-fn check_device(m: &Manifest, image: &DeviceImage) -> Result<()> {
-    let chunks: HashMap<&str, &[gstore_store::manifest::ChunkRef]> =
-        m.files().map(|(e, c)| (e.path.as_str(), c)).collect();
-    for dev in &image.entries {
-        let list = chunks.get(dev.path.as_str()).with_context(|| format!("{}: not in the image", dev.path))?;
-        let mut host = vec![0u8; dev.buffer.len()];
-        dev.buffer.context().copy_to_host(&mut host, dev.buffer.ptr())?;
-        let mut off = 0usize;
-        for c in *list {
-            let bytes = &host[off..off + c.len as usize];
-            if ObjectId::of(bytes) != c.id {
-                bail!("{}: bytes at {off} in VRAM do not match chunk {}", dev.path, c.id.short());
-            }
-            off += c.len as usize;
-        }
-        if off != host.len() {
-            bail!("{}: {} bytes in VRAM, the image has {off}", dev.path, host.len());
-        }
-    }
-    Ok(())
 }

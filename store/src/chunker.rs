@@ -5,7 +5,6 @@
 //! deterministic for a given store configuration while letting big files use every core.
 
 use crate::config::StoreConfig;
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// The byte range of one chunk within its input.
@@ -22,25 +21,25 @@ pub fn cut_segment(data: &[u8], cfg: &StoreConfig) -> Vec<Span> {
 }
 
 /// The segment ranges of an input of `len` bytes.
-pub fn segments(len: usize, cfg: &StoreConfig) -> Vec<Span> {
-    let seg = cfg.segment_size as usize;
-    (0..len).step_by(seg.max(1)).map(|s| s..(s + seg).min(len)).collect()
-}
-
-/// Cuts a whole input, segments in parallel, returning spans in input order.
-pub fn cut(data: &[u8], cfg: &StoreConfig) -> Vec<Span> {
-    segments(data.len(), cfg)
-        .into_par_iter()
-        .flat_map_iter(|seg| {
-            let base = seg.start;
-            cut_segment(&data[seg], cfg).into_iter().map(move |s| s.start + base..s.end + base)
-        })
-        .collect()
+pub fn segments(len: u64, cfg: &StoreConfig) -> Vec<Range<u64>> {
+    let seg = cfg.segment_size.max(1);
+    (0..len).step_by(seg as usize).map(|s| s..(s + seg).min(len)).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Cuts a whole input, segment after segment, as push does.
+    fn cut(data: &[u8], cfg: &StoreConfig) -> Vec<Span> {
+        segments(data.len() as u64, cfg)
+            .into_iter()
+            .flat_map(|seg| {
+                let base = seg.start as usize;
+                cut_segment(&data[base..seg.end as usize], cfg).into_iter().map(move |s| s.start + base..s.end + base)
+            })
+            .collect()
+    }
 
     fn noise(n: usize, seed: u8) -> Vec<u8> {
         let mut v = vec![0u8; n];

@@ -102,7 +102,7 @@ pub fn push(
     // Refused before any work rather than when the tag is written.
     tag.check_new()?;
     let entries = source::scan(source)?;
-    let units = plan_units(&entries, store.config().segment_size);
+    let units = plan_units(&entries, store.config());
     let total: u64 = units.iter().map(|u| u.len).sum();
     progress.start("pushing", total);
 
@@ -210,17 +210,18 @@ fn creation_time() -> u64 {
     std::env::var("SOURCE_DATE_EPOCH").ok().and_then(|v| v.trim().parse().ok()).unwrap_or_else(now_unix)
 }
 
-fn plan_units(entries: &[SourceEntry], segment: u64) -> Vec<Unit> {
-    let mut units = Vec::new();
-    for (i, e) in entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::File) {
-        let mut off = 0;
-        while off < e.size {
-            let len = segment.min(e.size - off);
-            units.push(Unit { file: i, offset: off, len });
-            off += len;
-        }
-    }
-    units
+/// Every file's segments (chunker::segments), as units of work.
+fn plan_units(entries: &[SourceEntry], cfg: &crate::StoreConfig) -> Vec<Unit> {
+    let files = entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::File);
+    files
+        .flat_map(|(i, e)| {
+            chunker::segments(e.size, cfg).into_iter().map(move |s| Unit {
+                file: i,
+                offset: s.start,
+                len: s.end - s.start,
+            })
+        })
+        .collect()
 }
 
 fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<std::fs::File>>> {

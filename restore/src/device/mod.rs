@@ -56,6 +56,34 @@ impl DeviceImage {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Copies every buffer back to the host and checks each chunk's BLAKE3 against the entry
+    /// of the same path in `m`: an end-to-end check of what landed in VRAM, independent of
+    /// how the load checked it.
+    pub fn read_back_and_check(&self, m: &Manifest) -> Result<()> {
+        let chunks: std::collections::HashMap<&str, &[gstore_store::manifest::ChunkRef]> =
+            m.files().map(|(e, c)| (e.path.as_str(), c)).collect();
+        for dev in &self.entries {
+            let wrong = |detail: String| StoreError::corrupt("device buffer", dev.path.clone(), detail);
+            let list = chunks.get(dev.path.as_str()).ok_or_else(|| wrong("not in the image".into()))?;
+            let mut host = vec![0u8; dev.buffer.len()];
+            dev.buffer.context().copy_to_host(&mut host, dev.buffer.ptr()).map_err(cuda_err)?;
+            let mut off = 0usize;
+            for c in *list {
+                let bytes = host
+                    .get(off..off + c.len as usize)
+                    .ok_or_else(|| wrong(format!("shorter than its chunks ({} bytes)", host.len())))?;
+                if gstore_store::ObjectId::of(bytes) != c.id {
+                    return Err(wrong(format!("bytes at {off} in VRAM do not match chunk {}", c.id.short())));
+                }
+                off += c.len as usize;
+            }
+            if off != host.len() {
+                return Err(wrong(format!("{} bytes in VRAM, the image has {off}", host.len())));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn cuda_err(e: gstore_gpu_dump::GpuDumpError) -> StoreError {
