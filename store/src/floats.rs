@@ -188,6 +188,67 @@ pub fn encode(
     out.extend_from_slice(&plain[n * w..]);
 }
 
+/// The error for float-coded chunk `id` whose lanes are inconsistent.
+fn corrupt(id: &ObjectId, detail: String) -> StoreError {
+    StoreError::corrupt("chunk", id.to_hex(), format!("float lanes: {detail}"))
+}
+
+/// One lane of a float-coded chunk, as [`layout`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lane {
+    /// Whether the lane is a zstd frame (else its bytes as they are).
+    pub zstd: bool,
+    /// Where the lane's stored bytes lie in the chunk's stored bytes.
+    pub stored: std::ops::Range<usize>,
+}
+
+/// Where the parts of a float-coded chunk lie in its stored bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Bytes per word: 2 or 4.
+    pub width: usize,
+    /// Words per lane: every lane decodes to this many bytes.
+    pub words: usize,
+    /// The `width` lanes, lane `i` holding byte `i` of every word.
+    pub lanes: Vec<Lane>,
+    /// The bytes past the last whole word, stored raw.
+    pub tail: std::ops::Range<usize>,
+}
+
+/// Reads the structure of the float-coded `stored` bytes of chunk `id`, whose plain length is
+/// `plain_len`: word width, lane codecs and lengths, tail. Anything inconsistent (a width
+/// other than 2 or 4, an unknown lane codec, a raw lane of the wrong length, lanes running past
+/// the end, a tail of the wrong length) is a corrupt chunk. A zstd lane's frame is not looked
+/// into: whoever decodes it checks that it yields `words` bytes.
+pub fn layout(stored: &[u8], plain_len: usize, id: &ObjectId) -> Result<Layout> {
+    let bad = |detail: String| corrupt(id, detail);
+    let w = *stored.first().ok_or_else(|| bad("empty".into()))? as usize;
+    if w != 2 && w != 4 {
+        return Err(bad(format!("word width {w} (2 or 4 expected)")));
+    }
+    let n = plain_len / w;
+    let mut lanes = Vec::with_capacity(w);
+    let mut at = 1usize;
+    for i in 0..w {
+        let head = stored.get(at..at + 5).ok_or_else(|| bad(format!("lane {i} is cut short")))?;
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let body = at + 5..at + 5 + len;
+        if body.end > stored.len() {
+            return Err(bad(format!("lane {i} is cut short")));
+        }
+        match head[0] {
+            LANE_RAW if len == n => lanes.push(Lane { zstd: false, stored: body }),
+            LANE_ZSTD => lanes.push(Lane { zstd: true, stored: body }),
+            c => return Err(bad(format!("lane {i}: codec {c} with {len} bytes for {n}"))),
+        }
+        at += 5 + len;
+    }
+    if stored.len() - at != plain_len - n * w {
+        return Err(bad(format!("{} bytes after the lanes, {} expected", stored.len() - at, plain_len - n * w)));
+    }
+    Ok(Layout { width: w, words: n, lanes, tail: at..stored.len() })
+}
+
 /// Decodes `stored` into `out` (exactly the chunk's plain length); any inconsistency is a
 /// corrupt chunk `id`.
 pub fn decode(
@@ -197,38 +258,23 @@ pub fn decode(
     scratch: &mut Scratch,
     id: &ObjectId,
 ) -> Result<()> {
-    let bad = |detail: String| StoreError::corrupt("chunk", id.to_hex(), format!("float lanes: {detail}"));
-    let w = *stored.first().ok_or_else(|| bad("empty".into()))? as usize;
-    if w != 2 && w != 4 {
-        return Err(bad(format!("word width {w} (2 or 4 expected)")));
-    }
-    let n = out.len() / w;
+    let Layout { width: w, words: n, lanes, tail } = layout(stored, out.len(), id)?;
     scratch.lanes.clear();
     scratch.lanes.resize(n * w, 0);
-    let mut at = 1usize;
-    for i in 0..w {
-        let head = stored.get(at..at + 5).ok_or_else(|| bad(format!("lane {i} is cut short")))?;
-        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        let body = stored.get(at + 5..at + 5 + len).ok_or_else(|| bad(format!("lane {i} is cut short")))?;
+    for (i, l) in lanes.iter().enumerate() {
+        let body = &stored[l.stored.clone()];
         let lane = &mut scratch.lanes[i * n..(i + 1) * n];
-        match head[0] {
-            LANE_RAW if len == n => lane.copy_from_slice(body),
-            LANE_ZSTD => {
-                let got = zstd.decompress_to_buffer(body, lane).map_err(|e| bad(format!("lane {i}: zstd: {e}")))?;
-                if got != n {
-                    return Err(bad(format!("lane {i} decodes to {got} bytes, not {n}")));
-                }
+        if l.zstd {
+            let got = zstd.decompress_to_buffer(body, lane).map_err(|e| corrupt(id, format!("lane {i}: zstd: {e}")))?;
+            if got != n {
+                return Err(corrupt(id, format!("lane {i} decodes to {got} bytes, not {n}")));
             }
-            c => return Err(bad(format!("lane {i}: codec {c} with {len} bytes for {n}"))),
+        } else {
+            lane.copy_from_slice(body);
         }
-        at += 5 + len;
-    }
-    let tail = &stored[at..];
-    if tail.len() != out.len() - n * w {
-        return Err(bad(format!("{} bytes after the lanes, {} expected", tail.len(), out.len() - n * w)));
     }
     join(&scratch.lanes, w, out);
-    out[n * w..].copy_from_slice(tail);
+    out[n * w..].copy_from_slice(&stored[tail]);
     Ok(())
 }
 
@@ -347,6 +393,47 @@ mod tests {
         for cut in [0, 1, 5, stored.len() - 1] {
             assert!(d.decode_append(codec, &stored[..cut], plain.len(), &id, &mut Vec::new()).is_err());
         }
+    }
+
+    #[test]
+    fn the_layout_points_at_each_lane_and_the_tail() {
+        // What GPU decoding relies on: raw lanes hold byte i of every word at the range the
+        // layout names, zstd lanes decode to `words` bytes there, the tail is the rest.
+        let plain = bf16(&normal(20001, 0.02, 5));
+        let plain = &plain[..plain.len() - 1];
+        for (width, compress) in [(2, 0b10), (2, 0b00), (4, 0b1010)] {
+            let mut stored = Vec::new();
+            encode(
+                plain,
+                Plan { width, compress },
+                &mut zstd::bulk::Compressor::new(1).unwrap(),
+                &mut Scratch::default(),
+                &mut stored,
+            );
+            let f = layout(&stored, plain.len(), &ObjectId::of(plain)).unwrap();
+            assert_eq!((f.width, f.words), (width, plain.len() / width));
+            for (i, lane) in f.lanes.iter().enumerate() {
+                let want: Vec<u8> = plain.chunks_exact(width).map(|w| w[i]).collect();
+                let got = match lane.zstd {
+                    true => zstd::bulk::decompress(&stored[lane.stored.clone()], f.words).unwrap(),
+                    false => stored[lane.stored.clone()].to_vec(),
+                };
+                assert_eq!(lane.zstd, compress & (1 << i) != 0, "lane {i}");
+                assert_eq!(got, want, "lane {i}");
+            }
+            assert_eq!(&stored[f.tail.clone()], &plain[f.words * width..]);
+        }
+        // A lane running past the end and a wrong tail are refused.
+        let mut stored = Vec::new();
+        encode(
+            plain,
+            Plan { width: 2, compress: 0 },
+            &mut zstd::bulk::Compressor::new(1).unwrap(),
+            &mut Scratch::default(),
+            &mut stored,
+        );
+        assert!(layout(&stored[..stored.len() - 2], plain.len(), &ObjectId::of(plain)).is_err());
+        assert!(layout(&stored, plain.len() + 1, &ObjectId::of(plain)).is_err());
     }
 
     proptest! {

@@ -9,7 +9,11 @@
 # release). With COLD=1 the page cache is dropped before each timed load (and the disk's own
 # read rate is printed). KINDS picks the images (default "raw bf16"). LOAD_INIT adds `gstore
 # init` flags, e.g. --no-float-codec to store bf16 as zstd (which nvCOMP decodes on the GPU)
-# rather than as float lanes (decoded on the host, checked on the GPU).
+# rather than as float lanes (with nvCOMP: zstd lanes decoded by nvCOMP and joined into words
+# by gstore's kernel; without it: decoded on the host; checked on the GPU either way).
+# With MULTI=1 every image is also loaded onto all GPUs, split (`--device all`) and whole on
+# each (`--device all --replicate`: the GB/s printed counts the image once, so multiply by the
+# GPU count for the aggregate).
 # Last, a byte in the middle of every pack is flipped: every load must then fail naming a
 # corrupt chunk.
 # Usage: tests/gpu/load_bench.sh [GSTORE_BIN] [GIB]
@@ -61,6 +65,10 @@ for kind in $KINDS; do
   fi
   if [ -n "${LOAD_BASE:-}" ]; then
     for i in 1 2; do cool; timed "$kind base run $i" "$LOAD_BASE" -q load "$kind" --device cuda:0; done
+  fi
+  if [ "${MULTI:-0}" = 1 ]; then
+    for i in 1 2; do cool; timed "$kind split over all GPUs, run $i" "$G" -q load "$kind" --device all; done
+    for i in 1 2; do cool; timed "$kind whole on every GPU, run $i" "$G" -q load "$kind" --device all --replicate; done
   fi
 done
 # A damaged chunk fails the load, naming it; nothing is reported as loaded.

@@ -10,12 +10,13 @@
 //! API: [`Context`] (a device's primary context), [`DeviceBuffer`], [`PinnedBuffer`],
 //! [`Stream`] and [`Event`]. Its symbols are resolved optionally, so a driver without them
 //! still serves the checkpoint API. [`Context::load_kernel`] and the stream's kernel launches,
-//! fills and device copies are optional the same way; [`check`] is gstore's own kernel (BLAKE3
-//! of chunks in VRAM) and [`nvcomp`] NVIDIA's batched GPU decoder, loaded at run time when
-//! present.
+//! fills and device copies are optional the same way; [`check`] (BLAKE3 of chunks in VRAM) and
+//! [`join`] (float lanes back into words) are gstore's own kernels, and [`nvcomp`] NVIDIA's
+//! batched GPU decoder, loaded at run time when present.
 
 pub mod check;
 pub mod ffi;
+pub mod join;
 mod kernel;
 mod memory;
 pub mod nvcomp;

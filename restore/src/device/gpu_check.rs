@@ -1,8 +1,10 @@
 //! Loads that check chunks on the GPU. A worker copies a range read of a pack, as stored,
 //! into a pinned buffer; one DMA moves it to a device staging area; zstd chunks are decoded
 //! there by nvCOMP (or, without it, on the host into a second pinned area moved beside it);
-//! then the `verify_chunks` kernel hashes every chunk with BLAKE3 against its id and copies
-//! it to its place in the image's buffers. The CPU never hashes, and with nvCOMP never decodes.
+//! float-coded chunks have their zstd lanes decoded by nvCOMP and their lanes joined into
+//! words by the `join_lanes` kernel; then the `verify_chunks` kernel hashes every chunk with
+//! BLAKE3 against its id and copies it to its place in the image's buffers. The CPU never
+//! hashes, and with nvCOMP never decodes.
 //!
 //! A failing chunk lowers one device word to its number; the load reads that word once every
 //! stream is done and fails naming the chunk and its pack, so nothing unchecked is returned.
@@ -11,24 +13,25 @@ use super::{cuda_err, Planned, Pool};
 use crate::engine::Buffers;
 use crate::plan::{RangeRead, MAX_CHUNKS_PER_READ};
 use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
+use gstore_gpu_dump::cuda::join::{LaneJob, LaneJoin};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
-use gstore_store::codec::{Codec, Decoder};
+use gstore_store::codec::{float_layout, Codec, Decoder};
 use gstore_store::progress::Progress;
 use gstore_store::{Result, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Bytes of one slot's metadata per chunk: its check job (80), five u64 nvCOMP array entries
-/// (frame address and length, output capacity, decoded length, output address) and a status.
-const META_PER_CHUNK: usize = 80 + 5 * 8 + 4;
+/// nVCOMP frames a read may need per chunk: a float-coded chunk has up to four zstd lanes.
+const FRAMES_PER_CHUNK: usize = 4;
 
 /// One staging slot: range and decode areas, per-chunk metadata, a stream.
 struct Slot {
-    /// The range as stored, then chunks decoded on the host (float-coded ones, and zstd
-    /// without nvCOMP).
+    /// The range as stored, then chunks decoded on the host (zstd without nvCOMP, float-coded
+    /// ones without the join kernel).
     pinned: PinnedBuffer,
-    /// The range, then decoded zstd chunks, in device memory.
+    /// The range, then decoded chunks, then (with the join kernel) decoded float lanes, in
+    /// device memory.
     device: DeviceBuffer,
     meta_host: PinnedBuffer,
     meta_device: DeviceBuffer,
@@ -39,15 +42,19 @@ struct Slot {
     in_flight: bool,
 }
 
-/// Where each array lives in a slot's metadata area, for up to `chunks` chunks per read.
+/// Where each array lives in a slot's metadata area, for up to `chunks` chunks and `frames`
+/// nvCOMP frames per read: check jobs (80 bytes each), five u64 nvCOMP arrays (frame address
+/// and length, output capacity, decoded length, output address) and i32 statuses per frame,
+/// then lane jobs (128 bytes) and joined lengths (u64) per float-coded chunk.
 #[derive(Clone, Copy)]
 struct MetaLayout {
     chunks: usize,
+    frames: usize,
 }
 
 impl MetaLayout {
     fn bytes(self) -> usize {
-        self.chunks * META_PER_CHUNK
+        self.lane_job(0) + (128 + 8) * self.chunks
     }
     fn job(self, k: usize) -> usize {
         80 * k
@@ -55,10 +62,16 @@ impl MetaLayout {
     /// nVCOMP array `array` (0 frame addresses, 1 frame lengths, 2 capacities, 3 decoded
     /// lengths, 4 output addresses), entry `k`.
     fn array(self, array: usize, k: usize) -> usize {
-        80 * self.chunks + 8 * (array * self.chunks + k)
+        80 * self.chunks + 8 * (array * self.frames + k)
     }
     fn status(self, k: usize) -> usize {
-        (80 + 40) * self.chunks + 4 * k
+        80 * self.chunks + 40 * self.frames + 4 * k
+    }
+    fn lane_job(self, k: usize) -> usize {
+        80 * self.chunks + 44 * self.frames + 128 * k
+    }
+    fn joined_len(self, k: usize) -> usize {
+        self.lane_job(self.chunks) + 8 * k
     }
 }
 
@@ -67,6 +80,9 @@ pub(super) struct GpuLoad {
     ctx: Context,
     check: ChunkCheck,
     nvcomp: std::result::Result<Nvcomp, String>,
+    /// The lane join, when nvCOMP and the kernel are both there (else float-coded chunks
+    /// decode on the host), or why not.
+    join: std::result::Result<LaneJoin, String>,
     slots: Vec<Slot>,
     layout: MetaLayout,
     read_cap: usize,
@@ -97,16 +113,21 @@ impl GpuLoad {
             Err(e) => return Ok(Err(format!("the GPU check kernel is unavailable: {e}"))),
         };
         let nvcomp = Nvcomp::load().map_err(|e| e.to_string());
-        let layout = MetaLayout { chunks: MAX_CHUNKS_PER_READ };
+        let join = match &nvcomp {
+            Ok(_) => LaneJoin::load(ctx).map_err(|e| format!("the lane join kernel is unavailable: {e}")),
+            Err(_) => Err("nvCOMP is absent".to_string()),
+        };
+        let layout = MetaLayout { chunks: MAX_CHUNKS_PER_READ, frames: FRAMES_PER_CHUNK * MAX_CHUNKS_PER_READ };
         let temp_bytes = match &nvcomp {
-            Ok(n) => n.zstd_temp_bytes(ctx, layout.chunks, chunk_max, read_cap).map_err(cuda_err)?,
+            Ok(n) => n.zstd_temp_bytes(ctx, layout.frames, chunk_max, read_cap).map_err(cuda_err)?,
             Err(_) => 0,
         };
+        let device_areas = if join.is_ok() { 3 } else { 2 };
         let mut all = Vec::new();
         for _ in 0..slots {
             all.push(Slot {
                 pinned: ctx.alloc_pinned(2 * read_cap).map_err(cuda_err)?,
-                device: ctx.alloc(2 * read_cap).map_err(cuda_err)?,
+                device: ctx.alloc(device_areas * read_cap).map_err(cuda_err)?,
                 meta_host: ctx.alloc_pinned(layout.bytes()).map_err(cuda_err)?,
                 meta_device: ctx.alloc(layout.bytes()).map_err(cuda_err)?,
                 temp: if temp_bytes > 0 { Some(ctx.alloc(temp_bytes).map_err(cuda_err)?) } else { None },
@@ -115,14 +136,25 @@ impl GpuLoad {
                 in_flight: false,
             });
         }
-        Ok(Ok(GpuLoad { ctx: ctx.clone(), check, nvcomp, slots: all, layout, read_cap, temp_bytes }))
+        Ok(Ok(GpuLoad { ctx: ctx.clone(), check, nvcomp, join, slots: all, layout, read_cap, temp_bytes }))
     }
 
     /// What checks and decodes the chunks, for reports.
     pub(super) fn describe(&self) -> String {
+        let floats = match &self.join {
+            Ok(_) => "float lanes joined on the GPU".to_string(),
+            Err(why) => format!("float lanes decoded on the host ({why})"),
+        };
         match &self.nvcomp {
-            Ok(n) => format!("chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the GPU by {}", n.describe()),
-            Err(why) => format!("chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the host ({why})"),
+            Ok(n) => {
+                format!(
+                    "chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the GPU by {}; {floats}",
+                    n.describe()
+                )
+            }
+            Err(why) => {
+                format!("chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the host ({why}); {floats}")
+            }
         }
     }
 
@@ -157,6 +189,7 @@ impl GpuLoad {
             buffers,
             check: &self.check,
             nvcomp: self.nvcomp.as_ref().ok(),
+            join: self.join.as_ref().ok(),
             layout: self.layout,
             read_cap: self.read_cap,
             temp_bytes: self.temp_bytes,
@@ -233,6 +266,7 @@ struct Loader<'a> {
     buffers: &'a Buffers,
     check: &'a ChunkCheck,
     nvcomp: Option<&'a Nvcomp>,
+    join: Option<&'a LaneJoin>,
     layout: MetaLayout,
     read_cap: usize,
     temp_bytes: usize,
@@ -261,8 +295,10 @@ impl Loader<'_> {
         let Slot { pinned, device, meta_host, meta_device, temp, stream, done, .. } = slot;
         self.store.read_pack_range_into(&read.pack, read.start..read.end, &mut pinned.as_mut_slice()[..len])?;
         let (base, decoded_base, meta_base) = (device.ptr(), device.ptr() + self.read_cap as u64, meta_device.ptr());
+        let lanes_base = decoded_base + self.read_cap as u64;
         let meta = meta_host.as_mut_slice();
         let (mut decoded, mut frames, mut host_decoded, mut written) = (0usize, 0usize, 0usize, 0u64);
+        let (mut joins, mut lanes_used) = (0usize, 0u64);
         let mut fills = Vec::new();
         let mut repeats = Vec::new();
         for (k, c) in read.chunks.iter().enumerate() {
@@ -281,15 +317,47 @@ impl Loader<'_> {
                 }
                 Codec::Zstd | Codec::Floats => {
                     job.src = decoded_base + decoded as u64;
-                    if let (Some(_), Codec::Zstd) = (self.nvcomp, c.loc.codec) {
-                        let l = self.layout;
-                        put_u64(meta, l.array(0, frames), base + at as u64);
-                        put_u64(meta, l.array(1, frames), stored_len as u64);
-                        put_u64(meta, l.array(2, frames), plain as u64);
-                        put_u64(meta, l.array(4, frames), job.src);
-                        job.actual_len = meta_base + l.array(3, frames) as u64;
-                        job.status = meta_base + l.status(frames) as u64;
+                    let l = self.layout;
+                    // Queues one nvCOMP frame; returns the device addresses of its decoded
+                    // length and status.
+                    let mut frame = |meta: &mut [u8], src: u64, len: usize, capacity: usize, out: u64| {
+                        put_u64(meta, l.array(0, frames), src);
+                        put_u64(meta, l.array(1, frames), len as u64);
+                        put_u64(meta, l.array(2, frames), capacity as u64);
+                        put_u64(meta, l.array(4, frames), out);
+                        let at = (meta_base + l.array(3, frames) as u64, meta_base + l.status(frames) as u64);
                         frames += 1;
+                        at
+                    };
+                    if let (Some(_), Codec::Zstd) = (self.nvcomp, c.loc.codec) {
+                        (job.actual_len, job.status) = frame(meta, base + at as u64, stored_len, plain, job.src);
+                    } else if let (Some(_), Codec::Floats) = (self.join, c.loc.codec) {
+                        let stored = &pinned.as_slice()[at..at + stored_len];
+                        let f = float_layout(stored, plain, &c.id).map_err(|e| in_pack(e, read))?;
+                        let mut lane_job = LaneJob {
+                            tail: base + (at + f.tail.start) as u64,
+                            dst: job.src,
+                            joined_len: meta_base + l.joined_len(joins) as u64,
+                            words: f.words as u32,
+                            width: f.width as u16,
+                            tail_len: f.tail.len() as u16,
+                            ..LaneJob::default()
+                        };
+                        for (i, lane) in f.lanes.iter().enumerate() {
+                            let src = base + (at + lane.stored.start) as u64;
+                            if lane.zstd {
+                                let out = lanes_base + lanes_used;
+                                (lane_job.lane_len[i], lane_job.lane_status[i]) =
+                                    frame(meta, src, lane.stored.len(), f.words, out);
+                                lane_job.lane[i] = out;
+                                lanes_used += f.words as u64;
+                            } else {
+                                lane_job.lane[i] = src;
+                            }
+                        }
+                        meta[l.lane_job(joins)..][..128].copy_from_slice(lane_job.as_bytes());
+                        job.actual_len = lane_job.joined_len;
+                        joins += 1;
                     } else {
                         // Decoded here without hashing; the kernel checks the bytes.
                         let (range, rest) = pinned.as_mut_slice().split_at_mut(self.read_cap);
@@ -346,6 +414,12 @@ impl Loader<'_> {
             // SAFETY: every address lies in this slot's staging and metadata buffers, written
             // above and kept alive (and unreused) until the slot's event says the work is done.
             unsafe { nvcomp.zstd_decompress_async(stream, &batch) }.map_err(cuda_err)?;
+        }
+        if let (Some(join), true) = (self.join, joins > 0) {
+            // SAFETY: the lane jobs (copied above) point into this slot's staging, lane and
+            // decode areas and its metadata, alive (and unreused) until its event is waited on.
+            unsafe { join.launch(stream, meta_base + self.layout.lane_job(0) as u64, joins as u32) }
+                .map_err(cuda_err)?;
         }
         // SAFETY: the jobs (copied above) point into this slot's buffers and into the image's
         // buffers, all alive until the load drains every stream.

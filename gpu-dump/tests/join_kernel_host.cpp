@@ -1,0 +1,82 @@
+// Runs src/cuda/kernels/floats.cu's `join_lanes` on the host, one emulated thread at a time in
+// thread order (thread 0's check comes first, as __syncthreads orders it on the GPU), so CI
+// (no GPU) checks the join against the float codec's lane layout (docs/FORMAT.md, codec 3):
+// lane i holds byte i of every word, then the tail bytes. Prints "ok N" after N cases, or the
+// first failing case and exits 1.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __shared__ static
+#define __launch_bounds__(x)
+#define __syncthreads()
+struct Dim { unsigned x; };
+static Dim threadIdx, blockIdx;
+#include "../src/cuda/kernels/floats.cu"
+
+static unsigned long long rng = 0x9e3779b97f4a7c15ull;
+static unsigned char next_byte() {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (unsigned char)rng;
+}
+
+static void run(const LaneJob *job) {
+    blockIdx.x = 0;
+    for (unsigned t = 0; t < JOIN_THREADS; t++) {
+        threadIdx.x = t;
+        join_lanes(job);
+    }
+}
+
+// One case: `len` plain bytes as words of `width`; `damage` 0 none, 1 a lane status, 2 a lane
+// length. Returns whether the kernel did what it must.
+static bool one(unsigned len, unsigned width, int damage) {
+    std::vector<unsigned char> plain(len), lanes(len), out(len + 1, 0xAB);
+    for (auto &b : plain) b = next_byte();
+    unsigned n = len / width;
+    for (unsigned i = 0; i < n; i++)
+        for (unsigned k = 0; k < width; k++) lanes[k * n + i] = plain[i * width + k];
+    unsigned long long decoded[4] = {n, n, n, n}, joined = 12345;
+    int status[4] = {0, 0, 0, 0};
+    LaneJob job;
+    memset(&job, 0, sizeof job);
+    for (unsigned k = 0; k < width; k++) {
+        job.lane[k] = (unsigned long long)&lanes[k * n];
+        if (k % 2 == 1) {  // odd lanes stand for zstd lanes, even ones for raw lanes
+            job.lane_len[k] = (unsigned long long)&decoded[k];
+            job.lane_status[k] = (unsigned long long)&status[k];
+        }
+    }
+    if (damage == 1) status[1] = -7;
+    if (damage == 2) decoded[1] = n + 1;
+    job.tail = (unsigned long long)&plain[n * width];
+    job.dst = (unsigned long long)out.data();
+    job.joined_len = (unsigned long long)&joined;
+    job.words = n;
+    job.width = (unsigned short)width;
+    job.tail_len = (unsigned short)(len - n * width);
+    run(&job);
+    if (damage != 0) return joined == 0 && out[0] == 0xAB && out[len] == 0xAB;
+    return joined == len && memcmp(out.data(), plain.data(), len) == 0 && out[len] == 0xAB;
+}
+
+int main() {
+    static_assert(sizeof(LaneJob) == 128, "LaneJob is 128 bytes, as the Rust side writes it");
+    const unsigned lens[] = {0, 1, 2, 3, 5, 255, 256, 257, 4097, 65535, 65536, 65537, 262147};
+    unsigned cases = 0;
+    for (unsigned len : lens)
+        for (unsigned width : {2u, 4u})
+            for (int damage = 0; damage < 3; damage++) {
+                if (damage != 0 && len < width) continue;
+                if (!one(len, width, damage)) {
+                    printf("FAIL len %u width %u damage %d\n", len, width, damage);
+                    return 1;
+                }
+                cases++;
+            }
+    printf("ok %u\n", cases);
+    return 0;
+}
