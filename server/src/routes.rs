@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use futures::TryStreamExt;
+use gstore_store::backend::Listed;
 use gstore_store::codec::Decoder;
 use gstore_store::key::{Family, ObjectKey as Key};
 use gstore_store::pack::PackEntry;
@@ -289,7 +290,7 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
     let listed: Result<Vec<_>, _> = state
         .objects
         .list(Some(&ObjPath::from(q.prefix.as_str())))
-        .map_ok(|m| serde_json::json!({ "key": m.location.to_string(), "size": m.size }))
+        .map_ok(|m| Listed { key: m.location.to_string(), size: m.size })
         .try_collect()
         .await;
     match listed {

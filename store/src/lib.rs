@@ -8,31 +8,31 @@
 //! and can be rebuilt from the pack footers. docs/FORMAT.md gives the byte layouts.
 
 pub mod backend;
-pub mod cache;
+mod cache;
 pub mod chunker;
 pub mod codec;
-pub mod config;
-pub mod error;
-pub mod floats;
+mod config;
+mod error;
+mod floats;
 pub mod gc;
-pub mod http;
-pub mod id;
+mod http;
+mod id;
 pub mod index;
 pub mod key;
 pub mod lease;
-pub mod lock;
+mod lock;
 pub mod manifest;
 pub mod pack;
 pub mod profile;
 pub mod progress;
 pub mod push;
-pub mod source;
-pub mod store;
+mod source;
+mod store;
 pub mod tag;
 pub mod usage;
 pub mod verify;
 
-pub use config::StoreConfig;
+pub use config::{StoreConfig, FORMAT_VERSION};
 pub use error::{Result, StoreError};
 pub use id::ObjectId;
 pub use store::{Store, StoreLocation};

@@ -343,7 +343,7 @@ fn process_unit(store: &Store, entry: &SourceEntry, file: &std::fs::File, u: &Un
             let plain = &data[span];
             let id = ObjectId::of(plain);
             let zero = codec::is_all_zero(plain);
-            let found_in = if zero { None } else { store.index().locate_for_dedup(&id)?.map(|l| l.pack) };
+            let found_in = if zero { None } else { store.index()?.locate_for_dedup(&id)?.map(|l| l.pack) };
             let stored = if zero || found_in.is_some() { None } else { Some(encoder.encode(plain)) };
             Ok(Cut { id, len: plain.len() as u32, zero, stored, found_in })
         })
@@ -388,7 +388,7 @@ fn reupload_unreliable(
     let packs: Vec<ObjectId> = relied.keys().copied().collect();
     lease.protect(&packs, &[])?;
     let (bad, doomed) = lease::unreliable_packs(store.backend(), &packs.iter().copied().collect())?;
-    let index = store.index();
+    let index = store.index()?;
     index.set_doomed(&doomed)?;
     let cfg = store.config();
     let mut encoder = codec::Encoder::new(cfg.zstd_level, cfg.float_codec)?;

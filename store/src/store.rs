@@ -150,9 +150,6 @@ fn truncated(key: String, size: u64, needed: u64) -> StoreError {
     StoreError::corrupt("pack", key, format!("{size} bytes long but bytes up to {needed} are needed: truncated"))
 }
 
-/// Mapping offsets must be multiples of the page size.
-const PAGE: u64 = 4096;
-
 /// Checks that a remote store honours conditional writes (If-None-Match and If-Match), which
 /// tag updates rely on; refuses with a clear error otherwise.
 fn probe_conditional_writes(backend: &Backend) -> Result<()> {
@@ -328,14 +325,18 @@ impl Store {
         self.location.describe()
     }
 
-    /// The index. Panics if the store was opened without it (a programming error).
-    pub fn index(&self) -> &Index {
-        self.index.as_ref().expect("store opened with its index")
+    /// The index; an error when this handle was opened without it ([`Store::open`] rather
+    /// than [`Store::open_indexed`]).
+    pub fn index(&self) -> Result<&Index> {
+        self.index.as_ref().ok_or_else(|| StoreError::Index {
+            path: self.location.index_dir(),
+            message: "this store handle was opened without its index (Store::open_indexed opens it)".into(),
+        })
     }
 
     /// Where a chunk is stored, per the index.
     pub fn locate(&self, id: &ObjectId) -> Result<Option<ChunkLocation>> {
-        self.index().locate(id)
+        self.index()?.locate(id)
     }
 
     /// Reads a byte range of a pack from the store itself (never from this machine's range
@@ -344,33 +345,7 @@ impl Store {
     /// mapping lives as long as the returned bytes.
     pub fn read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) -> Result<Bytes> {
         let key = ObjectKey::Pack(*pack).to_string();
-        let root = match &self.location {
-            StoreLocation::Local(root) => root,
-            StoreLocation::S3 { .. } | StoreLocation::Http { .. } | StoreLocation::Custom { .. } => {
-                return self.read_remote_range(range, key)
-            }
-        };
-        let path = root.join(&key);
-        let file = match std::fs::File::open(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(StoreError::NotFound { what: "pack", key })
-            }
-            other => other.map_err(|e| StoreError::io("opening", &path, e))?,
-        };
-        let size = file.metadata().map_err(|e| StoreError::io("checking", &path, e))?.len();
-        if size < range.end {
-            return Err(truncated(key, size, range.end));
-        }
-        if range.is_empty() {
-            return Ok(Bytes::new());
-        }
-        let start = range.start - range.start % PAGE;
-        // SAFETY: packs are immutable once published; nothing writes to a mapped pack.
-        let map = unsafe {
-            memmap2::MmapOptions::new().offset(start).len((range.end - start) as usize).populate().map(&file)
-        }
-        .map_err(|e| StoreError::io("mapping", &path, e))?;
-        Ok(Bytes::from_owner(map).slice((range.start - start) as usize..))
+        self.backend.get_range(&key, range.clone()).map_err(|e| self.pack_read_failure(key, &range, e))
     }
 
     /// Reads a byte range of a pack into `out` (exactly `range`'s length), from the store
@@ -378,41 +353,18 @@ impl Store {
     /// into `out` (e.g. pinned memory a GPU copies from): one copy from the page cache, and no
     /// mapping, whose setup and teardown serialise threads on the process's address space.
     pub fn read_pack_range_into(&self, pack: &ObjectId, range: std::ops::Range<u64>, out: &mut [u8]) -> Result<()> {
-        use std::os::unix::fs::FileExt;
         let key = ObjectKey::Pack(*pack).to_string();
-        let want = (range.end - range.start) as usize;
-        if out.len() != want {
-            return Err(StoreError::Invalid(format!("a {want}-byte range read into a {}-byte buffer", out.len())));
-        }
-        let StoreLocation::Local(root) = &self.location else {
-            out.copy_from_slice(&self.read_remote_range(range, key)?);
-            return Ok(());
-        };
-        let path = root.join(&key);
-        let file = match std::fs::File::open(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(StoreError::NotFound { what: "pack", key })
-            }
-            other => other.map_err(|e| StoreError::io("opening", &path, e))?,
-        };
-        match file.read_exact_at(out, range.start) {
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                let size = file.metadata().map_err(|e| StoreError::io("checking", &path, e))?.len();
-                Err(truncated(key, size, range.end))
-            }
-            other => other.map_err(|e| StoreError::io("reading", &path, e)),
-        }
+        self.backend.get_range_into(&key, range.clone(), out).map_err(|e| self.pack_read_failure(key, &range, e))
     }
 
-    /// A remote range read.
-    fn read_remote_range(&self, range: std::ops::Range<u64>, key: String) -> Result<Bytes> {
-        match self.backend.get_range(&key, range.clone()) {
-            Ok(b) => Ok(b),
-            Err(StoreError::NotFound { .. }) => Err(StoreError::NotFound { what: "pack", key }),
-            Err(e) => match self.backend.size(&key)? {
-                None => Err(StoreError::NotFound { what: "pack", key }),
-                Some(size) if size < range.end => Err(truncated(key, size, range.end)),
-                Some(_) => Err(e),
+    /// A failed range read of a pack, said as a missing or truncated pack where it is one.
+    fn pack_read_failure(&self, key: String, range: &std::ops::Range<u64>, e: StoreError) -> StoreError {
+        match e {
+            StoreError::NotFound { .. } => StoreError::NotFound { what: "pack", key },
+            e => match self.backend.size(&key) {
+                Ok(None) => StoreError::NotFound { what: "pack", key },
+                Ok(Some(size)) if size < range.end => truncated(key, size, range.end),
+                _ => e,
             },
         }
     }
@@ -473,7 +425,7 @@ impl Store {
         } else {
             self.backend.put(&key, p.bytes)?;
         }
-        self.index().add_pack(p.id, size, &p.entries)
+        self.index()?.add_pack(p.id, size, &p.entries)
     }
 
     /// Makes the salts of the packs this store writes derive from `seed` and a counter instead
@@ -610,7 +562,7 @@ impl Store {
         self.sync_index()?;
         let mut chunks_doomed = false;
         for c in m.chunks.iter().filter(|c| !c.zero) {
-            if self.index().locate_for_dedup(&c.id)?.is_none() {
+            if self.index()?.locate_for_dedup(&c.id)?.is_none() {
                 chunks_doomed = true;
                 break;
             }
@@ -674,7 +626,7 @@ impl Store {
     /// packs (docs/GC.md). Damaged packs are skipped (verify names the images they break).
     /// Returns how many packs were added.
     pub fn sync_index(&self) -> Result<usize> {
-        let index = self.index();
+        let index = self.index()?;
         let (doomed, listed) = crate::lease::doomed_then_listed(&self.backend)?;
         let present: std::collections::HashSet<ObjectId> =
             listed.iter().filter_map(|l| ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())).collect();
@@ -705,7 +657,7 @@ impl Store {
     /// damaged packs skipped with their errors).
     fn rebuild_index(&self, progress: &dyn crate::progress::Progress) -> Result<(usize, Vec<StoreError>)> {
         let (doomed, packs) = crate::lease::doomed_then_listed(&self.backend)?;
-        let index = self.index();
+        let index = self.index()?;
         index.clear()?;
         index.set_doomed(&doomed)?;
         progress.start("indexing packs", packs.len() as u64);

@@ -96,7 +96,7 @@ pub fn usage(store: &Store) -> Result<Usage> {
     let logical: u64 = manifests.values().map(|m| m.logical_size()).sum();
     let unique_plain: u64 = chunks.values().map(|c| c.2).sum();
     let stored: u64 = chunks.values().map(|c| c.1).sum();
-    let packs = store.index().packs()?;
+    let packs = store.index()?.packs()?;
     Ok(Usage {
         images,
         logical_bytes: logical,

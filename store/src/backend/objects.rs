@@ -1,0 +1,148 @@
+//! [`Objects`] over any `object_store` implementation: an S3 bucket (see [`super::s3`]), the
+//! local directory's file store (wrapped by [`super::local`]), memory for unit tests.
+
+use super::{runtime, s3, Listed, Objects, Put, Version};
+use crate::error::{Result, StoreError};
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// An `object_store` as gstore's backend.
+pub(crate) struct ObjectStoreObjects {
+    store: Arc<dyn ObjectStore>,
+}
+
+impl ObjectStoreObjects {
+    /// Wraps `store`.
+    pub(crate) fn new(store: Arc<dyn ObjectStore>) -> ObjectStoreObjects {
+        ObjectStoreObjects { store }
+    }
+
+    /// The object's entity tag, or `None` if it does not exist (for the local
+    /// compare-and-swap, which compares it under a lock).
+    pub(super) fn e_tag(&self, key: &str) -> Result<Option<Option<String>>> {
+        match runtime().block_on(self.store.head(&ObjPath::from(key))) {
+            Ok(m) => Ok(Some(m.e_tag)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(err("checking", key, e)),
+        }
+    }
+}
+
+impl Objects for ObjectStoreObjects {
+    fn put(&self, key: &str, bytes: Bytes, mode: Put<'_>) -> Result<()> {
+        let mode = match mode {
+            Put::Replace | Put::ReplaceVolatile => PutMode::Overwrite,
+            Put::Create => PutMode::Create,
+            Put::Update(v) => PutMode::Update(v.0.clone()),
+        };
+        let update = matches!(mode, PutMode::Update(_));
+        let opts = PutOptions { mode, ..Default::default() };
+        match runtime().block_on(self.store.put_opts(&ObjPath::from(key), PutPayload::from(bytes), opts)) {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::Precondition { .. }) if update => Err(StoreError::lost_race(key)),
+            Err(object_store::Error::NotImplemented { .. }) if update => Err(StoreError::Backend {
+                action: "writing",
+                key: key.to_string(),
+                message: "this store cannot write conditionally (If-Match), which tag updates need".into(),
+            }),
+            Err(e) => Err(err("writing", key, e)),
+        }
+    }
+
+    fn put_large(&self, key: &str, bytes: Bytes) -> Result<()> {
+        let path = ObjPath::from(key);
+        runtime()
+            .block_on(async {
+                let upload = self.store.put_multipart(&path).await?;
+                let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, super::MULTIPART_PART);
+                w.put(bytes);
+                w.finish().await
+            })
+            .map(|_| ())
+            .map_err(|e| err("uploading", key, e))
+    }
+
+    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+        let path = ObjPath::from(key);
+        let r = runtime().block_on(async {
+            let g = self.store.get(&path).await?;
+            let v = object_store::UpdateVersion { e_tag: g.meta.e_tag.clone(), version: g.meta.version.clone() };
+            Ok::<_, object_store::Error>((g.bytes().await?, Version(v)))
+        });
+        match r {
+            Ok(x) => Ok(Some(x)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(err("reading", key, e)),
+        }
+    }
+
+    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        runtime().block_on(self.store.get_range(&ObjPath::from(key), range)).map_err(|e| err("reading", key, e))
+    }
+
+    fn size(&self, key: &str) -> Result<Option<u64>> {
+        match runtime().block_on(self.store.head(&ObjPath::from(key))) {
+            Ok(m) => Ok(Some(m.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(err("checking", key, e)),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        let p = ObjPath::from(prefix);
+        runtime()
+            .block_on(
+                self.store
+                    .list(Some(&p))
+                    .map_ok(|m| Listed { key: m.location.to_string(), size: m.size })
+                    .try_collect(),
+            )
+            .map_err(|e| err("listing", prefix, e))
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        match runtime().block_on(self.store.delete(&ObjPath::from(key))) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(err("deleting", key, e)),
+        }
+    }
+
+    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
+        Some(self.store.clone())
+    }
+}
+
+/// The store's error for an `object_store` failure, with a hint for the common S3 ones.
+pub(super) fn err(action: &'static str, key: &str, e: object_store::Error) -> StoreError {
+    match e {
+        object_store::Error::NotFound { .. } => StoreError::NotFound { what: "object", key: key.to_string() },
+        object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
+            StoreError::AlreadyExists { what: "object", key: key.to_string() }
+        }
+        other => {
+            let message = innermost(&other);
+            let message = match s3::hint(&message) {
+                Some(h) => format!("{h} ({message})"),
+                None => message,
+            };
+            StoreError::Backend { action, key: key.to_string(), message }
+        }
+    }
+}
+
+/// The deepest message in an error chain (the OS or server's own words).
+pub(super) fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    if cur.to_string() == e.to_string() {
+        e.to_string()
+    } else {
+        format!("{e}: {cur}")
+    }
+}

@@ -1,0 +1,102 @@
+//! S3-compatible buckets: the client's configuration (environment and config file) and
+//! one-line hints for the common failures. The objects themselves go through
+//! [`super::objects`].
+
+use super::objects::{innermost, ObjectStoreObjects};
+use crate::error::{Result, StoreError};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The bucket, under `prefix` when it is not empty (see [`super::Backend::s3`]).
+pub(super) fn open(bucket: &str, prefix: &str) -> Result<ObjectStoreObjects> {
+    let mut b =
+        object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).with_retry(object_store::RetryConfig {
+            max_retries: 3,
+            retry_timeout: std::time::Duration::from_secs(15),
+            ..Default::default()
+        });
+    let file = config_file();
+    for (key, value) in &file {
+        let parsed = key
+            .to_ascii_lowercase()
+            .parse()
+            .map_err(|_| StoreError::Invalid(format!("S3 config file: unknown setting {key}")))?;
+        b = b.with_config(parsed, value);
+    }
+    let has = |k: &str| std::env::var_os(k).is_some() || file.iter().any(|(f, _)| f == k);
+    if !has("AWS_REGION") && !has("AWS_DEFAULT_REGION") {
+        b = b.with_region("us-east-1");
+    }
+    let s3 = b.build().map_err(|e| StoreError::Backend {
+        action: "configuring",
+        key: format!("s3://{bucket}"),
+        message: innermost(&e),
+    })?;
+    Ok(ObjectStoreObjects::new(if prefix.is_empty() {
+        Arc::new(s3)
+    } else {
+        Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))
+    }))
+}
+
+/// Settings from the S3 config file — `$GSTORE_S3_CONFIG`, else
+/// `$XDG_CONFIG_HOME/gstore/s3.env` (else `~/.config/gstore/s3.env`): `AWS_NAME=value` lines,
+/// `#` comments. A variable set in the environment wins over the file.
+fn config_file() -> Vec<(String, String)> {
+    let path = std::env::var_os("GSTORE_S3_CONFIG").map(PathBuf::from).or_else(|| {
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+        Some(base.join("gstore/s3.env"))
+    });
+    let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else { return Vec::new() };
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| k.starts_with("AWS_") && std::env::var_os(k).is_none())
+        .collect()
+}
+
+/// A one-line explanation of the common S3 failures.
+pub(super) fn hint(message: &str) -> Option<&'static str> {
+    let m = message.to_ascii_lowercase();
+    if m.contains("connection refused")
+        || m.contains("dns error")
+        || m.contains("timed out")
+        || m.contains("error sending request")
+    {
+        Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up")
+    } else if m.contains("nosuchbucket") || m.contains("bucket does not exist") {
+        Some("no such bucket")
+    } else if m.contains("invalidaccesskeyid")
+        || m.contains("signaturedoesnotmatch")
+        || m.contains("403 forbidden")
+        || m.contains("accessdenied")
+    {
+        Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_name_the_common_s3_failures() {
+        assert_eq!(
+            hint("HEAD in 403.4ms - HTTP error: error sending request: Connection refused"),
+            Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up")
+        );
+        assert_eq!(
+            hint("Client error with status 403 Forbidden: SignatureDoesNotMatch"),
+            Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+        );
+        assert_eq!(hint("404 Not Found: NoSuchBucket"), Some("no such bucket"));
+        assert_eq!(hint("something else"), None);
+    }
+}
