@@ -175,8 +175,10 @@ fn run_lazy(
             daemon.join().unwrap_or(Err(gstore_lazy::LazyError::Protocol("the daemon thread panicked".into())));
         (restored, filled)
     });
-    // A failed fill killed the restored tree: it is the cause of whatever else failed.
+    // A failed fill killed the restored tree: it is the cause of whatever else failed. A
+    // daemon that only saw CRIU hang up (or was called off) did not cause CRIU's failure.
     let (restore, fill) = match (restored, filled) {
+        (Err(e), Err(gstore_lazy::LazyError::Protocol(_) | gstore_lazy::LazyError::Aborted)) => return Err(e.into()),
         (_, Err(e)) if !matches!(e, gstore_lazy::LazyError::Aborted) => return Err(e.into()),
         (Err(e), _) => return Err(e.into()),
         (Ok(_), Err(e)) => return Err(e.into()),
