@@ -123,10 +123,12 @@ impl GpuLoad {
             Err(_) => 0,
         };
         let device_areas = if join.is_ok() { 3 } else { 2 };
-        let mut all = Vec::new();
-        for _ in 0..slots {
-            all.push(Slot {
-                pinned: ctx.alloc_pinned(2 * read_cap).map_err(cuda_err)?,
+        // The host decodes only what nvCOMP and the join kernel cannot: without them each slot
+        // needs a second pinned area for its decoded chunks.
+        let pinned_areas = if nvcomp.is_ok() && join.is_ok() { 1 } else { 2 };
+        let slot = || {
+            Ok::<_, StoreError>(Slot {
+                pinned: ctx.alloc_pinned(pinned_areas * read_cap).map_err(cuda_err)?,
                 device: ctx.alloc(device_areas * read_cap).map_err(cuda_err)?,
                 meta_host: ctx.alloc_pinned(layout.bytes()).map_err(cuda_err)?,
                 meta_device: ctx.alloc(layout.bytes()).map_err(cuda_err)?,
@@ -134,8 +136,14 @@ impl GpuLoad {
                 stream: ctx.stream().map_err(cuda_err)?,
                 done: ctx.event().map_err(cuda_err)?,
                 in_flight: false,
-            });
-        }
+            })
+        };
+        // Pinning host pages is CPU work (the kernel zeroes and locks each page): slots are
+        // allocated on several threads at once.
+        let all = std::thread::scope(|s| {
+            let made: Vec<_> = (0..slots).map(|_| s.spawn(slot)).collect();
+            made.into_iter().map(|h| h.join().expect("allocating a slot does not panic")).collect::<Result<Vec<_>>>()
+        })?;
         Ok(Ok(GpuLoad { ctx: ctx.clone(), check, nvcomp, join, slots: all, layout, read_cap, temp_bytes }))
     }
 
@@ -391,7 +399,9 @@ impl Loader<'_> {
         // writes.
         unsafe {
             stream.copy_to_device_async(base, pinned, 0, len).map_err(cuda_err)?;
-            stream.copy_to_device_async(decoded_base, pinned, self.read_cap, host_decoded).map_err(cuda_err)?;
+            if host_decoded > 0 {
+                stream.copy_to_device_async(decoded_base, pinned, self.read_cap, host_decoded).map_err(cuda_err)?;
+            }
             stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(cuda_err)?;
             for (dst, len) in fills {
                 stream.fill_async(dst, 0, len).map_err(cuda_err)?;
