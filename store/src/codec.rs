@@ -125,6 +125,27 @@ pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId) -> Result<()> {
     Ok(())
 }
 
+/// Checks, without decoding, that `frame` is one whole zstd frame that declares exactly
+/// `plain_len` bytes of content: its header and every block header are walked. For decoders
+/// that must not be handed a damaged frame (nvCOMP on the GPU), so that a damaged chunk is
+/// reported as corrupt chunk `id` before anything decodes it.
+pub fn check_zstd_frame(frame: &[u8], plain_len: usize, id: &ObjectId) -> Result<()> {
+    let declared = zstd::zstd_safe::get_frame_content_size(frame);
+    let walked = zstd::zstd_safe::find_frame_compressed_size(frame);
+    match (declared, walked) {
+        (Ok(Some(n)), Ok(len)) if n == plain_len as u64 && len == frame.len() => Ok(()),
+        (declared, walked) => Err(StoreError::corrupt(
+            "chunk",
+            id.to_hex(),
+            format!(
+                "its zstd frame of {} bytes is damaged (declares {declared:?} bytes of content for {plain_len}, \
+                 its blocks span {walked:?})",
+                frame.len()
+            ),
+        )),
+    }
+}
+
 impl Decoder {
     /// A decoder for a store whose chunks are at most `chunk_max` bytes (its config's): a
     /// longer `plain_len` is refused as corrupt before anything is allocated.
@@ -236,6 +257,38 @@ mod tests {
 
     /// A chunk max above every test chunk.
     const MAX: u32 = 1 << 20;
+
+    #[test]
+    fn zstd_frames_are_checked_before_a_gpu_decodes_them() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8 ^ (i / 4096) as u8).collect();
+        let id = ObjectId::of(&data);
+        let (codec, stored) = Encoder::new(1, false).unwrap().encode(&data);
+        assert_eq!(codec, Codec::Zstd);
+        check_zstd_frame(&stored, data.len(), &id).unwrap();
+        assert!(check_zstd_frame(&stored, data.len() + 1, &id).is_err(), "wrong length");
+        assert!(check_zstd_frame(&stored[..stored.len() - 1], data.len(), &id).is_err(), "cut short");
+        for at in [4, 5, 6, 7, 8, 9] {
+            let mut bad = stored.clone();
+            bad[at] ^= 0x5a;
+            assert!(check_zstd_frame(&bad, data.len(), &id).is_err(), "header byte {at} damaged");
+        }
+        // The zstd lanes of float-coded chunks declare their length too.
+        let floats: Vec<u8> =
+            (0..65_536u32).flat_map(|i| half_float_bits((i as f32 * 0.37).sin() * 0.02).to_le_bytes()).collect();
+        let (codec, stored) = Encoder::new(1, true).unwrap().encode(&floats);
+        assert_eq!(codec, Codec::Floats);
+        let f = float_layout(&stored, floats.len(), &id).unwrap();
+        let zstd_lanes: Vec<_> = f.lanes.iter().filter(|l| l.zstd).collect();
+        assert!(!zstd_lanes.is_empty());
+        for lane in zstd_lanes {
+            check_zstd_frame(&stored[lane.stored.clone()], f.words, &id).unwrap();
+        }
+    }
+
+    /// The bf16 bits of `x` (truncated).
+    fn half_float_bits(x: f32) -> u16 {
+        (x.to_bits() >> 16) as u16
+    }
 
     fn round_trip(data: &[u8]) -> Codec {
         let id = ObjectId::of(data);

@@ -1,9 +1,14 @@
 //! NVIDIA nvCOMP's batched zstd decoder, loaded at run time when present (like libcuda): many
 //! zstd frames decoded on the GPU in one call, so compressed bytes cross PCIe.
 //!
-//! gstore looks for `libnvcomp.so.6` (nvCOMP 6, e.g. from the `nvidia-libnvcomp-cu13` wheel)
-//! at the path in `GSTORE_NVCOMP`, else through the dynamic loader's search path. Nothing of
-//! nvCOMP is needed at build time; without it, loads decode on the host.
+//! GPU decoding is opt-in: gstore loads `libnvcomp.so.6` (nvCOMP 6, e.g. from the
+//! `nvidia-libnvcomp-cu13` wheel) only from the path in `GSTORE_NVCOMP`. nvCOMP's zstd decoder
+//! is documented to handle valid input only, and a damaged frame was seen to make it write
+//! outside its output buffer (a GPU fault, or worse, other buffers of the same process
+//! overwritten): it is for stores whose packs are trusted, until stored bytes are checked
+//! before they are decoded. Frame and block headers are checked on the host before nvCOMP
+//! sees a frame, which catches some damage, not all. Nothing of nvCOMP is needed at build
+//! time; without it, loads decode on the host, where damage is always refused cleanly.
 
 use std::sync::Arc;
 
@@ -13,10 +18,8 @@ use libloading::Library;
 use super::{resolve, Context, Stream};
 use crate::error::{GpuDumpError, Result};
 
-/// Environment variable naming the nvCOMP library to load.
+/// Environment variable naming the nvCOMP library to load (GPU decoding is off without it).
 pub const NVCOMP_ENV: &str = "GSTORE_NVCOMP";
-/// The library name searched when `GSTORE_NVCOMP` is unset.
-const NVCOMP_NAME: &str = "libnvcomp.so.6";
 
 /// `nvcompBatchedZstdDecompressOpts_t`: the backend (0 lets nvCOMP choose) and 60 zero bytes.
 #[repr(C)]
@@ -102,9 +105,18 @@ pub struct ZstdBatch {
 }
 
 impl Nvcomp {
-    /// Loads nvCOMP from `GSTORE_NVCOMP`, else `libnvcomp.so.6` on the loader's path.
+    /// Loads nvCOMP from the path in `GSTORE_NVCOMP`; unset, GPU decoding is off (see the
+    /// module's documentation for why it is opt-in).
     pub fn load() -> Result<Nvcomp> {
-        let name = std::env::var(NVCOMP_ENV).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| NVCOMP_NAME.to_string());
+        let Some(name) = std::env::var(NVCOMP_ENV).ok().filter(|s| !s.is_empty()) else {
+            return Err(GpuDumpError::GpuLibrary {
+                library: "nvCOMP".into(),
+                detail: format!(
+                    "GPU decoding is off; {NVCOMP_ENV}=PATH/libnvcomp.so.6 turns it on for stores whose packs are trusted \
+                     (nvCOMP decodes valid input only)"
+                ),
+            });
+        };
         let unavailable = |detail: String| GpuDumpError::GpuLibrary { library: name.clone(), detail };
         // SAFETY: loading nvCOMP runs only its (vendor-supplied) initialisers.
         let lib = unsafe { Library::new(&name) }.map_err(|e| {

@@ -16,7 +16,7 @@ use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
 use gstore_gpu_dump::cuda::join::{LaneJob, LaneJoin};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
-use gstore_store::codec::{float_layout, Codec, Decoder};
+use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder};
 use gstore_store::progress::Progress;
 use gstore_store::{Result, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -337,7 +337,12 @@ impl Loader<'_> {
                         frames += 1;
                         at
                     };
+                    // nvCOMP is not trusted to stay within its output on a damaged frame:
+                    // every frame it gets has its header and block headers checked here.
+                    let whole =
+                        |frame: &[u8], len: usize| check_zstd_frame(frame, len, &c.id).map_err(|e| in_pack(e, read));
                     if let (Some(_), Codec::Zstd) = (self.nvcomp, c.loc.codec) {
+                        whole(&pinned.as_slice()[at..at + stored_len], plain)?;
                         (job.actual_len, job.status) = frame(meta, base + at as u64, stored_len, plain, job.src);
                     } else if let (Some(_), Codec::Floats) = (self.join, c.loc.codec) {
                         let stored = &pinned.as_slice()[at..at + stored_len];
@@ -354,6 +359,7 @@ impl Loader<'_> {
                         for (i, lane) in f.lanes.iter().enumerate() {
                             let src = base + (at + lane.stored.start) as u64;
                             if lane.zstd {
+                                whole(&stored[lane.stored.clone()], f.words)?;
                                 let out = lanes_base + lanes_used;
                                 (lane_job.lane_len[i], lane_job.lane_status[i]) =
                                     frame(meta, src, lane.stored.len(), f.words, out);
