@@ -88,3 +88,11 @@ pub enum CaptureError {
     #[error(transparent)]
     Lazy(#[from] LazyError),
 }
+
+impl CaptureError {
+    /// Whether CRIU lost a pid the image needs to another process (see
+    /// [`GpuDumpError::is_pid_taken`]).
+    pub(crate) fn is_pid_taken(&self) -> bool {
+        matches!(self, CaptureError::Gpu(e) if e.is_pid_taken())
+    }
+}

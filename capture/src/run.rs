@@ -94,7 +94,8 @@ pub fn run(
     ropts.extra_criu_args = criu.extra;
     match prepared {
         Some(Ok(prepared)) => {
-            let r = run_lazy(store, &id, dir, prepared, &mut ropts);
+            ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
+            let r = retrying_pid_races(|| run_lazy(store, &id, dir, &prepared, &ropts));
             staged.remove_if_made();
             let (restore, fill, profile) = r.map_err(restoring)?;
             return Ok(RunReport {
@@ -125,9 +126,9 @@ pub fn run(
         staged.remove_if_made();
         return Err(write_out(e.into()));
     }
-    let restored = checkpoint::restore(dir, &ropts);
+    let restored = retrying_pid_races(|| Ok(checkpoint::restore(dir, &ropts)?));
     staged.remove_if_made();
-    let restore = restored.map_err(|e| restoring(e.into()))?;
+    let restore = restored.map_err(restoring)?;
     Ok(RunReport {
         pid: restore.pid,
         mode: "eager",
@@ -140,19 +141,35 @@ pub fn run(
     })
 }
 
-/// `criu restore --lazy-pages` with gstore serving the memory of image `id`. The GPU state
-/// (if any) is restored while the fill goes on; the restore returns once every page is in
-/// place. A fill that fails kills the restored tree, and its error is the one reported.
+/// How often a restore is tried when CRIU loses a pid the image needs to another process.
+const PID_RACE_ATTEMPTS: u32 = 3;
+
+/// Runs `restore`, again (after it waited for the pids once more) when CRIU found a pid the
+/// image needs taken by a process that got it after the wait saw it free: on a busy machine
+/// pids are handed out quickly and wrap around. A failed CRIU restore leaves nothing running.
+fn retrying_pid_races<T>(mut restore: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        match restore() {
+            Err(e) if e.is_pid_taken() && attempt < PID_RACE_ATTEMPTS => attempt += 1,
+            other => return other,
+        }
+    }
+}
+
+/// `criu restore --lazy-pages` (`ropts` asks for it) with gstore serving the memory of image
+/// `id`. The GPU state (if any) is restored while the fill goes on; the restore returns once
+/// every page is in place. A fill that fails kills the restored tree, and its error is the
+/// one reported.
 fn run_lazy(
     store: &Store,
     id: &ObjectId,
     dir: &Path,
-    prepared: gstore_lazy::Prepared,
-    ropts: &mut RestoreOptions<'_>,
+    prepared: &gstore_lazy::Prepared,
+    ropts: &RestoreOptions<'_>,
 ) -> Result<(RestoreReport, gstore_lazy::FillReport, String)> {
     use std::sync::atomic::{AtomicBool, Ordering};
     let socket = gstore_lazy::socket::LazySocket::bind(dir)?;
-    ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
     let workers = std::thread::available_parallelism().map_or(4, |n| n.get());
     let (profile, unreadable) = match store.profile(id) {
         Ok(p) => (p, None),
@@ -161,11 +178,11 @@ fn run_lazy(
     let fill_opts =
         gstore_lazy::FillOptions { workers: if store.is_remote() { workers.max(16) } else { workers }, profile };
     let abort = AtomicBool::new(false);
-    let gstore_lazy::Prepared { layout, chunks, .. } = prepared;
+    let (layout, chunks) = (&prepared.layout, prepared.chunks.clone());
     let (restored, filled) = std::thread::scope(|scope| {
         let daemon = scope.spawn(|| {
             let conn = socket.accept(&abort)?;
-            gstore_lazy::serve(store, &layout, chunks, conn, &fill_opts, &abort)
+            gstore_lazy::serve(store, layout, chunks, conn, &fill_opts, &abort)
         });
         let restored = checkpoint::restore(dir, ropts);
         if restored.is_err() {
@@ -198,4 +215,47 @@ fn run_lazy(
         }
     };
     Ok((restore, fill, note))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gstore_gpu_dump::GpuDumpError;
+
+    fn criu_failed(hint: &'static str) -> CaptureError {
+        CaptureError::Gpu(GpuDumpError::CriuFailed {
+            action: "restore",
+            status: "exit status: 1".into(),
+            hint,
+            details: String::new(),
+        })
+    }
+
+    #[test]
+    fn a_pid_lost_to_another_process_is_tried_again_a_few_times_only() {
+        let mut tries = 0;
+        let r = retrying_pid_races(|| {
+            tries += 1;
+            if tries < PID_RACE_ATTEMPTS {
+                Err(criu_failed(gstore_gpu_dump::criu::PID_TAKEN_HINT))
+            } else {
+                Ok(tries)
+            }
+        });
+        assert_eq!(r.unwrap(), PID_RACE_ATTEMPTS);
+        let mut tries = 0;
+        let r: Result<()> = retrying_pid_races(|| {
+            tries += 1;
+            Err(criu_failed(gstore_gpu_dump::criu::PID_TAKEN_HINT))
+        });
+        assert!(r.unwrap_err().is_pid_taken());
+        assert_eq!(tries, PID_RACE_ATTEMPTS);
+        let mut tries = 0;
+        let r: Result<()> = retrying_pid_races(|| {
+            tries += 1;
+            Err(criu_failed(""))
+        });
+        assert!(r.is_err());
+        assert_eq!(tries, 1, "other CRIU failures are not tried again");
+    }
 }

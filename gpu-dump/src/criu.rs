@@ -27,7 +27,9 @@ const HARMLESS_LINE: &str = "RLIMIT_NOFILE";
 const BAD_SIZE: &str = "has bad size";
 const BAD_SIZE_HINT: &str = "; a file the process had open changed size after the dump (e.g. it kept \
      appending after a --leave-running checkpoint); CRIU cannot restore it";
-const PID_TAKEN_HINT: &str = "; a pid the image needs is taken by another process (the original \
+/// The hint of a [`crate::GpuDumpError::CriuFailed`] restore that found a pid the image needs
+/// taken by another process.
+pub const PID_TAKEN_HINT: &str = "; a pid the image needs is taken by another process (the original \
      process may not have been reaped yet); wait until it is gone and retry";
 
 /// Options of `criu dump`.

@@ -271,6 +271,12 @@ pub enum GpuDumpError {
 }
 
 impl GpuDumpError {
+    /// Whether CRIU failed because a pid the image needs was taken: by a process that got it
+    /// after the restore saw it free, on a busy machine. Waiting and trying again can succeed.
+    pub fn is_pid_taken(&self) -> bool {
+        matches!(self, GpuDumpError::CriuFailed { hint, .. } if *hint == crate::criu::PID_TAKEN_HINT)
+    }
+
     /// An [`GpuDumpError::Io`] with context.
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         GpuDumpError::Io { context: context.into(), source }

@@ -2,20 +2,7 @@
 // at a time, so CI (no GPU) checks it against the BLAKE3 reference. Phases the kernel splits
 // with __syncthreads run here one after the other, over every thread.
 // Usage: check_kernel_host FILE OFFSET:LEN... — prints the BLAKE3 hex of each slice of FILE.
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-#define __device__
-#define __forceinline__ inline
-#define __constant__
-#define __global__
-#define __shared__ static
-#define __launch_bounds__(x)
-#define __syncthreads()
-struct Dim { unsigned x; };
-static Dim threadIdx, blockIdx;
-static unsigned atomicMin(unsigned *a, unsigned b) { unsigned o = *a; if (b < o) *a = b; return o; }
+#include "host_cuda.h"
 #include "../src/cuda/kernels/verify.cu"
 
 static void hash(const unsigned char *src, unsigned len, unsigned out[8]) {

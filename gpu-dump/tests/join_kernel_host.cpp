@@ -3,18 +3,7 @@
 // (no GPU) checks the join against the float codec's lane layout (docs/FORMAT.md, codec 3):
 // lane i holds byte i of every word, then the tail bytes. Prints "ok N" after N cases, or the
 // first failing case and exits 1.
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-#define __device__
-#define __forceinline__ inline
-#define __global__
-#define __shared__ static
-#define __launch_bounds__(x)
-#define __syncthreads()
-struct Dim { unsigned x; };
-static Dim threadIdx, blockIdx;
+#include "host_cuda.h"
 #include "../src/cuda/kernels/floats.cu"
 
 static unsigned long long rng = 0x9e3779b97f4a7c15ull;

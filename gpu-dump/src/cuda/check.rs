@@ -5,8 +5,6 @@
 //! The PTX targets compute capability 7.5 and is compiled by the driver when loaded; a driver
 //! older than the PTX (CUDA 13.0, driver 580) refuses it, and loads then check on the host.
 
-use std::ffi::CStr;
-
 use libc::c_void;
 
 use super::{Context, Kernel, Stream};
@@ -78,8 +76,7 @@ impl ChunkCheck {
     /// Loads the kernel into `ctx`. Fails when the driver lacks the kernel API or cannot
     /// compile the PTX (a driver older than CUDA 13.0).
     pub fn load(ctx: &Context) -> Result<ChunkCheck> {
-        let ptx = CStr::from_bytes_with_nul(PTX.as_bytes()).expect("the embedded PTX has no NUL inside");
-        Ok(ChunkCheck { kernel: ctx.load_kernel(ptx, c"verify_chunks")? })
+        Ok(ChunkCheck { kernel: ctx.load_kernel(PTX, c"verify_chunks")? })
     }
 
     /// Queues the check of `count` jobs stored at device address `jobs` on `stream`; a failing

@@ -3,8 +3,6 @@
 //! chunks, already in device memory, back into their words. The joined bytes are then checked
 //! by [`super::check`] like any decoded chunk.
 
-use std::ffi::CStr;
-
 use libc::c_void;
 
 use super::{Context, Kernel, Stream};
@@ -65,8 +63,7 @@ impl LaneJoin {
     /// Loads the kernel into `ctx`. Fails when the driver lacks the kernel API or cannot
     /// compile the PTX (a driver older than CUDA 13.0).
     pub fn load(ctx: &Context) -> Result<LaneJoin> {
-        let ptx = CStr::from_bytes_with_nul(PTX.as_bytes()).expect("the embedded PTX has no NUL inside");
-        Ok(LaneJoin { kernel: ctx.load_kernel(ptx, c"join_lanes")? })
+        Ok(LaneJoin { kernel: ctx.load_kernel(PTX, c"join_lanes")? })
     }
 
     /// Queues the join of `count` jobs stored at device address `jobs` on `stream`.

@@ -84,9 +84,11 @@ impl Context {
         })
     }
 
-    /// Loads `image` (PTX text or a cubin) into this context (`cuModuleLoadData`; the driver
-    /// compiles PTX for the device) and looks up its kernel `name`.
-    pub fn load_kernel(&self, image: &CStr, name: &CStr) -> Result<Kernel> {
+    /// Loads `ptx` (PTX text embedded in the binary, NUL-terminated as `cuModuleLoadData`
+    /// wants it) into this context (the driver compiles it for the device) and looks up its
+    /// kernel `name`.
+    pub fn load_kernel(&self, ptx: &'static str, name: &CStr) -> Result<Kernel> {
+        let image = CStr::from_bytes_with_nul(ptx.as_bytes()).expect("embedded PTX ends with its only NUL");
         let api = self.kernel_api()?;
         self.bind()?;
         let mut module: ffi::CuModule = std::ptr::null_mut();
