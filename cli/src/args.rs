@@ -140,36 +140,7 @@ pub enum Command {
         read_data: bool,
     },
     /// Serve the store over HTTP for `--store http://HOST:PORT` clients (docs/HTTP.md).
-    Serve {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8420")]
-        listen: std::net::SocketAddr,
-        /// Token file: `TOKEN SCOPE [TAG_PREFIX]` lines, SCOPE read, write or admin.
-        #[arg(long, value_name = "FILE")]
-        tokens: Option<PathBuf>,
-        /// Allow a non-loopback address without tokens.
-        #[arg(long)]
-        insecure: bool,
-        /// Largest request body in bytes (a pack upload).
-        #[arg(long, default_value_t = 256 << 20, value_name = "BYTES")]
-        max_body: usize,
-        /// Seconds before a request is answered 408.
-        #[arg(long, default_value_t = 300, value_name = "SECS")]
-        timeout: u64,
-        /// Seconds a connection has to send a request's headers (and a TLS handshake to end)
-        /// before it is closed, idle connections between requests included.
-        #[arg(long, default_value_t = 10, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
-        header_timeout: u64,
-        /// Requests handled at once.
-        #[arg(long, default_value_t = 256)]
-        max_concurrent: usize,
-        /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
-        #[arg(long, value_name = "PEM", requires = "tls_key")]
-        tls_cert: Option<PathBuf>,
-        /// The certificate's private key (PEM).
-        #[arg(long, value_name = "PEM", requires = "tls_cert")]
-        tls_key: Option<PathBuf>,
-    },
+    Serve(ServeArgs),
     /// Maintain the local index.
     Index {
         /// What to do.
@@ -243,4 +214,37 @@ pub struct GcArgs {
     /// Take the gc lock from a gc this machine cannot prove dead. Only when it is dead.
     #[arg(long)]
     pub break_lock: bool,
+}
+
+/// `gstore serve` settings.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8420")]
+    pub listen: std::net::SocketAddr,
+    /// Token file: `TOKEN SCOPE [TAG_PREFIX]` lines, SCOPE read, write or admin.
+    #[arg(long, value_name = "FILE")]
+    pub tokens: Option<PathBuf>,
+    /// Allow a non-loopback address without tokens.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Largest request body in bytes (a pack upload).
+    #[arg(long, default_value_t = 256 << 20, value_name = "BYTES")]
+    pub max_body: usize,
+    /// Seconds before a request is answered 408.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    pub timeout: u64,
+    /// Seconds a connection has to send a request's headers (and a TLS handshake to end)
+    /// before it is closed, idle connections between requests included.
+    #[arg(long, default_value_t = 10, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout: u64,
+    /// Requests handled at once.
+    #[arg(long, default_value_t = 256)]
+    pub max_concurrent: usize,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }

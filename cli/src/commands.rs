@@ -1,6 +1,6 @@
 //! One function per subcommand; each prints a human summary, or JSON with `--json`.
 
-use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs};
+use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs, ServeArgs};
 use crate::load;
 use crate::progress::Bars;
 use anyhow::{bail, Context, Result};
@@ -23,218 +23,260 @@ pub fn run(cli: Cli) -> Result<()> {
     let bars = Bars::new(!cli.json && !cli.quiet);
     match cli.command {
         Command::Init(a) => init(&location, a, &out),
-        Command::Push { path, tag, meta } => {
-            let tag = TagRef::parse_new(&tag)?;
-            let meta = parse_meta(&meta)?;
-            let store = open_indexed(&location)?;
-            let r = push::push(&store, &path, &tag, meta, &bars)
-                .with_context(|| format!("push of {} failed", path.display()))?;
-            out.emit(&r, || {
-                format!(
-                    "pushed {} as {} ({} entries, {} logical, {} new in {} packs, {:.0} MB/s)\nmanifest {}",
-                    path.display(),
-                    r.tag,
-                    r.entries,
-                    HumanBytes(r.logical_bytes),
-                    HumanBytes(r.new_stored_bytes),
-                    r.packs,
-                    r.logical_bytes as f64 / 1e6 / r.seconds.max(1e-9),
-                    r.manifest
-                )
-            })
-        }
+        Command::Push { path, tag, meta } => push(&location, &path, &tag, &meta, &out, &bars),
         Command::Restore { image, to, run: true, pid_wait, criu, memory_budget, no_lazy } => {
-            let store = open_indexed(&location)?;
             let opts = capture::RunOptions { eager: no_lazy, pid_wait: Duration::from_secs(pid_wait), memory_budget };
-            let r = capture::run(&store, &image, criu_choice(&criu), to, opts, &bars)?;
-            out.emit(&r, || {
-                let t = &r.restore.timings;
-                let mut text = format!("restored {image} as pid {} ({} memory)\nphases: write image {:.2} s, wait for pid {:.2} s, criu restore {:.2} s", r.pid, r.mode, r.materialize_s, t.pid_wait_s, t.criu_restore_s);
-                if let (Some(a), Some(b)) = (t.gpu_restore_s, t.gpu_unlock_s) {
-                    text.push_str(&format!(", GPU restore {a:.2} s, unlock {b:.2} s"));
-                }
-                text.push_str(&format!(", total {:.2} s", r.total_s));
-                if let Some(f) = &r.fill {
-                    text.push_str(&format!(
-                        "\nmemory: served from the store while the process ran, complete {:.2} s after criu restore ({} faults served)",
-                        f.fill_s, f.faults
-                    ));
-                }
-                if let Some(p) = &r.profile {
-                    text.push_str(&format!("; {p}"));
-                }
-                if let Some(why) = &r.eager_reason {
-                    text.push_str(&format!("\nrestored eagerly: {why}"));
-                }
-                text
-            })
+            restore_run(&location, &image, &criu, to, opts, &out, &bars)
         }
         Command::Checkpoint { pid, tag, leave_running, lock_timeout, staging, criu } => {
-            let tag = TagRef::parse_new(&tag)?;
-            // The store lock is taken before the process is frozen, so it never waits frozen.
-            let store = open_indexed(&location)?;
-            let r = capture::checkpoint(
-                &store,
-                pid,
-                &tag,
-                leave_running,
-                lock_timeout,
-                criu_choice(&criu),
-                staging,
-                &bars,
-            )?;
-            out.emit(&r, || {
-                let t = &r.capture.timings;
-                let opt = |v: Option<f64>| v.map(|s| format!("{s:.2} s")).unwrap_or_else(|| "-".into());
-                format!(
-                    "checkpointed pid {pid} ({}) as {} ({}, {} new)\nphases: GPU lock {}, GPU checkpoint {}, criu dump {:.2} s, GPU resume {}, store {:.2} s, total {:.2} s{}\nmanifest {}",
-                    r.capture.image_kind,
-                    r.push.tag,
-                    HumanBytes(r.push.logical_bytes),
-                    HumanBytes(r.push.new_stored_bytes),
-                    opt(t.lock_s),
-                    opt(t.gpu_checkpoint_s),
-                    t.criu_dump_s,
-                    opt(t.gpu_resume_s),
-                    r.push.seconds,
-                    r.total_s,
-                    r.paused_s.map(|p| format!(" (process paused {p:.2} s)")).unwrap_or_default(),
-                    r.push.manifest
-                )
-            })
+            checkpoint(&location, pid, &tag, leave_running, lock_timeout, &criu, staging, &out, &bars)
         }
         Command::Restore { image, to, memory_budget, .. } => {
-            let to = to.expect("clap requires --to without --run");
-            let store = open_indexed(&location)?;
-            let id = store.resolve(&image)?;
-            let m = store.get_manifest(&id)?;
-            let r = gstore_restore::restore_to_dir(&store, &id, &m, &to, memory_budget, &bars)
-                .with_context(|| format!("restore of {image} failed"))?;
-            out.emit(&r, || {
-                let resumed = if r.resumed_chunks > 0 {
-                    format!(", resumed: {} chunks were already in place", r.resumed_chunks)
-                } else {
-                    String::new()
-                };
-                format!(
-                    "restored {image} into {} ({} entries, {}, {:.0} MB/s{resumed})",
-                    r.destination,
-                    r.entries,
-                    HumanBytes(r.logical_bytes),
-                    r.logical_bytes as f64 / 1e6 / r.seconds.max(1e-9)
-                )
-            })
+            restore_to(&location, &image, &to.expect("clap requires --to without --run"), memory_budget, &out, &bars)
         }
         Command::Load { image, device, check, replicate, memory_budget } => {
             let r = load::load(|| open_indexed(&location), &image, &device, check, replicate, memory_budget, &bars)?;
-            out.emit(&r, || {
-                format!(
-                    "loaded {} into {} in {:.2} s: {:.2} GB/s{}{}{}{}",
-                    HumanBytes(r.bytes),
-                    r.device,
-                    r.seconds,
-                    r.gb_per_s,
-                    r.phases
-                        .map(|[p, a, t]| format!(
-                            " (plan {p:.2} s, allocate {a:.2} s, transfer {t:.2} s: {:.2} GB/s)",
-                            r.bytes as f64 / 1e9 / t.max(1e-9)
-                        ))
-                        .unwrap_or_default(),
-                    if r.checked { " (read back and checked)" } else { "" },
-                    r.per_device
-                        .iter()
-                        .flatten()
-                        .map(|d| format!("\n{}: {}", d.device, HumanBytes(d.bytes)))
-                        .collect::<String>(),
-                    r.path.as_deref().map(|p| format!("\n{p}")).unwrap_or_default()
-                )
-            })
+            out.emit(&r, || load_text(&r))
         }
         Command::Ls => ls(&Store::open(&location)?, &out),
         Command::Show { image } => show(&Store::open(&location)?, &image, &out),
         Command::Du => du(&open_indexed(&location)?, &out),
-        Command::Tag { source, target } => {
-            let target = TagRef::parse_new(&target)?;
-            let store = open_indexed(&location)?;
-            let id = store.resolve(&source)?;
-            store.get_manifest(&id).with_context(|| format!("{source} does not name a readable image"))?;
-            let rec = store.tag_existing(&target, id)?;
-            out.emit(&rec, || format!("tagged {} -> {}", rec.tag(), rec.manifest))
-        }
-        Command::Rm { image } => {
-            let store = Store::open(&location)?;
-            let tag = TagRef::parse(&image)?;
-            store.delete_tag(&tag)?;
-            out.emit(&serde_json::json!({ "removed": tag.to_string() }), || {
-                format!("removed tag {tag} (space is reclaimed by gc)")
-            })
-        }
+        Command::Tag { source, target } => tag(&location, &source, &target, &out),
+        Command::Rm { image } => rm(&location, &image, &out),
         Command::Gc(a) => run_gc(&location, a, &out, &bars),
-        Command::Verify { read_data } => {
-            let store = open_indexed(&location)?;
-            let r = verify::verify(&store, read_data, &bars)?;
-            out.emit(&r, || verify_text(&r))?;
-            let damaged = r.damaged();
-            if !damaged.is_empty() {
-                bail!("{} damaged image(s): {}", damaged.len(), damaged.join(", "));
-            }
-            Ok(())
-        }
-        Command::Serve {
-            listen,
-            tokens,
-            insecure,
-            max_body,
-            timeout,
-            header_timeout,
-            max_concurrent,
-            tls_cert,
-            tls_key,
-        } => {
-            let store = Store::open(&location)?;
-            let objects = store
-                .backend()
-                .object_store()
-                .context("an http:// store cannot be served again: serve the store behind it")?;
-            let tokens = match tokens {
-                Some(p) => {
-                    let text =
-                        std::fs::read_to_string(&p).with_context(|| format!("reading token file {}", p.display()))?;
-                    gstore_server::auth::Tokens::parse(&text).map_err(anyhow::Error::msg)?
-                }
-                None => gstore_server::auth::Tokens::default(),
-            };
-            let tls = tls_cert.zip(tls_key);
-            let scheme = if tls.is_some() { "https" } else { "http" };
-            let settings = gstore_server::Settings {
-                addr: listen,
-                tokens,
-                insecure,
-                max_body,
-                timeout: Duration::from_secs(timeout),
-                header_timeout: Duration::from_secs(header_timeout),
-                max_concurrent,
-                tls,
-                cas_file: store.backend().cas_lock_path().map(std::path::Path::to_path_buf),
-                chunk_max: store.config().chunk_max,
-            };
-            gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
-            eprintln!("gstore: serving {} on {scheme}://{listen}", store.describe());
-            let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(gstore_server::serve(objects, settings, shutdown_signal())).map_err(anyhow::Error::msg)
-        }
-        Command::Index { action: IndexAction::Rebuild } => {
-            // The old index is not opened: a damaged one is replaced, not an obstacle.
-            let (_store, n, damaged) =
-                Store::open(&location)?.with_new_index(&|msg| eprintln!("gstore: {msg}"), &bars)?;
-            for d in &damaged {
-                eprintln!("gstore: skipped damaged pack: {d}");
-            }
-            out.emit(&serde_json::json!({ "packs_indexed": n, "packs_damaged": damaged.len() }), || {
-                format!("indexed {n} packs ({} damaged skipped)", damaged.len())
-            })
-        }
+        Command::Verify { read_data } => run_verify(&location, read_data, &out, &bars),
+        Command::Serve(a) => serve(&location, a),
+        Command::Index { action: IndexAction::Rebuild } => index_rebuild(&location, &out, &bars),
     }
+}
+
+/// `gstore push`.
+fn push(
+    location: &StoreLocation,
+    path: &std::path::Path,
+    tag: &str,
+    meta: &[String],
+    out: &Output,
+    bars: &Bars,
+) -> Result<()> {
+    let tag = TagRef::parse_new(tag)?;
+    let meta = parse_meta(meta)?;
+    let store = open_indexed(location)?;
+    let r = push::push(&store, path, &tag, meta, bars).with_context(|| format!("push of {} failed", path.display()))?;
+    out.emit(&r, || {
+        format!(
+            "pushed {} as {} ({} entries, {} logical, {} new in {} packs, {:.0} MB/s)\nmanifest {}",
+            path.display(),
+            r.tag,
+            r.entries,
+            HumanBytes(r.logical_bytes),
+            HumanBytes(r.new_stored_bytes),
+            r.packs,
+            r.logical_bytes as f64 / 1e6 / r.seconds.max(1e-9),
+            r.manifest
+        )
+    })
+}
+
+/// `gstore restore --run`.
+fn restore_run(
+    location: &StoreLocation,
+    image: &str,
+    criu: &CriuArgs,
+    to: Option<std::path::PathBuf>,
+    opts: capture::RunOptions,
+    out: &Output,
+    bars: &Bars,
+) -> Result<()> {
+    let store = open_indexed(location)?;
+    let r = capture::run(&store, image, criu_choice(criu), to, opts, bars)?;
+    out.emit(&r, || {
+            let t = &r.restore.timings;
+            let mut text = format!("restored {image} as pid {} ({} memory)\nphases: write image {:.2} s, wait for pid {:.2} s, criu restore {:.2} s", r.pid, r.mode, r.materialize_s, t.pid_wait_s, t.criu_restore_s);
+            if let (Some(a), Some(b)) = (t.gpu_restore_s, t.gpu_unlock_s) {
+                text.push_str(&format!(", GPU restore {a:.2} s, unlock {b:.2} s"));
+            }
+            text.push_str(&format!(", total {:.2} s", r.total_s));
+            if let Some(f) = &r.fill {
+                text.push_str(&format!(
+                    "\nmemory: served from the store while the process ran, complete {:.2} s after criu restore ({} faults served)",
+                    f.fill_s, f.faults
+                ));
+            }
+            if let Some(p) = &r.profile {
+                text.push_str(&format!("; {p}"));
+            }
+            if let Some(why) = &r.eager_reason {
+                text.push_str(&format!("\nrestored eagerly: {why}"));
+            }
+            text
+        })
+}
+
+/// `gstore checkpoint`.
+#[allow(clippy::too_many_arguments)]
+fn checkpoint(
+    location: &StoreLocation,
+    pid: u32,
+    tag: &str,
+    leave_running: bool,
+    lock_timeout: u32,
+    criu: &CriuArgs,
+    staging: Option<std::path::PathBuf>,
+    out: &Output,
+    bars: &Bars,
+) -> Result<()> {
+    let tag = TagRef::parse_new(tag)?;
+    // The store lock is taken before the process is frozen, so it never waits frozen.
+    let store = open_indexed(location)?;
+    let r = capture::checkpoint(&store, pid, &tag, leave_running, lock_timeout, criu_choice(criu), staging, bars)?;
+    out.emit(&r, || {
+            let t = &r.capture.timings;
+            let opt = |v: Option<f64>| v.map(|s| format!("{s:.2} s")).unwrap_or_else(|| "-".into());
+            format!(
+                "checkpointed pid {pid} ({}) as {} ({}, {} new)\nphases: GPU lock {}, GPU checkpoint {}, criu dump {:.2} s, GPU resume {}, store {:.2} s, total {:.2} s{}\nmanifest {}",
+                r.capture.image_kind,
+                r.push.tag,
+                HumanBytes(r.push.logical_bytes),
+                HumanBytes(r.push.new_stored_bytes),
+                opt(t.lock_s),
+                opt(t.gpu_checkpoint_s),
+                t.criu_dump_s,
+                opt(t.gpu_resume_s),
+                r.push.seconds,
+                r.total_s,
+                r.paused_s.map(|p| format!(" (process paused {p:.2} s)")).unwrap_or_default(),
+                r.push.manifest
+            )
+        })
+}
+
+/// `gstore restore --to DIR`.
+fn restore_to(
+    location: &StoreLocation,
+    image: &str,
+    to: &std::path::Path,
+    memory_budget: u64,
+    out: &Output,
+    bars: &Bars,
+) -> Result<()> {
+    let store = open_indexed(location)?;
+    let id = store.resolve(image)?;
+    let m = store.get_manifest(&id)?;
+    let r = gstore_restore::restore_to_dir(&store, &id, &m, to, memory_budget, bars)
+        .with_context(|| format!("restore of {image} failed"))?;
+    out.emit(&r, || {
+        let resumed = if r.resumed_chunks > 0 {
+            format!(", resumed: {} chunks were already in place", r.resumed_chunks)
+        } else {
+            String::new()
+        };
+        format!(
+            "restored {image} into {} ({} entries, {}, {:.0} MB/s{resumed})",
+            r.destination,
+            r.entries,
+            HumanBytes(r.logical_bytes),
+            r.logical_bytes as f64 / 1e6 / r.seconds.max(1e-9)
+        )
+    })
+}
+
+/// `gstore load`'s summary.
+fn load_text(r: &load::LoadReport) -> String {
+    format!(
+        "loaded {} into {} in {:.2} s: {:.2} GB/s{}{}{}{}",
+        HumanBytes(r.bytes),
+        r.device,
+        r.seconds,
+        r.gb_per_s,
+        r.phases
+            .map(|[p, a, t]| format!(
+                " (plan {p:.2} s, allocate {a:.2} s, transfer {t:.2} s: {:.2} GB/s)",
+                r.bytes as f64 / 1e9 / t.max(1e-9)
+            ))
+            .unwrap_or_default(),
+        if r.checked { " (read back and checked)" } else { "" },
+        r.per_device.iter().flatten().map(|d| format!("\n{}: {}", d.device, HumanBytes(d.bytes))).collect::<String>(),
+        r.path.as_deref().map(|p| format!("\n{p}")).unwrap_or_default()
+    )
+}
+
+/// `gstore tag`.
+fn tag(location: &StoreLocation, source: &str, target: &str, out: &Output) -> Result<()> {
+    let target = TagRef::parse_new(target)?;
+    let store = open_indexed(location)?;
+    let id = store.resolve(source)?;
+    store.get_manifest(&id).with_context(|| format!("{source} does not name a readable image"))?;
+    let rec = store.tag_existing(&target, id)?;
+    out.emit(&rec, || format!("tagged {} -> {}", rec.tag(), rec.manifest))
+}
+
+/// `gstore rm`.
+fn rm(location: &StoreLocation, image: &str, out: &Output) -> Result<()> {
+    let store = Store::open(location)?;
+    let tag = TagRef::parse(image)?;
+    store.delete_tag(&tag)?;
+    out.emit(&serde_json::json!({ "removed": tag.to_string() }), || {
+        format!("removed tag {tag} (space is reclaimed by gc)")
+    })
+}
+
+/// `gstore verify`: fails when an image is damaged.
+fn run_verify(location: &StoreLocation, read_data: bool, out: &Output, bars: &Bars) -> Result<()> {
+    let store = open_indexed(location)?;
+    let r = verify::verify(&store, read_data, bars)?;
+    out.emit(&r, || verify_text(&r))?;
+    let damaged = r.damaged();
+    if !damaged.is_empty() {
+        bail!("{} damaged image(s): {}", damaged.len(), damaged.join(", "));
+    }
+    Ok(())
+}
+
+/// `gstore serve`: until Ctrl-C or SIGTERM.
+fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
+    let ServeArgs { listen, tokens, insecure, max_body, timeout, header_timeout, max_concurrent, tls_cert, tls_key } =
+        a;
+    let store = Store::open(location)?;
+    let objects =
+        store.backend().object_store().context("an http:// store cannot be served again: serve the store behind it")?;
+    let tokens = match tokens {
+        Some(p) => {
+            let text = std::fs::read_to_string(&p).with_context(|| format!("reading token file {}", p.display()))?;
+            gstore_server::auth::Tokens::parse(&text).map_err(anyhow::Error::msg)?
+        }
+        None => gstore_server::auth::Tokens::default(),
+    };
+    let tls = tls_cert.zip(tls_key);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let settings = gstore_server::Settings {
+        addr: listen,
+        tokens,
+        insecure,
+        max_body,
+        timeout: Duration::from_secs(timeout),
+        header_timeout: Duration::from_secs(header_timeout),
+        max_concurrent,
+        tls,
+        cas_file: store.backend().cas_lock_path().map(std::path::Path::to_path_buf),
+        chunk_max: store.config().chunk_max,
+    };
+    gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
+    eprintln!("gstore: serving {} on {scheme}://{listen}", store.describe());
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(gstore_server::serve(objects, settings, shutdown_signal())).map_err(anyhow::Error::msg)
+}
+
+/// `gstore index rebuild`.
+fn index_rebuild(location: &StoreLocation, out: &Output, bars: &Bars) -> Result<()> {
+    // The old index is not opened: a damaged one is replaced, not an obstacle.
+    let (_store, n, damaged) = Store::open(location)?.with_new_index(&|msg| eprintln!("gstore: {msg}"), bars)?;
+    for d in &damaged {
+        eprintln!("gstore: skipped damaged pack: {d}");
+    }
+    out.emit(&serde_json::json!({ "packs_indexed": n, "packs_damaged": damaged.len() }), || {
+        format!("indexed {n} packs ({} damaged skipped)", damaged.len())
+    })
 }
 
 /// Completes on Ctrl-C or SIGTERM; the server then finishes the requests in flight.
