@@ -1,6 +1,7 @@
 //! Per-core micro benchmarks of the ingest and restore building blocks on corpus-like data:
 //! FastCDC chunking, BLAKE3 hashing, chunk encoding (zstd-1 alone, and the default choice
-//! with the float codec) and decoding+verifying; and the float codec on bf16 weights alone.
+//! with the float codec) and decoding+verifying; the float codec on bf16 weights alone; and
+//! index lookups (what planning a restore costs per distinct chunk).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gstore_benches::{fill_region, Region};
@@ -89,5 +90,46 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// Index lookups: 400 k chunks in 800 packs of 500 (a 24 GiB image of 64 KiB chunks), looked
+/// up 20 k at a time in the order a plan asks for them.
+fn bench_index(c: &mut Criterion) {
+    use gstore_store::codec::Codec;
+    use gstore_store::index::Index;
+    use gstore_store::pack::PackEntry;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let index = Index::open(dir.path()).expect("index opens");
+    let mut ids = Vec::new();
+    for p in 0..800u32 {
+        let pack = ObjectId::of(&p.to_le_bytes());
+        let entries: Vec<PackEntry> = (0..500u32)
+            .map(|k| {
+                let id = ObjectId::of(&[p.to_le_bytes(), k.to_le_bytes()].concat());
+                ids.push(id);
+                PackEntry {
+                    id,
+                    offset: u64::from(k) * 65_549,
+                    stored_len: 65_536,
+                    plain_len: 65_536,
+                    codec: Codec::Raw,
+                }
+            })
+            .collect();
+        index.add_pack(pack, 500 * 65_549, &entries).expect("pack recorded");
+    }
+    let mut g = c.benchmark_group("index");
+    let batch = &ids[100_000..120_000];
+    g.throughput(Throughput::Elements(batch.len() as u64));
+    g.sample_size(10);
+    g.bench_function("locate", |b| {
+        b.iter(|| {
+            batch.iter().for_each(|id| {
+                black_box(index.locate(id).expect("lookup"));
+            })
+        })
+    });
+    g.bench_function("locate_many", |b| b.iter(|| black_box(index.locate_many(batch).expect("lookups").len())));
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_index);
 criterion_main!(benches);

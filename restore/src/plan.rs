@@ -116,7 +116,13 @@ fn entry_order(m: &Manifest) -> Vec<usize> {
 /// Where chunk `id` (of `len` plain bytes, part of the image file `path`) is stored: an error
 /// that names the file when the index knows no pack holding it, or disagrees on its length.
 pub fn locate_chunk(store: &Store, id: &ObjectId, len: u32, path: &str) -> Result<ChunkLocation> {
-    let loc = store.locate(id)?.ok_or_else(|| StoreError::NotFound {
+    check_location(store.locate(id)?, id, len, path)
+}
+
+/// The location the index gave for chunk `id` of `len` bytes (used by file `path`), checked
+/// as [`locate_chunk`] does.
+fn check_location(found: Option<ChunkLocation>, id: &ObjectId, len: u32, path: &str) -> Result<ChunkLocation> {
+    let loc = found.ok_or_else(|| StoreError::NotFound {
         what: "chunk",
         key: format!(
             "{id} of {path:?} (in no pack of the store: a pack is missing or damaged; gstore verify names the images it breaks)"
@@ -131,6 +137,9 @@ pub fn locate_chunk(store: &Store, id: &ObjectId, len: u32, path: &str) -> Resul
     }
     Ok(loc)
 }
+
+/// Distinct chunks one index iterator looks up while planning.
+const LOOKUP_GROUP: usize = 512;
 
 /// Two chunks share a range read only while it holds at most this many chunks, which bounds
 /// the per-read bookkeeping a sink allocates up front (e.g. GPU decode scratch per slot).
@@ -202,12 +211,16 @@ impl Needs {
         let mut first = 0;
         while !chunks.is_empty() {
             let rest = chunks.split_off(batch.min(chunks.len()));
-            // Index lookups in parallel: one per distinct chunk.
+            // Index lookups in parallel, a group of distinct chunks per index iterator.
+            let ids: Vec<ObjectId> = chunks.iter().map(|n| n.id).collect();
+            let found: Vec<Vec<Option<ChunkLocation>>> =
+                ids.par_chunks(LOOKUP_GROUP).map(|group| store.locate_many(group)).collect::<Result<_>>()?;
             let located: Vec<(usize, PlannedChunk)> = chunks
-                .into_par_iter()
+                .into_iter()
+                .zip(found.into_iter().flatten())
                 .enumerate()
-                .map(|(k, n)| {
-                    let loc = locate_chunk(store, &n.id, n.len, paths[n.entry])?;
+                .map(|(k, (n, found))| {
+                    let loc = check_location(found, &n.id, n.len, paths[n.entry])?;
                     Ok((first + k, PlannedChunk { id: n.id, loc, targets: n.targets }))
                 })
                 .collect::<Result<_>>()?;

@@ -181,11 +181,15 @@ impl Index {
         self.db.cf_handle(name).expect("column family created at open")
     }
 
-    /// Every pack holding a chunk, per the index (damaged entries are skipped).
-    pub fn holders(&self, id: &ObjectId) -> Result<Vec<ChunkLocation>> {
+    /// An iterator over the chunk entries, for looking up chunks one after another.
+    fn chunk_iterator(&self) -> rocksdb::DBRawIterator<'_> {
         let mut opts = rocksdb::ReadOptions::default();
         opts.set_prefix_same_as_start(true);
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_CHUNKS), opts);
+        self.db.raw_iterator_cf_opt(self.cf(CF_CHUNKS), opts)
+    }
+
+    /// Every pack holding chunk `id`, read through `it` (damaged entries are skipped).
+    fn holders_in(&self, it: &mut rocksdb::DBRawIterator<'_>, id: &ObjectId) -> Result<Vec<ChunkLocation>> {
         it.seek(id.0);
         let mut out = Vec::new();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
@@ -199,12 +203,35 @@ impl Index {
         Ok(out)
     }
 
+    /// Every pack holding a chunk, per the index (damaged entries are skipped).
+    pub fn holders(&self, id: &ObjectId) -> Result<Vec<ChunkLocation>> {
+        self.holders_in(&mut self.chunk_iterator(), id)
+    }
+
+    /// The holder [`Index::locate`] picks: a pack gc has not tombstoned if there is one.
+    fn pick(&self, holders: &[ChunkLocation]) -> Option<ChunkLocation> {
+        let doomed = self.doomed.read().expect("doomed set lock");
+        holders.iter().find(|l| !doomed.contains(&l.pack)).or(holders.first()).copied()
+    }
+
     /// Where a chunk is stored, if the index knows it: a pack gc has not tombstoned if there
     /// is one, else a tombstoned one (still readable until gc deletes it).
     pub fn locate(&self, id: &ObjectId) -> Result<Option<ChunkLocation>> {
-        let holders = self.holders(id)?;
-        let doomed = self.doomed.read().expect("doomed set lock");
-        Ok(holders.iter().find(|l| !doomed.contains(&l.pack)).or(holders.first()).copied())
+        Ok(self.pick(&self.holders(id)?))
+    }
+
+    /// [`Index::locate`] for many chunks (answers in `ids`' order), through one iterator
+    /// seeking them in key order: for planning restores, which look up every distinct chunk
+    /// of an image.
+    pub fn locate_many(&self, ids: &[ObjectId]) -> Result<Vec<Option<ChunkLocation>>> {
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_unstable_by_key(|&i| ids[i]);
+        let mut it = self.chunk_iterator();
+        let mut found = vec![None; ids.len()];
+        for i in order {
+            found[i] = self.pick(&self.holders_in(&mut it, &ids[i])?);
+        }
+        Ok(found)
     }
 
     /// Where a chunk is stored in a pack a push may deduplicate against (one gc has not
@@ -334,5 +361,33 @@ mod tests {
         idx.clear().unwrap();
         assert!(idx.locate(&e.id).unwrap().is_none());
         assert!(idx.packs().unwrap().is_empty());
+    }
+
+    #[test]
+    fn many_lookups_answer_as_single_ones_in_the_order_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = Index::open(dir.path()).unwrap();
+        let (a, b) = (ObjectId::of(b"pack a"), ObjectId::of(b"pack b"));
+        let entry = |n: u32| PackEntry {
+            id: ObjectId::of(&n.to_le_bytes()),
+            offset: u64::from(n) * 10,
+            stored_len: 10,
+            plain_len: 10,
+            codec: Codec::Raw,
+        };
+        idx.add_pack(a, 1000, &(0..50).map(entry).collect::<Vec<_>>()).unwrap();
+        // Chunks 40..60 are in both packs; pack a is doomed, so b holds them for lookups.
+        idx.add_pack(b, 1000, &(40..60).map(entry).collect::<Vec<_>>()).unwrap();
+        idx.set_doomed(&[a].into()).unwrap();
+        let ids: Vec<ObjectId> = (0..70u32).rev().map(|n| ObjectId::of(&n.to_le_bytes())).collect();
+        let many = idx.locate_many(&ids).unwrap();
+        let single: Vec<_> = ids.iter().map(|id| idx.locate(id).unwrap()).collect();
+        assert_eq!(
+            many.iter().map(|l| l.map(|l| (l.pack, l.offset))).collect::<Vec<_>>(),
+            single.iter().map(|l| l.map(|l| (l.pack, l.offset))).collect::<Vec<_>>()
+        );
+        assert_eq!(many.iter().filter(|l| l.is_none()).count(), 10, "60..70 are unknown");
+        assert_eq!(many[70 - 1 - 45].unwrap().pack, b, "a chunk in both packs comes from the live one");
+        assert_eq!(many[70 - 1 - 5].unwrap().pack, a, "a chunk only a doomed pack holds comes from it");
     }
 }

@@ -339,6 +339,12 @@ impl Store {
         self.index()?.locate(id)
     }
 
+    /// Where each of many chunks is stored, per the index, in `ids`' order (faster per chunk
+    /// than [`Store::locate`]: one index iterator seeks them in key order).
+    pub fn locate_many(&self, ids: &[ObjectId]) -> Result<Vec<Option<ChunkLocation>>> {
+        self.index()?.locate_many(ids)
+    }
+
     /// Reads a byte range of a pack from the store itself (never from this machine's range
     /// cache), telling a missing or truncated pack apart. For a local store the range is
     /// memory-mapped (and pre-faulted), so it is a view of the page cache, not a copy; the
