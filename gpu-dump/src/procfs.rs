@@ -18,11 +18,21 @@ pub fn exists(pid: u32) -> bool {
     pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// The state letter of a `/proc/PID/stat` line: the first field after the `(comm)`, which
-/// may itself contain spaces and parentheses.
+/// The parent of process `pid`, from `/proc/PID/stat`, or `None` when there is no such process.
+pub fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    after_comm(&stat)?.nth(1)?.parse().ok()
+}
+
+/// The fields of a `/proc/PID/stat` line after the `(comm)` field, which may itself contain
+/// spaces and parentheses: state, ppid, ...
+fn after_comm(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace())
+}
+
+/// The state letter of a `/proc/PID/stat` line.
 fn parse_stat_state(stat: &str) -> Option<char> {
-    let (_, after_comm) = stat.rsplit_once(')')?;
-    after_comm.trim_start().chars().next()
+    after_comm(stat)?.next()?.chars().next()
 }
 
 #[cfg(test)]
@@ -34,6 +44,7 @@ mod tests {
         assert_eq!(parse_stat_state("123 (sh) S 1 123 123 0 -1"), Some('S'));
         assert_eq!(parse_stat_state("123 (a) b) (c) Z 1 2"), Some('Z'));
         assert_eq!(parse_stat_state("garbage"), None);
+        assert_eq!(after_comm("123 (a) b) (c) Z 77 2").and_then(|mut f| f.nth(1)), Some("77"));
     }
 
     #[test]
@@ -43,5 +54,8 @@ mod tests {
         assert!(!is_alive(u32::MAX));
         assert!(!exists(u32::MAX));
         assert!(!exists(0));
+        // SAFETY: getppid has no preconditions.
+        assert_eq!(parent(std::process::id()), Some(unsafe { libc::getppid() } as u32));
+        assert_eq!(parent(u32::MAX), None);
     }
 }

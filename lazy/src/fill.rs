@@ -395,10 +395,8 @@ fn descendants(roots: &[i32]) -> Vec<i32> {
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
-            if let Some(ppid) = ppid {
-                parent_of.push((pid, ppid));
+            if let Some(ppid) = u32::try_from(pid).ok().and_then(gstore_gpu_dump::procfs::parent) {
+                parent_of.push((pid, ppid as i32));
             }
         }
     }
