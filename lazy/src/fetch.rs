@@ -94,7 +94,7 @@ impl FileChunks {
         let base = chunks.first().map_or(range.start, |c| c.offset - c.offset % PAGE_SIZE);
         let need = chunks.last().map_or(0, |c| c.offset + c.len as u64) - base;
         if need as usize > buf.len() {
-            return Err(StoreError::Invalid(format!("{need} bytes do not fit a {}-byte buffer", buf.len())).into());
+            return Err(StoreError::Internal(format!("{need} bytes do not fit a {}-byte buffer", buf.len())).into());
         }
         let mut i = 0;
         while i < chunks.len() {

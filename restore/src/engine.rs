@@ -68,9 +68,9 @@ impl Buffers {
 
     /// The address `len` bytes at `offset` of `entry` go to, after checking they fit.
     pub fn address(&self, entry: usize, offset: u64, len: usize) -> Result<u64> {
-        let (base, size) = self.0[entry].ok_or_else(|| StoreError::Invalid(format!("entry {entry} is not a file")))?;
+        let (base, size) = self.0[entry].ok_or_else(|| StoreError::Internal(format!("entry {entry} is not a file")))?;
         if offset as usize + len > size {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Internal(format!(
                 "{len} bytes at {offset} run past the {size}-byte buffer of entry {entry}"
             )));
         }
@@ -88,7 +88,7 @@ pub fn run(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress)
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(REMOTE_READS_IN_FLIGHT)
             .build()
-            .map_err(|e| StoreError::Invalid(format!("starting restore threads: {e}")))?;
+            .map_err(|e| StoreError::Internal(format!("starting restore threads: {e}")))?;
         return pool.install(|| run_here(store, plan, sink, progress));
     }
     run_here(store, plan, sink, progress)

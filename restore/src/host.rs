@@ -65,7 +65,7 @@ pub fn restore_to_memory(
     let plan = plan::plan(store, m, engine::max_read_for(memory_budget))?;
     let (owned, buffers) = Buffers::allocate(m, |e| {
         let mut data = memmap2::MmapMut::map_anon(e.size as usize)
-            .map_err(|err| StoreError::Invalid(format!("allocating {} bytes for {}: {err}", e.size, e.path)))?;
+            .map_err(|err| StoreError::Internal(format!("allocating {} bytes for {}: {err}", e.size, e.path)))?;
         let (base, len) = (data.as_mut_ptr() as u64, data.len());
         Ok((data, base, len))
     })?;

@@ -67,6 +67,10 @@ pub enum StoreError {
     /// User input was invalid (tag names, chunk parameters, paths, ...).
     #[error("{0}")]
     Invalid(String),
+    /// A failure inside gstore or its host that is neither the caller's input nor damage in
+    /// the store: a thread or buffer that could not be made, a broken internal invariant.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The local RocksDB index failed.
     #[error("index {path}: {message}")]
     Index {

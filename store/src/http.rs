@@ -43,7 +43,7 @@ impl HttpClient {
                 .map_err(|e| StoreError::Invalid(format!("GSTORE_CA_CERT: {e}")))?;
             builder = builder.add_root_certificate(cert);
         }
-        let client = builder.build().map_err(|e| StoreError::Invalid(format!("HTTP client: {e}")))?;
+        let client = builder.build().map_err(|e| StoreError::Internal(format!("HTTP client: {e}")))?;
         let token = std::env::var("GSTORE_TOKEN").ok().filter(|t| !t.is_empty());
         Ok(HttpClient { base: base.trim_end_matches('/').to_string(), token, client })
     }

@@ -245,7 +245,7 @@ struct PackQueue<'a> {
 
 impl PackQueue<'_> {
     fn send(&self, p: FinishedPack) -> Result<()> {
-        let gone = || StoreError::Invalid("pack writer stopped".into());
+        let gone = || StoreError::Internal("pack writer stopped".into());
         if self.writer_failed.load(Ordering::SeqCst) {
             return Err(gone());
         }

@@ -295,7 +295,7 @@ impl Loader<'_> {
         }
         let len = (read.end - read.start) as usize;
         if len > self.read_cap || read.chunks.len() > self.layout.chunks {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Internal(format!(
                 "a read of {len} bytes in {} chunks exceeds the staging slot",
                 read.chunks.len()
             )));

@@ -74,7 +74,7 @@ impl DeviceSink<'_> {
         }
         let total: usize = pieces.iter().map(|p| p.data.len()).sum();
         if total > slot.pinned.len() {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Internal(format!(
                 "a batch of {total} bytes exceeds the {}-byte staging buffer",
                 slot.pinned.len()
             )));

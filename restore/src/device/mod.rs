@@ -179,7 +179,7 @@ pub fn restore_to_device_with(
             let t = std::time::Instant::now();
             needs.plan_batches(store, m, max_read, PLAN_BATCH, |batch| {
                 for read in batch {
-                    sender.send(read).map_err(|_| StoreError::Invalid("the load stopped before its plan".into()))?;
+                    sender.send(read).map_err(|_| StoreError::Internal("the load stopped before its plan".into()))?;
                 }
                 Ok(())
             })?;

@@ -294,7 +294,7 @@ impl Backend {
     pub fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
         let want = (range.end - range.start) as usize;
         if out.len() != want {
-            return Err(StoreError::Invalid(format!("a {want}-byte range read into a {}-byte buffer", out.len())));
+            return Err(StoreError::Internal(format!("a {want}-byte range read into a {}-byte buffer", out.len())));
         }
         self.before("get_range", key);
         self.objects.get_range_into(key, range, out)

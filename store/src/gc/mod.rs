@@ -412,7 +412,7 @@ fn in_flight<T: Sync, R: Send>(store: &Store, items: &[T], f: impl Fn(&T) -> R +
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build()
-        .map_err(|e| StoreError::Invalid(format!("starting gc read threads: {e}")))?;
+        .map_err(|e| StoreError::Internal(format!("starting gc read threads: {e}")))?;
     Ok(pool.install(|| items.par_iter().map(&f).collect()))
 }
 
