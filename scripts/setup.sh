@@ -14,6 +14,7 @@ command -v curl >/dev/null || need+=(curl)
 command -v openssl >/dev/null || need+=(openssl)
 command -v mkfifo >/dev/null || need+=(coreutils)
 command -v python3 >/dev/null || need+=(python3)            # test processes (counters, holders)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)  # the Python package's tests
 [ -x /bin/kill ] || [ -x /usr/bin/kill ] || need+=(procps)  # tests signal processes by pid
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"

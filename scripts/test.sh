@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: unit tests and the integration tests in tests/, which drive the real
 # release `gstore` binary (kill -9 during push, corruption, concurrency, disk full on a
-# small tmpfs: run as root).
+# small tmpfs: run as root), then the Python package's tests (scripts/python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,3 +10,5 @@ source scripts/env.sh
 # package's binaries only for that package's own tests).
 cargo build --release -p gstore-cli
 cargo nextest run --release --workspace --no-fail-fast "$@"
+# The Python package: its wheel built and tested with pytest.
+bash scripts/python.sh

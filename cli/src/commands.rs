@@ -2,11 +2,10 @@
 
 use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs, ServeArgs};
 use crate::load;
-use crate::progress::Bars;
 use anyhow::{bail, Context, Result};
 use gstore_capture as capture;
-use gstore_store::manifest::EntryKind;
-use gstore_store::{gc, push, usage, verify, Store, StoreConfig, StoreLocation, TagRef};
+use gstore_progress::Bars;
+use gstore_store::{gc, images, push, usage, verify, Store, StoreConfig, StoreLocation, TagRef};
 use indicatif::HumanBytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -238,8 +237,6 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
     let ServeArgs { listen, tokens, insecure, max_body, timeout, header_timeout, max_concurrent, tls_cert, tls_key } =
         a;
     let store = Store::open(location)?;
-    let objects =
-        store.backend().object_store().context("an http:// store cannot be served again: serve the store behind it")?;
     let tokens = match tokens {
         Some(p) => {
             let text = std::fs::read_to_string(&p).with_context(|| format!("reading token file {}", p.display()))?;
@@ -258,13 +255,13 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
         header_timeout: Duration::from_secs(header_timeout),
         max_concurrent,
         tls,
-        cas_file: store.backend().cas_lock_path().map(std::path::Path::to_path_buf),
         chunk_max: store.config().chunk_max,
     };
     gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
+    gstore_server::servable(store.backend()).map_err(anyhow::Error::msg)?;
     eprintln!("gstore: serving {} on {scheme}://{listen}", store.describe());
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(gstore_server::serve(objects, settings, shutdown_signal())).map_err(anyhow::Error::msg)
+    rt.block_on(gstore_server::serve(store.backend().clone(), settings, shutdown_signal())).map_err(anyhow::Error::msg)
 }
 
 /// `gstore index rebuild`.
@@ -343,38 +340,8 @@ fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
     })
 }
 
-#[derive(Serialize)]
-struct LsRow {
-    tag: String,
-    manifest: String,
-    created_unix: Option<u64>,
-    logical_bytes: Option<u64>,
-    error: Option<String>,
-}
-
 fn ls(store: &Store, out: &Output) -> Result<()> {
-    let mut rows = Vec::new();
-    for t in store.list_tags()? {
-        rows.push(match t {
-            Ok(rec) => {
-                let m = rec.manifest_id().and_then(|id| store.get_manifest(&id));
-                LsRow {
-                    tag: rec.tag().to_string(),
-                    manifest: rec.manifest.clone(),
-                    created_unix: m.as_ref().ok().map(|m| m.created_unix),
-                    logical_bytes: m.as_ref().ok().map(|m| m.logical_size()),
-                    error: m.err().map(|e| e.to_string()),
-                }
-            }
-            Err(e) => LsRow {
-                tag: "?".into(),
-                manifest: String::new(),
-                created_unix: None,
-                logical_bytes: None,
-                error: Some(e.to_string()),
-            },
-        });
-    }
+    let rows = images::list(store)?;
     out.emit(&rows, || {
         let mut s = format!("{:<40} {:<14} {:>12}", "TAG", "MANIFEST", "SIZE");
         for r in &rows {
@@ -388,59 +355,26 @@ fn ls(store: &Store, out: &Output) -> Result<()> {
     })
 }
 
-#[derive(Serialize)]
-struct ShowEntry<'a> {
-    path: &'a str,
-    kind: EntryKind,
-    mode: String,
-    size: u64,
-    chunks: u64,
-    zero_chunks: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    target: Option<&'a str>,
-}
-
 fn show(store: &Store, image: &str, out: &Output) -> Result<()> {
-    let id = store.resolve(image)?;
-    let m = store.get_manifest(&id)?;
-    let entries: Vec<ShowEntry> = m
-        .files()
-        .map(|(e, chunks)| ShowEntry {
-            path: &e.path,
-            kind: e.kind,
-            mode: format!("{:o}", e.mode),
-            size: e.size,
-            chunks: e.chunks,
-            zero_chunks: chunks.iter().filter(|c| c.zero).count(),
-            target: e.target.as_deref(),
-        })
-        .collect();
-    let value = serde_json::json!({
-        "manifest": id.to_hex(),
-        "created_unix": m.created_unix,
-        "logical_bytes": m.logical_size(),
-        "chunks": m.chunks.len(),
-        "meta": m.meta,
-        "entries": entries,
-    });
-    out.emit(&value, || {
+    let info = images::show(store, image)?;
+    out.emit(&info, || {
         let mut s = format!(
             "image {image}\nmanifest {}\ncreated {} (unix)\nsize {} in {} entries, {} chunks",
-            id.to_hex(),
-            m.created_unix,
-            HumanBytes(m.logical_size()),
-            m.entries.len(),
-            m.chunks.len()
+            info.manifest,
+            info.created_unix,
+            HumanBytes(info.logical_bytes),
+            info.entries.len(),
+            info.chunks
         );
-        for (k, v) in &m.meta {
+        for (k, v) in &info.meta {
             s.push_str(&format!("\nmeta {k} = {v}"));
         }
         s.push_str(&format!("\n{:<7} {:>6} {:>12} {:>8} {:>6}  PATH", "KIND", "MODE", "SIZE", "CHUNKS", "ZERO"));
-        for e in &entries {
+        for e in &info.entries {
             let kind = format!("{:?}", e.kind).to_lowercase();
-            let path = match e.target {
+            let path = match &e.target {
                 Some(t) => format!("{} -> {t}", e.path),
-                None => e.path.to_string(),
+                None => e.path.clone(),
             };
             s.push_str(&format!(
                 "\n{kind:<7} {:>6} {:>12} {:>8} {:>6}  {path}",

@@ -2,10 +2,10 @@
 //! the throughput. `--check` reads device buffers back and checks every chunk's hash
 //! ([`DeviceImage::read_back_and_check`]).
 
-use crate::progress::Bars;
 use anyhow::{bail, Context, Result};
 use gstore_gpu_dump::cuda::Context as CudaContext;
 use gstore_gpu_dump::CudaDriver;
+use gstore_progress::Bars;
 use gstore_restore::{DeviceImage, Spread};
 use gstore_store::{Store, StoreError};
 use serde::Serialize;

@@ -3,7 +3,6 @@
 mod args;
 mod commands;
 mod load;
-mod progress;
 
 use clap::Parser;
 

@@ -2,15 +2,17 @@
 //! files of its own) and refreshed, reading only new footers, when a chunk is not found. It
 //! also knows which packs gc has tombstoned: those still serve reads, but a push must not
 //! deduplicate against them (docs/GC.md), so they never make a chunk count as present.
+//!
+//! Listing and footer reads go through the store's own protocol helpers (the same ones
+//! `Store::sync_index` uses); they block, so callers run refreshes on blocking threads.
 
-use futures::TryStreamExt;
-use gstore_store::key::{Family, ObjectKey};
-use gstore_store::pack::{parse_footer, parse_trailer, PackEntry, TRAILER_LEN};
-use gstore_store::ObjectId;
-use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, ObjectStoreExt};
+use gstore_store::backend::Backend;
+use gstore_store::index::ChunkLocation;
+use gstore_store::key::ObjectKey;
+use gstore_store::pack;
+use gstore_store::{lease, ObjectId, Result};
 use std::collections::{HashMap, HashSet};
-use tokio::sync::RwLock;
+use std::sync::RwLock;
 
 /// Where each chunk is.
 pub struct ChunkMap {
@@ -22,7 +24,7 @@ pub struct ChunkMap {
 #[derive(Default)]
 struct Known {
     /// Every pack known to hold each chunk.
-    chunks: HashMap<ObjectId, Vec<(ObjectId, PackEntry)>>,
+    chunks: HashMap<ObjectId, Vec<ChunkLocation>>,
     packs: HashSet<ObjectId>,
     /// Packs with a gc tombstone, as last listed.
     doomed: HashSet<ObjectId>,
@@ -30,8 +32,8 @@ struct Known {
 
 impl Known {
     /// A holder of `id` without a tombstone, if any.
-    fn live(&self, id: &ObjectId) -> Option<(ObjectId, PackEntry)> {
-        self.chunks.get(id)?.iter().find(|(pack, _)| !self.doomed.contains(pack)).copied()
+    fn live(&self, id: &ObjectId) -> Option<ChunkLocation> {
+        self.chunks.get(id)?.iter().find(|l| !self.doomed.contains(&l.pack)).copied()
     }
 }
 
@@ -41,48 +43,58 @@ impl ChunkMap {
         ChunkMap { inner: RwLock::default(), chunk_max }
     }
 
-    /// The pack and footer entry of `id` to read it from, if known: a pack without a
-    /// tombstone if there is one, else a tombstoned one (readable until gc deletes it).
-    pub async fn get(&self, id: &ObjectId) -> Option<(ObjectId, PackEntry)> {
-        let k = self.inner.read().await;
+    fn known(&self) -> std::sync::RwLockReadGuard<'_, Known> {
+        self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn known_mut(&self) -> std::sync::RwLockWriteGuard<'_, Known> {
+        self.inner.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Where to read `id` from, if known: a pack without a tombstone if there is one, else a
+    /// tombstoned one (readable until gc deletes it).
+    pub fn get(&self, id: &ObjectId) -> Option<ChunkLocation> {
+        let k = self.known();
         k.live(id).or_else(|| k.chunks.get(id)?.first().copied())
     }
 
     /// True when a pack without a tombstone (as last listed) holds `id`: one a push may rely on.
-    pub async fn held_live(&self, id: &ObjectId) -> bool {
-        self.inner.read().await.live(id).is_some()
+    pub fn held_live(&self, id: &ObjectId) -> bool {
+        self.known().live(id).is_some()
     }
 
-    /// Lists gc's tombstones again, so [`ChunkMap::held_live`] answers for now.
-    pub async fn refresh_tombstones(&self, objects: &dyn ObjectStore) -> object_store::Result<()> {
-        let listed: Vec<_> = objects.list(Some(&ObjPath::from(Family::Tombstones.prefix()))).try_collect().await?;
-        let doomed = listed.iter().filter_map(|m| tombstoned_pack(m.location.as_ref())).collect();
-        self.inner.write().await.doomed = doomed;
+    /// Lists gc's tombstones again, so [`ChunkMap::held_live`] answers for now. Blocks.
+    pub fn refresh_tombstones(&self, backend: &Backend) -> Result<()> {
+        let doomed = lease::tombstoned_packs(backend)?;
+        self.known_mut().doomed = doomed;
         Ok(())
     }
 
-    /// Reads the footers of packs not seen yet. Damaged packs are skipped. When gc deleted a
-    /// known pack, the map is rebuilt (chunks it held may live in another pack now).
-    pub async fn refresh(&self, objects: &dyn ObjectStore) -> object_store::Result<()> {
-        let listed: Vec<_> = objects.list(Some(&ObjPath::from(Family::Packs.prefix()))).try_collect().await?;
-        let present: HashSet<ObjectId> = listed.iter().filter_map(|m| listed_pack(m.location.as_ref())).collect();
-        let mut known = self.inner.read().await.packs.clone();
-        if !known.is_subset(&present) {
-            let mut k = self.inner.write().await;
-            k.chunks.clear();
-            k.packs.clear();
-            known.clear();
-        }
-        for meta in listed {
-            let Some(pack) = listed_pack(meta.location.as_ref()) else { continue };
-            if known.contains(&pack) {
+    /// Lists tombstones, then packs (in that order, as every store does), and reads the
+    /// footers of packs not seen yet. Damaged packs are skipped. When gc deleted a known pack,
+    /// the map is rebuilt (chunks it held may live in another pack now). Blocks.
+    pub fn refresh(&self, backend: &Backend) -> Result<()> {
+        let (doomed, listed) = lease::doomed_then_listed(backend)?;
+        let present: HashSet<ObjectId> = listed.iter().filter_map(|l| listed_pack(&l.key)).collect();
+        let mut known = {
+            let mut k = self.known_mut();
+            k.doomed = doomed;
+            if !k.packs.is_subset(&present) {
+                k.chunks.clear();
+                k.packs.clear();
+            }
+            k.packs.clone()
+        };
+        for l in listed {
+            let Some(id) = listed_pack(&l.key) else { continue };
+            if !known.insert(id) {
                 continue;
             }
-            if let Ok(entries) = footer(objects, &pack, meta.size, self.chunk_max).await {
-                let mut k = self.inner.write().await;
-                k.packs.insert(pack);
-                for e in entries {
-                    k.chunks.entry(e.id).or_default().push((pack, e));
+            if let Ok((entries, _)) = pack::read_tail(backend, &id, l.size, self.chunk_max) {
+                let mut k = self.known_mut();
+                k.packs.insert(id);
+                for e in &entries {
+                    k.chunks.entry(e.id).or_default().push(ChunkLocation::in_pack(id, e));
                 }
             }
         }
@@ -93,26 +105,4 @@ impl ChunkMap {
 /// The pack a listed key names, if it is a pack's.
 fn listed_pack(key: &str) -> Option<ObjectId> {
     ObjectKey::parse(key).ok()?.pack()
-}
-
-/// The pack a listed tombstone marks, if it marks a pack.
-fn tombstoned_pack(key: &str) -> Option<ObjectId> {
-    ObjectKey::parse(key).ok()?.tombstoned()?.pack()
-}
-
-async fn footer(
-    objects: &dyn ObjectStore,
-    pack: &ObjectId,
-    size: u64,
-    chunk_max: u32,
-) -> Result<Vec<PackEntry>, String> {
-    let key = ObjectKey::Pack(*pack).to_string();
-    let path = ObjPath::from(key.as_str());
-    if size < TRAILER_LEN as u64 + 8 {
-        return Err("truncated".into());
-    }
-    let tail = objects.get_range(&path, size - TRAILER_LEN as u64..size).await.map_err(|e| e.to_string())?;
-    let t = parse_trailer(&tail, size, &key).map_err(|e| e.to_string())?;
-    let f = objects.get_range(&path, t.footer_offset..size - TRAILER_LEN as u64).await.map_err(|e| e.to_string())?;
-    parse_footer(&f, &t, &key, chunk_max).map_err(|e| e.to_string())
 }

@@ -9,6 +9,7 @@ pub mod routes;
 pub mod verify;
 
 use auth::Tokens;
+use gstore_store::backend::Backend;
 use object_store::ObjectStore;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,9 +35,6 @@ pub struct Settings {
     pub max_concurrent: usize,
     /// TLS certificate chain and private key (PEM files); plain HTTP when `None`.
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
-    /// A local store's compare-and-swap lock file, shared with gstore processes writing the
-    /// same directory (see `Backend::cas_lock_path`).
-    pub cas_file: Option<std::path::PathBuf>,
     /// The store's `chunk_max` (its config's): uploaded or served packs listing a longer
     /// chunk are corrupt, and nothing longer is ever decoded.
     pub chunk_max: u32,
@@ -45,7 +43,9 @@ pub struct Settings {
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
-    /// The store's objects.
+    /// The store: its protocol (compare-and-swap, listings, pack footers) goes through this.
+    pub backend: Backend,
+    /// The same store's objects, for streaming reads and plain writes.
     pub objects: Arc<dyn ObjectStore>,
     /// Configured tokens.
     pub tokens: Arc<Tokens>,
@@ -53,10 +53,6 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Which pack holds each chunk.
     pub chunks: Arc<chunks::ChunkMap>,
-    /// Serializes compare-and-swap writes on stores without native If-Match (local directory).
-    pub cas_lock: Arc<tokio::sync::Mutex<()>>,
-    /// The local store's lock file, taken too so that other processes are excluded.
-    pub cas_file: Option<std::path::PathBuf>,
     /// The store's `chunk_max`: the longest chunk a pack may list.
     pub chunk_max: u32,
 }
@@ -72,7 +68,14 @@ pub fn check_exposure(s: &Settings) -> Result<(), String> {
     Ok(())
 }
 
-/// Serves until `shutdown` completes, then finishes the requests in flight.
+/// The objects of a store that can be served: any but an HTTP one (serve the store behind it).
+pub fn servable(backend: &Backend) -> Result<Arc<dyn ObjectStore>, String> {
+    backend.object_store().ok_or_else(|| {
+        format!("{} is a gstore server already: serve the store behind it instead", backend.description())
+    })
+}
+
+/// Serves `backend`'s store until `shutdown` completes, then finishes the requests in flight.
 ///
 /// HTTP/1.1 only (the gstore client speaks it; TLS offers only `http/1.1` by ALPN), so that
 /// every connection is under hyper's header-read timeout from its first byte: one that does not
@@ -80,17 +83,17 @@ pub fn check_exposure(s: &Settings) -> Result<(), String> {
 /// closed. (HTTP/2, or the version sniffing that serving both needs, would wait on a silent
 /// connection for ever.)
 pub async fn serve(
-    objects: Arc<dyn ObjectStore>,
+    backend: Backend,
     s: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     check_exposure(&s)?;
+    let objects = servable(&backend)?;
     let state = AppState {
+        backend,
         objects,
         tokens: Arc::new(s.tokens.clone()),
         metrics: Arc::new(metrics::Metrics::new()),
-        cas_lock: Arc::default(),
-        cas_file: s.cas_file.clone(),
         chunks: Arc::new(chunks::ChunkMap::new(s.chunk_max)),
         chunk_max: s.chunk_max,
     };

@@ -13,10 +13,11 @@ use axum::routing::get;
 use axum::{Json, Router};
 use futures::TryStreamExt;
 use gstore_store::backend::Listed;
+use gstore_store::backend::Version;
 use gstore_store::codec::Decoder;
+use gstore_store::index::ChunkLocation;
 use gstore_store::key::{Family, ObjectKey as Key};
-use gstore_store::pack::PackEntry;
-use gstore_store::ObjectId;
+use gstore_store::{ObjectId, StoreError};
 use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use std::time::Instant;
@@ -65,6 +66,34 @@ fn parse_key(key: &str) -> Result<Key, Response> {
     match Key::parse(key) {
         Ok(Key::Probe(_)) => Err(error(StatusCode::BAD_REQUEST, format!("not a served gstore object key: {key:?}"))),
         other => other.map_err(|e| error(StatusCode::BAD_REQUEST, e)),
+    }
+}
+
+/// The answer to a failure of the store's protocol helpers.
+fn store_failure(e: StoreError) -> Response {
+    match e {
+        StoreError::NotFound { .. } => error(StatusCode::NOT_FOUND, "no such object"),
+        StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => {
+            error(StatusCode::PRECONDITION_FAILED, "the object changed (or exists): re-read and retry")
+        }
+        other => error(StatusCode::BAD_GATEWAY, format!("store: {other}")),
+    }
+}
+
+/// Runs a chunk map refresh (blocking store requests) on a blocking thread.
+async fn refreshed(state: &AppState, tombstones_only: bool) -> Result<(), Response> {
+    let (chunks, backend) = (state.chunks.clone(), state.backend.clone());
+    let done = tokio::task::spawn_blocking(move || {
+        if tombstones_only {
+            chunks.refresh_tombstones(&backend)
+        } else {
+            chunks.refresh(&backend)
+        }
+    })
+    .await;
+    match done {
+        Ok(r) => r.map_err(store_failure),
+        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     }
 }
 
@@ -187,56 +216,36 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
     }
     let len = body.len() as u64;
     let path = ObjPath::from(key.as_str());
-    let put = match state
-        .objects
-        .put_opts(&path, PutPayload::from(body.clone()), PutOptions { mode: mode.clone(), ..Default::default() })
-        .await
-    {
-        // No native If-Match (local directory): compare ETags under a lock, then write.
-        Err(object_store::Error::NotImplemented { .. }) => {
-            let PutMode::Update(expected) = mode else {
-                return error(StatusCode::NOT_IMPLEMENTED, "the store cannot do this write");
-            };
-            let _guard = state.cas_lock.lock().await;
-            let _file = match &state.cas_file {
-                Some(p) => match lock_file(p.clone()).await {
-                    Ok(f) => Some(f),
-                    Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e),
-                },
-                None => None,
-            };
-            match state.objects.head(&path).await {
-                Ok(m) if m.e_tag == expected.e_tag => state.objects.put(&path, PutPayload::from(body)).await,
-                Ok(_) => return error(StatusCode::PRECONDITION_FAILED, "the object changed: re-read and retry"),
-                Err(e) => return store_error(e),
+    let put = match mode {
+        // Compare-and-swap through the store's own (native If-Match, or on a local directory
+        // the version compared under the lock file every gstore writer takes).
+        PutMode::Update(UpdateVersion { e_tag, .. }) => {
+            let (backend, version) = (state.backend.clone(), Version::from_e_tag(e_tag.unwrap_or_default()));
+            let swapped =
+                tokio::task::spawn_blocking(move || backend.put_if_unchanged(&key, body.to_vec(), &version)).await;
+            match swapped {
+                Ok(Ok(())) => state.objects.head(&path).await.map(|m| m.e_tag),
+                Ok(Err(e)) => return store_failure(e),
+                Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
             }
         }
-        other => other,
+        mode => state
+            .objects
+            .put_opts(&path, PutPayload::from(body), PutOptions { mode, ..Default::default() })
+            .await
+            .map(|r| r.e_tag),
     };
     match put {
-        Ok(r) => {
+        Ok(e_tag) => {
             state.metrics.bytes_in.inc_by(len);
             let mut h = HeaderMap::new();
-            if let Some(e) = r.e_tag.and_then(|e| e.parse().ok()) {
+            if let Some(e) = e_tag.and_then(|e| e.parse().ok()) {
                 h.insert(header::ETAG, e);
             }
             (StatusCode::CREATED, h).into_response()
         }
         Err(e) => store_error(e),
     }
-}
-
-/// Takes an exclusive lock on `path` (held while the returned file is open).
-async fn lock_file(path: std::path::PathBuf) -> Result<std::fs::File, String> {
-    let shown = path.display().to_string();
-    tokio::task::spawn_blocking(move || {
-        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
-        f.lock()?;
-        Ok::<_, std::io::Error>(f)
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("locking {shown}: {e}"))
 }
 
 /// The scope (and tag namespace) writing or deleting an object needs: tags and leases are
@@ -300,14 +309,14 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
 }
 
 /// Finds a chunk, reading new pack footers once if it is not known yet.
-async fn locate(state: &AppState, id: &ObjectId) -> Result<Option<(ObjectId, PackEntry)>, Response> {
-    if let Some(found) = state.chunks.get(id).await {
+async fn locate(state: &AppState, id: &ObjectId) -> Result<Option<ChunkLocation>, Response> {
+    if let Some(found) = state.chunks.get(id) {
         state.metrics.chunk_lookups.with_label_values(&["hit"]).inc();
         return Ok(Some(found));
     }
     state.metrics.chunk_lookups.with_label_values(&["miss"]).inc();
-    state.chunks.refresh(state.objects.as_ref()).await.map_err(store_error)?;
-    Ok(state.chunks.get(id).await)
+    refreshed(state, false).await?;
+    Ok(state.chunks.get(id))
 }
 
 #[derive(serde::Deserialize)]
@@ -326,13 +335,13 @@ async fn get_chunk(
         return r;
     }
     let Ok(id) = ObjectId::from_hex(&id) else { return error(StatusCode::BAD_REQUEST, "not a 64-hex chunk id") };
-    let (pack, e) = match locate(&state, &id).await {
+    let e = match locate(&state, &id).await {
         Ok(Some(found)) => found,
         Ok(None) => return error(StatusCode::NOT_FOUND, "no pack holds this chunk"),
         Err(r) => return r,
     };
-    let range = e.offset..e.offset + e.stored_len as u64;
-    let stored = match state.objects.get_range(&ObjPath::from(Key::Pack(pack).to_string().as_str()), range).await {
+    let stored = match state.objects.get_range(&ObjPath::from(Key::Pack(e.pack).to_string().as_str()), e.range()).await
+    {
         Ok(b) => b,
         Err(err) => return store_error(err),
     };
@@ -344,7 +353,7 @@ async fn get_chunk(
     let chunk_max = state.chunk_max;
     let decoded = tokio::task::spawn_blocking(move || {
         let mut plain = Vec::with_capacity(e.plain_len as usize);
-        Decoder::new(chunk_max).decode_append(e.codec, &stored, e.plain_len as usize, &e.id, &mut plain).map(|()| plain)
+        Decoder::new(chunk_max).decode_append(e.codec, &stored, e.plain_len as usize, &id, &mut plain).map(|()| plain)
     })
     .await;
     match decoded {
@@ -384,21 +393,21 @@ async fn missing_chunks(State(state): State<AppState>, req: Request) -> Response
     }
     // Tombstones are listed for every query (a push must not rely on a pack gc tombstoned
     // since), footers refreshed once at most, whatever the batch size.
-    if let Err(e) = state.chunks.refresh_tombstones(state.objects.as_ref()).await {
-        return store_error(e);
+    if let Err(r) = refreshed(&state, true).await {
+        return r;
     }
-    let mut refreshed = false;
+    let mut footers_read = false;
     let mut missing = Vec::new();
     for id in parsed {
-        if state.chunks.held_live(&id).await {
+        if state.chunks.held_live(&id) {
             continue;
         }
-        if !refreshed {
-            if let Err(e) = state.chunks.refresh(state.objects.as_ref()).await {
-                return store_error(e);
+        if !footers_read {
+            if let Err(r) = refreshed(&state, false).await {
+                return r;
             }
-            refreshed = true;
-            if state.chunks.held_live(&id).await {
+            footers_read = true;
+            if state.chunks.held_live(&id) {
                 continue;
             }
         }

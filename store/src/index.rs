@@ -43,6 +43,11 @@ pub struct ChunkLocation {
 }
 
 impl ChunkLocation {
+    /// Where the chunk of footer entry `e` of pack `pack` is.
+    pub fn in_pack(pack: ObjectId, e: &PackEntry) -> ChunkLocation {
+        ChunkLocation { pack, offset: e.offset, stored_len: e.stored_len, plain_len: e.plain_len, codec: e.codec }
+    }
+
     /// Value of a chunk entry (the pack id is in its key).
     fn encode_value(&self) -> [u8; 17] {
         let mut v = [0u8; 17];
@@ -250,13 +255,7 @@ impl Index {
         let mut plain = 0u64;
         for e in entries {
             plain += e.plain_len as u64;
-            let loc = ChunkLocation {
-                pack,
-                offset: e.offset,
-                stored_len: e.stored_len,
-                plain_len: e.plain_len,
-                codec: e.codec,
-            };
+            let loc = ChunkLocation::in_pack(pack, e);
             batch.put_cf(self.cf(CF_CHUNKS), chunk_key(&e.id, &pack), loc.encode_value());
             value.extend_from_slice(&e.id.0);
         }

@@ -177,12 +177,17 @@ pub fn unreliable_packs(
 /// that a pack gc tombstones and deletes meanwhile is in one list or missing from the
 /// second (docs/GC.md, push step 4).
 pub fn doomed_then_listed(backend: &Backend) -> Result<(HashSet<ObjectId>, Vec<backend::Listed>)> {
-    let doomed = backend
+    let doomed = tombstoned_packs(backend)?;
+    Ok((doomed, backend.list(Family::Packs.prefix())?))
+}
+
+/// The packs that have a gc tombstone now: nothing may deduplicate against them.
+pub fn tombstoned_packs(backend: &Backend) -> Result<HashSet<ObjectId>> {
+    Ok(backend
         .list(Family::Tombstones.prefix())?
         .iter()
         .filter_map(|l| ObjectKey::parse(&l.key).ok()?.tombstoned()?.pack())
-        .collect();
-    Ok((doomed, backend.list(Family::Packs.prefix())?))
+        .collect())
 }
 
 /// True when the object under `key` has a gc tombstone.

@@ -17,6 +17,7 @@ mod floats;
 pub mod gc;
 mod http;
 mod id;
+pub mod images;
 pub mod index;
 pub mod key;
 pub mod lease;

@@ -1,9 +1,11 @@
 //! Pack objects: chunks appended one after another, then a footer that lists them, then a
 //! fixed-size trailer that locates and checksums the footer. Byte layout in docs/FORMAT.md.
 
+use crate::backend::Backend;
 use crate::codec::Codec;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
+use crate::key::ObjectKey;
 
 /// Magic bytes at the start of every pack.
 pub const PACK_MAGIC: &[u8; 8] = b"GSPACK01";
@@ -208,6 +210,21 @@ pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str, chunk_max: u32) -> R
         entries.push(e);
     }
     Ok(entries)
+}
+
+/// Reads and checks the footer of the pack `pack`, `size` bytes long (as listed), in a store
+/// whose chunks are at most `chunk_max` bytes: its entries, and the raw tail they were parsed
+/// from (footer entries, then trailer). Two range reads; the chunk data is not read.
+pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) -> Result<(Vec<PackEntry>, Vec<u8>)> {
+    let key = ObjectKey::Pack(*pack).to_string();
+    if size < TRAILER_LEN as u64 + 8 {
+        return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
+    }
+    let trailer = backend.get_range(&key, size - TRAILER_LEN as u64..size)?;
+    let t = parse_trailer(&trailer, size, &key)?;
+    let footer = backend.get_range(&key, t.footer_offset..size - TRAILER_LEN as u64)?;
+    let entries = parse_footer(&footer, &t, &key, chunk_max)?;
+    Ok((entries, [&footer[..], &trailer[..]].concat()))
 }
 
 /// Parses a whole pack held in memory: header, trailer, footer (see [`parse_footer`]).

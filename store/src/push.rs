@@ -90,7 +90,8 @@ struct Relied {
     len: u32,
 }
 
-/// Pushes `source` as a new image tagged `tag`, with `meta` recorded in the manifest.
+/// Pushes `source` (a file or a directory tree) as a new image tagged `tag`, with `meta`
+/// recorded in the manifest.
 pub fn push(
     store: &Store,
     source: &std::path::Path,
@@ -98,11 +99,106 @@ pub fn push(
     meta: BTreeMap<String, serde_json::Value>,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
-    let started = std::time::Instant::now();
     // Refused before any work rather than when the tag is written.
     tag.check_new()?;
     let entries = source::scan(source)?;
-    let units = plan_units(&entries, store.config());
+    let contents = open_files(&entries)?;
+    push_entries(store, &entries, &contents, tag, meta, progress)
+}
+
+/// Pushes files held in memory as a new image tagged `tag`: each `(path, pieces)` becomes a
+/// regular file (mode 0644) at that relative path whose bytes are its pieces one after
+/// another (a header and tensors, say), in the order given; parent directories are implied,
+/// not stored. Paths must be relative, `/`-separated, without `.` or `..` parts, and
+/// distinct. The pieces are read in place: no copy besides the chunks' own encoding.
+pub fn push_pieces(
+    store: &Store,
+    files: &[(String, Vec<&[u8]>)],
+    tag: &TagRef,
+    meta: BTreeMap<String, serde_json::Value>,
+    progress: &dyn Progress,
+) -> Result<PushReport> {
+    tag.check_new()?;
+    let mut names = HashSet::new();
+    let mut entries = Vec::with_capacity(files.len());
+    let mut contents = Vec::with_capacity(files.len());
+    for (path, parts) in files {
+        crate::manifest::check_relative_path(path)
+            .map_err(|why| StoreError::Invalid(format!("file {path:?}: {why}")))?;
+        if !names.insert(path.as_str()) {
+            return Err(StoreError::Invalid(format!("file {path:?} is given twice")));
+        }
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut size = 0u64;
+        for p in parts {
+            starts.push(size);
+            size += p.len() as u64;
+        }
+        entries.push(SourceEntry::in_memory(path, size));
+        contents.push(Some(Content::Pieces { parts, starts }));
+    }
+    push_entries(store, &entries, &contents, tag, meta, progress)
+}
+
+/// The bytes of one file being pushed.
+enum Content<'a> {
+    /// A file on disk, read at offsets.
+    File(std::fs::File),
+    /// Pieces of memory, one after another.
+    Pieces {
+        /// The pieces.
+        parts: &'a [&'a [u8]],
+        /// Where each piece starts in the file.
+        starts: Vec<u64>,
+    },
+}
+
+impl Content<'_> {
+    /// Fills `buf` from `offset`; a file that is shorter now than when it was scanned has
+    /// shrunk while it was being pushed.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64, entry: &SourceEntry) -> Result<()> {
+        match self {
+            Content::File(f) => f.read_exact_at(buf, offset).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    StoreError::Invalid(format!("{} shrank while it was being pushed", entry.abs.display()))
+                } else {
+                    StoreError::io("reading", &entry.abs, e)
+                }
+            }),
+            Content::Pieces { parts, starts } => {
+                let size = starts.last().zip(parts.last()).map_or(0, |(s, p)| s + p.len() as u64);
+                if offset.checked_add(buf.len() as u64).is_none_or(|end| end > size) {
+                    return Err(StoreError::Internal(format!("read past the end of {}", entry.rel)));
+                }
+                let mut at = offset;
+                let mut filled = 0;
+                let mut i = starts.partition_point(|&s| s <= at).saturating_sub(1);
+                while filled < buf.len() {
+                    let from = (at - starts[i]) as usize;
+                    let n = parts[i].len().saturating_sub(from).min(buf.len() - filled);
+                    if n > 0 {
+                        buf[filled..filled + n].copy_from_slice(&parts[i][from..from + n]);
+                    }
+                    filled += n;
+                    at += n as u64;
+                    i += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn push_entries(
+    store: &Store,
+    entries: &[SourceEntry],
+    files: &[Option<Content<'_>>],
+    tag: &TagRef,
+    meta: BTreeMap<String, serde_json::Value>,
+    progress: &dyn Progress,
+) -> Result<PushReport> {
+    let started = std::time::Instant::now();
+    let units = plan_units(entries, store.config());
     let total: u64 = units.iter().map(|u| u.len).sum();
     progress.start("pushing", total);
 
@@ -123,7 +219,6 @@ pub fn push(
     let lease = Lease::take(store.backend(), &format!("push {tag}"))?;
     let mut relied: HashMap<ObjectId, Vec<Relied>> = HashMap::new();
     let mut file_chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); entries.len()];
-    let files = open_files(&entries)?;
 
     let writers = store.upload_concurrency();
     let (tx, rx) = mpsc::sync_channel::<FinishedPack>(writers);
@@ -153,7 +248,7 @@ pub fn push(
             })
             .collect();
         let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
-        let appended = append_all(store, &entries, &files, &units, &mut out, &queue, progress);
+        let appended = append_all(store, entries, files, &units, &mut out, &queue, progress);
         drop(queue);
         let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
         for h in handles {
@@ -176,7 +271,7 @@ pub fn push(
     });
     progress.finish();
     result?;
-    report.reuploaded_chunks = reupload_unreliable(store, &lease, &entries, &files, relied)?;
+    report.reuploaded_chunks = reupload_unreliable(store, &lease, entries, files, relied)?;
 
     let mut manifest = Manifest {
         created_unix: creation_time(),
@@ -224,13 +319,13 @@ fn plan_units(entries: &[SourceEntry], cfg: &crate::StoreConfig) -> Vec<Unit> {
         .collect()
 }
 
-fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<std::fs::File>>> {
+fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<Content<'static>>>> {
     entries
         .iter()
         .map(|e| match e.kind {
-            EntryKind::File => {
-                std::fs::File::open(&e.abs).map(Some).map_err(|err| StoreError::io("opening", &e.abs, err))
-            }
+            EntryKind::File => std::fs::File::open(&e.abs)
+                .map(|f| Some(Content::File(f)))
+                .map_err(|err| StoreError::io("opening", &e.abs, err)),
             _ => Ok(None),
         })
         .collect()
@@ -263,7 +358,7 @@ struct Appended<'a> {
 fn append_all(
     store: &Store,
     entries: &[SourceEntry],
-    files: &[Option<std::fs::File>],
+    files: &[Option<Content<'_>>],
     units: &[Unit],
     out: &mut Appended,
     queue: &PackQueue<'_>,
@@ -326,15 +421,9 @@ fn append_all(
     Ok(())
 }
 
-fn process_unit(store: &Store, entry: &SourceEntry, file: &std::fs::File, u: &Unit) -> Result<Vec<Cut>> {
+fn process_unit(store: &Store, entry: &SourceEntry, file: &Content<'_>, u: &Unit) -> Result<Vec<Cut>> {
     let mut data = vec![0u8; u.len as usize];
-    file.read_exact_at(&mut data, u.offset).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            StoreError::Invalid(format!("{} shrank while it was being pushed", entry.abs.display()))
-        } else {
-            StoreError::io("reading", &entry.abs, e)
-        }
-    })?;
+    file.read_exact_at(&mut data, u.offset, entry)?;
     let cfg = store.config();
     let mut encoder = codec::Encoder::new(cfg.zstd_level, cfg.float_codec)?;
     chunker::cut_segment(&data, cfg)
@@ -379,7 +468,7 @@ fn reupload_unreliable(
     store: &Store,
     lease: &Lease,
     entries: &[SourceEntry],
-    files: &[Option<std::fs::File>],
+    files: &[Option<Content<'_>>],
     mut relied: HashMap<ObjectId, Vec<Relied>>,
 ) -> Result<u64> {
     if relied.is_empty() {
@@ -408,11 +497,7 @@ fn reupload_unreliable(
             }
             let e = &entries[r.file];
             let mut data = vec![0u8; r.len as usize];
-            files[r.file]
-                .as_ref()
-                .expect("file entry")
-                .read_exact_at(&mut data, r.offset)
-                .map_err(|err| StoreError::io("reading", &e.abs, err))?;
+            files[r.file].as_ref().expect("file entry").read_exact_at(&mut data, r.offset, e)?;
             if ObjectId::of(&data) != r.id {
                 return Err(StoreError::Invalid(format!("{} changed while it was being pushed", e.abs.display())));
             }
@@ -455,5 +540,58 @@ mod tests {
         let rec: crate::lease::LeaseRecord =
             crate::lease::LeaseRecord::from_json(&b.get(lease.key()).unwrap(), lease.key()).unwrap();
         assert!(rec.manifest_ids().any(|m| m == id), "the new id is leased");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn pieces_read_as_their_concatenation(
+            parts in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..40), 0..8),
+            at in 0usize..400,
+            len in 0usize..100,
+        ) {
+            let whole: Vec<u8> = parts.concat();
+            let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+            let mut starts = Vec::new();
+            let mut size = 0u64;
+            for p in &slices {
+                starts.push(size);
+                size += p.len() as u64;
+            }
+            let content = Content::Pieces { parts: &slices, starts };
+            let entry = SourceEntry::in_memory("f", size);
+            let mut buf = vec![0u8; len];
+            let r = content.read_exact_at(&mut buf, at as u64, &entry);
+            if at + len <= whole.len() {
+                proptest::prop_assert!(r.is_ok());
+                proptest::prop_assert_eq!(&buf[..], &whole[at..at + len]);
+            } else {
+                proptest::prop_assert!(r.is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_push_as_the_file_they_make_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = StoreLocation::Local(dir.path().join("store"));
+        Store::init(&loc, &crate::StoreConfig::default()).unwrap();
+        let store = Store::open_indexed(&loc, &|_| {}).unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let file = dir.path().join("model.bin");
+        std::fs::write(&file, &data).unwrap();
+        let silent = crate::progress::Silent;
+        let a = push(&store, &file, &TagRef::parse("m:file").unwrap(), BTreeMap::new(), &silent).unwrap();
+        let pieces = vec![&data[..10], &data[10..10], &data[10..1_234_567], &data[1_234_567..]];
+        let files = vec![("model.bin".to_string(), pieces)];
+        let b = push_pieces(&store, &files, &TagRef::parse("m:pieces").unwrap(), BTreeMap::new(), &silent).unwrap();
+        assert_eq!((b.new_chunks, b.logical_bytes, b.entries), (0, data.len() as u64, 1), "every chunk deduplicated");
+        let chunks = |r: &PushReport| store.get_manifest(&ObjectId::from_hex(&r.manifest).unwrap()).unwrap().chunks;
+        assert_eq!(chunks(&a), chunks(&b));
+        let bad = vec![("../x".to_string(), vec![&data[..1]])];
+        let e = push_pieces(&store, &bad, &TagRef::parse("m:bad").unwrap(), BTreeMap::new(), &silent).unwrap_err();
+        assert!(e.to_string().contains("../x"), "{e}");
+        let twice = vec![("a".to_string(), vec![&data[..1]]), ("a".to_string(), vec![&data[..1]])];
+        let e = push_pieces(&store, &twice, &TagRef::parse("m:twice").unwrap(), BTreeMap::new(), &silent).unwrap_err();
+        assert!(e.to_string().contains("given twice"), "{e}");
     }
 }

@@ -22,6 +22,20 @@ pub struct SourceEntry {
     pub target: Option<String>,
 }
 
+impl SourceEntry {
+    /// A regular file of `size` bytes held in memory, at `rel` in the image (mode 0644).
+    pub fn in_memory(rel: &str, size: u64) -> SourceEntry {
+        SourceEntry {
+            rel: rel.to_string(),
+            abs: PathBuf::from(rel),
+            kind: EntryKind::File,
+            mode: 0o644,
+            size,
+            target: None,
+        }
+    }
+}
+
 fn utf8(p: &Path) -> Result<String> {
     p.to_str().map(str::to_string).ok_or_else(|| {
         StoreError::Invalid(format!("path {} is not valid UTF-8; gstore stores UTF-8 paths only", p.display()))

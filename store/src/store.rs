@@ -9,7 +9,7 @@ use crate::index::{ChunkLocation, Index};
 use crate::key::{Family, ObjectKey};
 use crate::lock::StoreLock;
 use crate::manifest::Manifest;
-use crate::pack::{self, PackEntry, TRAILER_LEN};
+use crate::pack::{self, PackEntry};
 use crate::tag::{SetTime, TagRecord, TagRef};
 use bytes::Bytes;
 use std::path::PathBuf;
@@ -411,15 +411,7 @@ impl Store {
     /// Reads and checks the footer of a pack `size` bytes long (as listed): its entries, and
     /// the raw tail they were parsed from (footer entries, then trailer).
     pub fn read_pack_tail(&self, pack: &ObjectId, size: u64) -> Result<(Vec<PackEntry>, Vec<u8>)> {
-        let key = ObjectKey::Pack(*pack).to_string();
-        if size < TRAILER_LEN as u64 + 8 {
-            return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
-        }
-        let trailer = self.backend.get_range(&key, size - TRAILER_LEN as u64..size)?;
-        let t = pack::parse_trailer(&trailer, size, &key)?;
-        let footer = self.backend.get_range(&key, t.footer_offset..size - TRAILER_LEN as u64)?;
-        let entries = pack::parse_footer(&footer, &t, &key, self.config.chunk_max)?;
-        Ok((entries, [&footer[..], &trailer[..]].concat()))
+        pack::read_tail(&self.backend, pack, size, self.config.chunk_max)
     }
 
     /// Stores a finished pack, then records it in the index (pack before index).

@@ -149,8 +149,4 @@ impl Objects for LocalDir {
     fn local_root(&self) -> Option<&Path> {
         Some(&self.root)
     }
-
-    fn cas_lock(&self) -> Option<&Path> {
-        Some(&self.cas_lock)
-    }
 }

@@ -31,6 +31,14 @@ pub const MULTIPART_ABOVE: u64 = 64 << 20;
 #[derive(Debug, Clone)]
 pub struct Version(object_store::UpdateVersion);
 
+impl Version {
+    /// The version an object had when it carried this entity tag (as a client sends it in
+    /// `If-Match`), for a compare-and-swap on its behalf.
+    pub fn from_e_tag(e_tag: String) -> Version {
+        Version(object_store::UpdateVersion { e_tag: Some(e_tag), version: None })
+    }
+}
+
 /// One listed object (also as the chunk server lists it: a JSON object with these fields).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Listed {
@@ -84,10 +92,6 @@ pub(crate) trait Objects: Send + Sync {
     }
     /// The directory of a local store.
     fn local_root(&self) -> Option<&Path> {
-        None
-    }
-    /// The lock file that serialises compare-and-swap writes on a local store.
-    fn cas_lock(&self) -> Option<&Path> {
         None
     }
 }
@@ -176,12 +180,6 @@ impl Backend {
         self.objects.object_store()
     }
 
-    /// The lock file that serializes compare-and-swap writes on a local store (`None`
-    /// elsewhere), for other writers of the same directory such as `gstore serve`.
-    pub fn cas_lock_path(&self) -> Option<&Path> {
-        self.objects.cas_lock()
-    }
-
     /// The directory of a local store, where an object's key is its path (`None` for other
     /// backends).
     pub fn local_root(&self) -> Option<&Path> {
@@ -265,6 +263,15 @@ impl Backend {
             Some(found) if found[..] == bytes[..] => Ok(()),
             _ => Err(lost),
         }
+    }
+
+    /// Writes an object only if it is still at `expected`: the bare compare-and-swap, for a
+    /// server passing a client's If-Match through. Unlike [`Backend::put_if`] a lost race is
+    /// always [`StoreError::Conflict`], even when the object holds these bytes already: the
+    /// client, not the server, decides whether that was its own earlier write.
+    pub fn put_if_unchanged(&self, key: &str, bytes: Vec<u8>, expected: &Version) -> Result<()> {
+        self.before("put_if", key);
+        self.objects.put(key, Bytes::from(bytes), Put::Update(expected))
     }
 
     /// Reads a whole object.

@@ -1,5 +1,6 @@
-//! Terminal progress bars (indicatif) for the library's progress reports; hidden when stderr
-//! is not a terminal, with `--json`, or with `--quiet`.
+//! Terminal progress bars (indicatif) for the library's progress reports, shared by the CLI
+//! and the Python package; hidden when stderr is not a terminal, or when the caller asks for
+//! quiet (`--json`, `--quiet`, `progress=False`).
 
 use gstore_store::progress::Progress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};

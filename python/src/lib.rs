@@ -1,0 +1,299 @@
+//! gstore's Python package, native part (`gstore._gstore`): a store opened from Python,
+//! pushes of buffers held in memory, loads into host memory or VRAM that NumPy and PyTorch
+//! take over without a copy (`__array_interface__`, `__cuda_array_interface__`), and the
+//! everyday commands. Long calls release the GIL. The Python layer (python/gstore/) turns
+//! state dicts into safetensors files and back.
+
+use gstore_gpu_dump::cuda::DeviceBuffer;
+use gstore_gpu_dump::CudaDriver;
+use gstore_progress::Bars;
+use gstore_store::{images, push, usage, Store as RustStore, StoreConfig, StoreError, StoreLocation, TagRef};
+use pyo3::buffer::PyBuffer;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::collections::BTreeMap;
+
+create_exception!(_gstore, GstoreError, PyException, "Any failure of a gstore operation; the message is the CLI's.");
+create_exception!(_gstore, NotFoundError, GstoreError, "The named image, tag, object or store does not exist.");
+create_exception!(
+    _gstore,
+    CorruptError,
+    GstoreError,
+    "Stored data failed its checks: run `gstore verify --read-data`."
+);
+create_exception!(
+    _gstore,
+    ConflictError,
+    GstoreError,
+    "Another writer changed the object first, or it exists already."
+);
+create_exception!(_gstore, InvalidError, GstoreError, "The caller's input was refused (a tag name, a path, a size).");
+
+/// The Python exception for a store error, with the CLI's message.
+fn py_err(e: StoreError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        StoreError::NotFound { .. } | StoreError::NotInitialized(_) => NotFoundError::new_err(msg),
+        StoreError::Corrupt { .. } => CorruptError::new_err(msg),
+        StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => ConflictError::new_err(msg),
+        StoreError::Invalid(_) => InvalidError::new_err(msg),
+        _ => GstoreError::new_err(msg),
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> PyResult<String> {
+    serde_json::to_string(value).map_err(|e| GstoreError::new_err(e.to_string()))
+}
+
+/// A gstore store: a directory, `s3://BUCKET[/PREFIX]` or `http://HOST:PORT`, as for the
+/// CLI's `--store` (the same environment variables apply); the default local store when
+/// `None`. Every call opens what it needs and lets go of it afterwards, so CLI commands on
+/// the same store are not kept waiting between calls.
+#[pyclass(frozen, module = "gstore._gstore")]
+struct Store {
+    location: StoreLocation,
+}
+
+impl Store {
+    fn open(&self) -> Result<RustStore, StoreError> {
+        RustStore::open(&self.location)
+    }
+
+    fn open_indexed(&self) -> Result<RustStore, StoreError> {
+        RustStore::open_indexed(&self.location, &|msg| eprintln!("gstore: {msg}"))
+    }
+}
+
+fn location_of(location: Option<&str>) -> PyResult<StoreLocation> {
+    match location {
+        Some(s) => StoreLocation::parse(s).map_err(py_err),
+        None => Ok(StoreLocation::default_local()),
+    }
+}
+
+#[pymethods]
+impl Store {
+    /// Opens the store at `location` (see the class); fails if there is none.
+    #[new]
+    #[pyo3(signature = (location=None))]
+    fn new(location: Option<&str>) -> PyResult<Store> {
+        let s = Store { location: location_of(location)? };
+        s.open().map_err(py_err)?;
+        Ok(s)
+    }
+
+    /// Creates an empty store with the default configuration at `location` (`gstore init`).
+    #[staticmethod]
+    #[pyo3(signature = (location=None))]
+    fn init(location: Option<&str>) -> PyResult<Store> {
+        let location = location_of(location)?;
+        RustStore::init(&location, &StoreConfig::default()).map_err(py_err)?;
+        Ok(Store { location })
+    }
+
+    /// Where the store is, in words.
+    fn describe(&self) -> PyResult<String> {
+        Ok(self.open().map_err(py_err)?.describe())
+    }
+
+    /// Pushes files made of buffers as a new image tagged `tag`: each file is `(path,
+    /// [buffer, ...])`, its bytes the buffers' bytes one after another (C-contiguous bytes,
+    /// read in place; the GIL is released meanwhile, so they must not change). `meta` is a
+    /// JSON object recorded in the manifest. Returns the push report as JSON.
+    #[pyo3(signature = (tag, files, meta="{}", progress=true))]
+    fn push_buffers(
+        &self,
+        py: Python<'_>,
+        tag: &str,
+        files: Vec<(String, Vec<PyBuffer<u8>>)>,
+        meta: &str,
+        progress: bool,
+    ) -> PyResult<String> {
+        let tag = TagRef::parse_new(tag).map_err(py_err)?;
+        let meta: BTreeMap<String, serde_json::Value> = serde_json::from_str(meta)
+            .map_err(|e| InvalidError::new_err(format!("meta must be a JSON object: {e}")))?;
+        let mut pieces: Vec<(String, Vec<&[u8]>)> = Vec::with_capacity(files.len());
+        for (path, buffers) in &files {
+            let mut parts = Vec::with_capacity(buffers.len());
+            for b in buffers {
+                if !b.is_c_contiguous() {
+                    return Err(InvalidError::new_err(format!("file {path:?}: a buffer is not contiguous")));
+                }
+                // SAFETY: the buffer is held (and its exporter kept from resizing it) until
+                // `files` drops at the end of this call; the caller promises not to write to it
+                // while the GIL is released.
+                parts.push(unsafe { std::slice::from_raw_parts(b.buf_ptr() as *const u8, b.len_bytes()) });
+            }
+            pieces.push((path.clone(), parts));
+        }
+        let report = py.detach(|| {
+            let store = self.open_indexed()?;
+            push::push_pieces(&store, &pieces, &tag, meta, &Bars::new(progress))
+        });
+        to_json(&report.map_err(py_err)?)
+    }
+
+    /// Loads every file of `image` into host memory: `[(path, HostFile)]` in manifest order,
+    /// each chunk checked against its hash.
+    #[pyo3(signature = (image, memory_budget=1 << 30, progress=true))]
+    fn load_host(
+        &self,
+        py: Python<'_>,
+        image: &str,
+        memory_budget: u64,
+        progress: bool,
+    ) -> PyResult<Vec<(String, HostFile)>> {
+        let loaded = py.detach(|| {
+            let store = self.open_indexed()?;
+            let m = store.get_manifest(&store.resolve(image)?)?;
+            gstore_restore::restore_to_memory(&store, &m, memory_budget, &Bars::new(progress))
+        });
+        Ok(loaded.map_err(py_err)?.entries.into_iter().map(|e| (e.path, HostFile { data: e.data })).collect())
+    }
+
+    /// Loads every file of `image` into the memory of GPU `device` (CUDA): `[(path,
+    /// CudaFile)]` in manifest order, and the phases' seconds (`plan_s`, `alloc_s`,
+    /// `transfer_s`) as JSON. Every chunk is checked before the call returns.
+    #[pyo3(signature = (image, device=0, memory_budget=1 << 30, progress=true))]
+    fn load_cuda(
+        &self,
+        py: Python<'_>,
+        image: &str,
+        device: u32,
+        memory_budget: u64,
+        progress: bool,
+    ) -> PyResult<(Vec<(String, CudaFile)>, String)> {
+        let loaded = py.detach(|| {
+            let started = std::thread::spawn(move || CudaDriver::load()?.context(device));
+            let store = self.open_indexed()?;
+            let m = store.get_manifest(&store.resolve(image)?)?;
+            let open =
+                || started.join().expect("CUDA start does not panic").map_err(|e| StoreError::Device(e.to_string()));
+            gstore_restore::restore_to_device_with(&store, &m, open, memory_budget, &Bars::new(progress))
+        });
+        let image = loaded.map_err(py_err)?;
+        let phases = serde_json::json!({
+            "plan_s": image.plan_s, "alloc_s": image.alloc_s, "transfer_s": image.transfer_s, "path": image.path,
+        });
+        let files = image.entries.into_iter().map(|e| (e.path, CudaFile { buffer: e.buffer })).collect();
+        Ok((files, phases.to_string()))
+    }
+
+    /// Every tag with its image's manifest id, creation time and size, as JSON (`gstore ls`).
+    fn list(&self, py: Python<'_>) -> PyResult<String> {
+        let rows = py.detach(|| images::list(&self.open()?));
+        to_json(&rows.map_err(py_err)?)
+    }
+
+    /// One image described, as JSON (`gstore show`).
+    fn show(&self, py: Python<'_>, image: &str) -> PyResult<String> {
+        let info = py.detach(|| images::show(&self.open()?, image));
+        to_json(&info.map_err(py_err)?)
+    }
+
+    /// Space used, with the bytes each image alone costs, as JSON (`gstore du`).
+    fn du(&self, py: Python<'_>) -> PyResult<String> {
+        let u = py.detach(|| usage::usage(&self.open_indexed()?));
+        to_json(&u.map_err(py_err)?)
+    }
+
+    /// Points the new tag `target` at the image `source` names (`gstore tag`); returns the
+    /// tag record as JSON.
+    fn tag(&self, py: Python<'_>, source: &str, target: &str) -> PyResult<String> {
+        let rec = py.detach(|| {
+            let target = TagRef::parse_new(target)?;
+            let store = self.open_indexed()?;
+            let id = store.resolve(source)?;
+            store.get_manifest(&id)?;
+            store.tag_existing(&target, id)
+        });
+        to_json(&rec.map_err(py_err)?)
+    }
+
+    /// Removes a tag (`gstore rm`); its chunks stay until garbage collection.
+    fn rm(&self, py: Python<'_>, image: &str) -> PyResult<()> {
+        py.detach(|| self.open()?.delete_tag(&TagRef::parse(image)?)).map_err(py_err)
+    }
+}
+
+/// One file of an image in host memory (a page-aligned anonymous mapping), exposed as a
+/// writable 1-D uint8 array through `__array_interface__`: `numpy.asarray(f)` shares it, and
+/// keeps this object (and the memory) alive.
+#[pyclass(frozen, module = "gstore._gstore")]
+struct HostFile {
+    data: memmap2::MmapMut,
+}
+
+#[pymethods]
+impl HostFile {
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        array_interface(py, self.data.as_ptr() as u64, self.data.len(), None)
+    }
+}
+
+/// One file of an image in GPU memory, exposed as a writable 1-D uint8 device array through
+/// `__cuda_array_interface__` (version 3): `torch.as_tensor(f, device="cuda:N")` shares it
+/// and keeps this object alive; the memory is freed when the last user lets go.
+#[pyclass(frozen, module = "gstore._gstore")]
+struct CudaFile {
+    buffer: DeviceBuffer,
+}
+
+#[pymethods]
+impl CudaFile {
+    fn __len__(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// The GPU the memory is on.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.buffer.context().device()
+    }
+
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        // The load synchronised before it returned: no stream to wait on.
+        array_interface(py, self.buffer.ptr(), self.buffer.len(), Some(py.None()))
+    }
+}
+
+/// The array interface of `len` bytes at `ptr` (NumPy's, or CUDA's when `stream` is given).
+fn array_interface<'py>(
+    py: Python<'py>,
+    ptr: u64,
+    len: usize,
+    stream: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("shape", (len,))?;
+    d.set_item("typestr", "|u1")?;
+    d.set_item("data", (ptr, false))?;
+    d.set_item("version", 3)?;
+    if let Some(s) = stream {
+        d.set_item("stream", s)?;
+    }
+    Ok(d)
+}
+
+/// The native module.
+#[pymodule]
+fn _gstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Store>()?;
+    m.add_class::<HostFile>()?;
+    m.add_class::<CudaFile>()?;
+    let py = m.py();
+    m.add("GstoreError", py.get_type::<GstoreError>())?;
+    m.add("NotFoundError", py.get_type::<NotFoundError>())?;
+    m.add("CorruptError", py.get_type::<CorruptError>())?;
+    m.add("ConflictError", py.get_type::<ConflictError>())?;
+    m.add("InvalidError", py.get_type::<InvalidError>())?;
+    Ok(())
+}

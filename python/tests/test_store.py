@@ -1,0 +1,161 @@
+"""The Python package against a real local store (RocksDB index, packs on disk) and the real
+`gstore` binary ($GSTORE_BIN) for what the CLI must read back. NumPy only: torch is not needed."""
+
+import json
+import os
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+import gstore
+
+
+def weights(seed, shapes):
+    """Small-magnitude float32 weights, as a model holds (not random bits)."""
+    rng = np.random.default_rng(seed)
+    return {name: (rng.standard_normal(shape) * 0.02).astype(np.float32) for name, shape in shapes.items()}
+
+
+SHAPES = {f"layers.{i}.{part}": (128, 256) for i in range(10) for part in ("attn", "mlp", "norm", "proj")}
+
+
+@pytest.fixture
+def store(tmp_path):
+    return gstore.Store.init(str(tmp_path / "store"))
+
+
+def gstore_cli(store, *args):
+    return subprocess.run(
+        [os.environ["GSTORE_BIN"], "--store", str(store), *args], check=True, capture_output=True, text=True
+    )
+
+
+def test_save_then_load_gives_the_same_arrays(store):
+    state = weights(1, SHAPES)
+    state["step"] = np.array(1234, dtype=np.int64)
+    state["mask"] = np.array([True, False, True])
+    state["ids"] = np.arange(7, dtype=np.int16)
+    state["half"] = np.linspace(-1, 1, 33, dtype=np.float16)
+    report = store.save(state, "model:v1", meta={"run": "a"})
+    assert report["tag"] == "model:v1" and report["new_chunks"] > 0
+    loaded = store.load("model:v1")
+    assert sorted(loaded) == sorted(state)
+    for name, value in state.items():
+        assert loaded[name].dtype == value.dtype, name
+        assert loaded[name].shape == value.shape, name
+        assert np.array_equal(loaded[name], value), name
+
+
+def test_the_restored_file_is_read_by_safetensors(store, tmp_path):
+    state = weights(2, SHAPES)
+    store.save(state, "model:v1", meta={"origin": "test"})
+    out = tmp_path / "restored"
+    gstore_cli(store._native.describe(), "restore", "model:v1", "--to", str(out))
+    path = out / gstore.FILE_NAME
+    read = safetensors.numpy.load_file(str(path))
+    assert sorted(read) == sorted(state)
+    for name, value in state.items():
+        assert np.array_equal(read[name], value), name
+    with safetensors.safe_open(str(path), framework="numpy") as f:
+        assert f.metadata() == {"origin": "test"}
+    # The data starts on a page, and each tensor at a multiple of its element size.
+    (n,) = np.frombuffer(path.read_bytes()[:8], dtype="<u8")
+    assert (8 + int(n)) % 4096 == 0
+
+
+def test_a_fine_tune_adds_about_what_changed(store):
+    shapes = {f"layers.{i}.{part}": (512, 512) for i in range(20) for part in ("attn", "mlp")}  # 1 MiB each
+    base = weights(3, shapes)
+    store.save(base, "model:base")
+    tuned = dict(base)
+    changed = sorted(shapes)[::10]  # 10 % of the tensors
+    for name in changed:
+        tuned[name] = base[name] + np.float32(0.001)
+    report = store.save(tuned, "model:tuned")
+    changed_bytes = sum(base[n].nbytes for n in changed)
+    total = sum(v.nbytes for v in base.values())
+    assert report["new_plain_bytes"] >= changed_bytes
+    # Chunks straddling a changed tensor's edges are stored again too, but not much more.
+    assert report["new_plain_bytes"] < 1.5 * changed_bytes, (report["new_plain_bytes"], changed_bytes, total)
+    for name, value in store.load("model:tuned").items():
+        assert np.array_equal(value, tuned[name]), name
+
+
+def test_load_into_fills_arrays_in_place(store):
+    state = weights(4, SHAPES)
+    store.save(state, "model:v1")
+    target = {name: np.zeros_like(v) for name, v in state.items()}
+    before = {name: v.__array_interface__["data"][0] for name, v in target.items()}
+    store.load_into(target, "model:v1")
+    for name, value in state.items():
+        assert np.array_equal(target[name], value), name
+        assert target[name].__array_interface__["data"][0] == before[name], "not filled in place"
+    wrong = {name: np.zeros((3,), dtype=np.float32) for name in state}
+    with pytest.raises(gstore.InvalidError, match="the image has float32"):
+        store.load_into(wrong, "model:v1")
+    with pytest.raises(gstore.InvalidError, match="names differ"):
+        store.load_into({"other": np.zeros(1, dtype=np.float32)}, "model:v1")
+
+
+def test_everyday_calls(store):
+    store.save(weights(5, {"w": (64, 64)}), "model:v1", meta={"note": "first"})
+    rows = store.list()
+    assert [r["tag"] for r in rows] == ["model:v1"]
+    assert rows[0]["logical_bytes"] > 64 * 64 * 4 and rows[0]["created_unix"] > 0
+    info = store.show("model:v1")
+    assert info["entries"][0]["path"] == gstore.FILE_NAME
+    assert info["meta"] == {"format": "safetensors", "note": "first"}
+    assert info["manifest"] == rows[0]["manifest"]
+    rec = store.tag("model:v1", "model:stable")
+    assert rec["manifest"] == rows[0]["manifest"]
+    usage = store.du()
+    assert {i["tag"] for i in usage["images"]} == {"model:v1", "model:stable"}
+    store.rm("model:v1")
+    assert [r["tag"] for r in store.list()] == ["model:stable"]
+    # The CLI sees the same store.
+    listed = json.loads(gstore_cli(store._native.describe(), "--json", "ls").stdout)
+    assert [r["tag"] for r in listed] == ["model:stable"]
+
+
+def test_errors_name_what_is_wrong(store, tmp_path):
+    with pytest.raises(gstore.NotFoundError, match="model:nope"):
+        store.load("model:nope")
+    with pytest.raises(gstore.NotFoundError):
+        gstore.Store(str(tmp_path / "no-store-here"))
+    with pytest.raises(gstore.InvalidError):
+        store.save({"w": np.zeros(4, dtype=np.float32)}, "bad tag name")
+    with pytest.raises(gstore.InvalidError, match="no safetensors equivalent"):
+        store.save({"c": np.zeros(4, dtype=np.complex64)}, "model:v1")
+    with pytest.raises(gstore.InvalidError, match="device"):
+        store.load("model:v1", device="tpu")
+    # An image that was not saved by Store.save: pushed by the CLI from a directory.
+    src = tmp_path / "plain"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    gstore_cli(store._native.describe(), "push", str(src), "--tag", "plain:v1")
+    with pytest.raises(gstore.InvalidError, match="config.json"):
+        store.load("plain:v1")
+    assert isinstance(gstore.NotFoundError("x"), gstore.GstoreError)
+
+
+def test_a_damaged_pack_fails_the_load_and_names_the_chunk(store):
+    state = weights(6, {"w": (256, 256)})
+    store.save(state, "model:v1", progress=False)
+    root = pathlib.Path(store._native.describe())
+    packs = sorted(root.rglob("*.pack"))
+    assert packs
+    for p in packs:
+        data = bytearray(p.read_bytes())
+        data[len(data) // 3] ^= 0x40
+        p.write_bytes(bytes(data))
+    with pytest.raises(gstore.CorruptError, match="chunk"):
+        store.load("model:v1")
+
+
+def test_no_progress_bar_when_not_a_terminal(store, capfd):
+    store.save(weights(7, {"w": (512, 512)}), "model:v1")
+    store.load("model:v1")
+    assert capfd.readouterr().err == ""

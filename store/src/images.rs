@@ -1,0 +1,116 @@
+//! What the everyday commands show about images: the tag list with each image's size and
+//! time (`gstore ls`), and one image described entry by entry (`gstore show`). Library
+//! functions, so the binary and the Python package print the same facts.
+
+use crate::error::Result;
+use crate::id::ObjectId;
+use crate::manifest::EntryKind;
+use crate::store::Store;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One tag as `ls` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageRow {
+    /// `name:version`, or `?` for a tag object that cannot be read.
+    pub tag: String,
+    /// The manifest id (64 hex), empty when the tag cannot be read.
+    pub manifest: String,
+    /// When the image was created (unix seconds), if its manifest could be read.
+    pub created_unix: Option<u64>,
+    /// Its plain size in bytes, if its manifest could be read.
+    pub logical_bytes: Option<u64>,
+    /// Why the tag or its manifest could not be read.
+    pub error: Option<String>,
+}
+
+/// Every tag, with what its manifest says; unreadable tags and manifests are rows with an
+/// error, not a failure of the listing.
+pub fn list(store: &Store) -> Result<Vec<ImageRow>> {
+    let mut rows = Vec::new();
+    for t in store.list_tags()? {
+        rows.push(match t {
+            Ok(rec) => {
+                let m = rec.manifest_id().and_then(|id| store.get_manifest(&id));
+                ImageRow {
+                    tag: rec.tag().to_string(),
+                    manifest: rec.manifest.clone(),
+                    created_unix: m.as_ref().ok().map(|m| m.created_unix),
+                    logical_bytes: m.as_ref().ok().map(|m| m.logical_size()),
+                    error: m.err().map(|e| e.to_string()),
+                }
+            }
+            Err(e) => ImageRow {
+                tag: "?".into(),
+                manifest: String::new(),
+                created_unix: None,
+                logical_bytes: None,
+                error: Some(e.to_string()),
+            },
+        });
+    }
+    Ok(rows)
+}
+
+/// One entry of an image as `show` describes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct EntryInfo {
+    /// Path in the image.
+    pub path: String,
+    /// File, directory or symlink.
+    pub kind: EntryKind,
+    /// Permission bits, octal.
+    pub mode: String,
+    /// Size in bytes (files).
+    pub size: u64,
+    /// Chunks of the file.
+    pub chunks: u64,
+    /// Of those, all-zero chunks (stored as markers).
+    pub zero_chunks: usize,
+    /// A symlink's target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+/// One image, described.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageInfo {
+    /// Its manifest id (64 hex).
+    pub manifest: String,
+    /// When it was created (unix seconds).
+    pub created_unix: u64,
+    /// Its plain size in bytes.
+    pub logical_bytes: u64,
+    /// Chunk references in the image.
+    pub chunks: usize,
+    /// The metadata it was pushed with.
+    pub meta: BTreeMap<String, serde_json::Value>,
+    /// Its entries, in manifest order.
+    pub entries: Vec<EntryInfo>,
+}
+
+/// The image `reference` names (`NAME[:VERSION]` or a manifest id), described.
+pub fn show(store: &Store, reference: &str) -> Result<ImageInfo> {
+    let id: ObjectId = store.resolve(reference)?;
+    let m = store.get_manifest(&id)?;
+    let entries = m
+        .files()
+        .map(|(e, chunks)| EntryInfo {
+            path: e.path.clone(),
+            kind: e.kind,
+            mode: format!("{:o}", e.mode),
+            size: e.size,
+            chunks: e.chunks,
+            zero_chunks: chunks.iter().filter(|c| c.zero).count(),
+            target: e.target.clone(),
+        })
+        .collect();
+    Ok(ImageInfo {
+        manifest: id.to_hex(),
+        created_unix: m.created_unix,
+        logical_bytes: m.logical_size(),
+        chunks: m.chunks.len(),
+        meta: m.meta.clone(),
+        entries,
+    })
+}
