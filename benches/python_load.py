@@ -1,0 +1,154 @@
+"""Loads an N GiB bf16 state dict into GPU memory through the gstore Python package, and
+compares it in the same run with safetensors.torch.load_file(device="cuda"), torch.load and
+`gstore load` on the same image; also what a fine-tune (10 % of tensors changed) adds.
+
+    python3 benches/python_load.py --gib 8 --work /tmp/bench [--gstore-bin PATH] [--rounds 3]
+
+Needs torch with a CUDA GPU and the gstore wheel installed. Weights are N(0, 0.02) in bf16
+(small-magnitude floats, as models hold). Warm page cache: every file is read once before the
+timed rounds. Prints one JSON object per measurement, then a summary.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import safetensors.torch
+import torch
+
+import gstore
+
+TENSOR_BYTES = 128 << 20
+
+
+def make_state(gib):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = (gib << 30) // TENSOR_BYTES
+    elems = TENSOR_BYTES // 2
+    out = {}
+    for i in range(n):
+        w = (torch.randn(elems // 4096, 4096, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+        out[f"layers.{i:03d}.weight"] = w.cpu()
+    return out
+
+
+def warm(path):
+    """Reads every file under `path` once, so the timed loads find them in the page cache."""
+    subprocess.run(["sh", "-c", 'find "$1" -type f -exec cat {} + > /dev/null', "warm", path], check=True)
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t, result
+
+
+def pinned_ceiling():
+    src = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst.copy_(src, non_blocking=True)
+    best = 0.0
+    for _ in range(5):
+        s, _ = timed(lambda: dst.copy_(src, non_blocking=True))
+        best = max(best, (1 << 30) / s / 1e9)
+    del src, dst
+    return best
+
+
+def emit(**kv):
+    print(json.dumps(kv), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=int, default=8)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--gstore-bin", default=None)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    store_dir = os.path.join(a.work, "store")
+    shutil.rmtree(store_dir, ignore_errors=True)
+    s = gstore.Store.init(store_dir)
+    torch.cuda.init()
+    emit(what="pinned_ceiling_gb_s", value=round(pinned_ceiling(), 1))
+
+    state = make_state(a.gib)
+    logical = sum(t.numel() * t.element_size() for t in state.values())
+    t = time.perf_counter()
+    r = s.save(state, "bench:base", progress=False)
+    emit(what="gstore_save", seconds=round(time.perf_counter() - t, 2), logical=logical, stored=r["new_stored_bytes"])
+    st_path = os.path.join(a.work, "model.safetensors")
+    pt_path = os.path.join(a.work, "model.pt")
+    t = time.perf_counter()
+    safetensors.torch.save_file(state, st_path)
+    emit(what="safetensors_save", seconds=round(time.perf_counter() - t, 2))
+    torch.save(state, pt_path)
+
+    tuned = dict(state)
+    changed = sorted(state)[::10]
+    for name in changed:
+        tuned[name] = (state[name].float() + 1e-3).to(torch.bfloat16)
+    r = s.save(tuned, "bench:tuned", progress=False)
+    changed_bytes = sum(state[n].numel() * 2 for n in changed)
+    emit(
+        what="fine_tune_save",
+        changed_bytes=changed_bytes,
+        new_plain_bytes=r["new_plain_bytes"],
+        new_stored_bytes=r["new_stored_bytes"],
+        logical=logical,
+    )
+    del tuned
+
+    for p in (st_path, pt_path, store_dir):
+        warm(p)
+
+    def check(loaded):
+        for name, value in state.items():
+            if not torch.equal(loaded[name].cpu(), value):
+                raise SystemExit(f"{name}: loaded bytes differ")
+
+    loaders = {
+        "gstore_python": lambda: s.load("bench:base", device="cuda:0", progress=False),
+        "safetensors": lambda: safetensors.torch.load_file(st_path, device="cuda:0"),
+        "torch_load": lambda: torch.load(pt_path, map_location="cuda:0", weights_only=True),
+    }
+    results = {k: [] for k in loaders}
+    results["gstore_cli"] = []
+    for rnd in range(a.rounds):
+        for name, fn in loaders.items():
+            seconds, loaded = timed(fn)
+            if rnd == 0:
+                check(loaded)
+            del loaded
+            torch.cuda.empty_cache()
+            results[name].append(seconds)
+            emit(what=name, round=rnd, seconds=round(seconds, 3), gb_s=round(logical / seconds / 1e9, 2))
+        if a.gstore_bin:
+            t = time.perf_counter()
+            out = subprocess.run(
+                [a.gstore_bin, "--store", store_dir, "--json", "load", "bench:base", "--device", "cuda:0"],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            wall = time.perf_counter() - t
+            rep = json.loads(out.stdout)
+            results["gstore_cli"].append(rep["seconds"])
+            emit(what="gstore_cli", round=rnd, seconds=rep["seconds"], process_s=round(wall, 3), phases=rep.get("phases"))
+
+    best = {k: min(v) for k, v in results.items() if v}
+    summary = {k: {"best_s": round(v, 3), "gb_s": round(logical / v / 1e9, 2)} for k, v in best.items()}
+    for k in ("safetensors", "torch_load", "gstore_cli"):
+        if k in best:
+            summary["gstore_python_vs_" + k] = round(best[k] / best["gstore_python"], 2)
+    emit(what="summary", gib=a.gib, **summary)
+
+
+if __name__ == "__main__":
+    main()
