@@ -80,12 +80,13 @@ class Store:
         device: Union[str, int] = "cpu",
         memory_budget: int = 1 << 30,
         progress: bool = True,
+        framework: str = "auto",
     ) -> dict:
-        """The tensors of image ``tag`` saved by :meth:`save`: torch tensors on ``device``
-        (``"cpu"`` or ``"cuda:N"``), or NumPy arrays on the CPU when torch is not installed.
-        Every chunk is checked against its hash before this returns; the tensors share the
-        memory gstore filled."""
-        return _layout.decode(*self._load_file(tag, device, memory_budget, progress))
+        """The tensors of image ``tag`` saved by :meth:`save`, on ``device`` (``"cpu"`` or
+        ``"cuda:N"``): torch tensors, or NumPy arrays with ``framework="numpy"`` (CPU only;
+        ``"auto"`` gives NumPy when torch is not installed). Every chunk is checked against its
+        hash before this returns; the tensors share the memory gstore filled."""
+        return _layout.decode(self.load_file(tag, device, memory_budget, progress, framework))
 
     def load_into(
         self,
@@ -100,19 +101,22 @@ class Store:
         shapes and dtypes must match exactly; otherwise names missing on either side are
         skipped."""
         state = target.state_dict() if hasattr(target, "state_dict") else target
-        device = _layout.device_of(state)
-        loaded = self.load(tag, device=device, memory_budget=memory_budget, progress=progress)
+        device, framework = _layout.placement_of(state)
+        loaded = self.load(tag, device=device, memory_budget=memory_budget, progress=progress, framework=framework)
         _layout.copy_into(state, loaded, strict)
 
     def load_file(
-        self, tag: str, device: Union[str, int] = "cpu", memory_budget: int = 1 << 30, progress: bool = True
+        self,
+        tag: str,
+        device: Union[str, int] = "cpu",
+        memory_budget: int = 1 << 30,
+        progress: bool = True,
+        framework: str = "auto",
     ) -> Any:
-        """The raw bytes of the image's safetensors file on ``device``: a uint8 torch tensor
-        (or NumPy array on the CPU without torch), sharing gstore's memory."""
-        return self._load_file(tag, device, memory_budget, progress)[0]
-
-    def _load_file(self, tag: str, device: Union[str, int], memory_budget: int, progress: bool):
+        """The raw bytes of the image's safetensors file on ``device``: a uint8 torch tensor, or
+        NumPy array (see :meth:`load` for ``framework``), sharing gstore's memory."""
         kind, index = _layout.parse_device(device)
+        framework = _layout.pick_framework(framework, kind)
         if kind == "cpu":
             files = self._native.load_host(tag, memory_budget, progress)
         else:
@@ -121,7 +125,7 @@ class Store:
         if blob is None:
             names = ", ".join(p for p, _ in files) or "none"
             raise InvalidError(f"{tag} holds no {FILE_NAME} (it was not saved by gstore.Store.save); its files: {names}")
-        return _layout.as_array(blob, kind, index), kind
+        return _layout.as_array(blob, framework, index)
 
     def list(self) -> list:
         """Every tag: ``tag``, ``manifest``, ``created_unix``, ``logical_bytes``, ``error``."""

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from . import _gstore
 from ._gstore import InvalidError
 
 #: The tensors' bytes start at a multiple of this (the header is padded with spaces).
@@ -120,14 +121,27 @@ def parse_device(device: Any) -> Tuple[str, int]:
     raise InvalidError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
 
 
-def as_array(blob: Any, kind: str, index: int) -> Any:
-    """The loaded file as a uint8 tensor (NumPy on the CPU without torch) sharing its memory."""
+def pick_framework(framework: str, kind: str) -> str:
+    """``"torch"`` or ``"numpy"`` for a load onto ``kind`` (``"cpu"`` or ``"cuda"``)."""
+    if framework not in ("auto", "torch", "numpy"):
+        raise InvalidError(f"framework {framework!r}: expected 'auto', 'torch' or 'numpy'")
+    if framework == "auto":
+        framework = "torch" if _torch() is not None else "numpy"
+    if framework == "numpy" and kind != "cpu":
+        raise InvalidError("NumPy arrays live in host memory: load onto a GPU with framework='torch'")
+    if framework == "torch" and _torch() is None:
+        raise InvalidError("framework='torch' needs torch installed")
+    return framework
+
+
+def as_array(blob: Any, framework: str, index: int) -> Any:
+    """The loaded file as a 1-D uint8 array of ``framework`` sharing its memory (host memory
+    for NumPy; host or GPU ``index`` for torch)."""
+    if framework == "numpy":
+        return np.asarray(blob)
     torch = _torch()
-    if kind == "cpu":
-        a = np.asarray(blob)
-        return torch.from_numpy(a) if torch is not None else a
-    if torch is None:
-        raise InvalidError("loading onto a GPU returns torch tensors: install torch")
+    if isinstance(blob, _gstore.HostFile):
+        return torch.from_numpy(np.asarray(blob))
     return torch.as_tensor(blob, device=f"cuda:{index}")
 
 
@@ -149,7 +163,7 @@ def _header(blob: Any) -> Tuple[dict, int]:
         raise InvalidError(f"not a safetensors file: its header is not JSON ({e})") from None
 
 
-def decode(blob: Any, kind: str) -> Dict[str, Any]:
+def decode(blob: Any) -> Dict[str, Any]:
     """Views of every tensor in a loaded safetensors file (no copies)."""
     header, start = _header(blob)
     data = blob[start:]
@@ -175,13 +189,15 @@ def decode(blob: Any, kind: str) -> Dict[str, Any]:
     return out
 
 
-def device_of(state: Mapping[str, Any]) -> str:
-    """Where the tensors of ``state`` are: ``"cpu"`` or ``"cuda:N"`` (they must agree)."""
+def placement_of(state: Mapping[str, Any]) -> Tuple[str, str]:
+    """Where the tensors of ``state`` are (``"cpu"`` or ``"cuda:N"``; they must agree) and
+    what they are (``"torch"`` or ``"numpy"``)."""
     devices = {str(v.device) if _is_torch(v) else "cpu" for v in state.values()}
     if len(devices) > 1:
         raise InvalidError(f"the tensors to fill are on several devices ({', '.join(sorted(devices))}): load each apart")
     device = devices.pop() if devices else "cpu"
-    return "cuda:0" if device == "cuda" else device
+    framework = "torch" if any(_is_torch(v) for v in state.values()) else "numpy"
+    return ("cuda:0" if device == "cuda" else device), framework
 
 
 def copy_into(state: Mapping[str, Any], loaded: Mapping[str, Any], strict: bool) -> None:

@@ -41,7 +41,7 @@ def test_save_then_load_gives_the_same_arrays(store):
     state["half"] = np.linspace(-1, 1, 33, dtype=np.float16)
     report = store.save(state, "model:v1", meta={"run": "a"})
     assert report["tag"] == "model:v1" and report["new_chunks"] > 0
-    loaded = store.load("model:v1")
+    loaded = store.load("model:v1", framework="numpy")
     assert sorted(loaded) == sorted(state)
     for name, value in state.items():
         assert loaded[name].dtype == value.dtype, name
@@ -80,7 +80,7 @@ def test_a_fine_tune_adds_about_what_changed(store):
     assert report["new_plain_bytes"] >= changed_bytes
     # Chunks straddling a changed tensor's edges are stored again too, but not much more.
     assert report["new_plain_bytes"] < 1.5 * changed_bytes, (report["new_plain_bytes"], changed_bytes, total)
-    for name, value in store.load("model:tuned").items():
+    for name, value in store.load("model:tuned", framework="numpy").items():
         assert np.array_equal(value, tuned[name]), name
 
 
@@ -131,6 +131,8 @@ def test_errors_name_what_is_wrong(store, tmp_path):
         store.save({"c": np.zeros(4, dtype=np.complex64)}, "model:v1")
     with pytest.raises(gstore.InvalidError, match="device"):
         store.load("model:v1", device="tpu")
+    with pytest.raises(gstore.InvalidError, match="framework='torch'"):
+        store.load("model:v1", device="cuda:0", framework="numpy")
     # An image that was not saved by Store.save: pushed by the CLI from a directory.
     src = tmp_path / "plain"
     src.mkdir()

@@ -28,7 +28,9 @@ def store(tmp_path):
 
 
 def same(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.cpu().reshape(-1).view(torch.uint8), b.cpu().reshape(-1).view(torch.uint8)
+    )
 
 
 def test_cpu_round_trip_every_dtype(store):
