@@ -1,5 +1,6 @@
 //! Command-line arguments.
 
+use crate::units;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -41,7 +42,7 @@ pub enum Command {
     /// Restore an image (by tag or manifest id) into a new or empty directory, or with --run
     /// restore a checkpointed process and start it.
     Restore {
-        /// NAME[:VERSION] or a 64-hex manifest id.
+        /// NAME[:VERSION], or an image id (8 or more of its hex digits, as `gstore ls` shows them).
         image: String,
         /// Destination directory (created; must not exist or be empty). With --run: where the
         /// process image is written and kept (default: a temporary directory, removed after);
@@ -51,6 +52,13 @@ pub enum Command {
         /// Restore a process checkpoint (from `gstore checkpoint`) and start it, detached.
         #[arg(long)]
         run: bool,
+        /// Restore only the entries matching this glob (repeatable), e.g. 'config/*.json'; a
+        /// matching directory brings everything below it. Not with --run.
+        #[arg(long, value_name = "GLOB", conflicts_with = "run")]
+        include: Vec<String>,
+        /// Leave out the entries matching this glob (repeatable), after --include.
+        #[arg(long, value_name = "GLOB", conflicts_with = "run")]
+        exclude: Vec<String>,
         /// With --run: seconds to wait for the image's pid to be free.
         #[arg(long, default_value_t = 10, requires = "run")]
         pid_wait: u64,
@@ -62,8 +70,8 @@ pub enum Command {
         /// CRIU options (with --run).
         #[command(flatten)]
         criu: CriuArgs,
-        /// Bytes the restore may hold in flight (default 1 GiB).
-        #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
+        /// Bytes the restore may hold in flight, e.g. 512MiB or 2G.
+        #[arg(long, default_value = "1GiB", value_name = "SIZE", value_parser = units::size)]
         memory_budget: u64,
     },
     /// Checkpoint a running process (GPU state included) into the store.
@@ -91,7 +99,7 @@ pub enum Command {
     /// Restore an image's files straight into memory (host, or GPU memory with cuda:N) and
     /// report the throughput.
     Load {
-        /// NAME[:VERSION] or a 64-hex manifest id.
+        /// NAME[:VERSION], or an image id (8 or more of its hex digits, as `gstore ls` shows them).
         image: String,
         /// Where to: host; cuda:N for GPU N; several GPUs as cuda:0,cuda:1,...; or all (every
         /// GPU). Several GPUs load in parallel, each file whole on one of them (about the same
@@ -104,30 +112,53 @@ pub enum Command {
         /// With several GPUs: load the whole image onto each, instead of splitting its files.
         #[arg(long)]
         replicate: bool,
-        /// Bytes the restore may hold in flight, pinned staging included (default 1 GiB).
-        #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
+        /// Bytes the restore may hold in flight, pinned staging included, e.g. 512MiB or 2G.
+        #[arg(long, default_value = "1GiB", value_name = "SIZE", value_parser = units::size)]
         memory_budget: u64,
     },
-    /// List tags.
-    Ls,
+    /// List tags with their images' ids, sizes and creation times.
+    Ls {
+        /// Only tags with this name (all versions), or whose name starts with it when it ends in `*`.
+        name: Option<String>,
+        /// Order of the rows.
+        #[arg(long, value_enum, default_value_t = Sort::Name)]
+        sort: Sort,
+        /// Only the newest image of each name.
+        #[arg(long)]
+        latest: bool,
+    },
+    /// A tag's history: every value it had, newest first (all versions of NAME, or one
+    /// NAME:VERSION). Roll back with `gstore tag ID NAME:VERSION`.
+    Log {
+        /// NAME or NAME:VERSION.
+        tag: String,
+    },
+    /// Write one file of an image to stdout (every chunk checked).
+    Cat {
+        /// NAME[:VERSION], or an image id (8 or more hex digits).
+        image: String,
+        /// The file's path in the image, as `gstore show` lists it.
+        path: String,
+    },
     /// Show one image: metadata, entries, sizes and chunk counts.
     Show {
-        /// NAME[:VERSION] or a 64-hex manifest id.
+        /// NAME[:VERSION], or an image id (8 or more of its hex digits, as `gstore ls` shows them).
         image: String,
     },
     /// Space used: logical and stored bytes, dedup and compression ratios, bytes unique to each image.
     Du,
     /// Point a new tag at an existing image.
     Tag {
-        /// Existing NAME[:VERSION] or manifest id.
+        /// Existing NAME[:VERSION], or an image id (8 or more hex digits): `gstore log` lists a tag's earlier ids, so this rolls a tag back.
         source: String,
         /// New NAME[:VERSION] (an existing tag is moved; its old value goes to history).
         target: String,
     },
     /// Remove a tag (its chunks stay until garbage collection).
     Rm {
-        /// NAME[:VERSION].
-        image: String,
+        /// NAME[:VERSION] (one or more).
+        #[arg(required = true)]
+        images: Vec<String>,
     },
     /// Reclaim space safely while others push: apply retention (if asked), then one
     /// mark-and-sweep pass. Unneeded packs and manifests are tombstoned first and deleted by
@@ -141,12 +172,36 @@ pub enum Command {
     },
     /// Serve the store over HTTP for `--store http://HOST:PORT` clients (docs/HTTP.md).
     Serve(ServeArgs),
+    /// Version, build and platform details.
+    Version,
+    /// Print a shell completion script, e.g. `gstore completions bash > /etc/bash_completion.d/gstore`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (gstore.1 and one per command) into a directory.
+    Man {
+        /// Where to write them (created).
+        dir: PathBuf,
+    },
     /// Maintain the local index.
     Index {
         /// What to do.
         #[command(subcommand)]
         action: IndexAction,
     },
+}
+
+/// How `gstore ls` orders its rows.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sort {
+    /// By tag (name, then version).
+    Name,
+    /// Newest image first.
+    Time,
+    /// Largest image first.
+    Size,
 }
 
 /// How to run CRIU.
@@ -173,20 +228,20 @@ pub enum IndexAction {
 /// `gstore init` settings (fixed for the life of the store).
 #[derive(Args, Debug)]
 pub struct InitArgs {
-    /// FastCDC minimum chunk size in bytes.
-    #[arg(long, default_value_t = 16 * 1024)]
+    /// FastCDC minimum chunk size.
+    #[arg(long, default_value = "16KiB", value_name = "SIZE", value_parser = units::size_u32)]
     pub chunk_min: u32,
-    /// FastCDC average chunk size in bytes.
-    #[arg(long, default_value_t = 64 * 1024)]
+    /// FastCDC average chunk size.
+    #[arg(long, default_value = "64KiB", value_name = "SIZE", value_parser = units::size_u32)]
     pub chunk_avg: u32,
-    /// FastCDC maximum chunk size in bytes.
-    #[arg(long, default_value_t = 256 * 1024)]
+    /// FastCDC maximum chunk size.
+    #[arg(long, default_value = "256KiB", value_name = "SIZE", value_parser = units::size_u32)]
     pub chunk_max: u32,
     /// zstd level for chunks that compress (1-19).
     #[arg(long, default_value_t = 1)]
     pub zstd_level: i32,
-    /// Target pack size in bytes.
-    #[arg(long, default_value_t = 48 * 1024 * 1024)]
+    /// Target pack size.
+    #[arg(long, default_value = "48MiB", value_name = "SIZE", value_parser = units::size)]
     pub pack_size: u64,
     /// Never use the byte-grouped float codec (codec 3): chunks are stored zstd or raw only,
     /// as gstore before it wrote them (older readers refuse float-coded chunks).
@@ -219,8 +274,8 @@ pub struct GcArgs {
 /// `gstore serve` settings.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8420")]
+    /// Address to listen on: IP:PORT or HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:8420", value_parser = units::listen_addr)]
     pub listen: std::net::SocketAddr,
     /// Token file: `TOKEN SCOPE [TAG_PREFIX]` lines, SCOPE read, write or admin.
     #[arg(long, value_name = "FILE")]
@@ -228,8 +283,8 @@ pub struct ServeArgs {
     /// Allow a non-loopback address without tokens.
     #[arg(long)]
     pub insecure: bool,
-    /// Largest request body in bytes (a pack upload).
-    #[arg(long, default_value_t = 256 << 20, value_name = "BYTES")]
+    /// Largest request body (a pack upload).
+    #[arg(long, default_value = "256MiB", value_name = "SIZE", value_parser = units::size_usize)]
     pub max_body: usize,
     /// Seconds before a request is answered 408.
     #[arg(long, default_value_t = 300, value_name = "SECS")]

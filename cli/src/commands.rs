@@ -1,8 +1,10 @@
 //! One function per subcommand; each prints a human summary, or JSON with `--json`.
 
-use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs, ServeArgs};
+use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs, ServeArgs, Sort};
+use crate::failure::{Damaged, Usage};
 use crate::load;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use clap::CommandFactory;
 use gstore_capture as capture;
 use gstore_progress::Bars;
 use gstore_store::{gc, images, push, usage, verify, Store, StoreConfig, StoreLocation, TagRef};
@@ -23,29 +25,40 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Init(a) => init(&location, a, &out),
         Command::Push { path, tag, meta } => push(&location, &path, &tag, &meta, &out, &bars),
-        Command::Restore { image, to, run: true, pid_wait, criu, memory_budget, no_lazy } => {
+        Command::Restore { image, to, run: true, pid_wait, criu, memory_budget, no_lazy, .. } => {
             let opts = capture::RunOptions { eager: no_lazy, pid_wait: Duration::from_secs(pid_wait), memory_budget };
             restore_run(&location, &image, &criu, to, opts, &out, &bars)
         }
         Command::Checkpoint { pid, tag, leave_running, lock_timeout, staging, criu } => {
             checkpoint(&location, pid, &tag, leave_running, lock_timeout, &criu, staging, &out, &bars)
         }
-        Command::Restore { image, to, memory_budget, .. } => {
-            restore_to(&location, &image, &to.expect("clap requires --to without --run"), memory_budget, &out, &bars)
+        Command::Restore { image, to, memory_budget, include, exclude, .. } => {
+            let to = to.expect("clap requires --to without --run");
+            let select = Selection::new(&include, &exclude)?;
+            restore_to(&location, &image, &to, &select, memory_budget, &out, &bars)
         }
         Command::Load { image, device, check, replicate, memory_budget } => {
             let r = load::load(|| open_indexed(&location), &image, &device, check, replicate, memory_budget, &bars)?;
             out.emit(&r, || load_text(&r))
         }
-        Command::Ls => ls(&Store::open(&location)?, &out),
+        Command::Ls { name, sort, latest } => ls(&Store::open(&location)?, name.as_deref(), sort, latest, &out),
+        Command::Log { tag } => log(&Store::open(&location)?, &tag, &out),
+        Command::Cat { image, path } => cat(&location, &image, &path),
         Command::Show { image } => show(&Store::open(&location)?, &image, &out),
         Command::Du => du(&open_indexed(&location)?, &out),
         Command::Tag { source, target } => tag(&location, &source, &target, &out),
-        Command::Rm { image } => rm(&location, &image, &out),
+        Command::Rm { images } => rm(&location, &images, &out),
         Command::Gc(a) => run_gc(&location, a, &out, &bars),
         Command::Verify { read_data } => run_verify(&location, read_data, &out, &bars),
         Command::Serve(a) => serve(&location, a),
         Command::Index { action: IndexAction::Rebuild } => index_rebuild(&location, &out, &bars),
+        Command::Version => out.emit(&version(), || version_text(&version())),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "gstore", &mut script);
+            Output { json: false }.emit(&(), || String::from_utf8_lossy(&script).trim_end().to_string())
+        }
+        Command::Man { dir } => man(&dir, &out),
     }
 }
 
@@ -155,13 +168,14 @@ fn restore_to(
     location: &StoreLocation,
     image: &str,
     to: &std::path::Path,
+    select: &Selection,
     memory_budget: u64,
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {
     let store = open_indexed(location)?;
     let id = store.resolve(image)?;
-    let m = store.get_manifest(&id)?;
+    let m = select.apply(store.get_manifest(&id)?)?;
     let r = gstore_restore::restore_to_dir(&store, &id, &m, to, memory_budget, bars)
         .with_context(|| format!("restore of {image} failed"))?;
     out.emit(&r, || {
@@ -210,13 +224,170 @@ fn tag(location: &StoreLocation, source: &str, target: &str, out: &Output) -> Re
     out.emit(&rec, || format!("tagged {} -> {}", rec.tag(), rec.manifest))
 }
 
-/// `gstore rm`.
-fn rm(location: &StoreLocation, image: &str, out: &Output) -> Result<()> {
+/// `gstore rm`: every tag named, each checked before any is removed.
+fn rm(location: &StoreLocation, images: &[String], out: &Output) -> Result<()> {
     let store = Store::open(location)?;
-    let tag = TagRef::parse(image)?;
-    store.delete_tag(&tag)?;
-    out.emit(&serde_json::json!({ "removed": tag.to_string() }), || {
-        format!("removed tag {tag} (space is reclaimed by gc)")
+    let mut tags = Vec::with_capacity(images.len());
+    for image in images {
+        if image.len() >= gstore_store::tag::ID_LIKE_MIN_LEN && image.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Usage(format!(
+                "{image} is an image id: rm removes tags (NAME[:VERSION]); `gstore ls` shows the tags pointing at it"
+            ))
+            .into());
+        }
+        let tag = TagRef::parse(image)?;
+        store.resolve(&tag.to_string())?;
+        tags.push(tag);
+    }
+    for tag in &tags {
+        store.delete_tag(tag)?;
+    }
+    let removed: Vec<String> = tags.iter().map(ToString::to_string).collect();
+    out.emit(&serde_json::json!({ "removed": removed }), || {
+        removed.iter().map(|t| format!("removed tag {t}")).collect::<Vec<_>>().join("\n")
+            + "\n(space is reclaimed by gc)"
+    })
+}
+
+/// `gstore log`.
+fn log(store: &Store, tag: &str, out: &Output) -> Result<()> {
+    let entries = images::log(store, tag)?;
+    out.emit(&entries, || {
+        let width = entries.iter().map(|e| e.tag.len()).max().unwrap_or(3).max(3);
+        let mut s = format!("{:<20}  {:<width$}  {:<16}", "SET", "TAG", "IMAGE");
+        for e in &entries {
+            let now = if e.current { "  (current)" } else { "" };
+            s.push_str(&format!(
+                "\n{:<20}  {:<width$}  {:<16}{now}",
+                e.set,
+                e.tag,
+                &e.manifest[..16.min(e.manifest.len())]
+            ));
+        }
+        s
+    })
+}
+
+/// `gstore cat`: the file's bytes on stdout.
+fn cat(location: &StoreLocation, image: &str, path: &str) -> Result<()> {
+    let store = open_indexed(location)?;
+    let m = store.get_manifest(&store.resolve(image)?)?;
+    let mut stdout = std::io::stdout().lock();
+    gstore_restore::cat::write_file(&store, &m, path, &mut stdout)?;
+    Ok(())
+}
+
+/// What `restore --include / --exclude` keep.
+struct Selection {
+    include: Option<globset::GlobSet>,
+    exclude: Option<globset::GlobSet>,
+}
+
+impl Selection {
+    fn new(include: &[String], exclude: &[String]) -> Result<Selection> {
+        let set = |patterns: &[String], flag: &str| -> Result<Option<globset::GlobSet>> {
+            if patterns.is_empty() {
+                return Ok(None);
+            }
+            let mut b = globset::GlobSetBuilder::new();
+            for p in patterns {
+                let glob = globset::GlobBuilder::new(p.trim_end_matches('/'))
+                    .literal_separator(true)
+                    .build()
+                    .map_err(|e| Usage(format!("{flag} {p:?}: {e}")))?;
+                b.add(glob);
+            }
+            Ok(Some(b.build().map_err(|e| Usage(format!("{flag}: {e}")))?))
+        };
+        Ok(Selection { include: set(include, "--include")?, exclude: set(exclude, "--exclude")? })
+    }
+
+    /// Whether `path` or a directory above it matches `set`.
+    fn matches(set: &globset::GlobSet, path: &str) -> bool {
+        let mut p = path;
+        loop {
+            if set.is_match(p) {
+                return true;
+            }
+            match p.rfind('/') {
+                Some(i) => p = &p[..i],
+                None => return false,
+            }
+        }
+    }
+
+    /// The image with only the selected entries and the directories above them.
+    fn apply(&self, m: gstore_store::manifest::Manifest) -> Result<gstore_store::manifest::Manifest> {
+        if self.include.is_none() && self.exclude.is_none() {
+            return Ok(m);
+        }
+        let chosen = |path: &str| {
+            self.include.as_ref().is_none_or(|s| Self::matches(s, path))
+                && !self.exclude.as_ref().is_some_and(|s| Self::matches(s, path))
+        };
+        let mut keep: std::collections::HashSet<&str> =
+            m.entries.iter().filter(|e| chosen(&e.path)).map(|e| e.path.as_str()).collect();
+        if keep.is_empty() {
+            return Err(
+                Usage("--include / --exclude select no entry of the image (`gstore show` lists them)".into()).into()
+            );
+        }
+        let parents: Vec<&str> = keep.iter().flat_map(|p| p.match_indices('/').map(move |(i, _)| &p[..i])).collect();
+        keep.extend(parents);
+        let keep: std::collections::HashSet<String> = keep.into_iter().map(str::to_string).collect();
+        Ok(m.subset(|e| keep.contains(&e.path)))
+    }
+}
+
+/// What `gstore version` reports.
+#[derive(Serialize)]
+struct Version {
+    version: &'static str,
+    commit: &'static str,
+    target: String,
+    rustc: &'static str,
+    store_format: u32,
+    profile: &'static str,
+}
+
+fn version() -> Version {
+    Version {
+        version: env!("CARGO_PKG_VERSION"),
+        commit: env!("GSTORE_COMMIT"),
+        target: format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
+        rustc: env!("GSTORE_RUSTC"),
+        store_format: gstore_store::FORMAT_VERSION,
+        profile: if cfg!(debug_assertions) { "debug" } else { "release" },
+    }
+}
+
+fn version_text(v: &Version) -> String {
+    format!(
+        "gstore {} (commit {}, {} build)\nplatform {}\nbuilt with {}\nstore format {}",
+        v.version, v.commit, v.profile, v.target, v.rustc, v.store_format
+    )
+}
+
+/// `gstore man DIR`: gstore.1 and gstore-COMMAND.1 for every command.
+fn man(dir: &std::path::Path, out: &Output) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let cmd = Cli::command();
+    let mut written = Vec::new();
+    let mut write = |name: String, c: clap::Command| -> Result<()> {
+        let path = dir.join(format!("{name}.1"));
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(c).render(&mut buf)?;
+        std::fs::write(&path, buf).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path.display().to_string());
+        Ok(())
+    };
+    for sub in cmd.get_subcommands() {
+        let name = format!("gstore-{}", sub.get_name());
+        write(name.clone(), sub.clone().display_name(name))?;
+    }
+    write("gstore".into(), cmd)?;
+    out.emit(&serde_json::json!({ "written": written }), || {
+        format!("wrote {} man pages into {}", written.len(), dir.display())
     })
 }
 
@@ -227,7 +398,7 @@ fn run_verify(location: &StoreLocation, read_data: bool, out: &Output, bars: &Ba
     out.emit(&r, || verify_text(&r))?;
     let damaged = r.damaged();
     if !damaged.is_empty() {
-        bail!("{} damaged image(s): {}", damaged.len(), damaged.join(", "));
+        return Err(Damaged(format!("{} damaged image(s): {}", damaged.len(), damaged.join(", "))).into());
     }
     Ok(())
 }
@@ -318,7 +489,9 @@ fn open_indexed(location: &StoreLocation) -> Result<Store> {
 fn parse_meta(items: &[String]) -> Result<BTreeMap<String, serde_json::Value>> {
     let mut meta = BTreeMap::new();
     for item in items {
-        let Some((k, v)) = item.split_once('=') else { bail!("--meta {item:?}: expected KEY=VALUE") };
+        let Some((k, v)) = item.split_once('=') else {
+            return Err(Usage(format!("--meta {item:?}: expected KEY=VALUE")).into());
+        };
         meta.insert(k.to_string(), serde_json::Value::String(v.to_string()));
     }
     Ok(meta)
@@ -340,13 +513,38 @@ fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
     })
 }
 
-fn ls(store: &Store, out: &Output) -> Result<()> {
-    let rows = images::list(store)?;
+fn ls(store: &Store, name: Option<&str>, sort: Sort, latest: bool, out: &Output) -> Result<()> {
+    let name_of = |tag: &str| tag.split_once(':').map_or(tag, |(n, _)| n).to_string();
+    let mut rows = images::list(store)?;
+    if let Some(want) = name {
+        rows.retain(|r| match want.strip_suffix('*') {
+            Some(prefix) => name_of(&r.tag).starts_with(prefix),
+            None => name_of(&r.tag) == want,
+        });
+    }
+    let newest_first = |a: &images::ImageRow, b: &images::ImageRow| b.created_unix.cmp(&a.created_unix);
+    if latest {
+        rows.sort_by(|a, b| name_of(&a.tag).cmp(&name_of(&b.tag)).then(newest_first(a, b)));
+        rows.dedup_by(|later, first| name_of(&later.tag) == name_of(&first.tag));
+    }
+    match sort {
+        Sort::Name => rows.sort_by(|a, b| a.tag.cmp(&b.tag)),
+        Sort::Time => rows.sort_by(newest_first),
+        Sort::Size => rows.sort_by(|a, b| b.logical_bytes.cmp(&a.logical_bytes)),
+    }
     out.emit(&rows, || {
-        let mut s = format!("{:<40} {:<14} {:>12}", "TAG", "MANIFEST", "SIZE");
+        let width = rows.iter().map(|r| r.tag.len()).max().unwrap_or(3).max(3);
+        let mut s = format!("{:<width$}  {:<12}  {:<20}  {:>10}", "TAG", "IMAGE", "CREATED", "SIZE");
         for r in &rows {
             let size = r.logical_bytes.map(|b| HumanBytes(b).to_string()).unwrap_or_else(|| "damaged".into());
-            s.push_str(&format!("\n{:<40} {:<14} {:>12}", r.tag, r.manifest.get(..12).unwrap_or(""), size));
+            let created = r.created.as_deref().unwrap_or("?");
+            s.push_str(&format!(
+                "\n{:<width$}  {:<12}  {:<20}  {:>10}",
+                r.tag,
+                r.manifest.get(..12).unwrap_or(""),
+                created,
+                size
+            ));
             if let Some(e) = &r.error {
                 s.push_str(&format!("\n  error: {e}"));
             }
@@ -359,9 +557,9 @@ fn show(store: &Store, image: &str, out: &Output) -> Result<()> {
     let info = images::show(store, image)?;
     out.emit(&info, || {
         let mut s = format!(
-            "image {image}\nmanifest {}\ncreated {} (unix)\nsize {} in {} entries, {} chunks",
+            "image {image}\nmanifest {}\ncreated {}\nsize {} in {} entries, {} chunks",
             info.manifest,
-            info.created_unix,
+            info.created,
             HumanBytes(info.logical_bytes),
             info.entries.len(),
             info.chunks
@@ -435,10 +633,10 @@ fn verify_text(r: &verify::VerifyReport) -> String {
 
 fn run_gc(location: &StoreLocation, a: GcArgs, out: &Output, bars: &Bars) -> Result<()> {
     if !(0.0..=1.0).contains(&a.repack_below) {
-        bail!("--repack-below must be a fraction between 0 and 1, not {}", a.repack_below);
+        return Err(Usage(format!("--repack-below must be a fraction between 0 and 1, not {}", a.repack_below)).into());
     }
     if a.keep_last == Some(0) {
-        bail!("--keep-last 0 would remove every image; use gstore rm to remove tags");
+        return Err(Usage("--keep-last 0 would remove every image; use gstore rm to remove tags".into()).into());
     }
     let store = Store::open(location)?;
     let opts = gc::GcOptions {

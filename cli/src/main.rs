@@ -2,49 +2,31 @@
 
 mod args;
 mod commands;
+mod failure;
 mod load;
+mod units;
 
 use clap::Parser;
 
 fn main() {
     let cli = args::Cli::parse();
+    let json = cli.json;
     if let Err(e) = commands::run(cli) {
-        if e.is::<commands::StdoutClosed>() {
+        // Stdout closed by its reader (`gstore cat ... | head`): not a failure.
+        let pipe_closed = |c: &(dyn std::error::Error + 'static)| {
+            c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        };
+        if e.is::<commands::StdoutClosed>() || e.chain().any(pipe_closed) {
             return;
         }
-        eprintln!("gstore: error: {}", message(&e));
-        std::process::exit(1);
-    }
-}
-
-/// The error and its causes on one line, each cause once: most of gstore's errors already
-/// say their cause in their own message, and a cause said there is not repeated.
-fn message(e: &anyhow::Error) -> String {
-    let mut said = e.to_string();
-    for cause in e.chain().skip(1) {
-        let cause = cause.to_string();
-        if !said.contains(&cause) {
-            said = format!("{said}: {cause}");
+        let code = failure::classify(&e);
+        let message = failure::message(&e, code);
+        eprintln!("gstore: error: {message}");
+        if json {
+            let report =
+                failure::ErrorReport { error: failure::ErrorBody { code, exit_status: code.exit_status(), message } };
+            println!("{}", serde_json::to_string_pretty(&report).expect("an error report serializes"));
         }
-    }
-    said
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer failed: {source}")]
-    struct Says {
-        source: std::io::Error,
-    }
-
-    #[test]
-    fn a_cause_is_said_once() {
-        let io = || std::io::Error::other("disk on fire");
-        assert_eq!(message(&anyhow::Error::new(Says { source: io() })), "outer failed: disk on fire");
-        let e = anyhow::Error::new(io()).context("writing x");
-        assert_eq!(message(&e), "writing x: disk on fire");
+        std::process::exit(code.exit_status());
     }
 }

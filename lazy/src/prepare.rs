@@ -41,18 +41,8 @@ pub fn prepare(
     memory_budget: u64,
     progress: &dyn Progress,
 ) -> Result<Prepared> {
-    let mut small = m.clone();
+    let small = m.subset(|e| !is_pages_file(&e.path));
     let mut chunks = Vec::new();
-    let mut refs = m.files().map(|(_, c)| c.to_vec());
-    small.entries.clear();
-    small.chunks.clear();
-    for e in &m.entries {
-        let c = refs.next().expect("one chunk list per entry");
-        if !is_pages_file(&e.path) {
-            small.entries.push(e.clone());
-            small.chunks.extend(c);
-        }
-    }
     let report = gstore_restore::restore_to_dir(store, id, &small, dir, memory_budget, progress)?;
     let mut written = report.logical_bytes;
     let layout = Layout::read(dir)?;

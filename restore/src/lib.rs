@@ -20,6 +20,7 @@
 //! # Ok::<(), gstore_store::StoreError>(())
 //! ```
 
+pub mod cat;
 pub mod device;
 pub mod dir;
 pub mod engine;

@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::id::ObjectId;
 use crate::manifest::EntryKind;
 use crate::store::Store;
+use crate::tag::{TagRecord, TagRef};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -18,6 +19,8 @@ pub struct ImageRow {
     pub manifest: String,
     /// When the image was created (unix seconds), if its manifest could be read.
     pub created_unix: Option<u64>,
+    /// The same time in RFC 3339 (UTC).
+    pub created: Option<String>,
     /// Its plain size in bytes, if its manifest could be read.
     pub logical_bytes: Option<u64>,
     /// Why the tag or its manifest could not be read.
@@ -36,6 +39,7 @@ pub fn list(store: &Store) -> Result<Vec<ImageRow>> {
                     tag: rec.tag().to_string(),
                     manifest: rec.manifest.clone(),
                     created_unix: m.as_ref().ok().map(|m| m.created_unix),
+                    created: m.as_ref().ok().map(|m| rfc3339(m.created_unix)),
                     logical_bytes: m.as_ref().ok().map(|m| m.logical_size()),
                     error: m.err().map(|e| e.to_string()),
                 }
@@ -44,6 +48,7 @@ pub fn list(store: &Store) -> Result<Vec<ImageRow>> {
                 tag: "?".into(),
                 manifest: String::new(),
                 created_unix: None,
+                created: None,
                 logical_bytes: None,
                 error: Some(e.to_string()),
             },
@@ -79,6 +84,8 @@ pub struct ImageInfo {
     pub manifest: String,
     /// When it was created (unix seconds).
     pub created_unix: u64,
+    /// The same time in RFC 3339 (UTC).
+    pub created: String,
     /// Its plain size in bytes.
     pub logical_bytes: u64,
     /// Chunk references in the image.
@@ -108,9 +115,66 @@ pub fn show(store: &Store, reference: &str) -> Result<ImageInfo> {
     Ok(ImageInfo {
         manifest: id.to_hex(),
         created_unix: m.created_unix,
+        created: rfc3339(m.created_unix),
         logical_bytes: m.logical_size(),
         chunks: m.chunks.len(),
         meta: m.meta.clone(),
         entries,
     })
+}
+
+/// A time (unix seconds) in RFC 3339, UTC.
+pub fn rfc3339(unix: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix)).to_string()
+}
+
+/// One value a tag had, as `gstore log` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LogEntry {
+    /// The tag (`name:version`).
+    pub tag: String,
+    /// The manifest id it pointed at (64 hex).
+    pub manifest: String,
+    /// When the value was set (unix seconds) ...
+    pub set_unix: u64,
+    /// ... in RFC 3339, UTC.
+    pub set: String,
+    /// Whether this is the tag's value now.
+    pub current: bool,
+}
+
+/// Every value the tags of `reference` had, newest first: all versions of a `NAME`, or one
+/// `NAME:VERSION`. Tags gstore's retention removed are not listed.
+pub fn log(store: &Store, reference: &str) -> Result<Vec<LogEntry>> {
+    let records: Vec<TagRecord> = match reference.split_once(':') {
+        Some(_) => {
+            let tag = TagRef::parse(reference)?;
+            store.resolve(reference)?;
+            store.get_tag(&tag)?.into_iter().collect()
+        }
+        None => {
+            let all: Vec<TagRecord> =
+                store.list_tags()?.into_iter().filter_map(|r| r.ok()).filter(|r| r.name == reference).collect();
+            if all.is_empty() {
+                store.resolve(&format!("{reference}:{}", crate::tag::DEFAULT_VERSION))?;
+            }
+            all
+        }
+    };
+    let mut out = Vec::new();
+    for r in &records {
+        let tag = r.tag().to_string();
+        out.push(entry(&tag, &r.manifest, r.set_unix, r.set_nanos, true));
+        for h in &r.history {
+            out.push(entry(&tag, &h.manifest, h.set_unix, h.set_nanos, false));
+        }
+    }
+    out.sort_by(|a, b| b.1.cmp(&a.1));
+    Ok(out.into_iter().map(|(e, _)| e).collect())
+}
+
+fn entry(tag: &str, manifest: &str, unix: u64, nanos: u32, current: bool) -> (LogEntry, (u64, u32)) {
+    let e =
+        LogEntry { tag: tag.to_string(), manifest: manifest.to_string(), set_unix: unix, set: rfc3339(unix), current };
+    (e, (unix, nanos))
 }

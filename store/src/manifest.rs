@@ -106,6 +106,24 @@ impl Manifest {
         })
     }
 
+    /// The same image with only the entries `keep` accepts (and their chunk references);
+    /// metadata and creation time stay.
+    pub fn subset(&self, mut keep: impl FnMut(&Entry) -> bool) -> Manifest {
+        let mut out = Manifest {
+            created_unix: self.created_unix,
+            meta: self.meta.clone(),
+            entries: Vec::new(),
+            chunks: Vec::new(),
+        };
+        for (e, chunks) in self.files() {
+            if keep(e) {
+                out.entries.push(e.clone());
+                out.chunks.extend_from_slice(chunks);
+            }
+        }
+        out
+    }
+
     /// Serializes to the on-store byte form.
     pub fn encode(&self) -> Vec<u8> {
         let header = Header {

@@ -131,6 +131,13 @@ impl StoreLocation {
     }
 }
 
+/// The manifest id prefix a reference is, lowercased: [`crate::tag::ID_LIKE_MIN_LEN`] to 64 hex
+/// digits and nothing else (no `:VERSION`).
+fn id_prefix(reference: &str) -> Option<String> {
+    let hex = reference.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex && (crate::tag::ID_LIKE_MIN_LEN..=64).contains(&reference.len())).then(|| reference.to_ascii_lowercase())
+}
+
 /// An open store. Commands that read or write chunks open it with its index (which takes the
 /// store lock); commands that only read tags and manifests do not.
 pub struct Store {
@@ -579,7 +586,7 @@ impl Store {
     /// Removes a tag. Its chunks stay until garbage collection.
     pub fn delete_tag(&self, tag: &TagRef) -> Result<()> {
         if self.get_tag(tag)?.is_none() {
-            return Err(StoreError::NotFound { what: "tag", key: tag.to_string() });
+            return Err(self.no_such_tag(tag));
         }
         self.backend.delete(&ObjectKey::Tag(tag.clone()).to_string())
     }
@@ -602,20 +609,77 @@ impl Store {
         Ok(out.into_iter().map(|(_, r)| r).collect())
     }
 
-    /// Resolves `NAME[:VER]` (or a 64-hex manifest id) to a manifest id. A reference with a
-    /// version is always a tag, so a tag an older gstore let have an id-like name is reached
-    /// as `NAME:VERSION`.
+    /// Resolves a reference to an image to its manifest id: `NAME[:VERSION]`, a manifest id,
+    /// or an unambiguous prefix of one (at least [`crate::tag::ID_LIKE_MIN_LEN`] hex digits, as
+    /// `gstore ls` prints them). A reference with a version is always a tag, so a tag an older
+    /// gstore let have an id-like name is reached as `NAME:VERSION`. A missing tag is named
+    /// with the tags that share its name, or ones spelled alike.
     pub fn resolve(&self, reference: &str) -> Result<ObjectId> {
-        if reference.len() == 64 {
-            if let Ok(id) = ObjectId::from_hex(reference) {
-                return Ok(id);
+        if let Some(prefix) = id_prefix(reference) {
+            if prefix.len() == 64 {
+                return ObjectId::from_hex(&prefix);
             }
+            return self.resolve_prefix(&prefix);
         }
         let tag = TagRef::parse(reference)?;
         match self.get_tag(&tag)? {
             Some(r) => r.manifest_id(),
-            None => Err(StoreError::NotFound { what: "tag", key: tag.to_string() }),
+            None => Err(self.no_such_tag(&tag)),
         }
+    }
+
+    /// The one manifest whose id starts with `prefix` (lowercase hex).
+    fn resolve_prefix(&self, prefix: &str) -> Result<ObjectId> {
+        let mut found: Vec<ObjectId> = self
+            .backend
+            .list(Family::Manifests.prefix())?
+            .iter()
+            .filter_map(|l| ObjectKey::parse(&l.key).ok()?.manifest())
+            .filter(|id| id.to_hex().starts_with(prefix))
+            .collect();
+        found.sort();
+        match found.len() {
+            0 => {
+                Err(StoreError::NotFound { what: "image id", key: format!("{prefix} (no image's id starts with it)") })
+            }
+            1 => Ok(found[0]),
+            n => Err(StoreError::Invalid(format!(
+                "{prefix} is ambiguous: {n} image ids start with it ({}{}); give more digits",
+                found.iter().take(4).map(|id| id.to_hex()[..16].to_string()).collect::<Vec<_>>().join(", "),
+                if n > 4 { ", ..." } else { "" }
+            ))),
+        }
+    }
+
+    /// The error for a tag that does not exist, naming the versions its name has, or tags
+    /// whose names are spelled alike.
+    fn no_such_tag(&self, tag: &TagRef) -> StoreError {
+        let existing: Vec<TagRef> = self
+            .list_tags()
+            .map(|v| v.into_iter().filter_map(|r| r.ok()).map(|r| r.tag()).collect())
+            .unwrap_or_default();
+        let versions: Vec<String> = existing.iter().filter(|t| t.name == tag.name).map(|t| t.to_string()).collect();
+        let hint = if !versions.is_empty() {
+            format!(" ({} has: {})", tag.name, versions.join(", "))
+        } else {
+            let alike: Vec<&TagRef> =
+                existing.iter().filter(|t| crate::tag::spelled_alike(&t.name, &tag.name)).collect();
+            let same_version: Vec<String> =
+                alike.iter().filter(|t| t.version == tag.version).map(|t| t.to_string()).collect();
+            let mut near = if same_version.is_empty() {
+                alike.iter().map(|t| t.name.clone()).collect::<Vec<_>>()
+            } else {
+                same_version
+            };
+            near.dedup();
+            near.truncate(3);
+            if near.is_empty() {
+                " (gstore ls lists the tags)".to_string()
+            } else {
+                format!(" (did you mean {}?)", near.join(" or "))
+            }
+        };
+        StoreError::NotFound { what: "tag", key: format!("{tag}{hint}") }
     }
 
     /// Brings the index up to date with the backend, reading only footers: indexes packs it

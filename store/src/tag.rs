@@ -15,6 +15,34 @@ const MAX_PART_LEN: usize = 128;
 /// reference without a version that is all hex names a manifest id (see [`TagRef::check_new`]).
 pub const ID_LIKE_MIN_LEN: usize = 8;
 
+/// True when two tag names are close enough to be a typo of each other: at most one edit
+/// (insertion, deletion, substitution or swap of neighbours) per four characters, and at least one.
+pub fn spelled_alike(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let limit = (a.len().max(b.len()) / 4).max(1);
+    if a.len().abs_diff(b.len()) > limit {
+        return false;
+    }
+    // Optimal string alignment distance.
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()] <= limit
+}
+
 /// A validated tag reference: name and version.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TagRef {

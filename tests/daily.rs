@@ -1,0 +1,170 @@
+//! The everyday CLI through the real binary (docs/CLI.md): naming images by id prefix,
+//! listing and history, one file out of an image, partial restores, exit codes and JSON
+//! errors, sizes with units, and the shell helpers.
+
+use gstore_tests::*;
+use std::fs;
+
+/// Exit status of `gstore ARGS`.
+fn status(env: &Env, args: &[&str]) -> i32 {
+    env.run(args).status.code().expect("exited")
+}
+
+/// A store with app:v1, app:v2 (one file changed) and other:v1.
+fn three_images() -> Env {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(src.join("conf/deep")).unwrap();
+    fs::write(src.join("conf/a.json"), b"{\"a\": 1}").unwrap();
+    fs::write(src.join("conf/deep/b.json"), b"{\"b\": 2}").unwrap();
+    fs::write(src.join("notes.txt"), b"first").unwrap();
+    write_mixed_file(&src.join("big.bin"), 2_500_000, 3);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    fs::write(src.join("notes.txt"), b"second").unwrap();
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v2"]);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "other:v1"]);
+    env
+}
+
+#[test]
+fn images_are_named_by_id_prefixes_and_missing_tags_get_suggestions() {
+    let env = three_images();
+    let rows = env.json(&["ls"]);
+    let v1 = rows.as_array().unwrap().iter().find(|r| r["tag"] == "app:v1").unwrap()["manifest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The 12 digits ls prints, and 8, both name the image.
+    for prefix in [&v1[..12], &v1[..8], &v1.to_uppercase()[..10]] {
+        let shown = env.json(&["show", prefix]);
+        assert_eq!(shown["manifest"], v1.as_str(), "{prefix}");
+    }
+    assert_eq!(env.json(&["show", &v1[..8]])["created"].as_str().unwrap().len(), 20, "RFC 3339 time");
+    let none = env.fails(&["show", "00000000"]);
+    assert!(none.contains("no image's id starts with it"), "{none}");
+    assert_eq!(status(&env, &["show", "00000000"]), 3);
+    // A typo names the tag meant; a missing version lists the ones there are.
+    assert!(env.fails(&["show", "ap:v1"]).contains("did you mean app:v1?"));
+    assert!(env.fails(&["show", "app:v9"]).contains("app has: app:v1, app:v2"));
+    assert!(env.fails(&["rm", "app"]).contains("app has: app:v1, app:v2"));
+    // rm of an id says what rm removes.
+    let rm_id = env.fails(&["rm", &v1[..12]]);
+    assert!(rm_id.contains("is an image id: rm removes tags"), "{rm_id}");
+}
+
+#[test]
+fn ls_filters_sorts_and_picks_the_latest_and_log_shows_history_for_a_rollback() {
+    let env = three_images();
+    let tags = |args: &[&str]| -> Vec<String> {
+        let rows = env.json(args);
+        rows.as_array().unwrap().iter().map(|r| r["tag"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(tags(&["ls"]), ["app:v1", "app:v2", "other:v1"]);
+    assert_eq!(tags(&["ls", "app"]), ["app:v1", "app:v2"]);
+    assert_eq!(tags(&["ls", "ot*"]), ["other:v1"]);
+    assert_eq!(tags(&["ls", "--latest"]).len(), 2);
+    let by_size = env.json(&["ls", "--sort", "size"]);
+    let sizes: Vec<u64> = by_size.as_array().unwrap().iter().map(|r| r["logical_bytes"].as_u64().unwrap()).collect();
+    assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+    let text = env.ok(&["ls"]);
+    assert!(text.contains("CREATED") && text.contains("T") && text.contains("Z"), "{text}");
+
+    // Move app:v1 to v2's image, then roll it back with the id `gstore log` shows.
+    let v1 = env.json(&["show", "app:v1"])["manifest"].as_str().unwrap().to_string();
+    let v2 = env.json(&["show", "app:v2"])["manifest"].as_str().unwrap().to_string();
+    env.ok(&["tag", "app:v2", "app:v1"]);
+    let log = env.json(&["log", "app:v1"]);
+    let entries = log.as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{log}");
+    assert_eq!((entries[0]["manifest"].as_str(), entries[0]["current"].as_bool()), (Some(v2.as_str()), Some(true)));
+    assert_eq!((entries[1]["manifest"].as_str(), entries[1]["current"].as_bool()), (Some(v1.as_str()), Some(false)));
+    env.ok(&["tag", &v1[..12], "app:v1"]);
+    assert_eq!(env.json(&["show", "app:v1"])["manifest"], v1.as_str());
+    assert_eq!(env.json(&["log", "app"]).as_array().unwrap().len(), 4, "app:v1's three values and app:v2's one");
+    assert_eq!(status(&env, &["log", "nope"]), 3);
+}
+
+#[test]
+fn cat_writes_one_file_and_restore_takes_a_selection() {
+    let env = three_images();
+    let o = env.run(&["cat", "app:v1", "notes.txt"]);
+    assert!(o.status.success());
+    assert_eq!(o.stdout, b"first");
+    let o = env.run(&["cat", "app:v1", "big.bin"]);
+    assert_eq!(o.stdout, fs::read(env.path("src/big.bin")).unwrap());
+    assert!(env.fails(&["cat", "app:v1", "nope.txt"]).contains("`gstore show` lists the image's files"));
+    assert!(env.fails(&["cat", "app:v1", "conf"]).contains("is a directory, not a file"));
+
+    let out = env.path("sel");
+    env.ok(&["restore", "app:v2", "--to", out.to_str().unwrap(), "--include", "conf", "--exclude", "**/b.json"]);
+    let mut got: Vec<String> =
+        files_below(&out).iter().map(|p| p.strip_prefix(&out).unwrap().display().to_string()).collect();
+    got.sort();
+    assert_eq!(got, ["conf/a.json"]);
+    let out2 = env.path("sel2");
+    env.ok(&["restore", "app:v2", "--to", out2.to_str().unwrap(), "--include", "*.txt"]);
+    assert_eq!(fs::read(out2.join("notes.txt")).unwrap(), b"second");
+    assert!(!out2.join("big.bin").exists());
+    let none = env.fails(&["restore", "app:v2", "--to", env.path("sel3").to_str().unwrap(), "--include", "*.nothing"]);
+    assert!(none.contains("select no entry"), "{none}");
+}
+
+#[test]
+fn failures_have_distinct_exit_codes_and_json_errors() {
+    let env = three_images();
+    // Not found: 3, with a JSON error on stdout under --json.
+    let o = env.run(&["--json", "show", "app:v9"]);
+    assert_eq!(o.status.code(), Some(3));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((e["error"]["code"].as_str(), e["error"]["exit_status"].as_i64()), (Some("not_found"), Some(3)));
+    assert!(e["error"]["message"].as_str().unwrap().contains("app:v9"));
+    // Usage: 2 (ours and the parser's).
+    assert_eq!(status(&env, &["gc", "--keep-last", "0"]), 2);
+    assert_eq!(status(&env, &["push", "x", "--tag", "bad tag"]), 2);
+    assert_eq!(status(&env, &["no-such-command"]), 2);
+    // Damage: 4, from verify and from a restore, which points to verify --read-data.
+    for p in env.packs() {
+        let mut b = fs::read(&p).unwrap();
+        let n = b.len() / 2;
+        b[n] ^= 0xff;
+        fs::write(&p, b).unwrap();
+    }
+    assert_eq!(status(&env, &["verify", "--read-data"]), 4);
+    let o = env.run(&["restore", "app:v1", "--to", env.path("dmg").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("gstore verify --read-data"));
+    let uninit = Env::uninitialized();
+    assert_eq!(status(&uninit, &["ls"]), 3, "no store is not found");
+}
+
+#[test]
+fn sizes_take_units_and_listen_takes_host_names() {
+    let env = Env::new(&["--chunk-avg", "32KiB", "--chunk-min", "8K", "--chunk-max", "128k", "--pack-size", "16MiB"]);
+    let src = env.path("f");
+    write_mixed_file(&src, 1_000_000, 5);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "f"]);
+    env.ok(&["restore", "f", "--to", env.path("o").to_str().unwrap(), "--memory-budget", "64MiB"]);
+    assert_eq!(fs::read(env.path("o/f")).unwrap(), fs::read(&src).unwrap());
+    let bad = env.fails(&["restore", "f", "--to", env.path("o2").to_str().unwrap(), "--memory-budget", "12 parsecs"]);
+    assert!(bad.contains("unknown unit"), "{bad}");
+    let bad = env.fails(&["serve", "--listen", "localhost"]);
+    assert!(bad.contains("expected HOST:PORT"), "{bad}");
+}
+
+#[test]
+fn version_completions_and_man_pages() {
+    let env = Env::new(&[]);
+    let v = env.json(&["version"]);
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert!(v["rustc"].as_str().unwrap().starts_with("rustc "), "{v}");
+    assert_eq!(v["target"], format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS));
+    for shell in ["bash", "zsh", "fish"] {
+        let script = env.ok(&["completions", shell]);
+        assert!(script.contains("checkpoint") && script.contains("restore"), "{shell}");
+    }
+    let dir = env.path("man");
+    env.ok(&["man", dir.to_str().unwrap()]);
+    let page = fs::read_to_string(dir.join("gstore-restore.1")).unwrap();
+    assert!(page.contains(".TH") && page.contains("memory\\-budget"), "{page}");
+    assert!(dir.join("gstore.1").exists());
+}
