@@ -110,6 +110,21 @@ fn cat_writes_one_file_and_restore_takes_a_selection() {
 }
 
 #[test]
+fn push_leaves_out_what_exclude_matches() {
+    let env = three_images();
+    let src = env.path("src");
+    fs::create_dir_all(src.join("cache/inner")).unwrap();
+    fs::write(src.join("cache/inner/x.bin"), b"cached").unwrap();
+    fs::write(src.join("run.log"), b"log").unwrap();
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v3", "--exclude", "cache", "--exclude", "*.log"]);
+    let shown = env.json(&["show", "app:v3"]);
+    let paths: Vec<&str> = shown["entries"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert!(paths.contains(&"notes.txt") && paths.contains(&"conf/a.json"), "{paths:?}");
+    assert!(!paths.iter().any(|p| p.starts_with("cache") || p.ends_with(".log")), "{paths:?}");
+    assert_eq!(status(&env, &["gc", "--keep-within", "0s"]), 2, "keep-within 0 is refused like keep-last 0");
+}
+
+#[test]
 fn failures_have_distinct_exit_codes_and_json_errors() {
     let env = three_images();
     // Not found: 3, with a JSON error on stdout under --json.

@@ -38,6 +38,10 @@ pub enum Command {
         /// Extra metadata recorded in the manifest, KEY=VALUE (repeatable).
         #[arg(long = "meta", value_name = "KEY=VALUE")]
         meta: Vec<String>,
+        /// Leave out entries matching this glob (repeatable), matched against paths in the
+        /// image, e.g. '*.log' or 'cache'; a matching directory leaves out all below it.
+        #[arg(long, value_name = "GLOB")]
+        exclude: Vec<String>,
     },
     /// Restore an image (by tag or manifest id) into a new or empty directory, or with --run
     /// restore a checkpointed process and start it.

@@ -24,7 +24,9 @@ pub fn run(cli: Cli) -> Result<()> {
     let bars = Bars::new(!cli.json && !cli.quiet);
     match cli.command {
         Command::Init(a) => init(&location, a, &out),
-        Command::Push { path, tag, meta } => push(&location, &path, &tag, &meta, &out, &bars),
+        Command::Push { path, tag, meta, exclude } => {
+            push(&location, &path, &tag, &meta, &Selection::new(&[], &exclude)?, &out, &bars)
+        }
         Command::Restore { image, to, run: true, pid_wait, criu, memory_budget, no_lazy, .. } => {
             let opts = capture::RunOptions { eager: no_lazy, pid_wait: Duration::from_secs(pid_wait), memory_budget };
             restore_run(&location, &image, &criu, to, opts, &out, &bars)
@@ -63,28 +65,31 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 /// `gstore push`.
+#[allow(clippy::too_many_arguments)]
 fn push(
     location: &StoreLocation,
     path: &std::path::Path,
     tag: &str,
     meta: &[String],
+    select: &Selection,
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {
     let tag = TagRef::parse_new(tag)?;
     let meta = parse_meta(meta)?;
     let store = open_indexed(location)?;
-    let r = push::push(&store, path, &tag, meta, bars).with_context(|| format!("push of {} failed", path.display()))?;
+    let r = push::push_selected(&store, path, &|rel| select.chosen(rel), &tag, meta, bars)
+        .with_context(|| format!("push of {} failed", path.display()))?;
     out.emit(&r, || {
         format!(
-            "pushed {} as {} ({} entries, {} logical, {} new in {} packs, {:.0} MB/s)\nmanifest {}",
+            "pushed {} as {} ({}, {} logical, {} new in {}, {})\nmanifest {}",
             path.display(),
             r.tag,
-            r.entries,
+            plural(r.entries as u64, "entry", "entries"),
             HumanBytes(r.logical_bytes),
             HumanBytes(r.new_stored_bytes),
-            r.packs,
-            r.logical_bytes as f64 / 1e6 / r.seconds.max(1e-9),
+            plural(r.packs, "pack", "packs"),
+            rate(r.logical_bytes, r.seconds),
             r.manifest
         )
     })
@@ -164,6 +169,7 @@ fn checkpoint(
 }
 
 /// `gstore restore --to DIR`.
+#[allow(clippy::too_many_arguments)]
 fn restore_to(
     location: &StoreLocation,
     image: &str,
@@ -185,11 +191,11 @@ fn restore_to(
             String::new()
         };
         format!(
-            "restored {image} into {} ({} entries, {}, {:.0} MB/s{resumed})",
+            "restored {image} into {} ({}, {}, {}{resumed})",
             r.destination,
-            r.entries,
+            plural(r.entries as u64, "entry", "entries"),
             HumanBytes(r.logical_bytes),
-            r.logical_bytes as f64 / 1e6 / r.seconds.max(1e-9)
+            rate(r.logical_bytes, r.seconds)
         )
     })
 }
@@ -197,16 +203,13 @@ fn restore_to(
 /// `gstore load`'s summary.
 fn load_text(r: &load::LoadReport) -> String {
     format!(
-        "loaded {} into {} in {:.2} s: {:.2} GB/s{}{}{}{}",
+        "loaded {} into {} in {:.2} s: {}{}{}{}{}",
         HumanBytes(r.bytes),
         r.device,
         r.seconds,
-        r.gb_per_s,
+        rate(r.bytes, r.seconds),
         r.phases
-            .map(|[p, a, t]| format!(
-                " (plan {p:.2} s, allocate {a:.2} s, transfer {t:.2} s: {:.2} GB/s)",
-                r.bytes as f64 / 1e9 / t.max(1e-9)
-            ))
+            .map(|[p, a, t]| format!(" (plan {p:.2} s, allocate {a:.2} s, transfer {t:.2} s: {})", rate(r.bytes, t)))
             .unwrap_or_default(),
         if r.checked { " (read back and checked)" } else { "" },
         r.per_device.iter().flatten().map(|d| format!("\n{}: {}", d.device, HumanBytes(d.bytes))).collect::<String>(),
@@ -229,13 +232,15 @@ fn rm(location: &StoreLocation, images: &[String], out: &Output) -> Result<()> {
     let store = Store::open(location)?;
     let mut tags = Vec::with_capacity(images.len());
     for image in images {
-        if image.len() >= gstore_store::tag::ID_LIKE_MIN_LEN && image.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let tag = TagRef::parse(image)?;
+        let id_like = image.len() >= gstore_store::tag::ID_LIKE_MIN_LEN && image.bytes().all(|b| b.is_ascii_hexdigit());
+        // An id-like name is a tag only when an older gstore wrote one so named.
+        if id_like && store.get_tag(&tag)?.is_none() {
             return Err(Usage(format!(
                 "{image} is an image id: rm removes tags (NAME[:VERSION]); `gstore ls` shows the tags pointing at it"
             ))
             .into());
         }
-        let tag = TagRef::parse(image)?;
         store.resolve(&tag.to_string())?;
         tags.push(tag);
     }
@@ -316,15 +321,18 @@ impl Selection {
         }
     }
 
+    /// Whether `path` is selected: included (or no --include), and not excluded.
+    fn chosen(&self, path: &str) -> bool {
+        self.include.as_ref().is_none_or(|s| Self::matches(s, path))
+            && !self.exclude.as_ref().is_some_and(|s| Self::matches(s, path))
+    }
+
     /// The image with only the selected entries and the directories above them.
     fn apply(&self, m: gstore_store::manifest::Manifest) -> Result<gstore_store::manifest::Manifest> {
         if self.include.is_none() && self.exclude.is_none() {
             return Ok(m);
         }
-        let chosen = |path: &str| {
-            self.include.as_ref().is_none_or(|s| Self::matches(s, path))
-                && !self.exclude.as_ref().is_some_and(|s| Self::matches(s, path))
-        };
+        let chosen = |path: &str| self.chosen(path);
         let mut keep: std::collections::HashSet<&str> =
             m.entries.iter().filter(|e| chosen(&e.path)).map(|e| e.path.as_str()).collect();
         if keep.is_empty() {
@@ -461,6 +469,16 @@ fn criu_choice(a: &CriuArgs) -> capture::CriuChoice<'_> {
     capture::CriuChoice { path: a.criu.as_deref(), extra: a.criu_opts.clone(), shell_job: a.shell_job }
 }
 
+/// `n` and the word for it: "1 pack", "2 packs".
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// A rate in the binary units sizes are shown in: "812.40 MiB/s".
+fn rate(bytes: u64, seconds: f64) -> String {
+    format!("{}/s", HumanBytes((bytes as f64 / seconds.max(1e-9)) as u64))
+}
+
 /// Where results go: human text or JSON on stdout.
 struct Output {
     json: bool,
@@ -528,9 +546,9 @@ fn ls(store: &Store, name: Option<&str>, sort: Sort, latest: bool, out: &Output)
         rows.dedup_by(|later, first| name_of(&later.tag) == name_of(&first.tag));
     }
     match sort {
-        Sort::Name => rows.sort_by(|a, b| a.tag.cmp(&b.tag)),
-        Sort::Time => rows.sort_by(newest_first),
-        Sort::Size => rows.sort_by(|a, b| b.logical_bytes.cmp(&a.logical_bytes)),
+        Sort::Name => rows.sort_by(|a, b| a.tag.split_once(':').cmp(&b.tag.split_once(':'))),
+        Sort::Time => rows.sort_by_key(|r| std::cmp::Reverse(r.created_unix)),
+        Sort::Size => rows.sort_by_key(|r| std::cmp::Reverse(r.logical_bytes)),
     }
     out.emit(&rows, || {
         let width = rows.iter().map(|r| r.tag.len()).max().unwrap_or(3).max(3);
@@ -618,13 +636,17 @@ fn verify_text(r: &verify::VerifyReport) -> String {
         if i.ok {
             s.push_str(&format!("ok       {}\n", i.tag));
         } else {
-            s.push_str(&format!("DAMAGED  {} ({} problems)\n", i.tag, i.problem_count));
+            s.push_str(&format!("DAMAGED  {} ({})\n", i.tag, plural(i.problem_count as u64, "problem", "problems")));
             for p in &i.problems {
                 s.push_str(&format!("         {p}\n"));
             }
         }
     }
-    s.push_str(&format!("{} images, {} packs checked", r.images.len(), r.packs_checked));
+    s.push_str(&format!(
+        "{}, {} checked",
+        plural(r.images.len() as u64, "image", "images"),
+        plural(r.packs_checked as u64, "pack", "packs")
+    ));
     if r.read_data {
         s.push_str(&format!(", {} chunks read ({})", r.chunks_read, HumanBytes(r.bytes_read)));
     }
@@ -637,6 +659,9 @@ fn run_gc(location: &StoreLocation, a: GcArgs, out: &Output, bars: &Bars) -> Res
     }
     if a.keep_last == Some(0) {
         return Err(Usage("--keep-last 0 would remove every image; use gstore rm to remove tags".into()).into());
+    }
+    if a.keep_within.is_some_and(|d| d.is_zero()) {
+        return Err(Usage("--keep-within 0 would remove every image; use gstore rm to remove tags".into()).into());
     }
     let store = Store::open(location)?;
     let opts = gc::GcOptions {

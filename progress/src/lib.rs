@@ -2,7 +2,7 @@
 //! and the Python package; hidden when stderr is not a terminal, or when the caller asks for
 //! quiet (`--json`, `--quiet`, `progress=False`).
 
-use gstore_store::progress::Progress;
+use gstore_store::progress::{Progress, Unit};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::sync::Mutex;
@@ -21,13 +21,12 @@ impl Bars {
 }
 
 impl Progress for Bars {
-    fn start(&self, what: &str, total: u64) {
+    fn start(&self, what: &str, total: u64, unit: Unit) {
         if !self.enabled {
             return;
         }
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        let bytes = what != "indexing packs" && !what.starts_with("verifying");
-        let template = if bytes {
+        let template = if unit == Unit::Bytes {
             "{msg:>10} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}"
         } else {
             "{msg:>10} [{bar:40}] {pos}/{len} eta {eta}"

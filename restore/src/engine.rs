@@ -5,7 +5,7 @@
 use crate::plan::{Plan, RangeRead};
 use gstore_store::codec::{self, Codec};
 use gstore_store::manifest::{Entry, EntryKind, Manifest};
-use gstore_store::progress::Progress;
+use gstore_store::progress::{Progress, Unit};
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use rayon::prelude::*;
 
@@ -95,7 +95,11 @@ pub fn run(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress)
 }
 
 fn run_here(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress) -> Result<()> {
-    progress.start("restoring", plan.write_bytes());
+    // Zero runs are counted at once: they are never fetched (holes, or zeroed by the sink), so
+    // the bar ends at the image's size, as the summary says it.
+    let zeros: u64 = plan.zeros.iter().map(|z| z.len).sum();
+    progress.start("restoring", plan.write_bytes() + zeros, Unit::Bytes);
+    progress.advance(zeros);
     let r = plan.reads.par_iter().try_for_each_init(
         || (codec::Decoder::new(store.config().chunk_max), Vec::new()),
         |(decoder, arena), read| {

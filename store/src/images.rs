@@ -169,7 +169,7 @@ pub fn log(store: &Store, reference: &str) -> Result<Vec<LogEntry>> {
             out.push(entry(&tag, &h.manifest, h.set_unix, h.set_nanos, false));
         }
     }
-    out.sort_by(|a, b| b.1.cmp(&a.1));
+    out.sort_by_key(|e| std::cmp::Reverse(e.1));
     Ok(out.into_iter().map(|(e, _)| e).collect())
 }
 

@@ -99,9 +99,33 @@ pub fn push(
     meta: BTreeMap<String, serde_json::Value>,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
+    push_selected(store, source, &|_| true, tag, meta, progress)
+}
+
+/// [`push`] of the entries of `source` that `keep` accepts (given each entry's path in the
+/// image); a directory left out leaves out everything below it.
+pub fn push_selected(
+    store: &Store,
+    source: &std::path::Path,
+    keep: &dyn Fn(&str) -> bool,
+    tag: &TagRef,
+    meta: BTreeMap<String, serde_json::Value>,
+    progress: &dyn Progress,
+) -> Result<PushReport> {
     // Refused before any work rather than when the tag is written.
     tag.check_new()?;
-    let entries = source::scan(source)?;
+    let mut entries = source::scan(source)?;
+    let mut dropped: Vec<String> = Vec::new();
+    entries.retain(|e| {
+        let below_dropped = dropped.iter().any(|d| e.rel.strip_prefix(d.as_str()).is_some_and(|r| r.starts_with('/')));
+        if below_dropped || !keep(&e.rel) {
+            if e.kind == EntryKind::Dir {
+                dropped.push(e.rel.clone());
+            }
+            return false;
+        }
+        true
+    });
     let contents = open_files(&entries)?;
     push_entries(store, &entries, &contents, tag, meta, progress)
 }
@@ -200,7 +224,7 @@ fn push_entries(
     let started = std::time::Instant::now();
     let units = plan_units(entries, store.config());
     let total: u64 = units.iter().map(|u| u.len).sum();
-    progress.start("pushing", total);
+    progress.start("pushing", total, crate::progress::Unit::Bytes);
 
     let mut report = PushReport {
         manifest: String::new(),

@@ -722,7 +722,7 @@ impl Store {
         let index = self.index()?;
         index.clear()?;
         index.set_doomed(&doomed)?;
-        progress.start("indexing packs", packs.len() as u64);
+        progress.start("indexing packs", packs.len() as u64, crate::progress::Unit::Items);
         let mut ok = 0;
         let mut damaged = Vec::new();
         for l in packs {

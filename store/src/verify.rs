@@ -8,7 +8,7 @@ use crate::id::ObjectId;
 use crate::index::ChunkLocation;
 use crate::manifest::Manifest;
 use crate::pack::PackEntry;
-use crate::progress::Progress;
+use crate::progress::{Progress, Unit};
 use crate::store::Store;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -92,7 +92,11 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
         }
     }
     let packs: Vec<(ObjectId, Vec<ObjectId>)> = wanted.into_iter().collect();
-    progress.start(if read_data { "verifying packs and data" } else { "verifying packs" }, packs.len() as u64);
+    progress.start(
+        if read_data { "verifying packs and data" } else { "verifying packs" },
+        packs.len() as u64,
+        Unit::Items,
+    );
     let checked: Vec<(ObjectId, std::result::Result<PackCheck, String>, u64, u64)> = packs
         .par_iter()
         .map(|(pack, ids)| {

@@ -17,7 +17,7 @@ use gstore_gpu_dump::cuda::join::{LaneJob, LaneJoin};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
 use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder};
-use gstore_store::progress::Progress;
+use gstore_store::progress::{Progress, Unit};
 use gstore_store::{Result, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -205,7 +205,7 @@ impl GpuLoad {
         };
         let queue = Mutex::new(Queue { reads, taken: Vec::new(), next_tag: 0 });
         let stop = AtomicBool::new(false);
-        progress.start("loading", total);
+        progress.start("loading", total, Unit::Bytes);
         let r = std::thread::scope(|s| {
             let handles: Vec<_> = (0..workers)
                 .map(|_| {

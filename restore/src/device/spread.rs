@@ -5,7 +5,7 @@
 use super::{restore_to_device_with, DeviceImage};
 use gstore_gpu_dump::cuda::Context;
 use gstore_store::manifest::Manifest;
-use gstore_store::progress::Progress;
+use gstore_store::progress::{Progress, Unit};
 use gstore_store::{Result, Store};
 
 /// How an image is placed on several devices.
@@ -57,7 +57,7 @@ pub fn parts(m: &Manifest, devices: usize, spread: Spread) -> Vec<Manifest> {
 struct Share<'a>(&'a dyn Progress);
 
 impl Progress for Share<'_> {
-    fn start(&self, _: &str, _: u64) {}
+    fn start(&self, _: &str, _: u64, _: Unit) {}
     fn advance(&self, n: u64) {
         self.0.advance(n)
     }
@@ -82,7 +82,7 @@ where
     let parts = parts(m, open_contexts.len(), spread);
     let total = parts.iter().flat_map(|p| &p.chunks).filter(|c| !c.zero).map(|c| c.len as u64).sum();
     let budget = memory_budget / parts.len().max(1) as u64;
-    progress.start("loading", total);
+    progress.start("loading", total, Unit::Bytes);
     let share = Share(progress);
     let loaded: Vec<Result<DeviceImage>> = std::thread::scope(|s| {
         let handles: Vec<_> = parts

@@ -27,7 +27,7 @@ use crate::id::ObjectId;
 use crate::key::{Family, ObjectKey};
 use crate::lease::LeaseRecord;
 use crate::pack::{PackBuilder, PackEntry};
-use crate::progress::Progress;
+use crate::progress::{Progress, Unit};
 use crate::store::{now_unix, Store};
 use crate::tag::{TagRecord, TagRef};
 use catalog::Catalog;
@@ -228,7 +228,7 @@ fn mark(
     progress: &dyn Progress,
     report: &mut GcReport,
 ) -> Result<HashSet<ObjectId>> {
-    progress.start("gc: reading manifests", roots.len() as u64);
+    progress.start("gc: reading manifests", roots.len() as u64, Unit::Items);
     let roots: Vec<ObjectId> = roots.iter().copied().collect();
     // Chunks go into the set as each manifest arrives, so manifests are not all held at once.
     let live = std::sync::Mutex::new(HashSet::new());
@@ -272,7 +272,7 @@ fn read_packs(
 ) -> Result<Vec<PackInfo>> {
     let pack_list: Vec<(ObjectId, &backend::Listed)> =
         listed.iter().filter_map(|l| Some((ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())?, l))).collect();
-    progress.start("gc: reading pack footers", pack_list.len() as u64);
+    progress.start("gc: reading pack footers", pack_list.len() as u64, Unit::Items);
     let footers = in_flight(store, &pack_list, |(id, l)| {
         let f = catalog.footer(id, l.size);
         progress.advance(1);
@@ -615,7 +615,7 @@ impl Sweep<'_> {
         let mut copied = Vec::new();
         let mut decoder = Decoder::new(self.store.config().chunk_max);
         let mut scratch = Vec::new();
-        progress.start("gc: rewriting mostly-dead packs", packs.len() as u64);
+        progress.start("gc: rewriting mostly-dead packs", packs.len() as u64, Unit::Items);
         for p in packs {
             progress.advance(1);
             let keep: Vec<&PackEntry> = p.entries.iter().filter(|e| homes.get(&e.id) == Some(&p.id)).collect();
