@@ -183,3 +183,28 @@ fn version_completions_and_man_pages() {
     assert!(page.contains(".TH") && page.contains("memory\\-budget"), "{page}");
     assert!(dir.join("gstore.1").exists());
 }
+
+#[test]
+fn errors_point_the_right_way() {
+    let env = three_images();
+    // A server address without http:// is not taken for a directory without saying so.
+    let o = std::process::Command::new(gstore_bin()).args(["--store", "127.0.0.1:18420", "ls"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--store http://127.0.0.1:18420"), "{err}");
+    assert_eq!(o.status.code(), Some(3));
+    assert!(!std::path::Path::new("127.0.0.1:18420").exists(), "no directory was made");
+    // `--to .` says what to give instead.
+    let empty = env.path("empty");
+    fs::create_dir_all(&empty).unwrap();
+    let o = env.cmd(&["restore", "app:v1", "--to", "."]).current_dir(&empty).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("give a new directory's name"), "{err}");
+    // A store on a read-only file system: the OS's words once, no library internals.
+    let disk = SmallDisk::mount(&env.path("ro"), "1m");
+    let remount = std::process::Command::new("mount").args(["-o", "remount,ro"]).arg(&disk.dir).status().unwrap();
+    assert!(remount.success());
+    let o = std::process::Command::new(gstore_bin()).arg("--store").arg(&disk.dir).arg("init").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("Read-only file system").count(), 1, "{err}");
+    assert!(!err.contains("LocalFileSystem") && !err.contains("#1"), "{err}");
+}

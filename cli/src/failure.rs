@@ -67,7 +67,7 @@ pub fn classify(e: &anyhow::Error) -> Code {
 
 /// The error and its causes on one line, each cause once: most of gstore's errors already
 /// say their cause in their own message, and a cause said there is not repeated. Damage
-/// found while reading points to `gstore verify --read-data`.
+/// found in a chunk, pack or manifest while reading points to `gstore verify --read-data`.
 pub fn message(e: &anyhow::Error, code: Code) -> String {
     let mut said = e.to_string();
     for cause in e.chain().skip(1) {
@@ -76,7 +76,10 @@ pub fn message(e: &anyhow::Error, code: Code) -> String {
             said = format!("{said}: {cause}");
         }
     }
-    if code == Code::Damaged && !e.chain().any(|c| c.is::<Damaged>()) {
+    let stored_data = |c: &(dyn std::error::Error + 'static)| {
+        matches!(c.downcast_ref::<StoreError>(), Some(StoreError::Corrupt { what: "chunk" | "pack" | "manifest", .. }))
+    };
+    if code == Code::Damaged && e.chain().any(stored_data) {
         said.push_str(" (`gstore verify --read-data` lists every image the damage breaks)");
     }
     said

@@ -35,8 +35,9 @@ impl std::fmt::Display for Phase {
 pub enum GpuDumpError {
     /// libcuda could not be loaded.
     #[error(
-        "no CUDA driver (libcuda.so.1) found: {detail}; GPU processes cannot be checkpointed \
-         on this machine (CPU-only processes still can)"
+        "no CUDA driver (libcuda.so.1) found: {detail}; this machine cannot use NVIDIA GPUs \
+         (loads into GPU memory and checkpoints of GPU processes need the driver; host loads and \
+         CPU-only processes work without it)"
     )]
     NoCudaDriver {
         /// What the loader said for each library name tried.

@@ -346,9 +346,13 @@ fn check_destination(dest: &Path) -> Result<()> {
 }
 
 fn staging_path(dest: &Path) -> Result<PathBuf> {
-    let name = dest
-        .file_name()
-        .ok_or_else(|| StoreError::Invalid(format!("destination {} has no final component", dest.display())))?;
+    let name = dest.file_name().ok_or_else(|| {
+        StoreError::Invalid(format!(
+            "destination {} names no directory of its own (like . or ..): a restore builds the image beside \
+                 its destination and renames it into place, so give a new directory's name, e.g. --to ./restored",
+            dest.display()
+        ))
+    })?;
     let parent = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

@@ -131,6 +131,14 @@ impl StoreLocation {
     }
 }
 
+/// True for a relative path that reads like `HOST:PORT` (a server meant without `http://`).
+fn looks_like_host_port(p: &std::path::Path) -> bool {
+    let Some(s) = p.to_str() else { return false };
+    s.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains('/') && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
 /// The manifest id prefix a reference is, lowercased: [`crate::tag::ID_LIKE_MIN_LEN`] to 64 hex
 /// digits and nothing else (no `:VERSION`).
 fn id_prefix(reference: &str) -> Option<String> {
@@ -218,8 +226,20 @@ impl Store {
     pub fn open(location: &StoreLocation) -> Result<Store> {
         // Checked before the backend is built: building it creates the directory.
         if let StoreLocation::Local(p) = location {
-            if !p.join(ObjectKey::Config.to_string()).exists() {
-                return Err(StoreError::NotInitialized(location.describe()));
+            let config = p.join(ObjectKey::Config.to_string());
+            match std::fs::metadata(&config) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    return Err(StoreError::io("opening the store at", p, e));
+                }
+                Err(_) if looks_like_host_port(p) => {
+                    return Err(StoreError::NotInitialized(format!(
+                        "{} (for a gstore server, write --store http://{})",
+                        location.describe(),
+                        p.display()
+                    )));
+                }
+                Err(_) => return Err(StoreError::NotInitialized(location.describe())),
             }
         }
         Self::open_backend(location.backend()?, location)

@@ -134,15 +134,20 @@ pub(super) fn err(action: &'static str, key: &str, e: object_store::Error) -> St
     }
 }
 
-/// The deepest message in an error chain (the OS or server's own words).
+/// The deepest message in an error chain (the OS or server's own words): an OS error alone
+/// (the library's wrapping, e.g. "Generic LocalFileSystem error: Unable to open file
+/// X#1", names its temporary files and repeats the OS's words), else the outer message with it.
 pub(super) fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur = e;
     while let Some(next) = cur.source() {
         cur = next;
     }
-    if cur.to_string() == e.to_string() {
-        e.to_string()
+    let (outer, inner) = (e.to_string(), cur.to_string());
+    if cur.downcast_ref::<std::io::Error>().is_some() || outer == inner {
+        inner
+    } else if outer.contains(&inner) {
+        outer
     } else {
-        format!("{e}: {cur}")
+        format!("{outer}: {inner}")
     }
 }

@@ -71,6 +71,11 @@ pub(super) fn hint(message: &str) -> Option<&'static str> {
         Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up")
     } else if m.contains("nosuchbucket") || m.contains("bucket does not exist") {
         Some("no such bucket")
+    } else if m.contains("169.254.169.254") {
+        // object_store asks the cloud's metadata service when no credentials are set.
+        Some("no S3 credentials set: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or put them in $GSTORE_S3_CONFIG / ~/.config/gstore/s3.env); none came from an instance metadata service either")
+    } else if m.contains("url scheme is not allowed") || m.contains("http scheme is not allowed") {
+        Some("the endpoint is plain http://: set AWS_ALLOW_HTTP=true to allow it (or use https://)")
     } else if m.contains("invalidaccesskeyid")
         || m.contains("signaturedoesnotmatch")
         || m.contains("403 forbidden")
@@ -97,6 +102,10 @@ mod tests {
             Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
         );
         assert_eq!(hint("404 Not Found: NoSuchBucket"), Some("no such bucket"));
+        assert!(hint("Error performing PUT http://169.254.169.254/latest/api/token: 403 Forbidden")
+            .unwrap()
+            .starts_with("no S3 credentials set"));
+        assert!(hint("Generic HTTP client error: URL scheme is not allowed").unwrap().contains("AWS_ALLOW_HTTP=true"));
         assert_eq!(hint("something else"), None);
     }
 }
