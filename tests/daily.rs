@@ -110,6 +110,34 @@ fn cat_writes_one_file_and_restore_takes_a_selection() {
 }
 
 #[test]
+fn diff_names_changed_files_and_the_bytes_each_image_adds() {
+    let env = three_images();
+    let src = env.path("src");
+    fs::write(src.join("added.txt"), b"new file").unwrap();
+    fs::remove_file(src.join("conf/a.json")).unwrap();
+    let mut big = fs::read(src.join("big.bin")).unwrap();
+    big[1_000_000..1_000_100].copy_from_slice(&random_bytes(100, 77));
+    fs::write(src.join("big.bin"), &big).unwrap();
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v3"]);
+    let d = env.json(&["diff", "app:v2", "app:v3"]);
+    let changes: Vec<(String, String)> = d["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["path"].as_str().unwrap().to_string(), c["change"].as_str().unwrap().to_string()))
+        .collect();
+    let expect = [("added.txt", "added"), ("big.bin", "changed"), ("conf/a.json", "removed")];
+    assert_eq!(changes, expect.map(|(p, c)| (p.to_string(), c.to_string())));
+    let big_change = &d["changes"][1];
+    let new = big_change["new_bytes"].as_u64().unwrap();
+    assert!(new > 0 && new < 600_000, "one edit costs about a chunk or two, not the file: {new}");
+    assert_eq!(d["only_in_b_bytes"].as_u64().unwrap(), new + 8);
+    assert!(d["only_in_a_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(env.json(&["diff", "app:v2", "other:v1"])["changes"].as_array().unwrap().len(), 0);
+    assert!(env.ok(&["diff", "app:v2", "app:v3"]).contains("3 paths differ"));
+}
+
+#[test]
 fn push_leaves_out_what_exclude_matches() {
     let env = three_images();
     let src = env.path("src");

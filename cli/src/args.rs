@@ -137,6 +137,13 @@ pub enum Command {
         /// NAME or NAME:VERSION.
         tag: String,
     },
+    /// Which files differ between two images, and how many bytes each adds to the other.
+    Diff {
+        /// The first image: NAME[:VERSION] or an image id.
+        a: String,
+        /// The second image.
+        b: String,
+    },
     /// Write one file of an image to stdout (every chunk checked).
     Cat {
         /// NAME[:VERSION], or an image id (8 or more hex digits).

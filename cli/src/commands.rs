@@ -46,6 +46,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Ls { name, sort, latest } => ls(&Store::open(&location)?, name.as_deref(), sort, latest, &out),
         Command::Log { tag } => log(&Store::open(&location)?, &tag, &out),
         Command::Cat { image, path } => cat(&location, &image, &path),
+        Command::Diff { a, b } => diff(&Store::open(&location)?, &a, &b, &out),
         Command::Show { image } => show(&Store::open(&location)?, &image, &out),
         Command::Du => du(&open_indexed(&location)?, &out),
         Command::Tag { source, target } => tag(&location, &source, &target, &out),
@@ -273,6 +274,32 @@ fn log(store: &Store, tag: &str, out: &Output) -> Result<()> {
     })
 }
 
+/// `gstore diff`.
+fn diff(store: &Store, a: &str, b: &str, out: &Output) -> Result<()> {
+    let d = images::diff(store, a, b)?;
+    out.emit(&d, || {
+        let size = |s: Option<u64>| s.map(|b| HumanBytes(b).to_string()).unwrap_or_else(|| "-".into());
+        let mut s = format!("{:<8} {:>10} {:>10} {:>10}  PATH", "CHANGE", "SIZE A", "SIZE B", "NEW IN B");
+        for c in &d.changes {
+            s.push_str(&format!(
+                "\n{:<8} {:>10} {:>10} {:>10}  {}",
+                c.change,
+                size(c.size_a),
+                size(c.size_b),
+                HumanBytes(c.new_bytes).to_string(),
+                c.path
+            ));
+        }
+        s.push_str(&format!(
+            "\n{} differ; {b} adds {} to {a}, which holds {} that {b} does not",
+            plural(d.changes.len() as u64, "path", "paths"),
+            HumanBytes(d.only_in_b_bytes),
+            HumanBytes(d.only_in_a_bytes)
+        ));
+        s
+    })
+}
+
 /// `gstore cat`: the file's bytes on stdout.
 fn cat(location: &StoreLocation, image: &str, path: &str) -> Result<()> {
     let store = open_indexed(location)?;
@@ -489,8 +516,18 @@ struct Output {
 #[error("stdout closed by its reader")]
 pub struct StdoutClosed;
 
+/// Set once a command has printed its result on stdout (a failing `verify --json` has printed
+/// its report; its error then goes to stderr only, so stdout holds one JSON value).
+static EMITTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the command printed its result on stdout.
+pub fn emitted() -> bool {
+    EMITTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Output {
     fn emit<T: Serialize>(&self, value: &T, text: impl FnOnce() -> String) -> Result<()> {
+        EMITTED.store(true, std::sync::atomic::Ordering::Relaxed);
         let out = if self.json { serde_json::to_string_pretty(value)? } else { text() };
         let mut stdout = std::io::stdout().lock();
         match writeln!(stdout, "{out}").and_then(|()| stdout.flush()) {

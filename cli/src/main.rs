@@ -22,7 +22,7 @@ fn main() {
         let code = failure::classify(&e);
         let message = failure::message(&e, code);
         eprintln!("gstore: error: {message}");
-        if json {
+        if json && !commands::emitted() {
             let report =
                 failure::ErrorReport { error: failure::ErrorBody { code, exit_status: code.exit_status(), message } };
             println!("{}", serde_json::to_string_pretty(&report).expect("an error report serializes"));

@@ -178,3 +178,91 @@ fn entry(tag: &str, manifest: &str, unix: u64, nanos: u32, current: bool) -> (Lo
         LogEntry { tag: tag.to_string(), manifest: manifest.to_string(), set_unix: unix, set: rfc3339(unix), current };
     (e, (unix, nanos))
 }
+
+/// How one path differs between two images.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileChange {
+    /// Path in the images.
+    pub path: String,
+    /// `added` (only in the second), `removed` (only in the first), `changed` or `kind` (a
+    /// file in one, a directory or symlink in the other).
+    pub change: &'static str,
+    /// Its size in the first image (files), if there.
+    pub size_a: Option<u64>,
+    /// Its size in the second image (files), if there.
+    pub size_b: Option<u64>,
+    /// Plain bytes of its chunks in the second image that the first image holds nowhere.
+    pub new_bytes: u64,
+}
+
+/// What changed from image `a` to image `b` (`gstore diff`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Diff {
+    /// The first image's manifest id.
+    pub a: String,
+    /// The second image's manifest id.
+    pub b: String,
+    /// Paths that differ, in path order (entries equal in both are left out).
+    pub changes: Vec<FileChange>,
+    /// Plain bytes of distinct chunks only the first image holds (what it alone adds).
+    pub only_in_a_bytes: u64,
+    /// Plain bytes of distinct chunks only the second image holds (what it adds to the first).
+    pub only_in_b_bytes: u64,
+}
+
+/// Compares the images `a` and `b` name, from their manifests alone (no chunk is read).
+pub fn diff(store: &Store, a: &str, b: &str) -> Result<Diff> {
+    use crate::manifest::Manifest;
+    use std::collections::HashMap;
+    let (ida, idb) = (store.resolve(a)?, store.resolve(b)?);
+    let (ma, mb) = (store.get_manifest(&ida)?, store.get_manifest(&idb)?);
+    let chunks = |m: &Manifest| -> HashMap<ObjectId, u32> {
+        m.chunks.iter().filter(|c| !c.zero).map(|c| (c.id, c.len)).collect()
+    };
+    let (ca, cb) = (chunks(&ma), chunks(&mb));
+    let only = |x: &HashMap<ObjectId, u32>, y: &HashMap<ObjectId, u32>| -> u64 {
+        x.iter().filter(|(id, _)| !y.contains_key(id)).map(|(_, &len)| len as u64).sum()
+    };
+    type Facts = (EntryKind, u64, Vec<ObjectId>, Option<String>);
+    let index = |m: &Manifest| -> BTreeMap<String, Facts> {
+        m.files()
+            .map(|(e, c)| (e.path.clone(), (e.kind, e.size, c.iter().map(|c| c.id).collect(), e.target.clone())))
+            .collect()
+    };
+    let (ea, eb) = (index(&ma), index(&mb));
+    let new_bytes = |path: &str| -> u64 {
+        mb.files()
+            .find(|(e, _)| e.path == path)
+            .map(|(_, c)| c.iter().filter(|c| !c.zero && !ca.contains_key(&c.id)).map(|c| c.len as u64).sum())
+            .unwrap_or(0)
+    };
+    let size = |kind: EntryKind, size: u64| (kind == EntryKind::File).then_some(size);
+    let mut changes = Vec::new();
+    let mut paths: Vec<&String> = ea.keys().chain(eb.keys()).collect();
+    paths.sort();
+    paths.dedup();
+    for path in paths {
+        let change = match (ea.get(path), eb.get(path)) {
+            (Some(x), Some(y)) if x == y => continue,
+            (Some(x), Some(y)) if x.0 != y.0 => "kind",
+            (Some(_), Some(_)) => "changed",
+            (Some(_), None) => "removed",
+            (None, Some(_)) => "added",
+            (None, None) => continue,
+        };
+        changes.push(FileChange {
+            path: path.clone(),
+            change,
+            size_a: ea.get(path).and_then(|x| size(x.0, x.1)),
+            size_b: eb.get(path).and_then(|y| size(y.0, y.1)),
+            new_bytes: new_bytes(path),
+        });
+    }
+    Ok(Diff {
+        a: ida.to_hex(),
+        b: idb.to_hex(),
+        changes,
+        only_in_a_bytes: only(&ca, &cb),
+        only_in_b_bytes: only(&cb, &ca),
+    })
+}
