@@ -150,6 +150,24 @@ fn push_leaves_out_what_exclude_matches() {
     assert!(paths.contains(&"notes.txt") && paths.contains(&"conf/a.json"), "{paths:?}");
     assert!(!paths.iter().any(|p| p.starts_with("cache") || p.ends_with(".log")), "{paths:?}");
     assert_eq!(status(&env, &["gc", "--keep-within", "0s"]), 2, "keep-within 0 is refused like keep-last 0");
+    // A dry run says what a push would add and writes nothing.
+    fs::write(src.join("fresh.bin"), random_bytes(400_000, 9)).unwrap();
+    // The store's objects (the local index beside them is this machine's cache, which RocksDB
+    // rotates its own logs in whenever it is opened).
+    let objects = || -> Vec<_> {
+        files_below(&env.store).into_iter().filter(|p| !p.starts_with(env.store.join("index"))).collect()
+    };
+    let before = objects();
+    let dry = env.json(&["push", src.to_str().unwrap(), "--tag", "app:v4", "--dry-run"]);
+    assert_eq!(dry["dry_run"], true);
+    assert!(dry["new_plain_bytes"].as_u64().unwrap() >= 400_000, "{dry}");
+    assert_eq!(objects(), before, "a dry run wrote to the store");
+    assert_eq!(status(&env, &["show", "app:v4"]), 3);
+    let real = env.json(&["push", src.to_str().unwrap(), "--tag", "app:v4"]);
+    assert_eq!(
+        (real["new_chunks"].clone(), real["new_plain_bytes"].clone(), real["packs"].clone()),
+        (dry["new_chunks"].clone(), dry["new_plain_bytes"].clone(), dry["packs"].clone())
+    );
 }
 
 #[test]

@@ -42,6 +42,9 @@ pub enum Command {
         /// image, e.g. '*.log' or 'cache'; a matching directory leaves out all below it.
         #[arg(long, value_name = "GLOB")]
         exclude: Vec<String>,
+        /// Read and chunk everything and say what the push would add; write nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Restore an image (by tag or manifest id) into a new or empty directory, or with --run
     /// restore a checkpointed process and start it.

@@ -24,8 +24,8 @@ pub fn run(cli: Cli) -> Result<()> {
     let bars = Bars::new(!cli.json && !cli.quiet);
     match cli.command {
         Command::Init(a) => init(&location, a, &out),
-        Command::Push { path, tag, meta, exclude } => {
-            push(&location, &path, &tag, &meta, &Selection::new(&[], &exclude)?, &out, &bars)
+        Command::Push { path, tag, meta, exclude, dry_run } => {
+            push(&location, &path, &tag, &meta, &Selection::new(&[], &exclude)?, dry_run, &out, &bars)
         }
         Command::Restore { image, to, run: true, pid_wait, criu, memory_budget, no_lazy, .. } => {
             let opts = capture::RunOptions { eager: no_lazy, pid_wait: Duration::from_secs(pid_wait), memory_budget };
@@ -73,17 +73,19 @@ fn push(
     tag: &str,
     meta: &[String],
     select: &Selection,
+    dry_run: bool,
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {
     let tag = TagRef::parse_new(tag)?;
     let meta = parse_meta(meta)?;
     let store = open_indexed(location)?;
-    let r = push::push_selected(&store, path, &|rel| select.chosen(rel), &tag, meta, bars)
+    let r = push::push_selected(&store, path, &|rel| select.chosen(rel), dry_run, &tag, meta, bars)
         .with_context(|| format!("push of {} failed", path.display()))?;
     out.emit(&r, || {
         format!(
-            "pushed {} as {} ({}, {} logical, {} new in {}, {})\nmanifest {}",
+            "{} {} as {} ({}, {} logical, {} new in {}, {})\nmanifest {}",
+            if r.dry_run { "would push" } else { "pushed" },
             path.display(),
             r.tag,
             plural(r.entries as u64, "entry", "entries"),

@@ -62,6 +62,9 @@ pub struct PushReport {
     pub reuploaded_chunks: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// A dry run: nothing was written; the counts say what the push would add, and
+    /// `manifest` is the id the image would get.
+    pub dry_run: bool,
 }
 
 /// One piece of one file, processed as a whole on one core.
@@ -99,15 +102,17 @@ pub fn push(
     meta: BTreeMap<String, serde_json::Value>,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
-    push_selected(store, source, &|_| true, tag, meta, progress)
+    push_selected(store, source, &|_| true, false, tag, meta, progress)
 }
 
 /// [`push`] of the entries of `source` that `keep` accepts (given each entry's path in the
-/// image); a directory left out leaves out everything below it.
+/// image); a directory left out leaves out everything below it. A `dry_run` reads, chunks and
+/// looks up everything but writes nothing (no pack, manifest, tag or lease).
 pub fn push_selected(
     store: &Store,
     source: &std::path::Path,
     keep: &dyn Fn(&str) -> bool,
+    dry_run: bool,
     tag: &TagRef,
     meta: BTreeMap<String, serde_json::Value>,
     progress: &dyn Progress,
@@ -127,7 +132,7 @@ pub fn push_selected(
         true
     });
     let contents = open_files(&entries)?;
-    push_entries(store, &entries, &contents, tag, meta, progress)
+    push_entries(store, &entries, &contents, dry_run, tag, meta, progress)
 }
 
 /// Pushes files held in memory as a new image tagged `tag`: each `(path, pieces)` becomes a
@@ -161,7 +166,7 @@ pub fn push_pieces(
         entries.push(SourceEntry::in_memory(path, size));
         contents.push(Some(Content::Pieces { parts, starts }));
     }
-    push_entries(store, &entries, &contents, tag, meta, progress)
+    push_entries(store, &entries, &contents, false, tag, meta, progress)
 }
 
 /// The bytes of one file being pushed.
@@ -217,6 +222,7 @@ fn push_entries(
     store: &Store,
     entries: &[SourceEntry],
     files: &[Option<Content<'_>>],
+    dry_run: bool,
     tag: &TagRef,
     meta: BTreeMap<String, serde_json::Value>,
     progress: &dyn Progress,
@@ -239,8 +245,9 @@ fn push_entries(
         packs: 0,
         reuploaded_chunks: 0,
         seconds: 0.0,
+        dry_run,
     };
-    let lease = Lease::take(store.backend(), &format!("push {tag}"))?;
+    let lease = if dry_run { None } else { Some(Lease::take(store.backend(), &format!("push {tag}"))?) };
     let mut relied: HashMap<ObjectId, Vec<Relied>> = HashMap::new();
     let mut file_chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); entries.len()];
 
@@ -252,7 +259,7 @@ fn push_entries(
     let result = std::thread::scope(|scope| -> Result<()> {
         let handles: Vec<_> = (0..writers)
             .map(|_| {
-                let (rx, lease, failed) = (&rx, &lease, &writer_failed);
+                let (rx, lease, failed) = (&rx, lease.as_ref(), &writer_failed);
                 scope.spawn(move || -> Result<Vec<ObjectId>> {
                     let mut written = Vec::new();
                     loop {
@@ -260,6 +267,8 @@ fn push_entries(
                         let next = rx.lock().expect("pack queue lock").recv();
                         let Ok(p) = next else { return Ok(written) };
                         written.push(p.id);
+                        // A dry run counts its packs and drops them.
+                        let Some(lease) = lease else { continue };
                         if let Err(e) = write_pack(store, lease, p) {
                             // Stop the producer, and take what it already queued so it never
                             // waits on a queue nobody empties.
@@ -295,7 +304,9 @@ fn push_entries(
     });
     progress.finish();
     result?;
-    report.reuploaded_chunks = reupload_unreliable(store, &lease, entries, files, relied)?;
+    if let Some(lease) = &lease {
+        report.reuploaded_chunks = reupload_unreliable(store, lease, entries, files, relied)?;
+    }
 
     let mut manifest = Manifest {
         created_unix: creation_time(),
@@ -314,10 +325,15 @@ fn push_entries(
             .collect(),
         chunks: file_chunks.into_iter().flatten().collect(),
     };
-    let (id, bytes) = protect_manifest(store, &lease, &mut manifest)?;
-    store.put_manifest(&id, bytes)?;
-    let _: TagRecord = store.set_tag(tag, id)?;
-    drop(lease);
+    let id = match lease {
+        Some(lease) => {
+            let (id, bytes) = protect_manifest(store, &lease, &mut manifest)?;
+            store.put_manifest(&id, bytes)?;
+            let _: TagRecord = store.set_tag(tag, id)?;
+            id
+        }
+        None => ObjectId::of(&manifest.encode()),
+    };
     report.manifest = id.to_hex();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
