@@ -254,3 +254,47 @@ fn errors_point_the_right_way() {
     assert_eq!(err.matches("Read-only file system").count(), 1, "{err}");
     assert!(!err.contains("LocalFileSystem") && !err.contains("#1"), "{err}");
 }
+
+#[test]
+fn copy_sends_only_what_the_target_lacks_between_local_and_s3_stores() {
+    let env = three_images();
+    let second = Env::new(&[]);
+    let to = second.store.to_str().unwrap().to_string();
+    let first = env.json(&["copy", "app:v1", "--to", &to]);
+    let r = &first[0];
+    assert_eq!(r["copied_chunks"], r["chunks"], "an empty target gets every chunk: {first}");
+    let again = env.json(&["copy", "app:v1", "app:v2", "--to", &to]);
+    assert_eq!(again[0]["copied_chunks"], 0, "nothing new: {again}");
+    let v2 = &again[1];
+    assert!(v2["copied_chunks"].as_u64().unwrap() >= 1 && v2["copied_chunks"].as_u64().unwrap() <= 2, "{again}");
+    assert_eq!(v2["manifest"], env.json(&["show", "app:v2"])["manifest"], "the same image, the same id");
+    second.ok(&["verify", "--read-data"]);
+    second.ok(&["restore", "app:v2", "--to", second.path("out").to_str().unwrap()]);
+    assert_eq!(fs::read(second.path("out/notes.txt")).unwrap(), b"second");
+    assert!(env
+        .fails(&["copy", "app:v1", "--to", env.store.to_str().unwrap()])
+        .contains("is the store the images are in"));
+    assert_eq!(status(&env, &["copy", "nope:v1", "--to", &to]), 3);
+
+    // To an S3 store and back to a new local one.
+    let s3 = S3::start();
+    s3.ok("m1", &["init"]);
+    let s3_env = |c: &mut std::process::Command| {
+        c.env("AWS_ENDPOINT", format!("http://127.0.0.1:{}", s3.port))
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", S3_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+            .env("AWS_REGION", "us-east-1")
+            .env("XDG_CACHE_HOME", s3.tmp.path().join("m1"));
+    };
+    let mut up = env.cmd(&["--json", "copy", "app:v2", "--to", &s3.url]);
+    s3_env(&mut up);
+    let o = up.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    s3.ok("m2", &["verify", "--read-data"]);
+    let third = Env::new(&[]);
+    let o = s3.cmd("m2", &["copy", "app:v2", "--to", third.store.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    third.ok(&["restore", "app:v2", "--to", third.path("out").to_str().unwrap()]);
+    assert_eq!(fs::read(third.path("out/big.bin")).unwrap(), fs::read(env.path("src/big.bin")).unwrap());
+}

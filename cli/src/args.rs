@@ -147,6 +147,16 @@ pub enum Command {
         /// The second image.
         b: String,
     },
+    /// Copy tagged images to another store (local, s3:// or http://), sending only the chunks
+    /// it lacks; the tags are set there too.
+    Copy {
+        /// NAME[:VERSION] (one or more).
+        #[arg(required = true)]
+        images: Vec<String>,
+        /// The target store.
+        #[arg(long, value_name = "STORE")]
+        to: String,
+    },
     /// Write one file of an image to stdout (every chunk checked).
     Cat {
         /// NAME[:VERSION], or an image id (8 or more hex digits).

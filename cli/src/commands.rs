@@ -47,6 +47,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Log { tag } => log(&Store::open(&location)?, &tag, &out),
         Command::Cat { image, path } => cat(&location, &image, &path),
         Command::Diff { a, b } => diff(&Store::open(&location)?, &a, &b, &out),
+        Command::Copy { images, to } => copy(&location, &images, &to, &out, &bars),
         Command::Show { image } => show(&Store::open(&location)?, &image, &out),
         Command::Du => du(&open_indexed(&location)?, &out),
         Command::Tag { source, target } => tag(&location, &source, &target, &out),
@@ -273,6 +274,42 @@ fn log(store: &Store, tag: &str, out: &Output) -> Result<()> {
             ));
         }
         s
+    })
+}
+
+/// `gstore copy`.
+fn copy(location: &StoreLocation, images: &[String], to: &str, out: &Output, bars: &Bars) -> Result<()> {
+    let target = StoreLocation::parse(to)?;
+    if target == *location {
+        return Err(Usage(format!("--to {to} is the store the images are in")).into());
+    }
+    let tags = images.iter().map(|i| TagRef::parse(i)).collect::<gstore_store::Result<Vec<_>>>()?;
+    let src = open_indexed(location)?;
+    for t in &tags {
+        src.resolve(&t.to_string())?;
+    }
+    let dst = open_indexed(&target).with_context(|| format!("opening the target store {to}"))?;
+    let mut reports = Vec::new();
+    for t in &tags {
+        reports.push(gstore_store::copy::copy(&src, &dst, t, bars).with_context(|| format!("copy of {t} failed"))?);
+    }
+    out.emit(&reports, || {
+        reports
+            .iter()
+            .map(|r| {
+                format!(
+                    "copied {} to {} ({} of {} chunks sent, {} in {}, {})",
+                    r.tag,
+                    dst.describe(),
+                    r.copied_chunks,
+                    r.chunks,
+                    HumanBytes(r.copied_stored_bytes),
+                    plural(r.packs, "pack", "packs"),
+                    rate(r.copied_stored_bytes, r.seconds)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     })
 }
 

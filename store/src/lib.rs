@@ -12,6 +12,7 @@ mod cache;
 pub mod chunker;
 pub mod codec;
 mod config;
+pub mod copy;
 mod error;
 mod floats;
 pub mod gc;

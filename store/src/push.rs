@@ -483,7 +483,7 @@ fn process_unit(store: &Store, entry: &SourceEntry, file: &Content<'_>, u: &Unit
 /// by its content, so an identical one may exist already with a gc tombstone and be deleted
 /// any moment (docs/GC.md, push step 5): then the creation time moves on a second, giving a
 /// new id, until the id has no tombstone.
-fn protect_manifest(store: &Store, lease: &Lease, manifest: &mut Manifest) -> Result<(ObjectId, Vec<u8>)> {
+pub(crate) fn protect_manifest(store: &Store, lease: &Lease, manifest: &mut Manifest) -> Result<(ObjectId, Vec<u8>)> {
     loop {
         let bytes = manifest.encode();
         let id = ObjectId::of(&bytes);
@@ -496,7 +496,7 @@ fn protect_manifest(store: &Store, lease: &Lease, manifest: &mut Manifest) -> Re
 }
 
 /// Stores a pack this push wrote, naming it in the lease first (docs/GC.md, push step 2).
-fn write_pack(store: &Store, lease: &Lease, p: FinishedPack) -> Result<()> {
+pub(crate) fn write_pack(store: &Store, lease: &Lease, p: FinishedPack) -> Result<()> {
     lease.protect(&[p.id], &[])?;
     store.put_pack(p)
 }

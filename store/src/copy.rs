@@ -1,0 +1,138 @@
+//! Copying an image from one store to another (`gstore copy`): only the chunks the target
+//! lacks travel, in their stored (compressed) form, each checked against its id on the way;
+//! then the manifest, then the tag. The target's protocol is a push's (docs/GC.md): a lease
+//! names every pack written and every pack relied on before the manifest goes in, and chunks
+//! the target held only in packs gc has tombstoned meanwhile are copied again.
+
+use crate::codec::Decoder;
+use crate::error::{Result, StoreError};
+use crate::id::ObjectId;
+use crate::lease::{self, Lease};
+use crate::progress::{Progress, Unit};
+use crate::push::{protect_manifest, write_pack};
+use crate::store::Store;
+use crate::tag::TagRef;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// What a copy did.
+#[derive(Debug, Clone, Serialize)]
+pub struct CopyReport {
+    /// The tag written in the target.
+    pub tag: String,
+    /// The image's manifest id in the target (the source's, unless the target's gc was
+    /// deleting an identical manifest: then its creation time moves on a second).
+    pub manifest: String,
+    /// Distinct chunks in the image (zero chunks left out).
+    pub chunks: u64,
+    /// Chunks the target lacked, copied.
+    pub copied_chunks: u64,
+    /// Stored bytes of those (what travelled).
+    pub copied_stored_bytes: u64,
+    /// Packs written in the target.
+    pub packs: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// Copies the image `tag` names in `src` to `dst` under the same tag (moved if it exists
+/// there; its old value goes to the history).
+pub fn copy(src: &Store, dst: &Store, tag: &TagRef, progress: &dyn Progress) -> Result<CopyReport> {
+    let started = std::time::Instant::now();
+    tag.check_new()?;
+    let id = src.resolve(&tag.to_string())?;
+    let mut manifest = src.get_manifest(&id)?;
+    let sizes: BTreeMap<ObjectId, u32> = manifest.chunks.iter().filter(|c| !c.zero).map(|c| (c.id, c.len)).collect();
+    if let Some((c, len)) = sizes.iter().find(|(_, &len)| len > dst.config().chunk_max) {
+        return Err(StoreError::Invalid(format!(
+            "chunk {} is {len} bytes, more than the target store's chunk_max ({}): it cannot hold this image",
+            c.short(),
+            dst.config().chunk_max
+        )));
+    }
+    let lease = Lease::take(dst.backend(), &format!("copy {tag}"))?;
+    let index = dst.index()?;
+    let mut relied: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
+    let mut missing = Vec::new();
+    for &c in sizes.keys() {
+        match index.locate_for_dedup(&c)? {
+            Some(loc) => relied.entry(loc.pack).or_default().push(c),
+            None => missing.push(c),
+        }
+    }
+    let mut report = CopyReport {
+        tag: tag.to_string(),
+        manifest: String::new(),
+        chunks: sizes.len() as u64,
+        copied_chunks: 0,
+        copied_stored_bytes: 0,
+        packs: 0,
+        seconds: 0.0,
+    };
+    transfer(src, dst, &lease, &missing, &sizes, &mut report, progress)?;
+    // What the copy relies on in the target, protected, then checked (a push's step 4).
+    let packs: Vec<ObjectId> = relied.keys().copied().collect();
+    lease.protect(&packs, &[])?;
+    let (bad, doomed) = lease::unreliable_packs(dst.backend(), &packs.iter().copied().collect())?;
+    index.set_doomed(&doomed)?;
+    let again: Vec<ObjectId> = bad.iter().flat_map(|p| relied.remove(p).unwrap_or_default()).collect();
+    transfer(src, dst, &lease, &again, &sizes, &mut report, progress)?;
+    let (new_id, bytes) = protect_manifest(dst, &lease, &mut manifest)?;
+    dst.put_manifest(&new_id, bytes)?;
+    dst.set_tag(tag, new_id)?;
+    drop(lease);
+    report.manifest = new_id.to_hex();
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Reads `chunks` from their packs in `src` (stored form, checked by decoding against their
+/// ids) and writes them into new packs of `dst`, each named in the lease before it is stored.
+fn transfer(
+    src: &Store,
+    dst: &Store,
+    lease: &Lease,
+    chunks: &[ObjectId],
+    sizes: &BTreeMap<ObjectId, u32>,
+    report: &mut CopyReport,
+    progress: &dyn Progress,
+) -> Result<()> {
+    if chunks.is_empty() {
+        return Ok(());
+    }
+    let found = src.locate_many(chunks)?;
+    progress.start("copying", chunks.iter().map(|c| sizes[c] as u64).sum(), Unit::Bytes);
+    let mut decoder = Decoder::new(src.config().chunk_max);
+    let mut plain = Vec::new();
+    let mut pack = dst.new_pack();
+    let mut seen = HashSet::new();
+    for (c, loc) in chunks.iter().zip(found) {
+        if !seen.insert(*c) {
+            continue;
+        }
+        let len = sizes[c];
+        let loc = loc.ok_or_else(|| StoreError::NotFound {
+            what: "chunk",
+            key: format!("{c} (in no pack of the source store; gstore verify names the images it breaks)"),
+        })?;
+        let stored = src.read_checked_range(&loc.pack, loc.range(), |stored| {
+            plain.clear();
+            decoder.decode_append(loc.codec, stored, len as usize, c, &mut plain)?;
+            Ok(stored.clone())
+        })?;
+        pack.push(*c, loc.codec, &stored, len);
+        report.copied_chunks += 1;
+        report.copied_stored_bytes += stored.len() as u64;
+        progress.advance(len as u64);
+        if pack.len() >= dst.config().pack_target {
+            write_pack(dst, lease, std::mem::replace(&mut pack, dst.new_pack()).finish())?;
+            report.packs += 1;
+        }
+    }
+    if !pack.is_empty() {
+        write_pack(dst, lease, pack.finish())?;
+        report.packs += 1;
+    }
+    progress.finish();
+    Ok(())
+}
