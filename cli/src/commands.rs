@@ -681,22 +681,23 @@ fn du(store: &Store, out: &Output) -> Result<()> {
     let u = usage::usage(store)?;
     out.emit(&u, || {
         let mut s = format!(
-            "logical   {}\nunique    {} (dedup {:.2}x)\nstored    {} (compression {:.2}x)\npacks     {} in {} packs",
+            "logical   {}\nunique    {} (dedup {:.2}x)\nstored    {} (compression {:.2}x)\npacks     {} in {}",
             HumanBytes(u.logical_bytes),
             HumanBytes(u.unique_plain_bytes),
             u.dedup_ratio,
             HumanBytes(u.referenced_stored_bytes),
             u.compression_ratio,
             HumanBytes(u.pack_bytes),
-            u.packs
+            plural(u.packs as u64, "pack", "packs")
         );
         if u.missing_chunks > 0 {
             s.push_str(&format!("\nwarning: {} referenced chunks are missing: run `gstore verify`", u.missing_chunks));
         }
-        s.push_str(&format!("\n{:<40} {:>12} {:>14}", "TAG", "LOGICAL", "UNIQUE STORED"));
+        let width = u.images.iter().map(|i| i.tag.len()).max().unwrap_or(3).max(3);
+        s.push_str(&format!("\n{:<width$}  {:>12} {:>14}", "TAG", "LOGICAL", "UNIQUE STORED"));
         for i in &u.images {
             s.push_str(&format!(
-                "\n{:<40} {:>12} {:>14}",
+                "\n{:<width$}  {:>12} {:>14}",
                 i.tag,
                 HumanBytes(i.logical_bytes).to_string(),
                 HumanBytes(i.unique_stored_bytes).to_string()
@@ -776,15 +777,15 @@ fn gc_text(r: &gc::GcReport) -> String {
         );
     }
     s += &format!(
-        "{} images kept, {} running pushes; {} history entries {would}dropped\n\
-         {} packs ({}): {} {would}deleted ({} reclaimed), {} {would}tombstoned ({} to reclaim next pass), \
+        "{} kept, {}; {} {would}dropped\n\
+         {} ({}): {} {would}deleted ({} reclaimed), {} {would}tombstoned ({} to reclaim next pass), \
          {} {would}rewritten ({} written), {} revived\n\
          manifests: {} {would}deleted, {} {would}tombstoned, {} revived\n\
          {} requests in {:.2} s",
-        r.images_kept,
-        r.leases_live,
-        r.history_dropped,
-        r.packs,
+        plural(r.images_kept as u64, "image", "images"),
+        plural(r.leases_live as u64, "running push", "running pushes"),
+        plural(r.history_dropped as u64, "history entry", "history entries"),
+        plural(r.packs as u64, "pack", "packs"),
         HumanBytes(r.pack_bytes),
         r.packs_deleted,
         HumanBytes(r.bytes_reclaimed),

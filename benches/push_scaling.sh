@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Push scaling curve: one file of N(0, 0.02) bf16 weights (SIZE_GIB, default 4) pushed into a
+# fresh store with 1, 2, 4, 8, ... rayon threads (RAYON_NUM_THREADS), up to the core count.
+# STORE_DIR (default /var/tmp) is where the stores go: on a disk, or /dev/shm to take the disk
+# out. GSTORE=PATH picks the binary. Prints GB/s per thread count and the speedup over one.
+# Usage: benches/push_scaling.sh [SIZE_GIB] ; e.g. STORE_DIR=/dev/shm benches/push_scaling.sh 4
+set -euo pipefail
+gib=${1:-4}
+G=${GSTORE:-gstore}
+dir=${STORE_DIR:-/var/tmp}/gstore-scaling.$$
+mkdir -p "$dir"
+trap 'rm -rf "$dir"' EXIT
+python3 - "$dir/weights.bin" "$gib" <<'PY'
+import sys, numpy as np
+path, gib = sys.argv[1], int(sys.argv[2])
+rng = np.random.default_rng(0)
+with open(path, "wb") as f:
+    for _ in range(gib * 8):  # 128 MiB of bf16 at a time
+        w = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02).view(np.uint32)
+        f.write((w >> 16).astype(np.uint16).tobytes())
+PY
+cat "$dir/weights.bin" > /dev/null
+cores=$(nproc)
+base=""
+for t in 1 2 4 8 16 32 64; do
+  [ "$t" -le "$cores" ] || break
+  rm -rf "$dir/store"
+  "$G" --store "$dir/store" init > /dev/null
+  sync
+  s=$(RAYON_NUM_THREADS=$t "$G" --store "$dir/store" --json push "$dir/weights.bin" --tag w | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
+  gbs=$(python3 -c "print(f'{$gib*2**30/$s/1e9:.2f}')")
+  [ -n "$base" ] || base=$gbs
+  echo "threads $t: $s s, $gbs GB/s, speedup $(python3 -c "print(f'{$gbs/$base:.2f}')")"
+done
