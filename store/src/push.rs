@@ -252,7 +252,7 @@ fn push_entries(
     let mut file_chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); entries.len()];
 
     let writers = store.upload_concurrency();
-    let (tx, rx) = mpsc::sync_channel::<FinishedPack>(writers);
+    let (tx, rx) = mpsc::sync_channel::<PackBuilder>(writers);
     let rx = std::sync::Mutex::new(rx);
     let writer_failed = AtomicBool::new(false);
     let queue = PackQueue { tx, writer_failed: &writer_failed };
@@ -265,7 +265,10 @@ fn push_entries(
                     loop {
                         // The guard is released before the upload: other writers take the next pack.
                         let next = rx.lock().expect("pack queue lock").recv();
-                        let Ok(p) = next else { return Ok(written) };
+                        let Ok(builder) = next else { return Ok(written) };
+                        // Naming the pack hashes all of it: done here, on the writers, not on
+                        // the thread that appends chunks in order.
+                        let p = builder.finish();
                         written.push(p.id);
                         // A dry run counts its packs and drops them.
                         let Some(lease) = lease else { continue };
@@ -373,13 +376,13 @@ fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<Content<'static>>>> 
 
 /// Full packs on their way to the writer threads.
 struct PackQueue<'a> {
-    tx: mpsc::SyncSender<FinishedPack>,
+    tx: mpsc::SyncSender<PackBuilder>,
     /// Set by a writer that failed: the push stops producing packs.
     writer_failed: &'a AtomicBool,
 }
 
 impl PackQueue<'_> {
-    fn send(&self, p: FinishedPack) -> Result<()> {
+    fn send(&self, p: PackBuilder) -> Result<()> {
         let gone = || StoreError::Internal("pack writer stopped".into());
         if self.writer_failed.load(Ordering::SeqCst) {
             return Err(gone());
@@ -409,6 +412,7 @@ fn append_all(
     let mut seen: HashSet<ObjectId> = HashSet::new();
     let mut pack = store.new_pack();
     let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * cfg.segment_size);
+    let mut batches = Vec::new();
     let mut start = 0;
     while start < units.len() {
         let mut end = start;
@@ -417,66 +421,109 @@ fn append_all(
             bytes += units[end].len;
             end += 1;
         }
-        let cuts: Vec<Result<Vec<Cut>>> = units[start..end]
-            .par_iter()
-            .map(|u| {
-                let cuts = process_unit(store, &entries[u.file], files[u.file].as_ref().expect("file unit"), u);
-                progress.advance(u.len);
-                cuts
-            })
-            .collect();
-        for (u, cuts) in units[start..end].iter().zip(cuts) {
-            let mut next_offset = u.offset;
-            for c in cuts? {
-                report.chunks += 1;
-                file_chunks[u.file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
-                let offset = next_offset;
-                next_offset += c.len as u64;
-                if c.zero {
-                    report.zero_bytes += c.len as u64;
-                    continue;
+        batches.push(start..end);
+        start = end;
+    }
+    // The next batch is read, chunked, hashed and compressed on every core while this thread
+    // appends the previous one in order: the ordered step no longer leaves the cores idle.
+    let appended = std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = mpsc::sync_channel::<(std::ops::Range<usize>, Vec<Result<Vec<Cut>>>)>(1);
+        scope.spawn(move || {
+            for r in batches {
+                let cuts: Vec<Result<Vec<Cut>>> = units[r.clone()]
+                    .par_iter()
+                    .map(|u| {
+                        let cuts = process_unit(store, &entries[u.file], files[u.file].as_ref().expect("file unit"), u);
+                        progress.advance(u.len);
+                        cuts
+                    })
+                    .collect();
+                // The appending side stopped (an error): so does this one.
+                if tx.send((r, cuts)).is_err() {
+                    return;
                 }
-                if let Some(pack) = c.found_in {
-                    relied.entry(pack).or_default().push(Relied { id: c.id, file: u.file, offset, len: c.len });
-                }
-                let Some((codec, stored)) = c.stored else { continue };
-                if !seen.insert(c.id) {
-                    continue;
-                }
-                report.new_chunks += 1;
-                report.new_plain_bytes += c.len as u64;
-                report.new_stored_bytes += stored.len() as u64;
-                pack.push(c.id, codec, &stored, c.len);
-                if pack.len() >= cfg.pack_target {
-                    let full = std::mem::replace(&mut pack, store.new_pack());
-                    queue.send(full.finish())?;
+            }
+        });
+        for (r, cuts) in rx {
+            for (u, cuts) in units[r].iter().zip(cuts) {
+                let mut next_offset = u.offset;
+                for c in cuts? {
+                    report.chunks += 1;
+                    file_chunks[u.file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
+                    let offset = next_offset;
+                    next_offset += c.len as u64;
+                    if c.zero {
+                        report.zero_bytes += c.len as u64;
+                        continue;
+                    }
+                    if let Some(pack) = c.found_in {
+                        relied.entry(pack).or_default().push(Relied { id: c.id, file: u.file, offset, len: c.len });
+                    }
+                    let Some((codec, stored)) = c.stored else { continue };
+                    if !seen.insert(c.id) {
+                        continue;
+                    }
+                    report.new_chunks += 1;
+                    report.new_plain_bytes += c.len as u64;
+                    report.new_stored_bytes += stored.len() as u64;
+                    pack.push(c.id, codec, &stored, c.len);
+                    if pack.len() >= cfg.pack_target {
+                        queue.send(std::mem::replace(&mut pack, store.new_pack()))?;
+                    }
                 }
             }
         }
-        start = end;
-    }
+        Ok(())
+    });
+    // Each thread's buffer and encoder go with the push (a long-lived process keeps nothing
+    // of it between pushes).
+    rayon::broadcast(|_| WORKER.with(|w| w.borrow_mut().take()));
+    appended?;
     if !pack.is_empty() {
-        queue.send(pack.finish())?;
+        queue.send(pack)?;
     }
     Ok(())
 }
 
+/// What each thread working on a push keeps between units.
+struct Worker {
+    /// The settings `encoder` was made for.
+    settings: (i32, bool),
+    encoder: codec::Encoder,
+    /// The unit being processed.
+    data: Vec<u8>,
+}
+
+thread_local! {
+    /// Made once per thread and reused: a segment-sized buffer and two zstd contexts allocated
+    /// per unit cost page faults and address-space lock contention that stopped pushes from
+    /// scaling past 8 cores (benches/push_scaling.sh, docs/BENCHMARKS.md).
+    static WORKER: std::cell::RefCell<Option<Worker>> = const { std::cell::RefCell::new(None) };
+}
+
 fn process_unit(store: &Store, entry: &SourceEntry, file: &Content<'_>, u: &Unit) -> Result<Vec<Cut>> {
-    let mut data = vec![0u8; u.len as usize];
-    file.read_exact_at(&mut data, u.offset, entry)?;
     let cfg = store.config();
-    let mut encoder = codec::Encoder::new(cfg.zstd_level, cfg.float_codec)?;
-    chunker::cut_segment(&data, cfg)
-        .into_iter()
-        .map(|span| {
-            let plain = &data[span];
-            let id = ObjectId::of(plain);
-            let zero = codec::is_all_zero(plain);
-            let found_in = if zero { None } else { store.index()?.locate_for_dedup(&id)?.map(|l| l.pack) };
-            let stored = if zero || found_in.is_some() { None } else { Some(encoder.encode(plain)) };
-            Ok(Cut { id, len: plain.len() as u32, zero, stored, found_in })
-        })
-        .collect()
+    let settings = (cfg.zstd_level, cfg.float_codec);
+    WORKER.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|w| w.settings != settings) {
+            *slot = Some(Worker { settings, encoder: codec::Encoder::new(settings.0, settings.1)?, data: Vec::new() });
+        }
+        let Worker { encoder, data, .. } = slot.as_mut().expect("made above");
+        data.resize(u.len as usize, 0);
+        file.read_exact_at(data, u.offset, entry)?;
+        chunker::cut_segment(data, cfg)
+            .into_iter()
+            .map(|span| {
+                let plain = &data[span];
+                let id = ObjectId::of(plain);
+                let zero = codec::is_all_zero(plain);
+                let found_in = if zero { None } else { store.index()?.locate_for_dedup(&id)?.map(|l| l.pack) };
+                let stored = if zero || found_in.is_some() { None } else { Some(encoder.encode(plain)) };
+                Ok(Cut { id, len: plain.len() as u32, zero, stored, found_in })
+            })
+            .collect()
+    })
 }
 
 /// Names the manifest in the lease and returns its id and encoded bytes. A manifest is named

@@ -484,12 +484,14 @@ impl Store {
         }
     }
 
-    /// How many packs a push uploads at once: one for a local disk, several over a network.
+    /// How many packs a push names (hashes) and stores at once: four, on a local disk as over
+    /// a network (measured on 16 cores: one writer, hashing and fsyncing 48 MiB packs in turn,
+    /// held pushes of bf16 weights to ~0.65 GB/s of stored bytes); one for a caller-built
+    /// backend, whose simulation orders its requests itself.
     pub fn upload_concurrency(&self) -> usize {
-        if self.over_network() {
-            4
-        } else {
-            1
+        match self.location {
+            StoreLocation::Custom { .. } => 1,
+            _ => 4,
         }
     }
 
