@@ -784,7 +784,7 @@ fn gc_text(r: &gc::GcReport) -> String {
          {} requests in {:.2} s",
         plural(r.images_kept as u64, "image", "images"),
         plural(r.leases_live as u64, "running push", "running pushes"),
-        plural(r.history_dropped as u64, "history entry", "history entries"),
+        plural(r.history_dropped, "history entry", "history entries"),
         plural(r.packs as u64, "pack", "packs"),
         HumanBytes(r.pack_bytes),
         r.packs_deleted,
