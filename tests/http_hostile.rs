@@ -97,7 +97,7 @@ fn metrics_need_a_read_token() {
 /// The 129-byte pack of issue 11: one zero chunk whose footer entry claims 4 GiB.
 fn pack_claiming_4_gib() -> (ObjectId, Vec<u8>) {
     let chunk = ObjectId::of(b"not really 4 GiB of zeros");
-    let mut b = PackBuilder::new(0);
+    let mut b = PackBuilder::new();
     b.push(chunk, Codec::Zero, &[], u32::MAX);
     let p = b.finish();
     assert_eq!(p.bytes.len(), 129);

@@ -71,10 +71,17 @@ impl PackEntry {
     }
 }
 
-/// Accumulates stored chunks into one pack in memory.
+/// Accumulates stored chunks for one pack. The chunks are kept as they come and put together
+/// by [`PackBuilder::finish`], on whichever thread finishes the pack: a push appends chunks on
+/// one thread and finishes packs on its writers, so the pack buffer's allocation and first
+/// touch (page faults over 48 MiB) and its hash are spread over those.
 pub struct PackBuilder {
-    buf: Vec<u8>,
+    salt: [u8; SALT_LEN],
+    /// Stored chunks, in pack order.
+    parts: Vec<Vec<u8>>,
     entries: Vec<PackEntry>,
+    /// Bytes of the pack so far (header and chunk data).
+    len: u64,
 }
 
 /// A finished pack, ready to upload.
@@ -96,35 +103,38 @@ fn salt() -> [u8; SALT_LEN] {
     ObjectId::unique().0[..SALT_LEN].try_into().expect("16 bytes")
 }
 
+impl Default for PackBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl PackBuilder {
-    /// Starts an empty pack with room for `capacity` bytes and a fresh random salt.
-    pub fn new(capacity: usize) -> Self {
-        Self::with_salt(capacity, salt())
+    /// Starts an empty pack with a fresh random salt.
+    pub fn new() -> Self {
+        Self::with_salt(salt())
     }
 
     /// Starts an empty pack with the given salt (deterministic simulations choose their own).
-    pub fn with_salt(capacity: usize, salt: [u8; SALT_LEN]) -> Self {
-        let mut buf = Vec::with_capacity(capacity + capacity / 64 + TRAILER_LEN);
-        buf.extend_from_slice(PACK_MAGIC);
-        buf.extend_from_slice(&salt);
-        PackBuilder { buf, entries: Vec::new() }
+    pub fn with_salt(salt: [u8; SALT_LEN]) -> Self {
+        PackBuilder { salt, parts: Vec::new(), entries: Vec::new(), len: (PACK_MAGIC.len() + SALT_LEN) as u64 }
     }
 
-    /// Appends one stored chunk.
+    /// Appends one stored chunk (copied).
     pub fn push(&mut self, id: ObjectId, codec: Codec, stored: &[u8], plain_len: u32) {
-        self.entries.push(PackEntry {
-            id,
-            offset: self.buf.len() as u64,
-            stored_len: stored.len() as u32,
-            plain_len,
-            codec,
-        });
-        self.buf.extend_from_slice(stored);
+        self.push_owned(id, codec, stored.to_vec(), plain_len);
+    }
+
+    /// Appends one stored chunk, taking its bytes without a copy.
+    pub fn push_owned(&mut self, id: ObjectId, codec: Codec, stored: Vec<u8>, plain_len: u32) {
+        self.entries.push(PackEntry { id, offset: self.len, stored_len: stored.len() as u32, plain_len, codec });
+        self.len += stored.len() as u64;
+        self.parts.push(stored);
     }
 
     /// Bytes of chunk data so far (header included).
     pub fn len(&self) -> u64 {
-        self.buf.len() as u64
+        self.len
     }
 
     /// True when no chunk has been added.
@@ -132,19 +142,27 @@ impl PackBuilder {
         self.entries.is_empty()
     }
 
-    /// Appends footer and trailer and names the pack.
-    pub fn finish(mut self) -> FinishedPack {
-        let footer_offset = self.buf.len() as u64;
-        for e in &self.entries {
-            e.write_to(&mut self.buf);
+    /// Puts the pack together (header, chunks, footer, trailer) and names it.
+    pub fn finish(self) -> FinishedPack {
+        let footer_len = self.entries.len() * ENTRY_LEN;
+        let mut buf = Vec::with_capacity(self.len as usize + footer_len + TRAILER_LEN);
+        buf.extend_from_slice(PACK_MAGIC);
+        buf.extend_from_slice(&self.salt);
+        for p in &self.parts {
+            buf.extend_from_slice(p);
         }
-        let footer_hash = blake3::hash(&self.buf[footer_offset as usize..]);
-        self.buf.extend_from_slice(&footer_offset.to_le_bytes());
-        self.buf.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
-        self.buf.extend_from_slice(&PACK_VERSION.to_le_bytes());
-        self.buf.extend_from_slice(footer_hash.as_bytes());
-        self.buf.extend_from_slice(TRAILER_MAGIC);
-        FinishedPack { id: ObjectId::of(&self.buf), bytes: self.buf, entries: self.entries }
+        drop(self.parts);
+        let footer_offset = buf.len() as u64;
+        for e in &self.entries {
+            e.write_to(&mut buf);
+        }
+        let footer_hash = blake3::hash(&buf[footer_offset as usize..]);
+        buf.extend_from_slice(&footer_offset.to_le_bytes());
+        buf.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&PACK_VERSION.to_le_bytes());
+        buf.extend_from_slice(footer_hash.as_bytes());
+        buf.extend_from_slice(TRAILER_MAGIC);
+        FinishedPack { id: ObjectId::of(&buf), bytes: buf, entries: self.entries }
     }
 }
 
@@ -245,7 +263,7 @@ mod tests {
     const MAX: u32 = 1 << 20;
 
     fn sample() -> FinishedPack {
-        let mut b = PackBuilder::new(1024);
+        let mut b = PackBuilder::new();
         b.push(ObjectId::of(b"one"), Codec::Raw, b"one", 3);
         b.push(ObjectId::of(b"two"), Codec::Raw, b"two", 3);
         b.finish()
@@ -284,18 +302,18 @@ mod tests {
     #[test]
     fn lengths_that_no_chunk_has_are_corrupt() {
         // The 129-byte pack of issue 11: one zero chunk claiming 4 GiB.
-        let mut b = PackBuilder::new(0);
+        let mut b = PackBuilder::new();
         b.push(ObjectId::of(b"z"), Codec::Zero, &[], u32::MAX);
         let p = b.finish();
         assert_eq!(p.bytes.len(), 129);
         let err = parse_pack(&p.bytes, "p", MAX).unwrap_err().to_string();
         assert!(err.contains("corrupt pack p") && err.contains("exceeds the store's chunk max"), "{err}");
-        let mut b = PackBuilder::new(0);
+        let mut b = PackBuilder::new();
         b.push(ObjectId::of(b"z"), Codec::Zero, &[], MAX);
         assert!(parse_pack(&b.finish().bytes, "p", MAX).is_ok(), "a chunk of exactly the chunk max is fine");
         // Stored lengths that do not fit the codec.
         for (codec, stored, plain) in [(Codec::Raw, 3, 4), (Codec::Zero, 1, 4), (Codec::Zstd, 5, 4)] {
-            let mut b = PackBuilder::new(0);
+            let mut b = PackBuilder::new();
             b.push(ObjectId::of(b"x"), codec, &vec![1; stored], plain);
             let err = parse_pack(&b.finish().bytes, "p", MAX).unwrap_err().to_string();
             assert!(err.contains("does not fit"), "{codec:?}: {err}");

@@ -65,6 +65,28 @@ pub struct PushReport {
     /// A dry run: nothing was written; the counts say what the push would add, and
     /// `manifest` is the id the image would get.
     pub dry_run: bool,
+    /// Where the time went, stage by stage (which stage sets the pace).
+    pub stages: PushStages,
+}
+
+/// Seconds each stage of a push's pipeline was busy or waiting: segments are read, chunked,
+/// hashed, looked up and compressed on every core (`process`), appended in order into packs
+/// (`append`), and packs named and stored by the writers (`write`). The stage that waits least
+/// sets the pace.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PushStages {
+    /// Wall seconds the cores spent processing batches of segments.
+    pub process_s: f64,
+    /// Seconds processed batches waited for the append stage.
+    pub process_waited_s: f64,
+    /// Seconds the append stage worked.
+    pub append_s: f64,
+    /// Seconds it waited for processed batches.
+    pub append_waited_s: f64,
+    /// Seconds it waited for a free pack writer.
+    pub append_blocked_s: f64,
+    /// Seconds the writers spent naming and storing packs, summed over writers.
+    pub write_s: f64,
 }
 
 /// One piece of one file, processed as a whole on one core.
@@ -246,6 +268,7 @@ fn push_entries(
         reuploaded_chunks: 0,
         seconds: 0.0,
         dry_run,
+        stages: PushStages::default(),
     };
     let lease = if dry_run { None } else { Some(Lease::take(store.backend(), &format!("push {tag}"))?) };
     let mut relied: HashMap<ObjectId, Vec<Relied>> = HashMap::new();
@@ -260,19 +283,23 @@ fn push_entries(
         let handles: Vec<_> = (0..writers)
             .map(|_| {
                 let (rx, lease, failed) = (&rx, lease.as_ref(), &writer_failed);
-                scope.spawn(move || -> Result<Vec<ObjectId>> {
+                scope.spawn(move || -> Result<(Vec<ObjectId>, f64)> {
                     let mut written = Vec::new();
+                    let mut busy = 0.0;
                     loop {
                         // The guard is released before the upload: other writers take the next pack.
                         let next = rx.lock().expect("pack queue lock").recv();
-                        let Ok(builder) = next else { return Ok(written) };
+                        let Ok(builder) = next else { return Ok((written, busy)) };
+                        let t = std::time::Instant::now();
                         // Naming the pack hashes all of it: done here, on the writers, not on
                         // the thread that appends chunks in order.
                         let p = builder.finish();
                         written.push(p.id);
                         // A dry run counts its packs and drops them.
                         let Some(lease) = lease else { continue };
-                        if let Err(e) = write_pack(store, lease, p) {
+                        let stored = write_pack(store, lease, p);
+                        busy += t.elapsed().as_secs_f64();
+                        if let Err(e) = stored {
                             // Stop the producer, and take what it already queued so it never
                             // waits on a queue nobody empties.
                             failed.store(true, Ordering::SeqCst);
@@ -290,8 +317,9 @@ fn push_entries(
         for h in handles {
             let r = h.join().expect("pack writer thread does not panic");
             written = match (written, r) {
-                (Ok(mut a), Ok(b)) => {
+                (Ok(mut a), Ok((b, busy))) => {
                     a.extend(b);
+                    report.stages.write_s += busy;
                     Ok(a)
                 }
                 (Err(e), _) | (_, Err(e)) => Err(e),
@@ -428,8 +456,10 @@ fn append_all(
     // appends the previous one in order: the ordered step no longer leaves the cores idle.
     let appended = std::thread::scope(|scope| -> Result<()> {
         let (tx, rx) = mpsc::sync_channel::<(std::ops::Range<usize>, Vec<Result<Vec<Cut>>>)>(1);
-        scope.spawn(move || {
+        let producer = scope.spawn(move || {
+            let (mut busy, mut waited) = (0.0, 0.0);
             for r in batches {
+                let t = std::time::Instant::now();
                 let cuts: Vec<Result<Vec<Cut>>> = units[r.clone()]
                     .par_iter()
                     .map(|u| {
@@ -438,42 +468,62 @@ fn append_all(
                         cuts
                     })
                     .collect();
+                busy += t.elapsed().as_secs_f64();
+                let t = std::time::Instant::now();
                 // The appending side stopped (an error): so does this one.
                 if tx.send((r, cuts)).is_err() {
-                    return;
+                    break;
                 }
+                waited += t.elapsed().as_secs_f64();
             }
+            (busy, waited)
         });
-        for (r, cuts) in rx {
-            for (u, cuts) in units[r].iter().zip(cuts) {
-                let mut next_offset = u.offset;
-                for c in cuts? {
-                    report.chunks += 1;
-                    file_chunks[u.file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
-                    let offset = next_offset;
-                    next_offset += c.len as u64;
-                    if c.zero {
-                        report.zero_bytes += c.len as u64;
-                        continue;
-                    }
-                    if let Some(pack) = c.found_in {
-                        relied.entry(pack).or_default().push(Relied { id: c.id, file: u.file, offset, len: c.len });
-                    }
-                    let Some((codec, stored)) = c.stored else { continue };
-                    if !seen.insert(c.id) {
-                        continue;
-                    }
-                    report.new_chunks += 1;
-                    report.new_plain_bytes += c.len as u64;
-                    report.new_stored_bytes += stored.len() as u64;
-                    pack.push(c.id, codec, &stored, c.len);
-                    if pack.len() >= cfg.pack_target {
-                        queue.send(std::mem::replace(&mut pack, store.new_pack()))?;
+        let mut append = || -> Result<()> {
+            loop {
+                let t = std::time::Instant::now();
+                let Ok((r, cuts)) = rx.recv() else { return Ok(()) };
+                report.stages.append_waited_s += t.elapsed().as_secs_f64();
+                let t = std::time::Instant::now();
+                let mut blocked = 0.0;
+                for (u, cuts) in units[r].iter().zip(cuts) {
+                    let mut next_offset = u.offset;
+                    for c in cuts? {
+                        report.chunks += 1;
+                        file_chunks[u.file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
+                        let offset = next_offset;
+                        next_offset += c.len as u64;
+                        if c.zero {
+                            report.zero_bytes += c.len as u64;
+                            continue;
+                        }
+                        if let Some(pack) = c.found_in {
+                            relied.entry(pack).or_default().push(Relied { id: c.id, file: u.file, offset, len: c.len });
+                        }
+                        let Some((codec, stored)) = c.stored else { continue };
+                        if !seen.insert(c.id) {
+                            continue;
+                        }
+                        report.new_chunks += 1;
+                        report.new_plain_bytes += c.len as u64;
+                        report.new_stored_bytes += stored.len() as u64;
+                        pack.push_owned(c.id, codec, stored, c.len);
+                        if pack.len() >= cfg.pack_target {
+                            let w = std::time::Instant::now();
+                            queue.send(std::mem::replace(&mut pack, store.new_pack()))?;
+                            blocked += w.elapsed().as_secs_f64();
+                        }
                     }
                 }
+                report.stages.append_blocked_s += blocked;
+                report.stages.append_s += t.elapsed().as_secs_f64() - blocked;
             }
-        }
-        Ok(())
+        };
+        let result = append();
+        drop(rx);
+        let (busy, waited) = producer.join().expect("the push's producer does not panic");
+        report.stages.process_s = busy;
+        report.stages.process_waited_s = waited;
+        result
     });
     // Each thread's buffer and encoder go with the push (a long-lived process keeps nothing
     // of it between pushes).

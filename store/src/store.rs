@@ -460,15 +460,14 @@ impl Store {
         self
     }
 
-    /// A new, empty pack builder sized for this store's packs.
+    /// A new, empty pack builder (with a seeded salt in a seeded simulation).
     pub fn new_pack(&self) -> pack::PackBuilder {
-        let capacity = self.config.pack_target as usize;
         match self.salt_seed {
-            None => pack::PackBuilder::new(capacity),
+            None => pack::PackBuilder::new(),
             Some(seed) => {
                 let n = self.salts_made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let h = blake3::hash(&[seed.to_le_bytes(), n.to_le_bytes()].concat());
-                pack::PackBuilder::with_salt(capacity, h.as_bytes()[..pack::SALT_LEN].try_into().expect("16 bytes"))
+                pack::PackBuilder::with_salt(h.as_bytes()[..pack::SALT_LEN].try_into().expect("16 bytes"))
             }
         }
     }
