@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: unit tests and the integration tests in tests/, which drive the real
 # release `gstore` binary (kill -9 during push, corruption, concurrency, disk full on a
-# small tmpfs: run as root), then the Python package's tests (scripts/python.sh).
+# small tmpfs: run as root), then the Python package's tests (scripts/python.sh) and a short
+# run of every fuzz target (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -12,3 +13,5 @@ cargo build --release -p gstore-cli
 cargo nextest run --release --workspace --no-fail-fast "$@"
 # The Python package: its wheel built and tested with pytest.
 bash scripts/python.sh
+# Every fuzz target: its regressions and corpus replayed, then a few seconds of fuzzing.
+bash scripts/fuzz.sh

@@ -28,6 +28,9 @@ pub enum Code {
     Damaged,
     /// Another writer got there first, or something is locked (exit 5).
     Conflict,
+    /// The store did not answer or failed in transit after the retries (exit 6): running the
+    /// command again later may succeed.
+    Unavailable,
 }
 
 impl Code {
@@ -39,6 +42,7 @@ impl Code {
             Code::NotFound => 3,
             Code::Damaged => 4,
             Code::Conflict => 5,
+            Code::Unavailable => 6,
         }
     }
 }
@@ -58,6 +62,7 @@ pub fn classify(e: &anyhow::Error) -> Code {
                 StoreError::Corrupt { .. } => Code::Damaged,
                 StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => Code::Conflict,
                 StoreError::Invalid(_) => Code::Usage,
+                StoreError::Unavailable { .. } => Code::Unavailable,
                 _ => Code::Failed,
             };
         }

@@ -143,6 +143,8 @@ struct Shared {
     /// When each direction's shared rate is next free (Up, Down).
     clocks: [line::RateClock; 2],
     armed: Mutex<Vec<Fault>>,
+    /// Armed faults a connection has taken and not yet fired.
+    claimed: AtomicU32,
     unavailable: AtomicU32,
     chaos: Mutex<Option<(Chaos, StdRng)>>,
     rng: Mutex<StdRng>,
@@ -158,7 +160,19 @@ impl Shared {
             Fault::Reset { dir: d, .. } | Fault::Stall { dir: d, .. } => *d == dir,
             Fault::Unavailable { .. } => false,
         })?;
+        self.claimed.fetch_add(1, Ordering::SeqCst);
         Some(armed.remove(at))
+    }
+
+    /// A taken fault fired.
+    fn fired(&self) {
+        self.claimed.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A taken fault's connection ended before reaching it: it waits for the next one.
+    fn give_back(&self, fault: Fault) {
+        self.armed.lock().unwrap().insert(0, fault);
+        self.claimed.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -190,6 +204,7 @@ impl Proxy {
             link,
             clocks: Default::default(),
             armed: Mutex::new(Vec::new()),
+            claimed: AtomicU32::new(0),
             unavailable: AtomicU32::new(0),
             chaos: Mutex::new(None),
             rng: Mutex::new(StdRng::seed_from_u64(0x6661756c74)),
@@ -234,7 +249,10 @@ impl Proxy {
 
     /// Faults armed and not yet fired (resets, stalls and 503 answers).
     pub fn pending(&self) -> usize {
-        self.shared.armed.lock().unwrap().len() + self.shared.unavailable.load(Ordering::SeqCst) as usize
+        let s = &self.shared;
+        s.armed.lock().unwrap().len()
+            + s.claimed.load(Ordering::SeqCst) as usize
+            + s.unavailable.load(Ordering::SeqCst) as usize
     }
 
     /// What has moved and been injected so far.

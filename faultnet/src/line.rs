@@ -39,10 +39,10 @@ impl RateClock {
 enum Item {
     /// Bytes to deliver at `at`.
     Data { at: Instant, bytes: Vec<u8> },
-    /// Deliver nothing for this long.
-    Stall(Duration),
-    /// Reset the connection.
-    Reset,
+    /// Deliver nothing for this long; `armed` if a test armed it.
+    Stall { duration: Duration, armed: Option<Fault> },
+    /// Reset the connection; `armed` if a test armed it.
+    Reset { armed: Option<Fault> },
     /// The sender closed its side: pass the close on.
     End,
 }
@@ -59,20 +59,30 @@ pub(crate) async fn run(
     mut killed: watch::Receiver<bool>,
 ) {
     let window = Arc::new(Semaphore::new(shared.link.window.max(SEGMENT)));
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut placed = None;
     tokio::select! {
         _ = async {
             tokio::join!(
-                read_side(dir, &mut src, tx, window.clone(), &shared, &kill),
-                write_side(dir, &mut dst, rx, window, &shared, &kill),
+                read_side(dir, &mut src, tx, &mut placed, window.clone(), &shared, &kill),
+                write_side(dir, &mut dst, &mut rx, window, &shared, &kill),
             )
         } => {}
         _ = killed.wait_for(|k| *k) => {}
     }
+    // Armed faults placed beyond where this direction stopped never fired: they wait for the
+    // next connection.
+    rx.close();
+    let behind = std::iter::from_fn(|| rx.try_recv().ok());
+    for item in placed.take().map(|(_, item)| item).into_iter().chain(behind) {
+        if let Item::Reset { armed: Some(f) } | Item::Stall { armed: Some(f), .. } = item {
+            shared.give_back(f);
+        }
+    }
     if *kill.borrow() {
         // No FIN first: the ends must see a reset, not a clean close.
-        let _ = src.as_ref().set_linger(Some(Duration::ZERO));
-        let _ = dst.as_ref().set_linger(Some(Duration::ZERO));
+        let _ = src.as_ref().set_zero_linger();
+        let _ = dst.as_ref().set_zero_linger();
         dst.forget();
     }
 }
@@ -81,13 +91,13 @@ async fn read_side(
     dir: Dir,
     src: &mut OwnedReadHalf,
     tx: mpsc::UnboundedSender<Item>,
+    placed: &mut Option<(u64, Item)>,
     window: Arc<Semaphore>,
     shared: &Shared,
     kill: &watch::Sender<bool>,
 ) {
     let link = &shared.link;
     let mut moved = 0u64;
-    let mut placed: Option<(u64, Item)> = None;
     let mut last = Instant::now();
     loop {
         let Ok(permit) = window.acquire_many(SEGMENT as u32).await else { return };
@@ -96,18 +106,18 @@ async fn read_side(
         let n = match src.read(&mut buf).await {
             Ok(0) => {
                 let _ = tx.send(Item::End);
-                return;
+                break;
             }
             Ok(n) => n,
             Err(_) => {
                 let _ = kill.send(true);
-                return;
+                break;
             }
         };
         window.add_permits(SEGMENT - n);
         buf.truncate(n);
         if placed.is_none() {
-            placed = place_fault(dir, moved, n, shared);
+            *placed = place_fault(dir, moved, n, shared);
         }
         // When the segment is due: after what came before it, half a round trip, jitter, and
         // a round trip more if one of its packets was lost.
@@ -143,12 +153,12 @@ async fn read_side(
                 }
             }
             later => {
-                placed = later;
+                *placed = later;
                 sent = tx.send(Item::Data { at, bytes: buf });
             }
         }
         if sent.is_err() {
-            return;
+            break;
         }
         moved = end;
     }
@@ -159,8 +169,8 @@ async fn read_side(
 fn place_fault(dir: Dir, moved: u64, n: usize, shared: &Shared) -> Option<(u64, Item)> {
     if let Some(f) = shared.claim(dir) {
         return Some(match f {
-            Fault::Reset { after, .. } => (moved + after, Item::Reset),
-            Fault::Stall { after, duration, .. } => (moved + after, Item::Stall(duration)),
+            Fault::Reset { after, .. } => (moved + after, Item::Reset { armed: Some(f) }),
+            Fault::Stall { after, duration, .. } => (moved + after, Item::Stall { duration, armed: Some(f) }),
             Fault::Unavailable { .. } => unreachable!("claim takes resets and stalls only"),
         });
     }
@@ -169,9 +179,9 @@ fn place_fault(dir: Dir, moved: u64, n: usize, shared: &Shared) -> Option<(u64, 
     let share = n as f64 / GIB;
     let at = moved + rng.random_range(0..n as u64);
     if rng.random::<f64>() < c.resets_per_gib * share {
-        Some((at, Item::Reset))
+        Some((at, Item::Reset { armed: None }))
     } else if rng.random::<f64>() < c.stalls_per_gib * share {
-        Some((at, Item::Stall(c.stall)))
+        Some((at, Item::Stall { duration: c.stall, armed: None }))
     } else {
         None
     }
@@ -180,7 +190,7 @@ fn place_fault(dir: Dir, moved: u64, n: usize, shared: &Shared) -> Option<(u64, 
 async fn write_side(
     dir: Dir,
     dst: &mut OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Item>,
+    rx: &mut mpsc::UnboundedReceiver<Item>,
     window: Arc<Semaphore>,
     shared: &Shared,
     kill: &watch::Sender<bool>,
@@ -214,11 +224,17 @@ async fn write_side(
                     });
                 }
             }
-            Item::Stall(d) => {
+            Item::Stall { duration, armed } => {
+                if armed.is_some() {
+                    shared.fired();
+                }
                 c.stalls.fetch_add(1, Ordering::SeqCst);
-                sleep(d).await;
+                sleep(duration).await;
             }
-            Item::Reset => {
+            Item::Reset { armed } => {
+                if armed.is_some() {
+                    shared.fired();
+                }
                 c.resets.fetch_add(1, Ordering::SeqCst);
                 let _ = kill.send(true);
                 return;

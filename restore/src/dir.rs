@@ -211,12 +211,7 @@ pub fn restore_to_dir(
     })();
     let resumed_chunks = match result {
         Ok(n) => n,
-        Err(e) if keep_for_resume(&e) => {
-            return Err(StoreError::Invalid(format!(
-                "{e} (the partial restore is kept in {}: run the same restore again to resume)",
-                staging.display()
-            )))
-        }
+        Err(e) if keep_for_resume(&e) => return Err(with_resume_note(e, &staging)),
         Err(e) => {
             let _ = fs::remove_dir_all(&staging);
             return Err(e);
@@ -239,11 +234,26 @@ pub fn restore_to_dir(
 /// that exists, a permission refused) would fail the same way again.
 fn keep_for_resume(e: &StoreError) -> bool {
     match e {
-        StoreError::Backend { .. } => true,
+        StoreError::Backend { .. } | StoreError::Unavailable { .. } => true,
         StoreError::Io { source, .. } => {
             matches!(source.kind(), ErrorKind::Interrupted | ErrorKind::TimedOut | ErrorKind::OutOfMemory)
         }
         _ => false,
+    }
+}
+
+/// `e`, of the same kind, saying where the partial restore was kept.
+fn with_resume_note(e: StoreError, staging: &Path) -> StoreError {
+    let note = format!(" (the partial restore is kept in {}: run the same restore again to resume)", staging.display());
+    match e {
+        StoreError::Backend { action, key, message } => StoreError::Backend { action, key, message: message + &note },
+        StoreError::Unavailable { action, key, message, reached } => {
+            StoreError::Unavailable { action, key, message: message + &note, reached }
+        }
+        StoreError::Io { action, path, source } => {
+            StoreError::Io { action, path, source: std::io::Error::new(source.kind(), format!("{source}{note}")) }
+        }
+        other => other,
     }
 }
 

@@ -29,6 +29,21 @@ pub enum StoreError {
         /// The backend's message.
         message: String,
     },
+    /// The store did not answer, or failed in transit (connection refused, reset or stalled,
+    /// server errors), after the client's retries: worth trying again later; nothing was
+    /// damaged by it.
+    #[error("{action} {key}: {message}")]
+    Unavailable {
+        /// What was being done.
+        action: &'static str,
+        /// The object key (or URL) involved.
+        key: String,
+        /// What went wrong on the way.
+        message: String,
+        /// Whether the store was reached at all: a connection was made (a server answering
+        /// 5xx, or cutting an answer off, exists); false when none could be made.
+        reached: bool,
+    },
     /// An object that must exist does not.
     #[error("{what} not found: {key}")]
     NotFound {
@@ -98,6 +113,12 @@ impl StoreError {
     /// Builds a [`StoreError::Corrupt`].
     pub fn corrupt(what: &'static str, key: impl Into<String>, detail: impl Into<String>) -> Self {
         StoreError::Corrupt { what, key: key.into(), detail: detail.into() }
+    }
+
+    /// True when the store failed in transit ([`StoreError::Unavailable`]): the same request
+    /// may well succeed later.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
     }
 
     /// True when the error means an object is damaged or missing (as opposed to a usage error).

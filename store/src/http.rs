@@ -32,10 +32,13 @@ pub struct Answer {
 
 impl HttpClient {
     /// A client for the server at `base` (`http://host:port` or `https://…`), token from
-    /// `GSTORE_TOKEN`; an extra trusted CA certificate (PEM) from `GSTORE_CA_CERT`.
-    pub fn new(base: &str) -> Result<HttpClient> {
-        let mut builder =
-            reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).timeout(Duration::from_secs(300));
+    /// `GSTORE_TOKEN`; an extra trusted CA certificate (PEM) from `GSTORE_CA_CERT`. A request
+    /// that receives nothing for `stall` is dropped and tried again.
+    pub fn new(base: &str, stall: Duration) -> Result<HttpClient> {
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .read_timeout(stall)
+            .timeout(Duration::from_secs(3600));
         if let Some(path) = std::env::var_os("GSTORE_CA_CERT").filter(|v| !v.is_empty()) {
             let pem = std::fs::read(&path)
                 .map_err(|e| StoreError::io("reading GSTORE_CA_CERT", std::path::PathBuf::from(&path), e))?;
@@ -48,7 +51,9 @@ impl HttpClient {
         Ok(HttpClient { base: base.trim_end_matches('/').to_string(), token, client })
     }
 
-    /// Sends one request, retrying 5xx answers and connection failures with backoff.
+    /// Sends one request, retrying 5xx answers, connection failures and answers cut off or
+    /// stalled mid-body, with backoff; when every attempt failed so, the store is
+    /// [`StoreError::Unavailable`].
     pub async fn send(
         &self,
         method: Method,
@@ -59,6 +64,7 @@ impl HttpClient {
         let url = format!("{}{path}", self.base);
         let mut delay = Duration::from_millis(100);
         let mut last = String::new();
+        let mut reached = false;
         for attempt in 1..=ATTEMPTS {
             let mut req = self.client.request(method.clone(), &url);
             if let Some(t) = &self.token {
@@ -70,7 +76,9 @@ impl HttpClient {
             if let Some(b) = &body {
                 req = req.body(b.clone());
             }
-            match req.send().await {
+            let sent = req.send().await;
+            reached |= sent.as_ref().map_or_else(|e| !e.is_connect(), |_| true);
+            match sent {
                 Ok(resp) if !resp.status().is_server_error() => {
                     let status = resp.status();
                     let etag = resp.headers().get(header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
@@ -79,8 +87,10 @@ impl HttpClient {
                         .get(header::CONTENT_LENGTH)
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.parse().ok());
-                    let body = resp.bytes().await.map_err(|e| self.err(path, e.to_string()))?;
-                    return Ok(Answer { status, etag, content_length, body });
+                    match resp.bytes().await {
+                        Ok(body) => return Ok(Answer { status, etag, content_length, body }),
+                        Err(e) => last = format!("the answer was cut off: {}", describe(&e)),
+                    }
                 }
                 Ok(resp) => last = format!("HTTP {}", resp.status()),
                 Err(e) => last = describe(&e),
@@ -90,7 +100,12 @@ impl HttpClient {
                 delay *= 4;
             }
         }
-        Err(self.err(path, format!("{last} (after {ATTEMPTS} attempts)")))
+        Err(StoreError::Unavailable {
+            action: "requesting",
+            key: format!("{}{path}", self.base),
+            message: format!("{last} (after {ATTEMPTS} attempts)"),
+            reached,
+        })
     }
 
     fn err(&self, path: &str, message: String) -> StoreError {

@@ -1,6 +1,6 @@
 //! [`Objects`] on a gstore HTTP chunk server (docs/HTTP.md), through [`crate::http`]'s client.
 
-use super::{runtime, Listed, Objects, Put, Version};
+use super::{runtime, Listed, Objects, Patience, Put, Version};
 use crate::error::{Result, StoreError};
 use crate::http::{Answer, HttpClient};
 use bytes::Bytes;
@@ -15,8 +15,8 @@ pub(super) struct HttpObjects {
 
 impl HttpObjects {
     /// The server at `url`.
-    pub(super) fn new(url: &str) -> Result<HttpObjects> {
-        Ok(HttpObjects { client: HttpClient::new(url)? })
+    pub(super) fn new(url: &str, patience: Patience) -> Result<HttpObjects> {
+        Ok(HttpObjects { client: HttpClient::new(url, patience.stall)? })
     }
 
     /// One request on an object, checked.

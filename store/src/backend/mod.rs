@@ -9,6 +9,7 @@
 mod http;
 mod local;
 mod objects;
+mod retry;
 mod s3;
 
 use crate::error::{Result, StoreError};
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 pub use local::CAS_LOCK_FILE;
+pub use retry::Patience;
 
 /// Part size of multipart uploads (S3 requires at least 5 MiB but the last).
 pub const MULTIPART_PART: usize = 8 << 20;
@@ -134,9 +136,12 @@ impl Backend {
     /// config file (`$GSTORE_S3_CONFIG`, else `~/.config/gstore/s3.env`); requests use
     /// path-style addressing unless `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`; the region
     /// defaults to us-east-1. Failed requests are retried briefly, so an unreachable
-    /// endpoint fails within seconds.
+    /// endpoint fails within seconds; once the bucket has answered, requests failing in transit
+    /// are retried for up to [`Patience::retry_for`].
     pub fn s3(bucket: &str, prefix: &str) -> Result<Backend> {
-        Ok(Self::wrap(Arc::new(s3::open(bucket, prefix)?), format!("s3://{bucket}/{prefix}")))
+        let patience = Patience::from_env()?;
+        let objects = retry::Retrying::new(Box::new(s3::open(bucket, prefix, patience)?), patience);
+        Ok(Self::wrap(Arc::new(objects), format!("s3://{bucket}/{prefix}")))
     }
 
     /// An in-memory store, for unit tests only.
@@ -146,9 +151,11 @@ impl Backend {
     }
 
     /// A gstore HTTP chunk server at `url` (`http://host:port`); the token comes from
-    /// `GSTORE_TOKEN`.
+    /// `GSTORE_TOKEN`. Retries as for [`Backend::s3`].
     pub fn http(url: &str) -> Result<Backend> {
-        Ok(Self::wrap(Arc::new(http::HttpObjects::new(url)?), url.to_string()))
+        let patience = Patience::from_env()?;
+        let objects = retry::Retrying::new(Box::new(http::HttpObjects::new(url, patience)?), patience);
+        Ok(Self::wrap(Arc::new(objects), url.to_string()))
     }
 
     fn wrap(objects: Arc<dyn Objects>, description: String) -> Backend {

@@ -124,14 +124,43 @@ pub(super) fn err(action: &'static str, key: &str, e: object_store::Error) -> St
             StoreError::AlreadyExists { what: "object", key: key.to_string() }
         }
         other => {
+            let transit = in_transit(&other);
             let message = innermost(&other);
             let message = match s3::hint(&message) {
                 Some(h) => format!("{h} ({message})"),
                 None => message,
             };
-            StoreError::Backend { action, key: key.to_string(), message }
+            if let Some(reached) = transit {
+                StoreError::Unavailable { action, key: key.to_string(), message, reached }
+            } else {
+                StoreError::Backend { action, key: key.to_string(), message }
+            }
         }
     }
+}
+
+/// Whether `e` failed on the way rather than being refused — no connection, a request or
+/// answer cut off, cancelled or timed out, or server errors (5xx) until the client's retries
+/// ran out — and if so, whether the store was reached (anything but no connection).
+fn in_transit(e: &object_store::Error) -> Option<bool> {
+    use object_store::client::{HttpError, HttpErrorKind};
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(h) = c.downcast_ref::<HttpError>() {
+            // Every kind but a body that would not decode: the client files a connection the
+            // pool cancelled ("connection was not ready") as Unknown.
+            return match h.kind() {
+                HttpErrorKind::Decode => None,
+                HttpErrorKind::Connect => Some(false),
+                _ => Some(true),
+            };
+        }
+        if c.to_string().contains("Server returned non-2xx status code: 5") {
+            return Some(true);
+        }
+        cur = c.source();
+    }
+    None
 }
 
 /// The deepest message in an error chain (the OS or server's own words): an OS error alone

@@ -3,12 +3,14 @@
 //! [`super::objects`].
 
 use super::objects::{innermost, ObjectStoreObjects};
+use super::Patience;
 use crate::error::{Result, StoreError};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The bucket, under `prefix` when it is not empty (see [`super::Backend::s3`]).
-pub(super) fn open(bucket: &str, prefix: &str) -> Result<ObjectStoreObjects> {
+/// The bucket, under `prefix` when it is not empty (see [`super::Backend::s3`]). A request
+/// receiving nothing for `patience.stall` is dropped and retried.
+pub(super) fn open(bucket: &str, prefix: &str, patience: Patience) -> Result<ObjectStoreObjects> {
     let mut b =
         object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).with_retry(object_store::RetryConfig {
             max_retries: 3,
@@ -27,6 +29,13 @@ pub(super) fn open(bucket: &str, prefix: &str) -> Result<ObjectStoreObjects> {
     if !has("AWS_REGION") && !has("AWS_DEFAULT_REGION") {
         b = b.with_region("us-east-1");
     }
+    // object_store's own whole-request limit (30 s) would cut large uploads on slow links;
+    // stalls are caught by the read timeout instead.
+    use object_store::aws::AmazonS3ConfigKey::Client;
+    use object_store::client::ClientConfigKey;
+    b = b
+        .with_config(Client(ClientConfigKey::ReadTimeout), format!("{}ms", patience.stall.as_millis()))
+        .with_config(Client(ClientConfigKey::Timeout), "1h");
     let s3 = b.build().map_err(|e| StoreError::Backend {
         action: "configuring",
         key: format!("s3://{bucket}"),

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Fuzzes every parser that reads bytes from outside (fuzz/fuzz_targets: pack, manifest, chunk,
+# records, criu, server) with cargo fuzz and AddressSanitizer. Each target first replays its
+# regressions (fuzz/regressions/TARGET: inputs that once crashed it) and its corpus
+# (fuzz/corpus/TARGET, kept in the repository), then runs for FUZZ_SECS seconds (default 10).
+# A crash fails the script and leaves the input in fuzz/artifacts/TARGET.
+#   bash scripts/fuzz.sh                      # every target, 10 s each (CI)
+#   FUZZ_SECS=600 bash scripts/fuzz.sh chunk  # one target, longer, by hand
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+# A target directory of its own: the sanitizer flags rebuild every crate.
+export CARGO_TARGET_DIR="$HOME/.cache/gstore-fuzz-target"
+# cargo fuzz passes -Zsanitizer=address; the stable toolchain accepts it this way.
+export RUSTC_BOOTSTRAP=1
+secs="${FUZZ_SECS:-10}"
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  mapfile -t targets < <(cargo fuzz list --fuzz-dir fuzz)
+fi
+cargo fuzz build --fuzz-dir fuzz
+for t in "${targets[@]}"; do
+  mkdir -p "fuzz/corpus/$t" "fuzz/regressions/$t"
+  if compgen -G "fuzz/regressions/$t/*" >/dev/null; then
+    echo "fuzz: $t: replaying $(ls "fuzz/regressions/$t" | wc -l) regression inputs"
+    cargo fuzz run --fuzz-dir fuzz "$t" "fuzz/regressions/$t"/* -- -runs=1 >/dev/null 2>&1 \
+      || { echo "fuzz: $t: a regression input fails again"; cargo fuzz run --fuzz-dir fuzz "$t" "fuzz/regressions/$t"/* -- -runs=1; exit 1; }
+  fi
+  echo "fuzz: $t: ${secs}s from $(ls "fuzz/corpus/$t" | wc -l) corpus inputs"
+  log="$(mktemp)"
+  if ! cargo fuzz run --fuzz-dir fuzz "$t" "fuzz/corpus/$t" -- -max_total_time="$secs" -rss_limit_mb=4096 -max_len=1048576 >"$log" 2>&1; then
+    tail -40 "$log"
+    echo "fuzz: $t: crashed; the input is in fuzz/artifacts/$t"
+    exit 1
+  fi
+  grep -E "^Done [0-9]+ runs" "$log" | sed "s/^/fuzz: $t: /" || tail -1 "$log"
+  rm -f "$log"
+done
