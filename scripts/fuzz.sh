@@ -6,6 +6,8 @@
 # A crash fails the script and leaves the input in fuzz/artifacts/TARGET.
 #   bash scripts/fuzz.sh                      # every target, 10 s each (CI)
 #   FUZZ_SECS=600 bash scripts/fuzz.sh chunk  # one target, longer, by hand
+#   FUZZ_KEEP=1 FUZZ_SECS=600 bash scripts/fuzz.sh  # and keep the new inputs in the corpus
+# scripts/fuzz-seeds.sh makes the seed corpus from real objects.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -28,11 +30,18 @@ for t in "${targets[@]}"; do
   fi
   echo "fuzz: $t: ${secs}s from $(ls "fuzz/corpus/$t" | wc -l) corpus inputs"
   log="$(mktemp)"
-  if ! cargo fuzz run --fuzz-dir fuzz "$t" "fuzz/corpus/$t" -- -max_total_time="$secs" -rss_limit_mb=4096 -max_len=1048576 >"$log" 2>&1; then
+  # New inputs go to a scratch directory (the first one named), not into the kept corpus:
+  # FUZZ_KEEP=1 merges what a long run found into it afterwards.
+  found="$(mktemp -d)"
+  if ! cargo fuzz run --fuzz-dir fuzz "$t" "$found" "fuzz/corpus/$t" -- -max_total_time="$secs" -rss_limit_mb=4096 -max_len=1048576 >"$log" 2>&1; then
     tail -40 "$log"
     echo "fuzz: $t: crashed; the input is in fuzz/artifacts/$t"
     exit 1
   fi
   grep -E "^Done [0-9]+ runs" "$log" | sed "s/^/fuzz: $t: /" || tail -1 "$log"
-  rm -f "$log"
+  if [ "${FUZZ_KEEP:-0}" = 1 ]; then
+    # libFuzzer's merge adds the found inputs that reach new code.
+    cargo fuzz run --fuzz-dir fuzz "$t" "fuzz/corpus/$t" "$found" -- -merge=1 >/dev/null 2>&1
+  fi
+  rm -rf "$log" "$found"
 done
