@@ -117,6 +117,8 @@ fn restorer(w: &World, r: usize) {
 
 /// Removes pusher 0's images, oldest first, so that gc has packs to delete.
 fn remover(w: &World) {
+    // A tag whose rm was killed may be gone already: its next rm may find nothing.
+    let mut cut_short = None;
     while !w.stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(1500));
         let oldest = w.pushed.lock().unwrap().iter().find(|(t, removed)| t.starts_with("p0:") && !**removed).map(|(t, _)| t.clone());
@@ -126,7 +128,10 @@ fn remover(w: &World) {
             Some(0) => {
                 w.pushed.lock().unwrap().insert(tag, true);
             }
-            None => {}
+            Some(3) if cut_short.as_ref() == Some(&tag) => {
+                w.pushed.lock().unwrap().insert(tag, true);
+            }
+            None => cut_short = Some(tag),
             Some(c) => panic!("rm {tag} failed with {c}: {err}"),
         }
     }
