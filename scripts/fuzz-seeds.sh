@@ -83,7 +83,7 @@ def req(name, method, target, headers=(), body=b""):
     m = ["GET", "HEAD", "PUT", "DELETE", "POST", "OPTIONS"].index(method)
     head = "\n".join([target, *headers]).encode()
     put("server", name, bytes([m]) + head + b"\n\n" + body)
-rd, wr = "Authorization: Bearer reader-token", "Authorization: Bearer writer-token"
+rd, wr = "Authorization: Bearer reader-token-0123456789", "Authorization: Bearer writer-token-0123456789"
 pk = f"packs/{pack[:2]}/{pack}.pack"
 mk = f"manifests/{manifest[:2]}/{manifest}.manifest"
 tagkey = "tags/app/v1.tag"

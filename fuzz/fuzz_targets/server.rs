@@ -33,13 +33,13 @@ fn fixture() -> &'static Fixture {
         let src = dir.path().join("src");
         std::fs::create_dir_all(&src).unwrap();
         std::fs::write(src.join("a.bin"), (0..300_000u32).map(|i| (i * 31 / 7) as u8).collect::<Vec<u8>>()).unwrap();
-        let store = Store::open(&location).unwrap();
+        let store = Store::open_indexed(&location, &|_| ()).unwrap();
         gstore_store::push::push(&store, &src, &TagRef::parse("app:v1").unwrap(), Default::default(), &Silent).unwrap();
         let backend = Backend::local(&root).unwrap();
         let objects = gstore_server::servable(&backend).unwrap();
         let settings = Settings {
             addr: "127.0.0.1:0".parse().unwrap(),
-            tokens: Tokens::parse("reader-token read\nwriter-token write ci/\n").unwrap(),
+            tokens: Tokens::parse("reader-token-0123456789 read\nwriter-token-0123456789 write ci/\n").unwrap(),
             insecure: false,
             max_body: 4 << 20,
             timeout: Duration::from_secs(5),
