@@ -114,7 +114,10 @@ impl ObjectKey {
         let Some((family, rest)) = key.split_once('/') else { return Err(bad()) };
         let id_in = |suffix: &str| -> Option<ObjectId> {
             let (dir, file) = rest.split_once('/')?;
-            let id = ObjectId::from_hex(file.strip_suffix(suffix)?).ok()?;
+            // Lowercase only: a key has one spelling, so `packs/ab/AB…` is not `packs/ab/ab…`
+            // (found by fuzzing; an object stored under another spelling is foreign).
+            let hex = file.strip_suffix(suffix).filter(|h| is_lower_hex(h))?;
+            let id = ObjectId::from_hex(hex).ok()?;
             (id.to_hex()[..2] == *dir).then_some(id)
         };
         let parsed = match family {
@@ -197,6 +200,10 @@ mod tests {
         let long = format!("tags/{}/v.tag", "a".repeat(300));
         let wrong_dir =
             format!("packs/{}/{}.pack", if id.to_hex().starts_with("00") { "01" } else { "00" }, id.to_hex());
+        // One hex digit in uppercase: the same id, another spelling (found by fuzzing).
+        let h = id.to_hex();
+        let at = h.find(|c: char| c.is_ascii_alphabetic()).unwrap();
+        let upper = format!("manifests/{}/{}{}{}.manifest", &h[..2], &h[..at], h[at..=at].to_uppercase(), &h[at + 1..]);
         for bad in [
             "tags/../x.tag",
             "tags/a/../../etc.tag",
@@ -216,6 +223,7 @@ mod tests {
             "",
             &long,
             &wrong_dir,
+            &upper,
         ] {
             assert!(ObjectKey::parse(bad).is_err(), "{bad:?} accepted");
         }
