@@ -40,7 +40,7 @@ restore() {
   t1=$(date +%s.%N)
   cmp -s "$work/src/image.bin" "$work/out$n/image.bin" || { echo "restore $n is not exact"; exit 1; }
   rm -rf "$work/out$n" "$work/m$n"
-  awk -v a="$t0" -v b="$t1" -v r="$(cat "$work/rss")" 'BEGIN{printf "%.2f %.0f", b-a, r/1024}'
+  awk -v a="$t0" -v b="$t1" -v r="$(cat "$work/rss")" 'BEGIN{printf "%.2f %.0f\n", b-a, r/1024}'
 }
 printf "%s MiB image, link cap %s bit/s (%.0f MB/s)\n" "$mib" "$rate" "$(echo "$cap/1000000" | bc -l)"
 printf "%-8s %-6s %8s %8s %9s %12s %9s\n" store rtt seconds MB/s of_cap peak_conns rss_MB

@@ -141,10 +141,12 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
     let o = s3.cmd_as("a", "wrong-secret-0000000000", &["ls"]).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("access denied"), "{}", String::from_utf8_lossy(&o.stderr));
-    // The server goes away in the middle of a restore: a clear error; the rerun resumes.
+    // The server goes away in the middle of a restore: a clear error once the retries give up
+    // (after 2 s here rather than the default minute); the rerun resumes.
     let dest = s3.tmp.path().join("out");
     let child = s3
         .cmd("m", &["-q", "restore", "x", "--to", dest.to_str().unwrap(), "--memory-budget", "1"])
+        .env("GSTORE_RETRY_TIMEOUT", "2s")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -170,6 +172,7 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
     make_tree(&src2, 5, 120_000_000);
     let child = s3
         .cmd("a", &["-q", "push", src2.to_str().unwrap(), "--tag", "y"])
+        .env("GSTORE_RETRY_TIMEOUT", "2s")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();

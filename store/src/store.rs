@@ -14,6 +14,9 @@ use crate::tag::{SetTime, TagRecord, TagRef};
 use bytes::Bytes;
 use std::path::PathBuf;
 
+/// Pack footers read at once while indexing: a remote store's round trips overlap.
+const TAIL_READS: usize = 16;
+
 /// Where a store lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreLocation {
@@ -727,18 +730,49 @@ impl Store {
             }
         }
         index.set_doomed(&doomed)?;
+        let new: Vec<(ObjectId, u64)> = listed
+            .iter()
+            .filter_map(|l| Some((ObjectKey::parse(&l.key).ok()?.pack()?, l.size)))
+            .filter(|(id, _)| !known.contains(id))
+            .collect();
         let mut added = 0;
-        for l in listed {
-            let Some(id) = ObjectKey::parse(&l.key).ok().and_then(|k| k.pack()) else { continue };
-            if known.contains(&id) {
-                continue;
-            }
-            if let Ok((entries, _)) = self.read_pack_tail(&id, l.size) {
-                index.add_pack(id, l.size, &entries)?;
+        self.read_tails(&new, |id, size, read| {
+            if let Ok(entries) = read {
+                index.add_pack(id, size, &entries)?;
                 added += 1;
             }
-        }
+            Ok(())
+        })?;
         Ok(added)
+    }
+
+    /// Reads the footers of `packs` with up to [`TAIL_READS`] reads in flight, so that a
+    /// remote store's round trips overlap, and hands each result to `each` (in any order).
+    fn read_tails(
+        &self,
+        packs: &[(ObjectId, u64)],
+        mut each: impl FnMut(ObjectId, u64, Result<Vec<PackEntry>>) -> Result<()>,
+    ) -> Result<()> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let next = AtomicUsize::new(0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            for _ in 0..TAIL_READS.min(packs.len()) {
+                let (tx, next) = (tx.clone(), &next);
+                s.spawn(move || {
+                    while let Some(&(id, size)) = packs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if tx.send((id, size, self.read_pack_tail(&id, size).map(|(e, _)| e))).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            let handed = rx.iter().try_for_each(|(id, size, read)| each(id, size, read));
+            // On a failure the readers stop at their next pack.
+            next.store(packs.len(), Ordering::Relaxed);
+            handed
+        })
     }
 
     /// Fills the index from the pack footers in the backend. Returns (packs indexed,
@@ -748,21 +782,22 @@ impl Store {
         let index = self.index()?;
         index.clear()?;
         index.set_doomed(&doomed)?;
+        let packs: Vec<(ObjectId, u64)> =
+            packs.iter().filter_map(|l| Some((ObjectKey::parse(&l.key).ok()?.pack()?, l.size))).collect();
         progress.start("indexing packs", packs.len() as u64, crate::progress::Unit::Items);
         let mut ok = 0;
         let mut damaged = Vec::new();
-        for l in packs {
-            if let Some(id) = ObjectKey::parse(&l.key).ok().and_then(|k| k.pack()) {
-                match self.read_pack_tail(&id, l.size) {
-                    Ok((entries, _)) => {
-                        index.add_pack(id, l.size, &entries)?;
-                        ok += 1;
-                    }
-                    Err(e) => damaged.push(e),
+        self.read_tails(&packs, |id, size, read| {
+            match read {
+                Ok(entries) => {
+                    index.add_pack(id, size, &entries)?;
+                    ok += 1;
                 }
+                Err(e) => damaged.push(e),
             }
             progress.advance(1);
-        }
+            Ok(())
+        })?;
         progress.finish();
         Ok((ok, damaged))
     }
