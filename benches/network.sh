@@ -4,6 +4,8 @@
 # fault proxy (gstore-faultnet) at a capped rate and RTT 1, 10 and 50 ms. Prints the achieved
 # rate as a fraction of the cap, the most connections open at once (requests in flight) and
 # the restore's peak RSS; the plain loopback restore (no proxy) is the baseline of the run.
+# For `gstore serve`, the rig's own ceiling is measured too: 16 plain GETs at a time (curl) of
+# the store's pack files through the same proxy (plain_of_cap).
 # Usage: benches/network.sh [SIZE_MIB (default 1024)] [RATE (default 1g, bits/s)] [RTTS (default "1 10 50")]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,11 +45,11 @@ restore() {
   awk -v a="$t0" -v b="$t1" -v r="$(cat "$work/rss")" 'BEGIN{printf "%.2f %.0f\n", b-a, r/1024}'
 }
 printf "%s MiB image, link cap %s bit/s (%.0f MB/s)\n" "$mib" "$rate" "$(echo "$cap/1000000" | bc -l)"
-printf "%-8s %-6s %8s %8s %9s %12s %9s\n" store rtt seconds MB/s of_cap peak_conns rss_MB
+printf "%-8s %-6s %8s %8s %9s %12s %9s %13s\n" store rtt seconds MB/s of_cap peak_conns rss_MB plain_of_cap
 for kind in s3 serve; do
   up=$([ $kind = s3 ] && echo "127.0.0.1:$port" || echo "127.0.0.1:$sport")
   read -r s r < <(restore "$([ $kind = s3 ] && echo s3://bench/store || echo "http://$up")" "http://$up")
-  awk -v k=$kind -v s="$s" -v r="$r" -v b="$bytes" 'BEGIN{printf "%-8s %-6s %8.2f %8.0f %9s %12s %9s\n", k, "none", s, b/s/1e6, "-", "-", r}'
+  awk -v k=$kind -v s="$s" -v r="$r" -v b="$bytes" 'BEGIN{printf "%-8s %-6s %8.2f %8.0f %9s %12s %9s %13s\n", k, "none", s, b/s/1e6, "-", "-", r, "-"}'
   for rtt in $rtts; do
     "$FN" --to "$up" --rtt "${rtt}ms" --rate "$rate" >"$work/proxy.out" &
     proxy=$!
@@ -55,9 +57,16 @@ for kind in s3 serve; do
     paddr=$(sed -n 's/^listening on //p' "$work/proxy.out")
     url=$([ $kind = s3 ] && echo s3://bench/store || echo "http://$paddr")
     read -r s r < <(restore "$url" "http://$paddr")
+    plain=-
+    if [ $kind = serve ]; then
+      t0=$(date +%s.%N)
+      (cd "$work/local" && find packs -name '*.pack') | xargs -P 16 -I{} curl -sf -o /dev/null "http://$paddr/v1/o/{}"
+      t1=$(date +%s.%N)
+      plain=$(awk -v a="$t0" -v b="$t1" -v n="$(du -sb "$work/local/packs" | cut -f1)" -v c="$cap" 'BEGIN{printf "%.2f", n/(b-a)/c}')
+    fi
     kill -TERM $proxy; wait $proxy 2>/dev/null || true
     conns=$(tail -1 "$work/proxy.out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_open"])')
-    awk -v k=$kind -v t="${rtt}ms" -v s="$s" -v r="$r" -v b="$bytes" -v c="$cap" -v pc="$conns" \
-      'BEGIN{printf "%-8s %-6s %8.2f %8.0f %9.2f %12s %9s\n", k, t, s, b/s/1e6, b/s/c, pc, r}'
+    awk -v k=$kind -v t="${rtt}ms" -v s="$s" -v r="$r" -v b="$bytes" -v c="$cap" -v pc="$conns" -v p="$plain" \
+      'BEGIN{printf "%-8s %-6s %8.2f %8.0f %9.2f %12s %9s %13s\n", k, t, s, b/s/1e6, b/s/c, pc, r, p}'
   done
 done

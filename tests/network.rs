@@ -89,7 +89,11 @@ fn succeeded(o: &Output, what: &str) {
 fn restore_exact(r: &Remote, proxy: &Proxy, src: &Path, machine: &str, env: &[(&str, &str)]) -> Duration {
     let out = r.scratch().join(format!("out-{machine}"));
     let t = Instant::now();
-    let o = r.cmd(proxy, machine, &["restore", "app:v1", "--to", out.to_str().unwrap()]).envs(env.iter().copied()).output().unwrap();
+    let o = r
+        .cmd(proxy, machine, &["restore", "app:v1", "--to", out.to_str().unwrap()])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
     let took = t.elapsed();
     succeeded(&o, "restore");
     assert_same_tree(src, &out);
@@ -164,8 +168,9 @@ fn a_burst_of_server_errors_is_ridden_out() {
 /// An S3 restore slow enough (a 40 Mbit/s link) to be cut in the middle.
 fn slow_s3(src: &Path) -> (S3, Proxy) {
     let Remote::S3(s3) = Remote::s3(src) else { unreachable!() };
-    let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], s3.port)), Link { rate: Some(5_000_000), ..Link::default() })
-        .unwrap();
+    let proxy =
+        Proxy::start(SocketAddr::from(([127, 0, 0, 1], s3.port)), Link { rate: Some(5_000_000), ..Link::default() })
+            .unwrap();
     (s3, proxy)
 }
 
@@ -211,7 +216,12 @@ fn a_store_that_stays_down_fails_the_restore_clearly_and_it_resumes() {
     s3.stop();
     proxy.reset_all();
     let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(6), "exit status for an unavailable store: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(6),
+        "exit status for an unavailable store: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let err: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let message = err["error"]["message"].as_str().unwrap();
     assert_eq!(err["error"]["code"], "unavailable");
@@ -236,8 +246,9 @@ fn a_push_cut_off_runs_again_without_uploading_what_landed() {
     }
     let s3 = S3::start();
     s3.ok("a", &["init"]);
-    let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], s3.port)), Link { rate: Some(25_000_000), ..Link::default() })
-        .unwrap();
+    let proxy =
+        Proxy::start(SocketAddr::from(([127, 0, 0, 1], s3.port)), Link { rate: Some(25_000_000), ..Link::default() })
+            .unwrap();
     let push = |s3: &S3| {
         let mut c = s3.cmd("a", &["push", src.to_str().unwrap(), "--tag", "big:v1"]);
         c.env("AWS_ENDPOINT", format!("http://{}", proxy.addr())).env("GSTORE_RETRY_TIMEOUT", "2s");

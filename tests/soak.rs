@@ -92,8 +92,7 @@ fn restorer(w: &World, r: usize) {
     let mut n = 0;
     while !w.stop.load(Ordering::SeqCst) {
         // Only tags no remover touches (pusher 0's images are the ones removed).
-        let live: Vec<String> =
-            w.pushed.lock().unwrap().keys().filter(|t| !t.starts_with("p0:")).cloned().collect();
+        let live: Vec<String> = w.pushed.lock().unwrap().keys().filter(|t| !t.starts_with("p0:")).cloned().collect();
         if live.is_empty() {
             std::thread::sleep(Duration::from_millis(200));
             continue;
@@ -121,7 +120,13 @@ fn remover(w: &World) {
     let mut cut_short = None;
     while !w.stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(1500));
-        let oldest = w.pushed.lock().unwrap().iter().find(|(t, removed)| t.starts_with("p0:") && !**removed).map(|(t, _)| t.clone());
+        let oldest = w
+            .pushed
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(t, removed)| t.starts_with("p0:") && !**removed)
+            .map(|(t, _)| t.clone());
         let Some(tag) = oldest else { continue };
         let (code, err) = w.run("rm", w.cmd("remover", &["rm", &tag]));
         match code {

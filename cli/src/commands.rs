@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use clap::CommandFactory;
 use gstore_capture as capture;
 use gstore_progress::Bars;
-use gstore_store::{gc, images, push, usage, verify, Store, StoreConfig, StoreLocation, TagRef};
+use gstore_store::manifest::Manifest;
+use gstore_store::{gc, images, push, usage, verify, ObjectId, Store, StoreConfig, StoreLocation, TagRef};
 use indicatif::HumanBytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -40,7 +41,15 @@ pub fn run(cli: Cli) -> Result<()> {
             restore_to(&location, &image, &to, &select, memory_budget, &out, &bars)
         }
         Command::Load { image, device, check, replicate, memory_budget } => {
-            let r = load::load(|| open_indexed(&location), &image, &device, check, replicate, memory_budget, &bars)?;
+            let r = load::load(
+                || open_image(&location, &image).map(|(s, _, m)| (s, m)),
+                &image,
+                &device,
+                check,
+                replicate,
+                memory_budget,
+                &bars,
+            )?;
             out.emit(&r, || load_text(&r))
         }
         Command::Ls { name, sort, latest } => ls(&Store::open(&location)?, name.as_deref(), sort, latest, &out),
@@ -183,9 +192,8 @@ fn restore_to(
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {
-    let store = open_indexed(location)?;
-    let id = store.resolve(image)?;
-    let m = select.apply(store.get_manifest(&id)?)?;
+    let (store, id, m) = open_image(location, image)?;
+    let m = select.apply(m)?;
     let r = gstore_restore::restore_to_dir(&store, &id, &m, to, memory_budget, bars)
         .with_context(|| format!("restore of {image} failed"))?;
     out.emit(&r, || {
@@ -341,8 +349,7 @@ fn diff(store: &Store, a: &str, b: &str, out: &Output) -> Result<()> {
 
 /// `gstore cat`: the file's bytes on stdout.
 fn cat(location: &StoreLocation, image: &str, path: &str) -> Result<()> {
-    let store = open_indexed(location)?;
-    let m = store.get_manifest(&store.resolve(image)?)?;
+    let (store, _, m) = open_image(location, image)?;
     let mut stdout = std::io::stdout().lock();
     gstore_restore::cat::write_file(&store, &m, path, &mut stdout)?;
     Ok(())
@@ -578,6 +585,11 @@ impl Output {
 
 fn open_indexed(location: &StoreLocation) -> Result<Store> {
     Ok(Store::open_indexed(location, &|msg| eprintln!("gstore: {msg}"))?)
+}
+
+/// Opens the store with its index and reads the manifest `image` names (the two overlap).
+fn open_image(location: &StoreLocation, image: &str) -> Result<(Store, ObjectId, Manifest)> {
+    Ok(Store::open_image(location, image, &|msg| eprintln!("gstore: {msg}"))?)
 }
 
 fn parse_meta(items: &[String]) -> Result<BTreeMap<String, serde_json::Value>> {

@@ -7,6 +7,7 @@ use gstore_gpu_dump::cuda::Context as CudaContext;
 use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
 use gstore_restore::{DeviceImage, Spread};
+use gstore_store::manifest::Manifest;
 use gstore_store::{Store, StoreError};
 use serde::Serialize;
 use std::time::Instant;
@@ -66,12 +67,12 @@ fn parse_target(device: &str) -> Result<Target> {
     }
 }
 
-/// Opens the store with `open` and loads `reference` onto `device` (`host`, `cuda:N`, a
+/// Opens the store and reads the manifest of `reference` with `open`, and loads it onto `device` (`host`, `cuda:N`, a
 /// comma-separated list of GPUs, or `all` of them), split across several GPUs or, with
 /// `replicate`, whole on each. The CUDA driver and contexts start while the store opens and
 /// the image is planned; the time reported runs from the call to the last byte checked.
 pub fn load(
-    open: impl FnOnce() -> Result<Store>,
+    open: impl FnOnce() -> Result<(Store, Manifest)>,
     reference: &str,
     device: &str,
     check: bool,
@@ -85,8 +86,7 @@ pub fn load(
             if check {
                 bail!("--check reads device memory back; host loads are verified chunk by chunk already");
             }
-            let store = open()?;
-            let m = store.get_manifest(&store.resolve(reference)?)?;
+            let (store, m) = open()?;
             let bytes = gstore_restore::restore_to_memory(&store, &m, memory_budget, bars)?.len();
             return Ok(report(reference, device, bytes, started.elapsed().as_secs_f64()));
         }
@@ -101,8 +101,7 @@ pub fn load(
     };
     let contexts: Vec<_> =
         devices.iter().map(|&index| std::thread::spawn(move || CudaDriver::load()?.context(index))).collect();
-    let store = open()?;
-    let m = store.get_manifest(&store.resolve(reference)?)?;
+    let (store, m) = open()?;
     let open_contexts: Vec<_> = contexts
         .into_iter()
         .map(|started| {

@@ -51,7 +51,14 @@ struct Args {
 fn parse_bits(s: &str) -> Result<u64, String> {
     let s = s.trim().to_ascii_lowercase();
     let (num, scale) = match s.strip_suffix(['k', 'm', 'g']) {
-        Some(n) => (n, match s.chars().last() { Some('k') => 1e3, Some('m') => 1e6, _ => 1e9 }),
+        Some(n) => (
+            n,
+            match s.chars().last() {
+                Some('k') => 1e3,
+                Some('m') => 1e6,
+                _ => 1e9,
+            },
+        ),
         None => (s.as_str(), 1.0),
     };
     let bits: f64 = num.trim_end_matches("bit").parse().map_err(|_| format!("not a rate: {s}"))?;
@@ -67,7 +74,8 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let link = Link { rtt: a.rtt, jitter: a.jitter, rate: (a.rate > 0).then_some(a.rate), window: a.window, loss: a.loss };
+    let link =
+        Link { rtt: a.rtt, jitter: a.jitter, rate: (a.rate > 0).then_some(a.rate), window: a.window, loss: a.loss };
     let proxy = match Proxy::start_on(a.listen, upstream, link) {
         Ok(p) => p,
         Err(e) => {

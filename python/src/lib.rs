@@ -7,6 +7,7 @@
 use gstore_gpu_dump::cuda::DeviceBuffer;
 use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
+use gstore_store::manifest::Manifest;
 use gstore_store::{images, push, usage, Store as RustStore, StoreConfig, StoreError, StoreLocation, TagRef};
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -63,6 +64,12 @@ impl Store {
 
     fn open_indexed(&self) -> Result<RustStore, StoreError> {
         RustStore::open_indexed(&self.location, &|msg| eprintln!("gstore: {msg}"))
+    }
+
+    /// Opens the store with its index and reads the manifest `image` names (the two overlap).
+    fn open_image(&self, image: &str) -> Result<(RustStore, Manifest), StoreError> {
+        let (store, _, m) = RustStore::open_image(&self.location, image, &|msg| eprintln!("gstore: {msg}"))?;
+        Ok((store, m))
     }
 }
 
@@ -146,8 +153,7 @@ impl Store {
         progress: bool,
     ) -> PyResult<Vec<(String, HostFile)>> {
         let loaded = py.detach(|| {
-            let store = self.open_indexed()?;
-            let m = store.get_manifest(&store.resolve(image)?)?;
+            let (store, m) = self.open_image(image)?;
             gstore_restore::restore_to_memory(&store, &m, memory_budget, &Bars::new(progress))
         });
         Ok(loaded.map_err(py_err)?.entries.into_iter().map(|e| (e.path, HostFile { data: e.data })).collect())
@@ -167,8 +173,7 @@ impl Store {
     ) -> PyResult<(Vec<(String, CudaFile)>, String)> {
         let loaded = py.detach(|| {
             let started = std::thread::spawn(move || CudaDriver::load()?.context(device));
-            let store = self.open_indexed()?;
-            let m = store.get_manifest(&store.resolve(image)?)?;
+            let (store, m) = self.open_image(image)?;
             let open =
                 || started.join().expect("CUDA start does not panic").map_err(|e| StoreError::Device(e.to_string()));
             gstore_restore::restore_to_device_with(&store, &m, open, memory_budget, &Bars::new(progress))

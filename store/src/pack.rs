@@ -15,6 +15,9 @@ pub const TRAILER_MAGIC: &[u8; 8] = b"GSPKTAIL";
 pub const ENTRY_LEN: usize = 49;
 /// Bytes in the trailer.
 pub const TRAILER_LEN: usize = 56;
+/// Bytes [`read_tail`] reads from a pack's end in its first request: the trailer and, for most
+/// packs, the whole footer.
+const TAIL_GUESS: u64 = 64 << 10;
 /// Pack layout version written in the trailer.
 pub const PACK_VERSION: u32 = 1;
 
@@ -238,11 +241,20 @@ pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) 
     if size < TRAILER_LEN as u64 + 8 {
         return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
     }
-    let trailer = backend.get_range(&key, size - TRAILER_LEN as u64..size)?;
-    let t = parse_trailer(&trailer, size, &key)?;
-    let footer = backend.get_range(&key, t.footer_offset..size - TRAILER_LEN as u64)?;
+    // One read fetches the trailer with the footer of a pack of up to TAIL_GUESS / ENTRY_LEN
+    // chunks; a longer footer takes a second read for the rest.
+    let start = size.saturating_sub(TAIL_GUESS);
+    let guess = backend.get_range(&key, start..size)?;
+    let footer_end = guess.len() - TRAILER_LEN;
+    let t = parse_trailer(&guess[footer_end..], size, &key)?;
+    let footer = if t.footer_offset >= start {
+        guess.slice((t.footer_offset - start) as usize..footer_end)
+    } else {
+        let head = backend.get_range(&key, t.footer_offset..start)?;
+        [&head[..], &guess[..footer_end]].concat().into()
+    };
     let entries = parse_footer(&footer, &t, &key, chunk_max)?;
-    Ok((entries, [&footer[..], &trailer[..]].concat()))
+    Ok((entries, [&footer[..], &guess[footer_end..]].concat()))
 }
 
 /// Parses a whole pack held in memory: header, trailer, footer (see [`parse_footer`]).
@@ -281,6 +293,26 @@ mod tests {
         let entries = parse_pack(&p.bytes, "p", MAX).unwrap();
         assert_eq!(entries, p.entries);
         assert_eq!(&p.bytes[entries[1].offset as usize..][..3], b"two");
+    }
+
+    #[test]
+    fn footers_read_back_from_the_end_whatever_their_length() {
+        let backend = Backend::memory();
+        for chunks in [2usize, 3000] {
+            let mut b = PackBuilder::new();
+            for i in 0..chunks {
+                let data = i.to_le_bytes();
+                b.push(ObjectId::of(&data), Codec::Raw, &data, data.len() as u32);
+            }
+            let p = b.finish();
+            assert_eq!(p.entries.len() * ENTRY_LEN > TAIL_GUESS as usize, chunks == 3000);
+            let size = p.bytes.len() as u64;
+            backend.put(&ObjectKey::Pack(p.id).to_string(), p.bytes.clone()).unwrap();
+            let (entries, tail) = read_tail(&backend, &p.id, size, MAX).unwrap();
+            assert_eq!(entries, p.entries);
+            assert_eq!(&tail[..], &p.bytes[p.bytes.len() - tail.len()..]);
+            assert_eq!(tail.len(), chunks * ENTRY_LEN + TRAILER_LEN);
+        }
     }
 
     #[test]

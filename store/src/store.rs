@@ -12,6 +12,7 @@ use crate::manifest::Manifest;
 use crate::pack::{self, PackEntry};
 use crate::tag::{SetTime, TagRecord, TagRef};
 use bytes::Bytes;
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 /// Pack footers read at once while indexing: a remote store's round trips overlap.
@@ -280,19 +281,48 @@ impl Store {
         Store::open(location)?.with_index(on_wait)
     }
 
+    /// Opens a store with its index (as [`Store::open_indexed`]) and reads the manifest of the
+    /// image `reference` names (see [`Store::resolve`]). The tag and manifest reads run beside
+    /// the index's catch-up, so a remote store's round trips overlap.
+    pub fn open_image(
+        location: &StoreLocation,
+        reference: &str,
+        on_wait: &dyn Fn(&str),
+    ) -> Result<(Store, ObjectId, crate::manifest::Manifest)> {
+        std::thread::scope(|s| {
+            let image = s.spawn(|| -> Result<_> {
+                let store = Store::open(location)?;
+                let id = store.resolve(reference)?;
+                Ok((id, store.get_manifest(&id)?))
+            });
+            let store = Store::open_indexed(location, on_wait);
+            let image = image.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            let store = store?;
+            let (id, manifest) = image?;
+            Ok((store, id, manifest))
+        })
+    }
+
     /// Opens this store's index (see [`Store::open_indexed`]). An index that cannot be opened
     /// (damaged) is an error that says to run `gstore index rebuild`.
     pub fn with_index(mut self, on_wait: &dyn Fn(&str)) -> Result<Store> {
         let (dir, lock) = self.lock_index(on_wait)?;
-        let index = Index::open(&dir)?;
+        // Under the lock, the backend's listing (round trips on a remote store) runs while
+        // the index opens.
+        let (index, listing) = std::thread::scope(|s| {
+            let listing = s.spawn(|| crate::lease::doomed_then_listed(&self.backend));
+            let index = Index::open(&dir);
+            (index, listing.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        });
+        let index = index?;
         let fresh = index.needs_fill();
         self.index = Some(index);
         self._lock = Some(lock);
         if fresh {
-            self.rebuild_index(&crate::progress::Silent)?;
+            self.fill_index(listing?, &crate::progress::Silent)?;
         } else {
             // Other processes and machines push packs and gc removes them: catch up.
-            self.sync_index()?;
+            self.catch_up(listing?)?;
         }
         Ok(self)
     }
@@ -495,9 +525,7 @@ impl Store {
     pub fn upload_concurrency(&self) -> usize {
         match self.location {
             StoreLocation::Custom { .. } => 1,
-            StoreLocation::Local(_) => {
-                std::thread::available_parallelism().map_or(2, |n| n.get() / 2).clamp(2, 8)
-            }
+            StoreLocation::Local(_) => std::thread::available_parallelism().map_or(2, |n| n.get() / 2).clamp(2, 8),
             _ => 4,
         }
     }
@@ -717,11 +745,16 @@ impl Store {
     /// packs (docs/GC.md). Damaged packs are skipped (verify names the images they break).
     /// Returns how many packs were added.
     pub fn sync_index(&self) -> Result<usize> {
+        self.catch_up(crate::lease::doomed_then_listed(&self.backend)?)
+    }
+
+    /// [`Store::sync_index`] from a listing of tombstoned packs, then packs, taken under the
+    /// store lock.
+    fn catch_up(&self, (doomed, listed): (HashSet<ObjectId>, Vec<backend::Listed>)) -> Result<usize> {
         let index = self.index()?;
-        let (doomed, listed) = crate::lease::doomed_then_listed(&self.backend)?;
-        let present: std::collections::HashSet<ObjectId> =
+        let present: HashSet<ObjectId> =
             listed.iter().filter_map(|l| ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())).collect();
-        let mut known = std::collections::HashSet::new();
+        let mut known = HashSet::new();
         for (id, _) in index.packs()? {
             if present.contains(&id) {
                 known.insert(id);
@@ -778,7 +811,16 @@ impl Store {
     /// Fills the index from the pack footers in the backend. Returns (packs indexed,
     /// damaged packs skipped with their errors).
     fn rebuild_index(&self, progress: &dyn crate::progress::Progress) -> Result<(usize, Vec<StoreError>)> {
-        let (doomed, packs) = crate::lease::doomed_then_listed(&self.backend)?;
+        self.fill_index(crate::lease::doomed_then_listed(&self.backend)?, progress)
+    }
+
+    /// [`Store::rebuild_index`] from a listing of tombstoned packs, then packs, taken under
+    /// the store lock.
+    fn fill_index(
+        &self,
+        (doomed, packs): (HashSet<ObjectId>, Vec<backend::Listed>),
+        progress: &dyn crate::progress::Progress,
+    ) -> Result<(usize, Vec<StoreError>)> {
         let index = self.index()?;
         index.clear()?;
         index.set_doomed(&doomed)?;

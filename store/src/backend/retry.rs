@@ -167,7 +167,12 @@ mod tests {
                 return Ok(None);
             }
             if self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-                return Err(StoreError::Unavailable { action: "reading", key: key.into(), message: "reset".into(), reached: self.reached });
+                return Err(StoreError::Unavailable {
+                    action: "reading",
+                    key: key.into(),
+                    message: "reset".into(),
+                    reached: self.reached,
+                });
             }
             Ok(None)
         }
@@ -191,7 +196,12 @@ mod tests {
     }
 
     /// As [`flaky`], with failures that reached the store if `reached`.
-    fn flaky_reaching(failures: u32, answer_first: bool, reached: bool, retry_for: Duration) -> (Retrying, Arc<AtomicU32>) {
+    fn flaky_reaching(
+        failures: u32,
+        answer_first: bool,
+        reached: bool,
+        retry_for: Duration,
+    ) -> (Retrying, Arc<AtomicU32>) {
         let tries = Arc::new(AtomicU32::new(0));
         let inner = Flaky {
             failures: AtomicU32::new(failures),
