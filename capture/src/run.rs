@@ -4,7 +4,7 @@ use crate::checkpoint::CriuChoice;
 use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
 use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_PID};
-use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, ImageMeta, MachineInfo};
+use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuMap, ImageMeta, MachineInfo};
 use gstore_store::progress::Progress;
 use gstore_store::{ObjectId, Store};
 use serde::Serialize;
@@ -41,6 +41,8 @@ pub struct RunOptions {
     pub pid_wait: Duration,
     /// Bytes the restore may hold in flight.
     pub memory_budget: u64,
+    /// Where the image's GPUs go (`--gpu-map`); empty: by the rule in `gstore_gpu_dump::gpumap`.
+    pub gpu_map: GpuMap,
 }
 
 /// Restores the process image `reference` and starts it, writing the image into `keep_at`
@@ -73,7 +75,7 @@ pub fn run(
     let (machine, prepared) = std::thread::scope(|s| {
         let machine = s.spawn(|| {
             let cuda = CudaDriver::load();
-            let compatible = check_compatible(&image, &MachineInfo::probe(Some(&criu_bin), &cuda));
+            let compatible = check_compatible(&image, &MachineInfo::probe(Some(&criu_bin), &cuda), &opts.gpu_map);
             (cuda, compatible)
         });
         let prepared = lazy.then(|| gstore_lazy::prepare(store, &id, &m, dir, opts.memory_budget, progress));
@@ -81,11 +83,15 @@ pub fn run(
     });
     let materialize_s = t.elapsed().as_secs_f64();
     let (cuda, compatible) = machine;
-    if let Err(source) = compatible {
-        staged.remove();
-        return Err(CaptureError::Incompatible { reference: reference.to_string(), source });
-    }
+    let gpu_pairs = match compatible {
+        Ok(pairs) => pairs,
+        Err(source) => {
+            staged.remove();
+            return Err(CaptureError::Incompatible { reference: reference.to_string(), source });
+        }
+    };
     let mut ropts = RestoreOptions::new(&criu_bin);
+    ropts.gpu_pairs = gpu_pairs;
     ropts.cuda = cuda.as_ref().ok();
     ropts.gpu = image.kind == ImageKind::GpuProcess;
     ropts.original_pid = original_pid;

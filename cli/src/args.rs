@@ -2,6 +2,7 @@
 
 use crate::units;
 use clap::{Args, Parser, Subcommand};
+use gstore_gpu_dump::GpuMap;
 use std::path::PathBuf;
 
 /// gstore: a content-addressed, deduplicated checkpoint store.
@@ -74,6 +75,12 @@ pub enum Command {
         /// userfaultfd allows it).
         #[arg(long, requires = "run")]
         no_lazy: bool,
+        /// With --run: restore the image's GPUs onto these, OLD=NEW[,OLD=NEW...], each an index
+        /// or a UUID (GPU-…, as `nvidia-smi -L` shows it); only the GPUs named are restored.
+        /// Without it each GPU goes back to the GPU with its UUID, else to the lowest free GPU
+        /// of the same model with enough memory. Remapping needs a CUDA 13 (580+) driver.
+        #[arg(long, requires = "run", value_name = "OLD=NEW,...", value_parser = GpuMap::parse)]
+        gpu_map: Option<GpuMap>,
         /// CRIU options (with --run).
         #[command(flatten)]
         criu: CriuArgs,

@@ -28,8 +28,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Push { path, tag, meta, exclude, dry_run } => {
             push(&location, &path, &tag, &meta, &Selection::new(&[], &exclude)?, dry_run, &out, &bars)
         }
-        Command::Restore { image, to, run: true, pid_wait, criu, memory_budget, no_lazy, .. } => {
-            let opts = capture::RunOptions { eager: no_lazy, pid_wait: Duration::from_secs(pid_wait), memory_budget };
+        Command::Restore { image, to, run: true, pid_wait, criu, memory_budget, no_lazy, gpu_map, .. } => {
+            let opts = capture::RunOptions {
+                eager: no_lazy,
+                pid_wait: Duration::from_secs(pid_wait),
+                memory_budget,
+                gpu_map: gpu_map.unwrap_or_default(),
+            };
             restore_run(&location, &image, &criu, to, opts, &out, &bars)
         }
         Command::Checkpoint { pid, tag, leave_running, lock_timeout, staging, criu } => {

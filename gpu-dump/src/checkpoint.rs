@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::criu::{self, Criu, DumpOptions};
+use crate::cuda::ffi::GpuPair;
 use crate::cuda::{self, CudaDriver, GpuInfo, ProcessState};
 use crate::error::{GpuDumpError, Phase, Result};
 use crate::procfs;
@@ -224,7 +225,7 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
     }
     if let (true, Some(cuda)) = (opts.leave_running, gpu) {
         let start = Instant::now();
-        resume(cuda, pid).map_err(|e| rollback(cuda, pid, Phase::GpuResume, e))?;
+        resume(cuda, pid, &[]).map_err(|e| rollback(cuda, pid, Phase::GpuResume, e))?;
         report.timings.gpu_resume_s = Some(seconds(start));
     }
     Ok(report)
@@ -239,6 +240,8 @@ pub struct RestoreOptions<'a> {
     pub cuda: Option<&'a CudaDriver>,
     /// The image is a GPU image (its GPU state is restored and unlocked after CRIU).
     pub gpu: bool,
+    /// Where its GPUs go ([`crate::check_compatible`] gives them); empty: where they were.
+    pub gpu_pairs: Vec<GpuPair>,
     /// The pid the process had, if known; waited for like every pid in the image.
     pub original_pid: Option<u32>,
     /// How long to wait for the image's pids to be free (a killed original is reaped by PID 1
@@ -257,6 +260,7 @@ impl<'a> RestoreOptions<'a> {
             criu,
             cuda: None,
             gpu: false,
+            gpu_pairs: Vec::new(),
             original_pid: None,
             pid_wait: DEFAULT_PID_WAIT,
             shell_job: false,
@@ -318,7 +322,7 @@ pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
     timings.criu_restore_s = seconds(start);
     if let Some(cuda) = cuda {
         let (restore_s, unlock_s) =
-            resume(cuda, pid).map_err(|e| GpuDumpError::GpuRestore { pid, source: Box::new(e) })?;
+            resume(cuda, pid, &opts.gpu_pairs).map_err(|e| GpuDumpError::GpuRestore { pid, source: Box::new(e) })?;
         timings.gpu_restore_s = restore_s;
         timings.gpu_unlock_s = unlock_s;
     }
@@ -326,15 +330,15 @@ pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
 }
 
 /// Brings `pid`'s GPU state back to running from wherever it stands: checkpointed → restore
-/// → unlock; locked → unlock; running → nothing. Returns the seconds spent restoring and
-/// unlocking (`None` when that step was not needed).
-fn resume(cuda: &CudaDriver, pid: u32) -> Result<(Option<f64>, Option<f64>)> {
+/// (onto the GPUs `pairs` name, if any) → unlock; locked → unlock; running → nothing. Returns
+/// the seconds spent restoring and unlocking (`None` when that step was not needed).
+fn resume(cuda: &CudaDriver, pid: u32, pairs: &[GpuPair]) -> Result<(Option<f64>, Option<f64>)> {
     let mut restore_s = None;
     match cuda.state(pid)? {
         ProcessState::Running => return Ok((None, None)),
         ProcessState::Checkpointed => {
             let start = Instant::now();
-            cuda.restore(pid)?;
+            cuda.restore(pid, pairs)?;
             restore_s = Some(seconds(start));
         }
         ProcessState::Locked => {}
@@ -347,7 +351,7 @@ fn resume(cuda: &CudaDriver, pid: u32) -> Result<(Option<f64>, Option<f64>)> {
 
 /// Resumes `pid` after `phase` failed with `source`, and says how that went.
 fn rollback(cuda: &CudaDriver, pid: u32, phase: Phase, source: GpuDumpError) -> GpuDumpError {
-    match resume(cuda, pid) {
+    match resume(cuda, pid, &[]) {
         Ok(_) => GpuDumpError::Resumed { phase, source: Box::new(source) },
         Err(rollback) => GpuDumpError::Lost {
             phase,
@@ -374,7 +378,7 @@ mod tests {
             criu_version: "4.1.1".into(),
             cuda_driver_version: (kind == ImageKind::GpuProcess).then(|| "13.0".to_string()),
             gpus: if kind == ImageKind::GpuProcess {
-                vec![GpuInfo { index: 0, name: "NVIDIA H200".into(), total_mem_bytes: 150_000_000_000 }]
+                vec![GpuInfo { index: 0, name: "NVIDIA H200".into(), total_mem_bytes: 150_000_000_000, uuid: None }]
             } else {
                 Vec::new()
             },

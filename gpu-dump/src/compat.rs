@@ -7,8 +7,10 @@ use serde_json::Value;
 
 use crate::checkpoint::{ImageKind, META_CRIU_VERSION, META_CUDA_DRIVER_VERSION, META_GPUS, META_KIND};
 use crate::criu::{self, Criu};
+use crate::cuda::ffi::GpuPair;
 use crate::cuda::{CudaDriver, GpuInfo};
 use crate::error::{GpuDumpError, Result};
+use crate::gpumap::{self, GpuMap};
 
 /// What an image needs, as recorded at capture ([`crate::checkpoint::CaptureReport::metadata`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,11 +85,11 @@ impl MachineInfo {
     }
 }
 
-/// Ok when `image` can be restored on `machine`; otherwise [`GpuDumpError::Incompatible`] with
-/// the reason: no CRIU >= 4.0 here; a GPU image but no CUDA driver; an older driver major
-/// version than at capture; fewer GPUs; a different GPU model or less memory at some index
-/// (CUDA restores onto the same chip type, GPU i onto GPU i).
-pub fn check_compatible(image: &ImageMeta, machine: &MachineInfo) -> Result<()> {
+/// The GPU pairs to restore `image` with on `machine` (empty: onto the GPUs it was captured
+/// on, or a CPU image), or [`GpuDumpError::Incompatible`] with the reason: no CRIU >= 4.0
+/// here; a GPU image but no CUDA driver; an older driver major version than at capture; GPUs
+/// that cannot be placed by [`crate::gpumap`]'s rule (`map` may be empty).
+pub fn check_compatible(image: &ImageMeta, machine: &MachineInfo, map: &GpuMap) -> Result<Vec<GpuPair>> {
     let refuse = |reason: String| Err(GpuDumpError::Incompatible { reason });
     match machine.criu_version.as_deref() {
         None => return refuse("no CRIU here; install CRIU >= 4.0 with scripts/criu.sh".to_string()),
@@ -95,7 +97,10 @@ pub fn check_compatible(image: &ImageMeta, machine: &MachineInfo) -> Result<()> 
         Some(v) => return refuse(format!("the local CRIU is {v}; restoring needs CRIU >= 4.0 (scripts/criu.sh)")),
     }
     if image.kind == ImageKind::CpuProcess {
-        return Ok(());
+        if !map.entries.is_empty() {
+            return refuse("--gpu-map was given, but it is a CPU image".to_string());
+        }
+        return Ok(Vec::new());
     }
     let ((major, minor), gpus) = match &machine.cuda {
         Ok(cuda) => cuda,
@@ -109,28 +114,9 @@ pub fn check_compatible(image: &ImageMeta, machine: &MachineInfo) -> Result<()> 
             ));
         }
     }
-    if gpus.len() < image.gpus.len() {
-        return refuse(format!(
-            "it was captured on a machine with {} GPU(s); this one has {} (check CUDA_VISIBLE_DEVICES)",
-            image.gpus.len(),
-            gpus.len()
-        ));
-    }
-    for (want, have) in image.gpus.iter().zip(gpus) {
-        if want.name != have.name {
-            return refuse(format!(
-                "GPU {} is a {}, but the image was captured on a {}; CUDA restores only onto the same GPU model",
-                have.index, have.name, want.name
-            ));
-        }
-        if have.total_mem_bytes < want.total_mem_bytes {
-            return refuse(format!(
-                "GPU {} has {} bytes of memory, the image's GPU had {}",
-                have.index, have.total_mem_bytes, want.total_mem_bytes
-            ));
-        }
-    }
-    Ok(())
+    let incompatible = |reason: String| GpuDumpError::Incompatible { reason };
+    let placed = gpumap::place(&image.gpus, gpus, map).map_err(incompatible)?;
+    gpumap::pairs(&placed, (*major, *minor)).map_err(incompatible)
 }
 
 #[cfg(test)]
@@ -139,7 +125,7 @@ mod tests {
     use crate::checkpoint::{CaptureReport, CaptureTimings};
 
     fn h200(index: u32) -> GpuInfo {
-        GpuInfo { index, name: "NVIDIA H200".into(), total_mem_bytes: 150_754_820_096 }
+        GpuInfo { index, name: "NVIDIA H200".into(), total_mem_bytes: 150_754_820_096, uuid: None }
     }
 
     fn gpu_image() -> ImageMeta {
@@ -156,16 +142,16 @@ mod tests {
     }
 
     fn refusal(image: &ImageMeta, machine: &MachineInfo) -> String {
-        let err = check_compatible(image, machine).expect_err("must be refused");
+        let err = check_compatible(image, machine, &GpuMap::default()).expect_err("must be refused");
         assert!(matches!(err, GpuDumpError::Incompatible { .. }), "{err:?}");
         err.to_string()
     }
 
     #[test]
     fn same_machine_is_compatible_and_newer_driver_too() {
-        check_compatible(&gpu_image(), &gpu_machine()).expect("same machine");
+        assert!(check_compatible(&gpu_image(), &gpu_machine(), &GpuMap::default()).expect("same machine").is_empty());
         let newer = MachineInfo { cuda: Ok(((13, 2), vec![h200(0), h200(1), h200(2)])), ..gpu_machine() };
-        check_compatible(&gpu_image(), &newer).expect("newer driver, more GPUs");
+        check_compatible(&gpu_image(), &newer, &GpuMap::default()).expect("newer driver, more GPUs");
     }
 
     #[test]
@@ -180,14 +166,15 @@ mod tests {
         let old = MachineInfo { cuda: Ok(((12, 8), vec![h200(0), h200(1)])), ..gpu_machine() };
         assert!(refusal(&gpu_image(), &old).contains("CUDA 13.0") && refusal(&gpu_image(), &old).contains("CUDA 12.8"));
         let one = MachineInfo { cuda: Ok(((13, 0), vec![h200(0)])), ..gpu_machine() };
-        assert!(refusal(&gpu_image(), &one).contains("2 GPU(s); this one has 1"));
-        let h100 = GpuInfo { index: 1, name: "NVIDIA H100 80GB HBM3".into(), total_mem_bytes: 85_000_000_000 };
+        assert!(refusal(&gpu_image(), &one).contains("image GPU 1 (NVIDIA H200"));
+        let h100 =
+            GpuInfo { index: 1, name: "NVIDIA H100 80GB HBM3".into(), total_mem_bytes: 85_000_000_000, uuid: None };
         let mixed = MachineInfo { cuda: Ok(((13, 0), vec![h200(0), h100])), ..gpu_machine() };
         let msg = refusal(&gpu_image(), &mixed);
-        assert!(msg.contains("GPU 1 is a NVIDIA H100 80GB HBM3") && msg.contains("same GPU model"), "{msg}");
+        assert!(msg.contains("image GPU 1") && msg.contains("1: NVIDIA H100 80GB HBM3"), "{msg}");
         let small = GpuInfo { total_mem_bytes: 1, ..h200(1) };
         let small = MachineInfo { cuda: Ok(((13, 0), vec![h200(0), small])), ..gpu_machine() };
-        assert!(refusal(&gpu_image(), &small).contains("GPU 1 has 1 bytes"));
+        assert!(refusal(&gpu_image(), &small).contains("1: NVIDIA H200, 1 bytes"));
     }
 
     #[test]
@@ -198,7 +185,9 @@ mod tests {
         let old = MachineInfo { criu_version: Some("3.17.1".into()), cuda: Err("none".into()) };
         assert!(refusal(&cpu, &old).contains("the local CRIU is 3.17.1"));
         let ok = MachineInfo { criu_version: Some("4.2.1".into()), cuda: Err("none".into()) };
-        check_compatible(&cpu, &ok).expect("a CPU image needs no GPU");
+        check_compatible(&cpu, &ok, &GpuMap::default()).expect("a CPU image needs no GPU");
+        let map = GpuMap::parse("0=0").unwrap();
+        assert!(check_compatible(&cpu, &ok, &map).unwrap_err().to_string().contains("it is a CPU image"));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod compat;
 pub mod criu;
 pub mod cuda;
 pub mod error;
+pub mod gpumap;
 pub mod images;
 pub mod procfs;
 #[cfg(test)]
@@ -30,3 +31,4 @@ pub use compat::{check_compatible, ImageMeta, MachineInfo};
 pub use criu::Criu;
 pub use cuda::{CudaDriver, GpuInfo, ProcessState};
 pub use error::{GpuDumpError, Phase, Result};
+pub use gpumap::GpuMap;

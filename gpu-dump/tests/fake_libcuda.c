@@ -17,6 +17,9 @@
  * handles must be live (else CUDA_ERROR_INVALID_HANDLE). Tests read its counters and steer it
  * through the exported fake_cuda_* functions at the end.
  *
+ * Built with -DFAKE_GPUS=N it has N identical GPUs (UUIDs fa4e…0N), with -DFAKE_VERSION=V it
+ * reports CUDA version V (e.g. 12080: restore args must be all zero, as before GPU pairs).
+ *
  * Preloaded into a process (LD_PRELOAD), its path ends in libcuda.so.1 in /proc/PID/maps,
  * which is what marks the process as a CUDA user. */
 #include <stddef.h>
@@ -42,15 +45,32 @@ int cuInit(unsigned flags) {
     __atomic_store_n(&initialized, 1, __ATOMIC_SEQ_CST);
     return SUCCESS;
 }
-int cuDriverGetVersion(int *v) { *v = 13000; return SUCCESS; }
-int cuDeviceGetCount(int *n) { *n = 1; return SUCCESS; }
-int cuDeviceGet(int *d, int ordinal) { if (ordinal != 0) return INVALID_VALUE; *d = 0; return SUCCESS; }
+#ifndef FAKE_GPUS
+#define FAKE_GPUS 1
+#endif
+#ifndef FAKE_VERSION
+#define FAKE_VERSION 13000
+#endif
+int cuDriverGetVersion(int *v) { *v = FAKE_VERSION; return SUCCESS; }
+int cuDeviceGetCount(int *n) { *n = FAKE_GPUS; return SUCCESS; }
+int cuDeviceGet(int *d, int ordinal) {
+    if (ordinal < 0 || ordinal >= FAKE_GPUS) return INVALID_VALUE;
+    *d = ordinal;
+    return SUCCESS;
+}
 int cuDeviceGetName(char *name, int len, int dev) {
     (void)dev;
     snprintf(name, (size_t)len, "Fake GPU");
     return SUCCESS;
 }
 int cuDeviceTotalMem_v2(size_t *bytes, int dev) { (void)dev; *bytes = (size_t)1 << 30; return SUCCESS; }
+/* Device i's UUID: fa 4e, then zeros, then i in the last byte. */
+int cuDeviceGetUuid_v2(unsigned char *uuid, int dev) {
+    if (dev < 0 || dev >= FAKE_GPUS) return INVALID_VALUE;
+    memset(uuid, 0, 16);
+    uuid[0] = 0xfa; uuid[1] = 0x4e; uuid[15] = (unsigned char)dev;
+    return SUCCESS;
+}
 
 static const char *name_of(int code) {
     switch (code) {
@@ -139,8 +159,31 @@ int cuCheckpointProcessLock(int pid, void *args) {
 int cuCheckpointProcessCheckpoint(int pid, void *args) {
     return zeroed(args, 0) ? step(pid, "checkpoint", "checkpoint", 1, 2, ILLEGAL_STATE) : INVALID_VALUE;
 }
+/* The device whose UUID this is, or -1. */
+static int device_of(const unsigned char *uuid) {
+    for (int i = 2; i < 15; i++)
+        if (uuid[i]) return -1;
+    return uuid[0] == 0xfa && uuid[1] == 0x4e && uuid[15] < FAKE_GPUS ? uuid[15] : -1;
+}
+/* From CUDA 13.0 the args carry GPU pairs (pointer @0, count @8, 32 bytes each: old UUID,
+ * new UUID), logged as "restore OLD>NEW,..." by device; before, they are all reserved. */
 int cuCheckpointProcessRestore(int pid, void *args) {
-    return zeroed(args, 0) ? step(pid, "restore", "restore", 2, 1, ILLEGAL_STATE) : INVALID_VALUE;
+    const unsigned char *b = args;
+    unsigned count;
+    const unsigned char *pairs;
+    char logged[256] = "restore";
+    if (!b) return INVALID_VALUE;
+    if (FAKE_VERSION < 13000 || zeroed(args, 0))
+        return zeroed(args, 0) ? step(pid, "restore", logged, 2, 1, ILLEGAL_STATE) : INVALID_VALUE;
+    memcpy(&pairs, b, sizeof pairs);
+    memcpy(&count, b + 8, sizeof count);
+    if (!zeroed(args, 12) || !pairs || count == 0 || count > FAKE_GPUS) return INVALID_VALUE;
+    for (unsigned i = 0; i < count; i++) {
+        int old = device_of(pairs + 32 * i), new = device_of(pairs + 32 * i + 16);
+        if (old < 0 || new < 0) return INVALID_VALUE;
+        snprintf(logged + strlen(logged), sizeof logged - strlen(logged), "%s%d>%d", i ? "," : " ", old, new);
+    }
+    return step(pid, "restore", logged, 2, 1, ILLEGAL_STATE);
 }
 int cuCheckpointProcessUnlock(int pid, void *args) {
     return zeroed(args, 0) ? step(pid, "unlock", "unlock", 1, 0, ILLEGAL_STATE) : INVALID_VALUE;

@@ -14,13 +14,17 @@ use common::{criu, Counter};
 use gstore_gpu_dump::checkpoint::{self, CheckpointOptions, ImageKind, RestoreOptions};
 use gstore_gpu_dump::compat::{check_compatible, ImageMeta, MachineInfo};
 use gstore_gpu_dump::cuda::{process_uses_cuda, CudaDriver, GpuInfo, ProcessState};
-use gstore_gpu_dump::{procfs, GpuDumpError, Phase};
+use gstore_gpu_dump::{procfs, GpuDumpError, GpuMap, Phase};
 
 struct FakeCuda {
     /// The fake driver, named libcuda.so.1 so that a process preloading it looks like a CUDA user.
     lib: PathBuf,
     /// The same without the checkpoint API (a driver older than 570).
     old_lib: PathBuf,
+    /// Two GPUs, CUDA 13.0: GPU pairs cross the ABI.
+    two_lib: PathBuf,
+    /// Two GPUs, CUDA 12.8: restore args are all reserved.
+    two_128_lib: PathBuf,
     /// Per-pid state, call and failure files.
     state: PathBuf,
 }
@@ -32,13 +36,17 @@ struct FakeCuda {
 fn fake() -> &'static FakeCuda {
     static FAKE: OnceLock<FakeCuda> = OnceLock::new();
     FAKE.get_or_init(|| {
-        let (build_dir, state) =
-            common::build_fake_libcuda("fake-cuda", &[("new", None), ("old", Some("-DNO_CHECKPOINT"))]);
-        FakeCuda {
-            lib: build_dir.join("new").join("libcuda.so.1"),
-            old_lib: build_dir.join("old").join("libcuda.so.1"),
-            state,
-        }
+        let (build_dir, state) = common::build_fake_libcuda(
+            "fake-cuda",
+            &[
+                ("new", None),
+                ("old", Some("-DNO_CHECKPOINT")),
+                ("two", Some("-DFAKE_GPUS=2")),
+                ("two-128", Some("-DFAKE_GPUS=2 -DFAKE_VERSION=12080")),
+            ],
+        );
+        let lib = |variant: &str| build_dir.join(variant).join("libcuda.so.1");
+        FakeCuda { lib: lib("new"), old_lib: lib("old"), two_lib: lib("two"), two_128_lib: lib("two-128"), state }
     })
 }
 
@@ -61,7 +69,12 @@ fn fail(pid: u32, calls: &[&str]) {
 /// A counter that looks like a CUDA process to gstore, with fresh fake-driver state (pids of
 /// earlier runs may be reused).
 fn gpu_counter() -> Counter {
-    let counter = Counter::start_with_preload(&fake().lib);
+    counter_with(&fake().lib)
+}
+
+/// A counter that preloads the fake driver at `lib`, with fresh fake-driver state.
+fn counter_with(lib: &std::path::Path) -> Counter {
+    let counter = Counter::start_with_preload(lib);
     for ext in ["state", "calls", "fail"] {
         let _ = std::fs::remove_file(fake().state.join(format!("{}.{ext}", counter.pid)));
     }
@@ -74,10 +87,7 @@ fn device_queries_and_metadata_go_through_the_c_abi() {
     let loaded = CudaDriver::load_from(&[fake().lib.to_str().expect("utf-8 path")]);
     let cuda = loaded.as_ref().expect("fake driver");
     assert_eq!(cuda.driver_version().expect("version"), (13, 0));
-    assert_eq!(
-        cuda.devices().expect("devices"),
-        vec![GpuInfo { index: 0, name: "Fake GPU".into(), total_mem_bytes: 1 << 30 }]
-    );
+    assert_eq!(cuda.devices().expect("devices"), vec![fake_gpu(0)]);
     assert_eq!(cuda.state(std::process::id()).expect("state"), ProcessState::Running);
     assert_eq!(cuda.restore_thread_id(4242).expect("tid"), 4242);
     let err = cuda.unlock(std::process::id()).expect_err("not locked");
@@ -90,10 +100,68 @@ fn device_queries_and_metadata_go_through_the_c_abi() {
         )
     );
     let machine = MachineInfo::probe(Some(&criu()), &loaded);
-    assert_eq!(
-        machine.cuda,
-        Ok(((13, 0), vec![GpuInfo { index: 0, name: "Fake GPU".into(), total_mem_bytes: 1 << 30 }]))
-    );
+    assert_eq!(machine.cuda, Ok(((13, 0), vec![fake_gpu(0)])));
+}
+
+/// GPU `index` of the fake driver as gstore reads it.
+fn fake_gpu(index: u32) -> GpuInfo {
+    GpuInfo {
+        index,
+        name: "Fake GPU".into(),
+        total_mem_bytes: 1 << 30,
+        uuid: Some(format!("GPU-fa4e0000-0000-0000-0000-0000000000{index:02x}")),
+    }
+}
+
+#[test]
+fn restores_onto_other_gpus_pass_uuid_pairs_through_the_c_abi() {
+    let criu = criu();
+    let load = |lib: &PathBuf| CudaDriver::load_from(&[lib.to_str().expect("utf-8 path")]);
+    let cuda = load(&fake().two_lib).expect("two-GPU fake driver");
+    assert_eq!(cuda.devices().expect("devices"), vec![fake_gpu(0), fake_gpu(1)]);
+    let machine = MachineInfo::probe(Some(&criu), &Ok(load(&fake().two_lib).expect("driver")));
+    let old_machine = MachineInfo::probe(Some(&criu), &Ok(load(&fake().two_128_lib).expect("driver")));
+    let uuid1 = fake_gpu(1).uuid.expect("uuid");
+    for (map, logged) in [("", "restore"), ("0=1", "restore 0>1"), (&format!("1=0,0={uuid1}")[..], "restore 1>0,0>1")] {
+        let counter = counter_with(&fake().two_lib);
+        let dir = counter.image_dir("img");
+        let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
+        let report = checkpoint::checkpoint(counter.pid, &dir, &opts).expect("checkpoint");
+        let meta = ImageMeta::from_metadata(&report.metadata()).expect("metadata");
+        assert_eq!(meta.gpus, vec![fake_gpu(0), fake_gpu(1)], "UUIDs are recorded");
+        let map = if map.is_empty() { GpuMap::default() } else { GpuMap::parse(map).expect("map") };
+        let pairs = check_compatible(&meta, &machine, &map).expect("fits");
+        if !map.entries.is_empty() {
+            // An image captured under CUDA 12.8, restored under 12.8 onto other GPUs.
+            let old_image = ImageMeta { cuda_driver_version: Some((12, 8)), ..meta.clone() };
+            let err = check_compatible(&old_image, &old_machine, &map).expect_err("no pairs before CUDA 13.0");
+            assert!(err.to_string().contains("needs a driver for CUDA 13.0 or later"), "{err}");
+        }
+        let at_dump = counter.value();
+        let opts = RestoreOptions {
+            cuda: Some(&cuda),
+            gpu: true,
+            gpu_pairs: pairs,
+            original_pid: Some(counter.pid),
+            ..RestoreOptions::new(&criu)
+        };
+        checkpoint::restore(&dir, &opts).expect("restore");
+        assert_eq!(calls(counter.pid), ["lock 10000", "checkpoint", logged, "unlock"]);
+        counter.wait_above(at_dump + 3, Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn a_cuda_12_8_driver_takes_only_all_zero_restore_args() {
+    let cuda = CudaDriver::load_from(&[fake().two_128_lib.to_str().expect("utf-8 path")]).expect("driver");
+    let pid = std::process::id() + 1_000_000;
+    std::fs::write(fake().state.join(format!("{pid}.state")), "2\n").expect("state");
+    let pair = gstore_gpu_dump::cuda::ffi::GpuPair::default();
+    let err = cuda.restore(pid, &[pair]).expect_err("pairs are reserved bytes before 13.0");
+    assert!(err.to_string().contains("CUDA_ERROR_INVALID_VALUE"), "{err}");
+    cuda.restore(pid, &[]).expect("all zero");
+    let _ = std::fs::remove_file(fake().state.join(format!("{pid}.state")));
+    let _ = std::fs::remove_file(fake().state.join(format!("{pid}.calls")));
 }
 
 #[test]
@@ -130,7 +198,7 @@ fn leave_running_checkpoint_locks_checkpoints_dumps_and_resumes() {
     // What the manifest records lets this machine (same fake GPU) restore it.
     let meta = ImageMeta::from_metadata(&report.metadata()).expect("metadata");
     let machine = MachineInfo::probe(Some(&criu), &Ok(driver()));
-    check_compatible(&meta, &machine).expect("same machine");
+    check_compatible(&meta, &machine, &GpuMap::default()).expect("same machine");
     eprintln!("gpu capture: {}", serde_json::to_string(&report).expect("json"));
 }
 

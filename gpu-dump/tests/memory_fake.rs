@@ -420,7 +420,12 @@ fn a_driver_without_the_memory_api_still_serves_checkpoints() {
     assert_eq!(cuda.driver_version().expect("version"), (13, 0));
     assert_eq!(
         cuda.devices().expect("devices"),
-        vec![GpuInfo { index: 0, name: "Fake GPU".into(), total_mem_bytes: GIB }]
+        vec![GpuInfo {
+            index: 0,
+            name: "Fake GPU".into(),
+            total_mem_bytes: GIB,
+            uuid: Some("GPU-fa4e0000-0000-0000-0000-000000000000".into())
+        }]
     );
     assert_eq!(cuda.state(std::process::id()).expect("state"), ProcessState::Running);
 

@@ -45,6 +45,12 @@ pub enum StoreLocation {
 }
 
 impl StoreLocation {
+    /// True for S3 and HTTP stores, whose requests wait on the network; false for a local
+    /// directory and for a caller-built backend (a simulation orders its requests itself).
+    pub fn over_network(&self) -> bool {
+        matches!(self, StoreLocation::S3 { .. } | StoreLocation::Http { .. })
+    }
+
     /// Parses a `--store` value: `s3://BUCKET[/PREFIX]` or a local path. Other URLs are
     /// refused.
     pub fn parse(s: &str) -> Result<StoreLocation> {
@@ -289,12 +295,18 @@ impl Store {
         reference: &str,
         on_wait: &dyn Fn(&str),
     ) -> Result<(Store, ObjectId, crate::manifest::Manifest)> {
+        let read_image = || -> Result<_> {
+            let store = Store::open(location)?;
+            let id = store.resolve(reference)?;
+            Ok((id, store.get_manifest(&id)?))
+        };
+        if !location.over_network() {
+            let store = Store::open_indexed(location, on_wait)?;
+            let (id, manifest) = read_image()?;
+            return Ok((store, id, manifest));
+        }
         std::thread::scope(|s| {
-            let image = s.spawn(|| -> Result<_> {
-                let store = Store::open(location)?;
-                let id = store.resolve(reference)?;
-                Ok((id, store.get_manifest(&id)?))
-            });
+            let image = s.spawn(read_image);
             let store = Store::open_indexed(location, on_wait);
             let image = image.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             let store = store?;
@@ -509,7 +521,7 @@ impl Store {
     /// for a local disk or a caller-built backend (which a simulation orders request by
     /// request).
     pub fn reads_in_flight(&self) -> usize {
-        if self.over_network() {
+        if self.location.over_network() {
             16
         } else {
             1
@@ -528,12 +540,6 @@ impl Store {
             StoreLocation::Local(_) => std::thread::available_parallelism().map_or(2, |n| n.get() / 2).clamp(2, 8),
             _ => 4,
         }
-    }
-
-    /// True for S3 and HTTP stores, whose requests wait on the network; false for a local
-    /// directory and for a caller-built backend (a simulation orders its requests itself).
-    fn over_network(&self) -> bool {
-        matches!(self.location, StoreLocation::S3 { .. } | StoreLocation::Http { .. })
     }
 
     /// Stores an encoded manifest under its id (`ObjectId::of(&bytes)`).
@@ -779,8 +785,9 @@ impl Store {
         Ok(added)
     }
 
-    /// Reads the footers of `packs` with up to [`TAIL_READS`] reads in flight, so that a
-    /// remote store's round trips overlap, and hands each result to `each` (in any order).
+    /// Reads the footers of `packs` and hands each result to `each` (in any order): with up to
+    /// [`TAIL_READS`] reads in flight for a store over the network, so that the round trips
+    /// overlap; one at a time otherwise (a caller-built backend orders its requests itself).
     fn read_tails(
         &self,
         packs: &[(ObjectId, u64)],
@@ -790,7 +797,8 @@ impl Store {
         let next = AtomicUsize::new(0);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::scope(|s| {
-            for _ in 0..TAIL_READS.min(packs.len()) {
+            let readers = if self.location.over_network() { TAIL_READS } else { 1 };
+            for _ in 0..readers.min(packs.len()) {
                 let (tx, next) = (tx.clone(), &next);
                 s.spawn(move || {
                     while let Some(&(id, size)) = packs.get(next.fetch_add(1, Ordering::Relaxed)) {

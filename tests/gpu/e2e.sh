@@ -3,13 +3,14 @@
 # (driver >= 570), PyTorch, root, and the stripped gstore binary plus the CRIU bundle from
 # ../shared/device/criu-bundle.sh (see tests/gpu/README.md).
 #
-# Workloads (E2E_CASES, default "holder medium large"; also "qwen8b"):
+# Workloads (E2E_CASES, default "holder medium large"; also "qwen8b" and "map"):
 #   holder  holder.py keeps HOLDER_GIB of seeded random tensors in VRAM and computes; its
 #           answer to a request is the tensors' checksum, which must equal the one at start.
 #   medium, large, qwen8b
 #           serve.py of that size (GPT-2-medium/-large-shaped fp16, Qwen3-8B-shaped bf16;
 #           random weights from a fixed seed) generating tokens; its answer to a request is a
 #           deterministic greedy generation, which must equal the one computed at start.
+#   map     holder.py, restored onto the same GPU through --gpu-map 0=0 and UUID=UUID.
 # Each workload is checkpointed with the raw path (driver API via ctypes + criu dump/restore
 # to a plain directory), then with gstore (--leave-running, then a full checkpoint), killed,
 # `gstore restore --run` (lazy, the default), killed and restored lazily again (following the
@@ -107,7 +108,7 @@ grestore() {
   [ "$mode" = relazy ] && want=lazy
   ask "$dir"
   t0=$(now)
-  if ! "$G" --json restore "$tag" --run --to "$img" $flag --criu "$W/criu" >"$json" 2>"$W/$name-$mode.err"; then
+  if ! "$G" --json restore "$tag" --run --to "$img" $flag ${GPU_MAP:+--gpu-map "$GPU_MAP"} --criu "$W/criu" >"$json" 2>"$W/$name-$mode.err"; then
     say "FAIL  $name: gstore restore --run ($mode) failed:"
     tee -a "$OUTFILE" <"$W/$name-$mode.err"
     say "--- $json:"; tee -a "$OUTFILE" <"$json"
@@ -184,6 +185,25 @@ reset_times() { unset RAW_IMG RAW_CKPT RAW_CKPT_S RAW_LIVE_S RAW_REST RAW_REST_S
 
 for c in $CASES; do
   reset_times
+  if [ "$c" = map ]; then
+    # Restore onto the same GPU through an explicit --gpu-map, by index and by UUID (as
+    # nvidia-smi prints it, which must match what the capture recorded).
+    start map "$HERE/holder.py" "$GIB" "$W/map"
+    raw map "$W/map" || { say "FAIL  raw path on map"; fails=$((fails+1)); }
+    check "map: tensors intact after the raw path" "answer_ok $W/map"
+    say "map: raw restore answer ${RAW_ANS_S:-?} s (${RAW_REST:-?})"
+    uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
+    for m in "0=0" "$uuid=$uuid"; do
+      k=$([ "$m" = 0=0 ] && echo index || echo uuid)
+      "$G" --json checkpoint --pid "$PID" --tag "map:$k" --criu "$W/criu" >"$W/map-$k.json" || { say "FAIL  map: checkpoint"; fails=$((fails+1)); break; }
+      wait_gone "$PID"
+      GPU_MAP="$m" grestore "map-$k" "$W/map" "map:$k" lazy || continue
+      check "map: tensors intact after restore --gpu-map $m (SIGUSR1 checksum)" "checksum_ok $W/map $PID"
+      say "  gstore lazy --gpu-map $m: answer $ANS_lazy s  ratio $(ratio "$ANS_lazy" "${RAW_ANS_S:-0}") x raw ($(js "$W/map-$k-lazy.json" "'gpu %.2f s' % (d['restore']['timings']['gpu_restore_s'] or 0)"))"
+    done
+    kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+    continue
+  fi
   if [ "$c" = holder ]; then
     # GPU memory must come back intact.
     start holder "$HERE/holder.py" "$GIB" "$W/holder"

@@ -60,14 +60,45 @@ pub struct CheckpointArgs {
     pub reserved: [u64; 8],
 }
 
-/// `CUcheckpointRestoreArgs`. Its layout moved between CUDA 13.0 and 13.4 (GPU pairs at 0/8,
-/// custom storage at 16 in 13.4) but an all-zero struct means "restore onto the same GPUs from
-/// host memory" in every version, which is all gstore asks for today.
+/// `CUuuid`: a GPU's 16-byte UUID.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CuUuid {
+    /// The UUID's bytes, in the order `nvidia-smi` prints them.
+    pub bytes: [u8; 16],
+}
+
+/// `CUcheckpointGpuPair` (CUDA 13.0 and later): restore what was on GPU `old` onto GPU `new`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuPair {
+    /// The GPU that was checkpointed.
+    pub old: CuUuid,
+    /// The GPU to restore onto.
+    pub new: CuUuid,
+}
+
+/// `CUcheckpointRestoreArgs`. In every version from CUDA 13.0 on, `gpuPairs` sits at offset 0
+/// and `gpuPairsCount` at 8; what follows is reserved up to 13.3 and holds 13.4's custom
+/// storage pointer at 16, which zero (NULL) leaves off. Up to CUDA 12.8 the whole struct is
+/// reserved, so only an all-zero struct ("restore onto the same GPUs") is valid there.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestoreArgs {
+    /// The GPU pairs, or null for none.
+    pub gpu_pairs: *mut GpuPair,
+    /// How many pairs `gpu_pairs` points to.
+    pub gpu_pairs_count: c_uint,
     /// Must be zero.
-    pub reserved: [u64; 8],
+    pub reserved0: c_uint,
+    /// Must be zero.
+    pub reserved: [u64; 6],
+}
+
+impl Default for RestoreArgs {
+    fn default() -> Self {
+        RestoreArgs { gpu_pairs: std::ptr::null_mut(), gpu_pairs_count: 0, reserved0: 0, reserved: [0; 6] }
+    }
 }
 
 /// `CUcheckpointUnlockArgs` (all reserved in every version).
@@ -85,6 +116,11 @@ const _: () = {
     assert!(std::mem::offset_of!(LockArgs, reserved1) == 8);
     assert!(std::mem::size_of::<CheckpointArgs>() == 64);
     assert!(std::mem::size_of::<RestoreArgs>() == 64);
+    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs) == 0);
+    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs_count) == 8);
+    assert!(std::mem::offset_of!(RestoreArgs, reserved0) == 12);
+    assert!(std::mem::size_of::<GpuPair>() == 32);
+    assert!(std::mem::offset_of!(GpuPair, new) == 16);
     assert!(std::mem::size_of::<UnlockArgs>() == 64);
 };
 
@@ -100,6 +136,8 @@ pub type CuDeviceGet = unsafe extern "C" fn(device: *mut CuDevice, ordinal: c_in
 pub type CuDeviceGetName = unsafe extern "C" fn(name: *mut c_char, len: c_int, dev: CuDevice) -> CuResult;
 /// `cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)`.
 pub type CuDeviceTotalMem = unsafe extern "C" fn(bytes: *mut size_t, dev: CuDevice) -> CuResult;
+/// `cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)`.
+pub type CuDeviceGetUuid = unsafe extern "C" fn(uuid: *mut CuUuid, dev: CuDevice) -> CuResult;
 /// `cuGetErrorName` / `cuGetErrorString(CUresult error, const char **str)`.
 pub type CuGetErrorText = unsafe extern "C" fn(error: CuResult, text: *mut *const c_char) -> CuResult;
 /// `cuCheckpointProcessGetState(int pid, CUprocessState *state)`.
@@ -202,7 +240,7 @@ mod tests {
         let bytes: [u8; 64] = unsafe { std::mem::transmute(lock) };
         assert_eq!(&bytes[..4], &0x0102_0304u32.to_ne_bytes());
         assert!(bytes[4..].iter().all(|b| *b == 0));
-        // SAFETY: the other structs are 8 u64 words with no padding.
+        // SAFETY: RestoreArgs is repr(C), 64 bytes, with no padding (8 + 4 + 4 + 48).
         let zero: [u8; 64] = unsafe { std::mem::transmute(RestoreArgs::default()) };
         assert!(zero.iter().all(|b| *b == 0));
     }

@@ -24,7 +24,7 @@ pub mod nvcomp;
 use std::ffi::CStr;
 use std::sync::{Arc, OnceLock};
 
-use libc::{c_char, c_int};
+use libc::{c_char, c_int, c_uint};
 use libloading::Library;
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +45,31 @@ pub struct GpuInfo {
     pub name: String,
     /// Total device memory in bytes.
     pub total_mem_bytes: u64,
+    /// The GPU's UUID as `nvidia-smi -L` prints it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`);
+    /// absent in images captured before gstore recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+/// Formats a UUID's 16 bytes as `nvidia-smi` does: `GPU-` and 8-4-4-4-12 hex digits.
+pub fn format_uuid(bytes: &[u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
+/// Reads a UUID written as [`format_uuid`] does (the `GPU-` prefix optional, any case).
+pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let body = text.strip_prefix("GPU-").unwrap_or(text);
+    let groups: Vec<&str> = body.split('-').collect();
+    if groups.iter().map(|g| g.len()).collect::<Vec<_>>() != [8, 4, 4, 4, 12] {
+        return None;
+    }
+    let hex: String = groups.concat();
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// `CUprocessState`: where a process stands in the checkpoint cycle.
@@ -95,6 +120,7 @@ struct Api {
     device_get: ffi::CuDeviceGet,
     device_get_name: ffi::CuDeviceGetName,
     device_total_mem: ffi::CuDeviceTotalMem,
+    device_get_uuid: ffi::CuDeviceGetUuid,
     get_error_name: ffi::CuGetErrorText,
     get_error_string: ffi::CuGetErrorText,
     get_state: ffi::CuCheckpointProcessGetState,
@@ -179,6 +205,7 @@ impl CudaDriver {
             device_get: basic!("cuDeviceGet"),
             device_get_name: basic!("cuDeviceGetName"),
             device_total_mem: basic!("cuDeviceTotalMem_v2"),
+            device_get_uuid: basic!("cuDeviceGetUuid_v2"),
             get_error_name: basic!("cuGetErrorName"),
             get_error_string: basic!("cuGetErrorString"),
             get_state: checkpoint!("cuCheckpointProcessGetState"),
@@ -237,9 +264,13 @@ impl CudaDriver {
         // SAFETY: a valid out-pointer to a size_t.
         let code = unsafe { (self.api.device_total_mem)(&mut bytes, device) };
         self.check(code, || format!("cuDeviceTotalMem_v2({ordinal})"))?;
+        let mut uuid = ffi::CuUuid::default();
+        // SAFETY: a valid out-pointer to a 16-byte CUuuid.
+        let code = unsafe { (self.api.device_get_uuid)(&mut uuid, device) };
+        self.check(code, || format!("cuDeviceGetUuid_v2({ordinal})"))?;
         // SAFETY: the buffer is NUL-terminated (zero-filled, the driver writes at most len bytes).
         let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
-        Ok(GpuInfo { index: ordinal as u32, name, total_mem_bytes: bytes as u64 })
+        Ok(GpuInfo { index: ordinal as u32, name, total_mem_bytes: bytes as u64, uuid: Some(format_uuid(&uuid.bytes)) })
     }
 
     /// The checkpoint state of process `pid`.
@@ -271,11 +302,19 @@ impl CudaDriver {
         self.check(code, || format!("cuCheckpointProcessCheckpoint(pid {pid})"))
     }
 
-    /// Re-acquires `pid`'s GPUs and copies its memory back (CHECKPOINTED → LOCKED).
-    pub fn restore(&self, pid: u32) -> Result<()> {
+    /// Re-acquires `pid`'s GPUs and copies its memory back (CHECKPOINTED → LOCKED): onto the
+    /// GPUs it was checkpointed from when `pairs` is empty, else each pair's `old` GPU onto its
+    /// `new` one (CUDA 13.0 and later).
+    pub fn restore(&self, pid: u32, pairs: &[ffi::GpuPair]) -> Result<()> {
         self.init()?;
+        let mut pairs = pairs.to_vec();
         let mut args = ffi::RestoreArgs::default();
-        // SAFETY: a valid pointer to a zeroed 64-byte args struct.
+        if !pairs.is_empty() {
+            args.gpu_pairs = pairs.as_mut_ptr();
+            args.gpu_pairs_count = pairs.len() as c_uint;
+        }
+        // SAFETY: a valid pointer to a 64-byte args struct with zeroed reserved fields, whose
+        // pair pointer (if any) points to `gpu_pairs_count` pairs that outlive the call.
         let code = unsafe { (self.api.restore)(pid as c_int, &mut args) };
         self.check(code, || format!("cuCheckpointProcessRestore(pid {pid})"))
     }

@@ -134,7 +134,7 @@ pub fn parent_of(pid: u32) -> u32 {
 }
 
 /// Builds tests/fake_libcuda.c once per source version into `CARGO_TARGET_TMPDIR/<dir>`, one
-/// `<variant>/libcuda.so.1` per (variant, extra cc flag), and returns (build dir, state dir).
+/// `<variant>/libcuda.so.1` per (variant, extra cc flags, split at spaces), and returns (build dir, state dir).
 /// Test processes running at the same time (nextest runs each test in its own process) share
 /// it: each builds into a private folder and renames it into place; a loser of that race uses
 /// the winner's build. Files are never rewritten in place, as running (and dumped) test
@@ -157,7 +157,7 @@ pub fn build_fake_libcuda(dir: &str, variants: &[(&str, Option<&str>)]) -> (Path
             let status = Command::new("cc")
                 .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror"])
                 .arg(format!("-DSTATE_DIR=\"{}\"", state.display()))
-                .args(extra)
+                .args(extra.iter().flat_map(|e| e.split_whitespace()))
                 .arg("-o")
                 .arg(&out)
                 .arg(&source_path)
