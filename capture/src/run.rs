@@ -92,6 +92,7 @@ pub fn run(
     };
     let mut ropts = RestoreOptions::new(&criu_bin);
     ropts.gpu_pairs = gpu_pairs;
+    ropts.gpu_pids = image.gpu_pids;
     ropts.cuda = cuda.as_ref().ok();
     ropts.gpu = image.kind == ImageKind::GpuProcess;
     ropts.original_pid = original_pid;

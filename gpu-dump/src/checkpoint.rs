@@ -36,6 +36,9 @@ pub const META_CRIU_VERSION: &str = "criu_version";
 pub const META_CUDA_DRIVER_VERSION: &str = "cuda_driver_version";
 /// Manifest metadata key: the GPUs of the capturing machine, a list of [`GpuInfo`] (GPU images).
 pub const META_GPUS: &str = "gpus";
+/// Manifest metadata key: the pids of the processes whose GPU state was checkpointed (GPU
+/// images): the checkpointed process and those below it that held CUDA contexts.
+pub const META_GPU_PIDS: &str = "gpu_pids";
 /// Manifest metadata key: the capture's [`CaptureTimings`].
 pub const META_CAPTURE_TIMINGS: &str = "capture_timings";
 
@@ -101,7 +104,8 @@ impl<'a> CheckpointOptions<'a> {
     }
 }
 
-/// Seconds spent in each capture phase; `None` for phases that did not run.
+/// Seconds spent in each capture phase; `None` for phases that did not run. With several GPU
+/// processes, each GPU phase is timed from its start for all of them to its end for the last.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CaptureTimings {
     /// `cuCheckpointProcessLock`.
@@ -117,8 +121,11 @@ pub struct CaptureTimings {
 /// What a checkpoint did and what the image needs to be restored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CaptureReport {
-    /// The checkpointed process.
+    /// The checkpointed process (the root of the dumped tree).
     pub pid: u32,
+    /// The processes whose GPU state was checkpointed: `pid` and those below it that held
+    /// CUDA contexts (empty for CPU images).
+    pub gpu_pids: Vec<u32>,
     /// GPU or CPU-only process.
     pub image_kind: ImageKind,
     /// Whether the process kept running.
@@ -148,19 +155,21 @@ impl CaptureReport {
         }
         if self.image_kind == ImageKind::GpuProcess {
             meta.insert(META_GPUS.to_string(), serde_json::json!(self.gpus));
+            meta.insert(META_GPU_PIDS.to_string(), serde_json::json!(self.gpu_pids));
         }
         meta.insert(META_CAPTURE_TIMINGS.to_string(), serde_json::json!(self.timings));
         meta
     }
 }
 
-/// Checkpoints process `pid` into the empty (or new) directory `dir`.
+/// Checkpoints process `pid` and the processes below it into the empty (or new) directory `dir`.
 ///
-/// A process with libcuda mapped goes through lock → GPU checkpoint → `criu dump`, and with
-/// `leave_running` its GPU state is restored and unlocked right after the dump. A failure after
-/// the lock resumes the process and names the failed phase ([`GpuDumpError::Resumed`]); if even
-/// that fails the error says the process may be lost ([`GpuDumpError::Lost`]). CPU-only
-/// processes go through CRIU alone.
+/// The GPU processes of the tree ([`gpu_processes`]) are all locked before any is checkpointed,
+/// their GPU state moves into host memory (all at once), then `criu dump` runs; with
+/// `leave_running` their GPU state is restored and unlocked right after the dump. A failure
+/// after the first lock resumes every one of them and names the failed phase
+/// ([`GpuDumpError::Resumed`]); if even that fails the error says the process may be lost
+/// ([`GpuDumpError::Lost`]). A tree without CUDA goes through CRIU alone.
 pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<CaptureReport> {
     if !procfs::is_alive(pid) {
         let detail = if procfs::exists(pid) { " (only a zombie that has exited is left)" } else { "" };
@@ -173,36 +182,53 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
                 .to_string(),
         });
     }
-    let gpu = if cuda::process_uses_cuda(pid) {
-        Some(opts.cuda.ok_or_else(|| GpuDumpError::GpuProcessWithoutDriver {
-            pid,
+    let cuda_users: Vec<u32> =
+        procfs::descendants(&[pid]).into_iter().filter(|&p| cuda::process_uses_cuda(p)).collect();
+    let gpu = match cuda_users.first() {
+        Some(&user) => Some(opts.cuda.ok_or_else(|| GpuDumpError::GpuProcessWithoutDriver {
+            pid: user,
             detail: format!(
                 "none was passed in (CudaDriver::load found no {}); install the NVIDIA driver (>= 570)",
                 cuda::LIBCUDA_NAMES[0]
             ),
-        })?)
-    } else {
-        None
+        })?),
+        None => None,
     };
     let mut report = CaptureReport {
         pid,
-        image_kind: if gpu.is_some() { ImageKind::GpuProcess } else { ImageKind::CpuProcess },
+        gpu_pids: Vec::new(),
+        image_kind: ImageKind::CpuProcess,
         leave_running: opts.leave_running,
         criu_version: opts.criu.version(),
         cuda_driver_version: None,
         gpus: Vec::new(),
         timings: CaptureTimings::default(),
     };
+    let gpu = match gpu {
+        Some(cuda) => {
+            // Queried before the lock: cuInit can take seconds and must not extend the freeze.
+            let (major, minor) = cuda.driver_version()?;
+            report.gpu_pids = gpu_processes(cuda, pid, &cuda_users);
+            if report.gpu_pids.is_empty() {
+                None
+            } else {
+                report.cuda_driver_version = Some(format!("{major}.{minor}"));
+                report.gpus = cuda.devices()?;
+                report.image_kind = ImageKind::GpuProcess;
+                Some(cuda)
+            }
+        }
+        None => None,
+    };
+    let gpu_pids = &report.gpu_pids;
     if let Some(cuda) = gpu {
-        // Queried before the lock: cuInit can take seconds and must not extend the freeze.
-        let (major, minor) = cuda.driver_version()?;
-        report.cuda_driver_version = Some(format!("{major}.{minor}"));
-        report.gpus = cuda.devices()?;
         let start = Instant::now();
-        cuda.lock(pid, opts.lock_timeout_ms).map_err(|e| rollback(cuda, pid, Phase::GpuLock, e))?;
+        for &p in gpu_pids {
+            cuda.lock(p, opts.lock_timeout_ms).map_err(|e| rollback(cuda, gpu_pids, Phase::GpuLock, e))?;
+        }
         report.timings.lock_s = Some(seconds(start));
         let start = Instant::now();
-        cuda.checkpoint(pid).map_err(|e| rollback(cuda, pid, Phase::GpuCheckpoint, e))?;
+        on_each(gpu_pids, |p| cuda.checkpoint(p)).map_err(|e| rollback(cuda, gpu_pids, Phase::GpuCheckpoint, e))?;
         report.timings.gpu_checkpoint_s = Some(seconds(start));
     }
     let dump_opts = DumpOptions {
@@ -218,14 +244,14 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
             return Err(GpuDumpError::DumpKilled { pid, source: Box::new(e) });
         }
         return Err(match gpu {
-            Some(cuda) => rollback(cuda, pid, Phase::CriuDump, e),
+            Some(cuda) => rollback(cuda, gpu_pids, Phase::CriuDump, e),
             // CRIU thaws the tree itself when a dump fails.
             None => GpuDumpError::Resumed { phase: Phase::CriuDump, source: Box::new(e) },
         });
     }
     if let (true, Some(cuda)) = (opts.leave_running, gpu) {
         let start = Instant::now();
-        resume(cuda, pid, &[]).map_err(|e| rollback(cuda, pid, Phase::GpuResume, e))?;
+        resume_all(cuda, gpu_pids, &[]).map_err(|e| rollback(cuda, gpu_pids, Phase::GpuResume, e))?;
         report.timings.gpu_resume_s = Some(seconds(start));
     }
     Ok(report)
@@ -242,6 +268,9 @@ pub struct RestoreOptions<'a> {
     pub gpu: bool,
     /// Where its GPUs go ([`crate::check_compatible`] gives them); empty: where they were.
     pub gpu_pairs: Vec<GpuPair>,
+    /// The processes whose GPU state is restored ([`crate::ImageMeta::gpu_pids`]); empty: the
+    /// restored root alone (images captured before process trees were).
+    pub gpu_pids: Vec<u32>,
     /// The pid the process had, if known; waited for like every pid in the image.
     pub original_pid: Option<u32>,
     /// How long to wait for the image's pids to be free (a killed original is reaped by PID 1
@@ -261,6 +290,7 @@ impl<'a> RestoreOptions<'a> {
             cuda: None,
             gpu: false,
             gpu_pairs: Vec::new(),
+            gpu_pids: Vec::new(),
             original_pid: None,
             pid_wait: DEFAULT_PID_WAIT,
             shell_job: false,
@@ -269,7 +299,8 @@ impl<'a> RestoreOptions<'a> {
     }
 }
 
-/// Seconds spent in each restore phase; `None` for phases that did not run.
+/// Seconds spent in each restore phase; `None` for phases that did not run. With several GPU
+/// processes (restored side by side), the GPU phases are the longest any of them took.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RestoreTimings {
     /// Waiting for the image's pids to be free.
@@ -321,12 +352,47 @@ pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
     let pid = opts.criu.restore(dir, &criu_opts)?;
     timings.criu_restore_s = seconds(start);
     if let Some(cuda) = cuda {
-        let (restore_s, unlock_s) =
-            resume(cuda, pid, &opts.gpu_pairs).map_err(|e| GpuDumpError::GpuRestore { pid, source: Box::new(e) })?;
+        let gpu_pids = if opts.gpu_pids.is_empty() { vec![pid] } else { opts.gpu_pids.clone() };
+        let (restore_s, unlock_s) = resume_all(cuda, &gpu_pids, &opts.gpu_pairs)?;
         timings.gpu_restore_s = restore_s;
         timings.gpu_unlock_s = unlock_s;
     }
     Ok(RestoreReport { pid, timings })
+}
+
+/// The processes among `cuda_users` (those of the tree under `root` that map libcuda) whose
+/// GPU state the driver manages: `root` itself when it maps libcuda, and every other that has
+/// a CUDA restore thread. A process forked from a CUDA process maps libcuda without a context
+/// of its own (a data loader worker), and a short-lived one may be gone already: the driver
+/// knows no restore thread for either, so they are left to CRIU, as its CUDA plugin does.
+fn gpu_processes(cuda: &CudaDriver, root: u32, cuda_users: &[u32]) -> Vec<u32> {
+    cuda_users.iter().copied().filter(|&p| p == root || cuda.restore_thread_id(p).is_ok()).collect()
+}
+
+/// Runs `step` for every pid of `pids` at once (one thread each beyond the first); the first
+/// error, in pid order, is the result.
+fn on_each<T: Send>(pids: &[u32], step: impl Fn(u32) -> Result<T> + Sync) -> Result<Vec<T>> {
+    match pids {
+        [] => Ok(Vec::new()),
+        [only] => Ok(vec![step(*only)?]),
+        _ => std::thread::scope(|s| {
+            let step = &step;
+            let running: Vec<_> = pids.iter().map(|&p| s.spawn(move || step(p))).collect();
+            running.into_iter().map(|t| t.join().expect("a GPU step does not panic")).collect()
+        }),
+    }
+}
+
+/// Brings the GPU state of every pid of `pids` back to running ([`resume`]), side by side;
+/// returns the longest restore and unlock any of them took. A failure names its pid
+/// ([`GpuDumpError::GpuRestore`]).
+fn resume_all(cuda: &CudaDriver, pids: &[u32], pairs: &[GpuPair]) -> Result<(Option<f64>, Option<f64>)> {
+    let times = on_each(pids, |p| {
+        resume(cuda, p, pairs).map_err(|e| GpuDumpError::GpuRestore { pid: p, source: Box::new(e) })
+    })?;
+    let (restores, unlocks): (Vec<_>, Vec<_>) = times.into_iter().unzip();
+    let longest = |seconds: Vec<Option<f64>>| seconds.into_iter().flatten().reduce(f64::max);
+    Ok((longest(restores), longest(unlocks)))
 }
 
 /// Brings `pid`'s GPU state back to running from wherever it stands: checkpointed → restore
@@ -349,11 +415,13 @@ fn resume(cuda: &CudaDriver, pid: u32, pairs: &[GpuPair]) -> Result<(Option<f64>
     Ok((restore_s, Some(seconds(start))))
 }
 
-/// Resumes `pid` after `phase` failed with `source`, and says how that went.
-fn rollback(cuda: &CudaDriver, pid: u32, phase: Phase, source: GpuDumpError) -> GpuDumpError {
-    match resume(cuda, pid, &[]) {
-        Ok(_) => GpuDumpError::Resumed { phase, source: Box::new(source) },
-        Err(rollback) => GpuDumpError::Lost {
+/// Resumes every pid of `pids` after `phase` failed with `source`, and says how that went. All
+/// are tried, whichever fails; the first failure is reported with the state of its pid.
+fn rollback(cuda: &CudaDriver, pids: &[u32], phase: Phase, source: GpuDumpError) -> GpuDumpError {
+    let outcomes: Vec<_> = pids.iter().map(|&p| (p, resume(cuda, p, &[]))).collect();
+    match outcomes.into_iter().find_map(|(p, outcome)| outcome.err().map(|e| (p, e))) {
+        None => GpuDumpError::Resumed { phase, source: Box::new(source) },
+        Some((pid, rollback)) => GpuDumpError::Lost {
             phase,
             state: cuda.state(pid).map_or_else(|_| "unknown".to_string(), |s| s.to_string()),
             source: Box::new(source),
@@ -373,6 +441,7 @@ mod tests {
     fn report(kind: ImageKind) -> CaptureReport {
         CaptureReport {
             pid: 42,
+            gpu_pids: if kind == ImageKind::GpuProcess { vec![42, 57] } else { Vec::new() },
             image_kind: kind,
             leave_running: true,
             criu_version: "4.1.1".into(),
@@ -402,6 +471,7 @@ mod tests {
         assert_eq!(meta[META_CRIU_VERSION], "4.1.1");
         assert_eq!(meta[META_CUDA_DRIVER_VERSION], "13.0");
         assert_eq!(meta[META_GPUS][0]["name"], "NVIDIA H200");
+        assert_eq!(meta[META_GPU_PIDS], serde_json::json!([42, 57]));
         assert_eq!(meta[META_CAPTURE_TIMINGS]["criu_dump_s"], 0.5);
         assert!(meta[META_CAPTURE_TIMINGS]["lock_s"].is_null());
     }
@@ -411,6 +481,7 @@ mod tests {
         let meta = report(ImageKind::CpuProcess).metadata();
         assert_eq!(meta[META_KIND], "cpu-process");
         assert!(!meta.contains_key(META_GPUS) && !meta.contains_key(META_CUDA_DRIVER_VERSION));
+        assert!(!meta.contains_key(META_GPU_PIDS));
         let json = serde_json::to_string(&report(ImageKind::CpuProcess)).expect("serialize");
         let back: CaptureReport = serde_json::from_str(&json).expect("deserialize");
         assert_eq!(back, report(ImageKind::CpuProcess));

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::checkpoint::{ImageKind, META_CRIU_VERSION, META_CUDA_DRIVER_VERSION, META_GPUS, META_KIND};
+use crate::checkpoint::{ImageKind, META_CRIU_VERSION, META_CUDA_DRIVER_VERSION, META_GPUS, META_GPU_PIDS, META_KIND};
 use crate::criu::{self, Criu};
 use crate::cuda::ffi::GpuPair;
 use crate::cuda::{CudaDriver, GpuInfo};
@@ -23,6 +23,9 @@ pub struct ImageMeta {
     pub cuda_driver_version: Option<(u32, u32)>,
     /// The capturing machine's GPUs; empty for CPU images.
     pub gpus: Vec<GpuInfo>,
+    /// The processes whose GPU state was checkpointed; empty for CPU images and for GPU
+    /// images captured before process trees were (their root alone).
+    pub gpu_pids: Vec<u32>,
 }
 
 impl ImageMeta {
@@ -41,8 +44,8 @@ impl ImageMeta {
             detail: format!("{kind_name:?} is not a process image (expected gpu-process or cpu-process)"),
         })?;
         let criu_version = text(META_CRIU_VERSION)?.to_string();
-        let (cuda_driver_version, gpus) = match kind {
-            ImageKind::CpuProcess => (None, Vec::new()),
+        let (cuda_driver_version, gpus, gpu_pids) = match kind {
+            ImageKind::CpuProcess => (None, Vec::new(), Vec::new()),
             ImageKind::GpuProcess => {
                 let version = text(META_CUDA_DRIVER_VERSION)?;
                 let (major, minor, _) = criu::parse_version(version).ok_or_else(|| GpuDumpError::Metadata {
@@ -56,10 +59,17 @@ impl ImageMeta {
                     .transpose()
                     .map_err(|e| GpuDumpError::Metadata { key: META_GPUS, detail: e.to_string() })?
                     .ok_or_else(|| GpuDumpError::Metadata { key: META_GPUS, detail: "missing".to_string() })?;
-                (Some((major, minor)), gpus)
+                let gpu_pids = meta
+                    .get(META_GPU_PIDS)
+                    .cloned()
+                    .map(serde_json::from_value::<Vec<u32>>)
+                    .transpose()
+                    .map_err(|e| GpuDumpError::Metadata { key: META_GPU_PIDS, detail: e.to_string() })?
+                    .unwrap_or_default();
+                (Some((major, minor)), gpus, gpu_pids)
             }
         };
-        Ok(ImageMeta { kind, criu_version, cuda_driver_version, gpus })
+        Ok(ImageMeta { kind, criu_version, cuda_driver_version, gpus, gpu_pids })
     }
 }
 
@@ -134,6 +144,7 @@ mod tests {
             criu_version: "4.1.1".into(),
             cuda_driver_version: Some((13, 0)),
             gpus: vec![h200(0), h200(1)],
+            gpu_pids: vec![7, 9],
         }
     }
 
@@ -179,7 +190,13 @@ mod tests {
 
     #[test]
     fn criu_must_be_there_and_new() {
-        let cpu = ImageMeta { kind: ImageKind::CpuProcess, cuda_driver_version: None, gpus: vec![], ..gpu_image() };
+        let cpu = ImageMeta {
+            kind: ImageKind::CpuProcess,
+            cuda_driver_version: None,
+            gpus: vec![],
+            gpu_pids: vec![],
+            ..gpu_image()
+        };
         let none = MachineInfo { criu_version: None, cuda: Err("none".into()) };
         assert!(refusal(&cpu, &none).contains("scripts/criu.sh"));
         let old = MachineInfo { criu_version: Some("3.17.1".into()), cuda: Err("none".into()) };
@@ -194,6 +211,7 @@ mod tests {
     fn metadata_round_trip_from_a_capture_report() {
         let report = CaptureReport {
             pid: 7,
+            gpu_pids: vec![7, 9],
             image_kind: ImageKind::GpuProcess,
             leave_running: false,
             criu_version: "4.1.1".into(),
@@ -203,6 +221,12 @@ mod tests {
         };
         assert_eq!(ImageMeta::from_metadata(&report.metadata()).expect("parse"), gpu_image());
         let mut meta = report.metadata();
+        meta.remove(META_GPU_PIDS);
+        let before_trees = ImageMeta::from_metadata(&meta).expect("an image of before process trees");
+        assert!(before_trees.gpu_pids.is_empty(), "its root alone");
+        meta.insert(META_GPU_PIDS.into(), Value::from("seven"));
+        let err = ImageMeta::from_metadata(&meta).expect_err("pids not a list");
+        assert!(err.to_string().contains("\"gpu_pids\""), "{err}");
         meta.remove(META_GPUS);
         let err = ImageMeta::from_metadata(&meta).expect_err("no gpus");
         assert!(err.to_string().contains("\"gpus\": missing"), "{err}");

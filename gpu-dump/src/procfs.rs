@@ -24,6 +24,31 @@ pub fn parent(pid: u32) -> Option<u32> {
     after_comm(&stat)?.nth(1)?.parse().ok()
 }
 
+/// `roots` and every process below them (children of children included), from `/proc`:
+/// roots first, then each generation after the one before it. Processes that start or end
+/// while `/proc` is read may be missed or listed.
+pub fn descendants(roots: &[u32]) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            if let Some(ppid) = parent(pid) {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut out: Vec<u32> = roots.to_vec();
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        let children: Vec<u32> =
+            parent_of.iter().filter(|&&(c, pp)| pp == p && !out.contains(&c)).map(|&(c, _)| c).collect();
+        out.extend(children);
+        i += 1;
+    }
+    out
+}
+
 /// The fields of a `/proc/PID/stat` line after the `(comm)` field, which may itself contain
 /// spaces and parentheses: state, ppid, ...
 fn after_comm(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
@@ -57,5 +82,17 @@ mod tests {
         // SAFETY: getppid has no preconditions.
         assert_eq!(parent(std::process::id()), Some(unsafe { libc::getppid() } as u32));
         assert_eq!(parent(u32::MAX), None);
+    }
+
+    #[test]
+    fn descendants_list_children_after_their_root() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("spawn sleep");
+        let me = std::process::id();
+        let tree = descendants(&[me]);
+        assert_eq!(tree[0], me);
+        assert!(tree.contains(&child.id()), "{tree:?} lacks the child {}", child.id());
+        assert_eq!(descendants(&[child.id()]), [child.id()]);
+        child.kill().expect("kill");
+        child.wait().expect("wait");
     }
 }

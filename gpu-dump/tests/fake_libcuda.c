@@ -17,6 +17,11 @@
  * handles must be live (else CUDA_ERROR_INVALID_HANDLE). Tests read its counters and steer it
  * through the exported fake_cuda_* functions at the end.
  *
+ * A process "holds a CUDA context" when its environment (/proc/PID/environ) has
+ * FAKE_CUDA_CONTEXT=1: only then does cuCheckpointProcessGetRestoreThreadId answer (with the
+ * pid), as the real driver answers only for processes with a context; others get
+ * CUDA_ERROR_INVALID_VALUE.
+ *
  * Built with -DFAKE_GPUS=N it has N identical GPUs (UUIDs fa4e…0N), with -DFAKE_VERSION=V it
  * reports CUDA version V (e.g. 12080: restore args must be all zero, as before GPU pairs).
  *
@@ -188,7 +193,24 @@ int cuCheckpointProcessRestore(int pid, void *args) {
 int cuCheckpointProcessUnlock(int pid, void *args) {
     return zeroed(args, 0) ? step(pid, "unlock", "unlock", 1, 0, ILLEGAL_STATE) : INVALID_VALUE;
 }
-int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { *tid = pid; return SUCCESS; }
+static int has_context(int pid) {
+    char path[64], env[65536];
+    snprintf(path, sizeof path, "/proc/%d/environ", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(env, 1, sizeof env - 1, f);
+    fclose(f);
+    for (size_t i = 0; i < n; i += strlen(env + i) + 1) {
+        env[n] = 0;
+        if (strcmp(env + i, "FAKE_CUDA_CONTEXT=1") == 0) return 1;
+    }
+    return 0;
+}
+int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) {
+    if (!has_context(pid)) return INVALID_VALUE;
+    *tid = pid;
+    return SUCCESS;
+}
 #endif
 
 #ifndef NO_MEMORY

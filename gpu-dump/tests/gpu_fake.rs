@@ -89,7 +89,8 @@ fn device_queries_and_metadata_go_through_the_c_abi() {
     assert_eq!(cuda.driver_version().expect("version"), (13, 0));
     assert_eq!(cuda.devices().expect("devices"), vec![fake_gpu(0)]);
     assert_eq!(cuda.state(std::process::id()).expect("state"), ProcessState::Running);
-    assert_eq!(cuda.restore_thread_id(4242).expect("tid"), 4242);
+    // Only a process holding a context has a restore thread (FAKE_CUDA_CONTEXT=1 in the fake).
+    assert!(cuda.restore_thread_id(std::process::id()).is_err());
     let err = cuda.unlock(std::process::id()).expect_err("not locked");
     assert_eq!(
         err.to_string(),
@@ -320,4 +321,104 @@ fn a_cuda_process_without_a_driver_is_refused_untouched() {
     assert!(calls(counter.pid).is_empty());
     let now = counter.value();
     counter.wait_above(now + 3, Duration::from_secs(5));
+}
+
+/// A tree of fake GPU processes (the counter and its worker hold contexts, its loader maps
+/// libcuda without one), with fresh fake-driver state for each.
+fn gpu_tree() -> (Counter, u32, u32) {
+    let tree = Counter::start_tree_with_preload(&fake().lib);
+    let (worker, loader) = (tree.pid_of("worker"), tree.pid_of("loader"));
+    for pid in [tree.pid, worker, loader] {
+        for ext in ["state", "calls", "fail"] {
+            let _ = std::fs::remove_file(fake().state.join(format!("{pid}.{ext}")));
+        }
+    }
+    (tree, worker, loader)
+}
+
+#[test]
+fn every_gpu_process_of_a_tree_is_locked_checkpointed_and_restored() {
+    let criu = criu();
+    let cuda = driver();
+    let (tree, worker, loader) = gpu_tree();
+    let dir = tree.image_dir("img");
+    let opts = CheckpointOptions { leave_running: true, cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
+    let report = checkpoint::checkpoint(tree.pid, &dir, &opts).expect("checkpoint --leave-running");
+    assert_eq!(report.gpu_pids, [tree.pid, worker], "the loader has no context");
+    for pid in [tree.pid, worker] {
+        assert_eq!(calls(pid), ["lock 10000", "checkpoint", "restore", "unlock"], "pid {pid}");
+    }
+    assert!(calls(loader).is_empty());
+    let seen = tree.wait_above_in("count-worker", 0, Duration::from_secs(5));
+    tree.wait_above_in("count-worker", seen + 3, Duration::from_secs(5));
+
+    // A full checkpoint, then a restore of the GPU state of both, as the metadata says.
+    let dir = tree.image_dir("img2");
+    let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
+    let report = checkpoint::checkpoint(tree.pid, &dir, &opts).expect("checkpoint");
+    let meta = ImageMeta::from_metadata(&report.metadata()).expect("metadata");
+    assert_eq!(meta.gpu_pids, [tree.pid, worker]);
+    for pid in [tree.pid, worker] {
+        assert_eq!(cuda.state(pid).expect("state"), ProcessState::Checkpointed, "pid {pid}");
+    }
+    let at_dump = tree.value_in("count-worker");
+    let opts = RestoreOptions {
+        cuda: Some(&cuda),
+        gpu: true,
+        gpu_pids: meta.gpu_pids.clone(),
+        original_pid: Some(tree.pid),
+        ..RestoreOptions::new(&criu)
+    };
+    let restored = checkpoint::restore(&dir, &opts).expect("restore");
+    assert_eq!(restored.pid, tree.pid);
+    for pid in [tree.pid, worker] {
+        let want = ["lock 10000", "checkpoint", "restore", "unlock", "lock 10000", "checkpoint", "restore", "unlock"];
+        assert_eq!(calls(pid), want, "pid {pid}");
+        assert_eq!(cuda.state(pid).expect("state"), ProcessState::Running, "pid {pid}");
+    }
+    assert!(calls(loader).is_empty());
+    assert!(procfs::is_alive(worker) && procfs::is_alive(loader), "the restored tree has all three");
+    tree.wait_above_in("count-worker", at_dump + 3, Duration::from_secs(5));
+}
+
+#[test]
+fn a_worker_failing_its_gpu_checkpoint_resumes_the_whole_tree() {
+    let criu = criu();
+    let cuda = driver();
+    let (tree, worker, _) = gpu_tree();
+    fail(worker, &["checkpoint"]);
+    let dir = tree.image_dir("img");
+    let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
+    let err = checkpoint::checkpoint(tree.pid, &dir, &opts).expect_err("the worker's checkpoint fails");
+    assert!(matches!(err, GpuDumpError::Resumed { phase: Phase::GpuCheckpoint, .. }), "{err:?}");
+    assert!(err.to_string().contains(&format!("cuCheckpointProcessCheckpoint(pid {worker})")), "{err}");
+    assert_eq!(calls(tree.pid), ["lock 10000", "checkpoint", "restore", "unlock"]);
+    assert_eq!(calls(worker), ["lock 10000", "unlock"]);
+    for pid in [tree.pid, worker] {
+        assert_eq!(cuda.state(pid).expect("state"), ProcessState::Running, "pid {pid}");
+    }
+    assert!(!dir.exists(), "CRIU never ran");
+    let seen = tree.wait_above_in("count-worker", 0, Duration::from_secs(5));
+    tree.wait_above_in("count-worker", seen + 3, Duration::from_secs(5));
+}
+
+#[test]
+fn a_tree_whose_worker_fails_its_gpu_restore_names_the_worker() {
+    let criu = criu();
+    let cuda = driver();
+    let (tree, worker, _) = gpu_tree();
+    let dir = tree.image_dir("img");
+    let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
+    let report = checkpoint::checkpoint(tree.pid, &dir, &opts).expect("checkpoint");
+    fail(worker, &["restore"]);
+    let opts = RestoreOptions {
+        cuda: Some(&cuda),
+        gpu: true,
+        gpu_pids: report.gpu_pids.clone(),
+        original_pid: Some(tree.pid),
+        ..RestoreOptions::new(&criu)
+    };
+    let err = checkpoint::restore(&dir, &opts).expect_err("the worker's GPU restore fails");
+    assert!(matches!(err, GpuDumpError::GpuRestore { pid, .. } if pid == worker), "{err:?}");
+    assert_eq!(cuda.state(tree.pid).expect("state"), ProcessState::Running, "the root came back");
 }

@@ -389,34 +389,12 @@ fn page_present(pid: i32, addr: u64) -> Option<bool> {
     Some(u64::from_ne_bytes(word) & (3 << 62) != 0)
 }
 
-/// Every pid below `roots` (children of children included), from /proc.
-fn descendants(roots: &[i32]) -> Vec<i32> {
-    let mut parent_of = Vec::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
-            if let Some(ppid) = u32::try_from(pid).ok().and_then(gstore_gpu_dump::procfs::parent) {
-                parent_of.push((pid, ppid as i32));
-            }
-        }
-    }
-    let mut out: Vec<i32> = roots.to_vec();
-    let mut i = 0;
-    while i < out.len() {
-        let p = out[i];
-        out.extend(
-            parent_of.iter().filter(|&&(c, pp)| pp == p && !out.contains(&c)).map(|&(c, _)| c).collect::<Vec<_>>(),
-        );
-        i += 1;
-    }
-    out
-}
-
 /// Kills the restored processes and everything they started.
 fn kill_tree(roots: &[i32]) {
-    for pid in descendants(roots) {
+    let roots: Vec<u32> = roots.iter().map(|&pid| pid as u32).collect();
+    for pid in gstore_gpu_dump::procfs::descendants(&roots) {
         // SAFETY: plain kill(2).
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
 }
 

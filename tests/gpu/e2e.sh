@@ -11,6 +11,9 @@
 #           random weights from a fixed seed) generating tokens; its answer to a request is a
 #           deterministic greedy generation, which must equal the one computed at start.
 #   map     holder.py, restored onto the same GPU through --gpu-map 0=0 and UUID=UUID.
+#   tree    holder.py with one worker process: two processes with HOLDER_GIB of VRAM each
+#           (on GPU 0 and GPU 1 when there are two), both checkpointed and restored; each
+#           one's answer must be its own checksum at start.
 # Each workload is checkpointed with the raw path (driver API via ctypes + criu dump/restore
 # to a plain directory), then with gstore (--leave-running, then a full checkpoint), killed,
 # `gstore restore --run` (lazy, the default), killed and restored lazily again (following the
@@ -54,24 +57,43 @@ js() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(s
 wait_file() { for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
 wait_gone() { for _ in $(seq 300); do [ -d "/proc/$1" ] || return 0; sleep 0.05; done; return 1; }
 counter() { cat "$1/counter" 2>/dev/null || echo 0; }
-progressing() { local a; a=$(counter "$1"); sleep 1.5; [ "$(counter "$1")" -gt "$a" ]; }
+# DIR and the directories of its workers (holder.py with WORKERS > 0): each process's own.
+procs() { echo "$1"; for w in "$1"/w*/; do [ -d "$w" ] && echo "${w%/}"; done; }
+progressing() {
+  local d a=(); for d in $(procs "$1"); do a+=("$(counter "$d")"); done; sleep 1.5
+  local i=0; for d in $(procs "$1"); do [ "$(counter "$d")" -gt "${a[$i]}" ] || return 1; i=$((i+1)); done
+}
+# The pids of DIR's process and its workers (holder.py writes DIR/pid).
+tree_pids() { local d out=(); for d in $(procs "$1"); do [ -s "$d/pid" ] && out+=("$(cat "$d/pid")"); done; echo "${out[*]}"; }
+wait_tree_gone() { local p; for p in $TREE; do wait_gone "$p" || return 1; done; }
+kill_tree() { kill -9 -- "-$PID" 2>/dev/null; kill -9 "$PID" 2>/dev/null; wait_tree_gone; }
 start() {  # start NAME SCRIPT ARGS... -> sets PID, DIR
   DIR="$W/$1"; mkdir -p "$DIR"; shift
   setsid python3 "$@" </dev/null >"$DIR.log" 2>&1 &
   PID=$!
   wait_file "$DIR/ready" || { say "FAIL  $DIR did not start"; cat "$DIR.log" | tee -a "$OUTFILE"; exit 1; }
+  TREE=$(tree_pids "$DIR"); [ -n "$TREE" ] || TREE=$PID
 }
-checksum_ok() {  # checksum_ok DIR PID: ask the holder to recompute its checksum (SIGUSR1)
-  rm -f "$1/checksum"; kill -USR1 "$2"; wait_file "$1/checksum" && [ "$(cat "$1/checksum")" = "$(cat "$1/ready")" ]
+checksum_ok() {  # checksum_ok DIR: ask each holder of the tree to recompute its checksum (SIGUSR1)
+  local d; for d in $(procs "$1"); do
+    rm -f "$d/checksum"; kill -USR1 "$(cat "$d/pid")"
+    wait_file "$d/checksum" && [ "$(cat "$d/checksum")" = "$(cat "$d/ready")" ] || return 1
+  done
 }
-# A request: DIR/ask, answered by the process in DIR/answer, which must equal DIR/expect.
-ask() { rm -f "$1/answer"; : >"$1/ask"; }
+# A request: DIR/ask (and one for each worker), answered by each process in its answer file,
+# which must equal its expect file.
+ask() { local d; for d in $(procs "$1"); do rm -f "$d/answer"; : >"$d/ask"; done; }
 wait_answer() {  # polls every 10 ms, up to ~2 min
-  local i; for i in $(seq 12000); do [ -s "$1/answer" ] && return 0; sleep 0.01; done; return 1
+  local d i; for d in $(procs "$1"); do
+    for i in $(seq 12000); do [ -s "$d/answer" ] && break; sleep 0.01; done
+    [ -s "$d/answer" ] || return 1
+  done
 }
 answer_ok() {
-  [ -s "$1/answer" ] && [ "$(cat "$1/answer")" = "$(cat "$1/expect")" ] && return 0
-  say "      answer: $(cat "$1/answer" 2>&1)"; say "      expect: $(cat "$1/expect" 2>&1)"; return 1
+  local d; for d in $(procs "$1"); do
+    [ -s "$d/answer" ] && [ "$(cat "$d/answer")" = "$(cat "$d/expect")" ] && continue
+    say "      answer ($d): $(cat "$d/answer" 2>&1)"; say "      expect: $(cat "$d/expect" 2>&1)"; return 1
+  done
 }
 
 # raw WORKLOAD DIR: the driver API and CRIU by hand, no gstore. Process ends dumped and back.
@@ -79,16 +101,16 @@ raw() {
   local name=$1 dir=$2 img="$W/raw-$1" t0 t1 t2 t3 t4 t5 t6 gpu
   mkdir -p "$img" "$img-live"
   # The app-resumed baseline: suspend, dump --leave-running, resume.
-  t0=$(now); python3 "$HERE/raw_cr.py" suspend "$PID" >/dev/null || return 1
+  t0=$(now); python3 "$HERE/raw_cr.py" suspend $TREE >/dev/null || return 1
   "$W/criu" dump -t "$PID" -D "$img-live" -o dump.log --leave-running || { tail -5 "$img-live/dump.log"; return 1; }
-  python3 "$HERE/raw_cr.py" resume "$PID" >/dev/null || return 1
+  python3 "$HERE/raw_cr.py" resume $TREE >/dev/null || return 1
   t1=$(now); RAW_LIVE_S=$(dt "$t0" "$t1"); rm -rf "$img-live"
-  t0=$(now); python3 "$HERE/raw_cr.py" suspend "$PID" >/dev/null || return 1
+  t0=$(now); python3 "$HERE/raw_cr.py" suspend $TREE >/dev/null || return 1
   t1=$(now); "$W/criu" dump -t "$PID" -D "$img" -o dump.log || { tail -5 "$img/dump.log"; return 1; }
-  t2=$(now); wait "$PID" 2>/dev/null; wait_gone "$PID"
+  t2=$(now); wait "$PID" 2>/dev/null; wait_tree_gone
   ask "$dir"
   t3=$(now); "$W/criu" restore -D "$img" --restore-detached -o restore.log || { tail -5 "$img/restore.log"; return 1; }
-  t4=$(now); gpu=$(python3 "$HERE/raw_cr.py" resume "$PID") || return 1
+  t4=$(now); gpu=$(python3 "$HERE/raw_cr.py" resume $TREE) || return 1
   t5=$(now); wait_answer "$dir"
   t6=$(now)
   RAW_CKPT="$(dt "$t0" "$t1") + $(dt "$t1" "$t2")"; RAW_CKPT_S=$(dt "$t0" "$t2")
@@ -135,16 +157,16 @@ gstore_paths() {
   "$G" --json checkpoint --pid "$PID" --tag "$name:live" --leave-running --criu "$W/criu" >"$W/$name-live.json" || return 1
   check "$name: runs on after a --leave-running checkpoint" "progressing $dir"
   "$G" --json checkpoint --pid "$PID" --tag "$name:full" --criu "$W/criu" >"$W/$name-full.json" || return 1
-  wait_gone "$PID"
+  wait_tree_gone
   if grestore "$name" "$dir" "$name:full" lazy; then
-    kill -9 "$PID"; wait_gone "$PID"
+    kill_tree
     grestore "$name" "$dir" "$name:full" relazy || return 1
     "$G" --json checkpoint --pid "$PID" --tag "$name:again" --criu "$W/criu" >"$W/$name-again.json" || return 1
-    wait_gone "$PID"
+    wait_tree_gone
     grestore "$name" "$dir" "$name:again" eager || return 1
   else
     # The lazy restore failed: measure the eager one all the same, from the same checkpoint.
-    kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+    kill_tree
     grestore "$name" "$dir" "$name:full" eager
     return 1
   fi
@@ -198,21 +220,23 @@ for c in $CASES; do
       "$G" --json checkpoint --pid "$PID" --tag "map:$k" --criu "$W/criu" >"$W/map-$k.json" || { say "FAIL  map: checkpoint"; fails=$((fails+1)); break; }
       wait_gone "$PID"
       GPU_MAP="$m" grestore "map-$k" "$W/map" "map:$k" lazy || continue
-      check "map: tensors intact after restore --gpu-map $m (SIGUSR1 checksum)" "checksum_ok $W/map $PID"
+      check "map: tensors intact after restore --gpu-map $m (SIGUSR1 checksum)" "checksum_ok $W/map"
       say "  gstore lazy --gpu-map $m: answer $ANS_lazy s  ratio $(ratio "$ANS_lazy" "${RAW_ANS_S:-0}") x raw ($(js "$W/map-$k-lazy.json" "'gpu %.2f s' % (d['restore']['timings']['gpu_restore_s'] or 0)"))"
     done
     kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
     continue
   fi
-  if [ "$c" = holder ]; then
-    # GPU memory must come back intact.
-    start holder "$HERE/holder.py" "$GIB" "$W/holder"
-    raw holder "$W/holder" || { say "FAIL  raw path on holder"; fails=$((fails+1)); }
-    check "holder: tensors intact after the raw path (answer = checksum at start)" "answer_ok $W/holder"
-    gstore_paths holder "$W/holder" || { say "FAIL  gstore path on holder"; fails=$((fails+1)); }
-    check "holder: tensors intact after gstore restore --run (SIGUSR1 checksum)" "checksum_ok $W/holder $PID"
-    table_row holder
-    kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+  if [ "$c" = holder ] || [ "$c" = tree ]; then
+    # GPU memory must come back intact (tree: in both processes).
+    start "$c" "$HERE/holder.py" "$GIB" "$W/$c" "$([ "$c" = tree ] && echo 1 || echo 0)"
+    say "$c: GPU processes $TREE"
+    raw "$c" "$W/$c" || { say "FAIL  raw path on $c"; fails=$((fails+1)); }
+    check "$c: tensors intact after the raw path (answer = checksum at start)" "answer_ok $W/$c"
+    gstore_paths "$c" "$W/$c" || { say "FAIL  gstore path on $c"; fails=$((fails+1)); }
+    check "$c: the checkpoint names every GPU process ($TREE)" "[ \"\$(js $W/$c-full.json \"' '.join(map(str, d['capture']['gpu_pids']))\")\" = '$TREE' ]"
+    check "$c: tensors intact after gstore restore --run (SIGUSR1 checksum)" "checksum_ok $W/$c"
+    table_row "$c"
+    kill_tree
     continue
   fi
   n=serve-$c

@@ -1,25 +1,51 @@
 """A GPU process for the checkpoint tests: holds seeded random tensors in VRAM and keeps
-computing. Usage: holder.py GIB OUTDIR
+computing. Usage: holder.py GIB OUTDIR [WORKERS [FIRST_GPU]]
 
-Writes OUTDIR/ready (the tensors' checksum) once set up, OUTDIR/counter (steps done, via
-rename) as it computes, and on SIGUSR1 OUTDIR/checksum (the tensors' checksum, recomputed).
-When OUTDIR/ask exists (it is then removed) it answers with the recomputed checksum in
-OUTDIR/answer, which must equal OUTDIR/expect (the checksum at start): a request file made
-before a restore starts is answered as soon as the restored process runs.
+Its tensors are spread over every visible GPU, starting at FIRST_GPU (default 0), so on a
+machine with several GPUs it is a multi-GPU process. With WORKERS > 0 it first starts that
+many child processes running this script (worker k: OUTDIR/wk, WORKERS 0, FIRST_GPU k), each
+holding GIB of its own: a process tree with GPU state in several processes.
+
+Writes OUTDIR/pid, OUTDIR/ready (the tensors' checksum) once set up (and its workers are),
+OUTDIR/counter (steps done, via rename) as it computes, and on SIGUSR1 OUTDIR/checksum (the
+tensors' checksum, recomputed). When OUTDIR/ask exists (it is then removed) it answers with
+the recomputed checksum in OUTDIR/answer, which must equal OUTDIR/expect (the checksum at
+start): a request file made before a restore starts is answered as soon as the restored
+process runs.
 It keeps no file open, so CRIU sees no file change between dump and restore."""
 import os
 import signal
+import subprocess
 import sys
 import time
 
 import torch
 
 gib, out = float(sys.argv[1]), sys.argv[2]
-torch.manual_seed(1234)
+workers = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+first_gpu = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+os.makedirs(out, exist_ok=True)
+
+
+def put(name, text):
+    tmp = os.path.join(out, name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, os.path.join(out, name))
+
+
+put("pid", str(os.getpid()))
+children = [
+    subprocess.Popen([sys.executable, __file__, str(gib), os.path.join(out, f"w{k}"), "0", str(k)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for k in range(1, workers + 1)
+]
+gpus = torch.cuda.device_count()
+torch.manual_seed(1234 + first_gpu)
 n = 8
 per = int(gib * 2**30 / 4 / n)
-tensors = [torch.randn(per, device="cuda") for _ in range(n)]
-work = torch.randn(1024, 1024, device="cuda")
+tensors = [torch.randn(per, device=f"cuda:{(first_gpu + i) % gpus}") for i in range(n)]
+work = torch.randn(1024, 1024, device=f"cuda:{first_gpu % gpus}")
 
 
 def checksum():
@@ -30,16 +56,14 @@ def checksum():
     return str(total)
 
 
-def put(name, text):
-    tmp = os.path.join(out, name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.rename(tmp, os.path.join(out, name))
-
-
 asked = []
 signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
 start_sum = checksum()
+for k in range(1, workers + 1):
+    while not os.path.exists(os.path.join(out, f"w{k}", "ready")):
+        if children[k - 1].poll() is not None:
+            sys.exit(f"worker {k} exited with {children[k - 1].returncode}")
+        time.sleep(0.05)
 put("expect", start_sum)
 put("ready", start_sum)
 step = 0

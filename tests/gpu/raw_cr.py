@@ -1,6 +1,6 @@
 """The raw baseline: the CUDA checkpoint driver API called directly through ctypes, no gstore.
-Usage: raw_cr.py suspend PID   (lock + checkpoint: GPU memory moves to host memory)
-       raw_cr.py resume PID    (restore + unlock)
+Usage: raw_cr.py suspend PID...   (lock all, then checkpoint each: GPU memory moves to host memory)
+       raw_cr.py resume PID...    (restore + unlock each)
 Prints the seconds each call took."""
 import ctypes
 import sys
@@ -21,12 +21,14 @@ def call(name, pid, args=None):
     return time.time() - t
 
 
-action, pid = sys.argv[1], int(sys.argv[2])
+if len(sys.argv) < 3 or sys.argv[1] not in ("suspend", "resume"):
+    sys.exit("usage: raw_cr.py suspend|resume PID...")
+action, pids = sys.argv[1], [int(p) for p in sys.argv[2:]]
 assert cuda.cuInit(0) == 0
 if action == "suspend":
     lock = Args(timeout_ms=10000)
-    print(f"lock {call('cuCheckpointProcessLock', pid, lock):.3f} checkpoint {call('cuCheckpointProcessCheckpoint', pid):.3f}")
-elif action == "resume":
-    print(f"restore {call('cuCheckpointProcessRestore', pid):.3f} unlock {call('cuCheckpointProcessUnlock', pid):.3f}")
+    locks = sum(call("cuCheckpointProcessLock", pid, lock) for pid in pids)
+    print(f"lock {locks:.3f} checkpoint {sum(call('cuCheckpointProcessCheckpoint', pid) for pid in pids):.3f}")
 else:
-    sys.exit("usage: raw_cr.py suspend|resume PID")
+    print(f"restore {sum(call('cuCheckpointProcessRestore', pid) for pid in pids):.3f} "
+          f"unlock {sum(call('cuCheckpointProcessUnlock', pid) for pid in pids):.3f}")

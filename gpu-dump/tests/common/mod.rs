@@ -28,35 +28,56 @@ pub struct Counter {
 
 impl Counter {
     pub fn start() -> Counter {
-        Self::spawn(None, None)
+        Self::spawn(None, None, false)
     }
 
     /// A counter with `lib` preloaded (LD_PRELOAD) into it.
     pub fn start_with_preload(lib: &Path) -> Counter {
-        Self::spawn(None, Some(lib))
+        Self::spawn(None, Some(lib), false)
+    }
+
+    /// A process tree for the fake driver (tests/fake_libcuda.c), all with `lib` preloaded: the
+    /// counter and a worker it started (counting into `count-worker`, pid in `pid-worker`)
+    /// hold fake CUDA contexts; a loader it started (pid in `pid-loader`) maps libcuda without
+    /// a context, like a data loader forked from a CUDA process. The commands they run
+    /// (sleep, mv) have no context either.
+    pub fn start_tree_with_preload(lib: &Path) -> Counter {
+        Self::spawn(None, Some(lib), true)
     }
 
     /// A counter whose stdout goes to `out.log` in its directory: a file it keeps open that
     /// grows all the time. Opened with `>` (not `>>`): CRIU 4.1.1 skips its size check for
     /// O_APPEND files.
     pub fn start_appending() -> Counter {
-        Self::spawn(Some("out.log"), None)
+        Self::spawn(Some("out.log"), None, false)
     }
 
-    fn spawn(stdout: Option<&str>, preload: Option<&Path>) -> Counter {
+    fn spawn(stdout: Option<&str>, preload: Option<&Path>, tree: bool) -> Counter {
         let dir = tempfile::tempdir().expect("tempdir");
         let stdout = stdout.map_or_else(|| "/dev/null".to_string(), |name| dir.path().join(name).display().to_string());
         let file = dir.path().join("count");
         let pidfile = dir.path().join("pid");
-        let script = format!(
-            "echo $$ > {pidfile}; i=0; while :; do i=$((i+1)); echo $i; echo $i > {file}.tmp && mv {file}.tmp {file}; sleep 0.05; done",
-            pidfile = pidfile.display(),
-            file = file.display(),
-        );
+        // Commands run with FAKE_CUDA_CONTEXT=0: they never hold a (fake) CUDA context.
+        let count = |pidfile: &Path, file: &Path, echo: &str| {
+            format!(
+                "echo $$ > {pidfile}; i=0; while :; do i=$((i+1)); {echo}echo $i > {file}.tmp && FAKE_CUDA_CONTEXT=0 mv {file}.tmp {file}; FAKE_CUDA_CONTEXT=0 sleep 0.05; done",
+                pidfile = pidfile.display(),
+                file = file.display(),
+            )
+        };
+        let mut script = count(&pidfile, &file, "echo $i; ");
+        if tree {
+            let worker = count(&dir.path().join("pid-worker"), &dir.path().join("count-worker"), "");
+            let loader = format!("echo $$ > {}; while :; do sleep 0.05; done", dir.path().join("pid-loader").display());
+            script = format!("sh -c '{worker}' & FAKE_CUDA_CONTEXT=0 sh -c '{loader}' & {script}");
+        }
         // The outer shell exits at once, so the counter is re-parented to PID 1 like a daemon.
         let mut sh = Command::new("sh");
         if let Some(lib) = preload {
             sh.env("LD_PRELOAD", lib);
+        }
+        if tree {
+            sh.env("FAKE_CUDA_CONTEXT", "1");
         }
         let status = sh
             .arg("-c")
@@ -72,7 +93,34 @@ impl Counter {
         .expect("the counter wrote its pid");
         let counter = Counter { pid, file, dir };
         counter.wait_above(2, Duration::from_secs(5));
+        if tree {
+            counter.wait_above_in("count-worker", 2, Duration::from_secs(5));
+            counter.pid_of("loader");
+        }
         counter
+    }
+
+    /// The pid a process of the tree wrote into `pid-<name>`, waited for.
+    pub fn pid_of(&self, name: &str) -> u32 {
+        let file = self.dir.path().join(format!("pid-{name}"));
+        wait_for(Duration::from_secs(5), || std::fs::read_to_string(&file).ok()?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no pid in {}", file.display()))
+    }
+
+    /// The count in `file` (in the counter's directory).
+    pub fn value_in(&self, file: &str) -> u64 {
+        let path = self.dir.path().join(file);
+        std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no count in {file}"))
+    }
+
+    /// Waits until the count in `file` (in the counter's directory) exceeds `floor`.
+    pub fn wait_above_in(&self, file: &str, floor: u64, timeout: Duration) -> u64 {
+        let path = self.dir.path().join(file);
+        wait_for(timeout, || std::fs::read_to_string(&path).ok()?.trim().parse().ok().filter(|v: &u64| *v > floor))
+            .unwrap_or_else(|| panic!("{file} stuck (waited for > {floor})"))
     }
 
     pub fn image_dir(&self, name: &str) -> PathBuf {
