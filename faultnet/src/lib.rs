@@ -61,8 +61,9 @@ pub enum Dir {
     Down,
 }
 
-/// A one-shot fault, taken by the first connection that moves bytes in its direction after it
-/// was armed.
+/// A one-shot fault. Every connection moving bytes in its direction once it is armed places it
+/// `after` bytes ahead; the first to get there fires it, and it is then gone for the others.
+/// (A connection that took it alone would keep it from firing by idling in a keep-alive pool.)
 #[derive(Debug, Clone)]
 pub enum Fault {
     /// Resets the connection (RST to both ends) once `after` more bytes have passed.
@@ -142,9 +143,10 @@ struct Shared {
     link: Link,
     /// When each direction's shared rate is next free (Up, Down).
     clocks: [line::RateClock; 2],
-    armed: Mutex<Vec<Fault>>,
-    /// Armed faults a connection has taken and not yet fired.
-    claimed: AtomicU32,
+    /// Armed resets and stalls, not yet fired, by id.
+    armed: Mutex<Vec<(u64, Fault)>>,
+    /// The id of the next fault armed.
+    next_fault: AtomicU64,
     unavailable: AtomicU32,
     chaos: Mutex<Option<(Chaos, StdRng)>>,
     rng: Mutex<StdRng>,
@@ -153,26 +155,28 @@ struct Shared {
 }
 
 impl Shared {
-    /// Takes the first armed reset or stall for `dir`, if any.
-    fn claim(&self, dir: Dir) -> Option<Fault> {
+    /// The first armed reset or stall for `dir` (it stays armed until one connection fires it).
+    fn claim(&self, dir: Dir) -> Option<(u64, Fault)> {
+        let armed = self.armed.lock().unwrap();
+        armed
+            .iter()
+            .find(|(_, f)| match f {
+                Fault::Reset { dir: d, .. } | Fault::Stall { dir: d, .. } => *d == dir,
+                Fault::Unavailable { .. } => false,
+            })
+            .cloned()
+    }
+
+    /// Whether fault `id` is still armed.
+    fn is_armed(&self, id: u64) -> bool {
+        self.armed.lock().unwrap().iter().any(|(armed, _)| *armed == id)
+    }
+
+    /// Disarms fault `id` for the connection that fires it: false when another fired it first.
+    fn take(&self, id: u64) -> bool {
         let mut armed = self.armed.lock().unwrap();
-        let at = armed.iter().position(|f| match f {
-            Fault::Reset { dir: d, .. } | Fault::Stall { dir: d, .. } => *d == dir,
-            Fault::Unavailable { .. } => false,
-        })?;
-        self.claimed.fetch_add(1, Ordering::SeqCst);
-        Some(armed.remove(at))
-    }
-
-    /// A taken fault fired.
-    fn fired(&self) {
-        self.claimed.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// A taken fault's connection ended before reaching it: it waits for the next one.
-    fn give_back(&self, fault: Fault) {
-        self.armed.lock().unwrap().insert(0, fault);
-        self.claimed.fetch_sub(1, Ordering::SeqCst);
+        let at = armed.iter().position(|(armed, _)| *armed == id);
+        at.map(|at| armed.remove(at)).is_some()
     }
 }
 
@@ -204,7 +208,7 @@ impl Proxy {
             link,
             clocks: Default::default(),
             armed: Mutex::new(Vec::new()),
-            claimed: AtomicU32::new(0),
+            next_fault: AtomicU64::new(0),
             unavailable: AtomicU32::new(0),
             chaos: Mutex::new(None),
             rng: Mutex::new(StdRng::seed_from_u64(0x6661756c74)),
@@ -226,7 +230,10 @@ impl Proxy {
             Fault::Unavailable { connections } => {
                 self.shared.unavailable.fetch_add(connections, Ordering::SeqCst);
             }
-            other => self.shared.armed.lock().unwrap().push(other),
+            other => {
+                let id = self.shared.next_fault.fetch_add(1, Ordering::SeqCst);
+                self.shared.armed.lock().unwrap().push((id, other));
+            }
         }
     }
 
@@ -250,9 +257,7 @@ impl Proxy {
     /// Faults armed and not yet fired (resets, stalls and 503 answers).
     pub fn pending(&self) -> usize {
         let s = &self.shared;
-        s.armed.lock().unwrap().len()
-            + s.claimed.load(Ordering::SeqCst) as usize
-            + s.unavailable.load(Ordering::SeqCst) as usize
+        s.armed.lock().unwrap().len() + s.unavailable.load(Ordering::SeqCst) as usize
     }
 
     /// What has moved and been injected so far.

@@ -39,10 +39,10 @@ impl RateClock {
 enum Item {
     /// Bytes to deliver at `at`.
     Data { at: Instant, bytes: Vec<u8> },
-    /// Deliver nothing for this long; `armed` if a test armed it.
-    Stall { duration: Duration, armed: Option<Fault> },
-    /// Reset the connection; `armed` if a test armed it.
-    Reset { armed: Option<Fault> },
+    /// Deliver nothing for this long; `armed`: the id of the armed fault, if a test armed it.
+    Stall { duration: Duration, armed: Option<u64> },
+    /// Reset the connection; `armed`: the id of the armed fault, if a test armed it.
+    Reset { armed: Option<u64> },
     /// The sender closed its side: pass the close on.
     End,
 }
@@ -69,15 +69,6 @@ pub(crate) async fn run(
             )
         } => {}
         _ = killed.wait_for(|k| *k) => {}
-    }
-    // Armed faults placed beyond where this direction stopped never fired: they wait for the
-    // next connection.
-    rx.close();
-    let behind = std::iter::from_fn(|| rx.try_recv().ok());
-    for item in placed.take().map(|(_, item)| item).into_iter().chain(behind) {
-        if let Item::Reset { armed: Some(f) } | Item::Stall { armed: Some(f), .. } = item {
-            shared.give_back(f);
-        }
     }
     if *kill.borrow() {
         // No FIN first: the ends must see a reset, not a clean close.
@@ -116,6 +107,12 @@ async fn read_side(
         };
         window.add_permits(SEGMENT - n);
         buf.truncate(n);
+        // A fault another connection fired first is not this one's to fire.
+        if let Some((_, Item::Reset { armed: Some(id) } | Item::Stall { armed: Some(id), .. })) = placed {
+            if !shared.is_armed(*id) {
+                *placed = None;
+            }
+        }
         if placed.is_none() {
             *placed = place_fault(dir, moved, n, shared);
         }
@@ -167,10 +164,10 @@ async fn read_side(
 /// A fault for the next bytes of this direction, `moved` bytes in, with a segment of `n`
 /// bytes just read: an armed one, else a random one.
 fn place_fault(dir: Dir, moved: u64, n: usize, shared: &Shared) -> Option<(u64, Item)> {
-    if let Some(f) = shared.claim(dir) {
+    if let Some((id, f)) = shared.claim(dir) {
         return Some(match f {
-            Fault::Reset { after, .. } => (moved + after, Item::Reset { armed: Some(f) }),
-            Fault::Stall { after, duration, .. } => (moved + after, Item::Stall { duration, armed: Some(f) }),
+            Fault::Reset { after, .. } => (moved + after, Item::Reset { armed: Some(id) }),
+            Fault::Stall { after, duration, .. } => (moved + after, Item::Stall { duration, armed: Some(id) }),
             Fault::Unavailable { .. } => unreachable!("claim takes resets and stalls only"),
         });
     }
@@ -225,15 +222,15 @@ async fn write_side(
                 }
             }
             Item::Stall { duration, armed } => {
-                if armed.is_some() {
-                    shared.fired();
+                if armed.is_some_and(|id| !shared.take(id)) {
+                    continue;
                 }
                 c.stalls.fetch_add(1, Ordering::SeqCst);
                 sleep(duration).await;
             }
             Item::Reset { armed } => {
-                if armed.is_some() {
-                    shared.fired();
+                if armed.is_some_and(|id| !shared.take(id)) {
+                    continue;
                 }
                 c.resets.fetch_add(1, Ordering::SeqCst);
                 let _ = kill.send(true);
