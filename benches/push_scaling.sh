@@ -3,7 +3,8 @@
 # fresh store with 1, 2, 4, 8, ... rayon threads (RAYON_NUM_THREADS), up to the core count.
 # STORE_DIR (default /var/tmp) is where the stores go: on a disk, or /dev/shm to take the disk
 # out. GSTORE=PATH picks the binary. Prints GB/s per thread count, the speedup over one, and
-# the push's stage times (which stage sets the pace: docs/BENCHMARKS.md).
+# the stored/logical ratio and the push's stage times (which stage sets the pace:
+# docs/BENCHMARKS.md).
 # Usage: benches/push_scaling.sh [SIZE_GIB] ; e.g. STORE_DIR=/dev/shm benches/push_scaling.sh 4
 set -euo pipefail
 gib=${1:-4}
@@ -30,8 +31,9 @@ for t in 1 2 4 8 16 32 64; do
   sync
   report=$(RAYON_NUM_THREADS=$t "$G" --store "$dir/store" --json push "$dir/weights.bin" --tag w)
   s=$(echo "$report" | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
+  stored=$(echo "$report" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.4f" % (d["new_stored_bytes"] / d["logical_bytes"]))')
   stages=$(echo "$report" | python3 -c 'import json,sys; print(" ".join(f"{k} {v:.2f}" for k, v in json.load(sys.stdin).get("stages", {}).items()))')
   gbs=$(python3 -c "print(f'{$gib*2**30/$s/1e9:.2f}')")
   [ -n "$base" ] || base=$gbs
-  echo "threads $t: $s s, $gbs GB/s, speedup $(python3 -c "print(f'{$gbs/$base:.2f}')")${stages:+ ($stages)}"
+  echo "threads $t: $s s, $gbs GB/s, speedup $(python3 -c "print(f'{$gbs/$base:.2f}')"), stored $stored of logical${stages:+ ($stages)}"
 done

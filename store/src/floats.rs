@@ -157,7 +157,7 @@ pub fn encode(
 ) {
     let w = plan.width;
     let n = plain.len() / w;
-    scratch.lanes.clear();
+    // `split` writes every byte: the buffer is zeroed only where it grows, never cleared.
     scratch.lanes.resize(n * w, 0);
     split(plain, w, &mut scratch.lanes);
     out.clear();
