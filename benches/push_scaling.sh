@@ -5,6 +5,7 @@
 # out. GSTORE=PATH picks the binary. Prints GB/s per thread count, the speedup over one, and
 # the stored/logical ratio and the push's stage times (which stage sets the pace:
 # docs/BENCHMARKS.md).
+# SIDE_BY_SIDE=1 adds the machine's own scaling (N single-thread pushes as separate processes).
 # Usage: benches/push_scaling.sh [SIZE_GIB] ; e.g. STORE_DIR=/dev/shm benches/push_scaling.sh 4
 set -euo pipefail
 gib=${1:-4}
@@ -37,3 +38,18 @@ for t in 1 2 4 8 16 32 64; do
   [ -n "$base" ] || base=$gbs
   echo "threads $t: $s s, $gbs GB/s, speedup $(python3 -c "print(f'{$gbs/$base:.2f}')"), stored $stored of logical${stages:+ ($stages)}"
 done
+# SIDE_BY_SIDE=1: the machine's own scaling for the same work, as a ceiling: N single-thread
+# pushes of the whole file at once, as separate processes into separate stores.
+if [ "${SIDE_BY_SIDE:-0}" = 1 ]; then
+  for n in 1 2 4 8 16 32 64; do
+    [ "$n" -le "$cores" ] || break
+    for i in $(seq "$n"); do "$G" --store "$dir/side$i" init > /dev/null; done
+    sync
+    t0=$(date +%s.%N)
+    for i in $(seq "$n"); do RAYON_NUM_THREADS=1 "$G" --store "$dir/side$i" push "$dir/weights.bin" --tag w > /dev/null & done
+    wait
+    t1=$(date +%s.%N)
+    python3 -c "n, s = $n, $t1 - $t0; print(f'{n} single-thread pushes side by side: {s:.2f} s, {n * $gib * 2**30 / s / 1e9:.2f} GB/s together')"
+    rm -rf "$dir"/side*
+  done
+fi
