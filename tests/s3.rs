@@ -1,8 +1,29 @@
 //! Stores in a real S3-compatible server (s3s-fs on 127.0.0.1): push and restore from two
 //! machines, the local range cache, damage in the bucket, and a server that fails.
 
+use gstore_faultnet::{Link, Proxy, Stats};
 use gstore_tests::*;
 use std::fs;
+use std::time::{Duration, Instant};
+
+/// A 20 MB/s link in front of `s3`, slow enough for a command to be stopped in the middle.
+fn slow_link(s3: &S3) -> Proxy {
+    let link = Link { rate: Some(20_000_000), ..Link::default() };
+    Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], s3.port)), link).unwrap()
+}
+
+/// Waits until `moved` of the proxy's stats passes `bytes` (at most a minute), so that the
+/// command going through it is known to be under way, then stops the server and the link, as
+/// a server that went away: the command's connections are cut and new ones are refused.
+fn stop_when_moved(s3: &mut S3, proxy: Proxy, moved: fn(&Stats) -> u64, bytes: u64) {
+    let t = Instant::now();
+    while moved(&proxy.stats()) < bytes {
+        assert!(t.elapsed() < Duration::from_secs(60), "only {} bytes moved in a minute", moved(&proxy.stats()));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s3.stop();
+    drop(proxy);
+}
 
 #[test]
 fn push_on_one_machine_restore_on_another() {
@@ -142,59 +163,54 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("access denied"), "{}", String::from_utf8_lossy(&o.stderr));
     // The server goes away in the middle of a restore: a clear error once the retries give up
-    // (after 2 s here rather than the default minute); the rerun resumes.
+    // (after 2 s here rather than the default minute); the rerun resumes. The restore and the
+    // push below go through a 20 MB/s link, and the server is stopped once they are under way.
+    let proxy = slow_link(&s3);
+    let endpoint = format!("http://{}", proxy.addr());
     let dest = s3.tmp.path().join("out");
     let child = s3
         .cmd("m", &["-q", "restore", "x", "--to", dest.to_str().unwrap(), "--memory-budget", "1"])
+        .env("AWS_ENDPOINT", &endpoint)
         .env("GSTORE_RETRY_TIMEOUT", "2s")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(150));
-    s3.stop();
+    // The image is ~38 MiB: stop once 8 MB of it came down.
+    stop_when_moved(&mut s3, proxy, |s| s.bytes_down, 8_000_000);
     let out = child.wait_with_output().unwrap();
-    let mut interrupted = 0;
-    if !out.status.success() {
-        interrupted += 1;
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("cannot reach the S3 endpoint"), "{err}");
-        assert!(!dest.exists());
-    }
+    assert!(!out.status.success(), "the restore outran the server's stop");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach the S3 endpoint"), "{err}");
+    assert!(!dest.exists());
     let err = s3.fails("m", &["ls"]);
     assert!(err.contains("cannot reach the S3 endpoint"), "{err}");
     s3.resume();
-    if !dest.exists() {
-        s3.ok("m", &["restore", "x", "--to", dest.to_str().unwrap()]);
-    }
+    s3.ok("m", &["restore", "x", "--to", dest.to_str().unwrap()]);
     assert_same_tree(&src, &dest);
     // The server goes away in the middle of a push: the store still verifies, the rerun lands.
     let src2 = s3.tmp.path().join("src2");
     make_tree(&src2, 5, 120_000_000);
+    let proxy = slow_link(&s3);
+    let endpoint = format!("http://{}", proxy.addr());
     let child = s3
         .cmd("a", &["-q", "push", src2.to_str().unwrap(), "--tag", "y"])
+        .env("AWS_ENDPOINT", &endpoint)
         .env("GSTORE_RETRY_TIMEOUT", "2s")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    s3.stop();
+    // ~48 MiB of new 4 MiB packs go up, 4 at a time: after 24 MB at least four have landed.
+    stop_when_moved(&mut s3, proxy, |s| s.bytes_up, 24_000_000);
     let out = child.wait_with_output().unwrap();
     s3.resume();
-    if !out.status.success() {
-        interrupted += 1;
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("cannot reach the S3 endpoint"),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The rerun does not upload again what reached the bucket before the failure.
-        let r: serde_json::Value =
-            serde_json::from_str(&s3.ok("a", &["--json", "push", src2.to_str().unwrap(), "--tag", "y"])).unwrap();
-        let (new, all) = (r["new_chunks"].as_u64().unwrap(), r["chunks"].as_u64().unwrap());
-        assert!(new < all, "the rerun uploaded all {all} chunks again");
-    }
-    assert!(interrupted > 0, "neither the restore nor the push was caught by the server stopping");
-    eprintln!("interrupted: {interrupted} of 2");
+    assert!(!out.status.success(), "the push outran the server's stop");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach the S3 endpoint"), "{err}");
+    // The rerun does not upload again what reached the bucket before the failure.
+    let r: serde_json::Value =
+        serde_json::from_str(&s3.ok("a", &["--json", "push", src2.to_str().unwrap(), "--tag", "y"])).unwrap();
+    let (new, all) = (r["new_chunks"].as_u64().unwrap(), r["chunks"].as_u64().unwrap());
+    assert!(new < all, "the rerun uploaded all {all} chunks again");
     s3.ok("b", &["verify", "--read-data"]);
     let o = s3.tmp.path().join("out-y");
     s3.ok("b", &["restore", "y", "--to", o.to_str().unwrap()]);
