@@ -52,25 +52,23 @@ impl ImageMeta {
                     key: META_CUDA_DRIVER_VERSION,
                     detail: format!("{version:?} is not \"major.minor\""),
                 })?;
-                let gpus = meta
-                    .get(META_GPUS)
-                    .cloned()
-                    .map(serde_json::from_value::<Vec<GpuInfo>>)
-                    .transpose()
-                    .map_err(|e| GpuDumpError::Metadata { key: META_GPUS, detail: e.to_string() })?
+                let gpus = json_field::<Vec<GpuInfo>>(meta, META_GPUS)?
                     .ok_or_else(|| GpuDumpError::Metadata { key: META_GPUS, detail: "missing".to_string() })?;
-                let gpu_pids = meta
-                    .get(META_GPU_PIDS)
-                    .cloned()
-                    .map(serde_json::from_value::<Vec<u32>>)
-                    .transpose()
-                    .map_err(|e| GpuDumpError::Metadata { key: META_GPU_PIDS, detail: e.to_string() })?
-                    .unwrap_or_default();
+                let gpu_pids = json_field::<Vec<u32>>(meta, META_GPU_PIDS)?.unwrap_or_default();
                 (Some((major, minor)), gpus, gpu_pids)
             }
         };
         Ok(ImageMeta { kind, criu_version, cuda_driver_version, gpus, gpu_pids })
     }
+}
+
+/// The metadata value under `key` read as a `T`, or `None` when it is absent.
+fn json_field<T: serde::de::DeserializeOwned>(meta: &BTreeMap<String, Value>, key: &'static str) -> Result<Option<T>> {
+    meta.get(key)
+        .cloned()
+        .map(serde_json::from_value::<T>)
+        .transpose()
+        .map_err(|e| GpuDumpError::Metadata { key, detail: e.to_string() })
 }
 
 /// What this machine offers for a restore.

@@ -14,7 +14,7 @@ use common::{criu, Counter};
 use gstore_gpu_dump::checkpoint::{self, CheckpointOptions, ImageKind, RestoreOptions};
 use gstore_gpu_dump::compat::{check_compatible, ImageMeta, MachineInfo};
 use gstore_gpu_dump::cuda::{process_uses_cuda, CudaDriver, GpuInfo, ProcessState};
-use gstore_gpu_dump::{procfs, GpuDumpError, GpuMap, Phase};
+use gstore_gpu_dump::{procfs, Criu, GpuDumpError, GpuMap, Phase};
 
 struct FakeCuda {
     /// The fake driver, named libcuda.so.1 so that a process preloading it looks like a CUDA user.
@@ -336,6 +336,17 @@ fn gpu_tree() -> (Counter, u32, u32) {
     (tree, worker, loader)
 }
 
+/// How to restore `tree`'s image with the GPU state of `gpu_pids`.
+fn tree_restore<'a>(criu: &'a Criu, cuda: &'a CudaDriver, tree: &Counter, gpu_pids: &[u32]) -> RestoreOptions<'a> {
+    RestoreOptions {
+        cuda: Some(cuda),
+        gpu: true,
+        gpu_pids: gpu_pids.to_vec(),
+        original_pid: Some(tree.pid),
+        ..RestoreOptions::new(criu)
+    }
+}
+
 #[test]
 fn every_gpu_process_of_a_tree_is_locked_checkpointed_and_restored() {
     let criu = criu();
@@ -362,13 +373,7 @@ fn every_gpu_process_of_a_tree_is_locked_checkpointed_and_restored() {
         assert_eq!(cuda.state(pid).expect("state"), ProcessState::Checkpointed, "pid {pid}");
     }
     let at_dump = tree.value_in("count-worker");
-    let opts = RestoreOptions {
-        cuda: Some(&cuda),
-        gpu: true,
-        gpu_pids: meta.gpu_pids.clone(),
-        original_pid: Some(tree.pid),
-        ..RestoreOptions::new(&criu)
-    };
+    let opts = tree_restore(&criu, &cuda, &tree, &meta.gpu_pids);
     let restored = checkpoint::restore(&dir, &opts).expect("restore");
     assert_eq!(restored.pid, tree.pid);
     for pid in [tree.pid, worker] {
@@ -411,13 +416,7 @@ fn a_tree_whose_worker_fails_its_gpu_restore_names_the_worker() {
     let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
     let report = checkpoint::checkpoint(tree.pid, &dir, &opts).expect("checkpoint");
     fail(worker, &["restore"]);
-    let opts = RestoreOptions {
-        cuda: Some(&cuda),
-        gpu: true,
-        gpu_pids: report.gpu_pids.clone(),
-        original_pid: Some(tree.pid),
-        ..RestoreOptions::new(&criu)
-    };
+    let opts = tree_restore(&criu, &cuda, &tree, &report.gpu_pids);
     let err = checkpoint::restore(&dir, &opts).expect_err("the worker's GPU restore fails");
     assert!(matches!(err, GpuDumpError::GpuRestore { pid, .. } if pid == worker), "{err:?}");
     assert_eq!(cuda.state(tree.pid).expect("state"), ProcessState::Running, "the root came back");
