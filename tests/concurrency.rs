@@ -47,16 +47,26 @@ fn a_second_process_waits_for_the_lock_and_says_so() {
     let lock_path = env.store.join("index.lock");
     let holder = fs::OpenOptions::new().write(true).open(&lock_path).unwrap();
     holder.lock().unwrap();
-    let child = env.cmd(&["du"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    let mut child = env.cmd(&["du"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // The lock is let go once the waiting notice is out (however long the start took).
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufRead::lines(stderr).map_while(Result::ok) {
+            if line.contains("waiting for") {
+                let _ = tx.send(());
+            }
+            lines.push(line);
+        }
+        lines.join("\n")
+    });
+    let noticed = rx.recv_timeout(std::time::Duration::from_secs(60)).is_ok();
     holder.unlock().unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("waiting for"),
-        "no waiting notice: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let status = child.wait().unwrap();
+    let stderr = reader.join().unwrap();
+    assert!(noticed, "no waiting notice: {stderr}");
+    assert!(status.success(), "{stderr}");
     // Reading tags needs no lock at all.
     holder.lock().unwrap();
     env.ok(&["ls"]);

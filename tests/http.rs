@@ -203,7 +203,12 @@ fn shutdown_finishes_requests_in_flight() {
         .arg(format!("{}/v1/o/{key}", server.url()))
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Stopped once the download is under way (a megabyte of it written), however slow the start.
+    let t = std::time::Instant::now();
+    while fs::metadata(&out).map_or(0, |m| m.len()) < 1_000_000 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "the download never started");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let status = server.terminate();
     assert!(status.success(), "server exited with {status}");
     assert!(curl.wait_with_output().unwrap().status.success());
