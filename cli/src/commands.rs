@@ -168,8 +168,15 @@ fn checkpoint(
     out.emit(&r, || {
             let t = &r.capture.timings;
             let opt = |v: Option<f64>| v.map(|s| format!("{s:.2} s")).unwrap_or_else(|| "-".into());
+            let gpu_pids = &r.capture.gpu_pids;
+            let others = if gpu_pids.len() > 1 {
+                let pids: Vec<String> = gpu_pids.iter().map(u32::to_string).collect();
+                format!(", GPU state of processes {}", pids.join(", "))
+            } else {
+                String::new()
+            };
             format!(
-                "checkpointed pid {pid} ({}) as {} ({}, {} new)\nphases: GPU lock {}, GPU checkpoint {}, criu dump {:.2} s, GPU resume {}, store {:.2} s, total {:.2} s{}\nmanifest {}",
+                "checkpointed pid {pid} ({}{others}) as {} ({}, {} new)\nphases: GPU lock {}, GPU checkpoint {}, criu dump {:.2} s, GPU resume {}, store {:.2} s, total {:.2} s{}\nmanifest {}",
                 r.capture.image_kind,
                 r.push.tag,
                 HumanBytes(r.push.logical_bytes),
