@@ -298,8 +298,7 @@ fn a_store_server_killed_mid_fill_kills_the_restored_tree_and_says_what_failed()
     let server = Server::start(&env.store, &[]);
     let mut restore = server.cmd("node", "", &["restore", "tree:1", "--run", "--criu", CRIU]);
     // Retries give up after 3 s rather than the default minute.
-    let mut restore =
-        restore.env("GSTORE_RETRY_TIMEOUT", "3s").stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut restore = restore.env("GSTORE_RETRY_TIMEOUT", "3s").stderr(std::process::Stdio::piped()).spawn().unwrap();
     // The restored parent exists while CRIU still restores: no lazy page has been filled in
     // the background yet. Freeze the server there, then kill it.
     let server_pid = freeze_the_store_once_restoring(&tree, &server, &mut restore);

@@ -60,11 +60,10 @@ pub(crate) async fn run(
 ) {
     let window = Arc::new(Semaphore::new(shared.link.window.max(SEGMENT)));
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut placed = None;
     tokio::select! {
         _ = async {
             tokio::join!(
-                read_side(dir, &mut src, tx, &mut placed, window.clone(), &shared, &kill),
+                read_side(dir, &mut src, tx, window.clone(), &shared, &kill),
                 write_side(dir, &mut dst, &mut rx, window, &shared, &kill),
             )
         } => {}
@@ -82,13 +81,14 @@ async fn read_side(
     dir: Dir,
     src: &mut OwnedReadHalf,
     tx: mpsc::UnboundedSender<Item>,
-    placed: &mut Option<(u64, Item)>,
     window: Arc<Semaphore>,
     shared: &Shared,
     kill: &watch::Sender<bool>,
 ) {
     let link = &shared.link;
     let mut moved = 0u64;
+    // The fault placed ahead in this direction, at its byte offset.
+    let mut placed: Option<(u64, Item)> = None;
     let mut last = Instant::now();
     loop {
         let Ok(permit) = window.acquire_many(SEGMENT as u32).await else { return };
@@ -109,12 +109,12 @@ async fn read_side(
         buf.truncate(n);
         // A fault another connection fired first is not this one's to fire.
         if let Some((_, Item::Reset { armed: Some(id) } | Item::Stall { armed: Some(id), .. })) = placed {
-            if !shared.is_armed(*id) {
-                *placed = None;
+            if !shared.is_armed(id) {
+                placed = None;
             }
         }
         if placed.is_none() {
-            *placed = place_fault(dir, moved, n, shared);
+            placed = place_fault(dir, moved, n, shared);
         }
         // When the segment is due: after what came before it, half a round trip, jitter, and
         // a round trip more if one of its packets was lost.
@@ -150,7 +150,7 @@ async fn read_side(
                 }
             }
             later => {
-                *placed = later;
+                placed = later;
                 sent = tx.send(Item::Data { at, bytes: buf });
             }
         }
