@@ -80,7 +80,7 @@ impl FileChunks {
         store: &Store,
         range: Range<u64>,
         buf: &mut [u8],
-        decoder: &mut codec::Decoder,
+        decoder: &mut codec::Decoder<'_>,
     ) -> Result<usize> {
         if range.end > self.size {
             return Err(StoreError::corrupt(

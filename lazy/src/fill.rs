@@ -324,7 +324,7 @@ fn worker(sh: &Shared<'_>) {
         Ok(b) => b,
         Err(e) => return sh.fail(0, LazyError::os("allocating a fill buffer", e)),
     };
-    let mut decoder = Decoder::new(chunk_max);
+    let mut decoder = sh.store.decoder();
     while let Some((task, seg)) = sh.next() {
         sh.in_flight.fetch_add(1, Ordering::AcqRel);
         let r = fill_segment(sh, &task, seg, &mut buf, &mut decoder);
@@ -340,7 +340,7 @@ fn worker(sh: &Shared<'_>) {
 }
 
 /// Decodes segment `seg` and copies it into `task`.
-fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decoder: &mut Decoder) -> Result<()> {
+fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decoder: &mut Decoder<'_>) -> Result<()> {
     let image = &sh.images[task.image];
     let s = &image.segments[seg];
     let at = image.chunks.read_into(sh.store, s.file.clone(), buf, decoder)?;

@@ -5,7 +5,6 @@
 use crate::error::{LazyError, Result};
 use crate::fetch::FileChunks;
 use crate::layout::Layout;
-use gstore_store::codec::Decoder;
 use gstore_store::manifest::Manifest;
 use gstore_store::progress::Progress;
 use gstore_store::{ObjectId, Store};
@@ -46,7 +45,7 @@ pub fn prepare(
     let report = gstore_restore::restore_to_dir(store, id, &small, dir, memory_budget, progress)?;
     let mut written = report.logical_bytes;
     let layout = Layout::read(dir)?;
-    let mut decoder = Decoder::new(store.config().chunk_max);
+    let mut decoder = store.decoder();
     let mut buf = vec![0u8; FileChunks::buffer_len(EAGER_READ, store.config().chunk_max) + 4096];
     let align = buf.as_ptr().align_offset(4096);
     for p in &layout.processes {

@@ -3,7 +3,6 @@
 //! bounded by the batch whatever the file's size.
 
 use crate::plan::locate_chunk;
-use gstore_store::codec::Decoder;
 use gstore_store::manifest::{EntryKind, Manifest};
 use gstore_store::{Result, Store, StoreError};
 use rayon::prelude::*;
@@ -22,7 +21,6 @@ pub fn write_file(store: &Store, m: &Manifest, path: &str, out: &mut dyn Write) 
     if entry.kind != EntryKind::File {
         return Err(StoreError::Invalid(format!("{path} is a {}, not a file", entry.kind.name())));
     }
-    let chunk_max = store.config().chunk_max;
     let mut written = 0u64;
     for batch in chunks.chunks(BATCH) {
         let plain: Vec<Result<Vec<u8>>> = batch
@@ -34,7 +32,7 @@ pub fn write_file(store: &Store, m: &Manifest, path: &str, out: &mut dyn Write) 
                 let loc = locate_chunk(store, &c.id, c.len, path)?;
                 store.read_checked_range(&loc.pack, loc.range(), |stored| {
                     let mut plain = Vec::with_capacity(c.len as usize);
-                    Decoder::new(chunk_max).decode_append(loc.codec, stored, c.len as usize, &c.id, &mut plain)?;
+                    store.decoder().decode_append(loc.codec, stored, c.len as usize, &c.id, &mut plain)?;
                     Ok(plain)
                 })
             })

@@ -101,7 +101,7 @@ fn run_here(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress
     progress.start("restoring", plan.write_bytes() + zeros, Unit::Bytes);
     progress.advance(zeros);
     let r = plan.reads.par_iter().try_for_each_init(
-        || (codec::Decoder::new(store.config().chunk_max), Vec::new()),
+        || (store.decoder(), Vec::new()),
         |(decoder, arena), read| {
             let written = fetch_decode_write(store, read, decoder, arena, sink)?;
             progress.advance(written);
@@ -121,7 +121,7 @@ enum Source {
 fn fetch_decode_write(
     store: &Store,
     read: &RangeRead,
-    decoder: &mut codec::Decoder,
+    decoder: &mut codec::Decoder<'_>,
     arena: &mut Vec<u8>,
     sink: &dyn Sink,
 ) -> Result<u64> {

@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use futures::TryStreamExt;
 use gstore_store::backend::Listed;
 use gstore_store::backend::Version;
-use gstore_store::codec::Decoder;
+use gstore_store::codec::{Decoder, KnownBase};
 use gstore_store::index::ChunkLocation;
 use gstore_store::key::{Family, ObjectKey as Key};
 use gstore_store::{ObjectId, StoreError};
@@ -308,6 +308,11 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
     }
 }
 
+/// The object path of the pack holding a chunk.
+fn pack_path(l: &ChunkLocation) -> ObjPath {
+    ObjPath::from(Key::Pack(l.pack).to_string().as_str())
+}
+
 /// Finds a chunk, reading new pack footers once if it is not known yet.
 async fn locate(state: &AppState, id: &ObjectId) -> Result<Option<ChunkLocation>, Response> {
     if let Some(found) = state.chunks.get(id) {
@@ -340,8 +345,7 @@ async fn get_chunk(
         Ok(None) => return error(StatusCode::NOT_FOUND, "no pack holds this chunk"),
         Err(r) => return r,
     };
-    let stored = match state.objects.get_range(&ObjPath::from(Key::Pack(e.pack).to_string().as_str()), e.range()).await
-    {
+    let stored = match state.objects.get_range(&pack_path(&e), e.range()).await {
         Ok(b) => b,
         Err(err) => return store_error(err),
     };
@@ -350,10 +354,34 @@ async fn get_chunk(
         state.metrics.bytes_out.inc_by(stored.len() as u64);
         return (codec, stored).into_response();
     }
+    // A delta is decoded against its base, fetched the same way (a base is never a delta).
+    let base = match e.base {
+        Some(b) => match locate(&state, &b).await {
+            Ok(Some(l)) if l.base.is_none() => match state.objects.get_range(&pack_path(&l), l.range()).await {
+                Ok(bytes) => Some((b, l, bytes)),
+                Err(err) => return store_error(err),
+            },
+            Ok(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "the delta base of this chunk is missing"),
+            Err(r) => return r,
+        },
+        None => None,
+    };
     let chunk_max = state.chunk_max;
     let decoded = tokio::task::spawn_blocking(move || {
+        let base = match base {
+            Some((b, l, bytes)) => {
+                let mut plain = Vec::with_capacity(l.plain_len as usize);
+                Decoder::new(chunk_max).decode_append(l.codec, &bytes, l.plain_len as usize, &b, &mut plain)?;
+                Some(KnownBase { id: b, plain: std::sync::Arc::new(plain) })
+            }
+            None => None,
+        };
+        let mut decoder = match &base {
+            Some(known) => Decoder::with_bases(chunk_max, known),
+            None => Decoder::new(chunk_max),
+        };
         let mut plain = Vec::with_capacity(e.plain_len as usize);
-        Decoder::new(chunk_max).decode_append(e.codec, &stored, e.plain_len as usize, &id, &mut plain).map(|()| plain)
+        decoder.decode_append(e.codec, &stored, e.plain_len as usize, &id, &mut plain).map(|()| plain)
     })
     .await;
     match decoded {

@@ -17,6 +17,9 @@ pub enum Codec {
     Zero = 2,
     /// Byte-grouped floats: lanes of 2- or 4-byte words, each zstd or raw ([`crate::floats`]).
     Floats = 3,
+    /// A difference from another stored chunk (its base): the base's id, then a zstd frame
+    /// compressed with the base's plain bytes as its prefix ([`Encoder::encode_delta`]).
+    Delta = 4,
 }
 
 impl Codec {
@@ -27,6 +30,7 @@ impl Codec {
             1 => Some(Codec::Zstd),
             2 => Some(Codec::Zero),
             3 => Some(Codec::Floats),
+            4 => Some(Codec::Delta),
             _ => None,
         }
     }
@@ -38,6 +42,7 @@ impl Codec {
             Codec::Zstd => "zstd",
             Codec::Zero => "zero",
             Codec::Floats => "floats",
+            Codec::Delta => "delta",
         }
     }
 }
@@ -65,6 +70,9 @@ pub struct Encoder {
     /// frames are plain zstd frames: any zstd decoder reads them.
     lanes: zstd::bulk::Compressor<'static>,
     scratch: floats::Scratch,
+    /// The zstd level, for delta frames (each made with its own context: the prefix is
+    /// borrowed for one frame).
+    level: i32,
 }
 
 impl Encoder {
@@ -80,7 +88,7 @@ impl Encoder {
         lanes
             .set_parameter(zstd::zstd_safe::CParameter::LiteralCompressionMode(zstd::zstd_safe::ParamSwitch::Enable))
             .map_err(bad)?;
-        Ok(Encoder { zstd, floats, lanes, scratch: floats::Scratch::default() })
+        Ok(Encoder { zstd, floats, lanes, scratch: floats::Scratch::default(), level })
     }
 
     /// Chooses a codec for a non-zero chunk and returns its stored bytes: the float codec for
@@ -102,14 +110,73 @@ impl Encoder {
             _ => (Codec::Raw, plain.to_vec()),
         }
     }
+
+    /// Encodes `plain` as a delta against the chunk `base_id`, whose plain bytes are `base`:
+    /// the base id, then one zstd frame compressed with `base` as its prefix (zstd's
+    /// `refPrefix`), so the frame holds little more than the bytes where the two differ.
+    /// `None` when the result is not below `limit` bytes.
+    pub fn encode_delta(&mut self, plain: &[u8], base_id: &ObjectId, base: &[u8], limit: usize) -> Option<Vec<u8>> {
+        use zstd::zstd_safe::{CCtx, CParameter};
+        let room = limit.checked_sub(DELTA_BASE_LEN)?;
+        let mut cctx = CCtx::create();
+        cctx.set_parameter(CParameter::CompressionLevel(self.level)).ok()?;
+        // A window that reaches from the end of the chunk back to the start of its base, so
+        // that every part of the base can be matched (zstd would size it for the chunk alone).
+        let window = (plain.len() + base.len()).next_power_of_two().trailing_zeros().max(10);
+        cctx.set_parameter(CParameter::WindowLog(window)).ok()?;
+        cctx.ref_prefix(base).ok()?;
+        let mut frame = Vec::with_capacity(room);
+        // A frame that does not fit `room` fails: not worth it.
+        cctx.compress2(&mut frame, plain).ok()?;
+        let mut out = Vec::with_capacity(DELTA_BASE_LEN + frame.len());
+        out.extend_from_slice(&base_id.0);
+        out.extend_from_slice(&frame);
+        (out.len() < limit).then_some(out)
+    }
+}
+
+/// Bytes of the base id at the start of a delta chunk's stored bytes.
+pub const DELTA_BASE_LEN: usize = 32;
+
+/// The base id a delta chunk's stored bytes start with, and its zstd frame.
+pub fn split_delta(stored: &[u8]) -> Option<(ObjectId, &[u8])> {
+    let (base, frame) = stored.split_at_checked(DELTA_BASE_LEN)?;
+    Some((ObjectId::from_slice(base)?, frame))
+}
+
+/// Where a decoder finds the plain bytes of the chunks that delta chunks are stored against.
+pub trait BaseSource: Sync {
+    /// The plain bytes of chunk `id`, checked against its id. A base is never itself a delta
+    /// (chains are one step long): such a base is refused as corrupt.
+    fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>>;
+}
+
+/// The one base a reader fetched itself for a delta chunk (e.g. over HTTP).
+pub struct KnownBase {
+    /// The base chunk's id.
+    pub id: ObjectId,
+    /// Its plain bytes (checked by whoever decoded them).
+    pub plain: std::sync::Arc<Vec<u8>>,
+}
+
+impl BaseSource for KnownBase {
+    fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
+        if *id == self.id {
+            Ok(self.plain.clone())
+        } else {
+            Err(StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })
+        }
+    }
 }
 
 /// Decodes and verifies chunks, reusing one zstd context (keep one per thread).
-pub struct Decoder {
+pub struct Decoder<'s> {
     zstd: zstd::bulk::Decompressor<'static>,
     scratch: floats::Scratch,
     /// The longest chunk it decodes: the store's `chunk_max`.
     chunk_max: u32,
+    /// Where delta chunks' bases come from; without it delta chunks are refused.
+    bases: Option<&'s dyn BaseSource>,
 }
 
 /// Checks `plain` against the chunk id and expected length.
@@ -153,15 +220,47 @@ pub fn check_zstd_frame(frame: &[u8], plain_len: usize, id: &ObjectId) -> Result
     }
 }
 
-impl Decoder {
+impl Decoder<'static> {
     /// A decoder for a store whose chunks are at most `chunk_max` bytes (its config's): a
-    /// longer `plain_len` is refused as corrupt before anything is allocated.
-    pub fn new(chunk_max: u32) -> Decoder {
+    /// longer `plain_len` is refused as corrupt before anything is allocated. It cannot look
+    /// up delta bases: delta chunks are refused (see [`Decoder::with_bases`]).
+    pub fn new(chunk_max: u32) -> Decoder<'static> {
         Decoder {
             zstd: zstd::bulk::Decompressor::new().expect("zstd decompression context"),
             scratch: floats::Scratch::default(),
             chunk_max,
+            bases: None,
         }
+    }
+}
+
+impl<'s> Decoder<'s> {
+    /// [`Decoder::new`] that decodes delta chunks too, reading their bases from `bases`.
+    pub fn with_bases(chunk_max: u32, bases: &'s dyn BaseSource) -> Decoder<'s> {
+        Decoder { bases: Some(bases), ..Decoder::new(chunk_max) }
+    }
+
+    /// Decodes a delta chunk into `out` (its plain length): looks up the base, then decodes
+    /// the frame with the base's plain bytes as its prefix. Returns the decoded length.
+    fn expand_delta(&mut self, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<usize> {
+        let corrupt = |why: String| StoreError::corrupt("chunk", id.to_hex(), why);
+        let (base_id, frame) =
+            split_delta(stored).ok_or_else(|| corrupt(format!("a delta of {} bytes has no base id", stored.len())))?;
+        if &base_id == id {
+            return Err(corrupt("a delta names itself as its base".into()));
+        }
+        let bases = self.bases.ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "chunk {} is stored as a delta against chunk {}, and this reader cannot look up bases",
+                id.short(),
+                base_id.short()
+            ))
+        })?;
+        let base = bases.base_plain(&base_id)?;
+        let mut dctx = zstd::zstd_safe::DCtx::create();
+        let named = |code: usize| corrupt(format!("delta: zstd: {}", zstd::zstd_safe::get_error_name(code)));
+        dctx.ref_prefix(&base[..]).map_err(named)?;
+        dctx.decompress(out, frame).map_err(named)
     }
 
     /// Decodes `stored`, appends the plain bytes to `out` and checks them against `id`. On
@@ -195,6 +294,10 @@ impl Decoder {
                 out.resize(start + plain_len, 0);
                 floats::decode(stored, &mut out[start..], &mut self.zstd, &mut self.scratch, id)
             }
+            Codec::Delta => {
+                out.resize(start + plain_len, 0);
+                self.expand_delta(stored, id, &mut out[start..]).map(|n| out.truncate(start + n))
+            }
             Codec::Zstd => {
                 // A little room past plain_len lets an oversized frame show as "too long".
                 out.resize(start + plain_len + 1, 0);
@@ -215,7 +318,7 @@ impl Decoder {
     }
 }
 
-impl Decoder {
+impl Decoder<'_> {
     /// Decodes `stored` into `out`, which must be exactly the chunk's plain length, and checks
     /// the bytes against `id`. On error `out` holds unspecified bytes.
     pub fn decode_into(&mut self, codec: Codec, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<()> {
@@ -249,6 +352,7 @@ impl Decoder {
                 floats::decode(stored, out, &mut self.zstd, &mut self.scratch, id)?;
                 plain_len
             }
+            Codec::Delta => self.expand_delta(stored, id, out)?,
             Codec::Zstd => self
                 .zstd
                 .decompress_to_buffer(stored, out)
@@ -290,6 +394,43 @@ mod tests {
         for lane in zstd_lanes {
             check_zstd_frame(&stored[lane.stored.clone()], f.words, &id).unwrap();
         }
+    }
+
+    #[test]
+    fn deltas_decode_against_their_base_and_nothing_else() {
+        let base: Vec<u8> = (0..65_536u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        let mut plain = base.clone();
+        for (i, b) in plain[8192..12_288].iter_mut().enumerate() {
+            *b = (i as u32).wrapping_mul(40_503).to_le_bytes()[1];
+        }
+        let (bid, id) = (ObjectId::of(&base), ObjectId::of(&plain));
+        let mut enc = Encoder::new(1, false).unwrap();
+        let stored = enc.encode_delta(&plain, &bid, &base, plain.len()).unwrap();
+        assert!(stored.len() < 6000, "one changed page of 16 stored in {} bytes", stored.len());
+        assert_eq!(split_delta(&stored).unwrap().0, bid);
+        let known = KnownBase { id: bid, plain: std::sync::Arc::new(base.clone()) };
+        let mut out = vec![0; plain.len()];
+        Decoder::with_bases(MAX, &known).decode_into(Codec::Delta, &stored, &id, &mut out).unwrap();
+        assert_eq!(out, plain);
+        let mut appended = vec![1, 2];
+        Decoder::with_bases(MAX, &known).decode_append(Codec::Delta, &stored, plain.len(), &id, &mut appended).unwrap();
+        assert_eq!(&appended[2..], &plain[..]);
+        // A reader that cannot look up bases says so.
+        let e = Decoder::new(MAX).decode_into(Codec::Delta, &stored, &id, &mut out).unwrap_err();
+        assert!(e.to_string().contains("cannot look up bases"), "{e}");
+        // Other bytes under the base's id, a flipped byte anywhere, a wrong length: refused.
+        let wrong = KnownBase { id: bid, plain: std::sync::Arc::new(vec![7; 65_536]) };
+        assert!(Decoder::with_bases(MAX, &wrong).decode_into(Codec::Delta, &stored, &id, &mut out).is_err());
+        for at in [0, 31, 32, 40, stored.len() / 2, stored.len() - 1] {
+            let mut bad = stored.clone();
+            bad[at] ^= 0x10;
+            let r = Decoder::with_bases(MAX, &known).decode_into(Codec::Delta, &bad, &id, &mut out);
+            assert!(r.is_err(), "flip at {at} decoded");
+        }
+        let mut short = vec![0; plain.len() - 1];
+        assert!(Decoder::with_bases(MAX, &known).decode_into(Codec::Delta, &stored, &id, &mut short).is_err());
+        // A delta no smaller than the limit is not made.
+        assert!(enc.encode_delta(&plain, &bid, &base, 100).is_none());
     }
 
     /// The bf16 bits of `x` (truncated).

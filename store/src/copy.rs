@@ -4,7 +4,7 @@
 //! names every pack written and every pack relied on before the manifest goes in, and chunks
 //! the target held only in packs gc has tombstoned meanwhile are copied again.
 
-use crate::codec::Decoder;
+use crate::codec::{Codec, Encoder};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::lease::{self, Lease};
@@ -102,7 +102,9 @@ fn transfer(
     }
     let found = src.locate_many(chunks)?;
     progress.start("copying", chunks.iter().map(|c| sizes[c] as u64).sum(), Unit::Bytes);
-    let mut decoder = Decoder::new(src.config().chunk_max);
+    let mut decoder = src.decoder();
+    // Deltas are copied whole: their bases may be missing from `dst`.
+    let mut encoder = Encoder::new(dst.config().zstd_level, dst.config().float_codec)?;
     let mut plain = Vec::new();
     let mut pack = dst.new_pack();
     let mut seen = HashSet::new();
@@ -120,9 +122,17 @@ fn transfer(
             decoder.decode_append(loc.codec, stored, len as usize, c, &mut plain)?;
             Ok(stored.clone())
         })?;
-        pack.push(*c, loc.codec, &stored, len);
+        let stored_len = if loc.codec == Codec::Delta {
+            let (codec, whole) = encoder.encode(&plain);
+            let n = whole.len();
+            pack.push_owned(*c, codec, whole, len);
+            n
+        } else {
+            pack.push(*c, loc.codec, &stored, len);
+            stored.len()
+        };
         report.copied_chunks += 1;
-        report.copied_stored_bytes += stored.len() as u64;
+        report.copied_stored_bytes += stored_len as u64;
         progress.advance(len as u64);
         if pack.len() >= dst.config().pack_target {
             write_pack(dst, lease, std::mem::replace(&mut pack, dst.new_pack()).finish())?;

@@ -11,6 +11,7 @@ use crate::codec::Codec;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::pack::PackEntry;
+use crate::similar::Sketch;
 use rocksdb::{ColumnFamilyDescriptor, Options, SliceTransform, WriteBatch, DB};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,9 @@ const REBUILD_HINT: &str = "it is only a cache of the pack footers: run `gstore 
 const CF_CHUNKS: &str = "chunks";
 const CF_PACKS: &str = "packs";
 const CF_DOOMED: &str = "doomed";
+/// Resemblance sketches of stored chunks (crate::similar): `[feature index, super-feature
+/// u64 LE]` -> chunk id, for finding the stored chunk a new one is most like.
+const CF_SIMILAR: &str = "similar";
 /// Key (in the default column family) holding the index layout version.
 const FORMAT_KEY: &[u8] = b"format";
 /// The layout written by this version: chunk entries keyed by chunk id + pack id.
@@ -40,26 +44,43 @@ pub struct ChunkLocation {
     pub plain_len: u32,
     /// Codec of the stored bytes.
     pub codec: Codec,
+    /// For a delta chunk, the chunk it is stored against.
+    pub base: Option<ObjectId>,
 }
 
 impl ChunkLocation {
     /// Where the chunk of footer entry `e` of pack `pack` is.
     pub fn in_pack(pack: ObjectId, e: &PackEntry) -> ChunkLocation {
-        ChunkLocation { pack, offset: e.offset, stored_len: e.stored_len, plain_len: e.plain_len, codec: e.codec }
+        ChunkLocation {
+            pack,
+            offset: e.offset,
+            stored_len: e.stored_len,
+            plain_len: e.plain_len,
+            codec: e.codec,
+            base: e.base,
+        }
     }
 
-    /// Value of a chunk entry (the pack id is in its key).
-    fn encode_value(&self) -> [u8; 17] {
-        let mut v = [0u8; 17];
-        v[..8].copy_from_slice(&self.offset.to_le_bytes());
-        v[8..12].copy_from_slice(&self.stored_len.to_le_bytes());
-        v[12..16].copy_from_slice(&self.plain_len.to_le_bytes());
-        v[16] = self.codec as u8;
+    /// Value of a chunk entry (the pack id is in its key): 17 bytes, and a delta's base id.
+    fn encode_value(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(49);
+        v.extend_from_slice(&self.offset.to_le_bytes());
+        v.extend_from_slice(&self.stored_len.to_le_bytes());
+        v.extend_from_slice(&self.plain_len.to_le_bytes());
+        v.push(self.codec as u8);
+        if let Some(b) = self.base {
+            v.extend_from_slice(&b.0);
+        }
         v
     }
 
     fn decode(key: &[u8], v: &[u8]) -> Option<Self> {
-        if key.len() != 64 || v.len() != 17 {
+        if key.len() != 64 || (v.len() != 17 && v.len() != 49) {
+            return None;
+        }
+        let codec = Codec::from_byte(v[16])?;
+        let base = v.get(17..).and_then(ObjectId::from_slice);
+        if (codec == Codec::Delta) != base.is_some() {
             return None;
         }
         Some(ChunkLocation {
@@ -67,7 +88,8 @@ impl ChunkLocation {
             offset: u64::from_le_bytes(v[..8].try_into().ok()?),
             stored_len: u32::from_le_bytes(v[8..12].try_into().ok()?),
             plain_len: u32::from_le_bytes(v[12..16].try_into().ok()?),
-            codec: Codec::from_byte(v[16])?,
+            codec,
+            base,
         })
     }
 
@@ -117,6 +139,13 @@ pub struct Index {
     empty_at_open: bool,
 }
 
+fn similar_key(feature: usize, sf: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = feature as u8;
+    k[1..].copy_from_slice(&sf.to_le_bytes());
+    k
+}
+
 fn chunk_key(chunk: &ObjectId, pack: &ObjectId) -> [u8; 64] {
     let mut k = [0u8; 64];
     k[..32].copy_from_slice(&chunk.0);
@@ -143,6 +172,7 @@ impl Index {
             ColumnFamilyDescriptor::new(CF_CHUNKS, chunk_opts),
             ColumnFamilyDescriptor::new(CF_PACKS, Options::default()),
             ColumnFamilyDescriptor::new(CF_DOOMED, Options::default()),
+            ColumnFamilyDescriptor::new(CF_SIMILAR, Options::default()),
         ];
         // Whatever stops the index from opening, rebuilding it (which deletes it unopened)
         // gets past it: say so.
@@ -265,6 +295,34 @@ impl Index {
         self.db.write(batch).map_err(|e| self.ierr(e))
     }
 
+    /// Records the resemblance sketches of newly stored chunks (a later one with the same
+    /// super-feature replaces an earlier one).
+    pub fn add_sketches(&self, sketches: &[(ObjectId, Sketch)]) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        for (id, sketch) in sketches {
+            for (i, sf) in sketch.iter().enumerate() {
+                batch.put_cf(self.cf(CF_SIMILAR), similar_key(i, *sf), id.0);
+            }
+        }
+        self.db.write(batch).map_err(|e| self.ierr(e))
+    }
+
+    /// Stored chunks that share a super-feature with `sketch`, most shared first (ties in
+    /// feature order); entries may name chunks since deleted: callers locate them.
+    pub fn similar(&self, sketch: &Sketch) -> Result<Vec<ObjectId>> {
+        let keys: Vec<_> = sketch.iter().enumerate().map(|(i, sf)| (self.cf(CF_SIMILAR), similar_key(i, *sf))).collect();
+        let mut found: Vec<(ObjectId, usize)> = Vec::new();
+        for v in self.db.multi_get_cf(keys) {
+            let Some(id) = v.map_err(|e| self.ierr(e))?.and_then(|v| ObjectId::from_slice(&v)) else { continue };
+            match found.iter_mut().find(|(f, _)| *f == id) {
+                Some((_, n)) => *n += 1,
+                None => found.push((id, 1)),
+            }
+        }
+        found.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        Ok(found.into_iter().map(|(id, _)| id).collect())
+    }
+
     /// Forgets a pack (gc deleted it) and every chunk entry pointing into it.
     pub fn remove_pack(&self, pack: &ObjectId) -> Result<()> {
         let Some(v) = self.db.get_pinned_cf(self.cf(CF_PACKS), pack.0).map_err(|e| self.ierr(e))? else {
@@ -318,7 +376,7 @@ impl Index {
 
     /// Removes every entry (before a rebuild).
     pub fn clear(&self) -> Result<()> {
-        for cf in [CF_CHUNKS, CF_PACKS, CF_DOOMED] {
+        for cf in [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR] {
             self.db.delete_range_cf(self.cf(cf), &[0u8; 0][..], &[0xffu8; 65][..]).map_err(|e| self.ierr(e))?;
         }
         self.doomed.write().expect("doomed set lock").clear();
@@ -336,7 +394,7 @@ mod tests {
         let idx = Index::open(&dir.path().join("idx")).unwrap();
         assert!(idx.needs_fill());
         let pack = ObjectId::of(b"pack");
-        let e = PackEntry { id: ObjectId::of(b"c"), offset: 8, stored_len: 5, plain_len: 9, codec: Codec::Zstd };
+        let e = PackEntry { id: ObjectId::of(b"c"), offset: 8, stored_len: 5, plain_len: 9, codec: Codec::Zstd, base: None };
         idx.add_pack(pack, 100, &[e]).unwrap();
         let loc = idx.locate(&e.id).unwrap().unwrap();
         assert_eq!((loc.pack, loc.offset, loc.stored_len, loc.plain_len, loc.codec), (pack, 8, 5, 9, Codec::Zstd));
@@ -373,6 +431,7 @@ mod tests {
             stored_len: 10,
             plain_len: 10,
             codec: Codec::Raw,
+            base: None,
         };
         idx.add_pack(a, 1000, &(0..50).map(entry).collect::<Vec<_>>()).unwrap();
         // Chunks 40..60 are in both packs; pack a is doomed, so b holds them for lookups.

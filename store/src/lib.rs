@@ -8,6 +8,7 @@
 //! and can be rebuilt from the pack footers. docs/FORMAT.md gives the byte layouts.
 
 pub mod backend;
+mod bases;
 mod cache;
 pub mod chunker;
 pub mod codec;
@@ -28,6 +29,7 @@ pub mod pack;
 pub mod profile;
 pub mod progress;
 pub mod push;
+pub mod similar;
 mod source;
 mod store;
 pub mod tag;

@@ -6,20 +6,36 @@ use crate::codec::Codec;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::key::ObjectKey;
+use crate::similar::Sketch;
 
 /// Magic bytes at the start of every pack.
 pub const PACK_MAGIC: &[u8; 8] = b"GSPACK01";
 /// Magic bytes at the very end of every pack.
 pub const TRAILER_MAGIC: &[u8; 8] = b"GSPKTAIL";
-/// Bytes in one footer entry.
+/// Bytes in one footer entry of a version 1 pack.
 pub const ENTRY_LEN: usize = 49;
+/// Bytes in one footer entry of a version 2 pack: a version 1 entry, then the base id of a
+/// delta chunk (zeros for other chunks).
+pub const ENTRY_LEN_V2: usize = ENTRY_LEN + 32;
 /// Bytes in the trailer.
 pub const TRAILER_LEN: usize = 56;
 /// Bytes [`read_tail`] reads from a pack's end in its first request: the trailer and, for most
 /// packs, the whole footer.
 const TAIL_GUESS: u64 = 64 << 10;
-/// Pack layout version written in the trailer.
+/// Pack layout version written in the trailer of packs without delta chunks (readable by
+/// every gstore).
 pub const PACK_VERSION: u32 = 1;
+/// Pack layout version of packs holding delta chunks: footer entries name each delta's base.
+pub const PACK_VERSION_DELTAS: u32 = 2;
+
+/// Bytes in one footer entry of a pack of layout `version`.
+fn entry_len(version: u32) -> usize {
+    if version == PACK_VERSION_DELTAS {
+        ENTRY_LEN_V2
+    } else {
+        ENTRY_LEN
+    }
+}
 
 /// One chunk as listed in a pack footer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,26 +50,44 @@ pub struct PackEntry {
     pub plain_len: u32,
     /// How the stored bytes decode.
     pub codec: Codec,
+    /// For a delta chunk, the chunk it is stored against (its stored bytes start with the
+    /// same id); `None` for every other codec.
+    pub base: Option<ObjectId>,
 }
 
 impl PackEntry {
-    fn write_to(&self, out: &mut Vec<u8>) {
+    fn write_to(&self, out: &mut Vec<u8>, version: u32) {
         out.extend_from_slice(&self.id.0);
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.stored_len.to_le_bytes());
         out.extend_from_slice(&self.plain_len.to_le_bytes());
         out.push(self.codec as u8);
+        if version == PACK_VERSION_DELTAS {
+            out.extend_from_slice(&self.base.map_or([0; 32], |b| b.0));
+        }
     }
 
     fn read_from(b: &[u8], pack: &str) -> Result<Self> {
-        let codec = Codec::from_byte(b[48])
-            .ok_or_else(|| StoreError::corrupt("pack", pack, format!("unknown codec byte {}", b[48])))?;
+        let bad = |why: String| StoreError::corrupt("pack", pack, why);
+        let codec = Codec::from_byte(b[48]).ok_or_else(|| bad(format!("unknown codec byte {}", b[48])))?;
+        let id = ObjectId::from_slice(&b[..32]).expect("32 bytes");
+        // Only a version 2 entry has a base field; all zeros is none.
+        let base = b.get(ENTRY_LEN..).and_then(ObjectId::from_slice).filter(|b| b.0 != [0; 32]);
+        match (codec, base) {
+            (Codec::Delta, None) => return Err(bad(format!("delta chunk {} names no base", id.short()))),
+            (Codec::Delta, Some(b)) if b == id => {
+                return Err(bad(format!("delta chunk {} names itself as its base", id.short())))
+            }
+            (Codec::Delta, Some(_)) | (_, None) => {}
+            (c, Some(_)) => return Err(bad(format!("{} chunk {} names a base", c.name(), id.short()))),
+        }
         Ok(PackEntry {
-            id: ObjectId::from_slice(&b[..32]).expect("32 bytes"),
+            id,
             offset: u64::from_le_bytes(b[32..40].try_into().unwrap()),
             stored_len: u32::from_le_bytes(b[40..44].try_into().unwrap()),
             plain_len: u32::from_le_bytes(b[44..48].try_into().unwrap()),
             codec,
+            base,
         })
     }
 
@@ -69,6 +103,8 @@ impl PackEntry {
             Codec::Raw => stored == plain,
             Codec::Zero => stored == 0,
             Codec::Zstd | Codec::Floats => stored <= plain,
+            // The base id and a frame, kept only when shorter than the plain bytes.
+            Codec::Delta => stored as usize > crate::codec::DELTA_BASE_LEN && stored < plain,
         };
         (!fits).then(|| format!("stored length {stored} does not fit a {} chunk of {plain} bytes", self.codec.name()))
     }
@@ -85,6 +121,8 @@ pub struct PackBuilder {
     entries: Vec<PackEntry>,
     /// Bytes of the pack so far (header and chunk data).
     len: u64,
+    /// Resemblance sketches of chunks in it, for the index (not part of the pack).
+    sketches: Vec<(ObjectId, Sketch)>,
 }
 
 /// A finished pack, ready to upload.
@@ -95,6 +133,8 @@ pub struct FinishedPack {
     pub bytes: Vec<u8>,
     /// Its chunks, in order.
     pub entries: Vec<PackEntry>,
+    /// Resemblance sketches of chunks in it, which the index records once the pack is stored.
+    pub sketches: Vec<(ObjectId, Sketch)>,
 }
 
 /// Length of the salt written after the magic.
@@ -120,7 +160,13 @@ impl PackBuilder {
 
     /// Starts an empty pack with the given salt (deterministic simulations choose their own).
     pub fn with_salt(salt: [u8; SALT_LEN]) -> Self {
-        PackBuilder { salt, parts: Vec::new(), entries: Vec::new(), len: (PACK_MAGIC.len() + SALT_LEN) as u64 }
+        PackBuilder {
+            salt,
+            parts: Vec::new(),
+            entries: Vec::new(),
+            len: (PACK_MAGIC.len() + SALT_LEN) as u64,
+            sketches: Vec::new(),
+        }
     }
 
     /// Appends one stored chunk (copied).
@@ -130,7 +176,28 @@ impl PackBuilder {
 
     /// Appends one stored chunk, taking its bytes without a copy.
     pub fn push_owned(&mut self, id: ObjectId, codec: Codec, stored: Vec<u8>, plain_len: u32) {
-        self.entries.push(PackEntry { id, offset: self.len, stored_len: stored.len() as u32, plain_len, codec });
+        self.append(id, codec, None, stored, plain_len);
+    }
+
+    /// Appends a delta chunk stored against chunk `base` (`stored` starts with its id).
+    pub fn push_delta(&mut self, id: ObjectId, base: ObjectId, stored: Vec<u8>, plain_len: u32) {
+        self.append(id, Codec::Delta, Some(base), stored, plain_len);
+    }
+
+    /// Appends a chunk as a footer entry describes it (a copy of `e`'s chunk, from another pack).
+    pub fn push_entry(&mut self, e: &PackEntry, stored: &[u8]) {
+        self.append(e.id, e.codec, e.base, stored.to_vec(), e.plain_len);
+    }
+
+    /// Notes the resemblance sketch of chunk `id` (added to this pack), so that later chunks
+    /// like it can be stored as deltas against it.
+    pub fn add_sketch(&mut self, id: ObjectId, sketch: Sketch) {
+        self.sketches.push((id, sketch));
+    }
+
+    fn append(&mut self, id: ObjectId, codec: Codec, base: Option<ObjectId>, stored: Vec<u8>, plain_len: u32) {
+        let stored_len = stored.len() as u32;
+        self.entries.push(PackEntry { id, offset: self.len, stored_len, plain_len, codec, base });
         self.len += stored.len() as u64;
         self.parts.push(stored);
     }
@@ -145,9 +212,11 @@ impl PackBuilder {
         self.entries.is_empty()
     }
 
-    /// Puts the pack together (header, chunks, footer, trailer) and names it.
+    /// Puts the pack together (header, chunks, footer, trailer) and names it. A pack holding
+    /// delta chunks is written in layout version 2, any other in version 1.
     pub fn finish(self) -> FinishedPack {
-        let footer_len = self.entries.len() * ENTRY_LEN;
+        let version = if self.entries.iter().any(|e| e.base.is_some()) { PACK_VERSION_DELTAS } else { PACK_VERSION };
+        let footer_len = self.entries.len() * entry_len(version);
         let mut buf = Vec::with_capacity(self.len as usize + footer_len + TRAILER_LEN);
         buf.extend_from_slice(PACK_MAGIC);
         buf.extend_from_slice(&self.salt);
@@ -157,15 +226,15 @@ impl PackBuilder {
         drop(self.parts);
         let footer_offset = buf.len() as u64;
         for e in &self.entries {
-            e.write_to(&mut buf);
+            e.write_to(&mut buf, version);
         }
         let footer_hash = blake3::hash(&buf[footer_offset as usize..]);
         buf.extend_from_slice(&footer_offset.to_le_bytes());
         buf.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
-        buf.extend_from_slice(&PACK_VERSION.to_le_bytes());
+        buf.extend_from_slice(&version.to_le_bytes());
         buf.extend_from_slice(footer_hash.as_bytes());
         buf.extend_from_slice(TRAILER_MAGIC);
-        FinishedPack { id: ObjectId::of(&buf), bytes: buf, entries: self.entries }
+        FinishedPack { id: ObjectId::of(&buf), bytes: buf, entries: self.entries, sketches: self.sketches }
     }
 }
 
@@ -178,6 +247,8 @@ pub struct Trailer {
     pub count: u32,
     /// BLAKE3 of the footer entries.
     pub footer_hash: [u8; 32],
+    /// Layout version (1, or 2 for packs with delta chunks).
+    pub version: u32,
 }
 
 /// Parses the last [`TRAILER_LEN`] bytes of a pack of `pack_len` bytes.
@@ -190,15 +261,16 @@ pub fn parse_trailer(tail: &[u8], pack_len: u64, pack: &str) -> Result<Trailer> 
         return Err(bad("trailer magic missing: truncated or overwritten".into()));
     }
     let version = u32::from_le_bytes(tail[12..16].try_into().unwrap());
-    if version != PACK_VERSION {
+    if version != PACK_VERSION && version != PACK_VERSION_DELTAS {
         return Err(bad(format!("pack version {version} is not supported")));
     }
     let t = Trailer {
         footer_offset: u64::from_le_bytes(tail[0..8].try_into().unwrap()),
         count: u32::from_le_bytes(tail[8..12].try_into().unwrap()),
         footer_hash: tail[16..48].try_into().unwrap(),
+        version,
     };
-    let expect_end = t.footer_offset.checked_add(t.count as u64 * ENTRY_LEN as u64);
+    let expect_end = t.footer_offset.checked_add(t.count as u64 * entry_len(version) as u64);
     if expect_end != Some(pack_len - TRAILER_LEN as u64) || t.footer_offset < PACK_MAGIC.len() as u64 {
         return Err(bad(format!(
             "footer at {} with {} entries does not fit a pack of {pack_len} bytes",
@@ -215,7 +287,7 @@ pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str, chunk_max: u32) -> R
         return Err(StoreError::corrupt("pack", pack, "footer checksum mismatch"));
     }
     let mut entries = Vec::with_capacity(t.count as usize);
-    for raw in footer.chunks_exact(ENTRY_LEN) {
+    for raw in footer.chunks_exact(entry_len(t.version)) {
         let e = PackEntry::read_from(raw, pack)?;
         let end = e.offset + e.stored_len as u64;
         if e.offset < PACK_MAGIC.len() as u64 || end > t.footer_offset {
@@ -329,6 +401,25 @@ mod tests {
             b[i] ^= 0x40;
             assert!(parse_pack(&b, "p", MAX).is_err(), "flip at {i} parsed");
         }
+    }
+
+    #[test]
+    fn packs_with_deltas_name_their_bases_in_version_2() {
+        let (base, id) = (ObjectId::of(b"base"), ObjectId::of(b"delta"));
+        let mut stored = base.0.to_vec();
+        stored.extend_from_slice(b"frame");
+        let mut b = PackBuilder::new();
+        b.push(ObjectId::of(b"one"), Codec::Raw, b"one", 3);
+        b.push_delta(id, base, stored.clone(), 100);
+        let p = b.finish();
+        let version = |b: &[u8]| u32::from_le_bytes(b[b.len() - 44..b.len() - 40].try_into().unwrap());
+        assert_eq!(version(&p.bytes), 2);
+        let entries = parse_pack(&p.bytes, "p", MAX).unwrap();
+        assert_eq!(entries, p.entries);
+        assert_eq!((entries[0].base, entries[1].base), (None, Some(base)));
+        assert_eq!(p.bytes.len(), 24 + 3 + stored.len() + 2 * ENTRY_LEN_V2 + TRAILER_LEN);
+        // A pack without deltas stays version 1, readable by older readers.
+        assert_eq!(version(&sample().bytes), 1);
     }
 
     #[test]

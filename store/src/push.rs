@@ -21,6 +21,7 @@ use crate::lease::{self, Lease};
 use crate::manifest::{ChunkRef, Entry, EntryKind, Manifest};
 use crate::pack::{FinishedPack, PackBuilder};
 use crate::progress::Progress;
+use crate::similar::{self, Sketch};
 use crate::source::{self, SourceEntry};
 use crate::store::{now_unix, Store};
 use crate::tag::{TagRecord, TagRef};
@@ -29,7 +30,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 
 /// Input bytes processed in parallel before the ordered append step: at least this much, and
 /// at least two segments per worker thread so every core has work.
@@ -58,6 +59,8 @@ pub struct PushReport {
     pub zero_bytes: u64,
     /// Packs written.
     pub packs: u64,
+    /// New chunks stored as deltas against similar stored chunks (of page images).
+    pub delta_chunks: u64,
     /// Chunks found in packs gc had tombstoned or deleted meanwhile, uploaded again.
     pub reuploaded_chunks: u64,
     /// Wall-clock seconds.
@@ -105,6 +108,10 @@ struct Cut {
     stored: Option<(Codec, Vec<u8>)>,
     /// The pack the index found the chunk in, for chunks deduplicated against the store.
     found_in: Option<ObjectId>,
+    /// For a chunk stored as a delta: its base.
+    base: Option<ObjectId>,
+    /// The resemblance sketch of a new chunk of a page image stored whole (a future base).
+    sketch: Option<Sketch>,
 }
 
 /// A chunk this push relies on in a pack it did not write: where to read it again.
@@ -265,6 +272,7 @@ fn push_entries(
         new_stored_bytes: 0,
         zero_bytes: 0,
         packs: 0,
+        delta_chunks: 0,
         reuploaded_chunks: 0,
         seconds: 0.0,
         dry_run,
@@ -311,7 +319,8 @@ fn push_entries(
             })
             .collect();
         let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
-        let appended = append_all(store, entries, files, &units, &mut out, &queue, progress);
+        let deltas = Deltas { store, lease: lease.as_ref(), vetted: Mutex::default() };
+        let appended = append_all(&deltas, entries, files, &units, &mut out, &queue, progress);
         drop(queue);
         let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
         for h in handles {
@@ -427,7 +436,7 @@ struct Appended<'a> {
 }
 
 fn append_all(
-    store: &Store,
+    deltas: &Deltas<'_>,
     entries: &[SourceEntry],
     files: &[Option<Content<'_>>],
     units: &[Unit],
@@ -436,6 +445,7 @@ fn append_all(
     progress: &dyn Progress,
 ) -> Result<()> {
     let Appended { file_chunks, report, relied } = out;
+    let store = deltas.store;
     let cfg = store.config();
     let mut seen: HashSet<ObjectId> = HashSet::new();
     let mut pack = store.new_pack();
@@ -463,7 +473,7 @@ fn append_all(
                 let cuts: Vec<Result<Vec<Cut>>> = units[r.clone()]
                     .par_iter()
                     .map(|u| {
-                        let cuts = process_unit(store, &entries[u.file], files[u.file].as_ref().expect("file unit"), u);
+                        let cuts = process_unit(deltas, &entries[u.file], files[u.file].as_ref().expect("file unit"), u);
                         progress.advance(u.len);
                         cuts
                     })
@@ -506,7 +516,16 @@ fn append_all(
                         report.new_chunks += 1;
                         report.new_plain_bytes += c.len as u64;
                         report.new_stored_bytes += stored.len() as u64;
-                        pack.push_owned(c.id, codec, stored, c.len);
+                        match c.base {
+                            Some(base) => {
+                                report.delta_chunks += 1;
+                                pack.push_delta(c.id, base, stored, c.len)
+                            }
+                            None => pack.push_owned(c.id, codec, stored, c.len),
+                        }
+                        if let Some(sketch) = c.sketch {
+                            pack.add_sketch(c.id, sketch);
+                        }
                         if pack.len() >= cfg.pack_target {
                             let w = std::time::Instant::now();
                             queue.send(std::mem::replace(&mut pack, store.new_pack()))?;
@@ -551,8 +570,10 @@ thread_local! {
     static WORKER: std::cell::RefCell<Option<Worker>> = const { std::cell::RefCell::new(None) };
 }
 
-fn process_unit(store: &Store, entry: &SourceEntry, file: &Content<'_>, u: &Unit) -> Result<Vec<Cut>> {
+fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u: &Unit) -> Result<Vec<Cut>> {
+    let store = deltas.store;
     let cfg = store.config();
+    let page_image = is_page_image(&entry.rel);
     let settings = (cfg.zstd_level, cfg.float_codec);
     WORKER.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -568,12 +589,120 @@ fn process_unit(store: &Store, entry: &SourceEntry, file: &Content<'_>, u: &Unit
                 let plain = &data[span];
                 let id = ObjectId::of(plain);
                 let zero = codec::is_all_zero(plain);
-                let found_in = if zero { None } else { store.index()?.locate_for_dedup(&id)?.map(|l| l.pack) };
-                let stored = if zero || found_in.is_some() { None } else { Some(encoder.encode(plain)) };
-                Ok(Cut { id, len: plain.len() as u32, zero, stored, found_in })
+                let found = if zero { None } else { store.index()?.locate_for_dedup(&id)? };
+                let found_in = match found {
+                    // A stored delta is relied on only with its base (whose pack the lease must
+                    // name too); otherwise the chunk is stored anew.
+                    Some(l) if l.base.is_some() && !deltas.base_is_reliable(l.base)? => None,
+                    other => other.map(|l| l.pack),
+                };
+                let mut cut = Cut { id, len: plain.len() as u32, zero, stored: None, found_in, base: None, sketch: None };
+                if zero || found_in.is_some() {
+                    return Ok(cut);
+                }
+                let (codec, stored) = encoder.encode(plain);
+                let sketch = if page_image { similar::sketch(plain) } else { None };
+                let delta = match &sketch {
+                    Some(sketch) => deltas.encode(encoder, &id, plain, sketch, stored.len())?,
+                    None => None,
+                };
+                match delta {
+                    Some((base, delta)) => {
+                        cut.stored = Some((Codec::Delta, delta));
+                        cut.base = Some(base);
+                    }
+                    None => {
+                        cut.stored = Some((codec, stored));
+                        cut.sketch = sketch;
+                    }
+                }
+                Ok(cut)
             })
             .collect()
     })
+}
+
+/// True for a CRIU page image (`pages-<n>.img`, at any depth): process memory, which changes
+/// page by page between checkpoints, so its changed chunks are worth storing as deltas.
+fn is_page_image(rel: &str) -> bool {
+    let name = rel.rsplit('/').next().unwrap_or(rel);
+    name.strip_prefix("pages-")
+        .and_then(|r| r.strip_suffix(".img"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A delta is kept only when it is below this fraction of the chunk's own encoding: it costs
+/// a second read (its base) to restore.
+const DELTA_BELOW: f64 = 0.75;
+
+/// How a push stores a new chunk of a page image as a delta against the stored chunk most
+/// like it (docs/FORMAT.md, codec 4). A base is always a chunk stored whole, in a pack the
+/// push has named in its lease and found without a tombstone (docs/GC.md, push step 4), so gc
+/// keeps it until the push's tag names the image; after that the delta keeps it alive.
+struct Deltas<'a> {
+    store: &'a Store,
+    /// The push's lease (none for a dry run).
+    lease: Option<&'a Lease>,
+    /// Packs checked as homes of bases: true when a base in them may be relied on.
+    vetted: Mutex<HashMap<ObjectId, bool>>,
+}
+
+impl Deltas<'_> {
+    /// The base and stored bytes of `plain` (chunk `id`, sketch `sketch`) as a delta, when a
+    /// stored chunk like it is found and the delta is enough smaller than `whole` bytes (its
+    /// own encoding).
+    fn encode(
+        &self,
+        encoder: &mut codec::Encoder,
+        id: &ObjectId,
+        plain: &[u8],
+        sketch: &Sketch,
+        whole: usize,
+    ) -> Result<Option<(ObjectId, Vec<u8>)>> {
+        let index = self.store.index()?;
+        for base in index.similar(sketch)? {
+            if base == *id {
+                continue;
+            }
+            let Some(loc) = index.locate_for_dedup(&base)? else { continue };
+            if loc.codec == Codec::Delta || !self.vet(loc.pack)? {
+                continue;
+            }
+            let base_plain = match crate::codec::BaseSource::base_plain(self.store, &base) {
+                Ok(b) => b,
+                // Gone or damaged meanwhile: the chunk is stored whole.
+                Err(e) if e.is_damage() => continue,
+                Err(e) => return Err(e),
+            };
+            let limit = (whole as f64 * DELTA_BELOW) as usize;
+            return Ok(encoder.encode_delta(plain, &base, &base_plain, limit).map(|d| (base, d)));
+        }
+        Ok(None)
+    }
+
+    /// True when the chunk `base` is in a pack that [`Deltas::vet`] accepts.
+    fn base_is_reliable(&self, base: Option<ObjectId>) -> Result<bool> {
+        let Some(base) = base else { return Ok(true) };
+        match self.store.index()?.locate_for_dedup(&base)? {
+            Some(loc) => self.vet(loc.pack),
+            None => Ok(false),
+        }
+    }
+
+    /// True when chunks in `pack` may serve as bases: named in the lease, then found with no
+    /// tombstone and still there (checked once per pack).
+    fn vet(&self, pack: ObjectId) -> Result<bool> {
+        let Some(lease) = self.lease else { return Ok(true) };
+        let mut vetted = self.vetted.lock().expect("vetted packs lock");
+        if let Some(&ok) = vetted.get(&pack) {
+            return Ok(ok);
+        }
+        lease.protect(&[pack], &[])?;
+        let key = ObjectKey::Pack(pack);
+        let ok = !lease::has_tombstone(self.store.backend(), &key)? && self.store.backend().size(&key.to_string())?.is_some();
+        vetted.insert(pack, ok);
+        Ok(ok)
+    }
 }
 
 /// Names the manifest in the lease and returns its id and encoded bytes. A manifest is named

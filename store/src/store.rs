@@ -1,7 +1,9 @@
 //! The store: a backend holding packs, manifests and tags, plus the local index.
 
 use crate::backend::{self, Backend};
+use crate::bases::BaseCache;
 use crate::cache::RangeCache;
+use crate::codec::{BaseSource, Codec, Decoder};
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
@@ -168,6 +170,8 @@ pub struct Store {
     /// Set by [`Store::with_salt_seed`]: pack salts derive from it and a counter.
     salt_seed: Option<u64>,
     salts_made: std::sync::atomic::AtomicU64,
+    /// Delta bases read lately.
+    bases: BaseCache,
 }
 
 /// A pack too short for the bytes a read needs.
@@ -278,6 +282,7 @@ impl Store {
             cache,
             salt_seed: None,
             salts_made: Default::default(),
+            bases: BaseCache::default(),
         })
     }
 
@@ -473,6 +478,11 @@ impl Store {
         Ok(checked)
     }
 
+    /// A chunk decoder for this store: it reads the bases of delta chunks from it.
+    pub fn decoder(&self) -> Decoder<'_> {
+        Decoder::with_bases(self.config.chunk_max, self)
+    }
+
     /// Reads and checks a pack's footer (without reading its chunk data).
     pub fn read_pack_footer(&self, pack: &ObjectId) -> Result<Vec<PackEntry>> {
         let key = ObjectKey::Pack(*pack).to_string();
@@ -495,7 +505,9 @@ impl Store {
         } else {
             self.backend.put(&key, p.bytes)?;
         }
-        self.index()?.add_pack(p.id, size, &p.entries)
+        let index = self.index()?;
+        index.add_pack(p.id, size, &p.entries)?;
+        index.add_sketches(&p.sketches)
     }
 
     /// Makes the salts of the packs this store writes derive from `seed` and a counter instead
@@ -880,5 +892,25 @@ mod tests {
         assert!(store.read_pack_range_into(&pack, 0..5, &mut out).is_err(), "a buffer of the wrong size");
         let err = store.read_pack_range_into(&ObjectId::of(b"gone"), 0..10, &mut out).expect_err("missing").to_string();
         assert!(err.contains("pack not found"), "{err}");
+    }
+}
+
+impl BaseSource for Store {
+    fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
+        if let Some(hit) = self.bases.get(id) {
+            return Ok(hit);
+        }
+        let loc = self.locate(id)?.ok_or_else(|| StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })?;
+        if loc.codec == Codec::Delta {
+            return Err(StoreError::corrupt("chunk", id.to_hex(), "a delta base is itself stored as a delta"));
+        }
+        let plain = self.read_checked_range(&loc.pack, loc.range(), |stored| {
+            let mut plain = Vec::with_capacity(loc.plain_len as usize);
+            Decoder::new(self.config.chunk_max).decode_append(loc.codec, stored, loc.plain_len as usize, id, &mut plain)?;
+            Ok(plain)
+        })?;
+        let plain = std::sync::Arc::new(plain);
+        self.bases.put(*id, plain.clone());
+        Ok(plain)
     }
 }

@@ -79,6 +79,7 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
     // Where each referenced chunk should be, per the index (looked up once per chunk).
     let mut located: HashMap<ObjectId, Option<ChunkLocation>> = HashMap::new();
     let mut wanted: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
+    let mut bases: HashMap<ObjectId, (ObjectId, Option<ChunkLocation>)> = HashMap::new();
     for m in manifests.values().filter_map(|m| m.as_ref().ok()) {
         for c in m.chunks.iter().filter(|c| !c.zero) {
             if located.contains_key(&c.id) {
@@ -87,6 +88,15 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
             let loc = store.locate(&c.id)?;
             if let Some(loc) = loc {
                 wanted.entry(loc.pack).or_default().push(c.id);
+                // A delta needs its base: the chain is one step (a base is never a delta). The
+                // base's pack is checked like the image's own.
+                if let Some(base) = loc.base {
+                    let b = store.locate(&base)?;
+                    if let Some(b) = b {
+                        wanted.entry(b.pack).or_default().push(base);
+                    }
+                    bases.insert(c.id, (base, b));
+                }
             }
             located.insert(c.id, loc);
         }
@@ -120,7 +130,7 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
         match id.map(|id| (id, &manifests[&id])) {
             None => problems.push("tag record unreadable".to_string()),
             Some((_, Err(e))) => problems.push(e.clone()),
-            Some((_, Ok(m))) => image_problems(m, &located, &pack_results, &mut problems),
+            Some((_, Ok(m))) => image_problems(m, &located, &bases, &pack_results, &mut problems),
         }
         statuses.push(ImageStatus {
             tag,
@@ -133,9 +143,30 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
     Ok(VerifyReport { images: statuses, packs_checked: pack_results.len(), chunks_read, bytes_read, read_data })
 }
 
+/// What is wrong with the delta base `base` (located at `loc`), if anything.
+fn chain_problem(
+    base: &ObjectId,
+    loc: &Option<ChunkLocation>,
+    packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
+) -> Option<String> {
+    let b = base.short();
+    let Some(loc) = loc else { return Some(format!("its delta base {b} is in no pack")) };
+    if loc.base.is_some() {
+        return Some(format!("its delta base {b} is itself a delta"));
+    }
+    match &packs[&loc.pack] {
+        Err(e) => Some(format!("its delta base {b}: {e}")),
+        Ok(check) if !check.entries.contains_key(base) => {
+            Some(format!("its delta base {b} is not in pack {} (run `gstore index rebuild`)", loc.pack.short()))
+        }
+        Ok(check) => check.bad_chunks.get(base).map(|why| format!("its delta base {b} is damaged: {why}")),
+    }
+}
+
 fn image_problems(
     m: &Manifest,
     located: &HashMap<ObjectId, Option<ChunkLocation>>,
+    bases: &HashMap<ObjectId, (ObjectId, Option<ChunkLocation>)>,
     packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
     problems: &mut Vec<String>,
 ) {
@@ -179,6 +210,8 @@ fn image_problems(
                                 c.id.short(),
                                 loc.pack.short()
                             ));
+                        } else if let Some(why) = bases.get(&c.id).and_then(|(b, l)| chain_problem(b, l, packs)) {
+                            problems.push(format!("{}: chunk {}: {why}", entry.path, c.id.short()));
                         }
                     }
                 },
@@ -196,14 +229,16 @@ fn check_pack(store: &Store, pack: &ObjectId, ids: &[ObjectId], read_data: bool)
         let data_end = entries.values().map(|e| e.offset + e.stored_len as u64).max().unwrap_or(0);
         let data = store.read_pack_range(pack, 0..data_end)?;
         bytes = data.len() as u64;
-        let mut decoder = codec::Decoder::new(store.config().chunk_max);
+        let mut decoder = store.decoder();
         let mut plain = Vec::new();
         let unique: HashSet<&ObjectId> = ids.iter().collect();
         for id in unique {
             let Some(e) = entries.get(id) else { continue };
             let stored = &data[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
             plain.clear();
-            if let Err(err) = decoder.decode_append(e.codec, stored, e.plain_len as usize, id, &mut plain) {
+            if e.codec == codec::Codec::Delta && codec::split_delta(stored).map(|(b, _)| b) != e.base {
+                bad_chunks.insert(*id, "its stored delta base differs from its footer's".into());
+            } else if let Err(err) = decoder.decode_append(e.codec, stored, e.plain_len as usize, id, &mut plain) {
                 let detail = match err {
                     StoreError::Corrupt { detail, .. } => detail,
                     other => other.to_string(),

@@ -210,7 +210,7 @@ impl GpuLoad {
             let handles: Vec<_> = (0..workers)
                 .map(|_| {
                     s.spawn(|| {
-                        let mut decoder = Decoder::new(store.config().chunk_max);
+                        let mut decoder = store.decoder();
                         while !stop.load(Ordering::Relaxed) {
                             let next = {
                                 let mut q = queue.lock().expect("queue lock");
@@ -288,7 +288,7 @@ fn put_u64(buf: &mut [u8], at: usize, v: u64) {
 impl Loader<'_> {
     /// Reads `read` into `slot` and queues its DMA, decode, check and placement; returns the
     /// plain bytes it places.
-    fn queue(&self, slot: &mut Slot, read: &RangeRead, first_tag: u32, decoder: &mut Decoder) -> Result<u64> {
+    fn queue(&self, slot: &mut Slot, read: &RangeRead, first_tag: u32, decoder: &mut Decoder<'_>) -> Result<u64> {
         if slot.in_flight {
             slot.done.synchronize().map_err(cuda_err)?;
             slot.in_flight = false;
@@ -323,7 +323,8 @@ impl Loader<'_> {
                     fills.push((dst, plain));
                     (job.src, job.dst) = (dst, 0);
                 }
-                Codec::Zstd | Codec::Floats => {
+                // Deltas are decoded on the host (their bases come from the store).
+                Codec::Zstd | Codec::Floats | Codec::Delta => {
                     job.src = decoded_base + decoded as u64;
                     let l = self.layout;
                     // Queues one nvCOMP frame; returns the device addresses of its decoded

@@ -21,7 +21,7 @@ pub mod retention;
 mod temps;
 
 use crate::backend::{self, Backend};
-use crate::codec::Decoder;
+use crate::codec::{BaseSource, Decoder};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::key::{Family, ObjectKey};
@@ -122,7 +122,8 @@ struct PackInfo {
     entries: Vec<PackEntry>,
     tombstoned: bool,
     protected: bool,
-    /// Stored bytes of live chunks in it (whether or not it is their home).
+    /// Stored bytes of live chunks in it (whether or not it is their home), live delta bases
+    /// included.
     live_bytes: u64,
 }
 
@@ -178,9 +179,16 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     let roots: BTreeSet<ObjectId> = tagged.iter().chain(&leased_manifests).copied().collect();
 
     // 5. Mark, then read the packs and settle each live chunk's home.
-    let live = mark(store, &catalog, &roots, &tagged, progress, &mut report)?;
+    let mut live = mark(store, &catalog, &roots, &tagged, progress, &mut report)?;
     let listed = b.list(Family::Packs.prefix())?;
-    let packs = read_packs(store, &catalog, &listed, &tombstones, &leased_packs, &live, progress, &mut report)?;
+    let mut packs = read_packs(store, &catalog, &listed, &tombstones, &leased_packs, progress, &mut report)?;
+    // The bases of live delta chunks are live too (one step: a base is never a delta).
+    let bases: Vec<ObjectId> =
+        packs.iter().flat_map(|p| &p.entries).filter(|e| live.contains(&e.id)).filter_map(|e| e.base).collect();
+    live.extend(bases);
+    for p in &mut packs {
+        p.live_bytes = p.entries.iter().filter(|e| live.contains(&e.id)).map(|e| e.stored_len as u64).sum();
+    }
     let rewrite = Rewrite { below: opts.repack_below, min_dead: (store.config().pack_target / 4).min(64 << 10) };
     let (homes, home_bytes) = settle_homes(&packs, &live, &rewrite);
 
@@ -257,8 +265,8 @@ fn mark(
     Ok(live.into_inner().expect("live set lock"))
 }
 
-/// Reads the footer of every listed pack (cached for a remote store) and what the mark found
-/// in it. Damaged packs are reported and left out: nothing is decided about them.
+/// Reads the footer of every listed pack (cached for a remote store); the caller counts the
+/// live bytes in each. Damaged packs are reported and left out: nothing is decided about them.
 #[allow(clippy::too_many_arguments)]
 fn read_packs(
     store: &Store,
@@ -266,7 +274,6 @@ fn read_packs(
     listed: &[backend::Listed],
     tombstones: &BTreeSet<ObjectKey>,
     leased: &HashSet<ObjectId>,
-    live: &HashSet<ObjectId>,
     progress: &dyn Progress,
     report: &mut GcReport,
 ) -> Result<Vec<PackInfo>> {
@@ -285,14 +292,13 @@ fn read_packs(
         report.pack_bytes += l.size;
         match footer {
             Ok(entries) => {
-                let live_bytes = entries.iter().filter(|e| live.contains(&e.id)).map(|e| e.stored_len as u64).sum();
                 packs.push(PackInfo {
                     id,
                     size: l.size,
                     entries,
                     tombstoned: tombstones.contains(&ObjectKey::Pack(id)),
                     protected: leased.contains(&id),
-                    live_bytes,
+                    live_bytes: 0,
                 });
             }
             Err(e) if e.is_damage() => report.damaged_packs.push(id.to_hex()),
@@ -385,7 +391,7 @@ fn sweep_packs(
             Settled::Kept => {}
         }
     }
-    let repacked = sweep.repack(&to_repack, homes, progress, report)?;
+    let repacked = sweep.repack(&to_repack, packs, homes, progress, report)?;
     for p in to_repack {
         let key = ObjectKey::Pack(p.id);
         if !repacked.iter().any(|r| r.id == p.id) {
@@ -603,6 +609,7 @@ impl Sweep<'_> {
     fn repack<'p>(
         &self,
         packs: &[&'p PackInfo],
+        all: &[PackInfo],
         homes: &HashMap<ObjectId, ObjectId>,
         progress: &dyn Progress,
         report: &mut GcReport,
@@ -613,7 +620,8 @@ impl Sweep<'_> {
         let target = self.store.config().pack_target;
         let mut out = self.store.new_pack();
         let mut copied = Vec::new();
-        let mut decoder = Decoder::new(self.store.config().chunk_max);
+        let bases = FooterBases { store: self.store, homes, packs: all };
+        let mut decoder = Decoder::with_bases(self.store.config().chunk_max, &bases);
         let mut scratch = Vec::new();
         progress.start("gc: rewriting mostly-dead packs", packs.len() as u64, Unit::Items);
         for p in packs {
@@ -639,7 +647,7 @@ impl Sweep<'_> {
             }
             for e in keep {
                 let stored = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
-                out.push(e.id, e.codec, stored, e.plain_len);
+                out.push_entry(e, stored);
             }
             copied.push(*p);
             if out.len() >= target {
@@ -658,5 +666,29 @@ impl Sweep<'_> {
         let p = p.finish();
         report.bytes_repacked += p.bytes.len() as u64;
         self.store.backend().put(&ObjectKey::Pack(p.id).to_string(), p.bytes)
+    }
+}
+
+/// Delta bases as gc finds them: in their home pack, per the footers it read (gc runs without
+/// the index). Checked like any chunk; never cached (a repack reads few).
+struct FooterBases<'a> {
+    store: &'a Store,
+    homes: &'a HashMap<ObjectId, ObjectId>,
+    packs: &'a [PackInfo],
+}
+
+impl BaseSource for FooterBases<'_> {
+    fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
+        let missing = || StoreError::NotFound { what: "delta base chunk", key: id.to_hex() };
+        let home = self.homes.get(id).ok_or_else(missing)?;
+        let pack = self.packs.iter().find(|p| p.id == *home).ok_or_else(missing)?;
+        let e = pack.entries.iter().find(|e| e.id == *id).ok_or_else(missing)?;
+        if e.codec == crate::codec::Codec::Delta {
+            return Err(StoreError::corrupt("chunk", id.to_hex(), "a delta base is itself stored as a delta"));
+        }
+        let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
+        let mut plain = Vec::with_capacity(e.plain_len as usize);
+        Decoder::new(self.store.config().chunk_max).decode_append(e.codec, &stored, e.plain_len as usize, id, &mut plain)?;
+        Ok(std::sync::Arc::new(plain))
     }
 }
