@@ -310,7 +310,8 @@ impl Index {
     /// Stored chunks that share a super-feature with `sketch`, most shared first (ties in
     /// feature order); entries may name chunks since deleted: callers locate them.
     pub fn similar(&self, sketch: &Sketch) -> Result<Vec<ObjectId>> {
-        let keys: Vec<_> = sketch.iter().enumerate().map(|(i, sf)| (self.cf(CF_SIMILAR), similar_key(i, *sf))).collect();
+        let keys: Vec<_> =
+            sketch.iter().enumerate().map(|(i, sf)| (self.cf(CF_SIMILAR), similar_key(i, *sf))).collect();
         let mut found: Vec<(ObjectId, usize)> = Vec::new();
         for v in self.db.multi_get_cf(keys) {
             let Some(id) = v.map_err(|e| self.ierr(e))?.and_then(|v| ObjectId::from_slice(&v)) else { continue };
@@ -394,7 +395,14 @@ mod tests {
         let idx = Index::open(&dir.path().join("idx")).unwrap();
         assert!(idx.needs_fill());
         let pack = ObjectId::of(b"pack");
-        let e = PackEntry { id: ObjectId::of(b"c"), offset: 8, stored_len: 5, plain_len: 9, codec: Codec::Zstd, base: None };
+        let e = PackEntry {
+            id: ObjectId::of(b"c"),
+            offset: 8,
+            stored_len: 5,
+            plain_len: 9,
+            codec: Codec::Zstd,
+            base: None,
+        };
         idx.add_pack(pack, 100, &[e]).unwrap();
         let loc = idx.locate(&e.id).unwrap().unwrap();
         assert_eq!((loc.pack, loc.offset, loc.stored_len, loc.plain_len, loc.codec), (pack, 8, 5, 9, Codec::Zstd));

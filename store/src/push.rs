@@ -473,7 +473,8 @@ fn append_all(
                 let cuts: Vec<Result<Vec<Cut>>> = units[r.clone()]
                     .par_iter()
                     .map(|u| {
-                        let cuts = process_unit(deltas, &entries[u.file], files[u.file].as_ref().expect("file unit"), u);
+                        let cuts =
+                            process_unit(deltas, &entries[u.file], files[u.file].as_ref().expect("file unit"), u);
                         progress.advance(u.len);
                         cuts
                     })
@@ -596,7 +597,8 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
                     Some(l) if l.base.is_some() && !deltas.base_is_reliable(l.base)? => None,
                     other => other.map(|l| l.pack),
                 };
-                let mut cut = Cut { id, len: plain.len() as u32, zero, stored: None, found_in, base: None, sketch: None };
+                let mut cut =
+                    Cut { id, len: plain.len() as u32, zero, stored: None, found_in, base: None, sketch: None };
                 if zero || found_in.is_some() {
                     return Ok(cut);
                 }
@@ -699,7 +701,8 @@ impl Deltas<'_> {
         }
         lease.protect(&[pack], &[])?;
         let key = ObjectKey::Pack(pack);
-        let ok = !lease::has_tombstone(self.store.backend(), &key)? && self.store.backend().size(&key.to_string())?.is_some();
+        let ok = !lease::has_tombstone(self.store.backend(), &key)?
+            && self.store.backend().size(&key.to_string())?.is_some();
         vetted.insert(pack, ok);
         Ok(ok)
     }

@@ -900,13 +900,20 @@ impl BaseSource for Store {
         if let Some(hit) = self.bases.get(id) {
             return Ok(hit);
         }
-        let loc = self.locate(id)?.ok_or_else(|| StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })?;
+        let loc =
+            self.locate(id)?.ok_or_else(|| StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })?;
         if loc.codec == Codec::Delta {
             return Err(StoreError::corrupt("chunk", id.to_hex(), "a delta base is itself stored as a delta"));
         }
         let plain = self.read_checked_range(&loc.pack, loc.range(), |stored| {
             let mut plain = Vec::with_capacity(loc.plain_len as usize);
-            Decoder::new(self.config.chunk_max).decode_append(loc.codec, stored, loc.plain_len as usize, id, &mut plain)?;
+            Decoder::new(self.config.chunk_max).decode_append(
+                loc.codec,
+                stored,
+                loc.plain_len as usize,
+                id,
+                &mut plain,
+            )?;
             Ok(plain)
         })?;
         let plain = std::sync::Arc::new(plain);

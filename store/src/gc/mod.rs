@@ -688,7 +688,13 @@ impl BaseSource for FooterBases<'_> {
         }
         let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
         let mut plain = Vec::with_capacity(e.plain_len as usize);
-        Decoder::new(self.store.config().chunk_max).decode_append(e.codec, &stored, e.plain_len as usize, id, &mut plain)?;
+        Decoder::new(self.store.config().chunk_max).decode_append(
+            e.codec,
+            &stored,
+            e.plain_len as usize,
+            id,
+            &mut plain,
+        )?;
         Ok(std::sync::Arc::new(plain))
     }
 }
