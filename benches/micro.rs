@@ -111,7 +111,7 @@ fn bench_index(c: &mut Criterion) {
                     stored_len: 65_536,
                     plain_len: 65_536,
                     codec: Codec::Raw,
-                    base: None,
+                    bases: None,
                 }
             })
             .collect();

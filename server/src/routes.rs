@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use futures::TryStreamExt;
 use gstore_store::backend::Listed;
 use gstore_store::backend::Version;
-use gstore_store::codec::{Decoder, KnownBase};
+use gstore_store::codec::{Decoder, KnownBases};
 use gstore_store::index::ChunkLocation;
 use gstore_store::key::{Family, ObjectKey as Key};
 use gstore_store::{ObjectId, StoreError};
@@ -354,32 +354,27 @@ async fn get_chunk(
         state.metrics.bytes_out.inc_by(stored.len() as u64);
         return (codec, stored).into_response();
     }
-    // A delta is decoded against its base, fetched the same way (a base is never a delta).
-    let base = match e.base {
-        Some(b) => match locate(&state, &b).await {
-            Ok(Some(l)) if l.base.is_none() => match state.objects.get_range(&pack_path(&l), l.range()).await {
-                Ok(bytes) => Some((b, l, bytes)),
+    // A delta is decoded against its bases, fetched the same way (a base is never a delta).
+    let mut bases = Vec::new();
+    for b in e.bases.iter().flat_map(|b| b.iter()) {
+        match locate(&state, &b).await {
+            Ok(Some(l)) if l.bases.is_none() => match state.objects.get_range(&pack_path(&l), l.range()).await {
+                Ok(bytes) => bases.push((b, l, bytes)),
                 Err(err) => return store_error(err),
             },
-            Ok(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "the delta base of this chunk is missing"),
+            Ok(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "a delta base of this chunk is missing"),
             Err(r) => return r,
-        },
-        None => None,
-    };
+        }
+    }
     let chunk_max = state.chunk_max;
     let decoded = tokio::task::spawn_blocking(move || {
-        let base = match base {
-            Some((b, l, bytes)) => {
-                let mut plain = Vec::with_capacity(l.plain_len as usize);
-                Decoder::new(chunk_max).decode_append(l.codec, &bytes, l.plain_len as usize, &b, &mut plain)?;
-                Some(KnownBase { id: b, plain: std::sync::Arc::new(plain) })
-            }
-            None => None,
-        };
-        let mut decoder = match &base {
-            Some(known) => Decoder::with_bases(chunk_max, known),
-            None => Decoder::new(chunk_max),
-        };
+        let mut known = KnownBases(Vec::new());
+        for (b, l, bytes) in bases {
+            let mut plain = Vec::with_capacity(l.plain_len as usize);
+            Decoder::new(chunk_max).decode_append(l.codec, &bytes, l.plain_len as usize, &b, &mut plain)?;
+            known.0.push((b, std::sync::Arc::new(plain)));
+        }
+        let mut decoder = Decoder::with_bases(chunk_max, &known);
         let mut plain = Vec::with_capacity(e.plain_len as usize);
         decoder.decode_append(e.codec, &stored, e.plain_len as usize, &id, &mut plain).map(|()| plain)
     })

@@ -9,13 +9,13 @@ use gstore_store::profile::Profile;
 use gstore_store::tag::TagRecord;
 use gstore_store::{pack, ObjectId, StoreConfig};
 
-/// Checks a delta chunk's stored bytes without its base: they name the base the footer
+/// Checks a delta chunk's stored bytes without its bases: they name the bases the footer
 /// names, then hold one whole zstd frame declaring the chunk's plain length.
 fn check_delta(stored: &[u8], e: &pack::PackEntry) -> gstore_store::Result<()> {
     let bad = |why: &str| gstore_store::StoreError::corrupt("chunk", e.id.to_hex(), why);
-    let (base, frame) = split_delta(stored).ok_or_else(|| bad("a delta shorter than its base id"))?;
-    if Some(base) != e.base {
-        return Err(bad("its stored base id differs from its footer's"));
+    let (bases, frame) = split_delta(stored).ok_or_else(|| bad("a delta that names no bases"))?;
+    if Some(bases) != e.bases {
+        return Err(bad("its stored base ids differ from its footer's"));
     }
     check_zstd_frame(frame, e.plain_len as usize, &e.id)
 }

@@ -17,8 +17,8 @@ pub enum Codec {
     Zero = 2,
     /// Byte-grouped floats: lanes of 2- or 4-byte words, each zstd or raw ([`crate::floats`]).
     Floats = 3,
-    /// A difference from another stored chunk (its base): the base's id, then a zstd frame
-    /// compressed with the base's plain bytes as its prefix ([`Encoder::encode_delta`]).
+    /// A difference from one or two other stored chunks (its bases): their count and ids, then
+    /// a zstd frame compressed with their plain bytes as its prefix ([`Encoder::encode_delta`]).
     Delta = 4,
 }
 
@@ -111,37 +111,88 @@ impl Encoder {
         }
     }
 
-    /// Encodes `plain` as a delta against the chunk `base_id`, whose plain bytes are `base`:
-    /// the base id, then one zstd frame compressed with `base` as its prefix (zstd's
-    /// `refPrefix`), so the frame holds little more than the bytes where the two differ.
-    /// `None` when the result is not below `limit` bytes.
-    pub fn encode_delta(&mut self, plain: &[u8], base_id: &ObjectId, base: &[u8], limit: usize) -> Option<Vec<u8>> {
+    /// Encodes `plain` as a delta against `bases`, whose plain bytes one after the other are
+    /// `prefix`: the bases' count and ids, then one zstd frame compressed with `prefix` as its
+    /// prefix (zstd's `refPrefix`), so the frame holds little more than the bytes where they
+    /// differ. `None` when the result is not below `limit` bytes.
+    pub fn encode_delta(&mut self, plain: &[u8], bases: &DeltaBases, prefix: &[u8], limit: usize) -> Option<Vec<u8>> {
         use zstd::zstd_safe::{CCtx, CParameter};
-        let room = limit.checked_sub(DELTA_BASE_LEN)?;
+        let head = bases.header_len();
+        let room = limit.checked_sub(head)?;
         let mut cctx = CCtx::create();
         cctx.set_parameter(CParameter::CompressionLevel(self.level)).ok()?;
-        // A window that reaches from the end of the chunk back to the start of its base, so
-        // that every part of the base can be matched (zstd would size it for the chunk alone).
-        let window = (plain.len() + base.len()).next_power_of_two().trailing_zeros().max(10);
+        // A window that reaches from the end of the chunk back to the start of the prefix, so
+        // that every part of it can be matched (zstd would size it for the chunk alone).
+        let window = (plain.len() + prefix.len()).next_power_of_two().trailing_zeros().max(10);
         cctx.set_parameter(CParameter::WindowLog(window)).ok()?;
-        cctx.ref_prefix(base).ok()?;
+        // A hash table with a slot per position of the prefix: at the level's own size, later
+        // positions push the prefix's start out of the table and its matches are not found.
+        cctx.set_parameter(CParameter::HashLog(window.min(20))).ok()?;
+        cctx.ref_prefix(prefix).ok()?;
         let mut frame = Vec::with_capacity(room);
         // A frame that does not fit `room` fails: not worth it.
         cctx.compress2(&mut frame, plain).ok()?;
-        let mut out = Vec::with_capacity(DELTA_BASE_LEN + frame.len());
-        out.extend_from_slice(&base_id.0);
+        let mut out = Vec::with_capacity(head + frame.len());
+        out.push(bases.count() as u8);
+        for b in bases.iter() {
+            out.extend_from_slice(&b.0);
+        }
         out.extend_from_slice(&frame);
         (out.len() < limit).then_some(out)
     }
 }
 
-/// Bytes of the base id at the start of a delta chunk's stored bytes.
-pub const DELTA_BASE_LEN: usize = 32;
+/// The chunks a delta chunk is stored against: one, or two whose plain bytes one after the
+/// other make the prefix (a chunk whose changed page moved a boundary spans two old chunks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeltaBases {
+    /// The first base.
+    pub first: ObjectId,
+    /// The second base, if any.
+    pub second: Option<ObjectId>,
+}
 
-/// The base id a delta chunk's stored bytes start with, and its zstd frame.
-pub fn split_delta(stored: &[u8]) -> Option<(ObjectId, &[u8])> {
-    let (base, frame) = stored.split_at_checked(DELTA_BASE_LEN)?;
-    Some((ObjectId::from_slice(base)?, frame))
+impl DeltaBases {
+    /// One base.
+    pub fn one(first: ObjectId) -> DeltaBases {
+        DeltaBases { first, second: None }
+    }
+
+    /// The bases in prefix order.
+    pub fn iter(&self) -> impl Iterator<Item = ObjectId> {
+        std::iter::once(self.first).chain(self.second)
+    }
+
+    /// How many (1 or 2).
+    pub fn count(&self) -> usize {
+        1 + usize::from(self.second.is_some())
+    }
+
+    /// Bytes of the count and ids at the start of the stored bytes.
+    pub fn header_len(&self) -> usize {
+        1 + 32 * self.count()
+    }
+
+    /// True when `id` is one of them.
+    pub fn contains(&self, id: &ObjectId) -> bool {
+        self.iter().any(|b| b == *id)
+    }
+}
+
+/// The bases a delta chunk's stored bytes start with, and its zstd frame; `None` for bytes
+/// that do not start with a count of 1 or 2 and as many distinct ids.
+pub fn split_delta(stored: &[u8]) -> Option<(DeltaBases, &[u8])> {
+    let (&n, rest) = stored.split_first()?;
+    let id = |i: usize| rest.get(i * 32..(i + 1) * 32).and_then(ObjectId::from_slice);
+    let bases = match n {
+        1 => DeltaBases::one(id(0)?),
+        2 => DeltaBases { first: id(0)?, second: Some(id(1)?).filter(|s| Some(*s) != id(0)) },
+        _ => return None,
+    };
+    if bases.count() != n as usize {
+        return None;
+    }
+    Some((bases, &rest[32 * bases.count()..]))
 }
 
 /// Where a decoder finds the plain bytes of the chunks that delta chunks are stored against.
@@ -151,21 +202,16 @@ pub trait BaseSource: Sync {
     fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>>;
 }
 
-/// The one base a reader fetched itself for a delta chunk (e.g. over HTTP).
-pub struct KnownBase {
-    /// The base chunk's id.
-    pub id: ObjectId,
-    /// Its plain bytes (checked by whoever decoded them).
-    pub plain: std::sync::Arc<Vec<u8>>,
-}
+/// The bases a reader fetched itself for a delta chunk (e.g. over HTTP).
+pub struct KnownBases(pub Vec<(ObjectId, std::sync::Arc<Vec<u8>>)>);
 
-impl BaseSource for KnownBase {
+impl BaseSource for KnownBases {
     fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
-        if *id == self.id {
-            Ok(self.plain.clone())
-        } else {
-            Err(StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })
-        }
+        self.0
+            .iter()
+            .find(|(b, _)| b == id)
+            .map(|(_, plain)| plain.clone())
+            .ok_or_else(|| StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })
     }
 }
 
@@ -240,26 +286,34 @@ impl<'s> Decoder<'s> {
         Decoder { bases: Some(bases), ..Decoder::new(chunk_max) }
     }
 
-    /// Decodes a delta chunk into `out` (its plain length): looks up the base, then decodes
-    /// the frame with the base's plain bytes as its prefix. Returns the decoded length.
+    /// Decodes a delta chunk into `out` (its plain length): looks up its bases, then decodes
+    /// the frame with their plain bytes as its prefix. Returns the decoded length.
     fn expand_delta(&mut self, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<usize> {
         let corrupt = |why: String| StoreError::corrupt("chunk", id.to_hex(), why);
-        let (base_id, frame) =
-            split_delta(stored).ok_or_else(|| corrupt(format!("a delta of {} bytes has no base id", stored.len())))?;
-        if &base_id == id {
+        let (bases, frame) =
+            split_delta(stored).ok_or_else(|| corrupt(format!("a delta of {} bytes names no bases", stored.len())))?;
+        if bases.contains(id) {
             return Err(corrupt("a delta names itself as its base".into()));
         }
-        let bases = self.bases.ok_or_else(|| {
+        let source = self.bases.ok_or_else(|| {
             StoreError::Invalid(format!(
                 "chunk {} is stored as a delta against chunk {}, and this reader cannot look up bases",
                 id.short(),
-                base_id.short()
+                bases.first.short()
             ))
         })?;
-        let base = bases.base_plain(&base_id)?;
+        let first = source.base_plain(&bases.first)?;
+        let joined;
+        let prefix: &[u8] = match bases.second {
+            None => &first,
+            Some(second) => {
+                joined = [&first[..], &source.base_plain(&second)?[..]].concat();
+                &joined
+            }
+        };
         let mut dctx = zstd::zstd_safe::DCtx::create();
         let named = |code: usize| corrupt(format!("delta: zstd: {}", zstd::zstd_safe::get_error_name(code)));
-        dctx.ref_prefix(&base[..]).map_err(named)?;
+        dctx.ref_prefix(prefix).map_err(named)?;
         dctx.decompress(out, frame).map_err(named)
     }
 
@@ -405,10 +459,11 @@ mod tests {
         }
         let (bid, id) = (ObjectId::of(&base), ObjectId::of(&plain));
         let mut enc = Encoder::new(1, false).unwrap();
-        let stored = enc.encode_delta(&plain, &bid, &base, plain.len()).unwrap();
+        let one = DeltaBases::one(bid);
+        let stored = enc.encode_delta(&plain, &one, &base, plain.len()).unwrap();
         assert!(stored.len() < 6000, "one changed page of 16 stored in {} bytes", stored.len());
-        assert_eq!(split_delta(&stored).unwrap().0, bid);
-        let known = KnownBase { id: bid, plain: std::sync::Arc::new(base.clone()) };
+        assert_eq!(split_delta(&stored).unwrap().0, one);
+        let known = KnownBases(vec![(bid, std::sync::Arc::new(base.clone()))]);
         let mut out = vec![0; plain.len()];
         Decoder::with_bases(MAX, &known).decode_into(Codec::Delta, &stored, &id, &mut out).unwrap();
         assert_eq!(out, plain);
@@ -419,9 +474,9 @@ mod tests {
         let e = Decoder::new(MAX).decode_into(Codec::Delta, &stored, &id, &mut out).unwrap_err();
         assert!(e.to_string().contains("cannot look up bases"), "{e}");
         // Other bytes under the base's id, a flipped byte anywhere, a wrong length: refused.
-        let wrong = KnownBase { id: bid, plain: std::sync::Arc::new(vec![7; 65_536]) };
+        let wrong = KnownBases(vec![(bid, std::sync::Arc::new(vec![7; 65_536]))]);
         assert!(Decoder::with_bases(MAX, &wrong).decode_into(Codec::Delta, &stored, &id, &mut out).is_err());
-        for at in [0, 31, 32, 40, stored.len() / 2, stored.len() - 1] {
+        for at in [0, 1, 32, 33, 40, stored.len() / 2, stored.len() - 1] {
             let mut bad = stored.clone();
             bad[at] ^= 0x10;
             let r = Decoder::with_bases(MAX, &known).decode_into(Codec::Delta, &bad, &id, &mut out);
@@ -430,7 +485,27 @@ mod tests {
         let mut short = vec![0; plain.len() - 1];
         assert!(Decoder::with_bases(MAX, &known).decode_into(Codec::Delta, &stored, &id, &mut short).is_err());
         // A delta no smaller than the limit is not made.
-        assert!(enc.encode_delta(&plain, &bid, &base, 100).is_none());
+        assert!(enc.encode_delta(&plain, &one, &base, 100).is_none());
+        // A chunk that spans the end of one base and the start of another is stored against both.
+        let next: Vec<u8> = (0..65_536u32).map(|i| (i.wrapping_mul(40_503) >> 7) as u8).collect();
+        let spanning = [&plain[32_768..], &next[..32_768]].concat();
+        let two = DeltaBases { first: id, second: Some(ObjectId::of(&next)) };
+        let both = [&plain[..], &next[..]].concat();
+        let stored = enc.encode_delta(&spanning, &two, &both, spanning.len()).unwrap();
+        assert!(stored.len() < 1000, "a chunk made of two bases' halves stored in {} bytes", stored.len());
+        let known = KnownBases(vec![
+            (id, std::sync::Arc::new(plain.clone())),
+            (ObjectId::of(&next), std::sync::Arc::new(next)),
+        ]);
+        let mut out = vec![0; spanning.len()];
+        Decoder::with_bases(MAX, &known)
+            .decode_into(Codec::Delta, &stored, &ObjectId::of(&spanning), &mut out)
+            .unwrap();
+        assert_eq!(out, spanning);
+        // Counts other than 1 and 2, or a base named twice, are not deltas.
+        for bad in [vec![0u8; 40], vec![3u8; 200], [&[2u8][..], &[9u8; 64][..], b"frame"].concat()] {
+            assert!(split_delta(&bad).is_none());
+        }
     }
 
     /// The bf16 bits of `x` (truncated).

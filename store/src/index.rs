@@ -7,7 +7,7 @@
 //! tombstoned ("doomed") are used only when no other pack holds the chunk, and never to
 //! deduplicate a push against.
 
-use crate::codec::Codec;
+use crate::codec::{Codec, DeltaBases};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::pack::PackEntry;
@@ -44,8 +44,8 @@ pub struct ChunkLocation {
     pub plain_len: u32,
     /// Codec of the stored bytes.
     pub codec: Codec,
-    /// For a delta chunk, the chunk it is stored against.
-    pub base: Option<ObjectId>,
+    /// For a delta chunk, the chunks it is stored against.
+    pub bases: Option<DeltaBases>,
 }
 
 impl ChunkLocation {
@@ -57,30 +57,33 @@ impl ChunkLocation {
             stored_len: e.stored_len,
             plain_len: e.plain_len,
             codec: e.codec,
-            base: e.base,
+            bases: e.bases,
         }
     }
 
-    /// Value of a chunk entry (the pack id is in its key): 17 bytes, and a delta's base id.
+    /// Value of a chunk entry (the pack id is in its key): 17 bytes, and a delta's base ids.
     fn encode_value(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(49);
+        let mut v = Vec::with_capacity(81);
         v.extend_from_slice(&self.offset.to_le_bytes());
         v.extend_from_slice(&self.stored_len.to_le_bytes());
         v.extend_from_slice(&self.plain_len.to_le_bytes());
         v.push(self.codec as u8);
-        if let Some(b) = self.base {
+        for b in self.bases.iter().flat_map(DeltaBases::iter) {
             v.extend_from_slice(&b.0);
         }
         v
     }
 
     fn decode(key: &[u8], v: &[u8]) -> Option<Self> {
-        if key.len() != 64 || (v.len() != 17 && v.len() != 49) {
+        if key.len() != 64 || ![17, 49, 81].contains(&v.len()) {
             return None;
         }
         let codec = Codec::from_byte(v[16])?;
-        let base = v.get(17..).and_then(ObjectId::from_slice);
-        if (codec == Codec::Delta) != base.is_some() {
+        let bases = v
+            .get(17..49)
+            .and_then(ObjectId::from_slice)
+            .map(|first| DeltaBases { first, second: v.get(49..81).and_then(ObjectId::from_slice) });
+        if (codec == Codec::Delta) != bases.is_some() {
             return None;
         }
         Some(ChunkLocation {
@@ -89,7 +92,7 @@ impl ChunkLocation {
             stored_len: u32::from_le_bytes(v[8..12].try_into().ok()?),
             plain_len: u32::from_le_bytes(v[12..16].try_into().ok()?),
             codec,
-            base,
+            bases,
         })
     }
 
@@ -401,7 +404,7 @@ mod tests {
             stored_len: 5,
             plain_len: 9,
             codec: Codec::Zstd,
-            base: None,
+            bases: None,
         };
         idx.add_pack(pack, 100, &[e]).unwrap();
         let loc = idx.locate(&e.id).unwrap().unwrap();
@@ -439,7 +442,7 @@ mod tests {
             stored_len: 10,
             plain_len: 10,
             codec: Codec::Raw,
-            base: None,
+            bases: None,
         };
         idx.add_pack(a, 1000, &(0..50).map(entry).collect::<Vec<_>>()).unwrap();
         // Chunks 40..60 are in both packs; pack a is doomed, so b holds them for lookups.

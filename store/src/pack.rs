@@ -2,7 +2,7 @@
 //! fixed-size trailer that locates and checksums the footer. Byte layout in docs/FORMAT.md.
 
 use crate::backend::Backend;
-use crate::codec::Codec;
+use crate::codec::{Codec, DeltaBases};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::key::ObjectKey;
@@ -14,9 +14,9 @@ pub const PACK_MAGIC: &[u8; 8] = b"GSPACK01";
 pub const TRAILER_MAGIC: &[u8; 8] = b"GSPKTAIL";
 /// Bytes in one footer entry of a version 1 pack.
 pub const ENTRY_LEN: usize = 49;
-/// Bytes in one footer entry of a version 2 pack: a version 1 entry, then the base id of a
-/// delta chunk (zeros for other chunks).
-pub const ENTRY_LEN_V2: usize = ENTRY_LEN + 32;
+/// Bytes in one footer entry of a version 2 pack: a version 1 entry, then the ids of a delta
+/// chunk's two bases (zeros where a chunk has none).
+pub const ENTRY_LEN_V2: usize = ENTRY_LEN + 64;
 /// Bytes in the trailer.
 pub const TRAILER_LEN: usize = 56;
 /// Bytes [`read_tail`] reads from a pack's end in its first request: the trailer and, for most
@@ -50,9 +50,9 @@ pub struct PackEntry {
     pub plain_len: u32,
     /// How the stored bytes decode.
     pub codec: Codec,
-    /// For a delta chunk, the chunk it is stored against (its stored bytes start with the
-    /// same id); `None` for every other codec.
-    pub base: Option<ObjectId>,
+    /// For a delta chunk, the chunks it is stored against (its stored bytes name the same);
+    /// `None` for every other codec.
+    pub bases: Option<DeltaBases>,
 }
 
 impl PackEntry {
@@ -63,7 +63,8 @@ impl PackEntry {
         out.extend_from_slice(&self.plain_len.to_le_bytes());
         out.push(self.codec as u8);
         if version == PACK_VERSION_DELTAS {
-            out.extend_from_slice(&self.base.map_or([0; 32], |b| b.0));
+            out.extend_from_slice(&self.bases.map_or([0; 32], |b| b.first.0));
+            out.extend_from_slice(&self.bases.and_then(|b| b.second).map_or([0; 32], |b| b.0));
         }
     }
 
@@ -71,23 +72,28 @@ impl PackEntry {
         let bad = |why: String| StoreError::corrupt("pack", pack, why);
         let codec = Codec::from_byte(b[48]).ok_or_else(|| bad(format!("unknown codec byte {}", b[48])))?;
         let id = ObjectId::from_slice(&b[..32]).expect("32 bytes");
-        // Only a version 2 entry has a base field; all zeros is none.
-        let base = b.get(ENTRY_LEN..).and_then(ObjectId::from_slice).filter(|b| b.0 != [0; 32]);
-        match (codec, base) {
-            (Codec::Delta, None) => return Err(bad(format!("delta chunk {} names no base", id.short()))),
-            (Codec::Delta, Some(b)) if b == id => {
-                return Err(bad(format!("delta chunk {} names itself as its base", id.short())))
+        // Only a version 2 entry has base fields; all zeros is none.
+        let field = |at: usize| b.get(at..at + 32).and_then(ObjectId::from_slice).filter(|b| b.0 != [0; 32]);
+        let (first, second) = (field(ENTRY_LEN), field(ENTRY_LEN + 32));
+        let bases = match (codec, first, second) {
+            (Codec::Delta, Some(first), second) if second != Some(first) => {
+                let bases = DeltaBases { first, second };
+                if bases.contains(&id) {
+                    return Err(bad(format!("delta chunk {} names itself as its base", id.short())));
+                }
+                Some(bases)
             }
-            (Codec::Delta, Some(_)) | (_, None) => {}
-            (c, Some(_)) => return Err(bad(format!("{} chunk {} names a base", c.name(), id.short()))),
-        }
+            (Codec::Delta, ..) => return Err(bad(format!("delta chunk {} names no base, or one twice", id.short()))),
+            (_, None, None) => None,
+            (c, ..) => return Err(bad(format!("{} chunk {} names a base", c.name(), id.short()))),
+        };
         Ok(PackEntry {
             id,
             offset: u64::from_le_bytes(b[32..40].try_into().unwrap()),
             stored_len: u32::from_le_bytes(b[40..44].try_into().unwrap()),
             plain_len: u32::from_le_bytes(b[44..48].try_into().unwrap()),
             codec,
-            base,
+            bases,
         })
     }
 
@@ -104,7 +110,7 @@ impl PackEntry {
             Codec::Zero => stored == 0,
             Codec::Zstd | Codec::Floats => stored <= plain,
             // The base id and a frame, kept only when shorter than the plain bytes.
-            Codec::Delta => stored as usize > crate::codec::DELTA_BASE_LEN && stored < plain,
+            Codec::Delta => stored as usize > 33 && stored < plain,
         };
         (!fits).then(|| format!("stored length {stored} does not fit a {} chunk of {plain} bytes", self.codec.name()))
     }
@@ -179,14 +185,14 @@ impl PackBuilder {
         self.append(id, codec, None, stored, plain_len);
     }
 
-    /// Appends a delta chunk stored against chunk `base` (`stored` starts with its id).
-    pub fn push_delta(&mut self, id: ObjectId, base: ObjectId, stored: Vec<u8>, plain_len: u32) {
-        self.append(id, Codec::Delta, Some(base), stored, plain_len);
+    /// Appends a delta chunk stored against `bases` (`stored` starts with them).
+    pub fn push_delta(&mut self, id: ObjectId, bases: DeltaBases, stored: Vec<u8>, plain_len: u32) {
+        self.append(id, Codec::Delta, Some(bases), stored, plain_len);
     }
 
     /// Appends a chunk as a footer entry describes it (a copy of `e`'s chunk, from another pack).
     pub fn push_entry(&mut self, e: &PackEntry, stored: &[u8]) {
-        self.append(e.id, e.codec, e.base, stored.to_vec(), e.plain_len);
+        self.append(e.id, e.codec, e.bases, stored.to_vec(), e.plain_len);
     }
 
     /// Notes the resemblance sketch of chunk `id` (added to this pack), so that later chunks
@@ -195,9 +201,9 @@ impl PackBuilder {
         self.sketches.push((id, sketch));
     }
 
-    fn append(&mut self, id: ObjectId, codec: Codec, base: Option<ObjectId>, stored: Vec<u8>, plain_len: u32) {
+    fn append(&mut self, id: ObjectId, codec: Codec, bases: Option<DeltaBases>, stored: Vec<u8>, plain_len: u32) {
         let stored_len = stored.len() as u32;
-        self.entries.push(PackEntry { id, offset: self.len, stored_len, plain_len, codec, base });
+        self.entries.push(PackEntry { id, offset: self.len, stored_len, plain_len, codec, bases });
         self.len += stored.len() as u64;
         self.parts.push(stored);
     }
@@ -215,7 +221,7 @@ impl PackBuilder {
     /// Puts the pack together (header, chunks, footer, trailer) and names it. A pack holding
     /// delta chunks is written in layout version 2, any other in version 1.
     pub fn finish(self) -> FinishedPack {
-        let version = if self.entries.iter().any(|e| e.base.is_some()) { PACK_VERSION_DELTAS } else { PACK_VERSION };
+        let version = if self.entries.iter().any(|e| e.bases.is_some()) { PACK_VERSION_DELTAS } else { PACK_VERSION };
         let footer_len = self.entries.len() * entry_len(version);
         let mut buf = Vec::with_capacity(self.len as usize + footer_len + TRAILER_LEN);
         buf.extend_from_slice(PACK_MAGIC);
@@ -406,17 +412,19 @@ mod tests {
     #[test]
     fn packs_with_deltas_name_their_bases_in_version_2() {
         let (base, id) = (ObjectId::of(b"base"), ObjectId::of(b"delta"));
-        let mut stored = base.0.to_vec();
+        let bases = DeltaBases { first: base, second: Some(ObjectId::of(b"next")) };
+        let mut stored = vec![2];
+        stored.extend(bases.iter().flat_map(|b| b.0));
         stored.extend_from_slice(b"frame");
         let mut b = PackBuilder::new();
         b.push(ObjectId::of(b"one"), Codec::Raw, b"one", 3);
-        b.push_delta(id, base, stored.clone(), 100);
+        b.push_delta(id, bases, stored.clone(), 100);
         let p = b.finish();
         let version = |b: &[u8]| u32::from_le_bytes(b[b.len() - 44..b.len() - 40].try_into().unwrap());
         assert_eq!(version(&p.bytes), 2);
         let entries = parse_pack(&p.bytes, "p", MAX).unwrap();
         assert_eq!(entries, p.entries);
-        assert_eq!((entries[0].base, entries[1].base), (None, Some(base)));
+        assert_eq!((entries[0].bases, entries[1].bases), (None, Some(bases)));
         assert_eq!(p.bytes.len(), 24 + 3 + stored.len() + 2 * ENTRY_LEN_V2 + TRAILER_LEN);
         // A pack without deltas stays version 1, readable by older readers.
         assert_eq!(version(&sample().bytes), 1);

@@ -13,7 +13,7 @@
 //! source and uploaded anew. The lease goes away after the tag is written.
 
 use crate::chunker;
-use crate::codec::{self, Codec};
+use crate::codec::{self, BaseSource, Codec, DeltaBases};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::key::ObjectKey;
@@ -108,8 +108,8 @@ struct Cut {
     stored: Option<(Codec, Vec<u8>)>,
     /// The pack the index found the chunk in, for chunks deduplicated against the store.
     found_in: Option<ObjectId>,
-    /// For a chunk stored as a delta: its base.
-    base: Option<ObjectId>,
+    /// For a chunk stored as a delta: its bases.
+    bases: Option<DeltaBases>,
     /// The resemblance sketch of a new chunk of a page image stored whole (a future base).
     sketch: Option<Sketch>,
 }
@@ -517,10 +517,10 @@ fn append_all(
                         report.new_chunks += 1;
                         report.new_plain_bytes += c.len as u64;
                         report.new_stored_bytes += stored.len() as u64;
-                        match c.base {
-                            Some(base) => {
+                        match c.bases {
+                            Some(bases) => {
                                 report.delta_chunks += 1;
-                                pack.push_delta(c.id, base, stored, c.len)
+                                pack.push_delta(c.id, bases, stored, c.len)
                             }
                             None => pack.push_owned(c.id, codec, stored, c.len),
                         }
@@ -594,11 +594,11 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
                 let found_in = match found {
                     // A stored delta is relied on only with its base (whose pack the lease must
                     // name too); otherwise the chunk is stored anew.
-                    Some(l) if l.base.is_some() && !deltas.base_is_reliable(l.base)? => None,
+                    Some(l) if !deltas.bases_are_reliable(l.bases)? => None,
                     other => other.map(|l| l.pack),
                 };
                 let mut cut =
-                    Cut { id, len: plain.len() as u32, zero, stored: None, found_in, base: None, sketch: None };
+                    Cut { id, len: plain.len() as u32, zero, stored: None, found_in, bases: None, sketch: None };
                 if zero || found_in.is_some() {
                     return Ok(cut);
                 }
@@ -609,9 +609,9 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
                     None => None,
                 };
                 match delta {
-                    Some((base, delta)) => {
+                    Some((bases, delta)) => {
                         cut.stored = Some((Codec::Delta, delta));
-                        cut.base = Some(base);
+                        cut.bases = Some(bases);
                     }
                     None => {
                         cut.stored = Some((codec, stored));
@@ -650,9 +650,11 @@ struct Deltas<'a> {
 }
 
 impl Deltas<'_> {
-    /// The base and stored bytes of `plain` (chunk `id`, sketch `sketch`) as a delta, when a
-    /// stored chunk like it is found and the delta is enough smaller than `whole` bytes (its
-    /// own encoding).
+    /// The bases and stored bytes of `plain` (chunk `id`, sketch `sketch`) as a delta, when
+    /// stored chunks like it are found and the delta is enough smaller than `whole` bytes (its
+    /// own encoding). The stored chunk most like it is tried first; when that leaves more than
+    /// an eighth of `whole` (a changed page moved a chunk boundary, so the chunk spans two old
+    /// ones), the next most like it is added as a second base.
     fn encode(
         &self,
         encoder: &mut codec::Encoder,
@@ -660,35 +662,56 @@ impl Deltas<'_> {
         plain: &[u8],
         sketch: &Sketch,
         whole: usize,
-    ) -> Result<Option<(ObjectId, Vec<u8>)>> {
-        let index = self.store.index()?;
-        for base in index.similar(sketch)? {
+    ) -> Result<Option<(DeltaBases, Vec<u8>)>> {
+        let limit = (whole as f64 * DELTA_BELOW) as usize;
+        let mut found: Vec<(ObjectId, std::sync::Arc<Vec<u8>>)> = Vec::new();
+        for base in self.store.index()?.similar(sketch)? {
             if base == *id {
                 continue;
             }
-            let Some(loc) = index.locate_for_dedup(&base)? else { continue };
-            if loc.codec == Codec::Delta || !self.vet(loc.pack)? {
-                continue;
+            let Some(plain) = self.usable_base(&base)? else { continue };
+            found.push((base, plain));
+            if found.len() == 2 {
+                break;
             }
-            let base_plain = match crate::codec::BaseSource::base_plain(self.store, &base) {
-                Ok(b) => b,
-                // Gone or damaged meanwhile: the chunk is stored whole.
-                Err(e) if e.is_damage() => continue,
-                Err(e) => return Err(e),
-            };
-            let limit = (whole as f64 * DELTA_BELOW) as usize;
-            return Ok(encoder.encode_delta(plain, &base, &base_plain, limit).map(|d| (base, d)));
         }
-        Ok(None)
+        let Some((first, first_plain)) = found.first() else { return Ok(None) };
+        let one = DeltaBases::one(*first);
+        let single = encoder.encode_delta(plain, &one, first_plain, limit).map(|d| (one, d));
+        let Some((second, second_plain)) = found.get(1) else { return Ok(single) };
+        if single.as_ref().is_some_and(|(_, d)| d.len() <= whole / 8) {
+            return Ok(single);
+        }
+        let two = DeltaBases { first: *first, second: Some(*second) };
+        let prefix = [&first_plain[..], &second_plain[..]].concat();
+        let room = single.as_ref().map_or(limit, |(_, d)| d.len());
+        Ok(encoder.encode_delta(plain, &two, &prefix, room).map(|d| (two, d)).or(single))
     }
 
-    /// True when the chunk `base` is in a pack that [`Deltas::vet`] accepts.
-    fn base_is_reliable(&self, base: Option<ObjectId>) -> Result<bool> {
-        let Some(base) = base else { return Ok(true) };
-        match self.store.index()?.locate_for_dedup(&base)? {
-            Some(loc) => self.vet(loc.pack),
-            None => Ok(false),
+    /// The plain bytes of `base` when it may serve as a base: stored whole, in a pack
+    /// [`Deltas::vet`] accepts, and readable.
+    fn usable_base(&self, base: &ObjectId) -> Result<Option<std::sync::Arc<Vec<u8>>>> {
+        let Some(loc) = self.store.index()?.locate_for_dedup(base)? else { return Ok(None) };
+        if loc.codec == Codec::Delta || !self.vet(loc.pack)? {
+            return Ok(None);
         }
+        match self.store.base_plain(base) {
+            Ok(b) => Ok(Some(b)),
+            // Gone or damaged meanwhile: not a base.
+            Err(e) if e.is_damage() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// True when every one of `bases` (if any) is in a pack that [`Deltas::vet`] accepts.
+    fn bases_are_reliable(&self, bases: Option<DeltaBases>) -> Result<bool> {
+        for base in bases.iter().flat_map(DeltaBases::iter) {
+            match self.store.index()?.locate_for_dedup(&base)? {
+                Some(loc) if self.vet(loc.pack)? => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
     }
 
     /// True when chunks in `pack` may serve as bases: named in the lease, then found with no

@@ -79,7 +79,7 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
     // Where each referenced chunk should be, per the index (looked up once per chunk).
     let mut located: HashMap<ObjectId, Option<ChunkLocation>> = HashMap::new();
     let mut wanted: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
-    let mut bases: HashMap<ObjectId, (ObjectId, Option<ChunkLocation>)> = HashMap::new();
+    let mut bases: HashMap<ObjectId, Vec<(ObjectId, Option<ChunkLocation>)>> = HashMap::new();
     for m in manifests.values().filter_map(|m| m.as_ref().ok()) {
         for c in m.chunks.iter().filter(|c| !c.zero) {
             if located.contains_key(&c.id) {
@@ -90,12 +90,12 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
                 wanted.entry(loc.pack).or_default().push(c.id);
                 // A delta needs its base: the chain is one step (a base is never a delta). The
                 // base's pack is checked like the image's own.
-                if let Some(base) = loc.base {
+                for base in loc.bases.iter().flat_map(|b| b.iter()) {
                     let b = store.locate(&base)?;
                     if let Some(b) = b {
                         wanted.entry(b.pack).or_default().push(base);
                     }
-                    bases.insert(c.id, (base, b));
+                    bases.entry(c.id).or_default().push((base, b));
                 }
             }
             located.insert(c.id, loc);
@@ -151,7 +151,7 @@ fn chain_problem(
 ) -> Option<String> {
     let b = base.short();
     let Some(loc) = loc else { return Some(format!("its delta base {b} is in no pack")) };
-    if loc.base.is_some() {
+    if loc.bases.is_some() {
         return Some(format!("its delta base {b} is itself a delta"));
     }
     match &packs[&loc.pack] {
@@ -166,7 +166,7 @@ fn chain_problem(
 fn image_problems(
     m: &Manifest,
     located: &HashMap<ObjectId, Option<ChunkLocation>>,
-    bases: &HashMap<ObjectId, (ObjectId, Option<ChunkLocation>)>,
+    bases: &HashMap<ObjectId, Vec<(ObjectId, Option<ChunkLocation>)>>,
     packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
     problems: &mut Vec<String>,
 ) {
@@ -210,7 +210,9 @@ fn image_problems(
                                 c.id.short(),
                                 loc.pack.short()
                             ));
-                        } else if let Some(why) = bases.get(&c.id).and_then(|(b, l)| chain_problem(b, l, packs)) {
+                        } else if let Some(why) =
+                            bases.get(&c.id).into_iter().flatten().find_map(|(b, l)| chain_problem(b, l, packs))
+                        {
                             problems.push(format!("{}: chunk {}: {why}", entry.path, c.id.short()));
                         }
                     }
@@ -236,8 +238,8 @@ fn check_pack(store: &Store, pack: &ObjectId, ids: &[ObjectId], read_data: bool)
             let Some(e) = entries.get(id) else { continue };
             let stored = &data[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
             plain.clear();
-            if e.codec == codec::Codec::Delta && codec::split_delta(stored).map(|(b, _)| b) != e.base {
-                bad_chunks.insert(*id, "its stored delta base differs from its footer's".into());
+            if e.codec == codec::Codec::Delta && codec::split_delta(stored).map(|(b, _)| b) != e.bases {
+                bad_chunks.insert(*id, "its stored delta bases differ from its footer's".into());
             } else if let Err(err) = decoder.decode_append(e.codec, stored, e.plain_len as usize, id, &mut plain) {
                 let detail = match err {
                     StoreError::Corrupt { detail, .. } => detail,

@@ -183,8 +183,13 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     let listed = b.list(Family::Packs.prefix())?;
     let mut packs = read_packs(store, &catalog, &listed, &tombstones, &leased_packs, progress, &mut report)?;
     // The bases of live delta chunks are live too (one step: a base is never a delta).
-    let bases: Vec<ObjectId> =
-        packs.iter().flat_map(|p| &p.entries).filter(|e| live.contains(&e.id)).filter_map(|e| e.base).collect();
+    let bases: Vec<ObjectId> = packs
+        .iter()
+        .flat_map(|p| &p.entries)
+        .filter(|e| live.contains(&e.id))
+        .flat_map(|e| e.bases)
+        .flat_map(|b| b.iter())
+        .collect();
     live.extend(bases);
     for p in &mut packs {
         p.live_bytes = p.entries.iter().filter(|e| live.contains(&e.id)).map(|e| e.stored_len as u64).sum();
