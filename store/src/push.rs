@@ -587,6 +587,7 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
         chunker::cut_segment(data, cfg)
             .into_iter()
             .map(|span| {
+                let at = u.offset + span.start as u64;
                 let plain = &data[span];
                 let id = ObjectId::of(plain);
                 let zero = codec::is_all_zero(plain);
@@ -603,7 +604,7 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
                     return Ok(cut);
                 }
                 let (codec, stored) = encoder.encode(plain);
-                let sketch = if page_image { similar::sketch(plain) } else { None };
+                let sketch = if page_image { similar::sketch(plain, at) } else { None };
                 let delta = match &sketch {
                     Some(sketch) => deltas.encode(encoder, &id, plain, sketch, stored.len())?,
                     None => None,

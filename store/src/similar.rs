@@ -1,13 +1,14 @@
 //! Resemblance sketches: which stored chunk a new chunk is most like, so that it can be
 //! stored as a delta against it (codec 4, docs/FORMAT.md).
 //!
-//! The sketch follows Odess (Zhang et al., 2021): a gear hash rolls over the chunk, positions
-//! where its low bits are zero are sampled (content-defined, so an edit moves few samples),
-//! and each of [`FEATURES`] linear transforms of the hash keeps its maximum over the samples.
-//! The features are grouped into [`SUPER_FEATURES`] super-features, each a hash of its group:
-//! two chunks sharing a super-feature very likely share most of their bytes. A chunk where a
-//! few pages changed keeps most features (each depends on one sampled position), so at least
-//! one super-feature survives.
+//! The sketch follows Odess (Zhang et al., 2021), over 8-byte words rather than bytes: a
+//! gear-style hash rolls over the chunk's words (each word mixed by a multiply, the hash
+//! shifted one bit per word, so it depends on the last 64 words), words where its low bits are
+//! zero are sampled (content-defined, so an edit moves few samples), and each of [`FEATURES`]
+//! linear transforms of the hash keeps its maximum over the samples. Words are taken at file
+//! offsets that are multiples of 8, so content that moved by whole pages (as in a CRIU page
+//! image) is seen in the same words. A chunk where a few pages changed keeps most features
+//! (each depends on one sampled word); each is looked up on its own.
 
 /// Features per chunk.
 pub const FEATURES: usize = 8;
@@ -15,32 +16,22 @@ pub const FEATURES: usize = 8;
 /// each: a chunk that a changed page split or merged with its neighbour keeps only the
 /// features whose maximum fell in its part, and grouped features would all change.
 pub const SUPER_FEATURES: usize = 8;
-/// Positions where `hash & SAMPLE_MASK == 0` are sampled: one in 64 on average.
-const SAMPLE_MASK: u64 = (1 << 6) - 1;
+/// Words where `hash & SAMPLE_MASK == 0` are sampled: one in 16 on average (one per 128
+/// bytes, as Odess samples bytes).
+const SAMPLE_MASK: u64 = (1 << 4) - 1;
 /// Fewer samples than this make no sketch: too little content to judge resemblance by.
 const MIN_SAMPLES: usize = 16;
 
 /// A chunk's super-features.
 pub type Sketch = [u64; SUPER_FEATURES];
 
-/// One step of splitmix64: the gear table and the transforms' constants come from it.
+/// One step of splitmix64: the transforms' constants come from it.
 const fn splitmix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
-
-/// A random 64-bit value per byte value.
-const GEAR: [u64; 256] = {
-    let mut t = [0u64; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = splitmix(i as u64 + 0x5eed);
-        i += 1;
-    }
-    t
-};
 
 /// The transforms `h * M[i] + A[i]` (M odd: a bijection of the 64-bit hashes).
 const TRANSFORMS: [(u64, u64); FEATURES] = {
@@ -53,14 +44,16 @@ const TRANSFORMS: [(u64, u64); FEATURES] = {
     t
 };
 
-/// The sketch of `data`, or `None` when it has too few sampled positions to have one (short,
-/// or of little variety, like a run of one byte value).
-pub fn sketch(data: &[u8]) -> Option<Sketch> {
+/// The sketch of `data`, which starts at byte `offset` of its file, or `None` when it has
+/// too few sampled words to have one (short, or of little variety).
+pub fn sketch(data: &[u8], offset: u64) -> Option<Sketch> {
     let mut features = [0u64; FEATURES];
     let mut samples = 0usize;
     let mut h = 0u64;
-    for &b in data {
-        h = (h << 1).wrapping_add(GEAR[b as usize]);
+    let skip = ((8 - offset % 8) % 8) as usize;
+    for word in data.get(skip..)?.chunks_exact(8) {
+        let x = u64::from_le_bytes(word.try_into().expect("8 bytes")).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h = (h << 1).wrapping_add(x ^ (x >> 29));
         if h & SAMPLE_MASK == 0 {
             samples += 1;
             for (f, (m, a)) in features.iter_mut().zip(TRANSFORMS) {
@@ -95,22 +88,26 @@ mod tests {
     #[test]
     fn a_chunk_with_a_changed_page_keeps_a_super_feature() {
         let base = noise(64 << 10, 1);
-        let a = sketch(&base).unwrap();
+        let a = sketch(&base, 0).unwrap();
         let mut shared = 0;
         for page in 0..16 {
             let mut edited = base.clone();
             edited[page * 4096..(page + 1) * 4096].copy_from_slice(&noise(4096, 2 + page as u64));
-            let b = sketch(&edited).unwrap();
+            let b = sketch(&edited, 0).unwrap();
             shared += usize::from(a.iter().zip(&b).any(|(x, y)| x == y));
         }
         assert!(shared >= 15, "only {shared} of 16 single-page edits kept a super-feature");
         // Unrelated content shares none.
-        let other = sketch(&noise(64 << 10, 99)).unwrap();
+        let other = sketch(&noise(64 << 10, 99), 0).unwrap();
+        // The same bytes a page further into their file have the same sketch; at an offset that
+        // is not a multiple of 8 they are read as other words.
+        assert_eq!(sketch(&base, 4096), Some(a));
+        assert_ne!(sketch(&base, 3), Some(a));
         assert!(a.iter().zip(&other).all(|(x, y)| x != y));
     }
 
     #[test]
     fn too_little_content_has_no_sketch() {
-        assert!(sketch(&noise(100, 3)).is_none());
+        assert!(sketch(&noise(100, 3), 0).is_none());
     }
 }
