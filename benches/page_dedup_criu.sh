@@ -15,7 +15,7 @@ criu=${CRIU:-/opt/criu/sbin/criu}
 work=$(mktemp -d /var/tmp/gstore-criu-pages.XXXXXX)
 G="$GSTORE_BIN"
 pid=
-trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
+trap '{ [ -n "$pid" ] && kill -9 "$pid" && wait; } 2>/dev/null; rm -rf "$work"' EXIT
 cat > "$work/holder.py" <<'PY'
 import os, random, signal, struct, sys, time
 work, mib, pct = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
@@ -30,14 +30,15 @@ mem = bytearray(mib << 20)
 for i in range(mib):
     mem[i << 20:(i + 1) << 20] = weights(1 << 19)
 def change(signum, frame):
+    # Each new page goes to the file as it is made: the process keeps no second copy of them.
     pages = len(mem) // 4096
-    out = bytearray()
-    for p in sorted(rng.sample(range(pages), int(pages * pct / 100))):
-        page = weights(2048)
-        mem[p * 4096:(p + 1) * 4096] = page
-        out += page
-    open(os.path.join(work, "changed"), "wb").write(out)
-    open(os.path.join(work, "changed.done"), "w").write(str(len(out) // 4096))
+    picked = sorted(rng.sample(range(pages), int(pages * pct / 100)))
+    with open(os.path.join(work, "changed"), "wb") as out:
+        for p in picked:
+            page = weights(2048)
+            mem[p * 4096:(p + 1) * 4096] = page
+            out.write(page)
+    open(os.path.join(work, "changed.done"), "w").write(str(len(picked)))
 signal.signal(signal.SIGUSR1, change)
 open(os.path.join(work, "ready"), "w").write(str(os.getpid()))
 while True:
