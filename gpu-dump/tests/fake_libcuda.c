@@ -18,9 +18,9 @@
  * through the exported fake_cuda_* functions at the end.
  *
  * A process "holds a CUDA context" when its environment (/proc/PID/environ) has
- * FAKE_CUDA_CONTEXT=1: only then does cuCheckpointProcessGetRestoreThreadId answer (with the
- * pid), as the real driver answers only for processes with a context; others get
- * CUDA_ERROR_INVALID_VALUE.
+ * FAKE_CUDA_CONTEXT=1 and it is not a copy its parent forked that has not exec'd yet: only
+ * then does cuCheckpointProcessGetRestoreThreadId answer (with the pid), as the real driver
+ * answers only for processes with a context; others get CUDA_ERROR_INVALID_VALUE.
  *
  * Built with -DFAKE_GPUS=N it has N identical GPUs (UUIDs fa4e…0N), with -DFAKE_VERSION=V it
  * reports CUDA version V (e.g. 12080: restore args must be all zero, as before GPU pairs).
@@ -193,18 +193,41 @@ int cuCheckpointProcessRestore(int pid, void *args) {
 int cuCheckpointProcessUnlock(int pid, void *args) {
     return zeroed(args, 0) ? step(pid, "unlock", "unlock", 1, 0, ILLEGAL_STATE) : INVALID_VALUE;
 }
-static int has_context(int pid) {
-    char path[64], env[65536];
-    snprintf(path, sizeof path, "/proc/%d/environ", pid);
+/* Reads /proc/<pid>/<name> into buf (at most len - 1 bytes, NUL-terminated); its length. */
+static size_t proc_read(int pid, const char *name, char *buf, size_t len) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", pid, name);
     FILE *f = fopen(path, "r");
     if (!f) return 0;
-    size_t n = fread(env, 1, sizeof env - 1, f);
+    size_t n = fread(buf, 1, len - 1, f);
     fclose(f);
+    buf[n] = 0;
+    return n;
+}
+/* The parent of pid, or 0. */
+static int parent_of(int pid) {
+    char stat[1024];
+    if (!proc_read(pid, "stat", stat, sizeof stat)) return 0;
+    const char *end = strrchr(stat, ')');
+    int ppid = 0;
+    return end && sscanf(end + 1, " %*c %d", &ppid) == 1 ? ppid : 0;
+}
+/* A process holds a context when its environment says so, unless it is a copy its parent
+ * forked and that has not exec'd yet (same command line as the parent): the real driver gives
+ * a forked child no context (tests/gpu/restore_tid_probe.py), and a shell of the test trees
+ * forks such a copy before every command it runs. */
+static int has_context(int pid) {
+    char env[65536], cmd[8192], parent_cmd[8192];
+    size_t n = proc_read(pid, "environ", env, sizeof env);
+    int marked = 0;
     for (size_t i = 0; i < n; i += strlen(env + i) + 1) {
-        env[n] = 0;
-        if (strcmp(env + i, "FAKE_CUDA_CONTEXT=1") == 0) return 1;
+        if (strcmp(env + i, "FAKE_CUDA_CONTEXT=1") == 0) marked = 1;
     }
-    return 0;
+    if (!marked) return 0;
+    int ppid = parent_of(pid);
+    size_t c = proc_read(pid, "cmdline", cmd, sizeof cmd);
+    size_t p = ppid ? proc_read(ppid, "cmdline", parent_cmd, sizeof parent_cmd) : 0;
+    return !(c && c == p && memcmp(cmd, parent_cmd, c) == 0);
 }
 int cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) {
     if (!has_context(pid)) return INVALID_VALUE;

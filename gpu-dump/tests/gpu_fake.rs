@@ -421,3 +421,29 @@ fn a_tree_whose_worker_fails_its_gpu_restore_names_the_worker() {
     assert!(matches!(err, GpuDumpError::GpuRestore { pid, .. } if pid == worker), "{err:?}");
     assert_eq!(cuda.state(tree.pid).expect("state"), ProcessState::Running, "the root came back");
 }
+
+#[test]
+fn a_forked_copy_that_has_not_exec_d_holds_no_context() {
+    // A process marked as holding a context forks a child that never execs (as a shell does
+    // for a moment before every command): the real driver gives such a child no context, and
+    // so must the fake, or a checkpoint that catches the moment counts it as a GPU process.
+    let ready = tempfile::NamedTempFile::new().expect("temp file");
+    let mut parent = std::process::Command::new("python3")
+        .env("LD_PRELOAD", &fake().lib)
+        .env("FAKE_CUDA_CONTEXT", "1")
+        .arg("-c")
+        .arg("import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\nopen(sys.argv[1], 'w').write(str(pid))\ntime.sleep(60)")
+        .arg(ready.path())
+        .spawn()
+        .expect("python3 runs");
+    let child: u32 =
+        common::wait_for(Duration::from_secs(5), || std::fs::read_to_string(ready.path()).ok()?.trim().parse().ok())
+            .expect("the child's pid");
+    let cuda = driver();
+    let parent_pid = parent.id();
+    let answers = (cuda.restore_thread_id(parent_pid).is_ok(), cuda.restore_thread_id(child).is_ok());
+    let _ = std::process::Command::new("kill").arg("-9").arg(child.to_string()).status();
+    let _ = parent.kill();
+    let _ = parent.wait();
+    assert_eq!(answers, (true, false), "the parent holds a context, its forked copy does not");
+}
