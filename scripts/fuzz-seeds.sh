@@ -34,6 +34,25 @@ ln -s sub/tiny "$work/src/link"
 "$gstore" --store "$work/st" push "$work/src" --tag app:v1 >/dev/null
 echo "more" >>"$work/src/notes.txt"
 "$gstore" --store "$work/st" push "$work/src" --tag app:v2 >/dev/null
+# A page image pushed twice with scattered pages rewritten: the second push's pack holds delta
+# chunks (a version 2 pack).
+mkdir -p "$work/proc"
+page_image() {
+  python3 - "$work/proc/pages-1.img" "$1" <<'EOF'
+import random, struct, sys
+path, changes = sys.argv[1], int(sys.argv[2])
+r = random.Random(11)
+page = lambda: b"".join(struct.pack("<f", r.gauss(0, 0.02))[2:] for _ in range(2048))
+pages = [page() for _ in range(256)]
+for _ in range(changes):
+    pages[r.randrange(256)] = page()
+open(path, "wb").write(b"".join(pages))
+EOF
+}
+page_image 0
+"$gstore" --store "$work/st" push "$work/proc" --tag proc:v1 >/dev/null
+page_image 6
+"$gstore" --store "$work/st" push "$work/proc" --tag proc:v2 >/dev/null
 
 python3 - "$work/st" "$corpus" <<'EOF'
 import glob, hashlib, json, os, struct, sys
@@ -48,10 +67,11 @@ for i, p in enumerate(sorted(glob.glob(f"{st}/packs/*/*.pack"))):
     data = open(p, "rb").read()
     put("pack", f"real-{i}", data)
     # Each chunk as the chunk target reads it: codec byte, u32 plain length, stored bytes.
-    foff, n = struct.unpack_from("<QI", data, len(data) - 56)
+    foff, n, version = struct.unpack_from("<QII", data, len(data) - 56)
+    size = 113 if version == 2 else 49
     seen = set()
     for k in range(n):
-        e = data[foff + 49 * k: foff + 49 * (k + 1)]
+        e = data[foff + size * k: foff + size * (k + 1)]
         chunk_ids.append(e[:32].hex())
         off, slen, plen, codec = struct.unpack_from("<QIIB", e, 32)
         if codec in seen and k > 8:
