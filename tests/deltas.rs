@@ -39,6 +39,28 @@ fn change_scattered(pages: &mut [Vec<u8>], n: usize, rng: &mut rand::rngs::StdRn
     changed.len()
 }
 
+/// A store holding a first image of `count` weight pages (seeded) as `app:v1`.
+struct FirstImage {
+    env: Env,
+    rng: rand::rngs::StdRng,
+    pages: Vec<Vec<u8>>,
+    /// Where the first image is, and where the second goes.
+    v1: std::path::PathBuf,
+    v2: std::path::PathBuf,
+    /// The first push's report.
+    report: serde_json::Value,
+}
+
+fn first_image(seed: u64, count: usize) -> FirstImage {
+    let env = Env::new(&[]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let pages: Vec<Vec<u8>> = (0..count).map(|_| weights_page(&mut rng)).collect();
+    let (v1, v2) = (env.path("v1"), env.path("v2"));
+    write_image(&v1, &pages);
+    let report = env.json(&["push", v1.to_str().unwrap(), "--tag", "app:v1"]);
+    FirstImage { env, rng, pages, v1, v2, report }
+}
+
 fn restore_and_compare(env: &Env, tag: &str, src: &Path, name: &str) {
     let out = env.path(name);
     env.ok(&["restore", tag, "--to", out.to_str().unwrap()]);
@@ -47,12 +69,7 @@ fn restore_and_compare(env: &Env, tag: &str, src: &Path, name: &str) {
 
 #[test]
 fn a_scattered_page_change_costs_about_the_page_and_restores_exact() {
-    let env = Env::new(&[]);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(19);
-    let mut pages: Vec<Vec<u8>> = (0..2048).map(|_| weights_page(&mut rng)).collect();
-    let (v1, v2) = (env.path("v1"), env.path("v2"));
-    write_image(&v1, &pages);
-    let first = env.json(&["push", v1.to_str().unwrap(), "--tag", "app:v1"]);
+    let FirstImage { env, mut rng, mut pages, v1, v2, report: first } = first_image(19, 2048);
     assert_eq!(first["delta_chunks"], 0, "nothing to be like in an empty store");
     let changed = change_scattered(&mut pages, 20, &mut rng);
     write_image(&v2, &pages);
@@ -85,12 +102,7 @@ fn a_scattered_page_change_costs_about_the_page_and_restores_exact() {
 
 #[test]
 fn a_delta_whose_base_is_gone_fails_clearly() {
-    let env = Env::new(&[]);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut pages: Vec<Vec<u8>> = (0..512).map(|_| weights_page(&mut rng)).collect();
-    let (v1, v2) = (env.path("v1"), env.path("v2"));
-    write_image(&v1, &pages);
-    env.ok(&["push", v1.to_str().unwrap(), "--tag", "app:v1"]);
+    let FirstImage { env, mut rng, mut pages, v2, .. } = first_image(7, 512);
     let first_packs = env.packs();
     // Every chunk of the second image changes (a page in four), so it shares no chunk with
     // the first: what it needs of the first image's packs is only its deltas' bases.

@@ -7,6 +7,7 @@ use crate::fetch::FileChunks;
 use crate::layout::Layout;
 use gstore_store::manifest::Manifest;
 use gstore_store::progress::Progress;
+use gstore_store::similar::is_page_image;
 use gstore_store::{ObjectId, Store};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
@@ -24,13 +25,6 @@ pub struct Prepared {
     pub written_bytes: u64,
 }
 
-/// Whether `path` is a pages file (`pages-N.img`).
-fn is_pages_file(path: &str) -> bool {
-    path.strip_prefix("pages-")
-        .and_then(|r| r.strip_suffix(".img"))
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
 /// Writes image `id` (manifest `m`) out to the new directory `dir` for a lazy restore.
 pub fn prepare(
     store: &Store,
@@ -40,7 +34,8 @@ pub fn prepare(
     memory_budget: u64,
     progress: &dyn Progress,
 ) -> Result<Prepared> {
-    let small = m.subset(|e| !is_pages_file(&e.path));
+    // Pages files sit at the top of a CRIU image: a path with a directory part is not one.
+    let small = m.subset(|e| !is_page_image(&e.path));
     let mut chunks = Vec::new();
     let report = gstore_restore::restore_to_dir(store, id, &small, dir, memory_budget, progress)?;
     let mut written = report.logical_bytes;
@@ -90,8 +85,8 @@ mod tests {
 
     #[test]
     fn pages_files_are_told_apart() {
-        assert!(is_pages_file("pages-1.img") && is_pages_file("pages-12.img"));
-        assert!(!is_pages_file("pagemap-1.img") && !is_pages_file("pages-.img") && !is_pages_file("pages-1.img.x"));
-        assert!(!is_pages_file("dir/pages-1.img"));
+        assert!(is_page_image("pages-1.img") && is_page_image("pages-12.img"));
+        assert!(!is_page_image("pagemap-1.img") && !is_page_image("pages-.img") && !is_page_image("pages-1.img.x"));
+        assert!(!is_page_image("dir/pages-1.img"));
     }
 }

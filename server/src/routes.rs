@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use futures::TryStreamExt;
 use gstore_store::backend::Listed;
 use gstore_store::backend::Version;
-use gstore_store::codec::{Decoder, KnownBases};
+use gstore_store::codec::{decode_base, Decoder, KnownBases};
 use gstore_store::index::ChunkLocation;
 use gstore_store::key::{Family, ObjectKey as Key};
 use gstore_store::{ObjectId, StoreError};
@@ -358,11 +358,11 @@ async fn get_chunk(
     let mut bases = Vec::new();
     for b in e.bases.iter().flat_map(|b| b.iter()) {
         match locate(&state, &b).await {
-            Ok(Some(l)) if l.bases.is_none() => match state.objects.get_range(&pack_path(&l), l.range()).await {
+            Ok(Some(l)) => match state.objects.get_range(&pack_path(&l), l.range()).await {
                 Ok(bytes) => bases.push((b, l, bytes)),
                 Err(err) => return store_error(err),
             },
-            Ok(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "a delta base of this chunk is missing"),
+            Ok(None) => return error(StatusCode::INTERNAL_SERVER_ERROR, "a delta base of this chunk is missing"),
             Err(r) => return r,
         }
     }
@@ -370,8 +370,7 @@ async fn get_chunk(
     let decoded = tokio::task::spawn_blocking(move || {
         let mut known = KnownBases(Vec::new());
         for (b, l, bytes) in bases {
-            let mut plain = Vec::with_capacity(l.plain_len as usize);
-            Decoder::new(chunk_max).decode_append(l.codec, &bytes, l.plain_len as usize, &b, &mut plain)?;
+            let plain = decode_base(l.codec, &bytes, l.plain_len as usize, &b, chunk_max)?;
             known.0.push((b, std::sync::Arc::new(plain)));
         }
         let mut decoder = Decoder::with_bases(chunk_max, &known);

@@ -195,6 +195,18 @@ pub fn split_delta(stored: &[u8]) -> Option<(DeltaBases, &[u8])> {
     Some((bases, &rest[32 * bases.count()..]))
 }
 
+/// Decodes and checks a chunk read as a delta base (its codec, stored bytes, plain length
+/// and id, in a store whose chunks are at most `chunk_max` bytes): a base stored as a delta is
+/// refused as corrupt, since chains are one step long.
+pub fn decode_base(codec: Codec, stored: &[u8], plain_len: usize, id: &ObjectId, chunk_max: u32) -> Result<Vec<u8>> {
+    if codec == Codec::Delta {
+        return Err(StoreError::corrupt("chunk", id.to_hex(), "a delta base is itself stored as a delta"));
+    }
+    let mut plain = Vec::with_capacity(plain_len);
+    Decoder::new(chunk_max).decode_append(codec, stored, plain_len, id, &mut plain)?;
+    Ok(plain)
+}
+
 /// Where a decoder finds the plain bytes of the chunks that delta chunks are stored against.
 pub trait BaseSource: Sync {
     /// The plain bytes of chunk `id`, checked against its id. A base is never itself a delta

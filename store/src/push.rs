@@ -574,7 +574,8 @@ thread_local! {
 fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u: &Unit) -> Result<Vec<Cut>> {
     let store = deltas.store;
     let cfg = store.config();
-    let page_image = is_page_image(&entry.rel);
+    // Page images at any depth: their changed chunks are worth storing as deltas.
+    let page_image = similar::is_page_image(entry.rel.rsplit('/').next().unwrap_or(&entry.rel));
     let settings = (cfg.zstd_level, cfg.float_codec);
     WORKER.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -625,15 +626,6 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
     })
 }
 
-/// True for a CRIU page image (`pages-<n>.img`, at any depth): process memory, which changes
-/// page by page between checkpoints, so its changed chunks are worth storing as deltas.
-fn is_page_image(rel: &str) -> bool {
-    let name = rel.rsplit('/').next().unwrap_or(rel);
-    name.strip_prefix("pages-")
-        .and_then(|r| r.strip_suffix(".img"))
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
 /// A delta is kept only when it is below this fraction of the chunk's own encoding: it costs
 /// a second read (its base) to restore.
 const DELTA_BELOW: f64 = 0.75;
@@ -665,25 +657,25 @@ impl Deltas<'_> {
         whole: usize,
     ) -> Result<Option<(DeltaBases, Vec<u8>)>> {
         let limit = (whole as f64 * DELTA_BELOW) as usize;
-        let mut found: Vec<(ObjectId, std::sync::Arc<Vec<u8>>)> = Vec::new();
-        for base in self.store.index()?.similar(sketch)? {
-            if base == *id {
-                continue;
+        // Candidates, most like it first; a second base is read only when the first leaves
+        // too much.
+        let mut candidates = self.store.index()?.similar(sketch)?.into_iter().filter(|b| b != id);
+        let mut next_usable = || -> Result<Option<(ObjectId, std::sync::Arc<Vec<u8>>)>> {
+            for base in candidates.by_ref() {
+                if let Some(plain) = self.usable_base(&base)? {
+                    return Ok(Some((base, plain)));
+                }
             }
-            let Some(plain) = self.usable_base(&base)? else { continue };
-            found.push((base, plain));
-            if found.len() == 2 {
-                break;
-            }
-        }
-        let Some((first, first_plain)) = found.first() else { return Ok(None) };
-        let one = DeltaBases::one(*first);
-        let single = encoder.encode_delta(plain, &one, first_plain, limit).map(|d| (one, d));
-        let Some((second, second_plain)) = found.get(1) else { return Ok(single) };
+            Ok(None)
+        };
+        let Some((first, first_plain)) = next_usable()? else { return Ok(None) };
+        let one = DeltaBases::one(first);
+        let single = encoder.encode_delta(plain, &one, &first_plain, limit).map(|d| (one, d));
         if single.as_ref().is_some_and(|(_, d)| d.len() <= whole / 8) {
             return Ok(single);
         }
-        let two = DeltaBases { first: *first, second: Some(*second) };
+        let Some((second, second_plain)) = next_usable()? else { return Ok(single) };
+        let two = DeltaBases { first, second: Some(second) };
         let prefix = [&first_plain[..], &second_plain[..]].concat();
         let room = single.as_ref().map_or(limit, |(_, d)| d.len());
         Ok(encoder.encode_delta(plain, &two, &prefix, room).map(|d| (two, d)).or(single))

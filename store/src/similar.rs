@@ -10,6 +10,14 @@
 //! image) is seen in the same words. A chunk where a few pages changed keeps most features
 //! (each depends on one sampled word); each is looked up on its own.
 
+/// Whether `name` is the name of a CRIU page image (`pages-N.img`): process memory, which
+/// changes page by page between checkpoints. A path with a directory part is not such a name.
+pub fn is_page_image(name: &str) -> bool {
+    name.strip_prefix("pages-")
+        .and_then(|r| r.strip_suffix(".img"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Features per chunk.
 pub const FEATURES: usize = 8;
 /// Super-features per chunk (each of `FEATURES / SUPER_FEATURES` features). One feature

@@ -3,7 +3,7 @@
 use crate::backend::{self, Backend};
 use crate::bases::BaseCache;
 use crate::cache::RangeCache;
-use crate::codec::{BaseSource, Codec, Decoder};
+use crate::codec::{decode_base, BaseSource, Decoder};
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
@@ -902,19 +902,8 @@ impl BaseSource for Store {
         }
         let loc =
             self.locate(id)?.ok_or_else(|| StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })?;
-        if loc.codec == Codec::Delta {
-            return Err(StoreError::corrupt("chunk", id.to_hex(), "a delta base is itself stored as a delta"));
-        }
         let plain = self.read_checked_range(&loc.pack, loc.range(), |stored| {
-            let mut plain = Vec::with_capacity(loc.plain_len as usize);
-            Decoder::new(self.config.chunk_max).decode_append(
-                loc.codec,
-                stored,
-                loc.plain_len as usize,
-                id,
-                &mut plain,
-            )?;
-            Ok(plain)
+            decode_base(loc.codec, stored, loc.plain_len as usize, id, self.config.chunk_max)
         })?;
         let plain = std::sync::Arc::new(plain);
         self.bases.put(*id, plain.clone());

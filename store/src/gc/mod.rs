@@ -21,7 +21,7 @@ pub mod retention;
 mod temps;
 
 use crate::backend::{self, Backend};
-use crate::codec::{BaseSource, Decoder};
+use crate::codec::{decode_base, BaseSource, Decoder};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::key::{Family, ObjectKey};
@@ -625,7 +625,7 @@ impl Sweep<'_> {
         let target = self.store.config().pack_target;
         let mut out = self.store.new_pack();
         let mut copied = Vec::new();
-        let bases = FooterBases { store: self.store, homes, packs: all };
+        let bases = FooterBases { store: self.store, homes, packs: all.iter().map(|p| (p.id, p)).collect() };
         let mut decoder = Decoder::with_bases(self.store.config().chunk_max, &bases);
         let mut scratch = Vec::new();
         progress.start("gc: rewriting mostly-dead packs", packs.len() as u64, Unit::Items);
@@ -679,27 +679,17 @@ impl Sweep<'_> {
 struct FooterBases<'a> {
     store: &'a Store,
     homes: &'a HashMap<ObjectId, ObjectId>,
-    packs: &'a [PackInfo],
+    /// Every pack read, by id.
+    packs: HashMap<ObjectId, &'a PackInfo>,
 }
 
 impl BaseSource for FooterBases<'_> {
     fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
         let missing = || StoreError::NotFound { what: "delta base chunk", key: id.to_hex() };
-        let home = self.homes.get(id).ok_or_else(missing)?;
-        let pack = self.packs.iter().find(|p| p.id == *home).ok_or_else(missing)?;
+        let pack = self.homes.get(id).and_then(|home| self.packs.get(home)).ok_or_else(missing)?;
         let e = pack.entries.iter().find(|e| e.id == *id).ok_or_else(missing)?;
-        if e.codec == crate::codec::Codec::Delta {
-            return Err(StoreError::corrupt("chunk", id.to_hex(), "a delta base is itself stored as a delta"));
-        }
         let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
-        let mut plain = Vec::with_capacity(e.plain_len as usize);
-        Decoder::new(self.store.config().chunk_max).decode_append(
-            e.codec,
-            &stored,
-            e.plain_len as usize,
-            id,
-            &mut plain,
-        )?;
+        let plain = decode_base(e.codec, &stored, e.plain_len as usize, id, self.store.config().chunk_max)?;
         Ok(std::sync::Arc::new(plain))
     }
 }
