@@ -11,6 +11,10 @@
 #           random weights from a fixed seed) generating tokens; its answer to a request is a
 #           deterministic greedy generation, which must equal the one computed at start.
 #   map     holder.py, restored onto the same GPU through --gpu-map 0=0 and UUID=UUID.
+#   swap    (two GPUs) holder.py with HOLDER_GIB spread over both GPUs and 1 GiB more on the
+#           first: restored through the raw path onto the same GPUs and swapped (driver GPU
+#           pairs), then through gstore with --gpu-map 0=1,1=0, by UUID, and 0=0,1=1; the GPU
+#           that holds the extra GiB (nvidia-smi) must follow each map.
 #   tree    holder.py with one worker process: two processes with HOLDER_GIB of VRAM each
 #           (on GPU 0 and GPU 1 when there are two), both checkpointed and restored; each
 #           one's answer must be its own checksum at start.
@@ -110,7 +114,7 @@ raw() {
   t2=$(now); wait "$PID" 2>/dev/null; wait_tree_gone
   ask "$dir"
   t3=$(now); "$W/criu" restore -D "$img" --restore-detached -o restore.log || { tail -5 "$img/restore.log"; return 1; }
-  t4=$(now); gpu=$(python3 "$HERE/raw_cr.py" resume $TREE) || return 1
+  t4=$(now); gpu=$(python3 "$HERE/raw_cr.py" resume $TREE ${RAW_PAIRS:+--pairs "$RAW_PAIRS"}) || return 1
   t5=$(now); wait_answer "$dir"
   t6=$(now)
   RAW_CKPT="$(dt "$t0" "$t1") + $(dt "$t1" "$t2")"; RAW_CKPT_S=$(dt "$t0" "$t2")
@@ -203,10 +207,55 @@ table_row() {  # NAME
   fi
 }
 
-reset_times() { unset RAW_IMG RAW_CKPT RAW_CKPT_S RAW_LIVE_S RAW_REST RAW_REST_S RAW_ANS_S ANS_lazy ANS_relazy ANS_eager; }
+reset_times() { unset RAW_PAIRS RAW_IMG RAW_CKPT RAW_CKPT_S RAW_LIVE_S RAW_REST RAW_REST_S RAW_ANS_S ANS_lazy ANS_relazy ANS_eager; }
+
+# The UUID of the GPU on which PID uses the most memory (nvidia-smi).
+busiest_gpu() {
+  nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits |
+    awk -F', ' -v p="$1" '$1 == p && $3 > m { m = $3; u = $2 } END { print u }'
+}
+# GPU memory of PID per GPU, for the log.
+gpu_use() {
+  nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits |
+    awk -F', ' -v p="$1" '$1 == p { printf "%s %s MiB; ", $2, $3 }'
+}
 
 for c in $CASES; do
   reset_times
+  if [ "$c" = swap ]; then
+    if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then say "SKIP  swap: needs two GPUs"; continue; fi
+    HOLDER_MARK_GIB=1 start swap "$HERE/holder.py" "$GIB" "$W/swap"
+    home=$(busiest_gpu "$PID")
+    away=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | grep -v "$home" | head -1)
+    say "swap: one process, $(gpu_use "$PID")the extra GiB on $home"
+    raw swap "$W/swap" || { say "FAIL  raw path on swap"; fails=$((fails+1)); }
+    check "swap: tensors intact after the raw path onto the same GPUs" "answer_ok $W/swap"
+    say "swap: raw checkpoint $RAW_CKPT_S s ($RAW_CKPT); image $(awk -v b="${RAW_IMG:-0}" 'BEGIN{printf "%.2f GB", b/1e9}')"
+    say "swap: raw restore onto the same GPUs: answer $RAW_ANS_S s ($RAW_REST)"
+    RAW_SAME=$RAW_ANS_S
+    RAW_PAIRS="$home=$away,$away=$home" raw swap "$W/swap" || { say "FAIL  raw swapped path"; fails=$((fails+1)); }
+    check "swap: tensors intact after the raw path onto swapped GPUs" "answer_ok $W/swap"
+    check "swap: the raw swapped restore moved the extra GiB to $away" "[ \"\$(busiest_gpu $PID)\" = $away ]"
+    say "swap: raw restore onto swapped GPUs: answer $RAW_ANS_S s ($RAW_REST)"
+    RAW_SWAP=$RAW_ANS_S
+    at=$away
+    for m in "0=1,1=0" "$home=$away,$away=$home" "0=0,1=1"; do
+      case $m in 0=1,1=0) k=index; [ "$at" = "$home" ] && want=$away || want=$home ;;
+                 0=0,1=1) k=same; want=$at ;;
+                 *) k=uuid; [ "$at" = "$home" ] && want=$away || want=$home ;; esac
+      base=$([ $k = same ] && echo "$RAW_SAME" || echo "$RAW_SWAP")
+      "$G" --json checkpoint --pid "$PID" --tag "swap:$k" --criu "$W/criu" >"$W/swap-$k.json" || { say "FAIL  swap: checkpoint"; fails=$((fails+1)); break; }
+      say "  gstore checkpoint $(js "$W/swap-$k.json" "round(d['total_s'], 2)") s (raw $RAW_CKPT_S s); GPUs recorded: $(js "$W/swap-$k.json" "len(d['capture'].get('gpus', []))")"
+      wait_gone "$PID"
+      GPU_MAP="$m" grestore "swap-$k" "$W/swap" "swap:$k" lazy || continue
+      check "swap: tensors intact after restore --gpu-map $m (SIGUSR1 checksum)" "checksum_ok $W/swap"
+      check "swap: the extra GiB is on $want after --gpu-map $m" "[ \"\$(busiest_gpu $PID)\" = $want ]"
+      at=$(busiest_gpu "$PID")
+      say "  gstore lazy --gpu-map $m: answer $ANS_lazy s  ratio $(ratio "$ANS_lazy" "$base") x raw ($(js "$W/swap-$k-lazy.json" "'gpu %.2f s' % (d['restore']['timings']['gpu_restore_s'] or 0)")); $(gpu_use "$PID")"
+    done
+    kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+    continue
+  fi
   if [ "$c" = map ]; then
     # Restore onto the same GPU through an explicit --gpu-map, by index and by UUID (as
     # nvidia-smi prints it, which must match what the capture recorded).

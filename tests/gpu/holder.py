@@ -12,6 +12,7 @@ tensors' checksum, recomputed). When OUTDIR/ask exists (it is then removed) it a
 the recomputed checksum in OUTDIR/answer, which must equal OUTDIR/expect (the checksum at
 start): a request file made before a restore starts is answered as soon as the restored
 process runs.
+HOLDER_MARK_GIB=G puts G GiB more on the first GPU alone.
 It keeps no file open, so CRIU sees no file change between dump and restore."""
 import os
 import signal
@@ -45,6 +46,11 @@ torch.manual_seed(1234 + first_gpu)
 n = 8
 per = int(gib * 2**30 / 4 / n)
 tensors = [torch.randn(per, device=f"cuda:{(first_gpu + i) % gpus}") for i in range(n)]
+# HOLDER_MARK_GIB: that much more on the first GPU alone, so the GPUs' memory use tells which
+# GPU holds which part (the swap case checks that a restore moved it).
+mark_gib = float(os.environ.get("HOLDER_MARK_GIB", "0"))
+if mark_gib > 0:
+    tensors.append(torch.randn(int(mark_gib * 2**30 / 4), device=f"cuda:{first_gpu % gpus}"))
 work = torch.randn(1024, 1024, device=f"cuda:{first_gpu % gpus}")
 
 
