@@ -152,6 +152,28 @@ fn profiles(env: &Env) -> Vec<(PathBuf, serde_json::Value)> {
 }
 
 #[test]
+fn a_second_checkpoint_stored_as_deltas_comes_back_lazily_with_the_changed_pages() {
+    let env = Env::new(&[]);
+    let tree = Tree::start(64);
+    let pid = tree.parent.to_string();
+    env.json(&["checkpoint", "--pid", &pid, "--tag", "tree:1", "--leave-running", "--criu", CRIU]);
+    // The parent rewrites 200 scattered pages; its second checkpoint stores the chunks holding
+    // them as deltas against the first's.
+    std::fs::write(tree.out("touch-parent"), "200").unwrap();
+    let touched = tree.wait_file("touched-parent", Duration::from_secs(60));
+    let second = env.json(&["checkpoint", "--pid", &pid, "--tag", "tree:2", "--criu", CRIU]);
+    tree.wait_gone(Duration::from_secs(10));
+    let deltas = second["push"]["delta_chunks"].as_u64().unwrap();
+    assert!(deltas >= 20, "{second}");
+    let r = env.json(&["restore", "tree:2", "--run", "--criu", CRIU]);
+    assert_eq!(r["mode"], "lazy", "{r}");
+    let _ = std::fs::remove_file(tree.out("result-parent"));
+    std::fs::write(tree.out("go-parent"), "").unwrap();
+    assert_eq!(tree.wait_file("result-parent", Duration::from_secs(60)), touched, "the parent's memory differs");
+    tree.assert_intact("child");
+}
+
+#[test]
 fn a_restore_profile_is_recorded_then_followed_and_goes_with_its_image() {
     let env = Env::new(&[]);
     let tree = Tree::start(200);

@@ -4,7 +4,9 @@ repeated 8 times (chunks repeated in the image), and a mostly untouched zero reg
 zero pages). Its child holds MB/4 MiB of unique pages. Each writes OUTDIR/ready-ROLE (a
 checksum of its memory) once set up, then every 10 ms: if OUTDIR/go-ROLE exists it writes
 OUTDIR/result-ROLE (the checksum now); the parent also forks, if OUTDIR/fork exists, a child
-that writes OUTDIR/result-forked (the checksum of the memory it inherited) and exits."""
+that writes OUTDIR/result-forked (the checksum of the memory it inherited) and exits. If
+OUTDIR/touch-ROLE exists (holding a count N), ROLE rewrites N scattered pages of its memory
+and writes OUTDIR/touched-ROLE (the checksum after that)."""
 import hashlib
 import os
 import sys
@@ -40,6 +42,18 @@ def serve(role, memory, on_tick=None):
         if os.path.exists(go):
             os.remove(go)
             put("result-" + role, checksum())
+        touch = os.path.join(out, "touch-" + role)
+        if os.path.exists(touch):
+            # Rewrites N scattered pages of its first region (N in the file), as a process
+            # that updates part of its state between two checkpoints.
+            n = int(open(touch).read())
+            os.remove(touch)
+            pages = len(memory[0]) >> 12
+            for k in range(n):
+                page = (k * 7919 + 13) % pages
+                head = hashlib.blake2b(f"touched:{page}".encode(), digest_size=64).digest()
+                memory[0][page << 12:(page + 1) << 12] = head * 64
+            put("touched-" + role, checksum())
         if on_tick:
             on_tick(checksum)
         time.sleep(0.01)

@@ -96,6 +96,8 @@ impl FileChunks {
         if need as usize > buf.len() {
             return Err(StoreError::Internal(format!("{need} bytes do not fit a {}-byte buffer", buf.len())).into());
         }
+        // The bases of delta chunks, read side by side before any is decoded.
+        store.prefetch_bases(chunks.iter().filter_map(|c| c.loc.and_then(|l| l.bases)))?;
         let mut i = 0;
         while i < chunks.len() {
             let Some(first) = chunks[i].loc else {

@@ -145,6 +145,10 @@ const LOOKUP_GROUP: usize = 512;
 /// the per-read bookkeeping a sink allocates up front (e.g. GPU decode scratch per slot).
 pub const MAX_CHUNKS_PER_READ: usize = 512;
 
+/// A range read holds at most this many delta chunks: their bases (one or two chunks each)
+/// are read side by side before the read is decoded, and held meanwhile.
+pub const MAX_DELTAS_PER_READ: usize = 64;
+
 /// A distinct chunk an image needs, before the index is asked where it is.
 struct Needed {
     id: ObjectId,
@@ -233,34 +237,48 @@ impl Needs {
 }
 
 /// Groups located chunks (each with its rank of first use) into range reads of at most
-/// `max_read` bytes and [`MAX_CHUNKS_PER_READ`] chunks, ordered by first use.
+/// `max_read` bytes, [`MAX_CHUNKS_PER_READ`] chunks and [`MAX_DELTAS_PER_READ`] delta chunks,
+/// ordered by first use.
 fn coalesce(mut chunks: Vec<(usize, PlannedChunk)>, max_read: u64) -> Vec<RangeRead> {
+    /// A read being built: its rank of first use, plain bytes and delta chunks so far.
+    struct Building {
+        first: usize,
+        read: RangeRead,
+        plain: u64,
+        deltas: usize,
+    }
     chunks.sort_by_key(|(_, p)| (p.loc.pack, p.loc.offset));
-    let mut reads: Vec<(usize, RangeRead, u64)> = Vec::new();
+    let mut reads: Vec<Building> = Vec::new();
     for (first, p) in chunks {
         let r = p.loc.range();
         let plain = p.loc.plain_len as u64;
+        let delta = usize::from(p.loc.bases.is_some());
         match reads.last_mut() {
-            Some((f, cur, cur_plain))
-                if cur.pack == p.loc.pack
-                    && r.start >= cur.end
-                    && r.start - cur.end <= MAX_GAP
-                    && r.end - cur.start <= max_read
-                    && *cur_plain + plain <= max_read
-                    && cur.chunks.len() < MAX_CHUNKS_PER_READ =>
+            Some(cur)
+                if cur.read.pack == p.loc.pack
+                    && r.start >= cur.read.end
+                    && r.start - cur.read.end <= MAX_GAP
+                    && r.end - cur.read.start <= max_read
+                    && cur.plain + plain <= max_read
+                    && cur.read.chunks.len() < MAX_CHUNKS_PER_READ
+                    && cur.deltas + delta <= MAX_DELTAS_PER_READ =>
             {
-                cur.end = r.end;
-                *f = (*f).min(first);
-                *cur_plain += plain;
-                cur.chunks.push(p);
+                cur.read.end = r.end;
+                cur.first = cur.first.min(first);
+                cur.plain += plain;
+                cur.deltas += delta;
+                cur.read.chunks.push(p);
             }
-            _ => {
-                reads.push((first, RangeRead { pack: p.loc.pack, start: r.start, end: r.end, chunks: vec![p] }, plain))
-            }
+            _ => reads.push(Building {
+                first,
+                read: RangeRead { pack: p.loc.pack, start: r.start, end: r.end, chunks: vec![p] },
+                plain,
+                deltas: delta,
+            }),
         }
     }
-    reads.sort_by_key(|(f, _, _)| *f);
-    reads.into_iter().map(|(_, r, _)| r).collect()
+    reads.sort_by_key(|b| b.first);
+    reads.into_iter().map(|b| b.read).collect()
 }
 
 /// Plans the restore of every file of `m`, with range reads of at most `max_read` bytes
@@ -274,4 +292,40 @@ pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
         Ok(())
     })?;
     Ok(Plan { reads, zeros })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gstore_store::codec::{Codec, DeltaBases};
+
+    /// Chunk `i` of 1000 bytes at offset `i * 1000` of one pack; a delta when `delta`.
+    fn chunk(i: u64, delta: bool) -> (usize, PlannedChunk) {
+        let id = ObjectId::of(&i.to_le_bytes());
+        let loc = ChunkLocation {
+            pack: ObjectId::of(b"pack"),
+            offset: i * 1000,
+            stored_len: 1000,
+            plain_len: 4000,
+            codec: if delta { Codec::Delta } else { Codec::Zstd },
+            bases: delta.then(|| DeltaBases::one(ObjectId::of(b"base"))),
+        };
+        (i as usize, PlannedChunk { id, loc, targets: vec![(0, i * 4000)] })
+    }
+
+    #[test]
+    fn a_read_holds_at_most_so_many_deltas_and_plain_chunks_still_share_reads() {
+        let chunks: Vec<_> = (0..300).map(|i| chunk(i, (100..250).contains(&i))).collect();
+        let reads = coalesce(chunks, 16 << 20);
+        let deltas: Vec<usize> =
+            reads.iter().map(|r| r.chunks.iter().filter(|c| c.loc.bases.is_some()).count()).collect();
+        assert!(deltas.iter().all(|&d| d <= MAX_DELTAS_PER_READ), "deltas per read: {deltas:?}");
+        assert_eq!(deltas.iter().sum::<usize>(), 150);
+        // 150 deltas need three reads; the plain chunks around them ride along.
+        assert_eq!(reads.len(), 3, "deltas per read: {deltas:?}");
+        let mut offsets: Vec<u64> = reads.iter().flat_map(|r| r.chunks.iter().map(|c| c.loc.offset)).collect();
+        offsets.sort_unstable();
+        assert_eq!(offsets, (0..300).map(|i| i * 1000).collect::<Vec<_>>());
+        assert_eq!(coalesce((0..300).map(|i| chunk(i, false)).collect(), 16 << 20).len(), 1);
+    }
 }

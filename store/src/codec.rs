@@ -202,8 +202,19 @@ pub fn decode_base(codec: Codec, stored: &[u8], plain_len: usize, id: &ObjectId,
     if codec == Codec::Delta {
         return Err(StoreError::corrupt("chunk", id.to_hex(), "a delta base is itself stored as a delta"));
     }
+    thread_local! {
+        /// One decoder per thread for bases (a zstd context is costly to make per chunk).
+        static BASES: std::cell::RefCell<Option<Decoder<'static>>> = const { std::cell::RefCell::new(None) };
+    }
     let mut plain = Vec::with_capacity(plain_len);
-    Decoder::new(chunk_max).decode_append(codec, stored, plain_len, id, &mut plain)?;
+    BASES.with(|held| {
+        let mut held = held.borrow_mut();
+        let decoder = match held.as_mut() {
+            Some(d) if d.chunk_max == chunk_max => d,
+            _ => held.insert(Decoder::new(chunk_max)),
+        };
+        decoder.decode_append(codec, stored, plain_len, id, &mut plain)
+    })?;
     Ok(plain)
 }
 

@@ -3,7 +3,7 @@
 use crate::backend::{self, Backend};
 use crate::bases::BaseCache;
 use crate::cache::RangeCache;
-use crate::codec::{decode_base, BaseSource, Decoder};
+use crate::codec::{decode_base, BaseSource, Decoder, DeltaBases};
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
@@ -14,6 +14,7 @@ use crate::manifest::Manifest;
 use crate::pack::{self, PackEntry};
 use crate::tag::{SetTime, TagRecord, TagRef};
 use bytes::Bytes;
+use rayon::prelude::*;
 use std::collections::HashSet;
 use std::path::PathBuf;
 
@@ -900,13 +901,64 @@ impl BaseSource for Store {
         if let Some(hit) = self.bases.get(id) {
             return Ok(hit);
         }
-        let loc =
-            self.locate(id)?.ok_or_else(|| StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })?;
-        let plain = self.read_checked_range(&loc.pack, loc.range(), |stored| {
-            decode_base(loc.codec, stored, loc.plain_len as usize, id, self.config.chunk_max)
-        })?;
+        let loc = self.locate(id)?;
+        self.read_base(id, loc)
+    }
+}
+
+/// Delta bases read at once by [`Store::prefetch_bases`]: each read waits on the disk or the
+/// network, not the CPU, so more are in flight than there are cores.
+const BASE_READS_IN_FLIGHT: usize = 16;
+
+impl Store {
+    /// Reads the delta bases among `bases` that this handle's base cache does not hold, side
+    /// by side, into the cache. A reader about to decode a batch of delta chunks calls it with
+    /// their bases first, rather than waiting for one base read after another while it
+    /// decodes; a base dropped from the cache again before its delta is decoded is read once
+    /// more then.
+    pub fn prefetch_bases(&self, bases: impl IntoIterator<Item = DeltaBases>) -> Result<()> {
+        let mut missing: Vec<ObjectId> =
+            bases.into_iter().flat_map(|b| b.iter()).filter(|id| self.bases.get(id).is_none()).collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if missing.len() < 2 {
+            return Ok(());
+        }
+        let locs = self.locate_many(&missing)?;
+        base_readers()?.install(|| {
+            missing.par_iter().zip(locs).try_for_each(|(id, loc)| self.read_base(id, loc).map(drop))
+        })
+    }
+
+    /// Reads, checks and caches base `id`, found at `loc`.
+    fn read_base(&self, id: &ObjectId, loc: Option<ChunkLocation>) -> Result<std::sync::Arc<Vec<u8>>> {
+        let loc = loc.ok_or_else(|| StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })?;
+        let decode = |stored: &[u8]| decode_base(loc.codec, stored, loc.plain_len as usize, id, self.config.chunk_max);
+        let plain = if self.cache.is_some() {
+            self.read_checked_range(&loc.pack, loc.range(), |stored| decode(stored))?
+        } else {
+            // One chunk from a local pack: a `pread`, cheaper than mapping it, and many
+            // threads mapping and unmapping at once would wait on each other.
+            let mut stored = vec![0; loc.stored_len as usize];
+            self.read_pack_range_into(&loc.pack, loc.range(), &mut stored)?;
+            decode(&stored)?
+        };
         let plain = std::sync::Arc::new(plain);
         self.bases.put(*id, plain.clone());
         Ok(plain)
     }
+}
+
+/// The threads [`Store::prefetch_bases`] reads on, started once.
+fn base_readers() -> Result<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    if let Some(pool) = POOL.get() {
+        return Ok(pool);
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(BASE_READS_IN_FLIGHT)
+        .thread_name(|i| format!("gstore-bases-{i}"))
+        .build()
+        .map_err(|e| StoreError::Internal(format!("starting the base reader threads: {e}")))?;
+    Ok(POOL.get_or_init(|| pool))
 }

@@ -223,7 +223,10 @@ impl GpuLoad {
                             };
                             let Some((tag, read)) = next else { return Ok(()) };
                             let mut slot = pool.take();
-                            let r = loader.queue(&mut slot, &read, tag, &mut decoder);
+                            // Delta chunks decode on the host: their bases are read first.
+                            let r = store
+                                .prefetch_bases(read.chunks.iter().filter_map(|c| c.loc.bases))
+                                .and_then(|()| loader.queue(&mut slot, &read, tag, &mut decoder));
                             pool.give(slot);
                             match r {
                                 Ok(n) => progress.advance(n),
