@@ -101,6 +101,36 @@ fn a_scattered_page_change_costs_about_the_page_and_restores_exact() {
 }
 
 #[test]
+fn a_changed_page_that_moves_a_chunk_boundary_costs_about_a_page() {
+    use gstore_store::{Store, StoreLocation};
+    let FirstImage { env, mut rng, mut pages, v2, .. } = first_image(23, 2048);
+    // Where the first image's chunks of pages-1.img end (the file is the image's second entry,
+    // after core-1.img).
+    let ends: Vec<usize> = {
+        let store = Store::open_indexed(&StoreLocation::Local(env.store.clone()), &|_| {}).unwrap();
+        let m = store.get_manifest(&store.resolve("app:v1").unwrap()).unwrap();
+        let (_, chunks) = m.files().find(|(e, _)| e.path == "pages-1.img").unwrap();
+        chunks.iter().scan(0, |at, c| { *at += c.len as usize; Some(*at) }).collect()
+    };
+    // Four boundaries in the middle: the page holding each one's last bytes gets new weights,
+    // which moves or removes the boundary, so a new chunk spans parts of two old ones.
+    let mut changed = 0;
+    for end in ends.iter().skip(ends.len() / 3).step_by(3).take(4) {
+        pages[(end - 1) / PAGE] = weights_page(&mut rng);
+        changed += 1;
+    }
+    write_image(&v2, &pages);
+    let second = env.json(&["push", v2.to_str().unwrap(), "--tag", "app:v2"]);
+    let added = second["new_stored_bytes"].as_u64().unwrap();
+    assert!(second["delta_chunks"].as_u64().unwrap() >= changed, "{second}");
+    // A changed page stores in ~0.8 of a page (13.6 KB for these four); under a page each
+    // leaves room for the deltas' headers, not for any part of an old chunk that neither
+    // base holds (17.6 KB when the second base was only the next most like the chunk).
+    assert!(added < (changed as usize * PAGE) as u64, "{changed} changed pages added {added} bytes: {second}");
+    restore_and_compare(&env, "app:v2", &v2, "out-v2");
+}
+
+#[test]
 fn a_delta_whose_base_is_gone_fails_clearly() {
     let FirstImage { env, mut rng, mut pages, v2, .. } = first_image(7, 512);
     let first_packs = env.packs();

@@ -13,6 +13,7 @@ mod cache;
 pub mod chunker;
 pub mod codec;
 mod config;
+mod deltas;
 pub mod copy;
 mod error;
 mod floats;

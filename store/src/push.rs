@@ -13,7 +13,8 @@
 //! source and uploaded anew. The lease goes away after the tag is written.
 
 use crate::chunker;
-use crate::codec::{self, BaseSource, Codec, DeltaBases};
+use crate::codec::{self, Codec, DeltaBases};
+use crate::deltas::Deltas;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::key::ObjectKey;
@@ -30,7 +31,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 
 /// Input bytes processed in parallel before the ordered append step: at least this much, and
 /// at least two segments per worker thread so every core has work.
@@ -319,7 +320,7 @@ fn push_entries(
             })
             .collect();
         let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
-        let deltas = Deltas { store, lease: lease.as_ref(), vetted: Mutex::default() };
+        let deltas = Deltas::new(store, lease.as_ref(), tag);
         let appended = append_all(&deltas, entries, files, &units, &mut out, &queue, progress);
         drop(queue);
         let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
@@ -585,12 +586,16 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
         let Worker { encoder, data, .. } = slot.as_mut().expect("made above");
         data.resize(u.len as usize, 0);
         file.read_exact_at(data, u.offset, entry)?;
+        // The chunk before, in this segment: in the parent image, what followed it is a
+        // likely base for a changed chunk.
+        let mut before: Option<ObjectId> = None;
         chunker::cut_segment(data, cfg)
             .into_iter()
             .map(|span| {
                 let at = u.offset + span.start as u64;
                 let plain = &data[span];
                 let id = ObjectId::of(plain);
+                let before = before.replace(id);
                 let zero = codec::is_all_zero(plain);
                 let found = if zero { None } else { store.index()?.locate_for_dedup(&id)? };
                 let found_in = match found {
@@ -607,7 +612,7 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
                 let (codec, stored) = encoder.encode(plain);
                 let sketch = if page_image { similar::sketch(plain, at) } else { None };
                 let delta = match &sketch {
-                    Some(sketch) => deltas.encode(encoder, &id, plain, sketch, stored.len())?,
+                    Some(sketch) => deltas.encode(encoder, &id, plain, at, before, sketch, stored.len())?,
                     None => None,
                 };
                 match delta {
@@ -624,104 +629,6 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
             })
             .collect()
     })
-}
-
-/// A delta is kept only when it is below this fraction of the chunk's own encoding: it costs
-/// a second read (its base) to restore.
-const DELTA_BELOW: f64 = 0.75;
-
-/// How a push stores a new chunk of a page image as a delta against the stored chunk most
-/// like it (docs/FORMAT.md, codec 4). A base is always a chunk stored whole, in a pack the
-/// push has named in its lease and found without a tombstone (docs/GC.md, push step 4), so gc
-/// keeps it until the push's tag names the image; after that the delta keeps it alive.
-struct Deltas<'a> {
-    store: &'a Store,
-    /// The push's lease (none for a dry run).
-    lease: Option<&'a Lease>,
-    /// Packs checked as homes of bases: true when a base in them may be relied on.
-    vetted: Mutex<HashMap<ObjectId, bool>>,
-}
-
-impl Deltas<'_> {
-    /// The bases and stored bytes of `plain` (chunk `id`, sketch `sketch`) as a delta, when
-    /// stored chunks like it are found and the delta is enough smaller than `whole` bytes (its
-    /// own encoding). The stored chunk most like it is tried first; when that leaves more than
-    /// an eighth of `whole` (a changed page moved a chunk boundary, so the chunk spans two old
-    /// ones), the next most like it is added as a second base.
-    fn encode(
-        &self,
-        encoder: &mut codec::Encoder,
-        id: &ObjectId,
-        plain: &[u8],
-        sketch: &Sketch,
-        whole: usize,
-    ) -> Result<Option<(DeltaBases, Vec<u8>)>> {
-        let limit = (whole as f64 * DELTA_BELOW) as usize;
-        // Candidates, most like it first; a second base is read only when the first leaves
-        // too much.
-        let mut candidates = self.store.index()?.similar(sketch)?.into_iter().filter(|b| b != id);
-        let mut next_usable = || -> Result<Option<(ObjectId, std::sync::Arc<Vec<u8>>)>> {
-            for base in candidates.by_ref() {
-                if let Some(plain) = self.usable_base(&base)? {
-                    return Ok(Some((base, plain)));
-                }
-            }
-            Ok(None)
-        };
-        let Some((first, first_plain)) = next_usable()? else { return Ok(None) };
-        let one = DeltaBases::one(first);
-        let single = encoder.encode_delta(plain, &one, &first_plain, limit).map(|d| (one, d));
-        if single.as_ref().is_some_and(|(_, d)| d.len() <= whole / 8) {
-            return Ok(single);
-        }
-        let Some((second, second_plain)) = next_usable()? else { return Ok(single) };
-        let two = DeltaBases { first, second: Some(second) };
-        let prefix = [&first_plain[..], &second_plain[..]].concat();
-        let room = single.as_ref().map_or(limit, |(_, d)| d.len());
-        Ok(encoder.encode_delta(plain, &two, &prefix, room).map(|d| (two, d)).or(single))
-    }
-
-    /// The plain bytes of `base` when it may serve as a base: stored whole, in a pack
-    /// [`Deltas::vet`] accepts, and readable.
-    fn usable_base(&self, base: &ObjectId) -> Result<Option<std::sync::Arc<Vec<u8>>>> {
-        let Some(loc) = self.store.index()?.locate_for_dedup(base)? else { return Ok(None) };
-        if loc.codec == Codec::Delta || !self.vet(loc.pack)? {
-            return Ok(None);
-        }
-        match self.store.base_plain(base) {
-            Ok(b) => Ok(Some(b)),
-            // Gone or damaged meanwhile: not a base.
-            Err(e) if e.is_damage() => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// True when every one of `bases` (if any) is in a pack that [`Deltas::vet`] accepts.
-    fn bases_are_reliable(&self, bases: Option<DeltaBases>) -> Result<bool> {
-        for base in bases.iter().flat_map(DeltaBases::iter) {
-            match self.store.index()?.locate_for_dedup(&base)? {
-                Some(loc) if self.vet(loc.pack)? => {}
-                _ => return Ok(false),
-            }
-        }
-        Ok(true)
-    }
-
-    /// True when chunks in `pack` may serve as bases: named in the lease, then found with no
-    /// tombstone and still there (checked once per pack).
-    fn vet(&self, pack: ObjectId) -> Result<bool> {
-        let Some(lease) = self.lease else { return Ok(true) };
-        let mut vetted = self.vetted.lock().expect("vetted packs lock");
-        if let Some(&ok) = vetted.get(&pack) {
-            return Ok(ok);
-        }
-        lease.protect(&[pack], &[])?;
-        let key = ObjectKey::Pack(pack);
-        let ok = !lease::has_tombstone(self.store.backend(), &key)?
-            && self.store.backend().size(&key.to_string())?.is_some();
-        vetted.insert(pack, ok);
-        Ok(ok)
-    }
 }
 
 /// Names the manifest in the lease and returns its id and encoded bytes. A manifest is named

@@ -84,9 +84,67 @@ pub fn sketch(data: &[u8], offset: u64) -> Option<Sketch> {
     Some(out)
 }
 
+/// The page size of CRIU page images: changes come in pages at file offsets that are
+/// multiples of it.
+pub const PAGE: u64 = 4096;
+
+/// The part of chunk `plain` (at file offset `at`) that `base` does not hold when `base` lines
+/// up with one end of it: past the page of the first difference from a base that starts as
+/// the chunk does, or before the page of the last difference from one that ends as it does.
+/// A chunk whose changed page merged two old chunks into one starts like the first and ends
+/// like the second: the part a delta against one leaves over is the other, and the sketch of
+/// that part finds it. `None` when `base` lines up with neither end (by a page at least) or
+/// nothing is left over.
+pub fn uncovered(plain: &[u8], at: u64, base: &[u8]) -> Option<std::ops::Range<usize>> {
+    let same_head = common_len(plain.iter(), base.iter());
+    let same_tail = common_len(plain.iter().rev(), base.iter().rev());
+    if same_head == plain.len() || same_head.max(same_tail) < PAGE as usize {
+        return None;
+    }
+    if same_head >= same_tail {
+        // From the end of the page that holds the first difference.
+        let end = ((at + same_head as u64) / PAGE + 1) * PAGE - at;
+        (end < plain.len() as u64).then(|| end as usize..plain.len())
+    } else {
+        // Up to the start of the page that holds the last difference.
+        let last = at + (plain.len() - same_tail - 1) as u64;
+        let start = (last / PAGE * PAGE).checked_sub(at)?;
+        (start > 0).then(|| 0..start as usize)
+    }
+}
+
+/// How many items the two sequences share before they first differ.
+fn common_len<'a>(a: impl Iterator<Item = &'a u8>, b: impl Iterator<Item = &'a u8>) -> usize {
+    a.zip(b).take_while(|(x, y)| x == y).count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_base_lined_up_with_one_end_leaves_over() {
+        let old_a = noise(40_000, 1);
+        let old_b = noise(30_000, 2);
+        // At file offset 4096 * 10 + 100: pages are not aligned with the chunk.
+        let at = 41_060;
+        let mut merged = [&old_a[..], &old_b[..]].concat();
+        // A changed page inside old_a (file offsets 49152..53248).
+        let page = (49_152 - at) as usize;
+        merged[page..page + 4096].copy_from_slice(&noise(4096, 3));
+        let r = uncovered(&merged, at, &old_a).unwrap();
+        assert_eq!(r, page + 4096..merged.len(), "past the changed page");
+        // Against a base lined up with the end from chunk byte 30000 on (the byte before
+        // differs): up to the start of the page holding chunk byte 29999.
+        let mut tail_base = noise(8192, 4);
+        tail_base[8191] = merged[29_999] ^ 0xff;
+        tail_base.extend_from_slice(&merged[30_000..]);
+        let r = uncovered(&merged, at, &tail_base).unwrap();
+        assert_eq!(r, 0..((at as usize + 29_999) / 4096 * 4096 - at as usize));
+        // Lined up with neither end, or equal: nothing to say.
+        assert_eq!(uncovered(&merged, at, &noise(70_000, 5)), None);
+        assert_eq!(uncovered(&merged, at, &merged), None);
+    }
 
     /// Pseudo-random bytes.
     fn noise(n: usize, seed: u64) -> Vec<u8> {
