@@ -4,4 +4,4 @@ export HOME="${HOME:-/root}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gstore-target}"
 # cargo-installed tools (cargo-nextest, s3s-fs) on PATH.
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
-export GSTORE_BIN="$CARGO_TARGET_DIR/release/gstore"
+export GSTORE_BIN="${GSTORE_BIN:-$CARGO_TARGET_DIR/release/gstore}"
