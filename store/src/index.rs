@@ -184,11 +184,22 @@ impl Index {
         table.set_whole_key_filtering(false);
         chunk_opts.set_block_based_table_factory(&table);
         chunk_opts.set_memtable_prefix_bloom_ratio(0.1);
+        // Ids and features are random bytes: compressing their tables costs time and saves
+        // nothing.
+        chunk_opts.set_compression_type(rocksdb::DBCompressionType::None);
+        // Most features a push looks up are in no stored chunk: a filter answers those.
+        let mut similar_opts = Options::default();
+        let mut similar_table = rocksdb::BlockBasedOptions::default();
+        similar_table.set_bloom_filter(10.0, false);
+        similar_opts.set_block_based_table_factory(&similar_table);
+        similar_opts.set_compression_type(rocksdb::DBCompressionType::None);
+        similar_opts.set_memtable_whole_key_filtering(true);
+        similar_opts.set_memtable_prefix_bloom_ratio(0.1);
         let cfs = vec![
             ColumnFamilyDescriptor::new(CF_CHUNKS, chunk_opts),
             ColumnFamilyDescriptor::new(CF_PACKS, Options::default()),
             ColumnFamilyDescriptor::new(CF_DOOMED, Options::default()),
-            ColumnFamilyDescriptor::new(CF_SIMILAR, Options::default()),
+            ColumnFamilyDescriptor::new(CF_SIMILAR, similar_opts),
         ];
         // Whatever stops the index from opening, rebuilding it (which deletes it unopened)
         // gets past it: say so.
