@@ -110,7 +110,13 @@ fn a_changed_page_that_moves_a_chunk_boundary_costs_about_a_page() {
         let store = Store::open_indexed(&StoreLocation::Local(env.store.clone()), &|_| {}).unwrap();
         let m = store.get_manifest(&store.resolve("app:v1").unwrap()).unwrap();
         let (_, chunks) = m.files().find(|(e, _)| e.path == "pages-1.img").unwrap();
-        chunks.iter().scan(0, |at, c| { *at += c.len as usize; Some(*at) }).collect()
+        chunks
+            .iter()
+            .scan(0, |at, c| {
+                *at += c.len as usize;
+                Some(*at)
+            })
+            .collect()
     };
     // Four boundaries in the middle: the page holding each one's last bytes gets new weights,
     // which moves or removes the boundary, so a new chunk spans parts of two old ones.

@@ -104,12 +104,12 @@ pub fn uncovered(plain: &[u8], at: u64, base: &[u8]) -> Option<std::ops::Range<u
     if same_head >= same_tail {
         // From the end of the page that holds the first difference.
         let end = ((at + same_head as u64) / PAGE + 1) * PAGE - at;
-        (end < plain.len() as u64).then(|| end as usize..plain.len())
+        (end < plain.len() as u64).then_some(end as usize..plain.len())
     } else {
         // Up to the start of the page that holds the last difference.
         let last = at + (plain.len() - same_tail - 1) as u64;
         let start = (last / PAGE * PAGE).checked_sub(at)?;
-        (start > 0).then(|| 0..start as usize)
+        (start > 0).then_some(0..start as usize)
     }
 }
 

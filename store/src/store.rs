@@ -866,36 +866,6 @@ impl Store {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn range_reads_into_a_buffer_match_mapped_reads_and_name_what_is_wrong() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let location = StoreLocation::Local(dir.path().to_path_buf());
-        Store::init(&location, &StoreConfig::default()).expect("init");
-        let store = Store::open(&location).expect("open");
-        let pack = ObjectId::of(b"pack");
-        let path = dir.path().join(ObjectKey::Pack(pack).to_string());
-        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        std::fs::write(&path, &bytes).expect("write");
-        for range in [0..1, 5..4097, 4095..100_000, 99_999..100_000] {
-            let mut out = vec![0u8; (range.end - range.start) as usize];
-            store.read_pack_range_into(&pack, range.clone(), &mut out).expect("read");
-            assert_eq!(out, &bytes[range.start as usize..range.end as usize]);
-            assert_eq!(out, &store.read_pack_range(&pack, range).expect("mapped read")[..]);
-        }
-        let mut out = vec![0u8; 10];
-        let err = store.read_pack_range_into(&pack, 99_995..100_005, &mut out).expect_err("past the end").to_string();
-        assert!(err.contains("truncated"), "{err}");
-        assert!(store.read_pack_range_into(&pack, 0..5, &mut out).is_err(), "a buffer of the wrong size");
-        let err = store.read_pack_range_into(&ObjectId::of(b"gone"), 0..10, &mut out).expect_err("missing").to_string();
-        assert!(err.contains("pack not found"), "{err}");
-    }
-}
-
 impl BaseSource for Store {
     fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
         if let Some(hit) = self.bases.get(id) {
@@ -925,9 +895,8 @@ impl Store {
             return Ok(());
         }
         let locs = self.locate_many(&missing)?;
-        base_readers()?.install(|| {
-            missing.par_iter().zip(locs).try_for_each(|(id, loc)| self.read_base(id, loc).map(drop))
-        })
+        base_readers()?
+            .install(|| missing.par_iter().zip(locs).try_for_each(|(id, loc)| self.read_base(id, loc).map(drop)))
     }
 
     /// Reads, checks and caches base `id`, found at `loc`.
@@ -961,4 +930,34 @@ fn base_readers() -> Result<&'static rayon::ThreadPool> {
         .build()
         .map_err(|e| StoreError::Internal(format!("starting the base reader threads: {e}")))?;
     Ok(POOL.get_or_init(|| pool))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_reads_into_a_buffer_match_mapped_reads_and_name_what_is_wrong() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let location = StoreLocation::Local(dir.path().to_path_buf());
+        Store::init(&location, &StoreConfig::default()).expect("init");
+        let store = Store::open(&location).expect("open");
+        let pack = ObjectId::of(b"pack");
+        let path = dir.path().join(ObjectKey::Pack(pack).to_string());
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).expect("write");
+        for range in [0..1, 5..4097, 4095..100_000, 99_999..100_000] {
+            let mut out = vec![0u8; (range.end - range.start) as usize];
+            store.read_pack_range_into(&pack, range.clone(), &mut out).expect("read");
+            assert_eq!(out, &bytes[range.start as usize..range.end as usize]);
+            assert_eq!(out, &store.read_pack_range(&pack, range).expect("mapped read")[..]);
+        }
+        let mut out = vec![0u8; 10];
+        let err = store.read_pack_range_into(&pack, 99_995..100_005, &mut out).expect_err("past the end").to_string();
+        assert!(err.contains("truncated"), "{err}");
+        assert!(store.read_pack_range_into(&pack, 0..5, &mut out).is_err(), "a buffer of the wrong size");
+        let err = store.read_pack_range_into(&ObjectId::of(b"gone"), 0..10, &mut out).expect_err("missing").to_string();
+        assert!(err.contains("pack not found"), "{err}");
+    }
 }
