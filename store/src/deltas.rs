@@ -75,7 +75,7 @@ impl<'a> Deltas<'a> {
         let hinted = before.and_then(|b| self.neighbors().get(&b).and_then(|n| n.1));
         let mut candidates = index.similar(sketch)?;
         candidates.extend(hinted.filter(|h| !candidates.contains(h)));
-        let Some((first, first_plain)) = self.first_usable(&candidates, &[*id])? else { return Ok(None) };
+        let Some((first, first_plain)) = self.first_usable(&candidates, id)? else { return Ok(None) };
         let one = DeltaBases::one(first);
         let mut best = encoder.encode_delta(plain, &one, &first_plain, limit).map(|d| (one, d));
         if best.as_ref().is_some_and(|(_, d)| d.len() <= ONE_PAGE_LEFT + whole / 64) {
@@ -92,12 +92,15 @@ impl<'a> Deltas<'a> {
         }
         seconds.extend(hinted);
         seconds.extend(candidates.iter().filter(|c| **c != first).take(1));
-        let mut tried: Vec<ObjectId> = vec![*id, first];
-        for second in seconds {
-            if tried.len() - 2 == SECOND_TRIES || tried.contains(&second) {
-                continue;
+        // Each candidate once, in that order, neither the chunk itself nor its first base.
+        let mut seen = vec![*id, first];
+        seconds.retain(|s| {
+            !seen.contains(s) && {
+                seen.push(*s);
+                true
             }
-            tried.push(second);
+        });
+        for second in seconds.into_iter().take(SECOND_TRIES) {
             let Some(second_plain) = self.usable_base(&second)? else { continue };
             let two = DeltaBases { first, second: Some(second) };
             let prefix = [&first_plain[..], &second_plain[..]].concat();
@@ -109,9 +112,10 @@ impl<'a> Deltas<'a> {
         Ok(best)
     }
 
-    /// The first of `candidates`, not one of `not`, that may serve as a base, with its bytes.
-    fn first_usable(&self, candidates: &[ObjectId], not: &[ObjectId]) -> Result<Option<(ObjectId, Arc<Vec<u8>>)>> {
-        for base in candidates.iter().filter(|c| !not.contains(c)) {
+    /// The first of `candidates`, other than chunk `id` itself, that may serve as a base,
+    /// with its bytes.
+    fn first_usable(&self, candidates: &[ObjectId], id: &ObjectId) -> Result<Option<(ObjectId, Arc<Vec<u8>>)>> {
+        for base in candidates.iter().filter(|c| *c != id) {
             if let Some(plain) = self.usable_base(base)? {
                 return Ok(Some((*base, plain)));
             }
@@ -189,8 +193,7 @@ fn parent_neighbors(store: &Store, tag: &TagRef) -> Option<Neighbors> {
     let manifest = store.get_manifest(&parent.manifest_id().ok()?).ok()?;
     let mut out = Neighbors::new();
     for (entry, chunks) in manifest.files() {
-        let name = entry.path.rsplit('/').next().unwrap_or(&entry.path);
-        if !similar::is_page_image(name) {
+        if !similar::is_page_image_path(&entry.path) {
             continue;
         }
         for (i, c) in chunks.iter().enumerate() {

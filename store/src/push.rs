@@ -576,7 +576,7 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
     let store = deltas.store;
     let cfg = store.config();
     // Page images at any depth: their changed chunks are worth storing as deltas.
-    let page_image = similar::is_page_image(entry.rel.rsplit('/').next().unwrap_or(&entry.rel));
+    let page_image = similar::is_page_image_path(&entry.rel);
     let settings = (cfg.zstd_level, cfg.float_codec);
     WORKER.with(|cell| {
         let mut slot = cell.borrow_mut();

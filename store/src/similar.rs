@@ -18,6 +18,11 @@ pub fn is_page_image(name: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// Whether the file at `path` (`/`-separated, at any depth) is a CRIU page image.
+pub fn is_page_image_path(path: &str) -> bool {
+    path.rsplit('/').next().is_some_and(is_page_image)
+}
+
 /// Features per chunk.
 pub const FEATURES: usize = 8;
 /// Super-features per chunk (each of `FEATURES / SUPER_FEATURES` features). One feature
