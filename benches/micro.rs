@@ -1,11 +1,12 @@
 //! Per-core micro benchmarks of the ingest and restore building blocks on corpus-like data:
 //! FastCDC chunking, BLAKE3 hashing, chunk encoding (zstd-1 alone, and the default choice
-//! with the float codec) and decoding+verifying; the float codec on bf16 weights alone; and
+//! with the float codec) and decoding+verifying; the float codec and resemblance sketches on
+//! bf16 weights alone; and
 //! index lookups (what planning a restore costs per distinct chunk).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gstore_benches::{fill_region, Region};
-use gstore_store::{chunker, codec, ObjectId, StoreConfig};
+use gstore_store::{chunker, codec, similar, ObjectId, StoreConfig};
 use rand::SeedableRng;
 use std::hint::black_box;
 
@@ -87,6 +88,10 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10);
     bench_codec(&mut g, "zstd-1", &bf16, &spans, false);
     bench_codec(&mut g, "floats", &bf16, &spans, true);
+    // What a push of a page image adds for each new chunk (its resemblance sketch).
+    g.bench_function("sketch", |b| {
+        b.iter(|| spans.iter().for_each(|s| drop(black_box(similar::sketch(&bf16[s.clone()], s.start as u64)))))
+    });
     g.finish();
 }
 

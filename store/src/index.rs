@@ -26,6 +26,8 @@ const CF_DOOMED: &str = "doomed";
 /// Resemblance sketches of stored chunks (crate::similar): `[feature index, super-feature
 /// u64 LE]` -> chunk id, for finding the stored chunk a new one is most like.
 const CF_SIMILAR: &str = "similar";
+/// Every column family but the default one.
+const FAMILIES: [&str; 4] = [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR];
 /// Key (in the default column family) holding the index layout version.
 const FORMAT_KEY: &[u8] = b"format";
 /// The layout written by this version: chunk entries keyed by chunk id + pack id.
@@ -148,10 +150,7 @@ pub struct Index {
 /// loses nothing: the log still holds the writes.
 impl Drop for Index {
     fn drop(&mut self) {
-        let families = [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR];
-        let handles: Vec<&rocksdb::ColumnFamily> = families.iter().filter_map(|n| self.db.cf_handle(n)).collect();
-        let _ = self.db.flush_cfs_opt(&handles, &rocksdb::FlushOptions::default());
-        let _ = self.db.flush();
+        let _ = self.flush();
     }
 }
 
@@ -195,6 +194,10 @@ impl Index {
         similar_opts.set_compression_type(rocksdb::DBCompressionType::None);
         similar_opts.set_memtable_whole_key_filtering(true);
         similar_opts.set_memtable_prefix_bloom_ratio(0.1);
+        // A push adds 8 entries for each new chunk of a page image (~22 MB of memtable per
+        // 4 GiB): smaller memtables are written out while the push runs, leaving less to
+        // write when the handle closes.
+        similar_opts.set_write_buffer_size(8 << 20);
         let cfs = vec![
             ColumnFamilyDescriptor::new(CF_CHUNKS, chunk_opts),
             ColumnFamilyDescriptor::new(CF_PACKS, Options::default()),
@@ -325,11 +328,16 @@ impl Index {
     /// Records the resemblance sketches of newly stored chunks (a later one with the same
     /// super-feature replaces an earlier one).
     pub fn add_sketches(&self, sketches: &[(ObjectId, Sketch)]) -> Result<()> {
+        let mut entries: Vec<([u8; 9], &ObjectId)> = sketches
+            .iter()
+            .flat_map(|(id, sketch)| sketch.iter().enumerate().map(move |(i, sf)| (similar_key(i, *sf), id)))
+            .collect();
+        // In key order (the last of equal keys kept): each goes into the memtable from where
+        // the one before went, not from the top of its skip list.
+        entries.sort_by_key(|(k, _)| *k);
         let mut batch = WriteBatch::default();
-        for (id, sketch) in sketches {
-            for (i, sf) in sketch.iter().enumerate() {
-                batch.put_cf(self.cf(CF_SIMILAR), similar_key(i, *sf), id.0);
-            }
+        for (key, id) in entries {
+            batch.put_cf(self.cf(CF_SIMILAR), key, id.0);
         }
         self.db.write(batch).map_err(|e| self.ierr(e))
     }
@@ -404,11 +412,22 @@ impl Index {
 
     /// Removes every entry (before a rebuild).
     pub fn clear(&self) -> Result<()> {
-        for cf in [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR] {
+        for cf in FAMILIES {
             self.db.delete_range_cf(self.cf(cf), &[0u8; 0][..], &[0xffu8; 65][..]).map_err(|e| self.ierr(e))?;
         }
         self.doomed.write().expect("doomed set lock").clear();
-        Ok(())
+        // A range deletion in a memtable turns its bloom filter off (RocksDB reads every key
+        // through the table then): written to table files, it leaves a fresh memtable, whose
+        // filter answers the sketch lookups of the push that follows (a fifth of a first
+        // push's extra time over one without sketches, on this store's first push).
+        self.flush()
+    }
+
+    /// Writes every column family's memtable to table files.
+    fn flush(&self) -> Result<()> {
+        let handles: Vec<&rocksdb::ColumnFamily> = FAMILIES.iter().filter_map(|n| self.db.cf_handle(n)).collect();
+        self.db.flush_cfs_opt(&handles, &rocksdb::FlushOptions::default()).map_err(|e| self.ierr(e))?;
+        self.db.flush().map_err(|e| self.ierr(e))
     }
 }
 
