@@ -76,6 +76,9 @@ fn bench(c: &mut Criterion) {
     });
     bench_codec(&mut g, "zstd-1", &data, &spans, false);
     bench_codec(&mut g, "default-codecs", &data, &spans, true);
+    g.bench_function("sketch", |b| {
+        b.iter(|| spans.iter().for_each(|s| drop(black_box(similar::sketch(&data[s.clone()], s.start as u64)))))
+    });
     g.finish();
 
     // bf16 weights alone: the float codec against zstd-1.

@@ -246,7 +246,12 @@ pub struct Decoder<'s> {
     chunk_max: u32,
     /// Where delta chunks' bases come from; without it delta chunks are refused.
     bases: Option<&'s dyn BaseSource>,
+    /// The zstd context for delta chunks (made when the first comes).
+    delta: Option<zstd::zstd_safe::DCtx<'static>>,
 }
+
+/// The first bytes of a zstd dictionary (`ZSTD_MAGIC_DICTIONARY`, little-endian).
+const ZSTD_DICT_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
 
 /// Checks `plain` against the chunk id and expected length.
 pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId) -> Result<()> {
@@ -299,6 +304,7 @@ impl Decoder<'static> {
             scratch: floats::Scratch::default(),
             chunk_max,
             bases: None,
+            delta: None,
         }
     }
 }
@@ -334,10 +340,16 @@ impl<'s> Decoder<'s> {
                 &joined
             }
         };
-        let mut dctx = zstd::zstd_safe::DCtx::create();
         let named = |code: usize| corrupt(format!("delta: zstd: {}", zstd::zstd_safe::get_error_name(code)));
-        dctx.ref_prefix(prefix).map_err(named)?;
-        dctx.decompress(out, frame).map_err(named)
+        // zstd reads a dictionary that starts with its dictionary magic as a structured one,
+        // not as the plain bytes the encoder's prefix was: such a prefix is referenced as one.
+        if prefix.get(..4) == Some(&ZSTD_DICT_MAGIC) {
+            let mut dctx = zstd::zstd_safe::DCtx::create();
+            dctx.ref_prefix(prefix).map_err(named)?;
+            return dctx.decompress(out, frame).map_err(named);
+        }
+        let dctx = self.delta.get_or_insert_with(zstd::zstd_safe::DCtx::create);
+        dctx.decompress_using_dict(out, frame, prefix).map_err(named)
     }
 
     /// Decodes `stored`, appends the plain bytes to `out` and checks them against `id`. On
@@ -528,6 +540,33 @@ mod tests {
         // Counts other than 1 and 2, or a base named twice, are not deltas.
         for bad in [vec![0u8; 40], vec![3u8; 200], [&[2u8][..], &[9u8; 64][..], b"frame"].concat()] {
             assert!(split_delta(&bad).is_none());
+        }
+    }
+
+    #[test]
+    fn one_decoder_decodes_deltas_in_a_row_whatever_their_bases_start_with() {
+        let mut enc = Encoder::new(1, false).unwrap();
+        let mut known = Vec::new();
+        let mut deltas = Vec::new();
+        for k in 0..4u32 {
+            let mut base: Vec<u8> = (0..65_536u32).map(|i| (i.wrapping_mul(2_654_435_761 + k) >> 11) as u8).collect();
+            if k % 2 == 1 {
+                // Bytes that zstd would take for a structured dictionary of its own.
+                base[..4].copy_from_slice(&ZSTD_DICT_MAGIC);
+            }
+            let mut plain = base.clone();
+            plain[20_000..24_096].fill(k as u8);
+            let bases = DeltaBases::one(ObjectId::of(&base));
+            let stored = enc.encode_delta(&plain, &bases, &base, plain.len()).unwrap();
+            known.push((ObjectId::of(&base), std::sync::Arc::new(base)));
+            deltas.push((stored, plain));
+        }
+        let known = KnownBases(known);
+        let mut decoder = Decoder::with_bases(MAX, &known);
+        for (stored, plain) in deltas.iter().chain(&deltas) {
+            let mut out = vec![0; plain.len()];
+            decoder.decode_into(Codec::Delta, stored, &ObjectId::of(plain), &mut out).unwrap();
+            assert!(out == *plain);
         }
     }
 
