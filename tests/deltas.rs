@@ -137,16 +137,26 @@ fn a_changed_page_that_moves_a_chunk_boundary_costs_about_a_page() {
 }
 
 #[test]
-fn a_delta_whose_base_is_gone_fails_clearly() {
+fn a_delta_whose_base_is_damaged_or_gone_fails_clearly() {
     let FirstImage { env, mut rng, mut pages, v2, .. } = first_image(7, 512);
     let first_packs = env.packs();
     // Every chunk of the second image changes (a page in four), so it shares no chunk with
-    // the first: what it needs of the first image's packs is only its deltas' bases.
+    // the first: what it needs of the first image's packs is only its deltas' bases, which
+    // lie side by side there (a restore reads neighbours together).
     change_scattered(&mut pages, 128, &mut rng);
     write_image(&v2, &pages);
     std::fs::write(v2.join("core-1.img"), b"other registers").unwrap();
     let second = env.json(&["push", v2.to_str().unwrap(), "--tag", "app:v2"]);
-    assert!(second["delta_chunks"].as_u64().unwrap() > 0, "{second}");
+    assert!(second["delta_chunks"].as_u64().unwrap() > 10, "{second}");
+    restore_and_compare(&env, "app:v2", &v2, "out-v2");
+    // A byte flipped in the middle of the first image's pack lands in a base.
+    let pack = first_packs.iter().max_by_key(|p| std::fs::metadata(p).unwrap().len()).unwrap();
+    let mut bytes = std::fs::read(pack).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(pack, &bytes).unwrap();
+    let err = env.fails(&["restore", "app:v2", "--to", env.path("out-damaged").to_str().unwrap()]);
+    assert!(err.contains("corrupt chunk"), "{err}");
     // Something outside gstore removes the first image's packs (which hold the bases).
     for p in &first_packs {
         std::fs::remove_file(p).unwrap();

@@ -895,27 +895,85 @@ impl Store {
             return Ok(());
         }
         let locs = self.locate_many(&missing)?;
-        base_readers()?
-            .install(|| missing.par_iter().zip(locs).try_for_each(|(id, loc)| self.read_base(id, loc).map(drop)))
+        let mut found = Vec::with_capacity(missing.len());
+        for (id, loc) in missing.into_iter().zip(locs) {
+            found.push((id, loc.ok_or_else(|| base_not_found(&id))?));
+        }
+        // In pack order, neighbours read together: the bases of consecutive deltas are
+        // often consecutive chunks of the image before, and a disk reads them in one go.
+        found.sort_unstable_by_key(|(_, loc)| (loc.pack, loc.offset));
+        let mut runs: Vec<&[(ObjectId, ChunkLocation)]> = Vec::new();
+        let mut start = 0;
+        for i in 1..=found.len() {
+            let joins = found.get(i).is_some_and(|(_, loc)| {
+                let (_, first) = &found[start];
+                let (_, prev) = &found[i - 1];
+                self.cache.is_none()
+                    && loc.pack == prev.pack
+                    && loc.offset <= prev.range().end + BASE_READ_GAP
+                    && loc.range().end - first.offset <= BASE_READ_SPAN
+            });
+            if !joins {
+                runs.push(&found[start..i]);
+                start = i;
+            }
+        }
+        base_readers()?.install(|| runs.par_iter().try_for_each(|run| self.read_bases(run)))
     }
 
     /// Reads, checks and caches base `id`, found at `loc`.
     fn read_base(&self, id: &ObjectId, loc: Option<ChunkLocation>) -> Result<std::sync::Arc<Vec<u8>>> {
-        let loc = loc.ok_or_else(|| StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })?;
-        let decode = |stored: &[u8]| decode_base(loc.codec, stored, loc.plain_len as usize, id, self.config.chunk_max);
-        let plain = if self.cache.is_some() {
-            self.read_checked_range(&loc.pack, loc.range(), |stored| decode(stored))?
-        } else {
-            // One chunk from a local pack: a `pread`, cheaper than mapping it, and many
-            // threads mapping and unmapping at once would wait on each other.
-            let mut stored = vec![0; loc.stored_len as usize];
-            self.read_pack_range_into(&loc.pack, loc.range(), &mut stored)?;
-            decode(&stored)?
-        };
+        let loc = loc.ok_or_else(|| base_not_found(id))?;
+        if self.cache.is_some() {
+            let plain = self.read_checked_range(&loc.pack, loc.range(), |stored| self.decode_base(id, &loc, stored))?;
+            return Ok(self.keep_base(id, plain));
+        }
+        self.read_bases(&[(*id, loc)])?;
+        self.bases.get(id).ok_or_else(|| base_not_found(id))
+    }
+
+    /// Reads, checks and caches bases that lie in one pack in offset order (the only kind of
+    /// run a store with a chunk cache makes has one base), with one read where the pack is
+    /// local: a `pread`, cheaper than mapping it, and many threads mapping and unmapping at
+    /// once would wait on each other.
+    fn read_bases(&self, run: &[(ObjectId, ChunkLocation)]) -> Result<()> {
+        let (Some((_, first)), Some((_, last))) = (run.first(), run.last()) else { return Ok(()) };
+        if self.cache.is_some() {
+            return run.iter().try_for_each(|(id, loc)| self.read_base(id, Some(*loc)).map(drop));
+        }
+        let span = first.offset..last.range().end;
+        let mut stored = vec![0; (span.end - span.start) as usize];
+        self.read_pack_range_into(&first.pack, span.clone(), &mut stored)?;
+        for (id, loc) in run {
+            let at = (loc.offset - span.start) as usize..(loc.range().end - span.start) as usize;
+            let plain = self.decode_base(id, loc, &stored[at])?;
+            self.keep_base(id, plain);
+        }
+        Ok(())
+    }
+
+    /// Decodes and checks base `id` (at `loc`) from its stored bytes.
+    fn decode_base(&self, id: &ObjectId, loc: &ChunkLocation, stored: &[u8]) -> Result<Vec<u8>> {
+        decode_base(loc.codec, stored, loc.plain_len as usize, id, self.config.chunk_max)
+    }
+
+    /// Puts base `id` into the base cache.
+    fn keep_base(&self, id: &ObjectId, plain: Vec<u8>) -> std::sync::Arc<Vec<u8>> {
         let plain = std::sync::Arc::new(plain);
         self.bases.put(*id, plain.clone());
-        Ok(plain)
+        plain
     }
+}
+
+/// Bases this close to each other in a local pack are read together (the bytes between
+/// are read and dropped).
+const BASE_READ_GAP: u64 = 64 << 10;
+/// The most bytes read at once for bases.
+const BASE_READ_SPAN: u64 = 4 << 20;
+
+/// The error for a delta base the index does not know.
+fn base_not_found(id: &ObjectId) -> StoreError {
+    StoreError::NotFound { what: "delta base chunk", key: id.to_hex() }
 }
 
 /// The threads [`Store::prefetch_bases`] reads on, started once.
