@@ -99,7 +99,8 @@ fi
 # Speed (issue #19: within 10 % of today; SPEED_ONLY=1 runs only this part): the same SPEED_MIB (default 512) of weight pages
 # pushed as a page image (sketched, deltas tried) and as an ordinary file (neither), alternating
 # runs into fresh stores; then a restore of a second checkpoint with 1 % of its pages changed
-# (its changed chunks deltas) against a restore of the first (no deltas), from one store.
+# (its changed chunks deltas) against a restore of the first (no deltas), from one store;
+# with SPEED_BASE=BIN also that binary's restore of the second from a store it pushed.
 speed_mib=${SPEED_MIB:-512}
 rm -rf "$work/v" "$work/w" "$work/store"
 mkdir -p "$work/v" "$work/w"
@@ -133,12 +134,24 @@ rm -rf "$work/store"; "$G" --store "$work/store" init >/dev/null
 rm "$work/w/weights.bin"; cp "$work/v/pages-1.img" "$work/w/pages-1.img"
 python3 "$work/change.py" "$work/w/pages-1.img" "$work/changed" 1 single 99 >/dev/null
 deltas=$("$G" --store "$work/store" --json push "$work/w" --tag p:2 | field delta_chunks)
-whole_s=() delta_s=()
+# SPEED_BASE=BIN: the same two checkpoints pushed by another binary (one from before deltas),
+# whose restore of the second is measured alongside.
+if [ -n "${SPEED_BASE:-}" ]; then
+  "$SPEED_BASE" --store "$work/base-store" -q init >/dev/null
+  "$SPEED_BASE" --store "$work/base-store" -q push "$work/v" --tag p:1 >/dev/null
+  "$SPEED_BASE" --store "$work/base-store" -q push "$work/w" --tag p:2 >/dev/null
+fi
+whole_s=() delta_s=() base_s=()
 for run in 1 2 3; do
   rm -rf "$work/out"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
   whole_s+=("$(secs "$G" --store "$work/store" -q restore p:1 --to "$work/out")")
   rm -rf "$work/out"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
   delta_s+=("$(secs "$G" --store "$work/store" -q restore p:2 --to "$work/out")")
+  cmp -s "$work/out/pages-1.img" "$work/w/pages-1.img" || { echo "restore of p:2 differs" >&2; exit 1; }
+  if [ -n "${SPEED_BASE:-}" ]; then
+    rm -rf "$work/out"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+    base_s+=("$(secs "$SPEED_BASE" --store "$work/base-store" -q restore p:2 --to "$work/out")")
+  fi
 done
-cmp -s "$work/out/pages-1.img" "$work/w/pages-1.img" || { echo "restore of p:2 differs" >&2; exit 1; }
 echo "restore of $speed_mib MiB: first checkpoint ${whole_s[*]} s; second ($deltas delta chunks) ${delta_s[*]} s"
+[ -z "${SPEED_BASE:-}" ] || echo "restore of the second by $SPEED_BASE (its own store): ${base_s[*]} s"
