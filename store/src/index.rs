@@ -418,8 +418,8 @@ impl Index {
         self.doomed.write().expect("doomed set lock").clear();
         // A range deletion in a memtable turns its bloom filter off (RocksDB reads every key
         // through the table then): written to table files, it leaves a fresh memtable, whose
-        // filter answers the sketch lookups of the push that follows (a fifth of a first
-        // push's extra time over one without sketches, on this store's first push).
+        // filter answers the sketch lookups of the push that follows (they were a quarter of
+        // the extra CPU time of a store's first push of page images).
         self.flush()
     }
 
