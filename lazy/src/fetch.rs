@@ -97,7 +97,7 @@ impl FileChunks {
             return Err(StoreError::Internal(format!("{need} bytes do not fit a {}-byte buffer", buf.len())).into());
         }
         // The bases of delta chunks, read side by side before any is decoded.
-        store.prefetch_bases(chunks.iter().filter_map(|c| c.loc.and_then(|l| l.bases)))?;
+        let _bases = store.prefetch_bases(chunks.iter().filter_map(|c| c.loc.and_then(|l| l.bases)))?;
         let mut i = 0;
         while i < chunks.len() {
             let Some(first) = chunks[i].loc else {

@@ -126,7 +126,7 @@ fn fetch_decode_write(
     sink: &dyn Sink,
 ) -> Result<u64> {
     // The bases of the read's delta chunks, read side by side before any is decoded.
-    store.prefetch_bases(read.chunks.iter().filter_map(|c| c.loc.bases))?;
+    let _bases = store.prefetch_bases(read.chunks.iter().filter_map(|c| c.loc.bases))?;
     // Every chunk is checked before the range counts as good (and may be cached).
     let (data, sources) = store.read_checked_range(&read.pack, read.start..read.end, |data| {
         arena.clear();

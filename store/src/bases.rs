@@ -27,7 +27,10 @@ impl BaseCache {
         self.inner.lock().expect("base cache lock").by_id.get(id).cloned()
     }
 
-    /// Holds base `id`, dropping the oldest bases past the limit.
+    /// Holds base `id`, dropping the oldest bases past the limit — except those a reader
+    /// still holds (see [`crate::Store::prefetch_bases`]): with many readers each fetching
+    /// bases for a batch of deltas, the batches together can outgrow the limit, and a base
+    /// dropped before its delta is decoded would be read again, alone.
     pub(crate) fn put(&self, id: ObjectId, plain: Arc<Vec<u8>>) {
         let mut held = self.inner.lock().expect("base cache lock");
         held.bytes += plain.len();
@@ -35,11 +38,49 @@ impl BaseCache {
             Some(old) => held.bytes -= old.len(),
             None => held.order.push_back(id),
         }
-        while held.bytes > HELD_BYTES {
+        let mut looked = 0;
+        while held.bytes > HELD_BYTES && looked < held.order.len() {
             let Some(old) = held.order.pop_front() else { break };
-            if let Some(p) = held.by_id.remove(&old) {
-                held.bytes -= p.len();
+            looked += 1;
+            match held.by_id.get(&old) {
+                Some(p) if Arc::strong_count(p) > 1 => held.order.push_back(old),
+                Some(_) => {
+                    let p = held.by_id.remove(&old).expect("just found");
+                    held.bytes -= p.len();
+                }
+                None => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_bases_stay_past_the_limit_and_go_once_let_go() {
+        let cache = BaseCache::default();
+        let base = |i: u32| (ObjectId::of(&i.to_le_bytes()), Arc::new(vec![i as u8; 1 << 20]));
+        // A reader holds the first 48 MiB of bases while 64 MiB more are put.
+        let held: Vec<_> = (0..48).map(base).collect();
+        for (id, plain) in &held {
+            cache.put(*id, plain.clone());
+        }
+        for i in 48..112 {
+            let (id, plain) = base(i);
+            cache.put(id, plain);
+        }
+        assert!(held.iter().all(|(id, _)| cache.get(id).is_some()), "a held base was dropped");
+        // Bases nobody holds went, oldest first, down to the limit with the held ones.
+        assert!(cache.get(&base(48).0).is_none() && cache.get(&base(111).0).is_some());
+        // Let go, the held ones go as the next bases come.
+        drop(held);
+        for i in 112..176 {
+            let (id, plain) = base(i);
+            cache.put(id, plain);
+        }
+        assert!(cache.get(&base(0).0).is_none() && cache.get(&base(175).0).is_some());
+        assert!(cache.inner.lock().unwrap().bytes <= HELD_BYTES);
     }
 }

@@ -40,5 +40,5 @@ pub mod verify;
 pub use config::{StoreConfig, FORMAT_VERSION};
 pub use error::{Result, StoreError};
 pub use id::ObjectId;
-pub use store::{Store, StoreLocation};
+pub use store::{HeldBases, Store, StoreLocation};
 pub use tag::TagRef;

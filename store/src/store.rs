@@ -882,17 +882,24 @@ const BASE_READS_IN_FLIGHT: usize = 16;
 
 impl Store {
     /// Reads the delta bases among `bases` that this handle's base cache does not hold, side
-    /// by side, into the cache. A reader about to decode a batch of delta chunks calls it with
-    /// their bases first, rather than waiting for one base read after another while it
-    /// decodes; a base dropped from the cache again before its delta is decoded is read once
-    /// more then.
-    pub fn prefetch_bases(&self, bases: impl IntoIterator<Item = DeltaBases>) -> Result<()> {
-        let mut missing: Vec<ObjectId> =
-            bases.into_iter().flat_map(|b| b.iter()).filter(|id| self.bases.get(id).is_none()).collect();
-        missing.sort_unstable();
-        missing.dedup();
+    /// by side, into the cache, and returns all of them held: the cache keeps them while the
+    /// caller holds the result. A reader about to decode a batch of delta chunks calls it with
+    /// their bases first and holds the result while it decodes, rather than waiting for one
+    /// base read after another.
+    pub fn prefetch_bases(&self, bases: impl IntoIterator<Item = DeltaBases>) -> Result<HeldBases> {
+        let mut wanted: Vec<ObjectId> = bases.into_iter().flat_map(|b| b.iter()).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut held = Vec::with_capacity(wanted.len());
+        let mut missing = Vec::new();
+        for id in wanted {
+            match self.bases.get(&id) {
+                Some(plain) => held.push(plain),
+                None => missing.push(id),
+            }
+        }
         if missing.len() < 2 {
-            return Ok(());
+            return Ok(HeldBases { _held: held });
         }
         let locs = self.locate_many(&missing)?;
         let mut found = Vec::with_capacity(missing.len());
@@ -918,7 +925,10 @@ impl Store {
                 start = i;
             }
         }
-        base_readers()?.install(|| runs.par_iter().try_for_each(|run| self.read_bases(run)))
+        let read: Vec<Vec<std::sync::Arc<Vec<u8>>>> =
+            base_readers()?.install(|| runs.par_iter().map(|run| self.read_bases(run)).collect::<Result<_>>())?;
+        held.extend(read.into_iter().flatten());
+        Ok(HeldBases { _held: held })
     }
 
     /// Reads, checks and caches base `id`, found at `loc`.
@@ -928,28 +938,28 @@ impl Store {
             let plain = self.read_checked_range(&loc.pack, loc.range(), |stored| self.decode_base(id, &loc, stored))?;
             return Ok(self.keep_base(id, plain));
         }
-        self.read_bases(&[(*id, loc)])?;
-        self.bases.get(id).ok_or_else(|| base_not_found(id))
+        let mut read = self.read_bases(&[(*id, loc)])?;
+        read.pop().ok_or_else(|| base_not_found(id))
     }
 
     /// Reads, checks and caches bases that lie in one pack in offset order (the only kind of
     /// run a store with a chunk cache makes has one base), with one read where the pack is
     /// local: a `pread`, cheaper than mapping it, and many threads mapping and unmapping at
     /// once would wait on each other.
-    fn read_bases(&self, run: &[(ObjectId, ChunkLocation)]) -> Result<()> {
-        let (Some((_, first)), Some((_, last))) = (run.first(), run.last()) else { return Ok(()) };
+    fn read_bases(&self, run: &[(ObjectId, ChunkLocation)]) -> Result<Vec<std::sync::Arc<Vec<u8>>>> {
+        let (Some((_, first)), Some((_, last))) = (run.first(), run.last()) else { return Ok(Vec::new()) };
         if self.cache.is_some() {
-            return run.iter().try_for_each(|(id, loc)| self.read_base(id, Some(*loc)).map(drop));
+            return run.iter().map(|(id, loc)| self.read_base(id, Some(*loc))).collect();
         }
         let span = first.offset..last.range().end;
         let mut stored = vec![0; (span.end - span.start) as usize];
         self.read_pack_range_into(&first.pack, span.clone(), &mut stored)?;
-        for (id, loc) in run {
-            let at = (loc.offset - span.start) as usize..(loc.range().end - span.start) as usize;
-            let plain = self.decode_base(id, loc, &stored[at])?;
-            self.keep_base(id, plain);
-        }
-        Ok(())
+        run.iter()
+            .map(|(id, loc)| {
+                let at = (loc.offset - span.start) as usize..(loc.range().end - span.start) as usize;
+                Ok(self.keep_base(id, self.decode_base(id, loc, &stored[at])?))
+            })
+            .collect()
     }
 
     /// Decodes and checks base `id` (at `loc`) from its stored bytes.
@@ -963,6 +973,13 @@ impl Store {
         self.bases.put(*id, plain.clone());
         plain
     }
+}
+
+/// Delta bases a reader fetched with [`Store::prefetch_bases`]: while it holds them, the
+/// store's base cache keeps them, so that decoding its deltas finds every base there.
+#[must_use = "the bases stay cached only while this is held"]
+pub struct HeldBases {
+    _held: Vec<std::sync::Arc<Vec<u8>>>,
 }
 
 /// Bases this close to each other in a local pack are read together (the bytes between

@@ -226,7 +226,7 @@ impl GpuLoad {
                             // Delta chunks decode on the host: their bases are read first.
                             let r = store
                                 .prefetch_bases(read.chunks.iter().filter_map(|c| c.loc.bases))
-                                .and_then(|()| loader.queue(&mut slot, &read, tag, &mut decoder));
+                                .and_then(|_bases| loader.queue(&mut slot, &read, tag, &mut decoder));
                             pool.give(slot);
                             match r {
                                 Ok(n) => progress.advance(n),
