@@ -8,6 +8,12 @@ use std::sync::{Arc, Mutex};
 /// Plain bytes of bases held at most (oldest dropped first).
 const HELD_BYTES: usize = 64 << 20;
 
+/// Bases a put looks at, at most, for ones to drop: held bases are put back at the end, and
+/// looking through all of them on every put (while hundreds are held by readers on 16
+/// threads) would hold the lock long enough to slow a restore by half. A put adds one base
+/// and may drop several, so the cache comes back under its limit once bases are let go.
+const EVICT_LOOKS: usize = 4;
+
 /// Recently read delta bases, oldest first out.
 #[derive(Default)]
 pub(crate) struct BaseCache {
@@ -39,7 +45,7 @@ impl BaseCache {
             None => held.order.push_back(id),
         }
         let mut looked = 0;
-        while held.bytes > HELD_BYTES && looked < held.order.len() {
+        while held.bytes > HELD_BYTES && looked < EVICT_LOOKS.min(held.order.len()) {
             let Some(old) = held.order.pop_front() else { break };
             looked += 1;
             match held.by_id.get(&old) {
