@@ -909,13 +909,15 @@ impl Store {
         // In pack order, neighbours read together: the bases of consecutive deltas are
         // often consecutive chunks of the image before, and a disk reads them in one go.
         found.sort_unstable_by_key(|(_, loc)| (loc.pack, loc.offset));
+        // Through a chunk cache, each base is its own range.
+        let local = self.cache.is_none();
         let mut runs: Vec<&[(ObjectId, ChunkLocation)]> = Vec::new();
         let mut start = 0;
         for i in 1..=found.len() {
             let joins = found.get(i).is_some_and(|(_, loc)| {
                 let (_, first) = &found[start];
                 let (_, prev) = &found[i - 1];
-                self.cache.is_none()
+                local
                     && loc.pack == prev.pack
                     && loc.offset <= prev.range().end + BASE_READ_GAP
                     && loc.range().end - first.offset <= BASE_READ_SPAN
@@ -934,22 +936,24 @@ impl Store {
     /// Reads, checks and caches base `id`, found at `loc`.
     fn read_base(&self, id: &ObjectId, loc: Option<ChunkLocation>) -> Result<std::sync::Arc<Vec<u8>>> {
         let loc = loc.ok_or_else(|| base_not_found(id))?;
-        if self.cache.is_some() {
-            let plain = self.read_checked_range(&loc.pack, loc.range(), |stored| self.decode_base(id, &loc, stored))?;
-            return Ok(self.keep_base(id, plain));
-        }
         let mut read = self.read_bases(&[(*id, loc)])?;
         read.pop().ok_or_else(|| base_not_found(id))
     }
 
-    /// Reads, checks and caches bases that lie in one pack in offset order (the only kind of
-    /// run a store with a chunk cache makes has one base), with one read where the pack is
-    /// local: a `pread`, cheaper than mapping it, and many threads mapping and unmapping at
-    /// once would wait on each other.
+    /// Reads, checks and caches bases that lie in one pack in offset order: through the
+    /// chunk cache one by one where the store has one, else with one read of the local pack
+    /// — a `pread`, cheaper than mapping it, and many threads mapping and unmapping at once
+    /// would wait on each other.
     fn read_bases(&self, run: &[(ObjectId, ChunkLocation)]) -> Result<Vec<std::sync::Arc<Vec<u8>>>> {
         let (Some((_, first)), Some((_, last))) = (run.first(), run.last()) else { return Ok(Vec::new()) };
         if self.cache.is_some() {
-            return run.iter().map(|(id, loc)| self.read_base(id, Some(*loc))).collect();
+            return run
+                .iter()
+                .map(|(id, loc)| {
+                    let plain = self.read_checked_range(&loc.pack, loc.range(), |s| self.decode_base(id, loc, s))?;
+                    Ok(self.keep_base(id, plain))
+                })
+                .collect();
         }
         let span = first.offset..last.range().end;
         let mut stored = vec![0; (span.end - span.start) as usize];
