@@ -151,7 +151,7 @@ impl<'a> Deltas<'a> {
 
     /// True when chunks in `pack` may serve as bases: named in the lease, then found with no
     /// tombstone and still there (checked once per pack).
-    fn vet(&self, pack: ObjectId) -> Result<bool> {
+    pub(crate) fn vet(&self, pack: ObjectId) -> Result<bool> {
         let Some(lease) = self.lease else { return Ok(true) };
         let mut vetted = self.vetted.lock().expect("vetted packs lock");
         if let Some(&ok) = vetted.get(&pack) {

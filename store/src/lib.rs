@@ -31,6 +31,7 @@ pub mod profile;
 pub mod progress;
 pub mod push;
 pub mod similar;
+pub mod stream;
 mod source;
 mod store;
 pub mod tag;

@@ -94,10 +94,14 @@ pub struct PushStages {
 }
 
 /// One piece of one file, processed as a whole on one core.
-struct Unit {
-    file: usize,
-    offset: u64,
-    len: u64,
+pub(crate) struct Unit {
+    pub(crate) file: usize,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    /// A piece of a page image: its changed chunks are worth storing as deltas.
+    pub(crate) page_image: bool,
+    /// The bytes of a streamed piece; a file's pieces are read when they are processed.
+    pub(crate) data: Option<Vec<u8>>,
 }
 
 /// A chunk after the parallel stage.
@@ -162,7 +166,7 @@ pub fn push_selected(
         true
     });
     let contents = open_files(&entries)?;
-    push_entries(store, &entries, &contents, dry_run, tag, meta, progress)
+    push_entries(store, Input::Files { entries: &entries, contents: &contents }, dry_run, tag, meta, progress)
 }
 
 /// Pushes files held in memory as a new image tagged `tag`: each `(path, pieces)` becomes a
@@ -196,7 +200,40 @@ pub fn push_pieces(
         entries.push(SourceEntry::in_memory(path, size));
         contents.push(Some(Content::Pieces { parts, starts }));
     }
-    push_entries(store, &entries, &contents, false, tag, meta, progress)
+    push_entries(store, Input::Files { entries: &entries, contents: &contents }, false, tag, meta, progress)
+}
+
+/// Pushes the files fed through `source` while the push runs (a CRIU dump streaming its image,
+/// say: [`crate::stream`]) as a new image tagged `tag`. Pieces are chunked, stored and indexed
+/// as they arrive; the image is written and tagged only once the feeder has said it is
+/// complete ([`crate::stream::StreamSink::finish`], which also gives the manifest's
+/// metadata). A feeder that stops without finishing fails the push: nothing is tagged.
+///
+/// A streamed byte is read once, so the push cannot read a chunk again later: before it
+/// relies on a chunk stored in another pack, that pack is named in the push's lease and
+/// checked to be there without a gc tombstone (docs/GC.md, push step 3), and a chunk in a
+/// pack that fails the check is stored anew.
+pub fn push_stream(
+    store: &Store,
+    source: crate::stream::StreamSource,
+    tag: &TagRef,
+    progress: &dyn Progress,
+) -> Result<PushReport> {
+    tag.check_new()?;
+    push_entries(store, Input::Stream(source), false, tag, BTreeMap::new(), progress)
+}
+
+/// Where a push's files come from.
+enum Input<'a> {
+    /// Files on disk or in memory, read at offsets; every piece is planned before the push.
+    Files {
+        /// The entries.
+        entries: &'a [SourceEntry],
+        /// Each file's bytes (none for directories and symlinks).
+        contents: &'a [Option<Content<'a>>],
+    },
+    /// Files fed while the push runs.
+    Stream(crate::stream::StreamSource),
 }
 
 /// The bytes of one file being pushed.
@@ -250,22 +287,43 @@ impl Content<'_> {
 
 fn push_entries(
     store: &Store,
-    entries: &[SourceEntry],
-    files: &[Option<Content<'_>>],
+    input: Input<'_>,
     dry_run: bool,
     tag: &TagRef,
-    meta: BTreeMap<String, serde_json::Value>,
+    mut meta: BTreeMap<String, serde_json::Value>,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
     let started = std::time::Instant::now();
-    let units = plan_units(entries, store.config());
-    let total: u64 = units.iter().map(|u| u.len).sum();
+    let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * store.config().segment_size);
+    // A stream's files and metadata are known once it ends.
+    let streamed = crate::stream::Received::default();
+    let (file_input, source) = match input {
+        Input::Files { entries, contents } => (Some((entries, contents)), None),
+        Input::Stream(source) => (None, Some(source)),
+    };
+    let (batches, total): (Batches<'_>, u64) = match (file_input, source) {
+        (Some((entries, _)), _) => {
+            let units = plan_units(entries, store.config());
+            let total = units.iter().map(|u| u.len).sum();
+            (Box::new(batch_units(units, batch_bytes).into_iter().map(Ok)), total)
+        }
+        (None, Some(source)) => (Box::new(source.batches(batch_bytes, &streamed)), 0),
+        (None, None) => unreachable!("an input is files or a stream"),
+    };
+    let read = |u: &Unit, buf: &mut [u8]| match file_input {
+        Some((entries, contents)) => {
+            contents[u.file].as_ref().expect("file unit").read_exact_at(buf, u.offset, &entries[u.file])
+        }
+        None => Err(StoreError::Internal("a streamed piece without its bytes".into())),
+    };
+    // Pieces read once cannot be read again at the end: the packs they rely on are vetted first.
+    let vet_found = file_input.is_none();
     progress.start("pushing", total, crate::progress::Unit::Bytes);
 
     let mut report = PushReport {
         manifest: String::new(),
         tag: tag.to_string(),
-        entries: entries.len(),
+        entries: 0,
         logical_bytes: total,
         chunks: 0,
         new_chunks: 0,
@@ -281,7 +339,7 @@ fn push_entries(
     };
     let lease = if dry_run { None } else { Some(Lease::take(store.backend(), &format!("push {tag}"))?) };
     let mut relied: HashMap<ObjectId, Vec<Relied>> = HashMap::new();
-    let mut file_chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); entries.len()];
+    let mut file_chunks: Vec<Vec<ChunkRef>> = Vec::new();
 
     let writers = store.upload_concurrency();
     let (tx, rx) = mpsc::sync_channel::<PackBuilder>(writers);
@@ -321,7 +379,8 @@ fn push_entries(
             .collect();
         let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
         let deltas = Deltas::new(store, lease.as_ref(), tag);
-        let appended = append_all(&deltas, entries, files, &units, &mut out, &queue, progress);
+        let work = Work { deltas: &deltas, read: &read, vet_found };
+        let appended = append_all(&work, batches, &mut out, &queue, progress);
         drop(queue);
         let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
         for h in handles {
@@ -345,9 +404,28 @@ fn push_entries(
     });
     progress.finish();
     result?;
-    if let Some(lease) = &lease {
-        report.reuploaded_chunks = reupload_unreliable(store, lease, entries, files, relied)?;
-    }
+    let entries: std::borrow::Cow<'_, [SourceEntry]> = match file_input {
+        Some((entries, files)) => {
+            if let Some(lease) = &lease {
+                report.reuploaded_chunks = reupload_unreliable(store, lease, entries, files, relied)?;
+            }
+            std::borrow::Cow::Borrowed(entries)
+        }
+        None => {
+            // A stream's files, in path order, and the metadata it ended with.
+            let (entries, more) = streamed.take();
+            meta.extend(more);
+            file_chunks.resize(entries.len(), Vec::new());
+            let mut order: Vec<usize> = (0..entries.len()).collect();
+            order.sort_by(|&a, &b| entries[a].rel.cmp(&entries[b].rel));
+            let mut arrived = std::mem::take(&mut file_chunks);
+            file_chunks = order.iter().map(|&i| std::mem::take(&mut arrived[i])).collect();
+            std::borrow::Cow::Owned(order.iter().map(|&i| entries[i].clone()).collect())
+        }
+    };
+    file_chunks.resize(entries.len(), Vec::new());
+    report.entries = entries.len();
+    report.logical_bytes = file_chunks.iter().flatten().map(|c| c.len as u64).sum();
 
     let mut manifest = Manifest {
         created_unix: creation_time(),
@@ -391,13 +469,48 @@ fn plan_units(entries: &[SourceEntry], cfg: &crate::StoreConfig) -> Vec<Unit> {
     let files = entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::File);
     files
         .flat_map(|(i, e)| {
+            let page_image = similar::is_page_image_path(&e.rel);
             chunker::segments(e.size, cfg).into_iter().map(move |s| Unit {
                 file: i,
                 offset: s.start,
                 len: s.end - s.start,
+                page_image,
+                data: None,
             })
         })
         .collect()
+}
+
+/// `units` in batches of about `batch_bytes` (at least one unit each), in order.
+fn batch_units(units: Vec<Unit>, batch_bytes: u64) -> Vec<Vec<Unit>> {
+    let mut batches: Vec<Vec<Unit>> = Vec::new();
+    let mut bytes = 0;
+    for u in units {
+        match batches.last_mut() {
+            Some(b) if bytes + u.len <= batch_bytes => {
+                bytes += u.len;
+                b.push(u);
+            }
+            _ => {
+                bytes = u.len;
+                batches.push(vec![u]);
+            }
+        }
+    }
+    batches
+}
+
+/// Batches of units in push order: the pieces of each file in file order.
+type Batches<'a> = Box<dyn Iterator<Item = Result<Vec<Unit>>> + Send + 'a>;
+
+/// What processing a unit needs besides the unit.
+struct Work<'a> {
+    deltas: &'a Deltas<'a>,
+    /// Reads a unit that does not carry its bytes.
+    read: &'a (dyn Fn(&Unit, &mut [u8]) -> Result<()> + Sync),
+    /// Rely on a chunk found in another pack only once that pack is vetted (named in the lease
+    /// and found without a tombstone), for pushes that cannot read their input again.
+    vet_found: bool,
 }
 
 fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<Content<'static>>>> {
@@ -431,59 +544,46 @@ impl PackQueue<'_> {
 
 /// What the ordered append step fills in.
 struct Appended<'a> {
-    file_chunks: &'a mut [Vec<ChunkRef>],
+    file_chunks: &'a mut Vec<Vec<ChunkRef>>,
     report: &'a mut PushReport,
     relied: &'a mut HashMap<ObjectId, Vec<Relied>>,
 }
 
 fn append_all(
-    deltas: &Deltas<'_>,
-    entries: &[SourceEntry],
-    files: &[Option<Content<'_>>],
-    units: &[Unit],
+    work: &Work<'_>,
+    batches: Batches<'_>,
     out: &mut Appended,
     queue: &PackQueue<'_>,
     progress: &dyn Progress,
 ) -> Result<()> {
     let Appended { file_chunks, report, relied } = out;
-    let store = deltas.store;
+    let store = work.deltas.store;
     let cfg = store.config();
     let mut seen: HashSet<ObjectId> = HashSet::new();
     let mut pack = store.new_pack();
-    let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * cfg.segment_size);
-    let mut batches = Vec::new();
-    let mut start = 0;
-    while start < units.len() {
-        let mut end = start;
-        let mut bytes = 0;
-        while end < units.len() && (end == start || bytes + units[end].len <= batch_bytes) {
-            bytes += units[end].len;
-            end += 1;
-        }
-        batches.push(start..end);
-        start = end;
-    }
     // The next batch is read, chunked, hashed and compressed on every core while this thread
     // appends the previous one in order: the ordered step no longer leaves the cores idle.
     let appended = std::thread::scope(|scope| -> Result<()> {
-        let (tx, rx) = mpsc::sync_channel::<(std::ops::Range<usize>, Vec<Result<Vec<Cut>>>)>(1);
+        let (tx, rx) = mpsc::sync_channel::<Result<(Vec<Unit>, Vec<Result<Vec<Cut>>>)>>(1);
         let producer = scope.spawn(move || {
             let (mut busy, mut waited) = (0.0, 0.0);
-            for r in batches {
+            for batch in batches {
                 let t = std::time::Instant::now();
-                let cuts: Vec<Result<Vec<Cut>>> = units[r.clone()]
-                    .par_iter()
-                    .map(|u| {
-                        let cuts =
-                            process_unit(deltas, &entries[u.file], files[u.file].as_ref().expect("file unit"), u);
-                        progress.advance(u.len);
-                        cuts
-                    })
-                    .collect();
+                let processed = batch.map(|batch| {
+                    let cuts: Vec<Result<Vec<Cut>>> = batch
+                        .par_iter()
+                        .map(|u| {
+                            let cuts = process_unit(work, u);
+                            progress.advance(u.len);
+                            cuts
+                        })
+                        .collect();
+                    (batch, cuts)
+                });
                 busy += t.elapsed().as_secs_f64();
                 let t = std::time::Instant::now();
                 // The appending side stopped (an error): so does this one.
-                if tx.send((r, cuts)).is_err() {
+                if tx.send(processed).is_err() {
                     break;
                 }
                 waited += t.elapsed().as_secs_f64();
@@ -493,12 +593,16 @@ fn append_all(
         let mut append = || -> Result<()> {
             loop {
                 let t = std::time::Instant::now();
-                let Ok((r, cuts)) = rx.recv() else { return Ok(()) };
+                let Ok(processed) = rx.recv() else { return Ok(()) };
+                let (batch, cuts) = processed?;
                 report.stages.append_waited_s += t.elapsed().as_secs_f64();
                 let t = std::time::Instant::now();
                 let mut blocked = 0.0;
-                for (u, cuts) in units[r].iter().zip(cuts) {
+                for (u, cuts) in batch.iter().zip(cuts) {
                     let mut next_offset = u.offset;
+                    if file_chunks.len() <= u.file {
+                        file_chunks.resize(u.file + 1, Vec::new());
+                    }
                     for c in cuts? {
                         report.chunks += 1;
                         file_chunks[u.file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
@@ -508,7 +612,7 @@ fn append_all(
                             report.zero_bytes += c.len as u64;
                             continue;
                         }
-                        if let Some(pack) = c.found_in {
+                        if let Some(pack) = c.found_in.filter(|_| !work.vet_found) {
                             relied.entry(pack).or_default().push(Relied { id: c.id, file: u.file, offset, len: c.len });
                         }
                         let Some((codec, stored)) = c.stored else { continue };
@@ -572,20 +676,25 @@ thread_local! {
     static WORKER: std::cell::RefCell<Option<Worker>> = const { std::cell::RefCell::new(None) };
 }
 
-fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u: &Unit) -> Result<Vec<Cut>> {
+fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
+    let deltas = work.deltas;
     let store = deltas.store;
     let cfg = store.config();
-    // Page images at any depth: their changed chunks are worth storing as deltas.
-    let page_image = similar::is_page_image_path(&entry.rel);
     let settings = (cfg.zstd_level, cfg.float_codec);
     WORKER.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.as_ref().is_none_or(|w| w.settings != settings) {
             *slot = Some(Worker { settings, encoder: codec::Encoder::new(settings.0, settings.1)?, data: Vec::new() });
         }
-        let Worker { encoder, data, .. } = slot.as_mut().expect("made above");
-        data.resize(u.len as usize, 0);
-        file.read_exact_at(data, u.offset, entry)?;
+        let Worker { encoder, data: buf, .. } = slot.as_mut().expect("made above");
+        let data: &[u8] = match &u.data {
+            Some(data) => data,
+            None => {
+                buf.resize(u.len as usize, 0);
+                (work.read)(u, buf)?;
+                buf
+            }
+        };
         // The chunk before, in this segment: in the parent image, what followed it is a
         // likely base for a changed chunk.
         let mut before: Option<ObjectId> = None;
@@ -602,6 +711,7 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
                     // A stored delta is relied on only with its base (whose pack the lease must
                     // name too); otherwise the chunk is stored anew.
                     Some(l) if !deltas.bases_are_reliable(l.bases)? => None,
+                    Some(l) if work.vet_found && !deltas.vet(l.pack)? => None,
                     other => other.map(|l| l.pack),
                 };
                 let mut cut =
@@ -610,7 +720,7 @@ fn process_unit(deltas: &Deltas<'_>, entry: &SourceEntry, file: &Content<'_>, u:
                     return Ok(cut);
                 }
                 let (codec, stored) = encoder.encode(plain);
-                let sketch = if page_image { similar::sketch(plain, at) } else { None };
+                let sketch = if u.page_image { similar::sketch(plain, at) } else { None };
                 let delta = match &sketch {
                     Some(sketch) => deltas.encode(encoder, &id, plain, at, before, sketch, stored.len())?,
                     None => None,
