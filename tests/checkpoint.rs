@@ -110,6 +110,37 @@ fn store_failure_after_the_dump_restores_the_process() {
 }
 
 #[test]
+fn a_streamed_checkpoint_whose_store_fails_leaves_the_process_running() {
+    let env = Env::uninitialized();
+    let criu = criu_args();
+    let disk = SmallDisk::mount(&env.path("disk"), "2M");
+    let store = disk.dir.join("store");
+    let gstore = |args: &[&str]| {
+        std::process::Command::new(gstore_bin()).arg("--store").arg(&store).args(args).output().unwrap()
+    };
+    assert!(gstore(&["init"]).status.success());
+    for leave_running in [false, true] {
+        let c = PyCounter::start(3);
+        let pid = c.pid.to_string();
+        let mut args = vec!["checkpoint", "--pid", &pid, "--tag", "x"];
+        if leave_running {
+            args.push("--leave-running");
+        }
+        let o = gstore(&with_criu(&args, &criu));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success());
+        assert!(err.contains("No space left on device") && err.contains("the process kept running"), "{err}");
+        // Running on, not restored: the same pid counts on.
+        let v = c.wait_above(0);
+        c.wait_above(v + 2);
+        assert!(c.alive());
+        let ls = gstore(&["ls", "--json"]);
+        assert_eq!(String::from_utf8_lossy(&ls.stdout).trim(), "[]", "nothing tagged");
+        c.kill();
+    }
+}
+
+#[test]
 fn clear_errors_for_dead_pids_and_non_process_images() {
     let env = Env::new(&[]);
     let criu = criu_args();

@@ -2,6 +2,11 @@
 
 use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
+use crate::streamer::{self, Ended, Gate};
+use gstore_gpu_dump::GpuDumpError;
+use gstore_store::stream::{self, StreamSink};
+use gstore_store::StoreError;
+use std::sync::mpsc;
 use gstore_gpu_dump::checkpoint::{self, CaptureReport, CheckpointOptions, ImageKind, RestoreOptions};
 use gstore_gpu_dump::{Criu, CudaDriver};
 use gstore_store::progress::Progress;
@@ -33,9 +38,12 @@ pub struct CheckpointReport {
     pub total_s: f64,
 }
 
-/// Checkpoints `pid` into the store as `tag`, staging the image in `staging_at` (else a new
-/// directory). With `leave_running` the process runs on; otherwise CRIU ends it, and if the
-/// push then fails the process is restored from the staged image (the error says so).
+/// Checkpoints `pid` into the store as `tag`. The image streams from CRIU into the store
+/// while the process is dumped ([`crate::streamer`]); without `leave_running` CRIU ends the
+/// process only once its image is stored and tagged, and if storing fails the process runs on
+/// (the error says so). With `staging_at` the image is written to that directory first and
+/// pushed from it; if that push fails after CRIU ended the process, the process is restored
+/// from the staged image.
 #[allow(clippy::too_many_arguments)]
 pub fn checkpoint(
     store: &Store,
@@ -50,24 +58,45 @@ pub fn checkpoint(
     let started = Instant::now();
     let criu_bin = Criu::find(criu.path)?;
     let cuda = CudaDriver::load().ok();
-    let staged = Staged::new(staging_at, "checkpoint")?;
     let mut opts = CheckpointOptions::new(&criu_bin);
     opts.leave_running = leave_running;
     opts.shell_job = criu.shell_job;
     opts.lock_timeout_ms = lock_timeout_ms;
     opts.extra_criu_args = criu.extra.clone();
     opts.cuda = cuda.as_ref();
+    match staging_at {
+        Some(dir) => staged(store, pid, tag, opts, Staged::new(Some(dir), "checkpoint")?, started, progress),
+        None => streamed(store, pid, tag, opts, started, progress),
+    }
+}
+
+/// Seconds from the lock until the process ran again, for a process left running.
+fn paused_s(capture: &CaptureReport) -> Option<f64> {
+    let t = &capture.timings;
+    capture.leave_running.then(|| {
+        t.lock_s.unwrap_or(0.0) + t.gpu_checkpoint_s.unwrap_or(0.0) + t.criu_dump_s + t.gpu_resume_s.unwrap_or(0.0)
+    })
+}
+
+/// The checkpoint through a staging directory: dump, then push the directory.
+fn staged(
+    store: &Store,
+    pid: u32,
+    tag: &TagRef,
+    opts: CheckpointOptions<'_>,
+    staged: Staged,
+    started: Instant,
+    progress: &dyn Progress,
+) -> Result<CheckpointReport> {
+    let leave_running = opts.leave_running;
     let capture = checkpoint::checkpoint(pid, staged.path(), &opts).map_err(|source| {
         staged.remove_if_made();
         CaptureError::Checkpoint { pid, source }
     })?;
-    let t = &capture.timings;
-    let paused_s = leave_running.then(|| {
-        t.lock_s.unwrap_or(0.0) + t.gpu_checkpoint_s.unwrap_or(0.0) + t.criu_dump_s + t.gpu_resume_s.unwrap_or(0.0)
-    });
     let source = match push::push(store, staged.path(), tag, capture.metadata(), progress) {
         Ok(push) => {
             staged.remove_if_made();
+            let paused_s = paused_s(&capture);
             return Ok(CheckpointReport { capture, push, paused_s, total_s: started.elapsed().as_secs_f64() });
         }
         Err(e) => e,
@@ -78,11 +107,11 @@ pub fn checkpoint(
         return Err(failed(" (the process kept running)".into()));
     }
     // CRIU ended the process with the dump: bring it back from the staged image.
-    let mut ropts = RestoreOptions::new(&criu_bin);
-    ropts.cuda = cuda.as_ref();
+    let mut ropts = RestoreOptions::new(opts.criu);
+    ropts.cuda = opts.cuda;
     ropts.gpu = capture.image_kind == ImageKind::GpuProcess;
     ropts.original_pid = Some(pid);
-    ropts.shell_job = criu.shell_job;
+    ropts.shell_job = opts.shell_job;
     Err(match checkpoint::restore(staged.path(), &ropts) {
         Ok(r) => {
             staged.remove_if_made();
@@ -93,4 +122,118 @@ pub fn checkpoint(
             staged.path().display()
         )),
     })
+}
+
+/// The checkpoint streamed into the store while CRIU dumps (`criu dump --stream`).
+fn streamed(
+    store: &Store,
+    pid: u32,
+    tag: &TagRef,
+    mut opts: CheckpointOptions<'_>,
+    started: Instant,
+    progress: &dyn Progress,
+) -> Result<CheckpointReport> {
+    // Holds CRIU's socket, the gate and CRIU's log; the image itself never lands here.
+    let staged = Staged::new(None, "checkpoint")?;
+    let dir = staged.path();
+    std::fs::create_dir_all(dir).map_err(|source| CaptureError::Staging { path: dir.to_path_buf(), source })?;
+    let done = |r: Result<CheckpointReport>| {
+        staged.remove_if_made();
+        r
+    };
+    let gate = match Gate::create(dir) {
+        Ok(g) => g,
+        Err(e) => return done(Err(e)),
+    };
+    let listener = match streamer::listen(dir) {
+        Ok(l) => l,
+        Err(e) => return done(Err(e)),
+    };
+    let (tell, dump_started) = mpsc::channel();
+    opts.stream = true;
+    opts.action_script = Some(gate.script.clone());
+    opts.dump_starts = Some(tell);
+    let leave_running = opts.leave_running;
+    let (sink, source) = stream::channel(store, stream_buffer());
+    let (pushed, push_ended) = mpsc::channel::<bool>();
+    let outcome = std::thread::scope(|s| {
+        let pushing = s.spawn(move || {
+            let r = push::push_stream(store, source, tag, progress);
+            let _ = pushed.send(r.is_ok());
+            r
+        });
+        let (listener, gate) = (&listener, &gate);
+        let receiving = s.spawn(move || -> Result<Option<StreamSink>> {
+            let ended = streamer::receive(listener, gate, &sink);
+            match ended {
+                // The process runs on at once; the image is finished once CRIU has returned.
+                Ok(Ended::Dumped) if leave_running => {
+                    gate.answer(true);
+                    Ok(Some(sink))
+                }
+                // Store and tag the image, then let CRIU end the process.
+                Ok(Ended::Dumped) => {
+                    let stored = match dump_started.try_recv() {
+                        Ok((mut report, at)) => {
+                            report.timings.criu_dump_s = at.elapsed().as_secs_f64();
+                            sink.finish(report.metadata()).is_ok() && push_ended.recv().unwrap_or(false)
+                        }
+                        Err(_) => false,
+                    };
+                    gate.answer(stored);
+                    Ok(None)
+                }
+                Ok(Ended::Exited) => Ok(None),
+                Err(e) => {
+                    gate.answer(false);
+                    Err(e)
+                }
+            }
+        });
+        let captured = checkpoint::checkpoint(pid, dir, &opts);
+        gate.tell_exited();
+        let received = receiving.join().expect("the image receiver does not panic");
+        let received = match (received, &captured) {
+            (Ok(Some(sink)), Ok(capture)) => sink.finish(capture.metadata()).map_err(CaptureError::from),
+            // A sink left unfinished is dropped here: the push stops, nothing is tagged.
+            (Ok(_), _) => Ok(()),
+            (Err(e), _) => Err(e),
+        };
+        let pushed = pushing.join().expect("the streamed push does not panic");
+        (captured, received, pushed)
+    });
+    let (captured, received, pushed) = outcome;
+    // What became of the process, for an error.
+    let after = match &captured {
+        Ok(_) if leave_running => " (the process kept running)".to_string(),
+        Ok(_) => " after CRIU ended the process".to_string(),
+        Err(GpuDumpError::Resumed { .. }) => " (the process kept running)".to_string(),
+        Err(e) => format!("; the checkpoint failed too: {e}"),
+    };
+    done(match (pushed, received, captured) {
+        (Ok(push), Ok(()), Ok(capture)) => {
+            let paused_s = paused_s(&capture);
+            Ok(CheckpointReport { capture, push, paused_s, total_s: started.elapsed().as_secs_f64() })
+        }
+        (Err(source), _, _) if !matches!(source, StoreError::StreamStopped) => {
+            Err(CaptureError::PushFailed { pid, after, source })
+        }
+        (_, Err(source), _) => Err(CaptureError::Streaming { pid, after, source: Box::new(source) }),
+        (_, _, Err(source)) => Err(CaptureError::Checkpoint { pid, source }),
+        (pushed, Ok(()), Ok(_)) => Err(CaptureError::PushFailed {
+            pid,
+            after,
+            source: pushed.err().unwrap_or(StoreError::StreamStopped),
+        }),
+    })
+}
+
+/// Bytes of image that may wait in memory between CRIU and the store: a quarter of the memory
+/// available, from 256 MiB to 8 GiB. The more, the sooner CRIU is done with the process.
+fn stream_buffer() -> u64 {
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+    });
+    (available.unwrap_or(0) / 4).clamp(256 << 20, 8 << 30)
 }

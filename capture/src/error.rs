@@ -48,6 +48,17 @@ pub enum CaptureError {
         source: StoreError,
     },
 
+    /// Receiving the image from CRIU failed; `after` says what became of the process.
+    #[error("streaming the checkpoint of pid {pid} into the store failed{after}: {source}")]
+    Streaming {
+        /// The process checkpointed.
+        pid: u32,
+        /// E.g. " (the process kept running)".
+        after: String,
+        /// The cause.
+        source: Box<CaptureError>,
+    },
+
     /// The image is not a process checkpoint.
     #[error("{reference} is not a process checkpoint ({detail}); restore its files with --to DIR instead")]
     NotAProcess {

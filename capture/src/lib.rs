@@ -1,8 +1,8 @@
 //! Process checkpoints as library calls, so that the `gstore` binary only parses and prints:
 //!
-//! - [`checkpoint`]: CRIU (and the CUDA checkpoint API for GPU processes) into a staging
-//!   directory, pushed into the store; when the push fails after CRIU ended the process, the
-//!   process is brought back from the staged image.
+//! - [`checkpoint`]: CRIU (and the CUDA checkpoint API for GPU processes) streaming the image
+//!   straight into the store; the process ends (without `--leave-running`) only once its image
+//!   is stored, and runs on if storing fails. Through a staging directory on request.
 //! - [`run`]: a process image restored from the store and started, its memory served lazily
 //!   from the store while it runs where the machine allows (else written out first).
 
@@ -10,6 +10,7 @@ mod checkpoint;
 mod error;
 mod run;
 mod staging;
+mod streamer;
 
 pub use checkpoint::{checkpoint, CheckpointReport, CriuChoice};
 pub use error::{CaptureError, Result};

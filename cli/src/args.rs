@@ -96,14 +96,17 @@ pub enum Command {
         /// Tag for the image: NAME or NAME:VERSION.
         #[arg(long, short)]
         tag: String,
-        /// Keep the process running: its GPU state is resumed right after the dump, before
-        /// the image is stored. Without it the process ends with the dump.
+        /// Keep the process running: it runs on as soon as CRIU has dumped it (its GPU state
+        /// resumed), while the image is still being stored. Without it the process ends once
+        /// its image is stored and tagged (and runs on if storing fails).
         #[arg(long)]
         leave_running: bool,
         /// How long (ms) to wait for the CUDA lock (0: no limit).
         #[arg(long, default_value_t = 10_000, value_name = "MS")]
         lock_timeout: u32,
-        /// Where to stage the CRIU image (default: a new directory under $TMPDIR, else /var/tmp).
+        /// Write the CRIU image into DIR first and push it from there (by default it streams
+        /// from CRIU straight into the store). If that push fails after CRIU ended the
+        /// process, the process is restored from DIR.
         #[arg(long, value_name = "DIR")]
         staging: Option<PathBuf>,
         /// CRIU options.

@@ -7,7 +7,8 @@
 //! Nothing here knows about the store; [`CaptureReport::metadata`] is what goes into a manifest.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -84,6 +85,13 @@ pub struct CheckpointOptions<'a> {
     pub lock_timeout_ms: u32,
     /// Further `criu dump` arguments, passed as they are.
     pub extra_criu_args: Vec<String>,
+    /// Send the image to an image streamer listening in the directory (CRIU `--stream`).
+    pub stream: bool,
+    /// CRIU's action script (`--action-script`).
+    pub action_script: Option<PathBuf>,
+    /// Told the report so far and the time just before `criu dump` starts (everything but the
+    /// dump's and resume's timings is known then).
+    pub dump_starts: Option<Sender<(CaptureReport, Instant)>>,
     /// The CRIU to run.
     pub criu: &'a Criu,
     /// The CUDA driver, if one could be loaded; required for processes that use CUDA.
@@ -98,6 +106,9 @@ impl<'a> CheckpointOptions<'a> {
             shell_job: false,
             lock_timeout_ms: DEFAULT_LOCK_TIMEOUT_MS,
             extra_criu_args: Vec::new(),
+            stream: false,
+            action_script: None,
+            dump_starts: None,
             criu,
             cuda: None,
         }
@@ -234,9 +245,15 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
     let dump_opts = DumpOptions {
         leave_running: opts.leave_running,
         shell_job: opts.shell_job,
+        stream: opts.stream,
+        action_script: opts.action_script.clone(),
         extra_args: opts.extra_criu_args.clone(),
     };
     let start = Instant::now();
+    if let Some(tell) = &opts.dump_starts {
+        // Nobody listening is no reason to stop.
+        let _ = tell.send((report.clone(), start));
+    }
     let dumped = opts.criu.dump(pid, dir, &dump_opts);
     report.timings.criu_dump_s = seconds(start);
     if let Err(e) = dumped {

@@ -39,6 +39,12 @@ pub struct DumpOptions {
     pub leave_running: bool,
     /// The process is attached to a terminal session (`--shell-job`).
     pub shell_job: bool,
+    /// Send the image files to an image streamer listening in the image directory
+    /// (`--stream`) instead of writing them there.
+    pub stream: bool,
+    /// An executable CRIU runs at each action (`--action-script`), e.g. after the image is
+    /// complete and before the process is killed or let go (`post-dump`).
+    pub action_script: Option<PathBuf>,
     /// Further arguments appended to the command line as they are.
     pub extra_args: Vec<String>,
 }
@@ -131,6 +137,12 @@ impl Criu {
         }
         if opts.shell_job {
             args.push("--shell-job".into());
+        }
+        if opts.stream {
+            args.push("--stream".into());
+        }
+        if let Some(script) = &opts.action_script {
+            args.extend(["--action-script".into(), script.display().to_string()]);
         }
         args.extend(opts.extra_args.iter().cloned());
         self.run("dump", &args, &dir, DUMP_LOG)

@@ -36,15 +36,7 @@ impl LazySocket {
     /// Binds `dir/lazy-pages.socket` (through `/proc/self/fd` when the path is too long for a
     /// socket address).
     pub fn bind(dir: &Path) -> Result<LazySocket> {
-        let path = dir.join(SOCKET_NAME);
-        let _ = std::fs::remove_file(&path);
-        let bound = if path.as_os_str().len() < 100 {
-            UnixListener::bind(&path)
-        } else {
-            let d = std::fs::File::open(dir).map_err(|e| LazyError::os(format!("opening {}", dir.display()), e))?;
-            UnixListener::bind(format!("/proc/self/fd/{}/{SOCKET_NAME}", d.as_raw_fd()))
-        };
-        let listener = bound.map_err(|e| LazyError::os(format!("listening on {}", path.display()), e))?;
+        let (listener, path) = bind_in(dir, SOCKET_NAME)?;
         listener.set_nonblocking(true).map_err(|e| LazyError::os("making the lazy-pages socket non-blocking", e))?;
         Ok(LazySocket { listener, path })
     }
@@ -73,6 +65,21 @@ impl Drop for LazySocket {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Listens on a Unix socket `name` in `dir` (replacing a stale one), through `/proc/self/fd`
+/// when the path is too long for a socket address. Returns the listener and the path.
+pub fn bind_in(dir: &Path, name: &str) -> Result<(UnixListener, PathBuf)> {
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    let bound = if path.as_os_str().len() < 100 {
+        UnixListener::bind(&path)
+    } else {
+        let d = std::fs::File::open(dir).map_err(|e| LazyError::os(format!("opening {}", dir.display()), e))?;
+        UnixListener::bind(format!("/proc/self/fd/{}/{name}", d.as_raw_fd()))
+    };
+    let listener = bound.map_err(|e| LazyError::os(format!("listening on {}", path.display()), e))?;
+    Ok((listener, path))
 }
 
 /// Receives the `tasks` records CRIU sends, in any order.
@@ -106,8 +113,9 @@ pub fn wait_restore_finished(mut conn: &UnixStream) -> Result<bool> {
     }
 }
 
-/// Fills `buf` from `conn`, collecting any descriptors that come along.
-fn recv_exact(conn: &UnixStream, buf: &mut [u8]) -> Result<Vec<OwnedFd>> {
+/// Fills `buf` from `conn`, collecting any descriptors that come along (SCM_RIGHTS). A
+/// connection closed before `buf` is full is a [`LazyError::Protocol`] error.
+pub fn recv_exact(conn: &UnixStream, buf: &mut [u8]) -> Result<Vec<OwnedFd>> {
     let mut fds = Vec::new();
     let mut got = 0;
     while got < buf.len() {
@@ -129,7 +137,7 @@ fn recv_exact(conn: &UnixStream, buf: &mut [u8]) -> Result<Vec<OwnedFd>> {
             return Err(LazyError::os("receiving from CRIU", err));
         }
         if n == 0 {
-            return Err(LazyError::Protocol("CRIU closed the connection before announcing every task".into()));
+            return Err(LazyError::Protocol(format!("CRIU closed the connection after {got} of {} bytes", buf.len())));
         }
         got += n as usize;
         // SAFETY: walking the control messages the kernel wrote into `cmsg`.

@@ -86,6 +86,10 @@ pub enum StoreError {
     /// the store: a thread or buffer that could not be made, a broken internal invariant.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A streamed push's feeder stopped before it said the stream was complete (the feeder's
+    /// own error says why); nothing was tagged.
+    #[error("the stream stopped before it was complete; nothing was tagged")]
+    StreamStopped,
     /// The local RocksDB index failed.
     #[error("index {path}: {message}")]
     Index {

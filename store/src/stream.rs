@@ -151,9 +151,7 @@ impl StreamSource {
                 match next {
                     None => {
                         ended = true;
-                        return Some(Err(StoreError::Invalid(
-                            "the stream stopped before it was complete; nothing was tagged".into(),
-                        )));
+                        return Some(Err(StoreError::StreamStopped));
                     }
                     Some(Streamed::End(meta)) => {
                         got.1 = meta;
