@@ -245,6 +245,134 @@ fn os(what: &str, e: std::io::Error) -> CaptureError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gstore_store::progress::Silent;
+    use gstore_store::{push, stream, ObjectId, Store, StoreLocation, TagRef};
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    /// What CRIU sends for one file: the request, then one byte carrying `fd`.
+    fn send_request(conn: &UnixStream, request: &[u8], fd: &OwnedFd) {
+        (&*conn).write_all(&(request.len() as u32).to_ne_bytes()).unwrap();
+        (&*conn).write_all(request).unwrap();
+        let mut byte = [0u8; 1];
+        let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+        let mut cmsg = [0u64; 4];
+        // SAFETY: msghdr points at live local buffers, `cmsg` holds one descriptor.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+            libc::CMSG_DATA(c).cast::<i32>().write_unaligned(fd.as_raw_fd());
+            assert!(libc::sendmsg(conn.as_raw_fd(), &msg, 0) == 1);
+        }
+    }
+
+    fn pipe() -> (File, File) {
+        let mut fds = [0; 2];
+        // SAFETY: a two-element array for pipe(2).
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors are new and ours.
+        unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+    }
+
+    fn request(name: &str) -> Vec<u8> {
+        let mut r = vec![0x0a, name.len() as u8];
+        r.extend(name.as_bytes());
+        r
+    }
+
+    /// Plays CRIU's part: sends `files` (the pipes written side by side, as CRIU writes a
+    /// pagemap and its pages), then runs the post-dump script's part and returns its answer.
+    fn play_criu(dir: &Path, files: &[(&[u8], Vec<u8>)]) -> String {
+        let conn = UnixStream::connect(dir.join(SOCKET_NAME)).unwrap();
+        std::thread::scope(|s| {
+            for (req, data) in files {
+                let (r, mut w) = pipe();
+                send_request(&conn, req, &OwnedFd::from(r));
+                s.spawn(move || {
+                    // A reader that stopped (a refused request) breaks the pipe: fine here.
+                    let _ = w.write_all(data);
+                });
+            }
+        });
+        std::fs::write(dir.join("gate-told"), b"dumped\n").unwrap();
+        // One line, as the script's `read` takes it (gstore holds the FIFO open: no end of file).
+        let mut answer = String::new();
+        let fifo = File::open(dir.join("gate-answer")).unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(fifo), &mut answer).unwrap();
+        drop(conn);
+        answer
+    }
+
+    #[test]
+    fn files_sent_the_way_criu_sends_them_become_the_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = StoreLocation::Local(dir.path().join("store"));
+        Store::init(&loc, &gstore_store::StoreConfig::default()).unwrap();
+        let store = Store::open_indexed(&loc, &|_| {}).unwrap();
+        let images = dir.path().join("images");
+        std::fs::create_dir(&images).unwrap();
+        let pages: Vec<u8> = (0..20u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 17) as u8).collect();
+        let files = [(&request("pagemap-7.img")[..], b"map".to_vec()), (&request("pages-1.img")[..], pages.clone())];
+        let gate = Gate::create(&images).unwrap();
+        let listener = listen(&images).unwrap();
+        let (sink, source) = stream::channel(&store, 8 << 20);
+        let tag = TagRef::parse("p:1").unwrap();
+        let (answer, pushed) = std::thread::scope(|s| {
+            let pushing = s.spawn(|| push::push_stream(&store, source, &tag, &Silent));
+            let criu = s.spawn(|| play_criu(&images, &files));
+            assert_eq!(receive(&listener, &gate, &sink).unwrap(), Ended::Dumped);
+            let meta = stream::Meta::from([("kind".to_string(), serde_json::json!("cpu-process"))]);
+            sink.finish(meta).unwrap();
+            let pushed = pushing.join().unwrap().unwrap();
+            gate.answer(true);
+            (criu.join().unwrap(), pushed)
+        });
+        assert_eq!(answer.trim(), "stored");
+        let m = store.get_manifest(&ObjectId::from_hex(&pushed.manifest).unwrap()).unwrap();
+        let got: Vec<(String, u64)> = m.entries.iter().map(|e| (e.path.clone(), e.size)).collect();
+        assert_eq!(got, [("pagemap-7.img".to_string(), 3), ("pages-1.img".to_string(), pages.len() as u64)]);
+        let out = dir.path().join("out");
+        let id = ObjectId::from_hex(&pushed.manifest).unwrap();
+        gstore_restore::restore_to_dir(&store, &id, &m, &out, 256 << 20, &Silent).unwrap();
+        assert!(std::fs::read(out.join("pages-1.img")).unwrap() == pages, "the pages come back exact");
+    }
+
+    #[test]
+    fn a_request_that_is_not_a_filename_or_comes_twice_stops_the_receiving() {
+        for requests in [vec![b"\x12\x01a".to_vec()], vec![request("a.img"), request("a.img")]] {
+            let dir = tempfile::tempdir().unwrap();
+            let loc = StoreLocation::Local(dir.path().join("store"));
+            Store::init(&loc, &gstore_store::StoreConfig::default()).unwrap();
+            let store = Store::open_indexed(&loc, &|_| {}).unwrap();
+            let gate = Gate::create(dir.path()).unwrap();
+            let listener = listen(dir.path()).unwrap();
+            let (sink, _source) = stream::channel(&store, 8 << 20);
+            let files: Vec<(&[u8], Vec<u8>)> = requests.iter().map(|r| (&r[..], vec![1u8; 1000])).collect();
+            let e = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let conn = UnixStream::connect(dir.path().join(SOCKET_NAME)).unwrap();
+                    for (req, data) in &files {
+                        let (r, mut w) = pipe();
+                        send_request(&conn, req, &OwnedFd::from(r));
+                        let _ = w.write_all(data);
+                    }
+                    // CRIU fails once its connection is dropped; then it returns.
+                    let mut rest = Vec::new();
+                    let _ = (&conn).read_to_end(&mut rest);
+                    gate.tell_exited();
+                });
+                receive(&listener, &gate, &sink).unwrap_err()
+            });
+            let e = e.to_string();
+            assert!(e.contains("not a filename") || e.contains("arrived twice"), "{e}");
+        }
+    }
 
     #[test]
     fn filenames_are_read_from_requests_and_anything_else_is_refused() {

@@ -154,18 +154,22 @@ grestore() {
   rm -rf "$img"
 }
 
+# With E2E_STAGING=1, gstore checkpoints write the image to a staging directory and push it
+# from there (--staging) instead of streaming it from CRIU: the path before streaming.
+staging() { [ -n "${E2E_STAGING:-}" ] && { rm -rf "$W/stage"; echo "--staging $W/stage"; }; }
+
 # gstore_paths NAME DIR: leave-running checkpoint, full checkpoint, lazy restore --run, killed
 # and restored lazily again (now with a profile), checkpoint again, eager restore --run.
 gstore_paths() {
   local name=$1 dir=$2
-  "$G" --json checkpoint --pid "$PID" --tag "$name:live" --leave-running --criu "$W/criu" >"$W/$name-live.json" || return 1
+  "$G" --json checkpoint --pid "$PID" --tag "$name:live" --leave-running --criu "$W/criu" $(staging) >"$W/$name-live.json" || return 1
   check "$name: runs on after a --leave-running checkpoint" "progressing $dir"
-  "$G" --json checkpoint --pid "$PID" --tag "$name:full" --criu "$W/criu" >"$W/$name-full.json" || return 1
+  "$G" --json checkpoint --pid "$PID" --tag "$name:full" --criu "$W/criu" $(staging) >"$W/$name-full.json" || return 1
   wait_tree_gone
   if grestore "$name" "$dir" "$name:full" lazy; then
     kill_tree
     grestore "$name" "$dir" "$name:full" relazy || return 1
-    "$G" --json checkpoint --pid "$PID" --tag "$name:again" --criu "$W/criu" >"$W/$name-again.json" || return 1
+    "$G" --json checkpoint --pid "$PID" --tag "$name:again" --criu "$W/criu" $(staging) >"$W/$name-again.json" || return 1
     wait_tree_gone
     grestore "$name" "$dir" "$name:again" eager || return 1
   else
