@@ -140,6 +140,68 @@ fn a_streamed_checkpoint_whose_store_fails_leaves_the_process_running() {
     }
 }
 
+/// Pids of processes whose command line contains `needle`.
+fn pids_running(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains(needle)
+        })
+        .collect()
+}
+
+#[test]
+fn a_checkpoint_whose_gstore_is_killed_loses_neither_the_process_nor_its_image() {
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    // gstore killed once CRIU runs (it streams or is about to), and once CRIU waits at the
+    // post-dump gate for the image to be stored (192 MiB of noise take seconds to store here).
+    for (i, at) in ["criu", "post-dump.sh"].into_iter().enumerate() {
+        let c = PyCounter::with_blob(30 + i as u64, 192);
+        let pid = c.pid.to_string();
+        let tag = format!("k:{i}");
+        let staging = env.path(&format!("tmp-{i}"));
+        std::fs::create_dir(&staging).unwrap();
+        let mut child = std::process::Command::new(gstore_bin())
+            .arg("--store")
+            .arg(&env.store)
+            .args(with_criu(&["checkpoint", "--pid", &pid, "--tag", &tag], &criu))
+            .env("TMPDIR", &staging)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The staging directory's path is on CRIU's command line and the script's.
+        let needle = format!("{}/", staging.display());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !pids_running(&needle).into_iter().any(|p| {
+            let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains(at)
+        }) {
+            assert!(child.try_wait().unwrap().is_none(), "the checkpoint ended before {at} ran");
+            assert!(std::time::Instant::now() < deadline, "{at} never ran");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // CRIU fails without gstore (or finds the gate unanswered) and resumes the process,
+        // which must count on, not stay frozen; nothing is tagged; CRIU and the script end.
+        let v = c.wait_above(0);
+        c.wait_above(v + 2);
+        assert!(c.alive());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !pids_running(&needle).is_empty() {
+            assert!(std::time::Instant::now() < deadline, "CRIU or its script still runs after gstore was killed");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let tags = env.json(&["ls"]);
+        assert!(tags.as_array().unwrap().iter().all(|t| t["tag"] != tag.as_str()), "{tags}");
+        c.kill();
+    }
+}
+
 #[test]
 fn clear_errors_for_dead_pids_and_non_process_images() {
     let env = Env::new(&[]);

@@ -222,7 +222,8 @@ impl Drop for SmallDisk {
     }
 }
 
-/// A CPU process for checkpoint tests: a Python counter holding a seeded 24 MiB blob (like
+/// A CPU process for checkpoint tests: a Python counter holding a seeded blob (24 MiB unless
+/// asked otherwise; like
 /// a loaded model) that writes its count to a file via rename (so it keeps no growing file
 /// open). It runs detached (its own session, parent PID 1), as a service would.
 pub struct PyCounter {
@@ -236,7 +237,7 @@ const COUNTER_PY: &str = r#"
 import os, random, sys, time
 out = sys.argv[1]
 random.seed(int(sys.argv[2]))
-blob = random.randbytes(24 << 20)
+blob = random.randbytes(int(sys.argv[3]) << 20)
 i = 0
 while True:
     i += 1
@@ -269,9 +270,15 @@ pub fn spawn_detached_python(dir: &Path, script: &str, args: &[&std::ffi::OsStr]
 impl PyCounter {
     /// Starts a counter whose blob comes from `seed`; waits until it counts.
     pub fn start(seed: u64) -> PyCounter {
+        PyCounter::with_blob(seed, 24)
+    }
+
+    /// [`PyCounter::start`] with a blob of `mib` MiB.
+    pub fn with_blob(seed: u64, mib: u32) -> PyCounter {
         let dir = tempfile::tempdir().unwrap();
         let count = dir.path().join("count");
-        let pid = spawn_detached_python(dir.path(), COUNTER_PY, &[count.as_os_str(), seed.to_string().as_ref()]);
+        let (seed, mib) = (seed.to_string(), mib.to_string());
+        let pid = spawn_detached_python(dir.path(), COUNTER_PY, &[count.as_os_str(), seed.as_ref(), mib.as_ref()]);
         let c = PyCounter { pid, dir };
         c.wait_above(1);
         c

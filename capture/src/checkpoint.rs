@@ -3,16 +3,16 @@
 use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
 use crate::streamer::{self, Ended, Gate};
-use gstore_gpu_dump::GpuDumpError;
-use gstore_store::stream::{self, StreamSink};
-use gstore_store::StoreError;
-use std::sync::mpsc;
 use gstore_gpu_dump::checkpoint::{self, CaptureReport, CheckpointOptions, ImageKind, RestoreOptions};
+use gstore_gpu_dump::GpuDumpError;
 use gstore_gpu_dump::{Criu, CudaDriver};
 use gstore_store::progress::Progress;
+use gstore_store::stream::{self, StreamSink};
+use gstore_store::StoreError;
 use gstore_store::{push, Store, TagRef};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::time::Instant;
 
 /// Which CRIU, and how it is called (shared by checkpoint and restore).
@@ -220,11 +220,9 @@ fn streamed(
         }
         (_, Err(source), _) => Err(CaptureError::Streaming { pid, after, source: Box::new(source) }),
         (_, _, Err(source)) => Err(CaptureError::Checkpoint { pid, source }),
-        (pushed, Ok(()), Ok(_)) => Err(CaptureError::PushFailed {
-            pid,
-            after,
-            source: pushed.err().unwrap_or(StoreError::StreamStopped),
-        }),
+        (pushed, Ok(()), Ok(_)) => {
+            Err(CaptureError::PushFailed { pid, after, source: pushed.err().unwrap_or(StoreError::StreamStopped) })
+        }
     })
 }
 

@@ -10,8 +10,8 @@
 //!
 //! The image is complete when CRIU runs its post-dump action script, before it kills the
 //! process or lets it run on: the [`Gate`]. The script writes `dumped` into one FIFO and waits
-//! for a word from another; anything but `stored` fails the script, and CRIU then resumes the
-//! process instead of killing it.
+//! for a word from another; anything but `stored` (or gstore gone) fails the script, and CRIU
+//! then resumes the process instead of killing it.
 
 use crate::error::{CaptureError, Result};
 use gstore_lazy::socket::{bind_in, recv_exact};
@@ -58,12 +58,18 @@ impl Gate {
         let answer = fifo(&dir.join("gate-answer"))?;
         let script = dir.join("post-dump.sh");
         let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
+        // Both FIFOs are opened read-write, which never blocks; the answer is awaited a second
+        // at a time while gstore lives, so a gstore that died never leaves CRIU (and the
+        // frozen process) waiting: the script fails and CRIU resumes the process.
         let text = format!(
             "#!/bin/sh\n# gstore: the image is complete; wait until it is stored before CRIU goes on.\n\
              [ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n\
-             echo dumped > {}\nread answer < {}\n[ \"$answer\" = stored ]\n",
-            quote(&dir.join("gate-told")),
-            quote(&dir.join("gate-answer")),
+             exec 3<>{told} 4<>{answer}\necho dumped >&3\nanswer=\n\
+             while [ -z \"$answer\" ] && kill -0 {pid} 2>/dev/null; do\n\
+             \x20 answer=$(timeout 1 head -n 1 <&4)\ndone\n[ \"$answer\" = stored ]\n",
+            told = quote(&dir.join("gate-told")),
+            answer = quote(&dir.join("gate-answer")),
+            pid = std::process::id(),
         );
         let staging = |source| CaptureError::Staging { path: script.clone(), source };
         std::fs::OpenOptions::new()

@@ -25,11 +25,14 @@ impl Progress for Bars {
         if !self.enabled {
             return;
         }
-        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        let template = if unit == Unit::Bytes {
-            "{msg:>10} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}"
-        } else {
-            "{msg:>10} [{bar:40}] {pos}/{len} eta {eta}"
+        // A total of 0 is not known in advance (a streamed push): a count and a rate, no bar.
+        let known = total > 0;
+        let bar = ProgressBar::with_draw_target(known.then_some(total), ProgressDrawTarget::stderr());
+        let template = match (unit, known) {
+            (Unit::Bytes, true) => "{msg:>10} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            (Unit::Bytes, false) => "{msg:>10} {spinner} {bytes} {bytes_per_sec}",
+            (Unit::Items, true) => "{msg:>10} [{bar:40}] {pos}/{len} eta {eta}",
+            (Unit::Items, false) => "{msg:>10} {spinner} {pos}",
         };
         bar.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
         bar.set_message(what.to_string());

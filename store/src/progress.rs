@@ -12,7 +12,8 @@ pub enum Unit {
 
 /// Receives progress of one long operation.
 pub trait Progress: Sync {
-    /// A phase begins: `what` is shown to the user, `total` is in `unit`s.
+    /// A phase begins: `what` is shown to the user, `total` is in `unit`s (0: not known in
+    /// advance, as for a streamed push).
     fn start(&self, what: &str, total: u64, unit: Unit);
     /// `n` more units are done.
     fn advance(&self, n: u64);

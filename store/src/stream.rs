@@ -260,7 +260,8 @@ mod tests {
         let manifest = |r: &PushReport| store.get_manifest(&ObjectId::from_hex(&r.manifest).unwrap()).unwrap();
         let (a, b) = (manifest(&streamed), manifest(&pushed));
         assert_eq!(a.chunks, b.chunks);
-        let paths = |m: &crate::manifest::Manifest| m.entries.iter().map(|e| (e.path.clone(), e.size)).collect::<Vec<_>>();
+        let paths =
+            |m: &crate::manifest::Manifest| m.entries.iter().map(|e| (e.path.clone(), e.size)).collect::<Vec<_>>();
         assert_eq!(paths(&a), paths(&b), "files in path order, sizes as streamed");
         assert!(a.entries.iter().all(|e| e.mode == 0o600));
         assert_eq!(a.meta["kind"], "cpu-process", "the metadata the stream ended with");
