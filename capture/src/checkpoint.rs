@@ -154,11 +154,15 @@ fn streamed(
     opts.action_script = Some(gate.script.clone());
     opts.dump_starts = Some(tell);
     let leave_running = opts.leave_running;
-    let (sink, source) = stream::channel(store, stream_buffer());
+    // A process left running is stopped while it is dumped: the push waits for the dump.
+    let (sink, source) = stream::channel(store, stream_buffer(), leave_running);
     let (pushed, push_ended) = mpsc::channel::<bool>();
     let outcome = std::thread::scope(|s| {
         let pushing = s.spawn(move || {
-            let r = push::push_stream(store, source, tag, progress);
+            // A process left running comes first: its dump, then its own work once it runs
+            // again; the store catches up with what CPU is left.
+            let push = || push::push_stream(store, source, tag, progress);
+            let r = if leave_running { in_background(push) } else { push() };
             let _ = pushed.send(r.is_ok());
             r
         });
@@ -168,6 +172,7 @@ fn streamed(
             match ended {
                 // The process runs on at once; the image is finished once CRIU has returned.
                 Ok(Ended::Dumped) if leave_running => {
+                    sink.release();
                     gate.answer(true);
                     Ok(Some(sink))
                 }
@@ -234,4 +239,24 @@ fn stream_buffer() -> u64 {
         line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
     });
     (available.unwrap_or(0) / 4).clamp(256 << 20, 8 << 30)
+}
+
+/// Runs `f` on this thread with it, the threads it starts and the rayon pool's threads at the
+/// lowest CPU priority (nice 19), then gives this thread and the pool their priorities back.
+fn in_background<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY (both): getpriority/setpriority of the calling thread (its tid) only.
+    let get = || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
+    let set = |nice: i32| unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    let before = rayon::broadcast(|_| {
+        let old = get();
+        set(19);
+        old
+    });
+    let own = get();
+    set(19);
+    let r = f();
+    // Lowering nice again needs CAP_SYS_NICE (CRIU needs root anyway); without it they stay low.
+    set(own);
+    rayon::broadcast(|ctx| set(before[ctx.index()]));
+    r
 }
