@@ -154,8 +154,7 @@ fn streamed(
     opts.action_script = Some(gate.script.clone());
     opts.dump_starts = Some(tell);
     let leave_running = opts.leave_running;
-    // A process left running is stopped while it is dumped: the push waits for the dump.
-    let (sink, source) = stream::channel(store, stream_buffer(), leave_running);
+    let (sink, source) = stream::channel(store, stream_buffer());
     let (pushed, push_ended) = mpsc::channel::<bool>();
     let outcome = std::thread::scope(|s| {
         let pushing = s.spawn(move || {
@@ -172,7 +171,6 @@ fn streamed(
             match ended {
                 // The process runs on at once; the image is finished once CRIU has returned.
                 Ok(Ended::Dumped) if leave_running => {
-                    sink.release();
                     gate.answer(true);
                     Ok(Some(sink))
                 }

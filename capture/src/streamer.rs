@@ -327,7 +327,7 @@ mod tests {
         let files = [(&request("pagemap-7.img")[..], b"map".to_vec()), (&request("pages-1.img")[..], pages.clone())];
         let gate = Gate::create(&images).unwrap();
         let listener = listen(&images).unwrap();
-        let (sink, source) = stream::channel(&store, 8 << 20, false);
+        let (sink, source) = stream::channel(&store, 8 << 20);
         let tag = TagRef::parse("p:1").unwrap();
         let (answer, pushed) = std::thread::scope(|s| {
             let pushing = s.spawn(|| push::push_stream(&store, source, &tag, &Silent));
@@ -358,7 +358,7 @@ mod tests {
             let store = Store::open_indexed(&loc, &|_| {}).unwrap();
             let gate = Gate::create(dir.path()).unwrap();
             let listener = listen(dir.path()).unwrap();
-            let (sink, _source) = stream::channel(&store, 8 << 20, false);
+            let (sink, _source) = stream::channel(&store, 8 << 20);
             let files: Vec<(&[u8], Vec<u8>)> = requests.iter().map(|r| (&r[..], vec![1u8; 1000])).collect();
             let e = std::thread::scope(|s| {
                 s.spawn(|| {

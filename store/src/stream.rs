@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Mutex;
 
 /// Metadata a stream ends with, recorded in the image's manifest.
 pub type Meta = BTreeMap<String, serde_json::Value>;
@@ -33,52 +33,11 @@ enum Streamed {
 }
 
 /// The two ends of a streamed push into `store`, with at most about `buffer` bytes waiting
-/// between them (two segments at least). With `held`, the push takes no piece until
-/// [`StreamSink::release`] (or the end of the stream), or until three quarters of the buffer
-/// wait: a feeder that must not be slowed (a process frozen while it is dumped) then has the
-/// machine to itself.
-pub fn channel(store: &Store, buffer: u64, held: bool) -> (StreamSink, StreamSource) {
+/// between them (two segments at least).
+pub fn channel(store: &Store, buffer: u64) -> (StreamSink, StreamSource) {
     let segment = store.config().segment_size.max(1);
-    let slots = (buffer / segment).max(2);
-    let (tx, rx) = mpsc::sync_channel(slots as usize);
-    let hold = Arc::new(Hold { state: Mutex::new((held, 0)), changed: Condvar::new(), full: slots * segment / 4 * 3 });
-    (StreamSink { tx, segment: segment as usize, files: Mutex::default(), hold: hold.clone() }, StreamSource { rx, hold })
-}
-
-/// Whether the push may take pieces yet, and the bytes waiting.
-struct Hold {
-    /// (held, bytes sent and not yet taken)
-    state: Mutex<(bool, u64)>,
-    changed: Condvar,
-    /// Waiting bytes at which a held push takes pieces all the same.
-    full: u64,
-}
-
-impl Hold {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (bool, u64)> {
-        self.state.lock().expect("stream hold lock")
-    }
-
-    /// Counts `n` more bytes waiting (negative: taken).
-    fn waiting(&self, n: i64) {
-        let mut s = self.lock();
-        s.1 = s.1.saturating_add_signed(n);
-        self.changed.notify_all();
-    }
-
-    /// Lets the push take pieces.
-    fn release(&self) {
-        self.lock().0 = false;
-        self.changed.notify_all();
-    }
-
-    /// Waits until the push may take pieces.
-    fn wait(&self) {
-        let mut s = self.lock();
-        while s.0 && s.1 < self.full {
-            s = self.changed.wait(s).expect("stream hold lock");
-        }
-    }
+    let (tx, rx) = mpsc::sync_channel((buffer / segment).max(2) as usize);
+    (StreamSink { tx, segment: segment as usize, files: Mutex::default() }, StreamSource { rx })
 }
 
 /// The feeding end of a streamed push: files are added and filled from any thread.
@@ -87,7 +46,6 @@ pub struct StreamSink {
     segment: usize,
     /// The paths added so far.
     files: Mutex<HashSet<String>>,
-    hold: Arc<Hold>,
 }
 
 impl StreamSink {
@@ -105,11 +63,6 @@ impl StreamSink {
         Ok(StreamedFile { sink: self, index: files.len() - 1, path: path.to_string() })
     }
 
-    /// Lets a held push ([`channel`]) take the pieces sent so far and to come.
-    pub fn release(&self) {
-        self.hold.release();
-    }
-
     /// Says that every file is complete, adding `meta` to the image's metadata: the push then
     /// writes the image and its tag. A sink dropped without this fails the push.
     pub fn finish(self, meta: Meta) -> Result<()> {
@@ -117,19 +70,7 @@ impl StreamSink {
     }
 
     fn send(&self, s: Streamed) -> Result<()> {
-        let n = match &s {
-            Streamed::Piece { data, .. } => data.len() as i64,
-            _ => 0,
-        };
-        self.hold.waiting(n);
         self.tx.send(s).map_err(|_| StoreError::Invalid("the push fed by this stream has stopped".into()))
-    }
-}
-
-impl Drop for StreamSink {
-    /// A held push goes on to its end (or the error of a stream left unfinished).
-    fn drop(&mut self) {
-        self.hold.release();
     }
 }
 
@@ -178,7 +119,6 @@ fn segment_buffer(len: usize) -> Vec<u8> {
 /// The receiving end of a streamed push, for [`crate::push::push_stream`].
 pub struct StreamSource {
     rx: Receiver<Streamed>,
-    hold: Arc<Hold>,
 }
 
 /// What a stream delivered besides its pieces: its files (sizes as received) and the
@@ -212,7 +152,6 @@ impl StreamSource {
             let mut batch = Vec::new();
             let mut bytes = 0;
             while bytes < batch_bytes {
-                self.hold.wait();
                 let next = if batch.len() < min_units {
                     self.rx.recv().ok()
                 } else {
@@ -244,7 +183,6 @@ impl StreamSource {
                     Some(Streamed::Piece { file, data }) => {
                         let entry = &mut got.0[file];
                         let len = data.len() as u64;
-                        self.hold.waiting(-(len as i64));
                         let page_image = similar::is_page_image_path(&entry.rel);
                         batch.push(Unit { file, offset: entry.size, len, page_image, data: Some(data) });
                         entry.size += len;
@@ -280,7 +218,7 @@ mod tests {
     /// Pushes `files` as a stream, each fed on its own thread, side by side; the sink finishes
     /// (with metadata) or is dropped.
     fn push_streamed(store: &Store, files: &[(&str, Vec<u8>)], tag: &str, finish: bool) -> Result<PushReport> {
-        let (sink, source) = channel(store, 64 << 20, false);
+        let (sink, source) = channel(store, 64 << 20);
         let tag = TagRef::parse(tag).unwrap();
         std::thread::scope(|s| {
             let pushing = s.spawn(|| push::push_stream(store, source, &tag, &Silent));
@@ -336,53 +274,10 @@ mod tests {
         let e = push_streamed(&store, &[("pages-1.img", data(5 << 20, 3))], "s:1", false).unwrap_err();
         assert!(e.to_string().contains("stopped before it was complete"), "{e}");
         assert!(store.get_tag(&TagRef::parse("s:1").unwrap()).unwrap().is_none());
-        let (sink, _source) = channel(&store, 1 << 20, false);
+        let (sink, _source) = channel(&store, 1 << 20);
         let _f = sink.file("a", 0o600).unwrap();
         assert!(sink.file("a", 0o600).err().unwrap().to_string().contains("arrived twice"));
         assert!(sink.file("../a", 0o600).is_err());
-    }
-
-    /// Counts the bytes a push reports done.
-    #[derive(Default)]
-    struct Counted(std::sync::atomic::AtomicU64);
-
-    impl crate::progress::Progress for Counted {
-        fn start(&self, _: &str, _: u64, _: crate::progress::Unit) {}
-        fn advance(&self, n: u64) {
-            self.0.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
-        }
-        fn finish(&self) {}
-    }
-
-    #[test]
-    fn a_held_push_takes_nothing_until_released_or_nearly_full() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = store(dir.path());
-        let done = Counted::default();
-        let bytes = data(40 << 20, 5);
-        let (sink, source) = channel(&store, 256 << 20, true);
-        let tag = TagRef::parse("h:1").unwrap();
-        let report = std::thread::scope(|s| {
-            let pushing = s.spawn(|| push::push_stream(&store, source, &tag, &done));
-            sink.file("pages-1.img", 0o600).unwrap().read_from(&mut &bytes[..]).unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            assert_eq!(done.0.load(std::sync::atomic::Ordering::SeqCst), 0, "processed while held");
-            sink.release();
-            sink.finish(Meta::new()).unwrap();
-            pushing.join().unwrap().unwrap()
-        });
-        assert_eq!((report.logical_bytes, done.0.into_inner()), (bytes.len() as u64, bytes.len() as u64));
-        // A buffer three quarters full is taken all the same: 40 MiB through a 32 MiB buffer
-        // would wait for ever otherwise.
-        let (sink, source) = channel(&store, 32 << 20, true);
-        let tag = TagRef::parse("h:2").unwrap();
-        let report = std::thread::scope(|s| {
-            let pushing = s.spawn(|| push::push_stream(&store, source, &tag, &Silent));
-            sink.file("pages-1.img", 0o600).unwrap().read_from(&mut &bytes[..]).unwrap();
-            sink.finish(Meta::new()).unwrap();
-            pushing.join().unwrap().unwrap()
-        });
-        assert_eq!(report.new_chunks, 0, "the same bytes again");
     }
 
     #[test]
