@@ -255,10 +255,11 @@ mod tests {
     use gstore_store::{push, stream, ObjectId, Store, StoreLocation, TagRef};
     use std::os::fd::{FromRawFd, OwnedFd};
 
-    /// What CRIU sends for one file: the request, then one byte carrying `fd`.
-    fn send_request(conn: &UnixStream, request: &[u8], fd: &OwnedFd) {
-        (&*conn).write_all(&(request.len() as u32).to_ne_bytes()).unwrap();
-        (&*conn).write_all(request).unwrap();
+    /// What CRIU sends for one file: the request, then one byte carrying `fd`. Fails once the
+    /// receiver has hung up.
+    fn send_request(conn: &UnixStream, request: &[u8], fd: &OwnedFd) -> std::io::Result<()> {
+        (&*conn).write_all(&(request.len() as u32).to_ne_bytes())?;
+        (&*conn).write_all(request)?;
         let mut byte = [0u8; 1];
         let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
         let mut cmsg = [0u64; 4];
@@ -274,8 +275,11 @@ mod tests {
             (*c).cmsg_type = libc::SCM_RIGHTS;
             (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
             libc::CMSG_DATA(c).cast::<i32>().write_unaligned(fd.as_raw_fd());
-            assert!(libc::sendmsg(conn.as_raw_fd(), &msg, 0) == 1);
+            if libc::sendmsg(conn.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
+        Ok(())
     }
 
     fn pipe() -> (File, File) {
@@ -299,7 +303,7 @@ mod tests {
         std::thread::scope(|s| {
             for (req, data) in files {
                 let (r, mut w) = pipe();
-                send_request(&conn, req, &OwnedFd::from(r));
+                send_request(&conn, req, &OwnedFd::from(r)).unwrap();
                 s.spawn(move || {
                     // A reader that stopped (a refused request) breaks the pipe: fine here.
                     let _ = w.write_all(data);
@@ -365,7 +369,10 @@ mod tests {
                     let conn = UnixStream::connect(dir.path().join(SOCKET_NAME)).unwrap();
                     for (req, data) in &files {
                         let (r, mut w) = pipe();
-                        send_request(&conn, req, &OwnedFd::from(r));
+                        // As CRIU does, stop at the first request the receiver hung up on.
+                        if send_request(&conn, req, &OwnedFd::from(r)).is_err() {
+                            break;
+                        }
                         let _ = w.write_all(data);
                     }
                     // CRIU fails once its connection is dropped; then it returns.
