@@ -86,16 +86,25 @@ fn a_failing_criu_leaves_the_process_running_and_stores_nothing() {
     assert!(env.json(&["ls"]).as_array().unwrap().is_empty());
 }
 
+/// A store initialized on a 2 MiB disk (kept mounted while the returned disk lives).
+fn store_on_small_disk(env: &Env) -> (SmallDisk, std::path::PathBuf) {
+    let disk = SmallDisk::mount(&env.path("disk"), "2M");
+    let store = disk.dir.join("store");
+    assert!(gstore_at(&store, &["init"]).status.success());
+    (disk, store)
+}
+
+/// Runs the gstore binary on `store`.
+fn gstore_at(store: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(gstore_bin()).arg("--store").arg(store).args(args).output().unwrap()
+}
+
 #[test]
 fn store_failure_after_the_dump_restores_the_process() {
     let env = Env::uninitialized();
     let criu = criu_args();
-    let disk = SmallDisk::mount(&env.path("disk"), "2M");
-    let store = disk.dir.join("store");
-    let gstore = |args: &[&str]| {
-        std::process::Command::new(gstore_bin()).arg("--store").arg(&store).args(args).output().unwrap()
-    };
-    assert!(gstore(&["init"]).status.success());
+    let (_disk, store) = store_on_small_disk(&env);
+    let gstore = |args: &[&str]| gstore_at(&store, args);
     let c = PyCounter::start(3);
     let pid = c.pid.to_string();
     let staging = env.path("staging");
@@ -113,12 +122,8 @@ fn store_failure_after_the_dump_restores_the_process() {
 fn a_streamed_checkpoint_whose_store_fails_leaves_the_process_running() {
     let env = Env::uninitialized();
     let criu = criu_args();
-    let disk = SmallDisk::mount(&env.path("disk"), "2M");
-    let store = disk.dir.join("store");
-    let gstore = |args: &[&str]| {
-        std::process::Command::new(gstore_bin()).arg("--store").arg(&store).args(args).output().unwrap()
-    };
-    assert!(gstore(&["init"]).status.success());
+    let (_disk, store) = store_on_small_disk(&env);
+    let gstore = |args: &[&str]| gstore_at(&store, args);
     for leave_running in [false, true] {
         let c = PyCounter::start(3);
         let pid = c.pid.to_string();

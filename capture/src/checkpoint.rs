@@ -129,26 +129,30 @@ fn streamed(
     store: &Store,
     pid: u32,
     tag: &TagRef,
-    mut opts: CheckpointOptions<'_>,
+    opts: CheckpointOptions<'_>,
     started: Instant,
     progress: &dyn Progress,
 ) -> Result<CheckpointReport> {
     // Holds CRIU's socket, the gate and CRIU's log; the image itself never lands here.
     let staged = Staged::new(None, "checkpoint")?;
-    let dir = staged.path();
+    let r = streamed_via(store, pid, tag, opts, staged.path(), started, progress);
+    staged.remove_if_made();
+    r
+}
+
+/// [`streamed`], with `dir` for CRIU's socket, the gate and CRIU's log.
+fn streamed_via(
+    store: &Store,
+    pid: u32,
+    tag: &TagRef,
+    mut opts: CheckpointOptions<'_>,
+    dir: &Path,
+    started: Instant,
+    progress: &dyn Progress,
+) -> Result<CheckpointReport> {
     std::fs::create_dir_all(dir).map_err(|source| CaptureError::Staging { path: dir.to_path_buf(), source })?;
-    let done = |r: Result<CheckpointReport>| {
-        staged.remove_if_made();
-        r
-    };
-    let gate = match Gate::create(dir) {
-        Ok(g) => g,
-        Err(e) => return done(Err(e)),
-    };
-    let listener = match streamer::listen(dir) {
-        Ok(l) => l,
-        Err(e) => return done(Err(e)),
-    };
+    let gate = Gate::create(dir)?;
+    let listener = streamer::listen(dir)?;
     let (tell, dump_started) = mpsc::channel();
     opts.stream = true;
     opts.action_script = Some(gate.script.clone());
@@ -213,7 +217,7 @@ fn streamed(
         Err(GpuDumpError::Resumed { .. }) => " (the process kept running)".to_string(),
         Err(e) => format!("; the checkpoint failed too: {e}"),
     };
-    done(match (pushed, received, captured) {
+    match (pushed, received, captured) {
         (Ok(push), Ok(()), Ok(capture)) => {
             let paused_s = paused_s(&capture);
             Ok(CheckpointReport { capture, push, paused_s, total_s: started.elapsed().as_secs_f64() })
@@ -226,7 +230,7 @@ fn streamed(
         (pushed, Ok(()), Ok(_)) => {
             Err(CaptureError::PushFailed { pid, after, source: pushed.err().unwrap_or(StoreError::StreamStopped) })
         }
-    })
+    }
 }
 
 /// Bytes of image that may wait in memory between CRIU and the store: a quarter of the memory

@@ -260,26 +260,7 @@ mod tests {
     fn send_request(conn: &UnixStream, request: &[u8], fd: &OwnedFd) -> std::io::Result<()> {
         (&*conn).write_all(&(request.len() as u32).to_ne_bytes())?;
         (&*conn).write_all(request)?;
-        let mut byte = [0u8; 1];
-        let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-        let mut cmsg = [0u64; 4];
-        // SAFETY: msghdr points at live local buffers, `cmsg` holds one descriptor.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cmsg.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
-            libc::CMSG_DATA(c).cast::<i32>().write_unaligned(fd.as_raw_fd());
-            if libc::sendmsg(conn.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) != 1 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
+        gstore_lazy::socket::send_with_fd(conn.as_raw_fd(), &[0], Some(fd.as_raw_fd()))
     }
 
     fn pipe() -> (File, File) {
@@ -288,6 +269,13 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         // SAFETY: both descriptors are new and ours.
         unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+    }
+
+    /// A new local store in `dir`.
+    fn new_store(dir: &Path) -> Store {
+        let loc = StoreLocation::Local(dir.join("store"));
+        Store::init(&loc, &gstore_store::StoreConfig::default()).unwrap();
+        Store::open_indexed(&loc, &|_| {}).unwrap()
     }
 
     fn request(name: &str) -> Vec<u8> {
@@ -322,9 +310,7 @@ mod tests {
     #[test]
     fn files_sent_the_way_criu_sends_them_become_the_image() {
         let dir = tempfile::tempdir().unwrap();
-        let loc = StoreLocation::Local(dir.path().join("store"));
-        Store::init(&loc, &gstore_store::StoreConfig::default()).unwrap();
-        let store = Store::open_indexed(&loc, &|_| {}).unwrap();
+        let store = new_store(dir.path());
         let images = dir.path().join("images");
         std::fs::create_dir(&images).unwrap();
         let pages: Vec<u8> = (0..20u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 17) as u8).collect();
@@ -357,9 +343,7 @@ mod tests {
     fn a_request_that_is_not_a_filename_or_comes_twice_stops_the_receiving() {
         for requests in [vec![b"\x12\x01a".to_vec()], vec![request("a.img"), request("a.img")]] {
             let dir = tempfile::tempdir().unwrap();
-            let loc = StoreLocation::Local(dir.path().join("store"));
-            Store::init(&loc, &gstore_store::StoreConfig::default()).unwrap();
-            let store = Store::open_indexed(&loc, &|_| {}).unwrap();
+            let store = new_store(dir.path());
             let gate = Gate::create(dir.path()).unwrap();
             let listener = listen(dir.path()).unwrap();
             let (sink, _source) = stream::channel(&store, 8 << 20);

@@ -83,28 +83,7 @@ fn send(ctl: &OwnedFd, tag: u8, pid: i32, fd: Option<RawFd>) -> io::Result<()> {
     let mut payload = [0u8; 5];
     payload[0] = tag;
     payload[1..].copy_from_slice(&pid.to_ne_bytes());
-    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
-    let mut cmsg = [0u64; 4];
-    // SAFETY: msghdr points at live local buffers; the control message is laid out with the
-    // CMSG macros inside `cmsg`, which is large enough for one descriptor.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if let Some(fd) = fd {
-            msg.msg_control = cmsg.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
-            libc::CMSG_DATA(c).cast::<i32>().write_unaligned(fd);
-        }
-        if libc::sendmsg(ctl.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    crate::socket::send_with_fd(ctl.as_raw_fd(), &payload, fd)
 }
 
 /// The guard process. Never returns.

@@ -6,7 +6,7 @@
 use crate::error::{LazyError, Result};
 use crate::uffd::Uffd;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,6 +111,33 @@ pub fn wait_restore_finished(mut conn: &UnixStream) -> Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
         Err(e) => Err(LazyError::os("reading from CRIU", e)),
     }
+}
+
+/// Sends `payload` on socket `sock` in one message, with `fd` as SCM_RIGHTS if given (as CRIU
+/// sends a descriptor: with the message's bytes).
+pub fn send_with_fd(sock: RawFd, payload: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: payload.as_ptr().cast_mut().cast(), iov_len: payload.len() };
+    let mut cmsg = [0u64; 4];
+    // SAFETY: msghdr points at live local buffers (sendmsg only reads the payload); the control
+    // message is laid out with the CMSG macros inside `cmsg`, large enough for one descriptor.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if let Some(fd) = fd {
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+            libc::CMSG_DATA(c).cast::<i32>().write_unaligned(fd);
+        }
+        if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Fills `buf` from `conn`, collecting any descriptors that come along (SCM_RIGHTS). A

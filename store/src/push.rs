@@ -297,18 +297,13 @@ fn push_entries(
     let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * store.config().segment_size);
     // A stream's files and metadata are known once it ends.
     let streamed = crate::stream::Received::default();
-    let (file_input, source) = match input {
-        Input::Files { entries, contents } => (Some((entries, contents)), None),
-        Input::Stream(source) => (None, Some(source)),
-    };
-    let (batches, total): (Batches<'_>, u64) = match (file_input, source) {
-        (Some((entries, _)), _) => {
+    let (batches, total, file_input): (Batches<'_>, u64, _) = match input {
+        Input::Files { entries, contents } => {
             let units = plan_units(entries, store.config());
             let total = units.iter().map(|u| u.len).sum();
-            (Box::new(batch_units(units, batch_bytes).into_iter().map(Ok)), total)
+            (Box::new(batch_units(units, batch_bytes).into_iter().map(Ok)), total, Some((entries, contents)))
         }
-        (None, Some(source)) => (Box::new(source.batches(batch_bytes, &streamed)), 0),
-        (None, None) => unreachable!("an input is files or a stream"),
+        Input::Stream(source) => (Box::new(source.batches(batch_bytes, &streamed)), 0, None),
     };
     let read = |u: &Unit, buf: &mut [u8]| match file_input {
         Some((entries, contents)) => {
