@@ -225,6 +225,40 @@ pub enum Command {
         #[command(subcommand)]
         action: IndexAction,
     },
+    /// Manage the user keys of an encrypted store (`gstore init --encrypt`): every key opens
+    /// the same store; adding or removing one rewrites no data. The current key comes from
+    /// GSTORE_KEY_FILE, GSTORE_PASSPHRASE or a prompt.
+    Key {
+        /// What to do.
+        #[command(subcommand)]
+        action: KeyAction,
+    },
+}
+
+/// `gstore key` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum KeyAction {
+    /// Write a new random key file (64 hex digits, mode 0600) for GSTORE_KEY_FILE; refuses to
+    /// overwrite a file.
+    Generate {
+        /// The file to write.
+        file: PathBuf,
+    },
+    /// List the store's key records.
+    List,
+    /// Add a user key: the key file given, else GSTORE_NEW_PASSPHRASE, else a passphrase
+    /// asked for twice.
+    Add {
+        /// A key file (64 hex digits from `gstore key generate`, or a passphrase).
+        #[arg(long, value_name = "FILE")]
+        new_key_file: Option<PathBuf>,
+    },
+    /// Remove a key record (by its id, as `gstore key list` shows it); the last one is never
+    /// removed.
+    Remove {
+        /// The record's id.
+        id: String,
+    },
 }
 
 /// How `gstore ls` orders its rows.
@@ -281,6 +315,10 @@ pub struct InitArgs {
     /// as gstore before it wrote them (older readers refuse float-coded chunks).
     #[arg(long)]
     pub no_float_codec: bool,
+    /// Encrypt the store (docs/SECURITY.md): its first key comes from GSTORE_KEY_FILE or
+    /// GSTORE_PASSPHRASE, else a passphrase asked for twice.
+    #[arg(long)]
+    pub encrypt: bool,
 }
 
 /// Arguments of `gstore gc`.

@@ -1,12 +1,13 @@
 //! One function per subcommand; each prints a human summary, or JSON with `--json`.
 
-use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs, ServeArgs, Sort};
+use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs, KeyAction, ServeArgs, Sort};
 use crate::failure::{Damaged, Usage};
 use crate::load;
 use anyhow::{Context, Result};
 use clap::CommandFactory;
 use gstore_capture as capture;
 use gstore_progress::Bars;
+use gstore_store::crypto::{keyring, Secret};
 use gstore_store::manifest::Manifest;
 use gstore_store::{gc, images, push, usage, verify, ObjectId, Store, StoreConfig, StoreLocation, TagRef};
 use indicatif::HumanBytes;
@@ -70,6 +71,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Verify { read_data } => run_verify(&location, read_data, &out, &bars),
         Command::Serve(a) => serve(&location, a),
         Command::Index { action: IndexAction::Rebuild } => index_rebuild(&location, &out, &bars),
+        Command::Key { action } => key(&location, action, &out),
         Command::Version => out.emit(&version(), || version_text(&version())),
         Command::Completions { shell } => {
             let mut script = Vec::new();
@@ -500,7 +502,9 @@ fn run_verify(location: &StoreLocation, read_data: bool, out: &Output, bars: &Ba
 fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
     let ServeArgs { listen, tokens, insecure, max_body, timeout, header_timeout, max_concurrent, tls_cert, tls_key } =
         a;
-    let store = Store::open(location)?;
+    // A server needs no key: it keeps an encrypted store's objects as they come, sealed.
+    let backend = location.backend()?;
+    let config = Store::read_config(&backend, location)?;
     let tokens = match tokens {
         Some(p) => {
             let text = std::fs::read_to_string(&p).with_context(|| format!("reading token file {}", p.display()))?;
@@ -519,13 +523,14 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
         header_timeout: Duration::from_secs(header_timeout),
         max_concurrent,
         tls,
-        chunk_max: store.config().chunk_max,
+        chunk_max: config.chunk_max,
+        sealed: config.encryption.is_some(),
     };
     gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
-    gstore_server::servable(store.backend()).map_err(anyhow::Error::msg)?;
-    eprintln!("gstore: serving {} on {scheme}://{listen}", store.describe());
+    gstore_server::servable(&backend).map_err(anyhow::Error::msg)?;
+    eprintln!("gstore: serving {} on {scheme}://{listen}", backend.description());
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(gstore_server::serve(store.backend().clone(), settings, shutdown_signal())).map_err(anyhow::Error::msg)
+    rt.block_on(gstore_server::serve(backend, settings, shutdown_signal())).map_err(anyhow::Error::msg)
 }
 
 /// `gstore index rebuild`.
@@ -625,10 +630,97 @@ fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
         float_codec: !a.no_float_codec,
         ..StoreConfig::default()
     };
-    Store::init(location, &config)?;
-    out.emit(&config, || {
-        format!("initialized an empty store at {}", Store::open(location).map(|s| s.describe()).unwrap_or_default())
+    let key = if a.encrypt {
+        let secret = match Secret::from_env()? {
+            Some(s) => s,
+            None => new_passphrase("GSTORE_PASSPHRASE")?,
+        };
+        Some(Store::init_encrypted(location, &config, &secret)?)
+    } else {
+        Store::init(location, &config)?;
+        None
+    };
+    let store = Store::read_config(&location.backend()?, location)?;
+    out.emit(&serde_json::json!({ "config": store, "key": key }), || {
+        let what = if key.is_some() { "an empty encrypted store" } else { "an empty store" };
+        let mut s = format!("initialized {what} at {}", location.describe());
+        if let Some(k) = &key {
+            s.push_str(&format!(
+                "\nits first key is {k}: keep the key (or passphrase) safe, nothing can open the store without one"
+            ));
+        }
+        s
     })
+}
+
+/// A new passphrase from the terminal, asked for twice (`env` names the variable that gives
+/// one without asking).
+fn new_passphrase(env: &str) -> Result<Secret> {
+    use std::io::IsTerminal;
+    if !std::io::stdin().is_terminal() {
+        return Err(Usage(format!(
+            "no key given: set GSTORE_KEY_FILE or {env}, or run from a terminal to type a passphrase"
+        ))
+        .into());
+    }
+    let first = Secret::prompt("new passphrase: ")?;
+    let again = Secret::prompt("the same passphrase again: ")?;
+    let same = match (&first, &again) {
+        (Secret::Passphrase(a), Secret::Passphrase(b)) => a == b,
+        (Secret::Key(a), Secret::Key(b)) => a == b,
+        _ => false,
+    };
+    if !same {
+        return Err(Usage("the two passphrases differ".into()).into());
+    }
+    Ok(first)
+}
+
+/// `gstore key ...`.
+fn key(location: &StoreLocation, action: KeyAction, out: &Output) -> Result<()> {
+    match action {
+        KeyAction::Generate { file } => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&file)
+                .with_context(|| format!("creating key file {}", file.display()))?;
+            f.write_all(Secret::new_key_file_text().as_bytes()).and_then(|()| f.sync_all())?;
+            out.emit(&serde_json::json!({ "key_file": file }), || {
+                format!("wrote a new key to {}: give it with GSTORE_KEY_FILE", file.display())
+            })
+        }
+        KeyAction::List => {
+            let keys = keyring::records(location)?;
+            out.emit(&keys, || {
+                let mut s = format!("{:<16}  {:<10}  {:<20}  LABEL", "ID", "KIND", "ADDED");
+                for k in &keys {
+                    let added =
+                        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(k.created_unix));
+                    let label = k.error.as_deref().unwrap_or(&k.label);
+                    s.push_str(&format!("\n{:<16}  {:<10}  {:<20}  {label}", k.id, k.kind, added.to_string()));
+                }
+                s
+            })
+        }
+        KeyAction::Add { new_key_file } => {
+            let new = match new_key_file {
+                Some(f) => Secret::from_file(&f)?,
+                None => match std::env::var("GSTORE_NEW_PASSPHRASE") {
+                    Ok(p) if !p.is_empty() => Secret::Passphrase(p.into()),
+                    _ => new_passphrase("GSTORE_NEW_PASSPHRASE")?,
+                },
+            };
+            let id = keyring::add_key(location, &new)?;
+            out.emit(&serde_json::json!({ "added": id }), || format!("added key {id}"))
+        }
+        KeyAction::Remove { id } => {
+            keyring::remove_key(location, &id)?;
+            out.emit(&serde_json::json!({ "removed": id }), || format!("removed key {id}"))
+        }
+    }
 }
 
 fn ls(store: &Store, name: Option<&str>, sort: Sort, latest: bool, out: &Output) -> Result<()> {

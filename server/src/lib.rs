@@ -38,6 +38,9 @@ pub struct Settings {
     /// The store's `chunk_max` (its config's): uploaded or served packs listing a longer
     /// chunk are corrupt, and nothing longer is ever decoded.
     pub chunk_max: u32,
+    /// Whether the store is encrypted: its objects are kept sealed as they come, and chunks
+    /// cannot be found by id (the server has no key).
+    pub sealed: bool,
 }
 
 /// What the handlers share.
@@ -55,6 +58,8 @@ pub struct AppState {
     pub chunks: Arc<chunks::ChunkMap>,
     /// The store's `chunk_max`: the longest chunk a pack may list.
     pub chunk_max: u32,
+    /// Whether the store is encrypted.
+    pub sealed: bool,
 }
 
 /// Refuses an exposed address without authentication unless `insecure` is set.
@@ -96,6 +101,7 @@ pub async fn serve(
         metrics: Arc::new(metrics::Metrics::new()),
         chunks: Arc::new(chunks::ChunkMap::new(s.chunk_max)),
         chunk_max: s.chunk_max,
+        sealed: s.sealed,
     };
     let app = routes::router(state, &s).into_make_service();
     let handle = axum_server::Handle::new();

@@ -206,8 +206,8 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
         Err(r) => return r,
     };
     let checked = {
-        let (k, body, chunk_max) = (k.clone(), body.clone(), state.chunk_max);
-        tokio::task::spawn_blocking(move || verify::upload(&k, &body, chunk_max)).await
+        let (k, body, chunk_max, sealed) = (k.clone(), body.clone(), state.chunk_max, state.sealed);
+        tokio::task::spawn_blocking(move || verify::upload(&k, &body, chunk_max, sealed)).await
     };
     match checked {
         Ok(Ok(())) => {}
@@ -255,7 +255,7 @@ fn write_scope(k: &Key) -> (Scope, Option<&str>) {
     match k {
         Key::Tag(t) => (Scope::Write, Some(t.name.as_str())),
         Key::Pack(_) | Key::Manifest(_) | Key::Lease(_) | Key::Profile(_) => (Scope::Write, None),
-        Key::Config | Key::Tombstone(_) | Key::GcLock | Key::Probe(_) => (Scope::Admin, None),
+        Key::Config | Key::Tombstone(_) | Key::GcLock | Key::Probe(_) | Key::KeyRecord(_) => (Scope::Admin, None),
     }
 }
 
@@ -339,6 +339,9 @@ async fn get_chunk(
     if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
         return r;
     }
+    if let Some(r) = no_chunks_when_sealed(&state) {
+        return r;
+    }
     let Ok(id) = ObjectId::from_hex(&id) else { return error(StatusCode::BAD_REQUEST, "not a 64-hex chunk id") };
     let e = match locate(&state, &id).await {
         Ok(Some(found)) => found,
@@ -390,8 +393,22 @@ async fn get_chunk(
 
 /// Of the chunk ids posted (a JSON array of hex ids), the ones no pack without a gc tombstone
 /// holds: the chunks a push must upload.
+/// The answer to a chunk request on an encrypted store: the server holds no key, so it cannot
+/// read the pack footers that say where chunks are.
+fn no_chunks_when_sealed(state: &AppState) -> Option<Response> {
+    state.sealed.then(|| {
+        error(
+            StatusCode::CONFLICT,
+            "this store is encrypted and the server holds no key: chunks are not found by id here; read objects (/v1/o/)",
+        )
+    })
+}
+
 async fn missing_chunks(State(state): State<AppState>, req: Request) -> Response {
     if let Err(r) = authorize(&state, req.headers(), Scope::Read, None) {
+        return r;
+    }
+    if let Some(r) = no_chunks_when_sealed(&state) {
         return r;
     }
     let body = match body_of(req).await {

@@ -1,7 +1,12 @@
 //! Checks an upload before anything is stored: every chunk of a pack decoded and hashed and
 //! the footer recomputed, a manifest's id and structure, a tag record's shape, a restore profile's.
+//! An encrypted store's server holds no key: it checks that a sealed object is framed as one
+//! (header and length) and a key record's shape, and relies on its write tokens for the rest;
+//! every reader checks what it opens (docs/SECURITY.md).
 
 use gstore_store::codec::{check_zstd_frame, split_delta, Codec, Decoder};
+use gstore_store::crypto::keyring::KeyRecord;
+use gstore_store::crypto::sealed::Header;
 use gstore_store::key::ObjectKey as Key;
 use gstore_store::lease::{LeaseRecord, Owner};
 use gstore_store::manifest::Manifest;
@@ -21,8 +26,15 @@ fn check_delta(stored: &[u8], e: &pack::PackEntry) -> gstore_store::Result<()> {
 }
 
 /// Verifies `body` as the object `key` names, for a store whose chunks are at most
-/// `chunk_max` bytes; the error says what is wrong.
-pub fn upload(key: &Key, body: &[u8], chunk_max: u32) -> Result<(), String> {
+/// `chunk_max` bytes and that is encrypted when `sealed`; the error says what is wrong.
+pub fn upload(key: &Key, body: &[u8], chunk_max: u32, sealed: bool) -> Result<(), String> {
+    if sealed && key.is_sealed() {
+        let header = Header::parse(body, &key.to_string()).map_err(|e| e.to_string())?;
+        if body.len() as u64 != header.sealed_len() {
+            return Err(format!("a sealed object of {} bytes whose header says {}", body.len(), header.sealed_len()));
+        }
+        return Ok(());
+    }
     match key {
         Key::Pack(id) => {
             let got = ObjectId::of(body);
@@ -58,5 +70,7 @@ pub fn upload(key: &Key, body: &[u8], chunk_max: u32) -> Result<(), String> {
         }
         Key::Tombstone(_) => Err("tombstone larger than 4 KiB".into()),
         Key::Probe(_) => Err("probe objects are not served".into()),
+        Key::KeyRecord(id) if sealed => KeyRecord::from_json(body, id).map(|_| ()).map_err(|e| e.to_string()),
+        Key::KeyRecord(_) => Err("key records belong to encrypted stores; this one is not".into()),
     }
 }

@@ -3,8 +3,27 @@
 use crate::error::{Result, StoreError};
 use serde::{Deserialize, Serialize};
 
-/// The store format version this build writes and reads.
+/// The store format version of an unencrypted store.
 pub const FORMAT_VERSION: u32 = 1;
+/// The store format version of an encrypted store (gstore before encryption refuses it).
+pub const FORMAT_ENCRYPTED: u32 = 2;
+/// How an encrypted store seals its objects ([`crate::crypto::sealed`]).
+pub const SEALING: &str = "aes-256-gcm-16k";
+/// How an encrypted store names chunks: BLAKE3 of their plain bytes, as unencrypted stores.
+pub const CHUNK_IDS: &str = "blake3";
+
+/// How an encrypted store is encrypted (docs/FORMAT.md, "Encrypted stores").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Encryption {
+    /// How objects are sealed: [`SEALING`].
+    pub objects: String,
+    /// How chunks are named: [`CHUNK_IDS`].
+    pub chunk_ids: String,
+    /// The keyed BLAKE3 (hex) of this config, serialized with an empty check, under a key
+    /// derived from the master key: only a holder of the master key can make it, so a config
+    /// changed in the bucket is refused.
+    pub check: String,
+}
 
 /// Chunking, compression and packing parameters of one store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +47,9 @@ pub struct StoreConfig {
     /// codec (codec 3) before zstd. Absent in stores made before it existed: on.
     #[serde(default = "float_codec_default")]
     pub float_codec: bool,
+    /// How the store is encrypted (format 2); absent in an unencrypted store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Encryption>,
 }
 
 fn float_codec_default() -> bool {
@@ -45,6 +67,7 @@ impl Default for StoreConfig {
             zstd_level: 1,
             pack_target: 48 * 1024 * 1024,
             float_codec: true,
+            encryption: None,
         }
     }
 }
@@ -53,11 +76,23 @@ impl StoreConfig {
     /// Checks the parameters against FastCDC's limits and each other.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(StoreError::Invalid(m));
-        if self.format != FORMAT_VERSION {
-            return bad(format!(
-                "store format {} is not supported by this gstore (it reads format {FORMAT_VERSION})",
-                self.format
-            ));
+        match (self.format, &self.encryption) {
+            (FORMAT_VERSION, None) => {}
+            (FORMAT_ENCRYPTED, Some(e)) if e.objects == SEALING && e.chunk_ids == CHUNK_IDS => {}
+            (FORMAT_ENCRYPTED, Some(e)) => {
+                return bad(format!(
+                    "this gstore cannot read an encrypted store sealed with {:?} and naming chunks by {:?} (it knows {SEALING:?} and {CHUNK_IDS:?})",
+                    e.objects, e.chunk_ids
+                ))
+            }
+            (FORMAT_ENCRYPTED, None) | (FORMAT_VERSION, Some(_)) => {
+                return bad(format!("store format {} does not go with its encryption settings", self.format))
+            }
+            (f, _) => {
+                return bad(format!(
+                    "store format {f} is not supported by this gstore (it reads formats {FORMAT_VERSION} and {FORMAT_ENCRYPTED})"
+                ))
+            }
         }
         let (min, avg, max) = (self.chunk_min as usize, self.chunk_avg as usize, self.chunk_max as usize);
         use fastcdc::v2020 as f;
@@ -80,6 +115,33 @@ impl StoreConfig {
         }
         if self.pack_target < self.chunk_max as u64 {
             return bad(format!("pack target {} must be at least the chunk max", self.pack_target));
+        }
+        Ok(())
+    }
+
+    /// This config as an encrypted store's, checked by `master`.
+    pub fn encrypted(mut self, master: &crate::crypto::MasterKey) -> StoreConfig {
+        self.format = FORMAT_ENCRYPTED;
+        self.encryption =
+            Some(Encryption { objects: SEALING.into(), chunk_ids: CHUNK_IDS.into(), check: String::new() });
+        let check = master.config_check(&serde_json::to_vec(&self).expect("config serializes")).to_hex().to_string();
+        self.encryption.as_mut().expect("just set").check = check;
+        self
+    }
+
+    /// Checks that an encrypted store's config carries the check `master` makes of it.
+    pub fn check_sealed(&self, master: &crate::crypto::MasterKey, store: &str) -> Result<()> {
+        let Some(e) = &self.encryption else { return Ok(()) };
+        let mut blank = self.clone();
+        blank.encryption.as_mut().expect("encrypted").check = String::new();
+        let want = master.config_check(&serde_json::to_vec(&blank).expect("config serializes"));
+        // blake3::Hash compares in constant time.
+        if blake3::Hash::from_hex(&e.check).ok() != Some(want) {
+            return Err(StoreError::corrupt(
+                "config",
+                store,
+                "its check does not match the store's key: config.json was changed by someone without the key",
+            ));
         }
         Ok(())
     }

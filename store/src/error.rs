@@ -90,6 +90,14 @@ pub enum StoreError {
     /// own error says why); nothing was tagged.
     #[error("the stream stopped before it was complete; nothing was tagged")]
     StreamStopped,
+    /// The store is encrypted and no key was given.
+    #[error("{0} is encrypted: give its key with GSTORE_KEY_FILE (a key file) or GSTORE_PASSPHRASE, or run from a terminal to be asked")]
+    KeyRequired(String),
+    /// No key record of the encrypted store opens with the key given.
+    #[error(
+        "the key given does not open {0}: no key record of the store opens with it (`gstore key list` shows them)"
+    )]
+    KeyRejected(String),
     /// The local RocksDB index failed.
     #[error("index {path}: {message}")]
     Index {

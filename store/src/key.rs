@@ -28,6 +28,8 @@ pub enum ObjectKey {
     GcLock,
     /// `probe/<name>`: written and removed by `gstore init` to test conditional writes.
     Probe(String),
+    /// `keys/<16 lowercase hex>.key`: a key record of an encrypted store.
+    KeyRecord(String),
 }
 
 /// The kinds of object that are listed by prefix.
@@ -45,6 +47,8 @@ pub enum Family {
     Leases,
     /// Tombstones.
     Tombstones,
+    /// Key records.
+    Keys,
 }
 
 impl Family {
@@ -57,12 +61,20 @@ impl Family {
             Family::Profiles => "profiles",
             Family::Leases => "leases",
             Family::Tombstones => "tombstones",
+            Family::Keys => "keys",
         }
     }
 
     /// Every family, for servers that list what clients may list.
-    pub const ALL: [Family; 6] =
-        [Family::Packs, Family::Manifests, Family::Tags, Family::Profiles, Family::Leases, Family::Tombstones];
+    pub const ALL: [Family; 7] = [
+        Family::Packs,
+        Family::Manifests,
+        Family::Tags,
+        Family::Profiles,
+        Family::Leases,
+        Family::Tombstones,
+        Family::Keys,
+    ];
 }
 
 const CONFIG: &str = "config.json";
@@ -93,6 +105,20 @@ impl ObjectKey {
             ObjectKey::Manifest(id) => Some(*id),
             _ => None,
         }
+    }
+
+    /// Whether an encrypted store keeps this object sealed (docs/FORMAT.md): packs,
+    /// manifests, tags, leases and restore profiles hold data or name it; the config, key
+    /// records, tombstones, the gc lock and probes do not.
+    pub fn is_sealed(&self) -> bool {
+        matches!(
+            self,
+            ObjectKey::Pack(_)
+                | ObjectKey::Manifest(_)
+                | ObjectKey::Tag(_)
+                | ObjectKey::Lease(_)
+                | ObjectKey::Profile(_)
+        )
     }
 
     /// The key a tombstone marks, for a tombstone key.
@@ -137,6 +163,10 @@ impl ObjectKey {
                 Ok(k @ (ObjectKey::Pack(_) | ObjectKey::Manifest(_))) => Some(k.tombstone()),
                 _ => None,
             },
+            "keys" => rest
+                .strip_suffix(".key")
+                .filter(|n| n.len() == 16 && is_lower_hex(n))
+                .map(|n| ObjectKey::KeyRecord(n.to_string())),
             "probe" => {
                 let ok = !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
                 ok.then(|| ObjectKey::Probe(rest.to_string()))
@@ -163,6 +193,7 @@ impl fmt::Display for ObjectKey {
             ObjectKey::Lease(name) => write!(f, "{}/{name}.lease", Family::Leases.prefix()),
             ObjectKey::Tombstone(k) => write!(f, "{}/{k}", Family::Tombstones.prefix()),
             ObjectKey::Probe(name) => write!(f, "{PROBE}{name}"),
+            ObjectKey::KeyRecord(id) => write!(f, "{}/{id}.key", Family::Keys.prefix()),
         }
     }
 }
@@ -188,6 +219,7 @@ mod tests {
             (ObjectKey::Lease(lease.clone()), format!("leases/{lease}.lease")),
             (ObjectKey::Pack(id).tombstone(), format!("tombstones/packs/{}/{h}.pack", &h[..2])),
             (ObjectKey::Probe("conditional-1a2b".into()), "probe/conditional-1a2b".to_string()),
+            (ObjectKey::KeyRecord("0123456789abcdef".into()), "keys/0123456789abcdef.key".to_string()),
         ] {
             assert_eq!(key.to_string(), text);
             assert_eq!(ObjectKey::parse(&text), Ok(key));
@@ -219,6 +251,8 @@ mod tests {
             "tombstones/profiles/00/00.profile",
             "probe/../x",
             "probe/",
+            "keys/0123.key",
+            "keys/0123456789ABCDEF.key",
             "../config.json",
             "",
             &long,

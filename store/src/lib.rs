@@ -14,6 +14,7 @@ pub mod chunker;
 pub mod codec;
 mod config;
 pub mod copy;
+pub mod crypto;
 mod deltas;
 mod error;
 mod floats;

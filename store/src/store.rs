@@ -5,6 +5,7 @@ use crate::bases::BaseCache;
 use crate::cache::RangeCache;
 use crate::codec::{decode_base, BaseSource, Decoder, DeltaBases};
 use crate::config::StoreConfig;
+use crate::crypto::{keyring, MasterKey, Secret};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::index::{ChunkLocation, Index};
@@ -88,7 +89,8 @@ impl StoreLocation {
         StoreLocation::Local(base.join("gstore"))
     }
 
-    fn backend(&self) -> Result<Backend> {
+    /// The backend this location names, as it is: an encrypted store's objects sealed.
+    pub fn backend(&self) -> Result<Backend> {
         match self {
             StoreLocation::Local(p) => Backend::local(p),
             StoreLocation::S3 { bucket, prefix } => Backend::s3(bucket, prefix),
@@ -128,7 +130,8 @@ impl StoreLocation {
         }
     }
 
-    fn describe(&self) -> String {
+    /// Where the store is, for messages.
+    pub fn describe(&self) -> String {
         match self {
             StoreLocation::Local(p) => p.display().to_string(),
             StoreLocation::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
@@ -225,6 +228,28 @@ impl Store {
         Self::init_backend(&backend, location, config)
     }
 
+    /// Creates a new encrypted store at `location` with `config` (docs/SECURITY.md): a random
+    /// master key, wrapped by `secret` in the store's first key record. Returns that record's id.
+    pub fn init_encrypted(location: &StoreLocation, config: &StoreConfig, secret: &Secret) -> Result<String> {
+        config.validate()?;
+        let backend = location.backend()?;
+        if matches!(location, StoreLocation::S3 { .. }) {
+            probe_conditional_writes(&backend)?;
+        }
+        if backend.get_opt(&ObjectKey::Config.to_string())?.is_some() {
+            return Err(StoreError::AlreadyExists { what: "store", key: location.describe() });
+        }
+        let master = MasterKey::generate();
+        let config = config.clone().encrypted(&master);
+        config.validate()?;
+        // The record first: a config without a record that opens it would be a store nobody
+        // can open. A record left by an init that then lost a race opens no master key that
+        // checks the config, so it is passed over.
+        let id = keyring::add(&backend, &master, secret)?;
+        Self::init_backend(&backend, location, &config)?;
+        Ok(id)
+    }
+
     /// Creates a new store in `backend` (described by `location`). Fails if one is there.
     pub fn init_backend(backend: &Backend, location: &StoreLocation, config: &StoreConfig) -> Result<()> {
         config.validate()?;
@@ -263,11 +288,10 @@ impl Store {
     /// Opens an existing store in `backend` without its index; `location` says where this
     /// machine keeps the index and caches (a [`StoreLocation::Custom`] for a caller-built backend).
     pub fn open_backend(backend: Backend, location: &StoreLocation) -> Result<Store> {
-        let bytes = backend
-            .get_opt(&ObjectKey::Config.to_string())?
-            .ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
-        let config = StoreConfig::from_json(&bytes)?;
-        let cache = location.local_dir().and_then(|d| {
+        let config = Self::read_config(&backend, location)?;
+        let backend = Self::unlocked(backend, &config, location)?;
+        // Ranges are cached as read, in plain bytes: never for an encrypted store.
+        let cache = location.local_dir().filter(|_| config.encryption.is_none()).and_then(|d| {
             let limit = std::env::var("GSTORE_CACHE_BYTES")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -285,6 +309,41 @@ impl Store {
             salts_made: Default::default(),
             bases: BaseCache::default(),
         })
+    }
+
+    /// The config of the store in `backend` (described by `location`), without opening it:
+    /// for a server, which serves an encrypted store without its key, and for key management.
+    pub fn read_config(backend: &Backend, location: &StoreLocation) -> Result<StoreConfig> {
+        let bytes = backend
+            .get_opt(&ObjectKey::Config.to_string())?
+            .ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
+        StoreConfig::from_json(&bytes)
+    }
+
+    /// `backend` as the store configured by `config` is read: sealed with the master key the
+    /// user's secret opens for an encrypted store. An unencrypted store is refused where the
+    /// user expects an encrypted one (a secret is set) or where the store holds key records:
+    /// a config replaced by an unencrypted one must not make gstore write plain objects.
+    fn unlocked(backend: Backend, config: &StoreConfig, location: &StoreLocation) -> Result<Backend> {
+        let store = location.describe();
+        if config.encryption.is_some() {
+            let secret = Secret::for_store(&store)?;
+            let master = keyring::unlock(&backend, &secret, &store, config)?;
+            return Ok(backend.sealed(master.sealer()));
+        }
+        if Secret::in_env() {
+            return Err(StoreError::Invalid(format!(
+                "{store} is not encrypted, but GSTORE_KEY_FILE or GSTORE_PASSPHRASE is set: refusing to use it as if it were; unset them for this store"
+            )));
+        }
+        if !keyring::list(&backend)?.is_empty() {
+            return Err(StoreError::corrupt(
+                "config",
+                store,
+                "the store holds key records (keys/) but its config.json says it is not encrypted: the config was replaced",
+            ));
+        }
+        Ok(backend)
     }
 
     /// Opens an existing store with its index, waiting (after calling `on_wait`) while another

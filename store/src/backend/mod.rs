@@ -1,8 +1,8 @@
 //! The object backend: one small trait, [`Objects`] (get / get_range / put with a condition /
 //! delete / list / size), with one module per implementation — [`local`] (a directory on
 //! local disk), [`objects`] (any `object_store`: S3 through [`s3`], memory for unit tests) and
-//! [`http`] (a gstore chunk server) — and [`Backend`], the blocking facade every store uses,
-//! which counts requests, passes the test gate, and turns a retried conditional write that had
+//! [`http`] (a gstore chunk server), one wrapper, [`sealed`] (encrypted stores) — and
+//! [`Backend`], the blocking facade every store uses, which counts requests, passes the test gate, and turns a retried conditional write that had
 //! landed into the success it was. Every implementation runs on one shared tokio runtime.
 //! Keys are built and parsed by [`crate::key`] alone.
 
@@ -11,6 +11,7 @@ mod local;
 mod objects;
 mod retry;
 mod s3;
+mod sealed;
 
 use crate::error::{Result, StoreError};
 use bytes::Bytes;
@@ -160,6 +161,12 @@ impl Backend {
 
     fn wrap(objects: Arc<dyn Objects>, description: String) -> Backend {
         Backend { objects, description, requests: Arc::default(), gate: None }
+    }
+
+    /// This backend as an encrypted store sees it: objects that hold data sealed with
+    /// `sealer` on the way in and opened on the way out (docs/FORMAT.md, "Encrypted stores").
+    pub fn sealed(&self, sealer: crate::crypto::sealed::Sealer) -> Backend {
+        Backend { objects: Arc::new(sealed::SealedObjects::new(self.objects.clone(), sealer)), ..self.clone() }
     }
 
     /// This backend with `gate` called before every request, sharing the same objects: a

@@ -1,0 +1,152 @@
+//! The backend of an encrypted store: a wrapper that seals every object [`ObjectKey::is_sealed`]
+//! names on its way in and opens it on its way out ([`crate::crypto::sealed`]), so that every
+//! layer above reads and writes plain objects and every backend below holds only sealed ones.
+//! Ranges are read by the blocks that hold them; each object's header is read once and kept.
+
+use super::{Listed, Objects, Put, Version};
+use crate::crypto::sealed::{self, Header, Sealer};
+use crate::error::{Result, StoreError};
+use crate::key::ObjectKey;
+use bytes::Bytes;
+use object_store::ObjectStore;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// Headers kept at most; past it the map starts again (a pack's header costs one small read).
+const HEADERS_KEPT: usize = 65_536;
+
+/// Objects sealed on the way in and opened on the way out.
+pub(crate) struct SealedObjects {
+    inner: Arc<dyn Objects>,
+    sealer: Sealer,
+    headers: Mutex<HashMap<String, Header>>,
+}
+
+fn is_sealed(key: &str) -> bool {
+    ObjectKey::parse(key).is_ok_and(|k| k.is_sealed())
+}
+
+impl SealedObjects {
+    pub(crate) fn new(inner: Arc<dyn Objects>, sealer: Sealer) -> SealedObjects {
+        SealedObjects { inner, sealer, headers: Mutex::default() }
+    }
+
+    fn forget(&self, key: &str) {
+        self.headers.lock().expect("header map lock").remove(key);
+    }
+
+    /// The header of sealed object `key`: kept, or read (`fresh`: read again).
+    fn header(&self, key: &str, fresh: bool) -> Result<Header> {
+        if !fresh {
+            if let Some(h) = self.headers.lock().expect("header map lock").get(key) {
+                return Ok(*h);
+            }
+        }
+        let h = Header::parse(&self.inner.get_range(key, 0..sealed::HEADER)?, key)?;
+        let mut map = self.headers.lock().expect("header map lock");
+        if map.len() >= HEADERS_KEPT {
+            map.clear();
+        }
+        map.insert(key.to_string(), h);
+        Ok(h)
+    }
+
+    /// Opens plain range `range` of sealed object `key` into `out`. A kept header that no
+    /// longer fits (the object was replaced since) is read again once.
+    fn open_range(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+        let mut fresh = false;
+        loop {
+            let header = self.header(key, fresh)?;
+            if range.end > header.plain_len {
+                if !fresh {
+                    fresh = true;
+                    continue;
+                }
+                return Err(super::short_range(key, &range, header.plain_len.saturating_sub(range.start) as usize));
+            }
+            if range.is_empty() {
+                return Ok(());
+            }
+            let (span, _) = header.sealed_range(&range);
+            let bytes = self.inner.get_range(key, span)?;
+            match self.sealer.open_range(key, &header, &range, &bytes, out) {
+                Err(StoreError::Corrupt { .. }) if !fresh => fresh = true,
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Objects for SealedObjects {
+    fn put(&self, key: &str, bytes: Bytes, mode: Put<'_>) -> Result<()> {
+        if !is_sealed(key) {
+            return self.inner.put(key, bytes, mode);
+        }
+        self.forget(key);
+        self.inner.put(key, self.sealer.seal(key, &bytes).into(), mode)
+    }
+
+    fn put_large(&self, key: &str, bytes: Bytes) -> Result<()> {
+        if !is_sealed(key) {
+            return self.inner.put_large(key, bytes);
+        }
+        self.forget(key);
+        self.inner.put_large(key, self.sealer.seal(key, &bytes).into())
+    }
+
+    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+        match self.inner.get(key)? {
+            Some((b, v)) if is_sealed(key) => Ok(Some((self.sealer.open(key, &b)?.into(), v))),
+            other => Ok(other),
+        }
+    }
+
+    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        if !is_sealed(key) {
+            return self.inner.get_range(key, range);
+        }
+        let mut out = vec![0u8; (range.end.saturating_sub(range.start)) as usize];
+        self.open_range(key, range, &mut out)?;
+        Ok(out.into())
+    }
+
+    fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+        if !is_sealed(key) {
+            return self.inner.get_range_into(key, range, out);
+        }
+        self.open_range(key, range, out)
+    }
+
+    fn size(&self, key: &str) -> Result<Option<u64>> {
+        match self.inner.size(key)? {
+            Some(n) if is_sealed(key) => sealed::plain_len(n).map(Some).ok_or_else(|| {
+                StoreError::corrupt("sealed object", key, format!("{n} bytes is no sealed object's length"))
+            }),
+            other => Ok(other),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        let mut listed = self.inner.list(prefix)?;
+        for l in listed.iter_mut().filter(|l| is_sealed(&l.key)) {
+            // A length no sealed object has is reported as 0; reading the object says why.
+            l.size = sealed::plain_len(l.size).unwrap_or(0);
+        }
+        Ok(listed)
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        self.forget(key);
+        self.inner.delete(key)
+    }
+
+    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
+        self.inner.object_store()
+    }
+
+    fn local_root(&self) -> Option<&Path> {
+        self.inner.local_root()
+    }
+}

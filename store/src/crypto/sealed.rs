@@ -1,0 +1,306 @@
+//! Sealed objects: an object's bytes encrypted and authenticated in blocks, so that a range
+//! of the plain bytes can be read and checked without reading the whole object
+//! (docs/FORMAT.md, "Encrypted stores").
+//!
+//! ```text
+//! offset 0   magic "GSSEAL01" (8 bytes)
+//! offset 8   salt: 32 random bytes
+//! offset 40  u64 LE plain length P
+//! offset 48  ceil(P / BLOCK) blocks (one when P = 0): each the AES-256-GCM ciphertext of
+//!            BLOCK plain bytes (the last: the rest) followed by its 16-byte tag
+//! ```
+//!
+//! Each object has its own AES key, the keyed BLAKE3 of its salt under the store's sealing
+//! key; block `i`'s nonce is `i` (u64 LE, then four zero bytes), and its associated data the
+//! 48-byte header followed by the object's key (its name in the store), so a block cannot be
+//! moved within an object, between objects or to another key, and a changed length fails
+//! every block.
+
+use crate::error::{Result, StoreError};
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+use std::ops::Range;
+
+/// Plain bytes per block.
+pub const BLOCK: u64 = 16 * 1024;
+/// Bytes of the authentication tag after each block.
+pub const TAG: u64 = 16;
+/// Bytes of the header.
+pub const HEADER: u64 = 48;
+const MAGIC: &[u8; 8] = b"GSSEAL01";
+
+/// A sealed object's header: what is needed to open any of its blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// The object's random salt.
+    pub salt: [u8; 32],
+    /// Its plain length.
+    pub plain_len: u64,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; HEADER as usize] {
+        let mut h = [0u8; HEADER as usize];
+        h[..8].copy_from_slice(MAGIC);
+        h[8..40].copy_from_slice(&self.salt);
+        h[40..].copy_from_slice(&self.plain_len.to_le_bytes());
+        h
+    }
+
+    /// Parses the first [`HEADER`] bytes of the sealed object `key`.
+    pub fn parse(bytes: &[u8], key: &str) -> Result<Header> {
+        if bytes.len() < HEADER as usize || &bytes[..8] != MAGIC {
+            return Err(corrupt(
+                key,
+                "not a sealed object (no GSSEAL01 header): was it written to an unencrypted store?",
+            ));
+        }
+        Ok(Header {
+            salt: bytes[8..40].try_into().expect("32 bytes"),
+            plain_len: u64::from_le_bytes(bytes[40..48].try_into().expect("8 bytes")),
+        })
+    }
+
+    /// Number of blocks.
+    fn blocks(&self) -> u64 {
+        self.plain_len.div_ceil(BLOCK).max(1)
+    }
+
+    /// Plain length of block `i`.
+    fn block_len(&self, i: u64) -> u64 {
+        (self.plain_len - (i * BLOCK).min(self.plain_len)).min(BLOCK)
+    }
+
+    /// The sealed object's length.
+    pub fn sealed_len(&self) -> u64 {
+        HEADER + self.plain_len + TAG * self.blocks()
+    }
+
+    /// The sealed byte range holding plain bytes `range` (which must lie within the object and
+    /// not be empty), and the offset of `range.start` in the blocks read.
+    pub fn sealed_range(&self, range: &Range<u64>) -> (Range<u64>, u64) {
+        let first = range.start / BLOCK;
+        let last = range.end.saturating_sub(1).max(range.start) / BLOCK;
+        let start = HEADER + first * (BLOCK + TAG);
+        let end = HEADER + last * (BLOCK + TAG) + self.block_len(last) + TAG;
+        (start..end, range.start - first * BLOCK)
+    }
+}
+
+/// The plain length of a sealed object that is `sealed_len` bytes long, or `None` when no
+/// sealed object has that length.
+pub fn plain_len(sealed_len: u64) -> Option<u64> {
+    let body = sealed_len.checked_sub(HEADER)?;
+    let blocks = body.div_ceil(BLOCK + TAG).max(1);
+    body.checked_sub(TAG * blocks)
+}
+
+fn corrupt(key: &str, detail: &str) -> StoreError {
+    StoreError::corrupt("sealed object", key, detail)
+}
+
+/// The store's sealing key: seals and opens objects.
+pub struct Sealer {
+    key: [u8; 32],
+}
+
+impl Sealer {
+    /// A sealer for the 32-byte sealing key `key`.
+    pub fn new(key: [u8; 32]) -> Sealer {
+        Sealer { key }
+    }
+
+    fn object_key(&self, salt: &[u8; 32]) -> LessSafeKey {
+        let k = blake3::keyed_hash(&self.key, salt);
+        LessSafeKey::new(UnboundKey::new(&AES_256_GCM, k.as_bytes()).expect("32-byte AES-256 key"))
+    }
+
+    fn aad(header: &Header, key: &str) -> Vec<u8> {
+        let mut aad = header.encode().to_vec();
+        aad.extend_from_slice(key.as_bytes());
+        aad
+    }
+
+    fn nonce(i: u64) -> Nonce {
+        let mut n = [0u8; 12];
+        n[..8].copy_from_slice(&i.to_le_bytes());
+        Nonce::assume_unique_for_key(n)
+    }
+
+    /// Seals `plain` as the object `key`, under a fresh random salt.
+    pub fn seal(&self, key: &str, plain: &[u8]) -> Vec<u8> {
+        let mut salt = [0u8; 32];
+        super::random(&mut salt);
+        let header = Header { salt, plain_len: plain.len() as u64 };
+        let k = self.object_key(&salt);
+        let aad = Self::aad(&header, key);
+        let mut out = Vec::with_capacity(header.sealed_len() as usize);
+        out.extend_from_slice(&header.encode());
+        for i in 0..header.blocks() {
+            let start = out.len();
+            let from = (i * BLOCK) as usize;
+            out.extend_from_slice(&plain[from..from + header.block_len(i) as usize]);
+            let tag = k
+                .seal_in_place_separate_tag(Self::nonce(i), Aad::from(&aad[..]), &mut out[start..])
+                .expect("a block is far below AES-GCM's limit");
+            out.extend_from_slice(tag.as_ref());
+        }
+        out
+    }
+
+    /// Opens the whole sealed object `key`.
+    pub fn open(&self, key: &str, sealed: &[u8]) -> Result<Vec<u8>> {
+        let header = Header::parse(sealed, key)?;
+        if sealed.len() as u64 != header.sealed_len() {
+            return Err(corrupt(
+                key,
+                &format!(
+                    "{} bytes long, but its header says {}: truncated or extended",
+                    sealed.len(),
+                    header.sealed_len()
+                ),
+            ));
+        }
+        let mut out = vec![0u8; header.plain_len as usize];
+        self.open_blocks(key, &header, 0, &sealed[HEADER as usize..], 0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Opens plain bytes `range` of the sealed object `key` (with header `header`) from
+    /// `sealed`, the bytes [`Header::sealed_range`] names for it, into `out` (the range's
+    /// length).
+    pub fn open_range(
+        &self,
+        key: &str,
+        header: &Header,
+        range: &Range<u64>,
+        sealed: &[u8],
+        out: &mut [u8],
+    ) -> Result<()> {
+        if range.end > header.plain_len {
+            return Err(corrupt(
+                key,
+                &format!("{} plain bytes long, but bytes up to {} were asked for", header.plain_len, range.end),
+            ));
+        }
+        if range.is_empty() {
+            return Ok(());
+        }
+        let (span, skip) = header.sealed_range(range);
+        if sealed.len() as u64 != span.end - span.start {
+            return Err(corrupt(key, "shorter than its header says: truncated"));
+        }
+        self.open_blocks(key, header, range.start / BLOCK, sealed, skip as usize, out)
+    }
+
+    /// Opens consecutive blocks from block `first`, writing their plain bytes from offset
+    /// `skip` of the first block into `out` until it is full.
+    fn open_blocks(
+        &self,
+        key: &str,
+        header: &Header,
+        first: u64,
+        sealed: &[u8],
+        mut skip: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let k = self.object_key(&header.salt);
+        let aad = Self::aad(header, key);
+        let mut block = Vec::with_capacity((BLOCK + TAG) as usize);
+        let (mut at, mut filled) = (0usize, 0usize);
+        let mut i = first;
+        while filled < out.len() || (out.is_empty() && i == first) {
+            let len = (header.block_len(i) + TAG) as usize;
+            let Some(bytes) = sealed.get(at..at + len) else {
+                return Err(corrupt(key, "shorter than its header says: truncated"));
+            };
+            block.clear();
+            block.extend_from_slice(bytes);
+            let plain = k.open_in_place(Self::nonce(i), Aad::from(&aad[..]), &mut block).map_err(|_| {
+                corrupt(
+                    key,
+                    &format!(
+                        "block {i} fails its authentication: the object was changed, moved from another key, or sealed with another store's key"
+                    ),
+                )
+            })?;
+            let take = (plain.len() - skip.min(plain.len())).min(out.len() - filled);
+            out[filled..filled + take].copy_from_slice(&plain[skip..skip + take]);
+            filled += take;
+            skip = 0;
+            at += len;
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn lengths_round_trip() {
+        for p in [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK, 3 * BLOCK + 5] {
+            let h = Header { salt: [0; 32], plain_len: p };
+            assert_eq!(plain_len(h.sealed_len()), Some(p), "plain length {p}");
+        }
+        assert_eq!(plain_len(HEADER + TAG - 1), None);
+    }
+
+    #[test]
+    fn whole_objects_and_every_kind_of_range_open_to_the_plain_bytes() {
+        let s = Sealer::new([7; 32]);
+        for n in [0usize, 1, 100, BLOCK as usize, BLOCK as usize * 3 + 17] {
+            let plain = data(n);
+            let sealed = s.seal("packs/ab/x.pack", &plain);
+            assert_eq!(sealed.len() as u64, HEADER + n as u64 + TAG * (n as u64).div_ceil(BLOCK).max(1));
+            assert_eq!(s.open("packs/ab/x.pack", &sealed).unwrap(), plain);
+            let header = Header::parse(&sealed, "k").unwrap();
+            let ranges = [
+                (0, n),
+                (n / 3, n),
+                (n / 2, n / 2),
+                (n.saturating_sub(1), n),
+                (1.min(n), (2 * BLOCK as usize + 3).min(n)),
+            ];
+            for (a, b) in ranges {
+                let r = a as u64..b as u64;
+                let (span, _) = header.sealed_range(&r);
+                let mut out = vec![0u8; b - a];
+                s.open_range("packs/ab/x.pack", &header, &r, &sealed[span.start as usize..span.end as usize], &mut out)
+                    .unwrap();
+                assert_eq!(out, plain[a..b], "range {a}..{b} of {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_changed_moved_or_truncated_object_or_another_key_is_refused() {
+        let s = Sealer::new([7; 32]);
+        let plain = data(3 * BLOCK as usize);
+        let sealed = s.seal("tags/a/latest.tag", &plain);
+        let mut flipped = sealed.clone();
+        flipped[HEADER as usize + BLOCK as usize + 40] ^= 1;
+        let err = s.open("tags/a/latest.tag", &flipped).unwrap_err().to_string();
+        assert!(err.contains("block 1 fails its authentication"), "{err}");
+        let err = s.open("tags/b/latest.tag", &sealed).unwrap_err().to_string();
+        assert!(err.contains("block 0 fails its authentication"), "moved to another key: {err}");
+        assert!(s
+            .open("tags/a/latest.tag", &sealed[..sealed.len() - 1])
+            .unwrap_err()
+            .to_string()
+            .contains("truncated"));
+        // A shorter length in the header (an attempt to cut the last block off) fails block 0.
+        let mut shorter = sealed[..sealed.len() - (BLOCK + TAG) as usize].to_vec();
+        shorter[40..48].copy_from_slice(&(2 * BLOCK).to_le_bytes());
+        assert!(s.open("tags/a/latest.tag", &shorter).unwrap_err().to_string().contains("block 0"));
+        assert!(Sealer::new([8; 32]).open("tags/a/latest.tag", &sealed).is_err(), "another store's key");
+        assert!(s.open("k", b"plain json").unwrap_err().to_string().contains("not a sealed object"));
+        // The same plain bytes sealed twice differ (fresh salt).
+        assert_ne!(s.seal("k", &plain), s.seal("k", &plain));
+    }
+}

@@ -1,0 +1,258 @@
+//! Encrypted stores (issue 20, docs/SECURITY.md): everything works with the key, nothing
+//! without it, and the bucket holds no plain text; changed, moved and swapped objects, a
+//! replaced config and wrong or removed keys are each refused clearly.
+
+use gstore_tests::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Text planted in the pushed tree: found in an unencrypted store's files, never in an
+/// encrypted one's.
+const MARKER: &[u8] = b"api_token=sk-live-4f1c9a7e-gstore-secret-marker";
+
+/// A tree with the marker planted in incompressible bytes (which an unencrypted store keeps
+/// as they are, so the marker shows there).
+fn tree_with_marker(root: &Path) {
+    make_tree(root, 7, 3 << 20);
+    let mut bytes = random_bytes(1 << 20, 11);
+    for at in (0..bytes.len() - MARKER.len()).step_by(100_000) {
+        bytes[at..at + MARKER.len()].copy_from_slice(MARKER);
+    }
+    fs::write(root.join("heap.bin"), &bytes).unwrap();
+}
+
+/// Every file of the store but its local index (a cache of chunk locations on this machine).
+fn store_files(store: &Path) -> Vec<PathBuf> {
+    files_below(store).into_iter().filter(|p| !p.starts_with(store.join("index"))).collect()
+}
+
+fn holds_marker(files: &[PathBuf]) -> bool {
+    files.iter().any(|f| fs::read(f).unwrap().windows(MARKER.len()).any(|w| w == MARKER))
+}
+
+/// `gstore` on `env`'s store with the key file `key` (none: no key in the environment).
+fn with_key(env: &Env, key: Option<&Path>, args: &[&str]) -> Command {
+    let mut c = env.cmd(args);
+    c.env_remove("GSTORE_KEY_FILE").env_remove("GSTORE_PASSPHRASE");
+    if let Some(k) = key {
+        c.env("GSTORE_KEY_FILE", k);
+    }
+    c
+}
+
+/// Runs `c`, asserts success, returns stdout.
+fn ok(mut c: Command) -> String {
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{c:?} failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// Runs `c`, asserts failure, returns what it printed (stdout, then stderr).
+fn fails(mut c: Command) -> String {
+    let o = c.output().unwrap();
+    assert!(!o.status.success(), "{c:?} succeeded but should fail:\n{}", String::from_utf8_lossy(&o.stdout));
+    String::from_utf8([o.stdout, o.stderr].concat()).unwrap()
+}
+
+/// An encrypted store in a scratch dir, its first key file and a pushed tree (`app:v1`).
+fn encrypted_env() -> (Env, PathBuf, PathBuf) {
+    let env = Env::uninitialized();
+    let key = env.path("store.key");
+    ok(with_key(&env, None, &["key", "generate", key.to_str().unwrap()]));
+    ok(with_key(&env, Some(&key), &["init", "--encrypt"]));
+    let src = env.path("src");
+    tree_with_marker(&src);
+    ok(with_key(&env, Some(&key), &["push", src.to_str().unwrap(), "--tag", "app:v1"]));
+    (env, key, src)
+}
+
+#[test]
+fn an_encrypted_store_works_with_its_key_and_keeps_no_plain_text() {
+    let (env, key, src) = encrypted_env();
+    let k = Some(key.as_path());
+    let out = env.path("out");
+    ok(with_key(&env, k, &["restore", "app:v1", "--to", out.to_str().unwrap()]));
+    assert_same_tree(&src, &out);
+    // A second image deduplicates against the first inside the encrypted store.
+    let pushed = serde_json::from_str::<serde_json::Value>(&ok(with_key(
+        &env,
+        k,
+        &["--json", "push", src.to_str().unwrap(), "--tag", "app:v2"],
+    )))
+    .unwrap();
+    assert_eq!(pushed["new_chunks"], 0, "{pushed}");
+    ok(with_key(&env, k, &["verify", "--read-data"]));
+    ok(with_key(&env, k, &["rm", "app:v2"]));
+    ok(with_key(&env, k, &["gc"]));
+    ok(with_key(&env, k, &["index", "rebuild"]));
+    let again = env.path("again");
+    ok(with_key(&env, k, &["restore", "app:v1", "--to", again.to_str().unwrap()]));
+    assert_same_tree(&src, &again);
+    assert!(ok(with_key(&env, k, &["ls"])).contains("app"));
+    assert!(!holds_marker(&store_files(&env.store)), "plain text in an encrypted store");
+
+    // The same tree in an unencrypted store: the marker is there to be found.
+    let plain = Env::new(&[]);
+    plain.ok(&["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    assert!(holds_marker(&store_files(&plain.store)), "the check above could not fail");
+}
+
+#[test]
+fn a_store_opens_with_any_of_its_keys_and_with_no_other() {
+    let (env, key, _) = encrypted_env();
+    let err = fails(with_key(&env, None, &["ls"]));
+    assert!(err.contains("is encrypted: give its key"), "{err}");
+    let other = env.path("other.key");
+    ok(with_key(&env, None, &["key", "generate", other.to_str().unwrap()]));
+    let err = fails(with_key(&env, Some(&other), &["ls"]));
+    assert!(err.contains("does not open"), "{err}");
+    assert!(fails(with_key(&env, None, &["key", "generate", other.to_str().unwrap()])).contains("creating key file"));
+
+    // A passphrase added as a second key opens the same store.
+    let mut add = with_key(&env, Some(&key), &["--json", "key", "add"]);
+    add.env("GSTORE_NEW_PASSPHRASE", "correct horse battery staple");
+    let added: serde_json::Value = serde_json::from_str(&ok(add)).unwrap();
+    let by_pass = |args: &[&str]| {
+        let mut c = with_key(&env, None, args);
+        c.env("GSTORE_PASSPHRASE", "correct horse battery staple");
+        c
+    };
+    assert!(ok(by_pass(&["ls"])).contains("app"));
+    let mut wrong = with_key(&env, None, &["ls"]);
+    wrong.env("GSTORE_PASSPHRASE", "correct horse battery stapler");
+    assert!(fails(wrong).contains("does not open"));
+
+    // The first key removed (by the passphrase): it opens nothing any more; the passphrase
+    // still does, and the last key is never removed.
+    let keys: serde_json::Value =
+        serde_json::from_str(&ok(with_key(&env, Some(&key), &["--json", "key", "list"]))).unwrap();
+    assert_eq!(keys.as_array().unwrap().len(), 2, "{keys}");
+    let first =
+        keys.as_array().unwrap().iter().map(|k| k["id"].as_str().unwrap()).find(|id| *id != added["added"]).unwrap();
+    ok(by_pass(&["key", "remove", first]));
+    assert!(fails(with_key(&env, Some(&key), &["ls"])).contains("does not open"));
+    let out = env.path("out");
+    ok(by_pass(&["restore", "app:v1", "--to", out.to_str().unwrap()]));
+    let err = fails(by_pass(&["key", "remove", added["added"].as_str().unwrap()]));
+    assert!(err.contains("last key"), "{err}");
+}
+
+/// The sealed object files under `dir` of the store (e.g. "packs").
+fn objects(env: &Env, dir: &str) -> Vec<PathBuf> {
+    files_below(&env.store.join(dir))
+}
+
+#[test]
+fn changed_moved_and_swapped_objects_and_a_replaced_config_are_refused() {
+    let (env, key, src) = encrypted_env();
+    let k = Some(key.as_path());
+    // A flipped byte in a pack: restore and verify name the damage; nothing is restored wrong.
+    let packs = objects(&env, "packs");
+    let mut bytes = fs::read(&packs[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    let saved = fs::read(&packs[0]).unwrap();
+    fs::write(&packs[0], &bytes).unwrap();
+    let err = fails(with_key(&env, k, &["restore", "app:v1", "--to", env.path("o1").to_str().unwrap()]));
+    assert!(err.contains("fails its authentication"), "{err}");
+    assert!(fails(with_key(&env, k, &["verify", "--read-data"])).contains("authentication"));
+    fs::write(&packs[0], &saved).unwrap();
+
+    // One tag's record moved under another tag's name.
+    ok(with_key(&env, k, &["push", env.path("src/sub").to_str().unwrap(), "--tag", "other:v1"]));
+    let app = env.store.join("tags/app/v1.tag");
+    let other = env.store.join("tags/other/v1.tag");
+    let other_saved = fs::read(&other).unwrap();
+    fs::copy(&app, &other).unwrap();
+    let err = fails(with_key(&env, k, &["restore", "other:v1", "--to", env.path("o2").to_str().unwrap()]));
+    assert!(err.contains("fails its authentication"), "{err}");
+    fs::write(&other, &other_saved).unwrap();
+
+    // A manifest swapped for another under its name.
+    let manifests = objects(&env, "manifests");
+    assert_eq!(manifests.len(), 2);
+    let (m0, m1) = (fs::read(&manifests[0]).unwrap(), fs::read(&manifests[1]).unwrap());
+    fs::write(&manifests[0], &m1).unwrap();
+    fs::write(&manifests[1], &m0).unwrap();
+    let err = fails(with_key(&env, k, &["restore", "app:v1", "--to", env.path("o3").to_str().unwrap()]));
+    assert!(err.contains("fails its authentication"), "{err}");
+    fs::write(&manifests[0], &m0).unwrap();
+    fs::write(&manifests[1], &m1).unwrap();
+
+    // The config replaced: by an unencrypted one (gstore would then write plain objects), or
+    // with a setting changed.
+    let config = env.store.join("config.json");
+    let saved = fs::read_to_string(&config).unwrap();
+    let plain = Env::new(&[]);
+    fs::copy(plain.store.join("config.json"), &config).unwrap();
+    let err = fails(with_key(&env, None, &["push", src.to_str().unwrap(), "--tag", "app:v3"]));
+    assert!(err.contains("holds key records"), "{err}");
+    assert!(fails(with_key(&env, k, &["ls"])).contains("not encrypted, but GSTORE_KEY_FILE"));
+    fs::write(&config, saved.replace("\"zstd_level\": 1", "\"zstd_level\": 19")).unwrap();
+    let err = fails(with_key(&env, k, &["ls"]));
+    assert!(err.contains("config.json was changed"), "{err}");
+    fs::write(&config, &saved).unwrap();
+
+    // Put back, everything reads again.
+    let out = env.path("out");
+    ok(with_key(&env, k, &["restore", "app:v1", "--to", out.to_str().unwrap()]));
+    assert_same_tree(&src, &out);
+}
+
+#[test]
+fn an_encrypted_store_on_s3_holds_no_plain_text() {
+    let s3 = S3::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let key = tmp.path().join("k");
+    fs::write(&key, format!("{}\n", "ab".repeat(32))).unwrap();
+    let run = |machine: &str, args: &[&str]| {
+        let mut c = s3.cmd(machine, args);
+        c.env("GSTORE_KEY_FILE", &key);
+        ok(c)
+    };
+    run("a", &["init", "--encrypt"]);
+    let src = tmp.path().join("src");
+    tree_with_marker(&src);
+    run("a", &["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    let out = tmp.path().join("out");
+    run("b", &["restore", "app:v1", "--to", out.to_str().unwrap()]);
+    assert_same_tree(&src, &out);
+    let bucket = files_below(&s3.bucket_dir());
+    assert!(bucket.iter().any(|f| f.to_string_lossy().contains("/packs/")), "objects in the bucket");
+    assert!(!holds_marker(&bucket), "plain text in the bucket");
+    let err = String::from_utf8(s3.cmd("c", &["ls"]).output().unwrap().stderr).unwrap();
+    assert!(err.contains("is encrypted"), "{err}");
+}
+
+#[test]
+fn a_server_keeps_an_encrypted_store_without_its_key() {
+    let env = Env::uninitialized();
+    let key = env.path("k");
+    ok(with_key(&env, None, &["key", "generate", key.to_str().unwrap()]));
+    ok(with_key(&env, Some(&key), &["init", "--encrypt"]));
+    let server = Server::start(&env.store, &[]);
+    let src = env.path("src");
+    tree_with_marker(&src);
+    let client = |machine: &str, args: &[&str]| {
+        let mut c = server.cmd(machine, "", args);
+        c.env("GSTORE_KEY_FILE", &key);
+        c
+    };
+    ok(client("a", &["push", src.to_str().unwrap(), "--tag", "app:v1"]));
+    let out = env.path("out");
+    ok(client("b", &["restore", "app:v1", "--to", out.to_str().unwrap()]));
+    assert_same_tree(&src, &out);
+    assert!(!holds_marker(&store_files(&env.store)), "plain text in the served store");
+    let mut no_key = server.cmd("c", "", &["ls"]);
+    no_key.env_remove("GSTORE_KEY_FILE");
+    assert!(fails(no_key).contains("is encrypted"));
+    // The server cannot find chunks by id without the key, and says so.
+    let (status, body) = server.curl("GET", &format!("/v1/chunks/{}", "00".repeat(32)), None, &[], None);
+    assert_eq!(status, 409, "{body}");
+    // A plain object where a sealed one belongs is refused before it is stored.
+    let bogus = env.path("bogus");
+    fs::write(&bogus, br#"{"tag":"x"}"#).unwrap();
+    let (status, body) = server.curl("PUT", "/v1/o/tags/evil/v1.tag", None, &[], Some(&bogus));
+    assert_eq!(status, 422, "{body}");
+}
