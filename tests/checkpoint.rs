@@ -5,18 +5,6 @@
 use gstore_tests::*;
 use std::fs;
 
-fn criu_args() -> Vec<String> {
-    let criu = ["/opt/criu/sbin/criu"].into_iter().find(|p| std::path::Path::new(p).exists());
-    let criu = criu.expect("CRIU >= 4 is not installed at /opt/criu/sbin/criu: run scripts/criu.sh");
-    vec!["--criu".into(), criu.into()]
-}
-
-fn with_criu<'a>(args: &[&'a str], criu: &'a [String]) -> Vec<&'a str> {
-    let mut v = args.to_vec();
-    v.extend(criu.iter().map(String::as_str));
-    v
-}
-
 #[test]
 fn checkpoint_kill_restore_continues() {
     let env = Env::new(&[]);

@@ -103,6 +103,7 @@ fn a_store_opens_with_any_of_its_keys_and_with_no_other() {
     let (env, key, _) = encrypted_env();
     let err = fails(with_key(&env, None, &["ls"]));
     assert!(err.contains("is encrypted: give its key"), "{err}");
+    assert_eq!(with_key(&env, None, &["ls"]).output().unwrap().status.code(), Some(2), "a usage error");
     let other = env.path("other.key");
     ok(with_key(&env, None, &["key", "generate", other.to_str().unwrap()]));
     let err = fails(with_key(&env, Some(&other), &["ls"]));
@@ -156,6 +157,8 @@ fn changed_moved_and_swapped_objects_and_a_replaced_config_are_refused() {
     fs::write(&packs[0], &bytes).unwrap();
     let err = fails(with_key(&env, k, &["restore", "app:v1", "--to", env.path("o1").to_str().unwrap()]));
     assert!(err.contains("fails its authentication"), "{err}");
+    let restore = with_key(&env, k, &["restore", "app:v1", "--to", env.path("o1b").to_str().unwrap()]).output();
+    assert_eq!(restore.unwrap().status.code(), Some(4), "damage");
     assert!(fails(with_key(&env, k, &["verify", "--read-data"])).contains("authentication"));
     fs::write(&packs[0], &saved).unwrap();
 
@@ -188,7 +191,11 @@ fn changed_moved_and_swapped_objects_and_a_replaced_config_are_refused() {
     fs::copy(plain.store.join("config.json"), &config).unwrap();
     let err = fails(with_key(&env, None, &["push", src.to_str().unwrap(), "--tag", "app:v3"]));
     assert!(err.contains("holds key records"), "{err}");
+    assert!(fails(with_key(&env, k, &["ls"])).contains("holds key records"));
+    // The key records deleted as well: a user who gives a key is still refused.
+    fs::rename(env.store.join("keys"), env.path("keys-aside")).unwrap();
     assert!(fails(with_key(&env, k, &["ls"])).contains("not encrypted, but GSTORE_KEY_FILE"));
+    fs::rename(env.path("keys-aside"), env.store.join("keys")).unwrap();
     fs::write(&config, saved.replace("\"zstd_level\": 1", "\"zstd_level\": 19")).unwrap();
     let err = fails(with_key(&env, k, &["ls"]));
     assert!(err.contains("config.json was changed"), "{err}");
@@ -255,4 +262,29 @@ fn a_server_keeps_an_encrypted_store_without_its_key() {
     fs::write(&bogus, br#"{"tag":"x"}"#).unwrap();
     let (status, body) = server.curl("PUT", "/v1/o/tags/evil/v1.tag", None, &[], Some(&bogus));
     assert_eq!(status, 422, "{body}");
+}
+
+#[test]
+fn a_process_checkpointed_into_an_encrypted_store_runs_on_after_a_lazy_restore() {
+    let env = Env::uninitialized();
+    let key = env.path("k");
+    ok(with_key(&env, None, &["key", "generate", key.to_str().unwrap()]));
+    ok(with_key(&env, Some(&key), &["init", "--encrypt"]));
+    let criu = criu_args();
+    let c = PyCounter::start(3);
+    let pid = c.pid.to_string();
+    ok(with_key(&env, Some(&key), &with_criu(&["checkpoint", "--pid", &pid, "--tag", "counter"], &criu)));
+    let at_dump = c.value().unwrap();
+    c.wait_gone();
+    assert!(fails(with_key(&env, None, &with_criu(&["restore", "counter", "--run"], &criu))).contains("is encrypted"));
+    assert!(!c.alive(), "nothing restored without the key");
+    let r: serde_json::Value = serde_json::from_str(&ok(with_key(
+        &env,
+        Some(&key),
+        &with_criu(&["--json", "restore", "counter", "--run"], &criu),
+    )))
+    .unwrap();
+    assert_eq!(r["pid"].as_u64().unwrap(), c.pid as u64);
+    assert!(c.wait_above(at_dump) > at_dump);
+    assert!(c.alive());
 }

@@ -16,6 +16,20 @@ pub fn gstore_bin() -> PathBuf {
     bin
 }
 
+/// `--criu PATH` for the CRIU (>= 4) that scripts/criu.sh installs at /opt/criu/sbin/criu.
+pub fn criu_args() -> Vec<String> {
+    let criu = ["/opt/criu/sbin/criu"].into_iter().find(|p| Path::new(p).exists());
+    let criu = criu.expect("CRIU >= 4 is not installed at /opt/criu/sbin/criu: run scripts/criu.sh");
+    vec!["--criu".into(), criu.into()]
+}
+
+/// `args` followed by `criu` ([`criu_args`]).
+pub fn with_criu<'a>(args: &[&'a str], criu: &'a [String]) -> Vec<&'a str> {
+    let mut v = args.to_vec();
+    v.extend(criu.iter().map(String::as_str));
+    v
+}
+
 /// A scratch directory with a store in it, removed on drop.
 pub struct Env {
     /// The scratch directory.

@@ -61,7 +61,7 @@ pub fn classify(e: &anyhow::Error) -> Code {
                 StoreError::NotFound { .. } | StoreError::NotInitialized(_) => Code::NotFound,
                 StoreError::Corrupt { .. } => Code::Damaged,
                 StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => Code::Conflict,
-                StoreError::Invalid(_) => Code::Usage,
+                StoreError::Invalid(_) | StoreError::KeyRequired(_) | StoreError::KeyRejected(_) => Code::Usage,
                 StoreError::Unavailable { .. } => Code::Unavailable,
                 _ => Code::Failed,
             };
@@ -82,7 +82,10 @@ pub fn message(e: &anyhow::Error, code: Code) -> String {
         }
     }
     let stored_data = |c: &(dyn std::error::Error + 'static)| {
-        matches!(c.downcast_ref::<StoreError>(), Some(StoreError::Corrupt { what: "chunk" | "pack" | "manifest", .. }))
+        matches!(
+            c.downcast_ref::<StoreError>(),
+            Some(StoreError::Corrupt { what: "chunk" | "pack" | "manifest" | "sealed object", .. })
+        )
     };
     if code == Code::Damaged && e.chain().any(stored_data) {
         said.push_str(" (`gstore verify --read-data` lists every image the damage breaks)");

@@ -27,6 +27,7 @@ pub mod key;
 pub mod lease;
 mod lock;
 pub mod manifest;
+mod memory;
 pub mod pack;
 pub mod profile;
 pub mod progress;

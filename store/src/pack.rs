@@ -223,7 +223,7 @@ impl PackBuilder {
     pub fn finish(self) -> FinishedPack {
         let version = if self.entries.iter().any(|e| e.bases.is_some()) { PACK_VERSION_DELTAS } else { PACK_VERSION };
         let footer_len = self.entries.len() * entry_len(version);
-        let mut buf = Vec::with_capacity(self.len as usize + footer_len + TRAILER_LEN);
+        let mut buf = crate::memory::fresh_buffer(self.len as usize + footer_len + TRAILER_LEN);
         buf.extend_from_slice(PACK_MAGIC);
         buf.extend_from_slice(&self.salt);
         for p in &self.parts {

@@ -262,7 +262,8 @@ impl Store {
         }
     }
 
-    /// Opens an existing store without its index.
+    /// Opens an existing store without its index. An unencrypted store that holds key records
+    /// is refused: its config was replaced by an unencrypted one.
     pub fn open(location: &StoreLocation) -> Result<Store> {
         // Checked before the backend is built: building it creates the directory.
         if let StoreLocation::Local(p) = location {
@@ -282,13 +283,21 @@ impl Store {
                 Err(_) => return Err(StoreError::NotInitialized(location.describe())),
             }
         }
-        Self::open_backend(location.backend()?, location)
+        let backend = location.backend()?;
+        let config = Self::read_config(&backend, location)?;
+        Self::refuse_downgrade(&backend, &config, location)?;
+        Self::open_configured(backend, config, location)
     }
 
     /// Opens an existing store in `backend` without its index; `location` says where this
     /// machine keeps the index and caches (a [`StoreLocation::Custom`] for a caller-built backend).
     pub fn open_backend(backend: Backend, location: &StoreLocation) -> Result<Store> {
         let config = Self::read_config(&backend, location)?;
+        Self::open_configured(backend, config, location)
+    }
+
+    /// Opens the store in `backend` whose config is `config`.
+    fn open_configured(backend: Backend, config: StoreConfig, location: &StoreLocation) -> Result<Store> {
         let backend = Self::unlocked(backend, &config, location)?;
         // Ranges are cached as read, in plain bytes: never for an encrypted store.
         let cache = location.local_dir().filter(|_| config.encryption.is_none()).and_then(|d| {
@@ -322,8 +331,8 @@ impl Store {
 
     /// `backend` as the store configured by `config` is read: sealed with the master key the
     /// user's secret opens for an encrypted store. An unencrypted store is refused where the
-    /// user expects an encrypted one (a secret is set) or where the store holds key records:
-    /// a config replaced by an unencrypted one must not make gstore write plain objects.
+    /// user expects an encrypted one (a secret is set): a config replaced by an unencrypted one
+    /// must not make gstore write plain objects.
     fn unlocked(backend: Backend, config: &StoreConfig, location: &StoreLocation) -> Result<Backend> {
         let store = location.describe();
         if config.encryption.is_some() {
@@ -336,14 +345,20 @@ impl Store {
                 "{store} is not encrypted, but GSTORE_KEY_FILE or GSTORE_PASSPHRASE is set: refusing to use it as if it were; unset them for this store"
             )));
         }
-        if !keyring::list(&backend)?.is_empty() {
+        Ok(backend)
+    }
+
+    /// Refuses an unencrypted store that holds key records: its config was replaced by an
+    /// unencrypted one, and gstore would otherwise write plain objects into an encrypted store.
+    fn refuse_downgrade(backend: &Backend, config: &StoreConfig, location: &StoreLocation) -> Result<()> {
+        if config.encryption.is_none() && !keyring::list(backend)?.is_empty() {
             return Err(StoreError::corrupt(
                 "config",
-                store,
+                location.describe(),
                 "the store holds key records (keys/) but its config.json says it is not encrypted: the config was replaced",
             ));
         }
-        Ok(backend)
+        Ok(())
     }
 
     /// Opens an existing store with its index, waiting (after calling `on_wait`) while another

@@ -86,7 +86,7 @@ impl StreamedFile<'_> {
     pub fn read_from(&mut self, r: &mut dyn Read) -> Result<u64> {
         let mut total = 0;
         loop {
-            let mut data = segment_buffer(self.sink.segment);
+            let mut data = crate::memory::fresh_buffer(self.sink.segment);
             let n = r
                 .take(self.sink.segment as u64)
                 .read_to_end(&mut data)
@@ -100,20 +100,6 @@ impl StreamedFile<'_> {
             }
         }
     }
-}
-
-/// An empty buffer of `len` bytes' capacity whose memory the kernel may back with huge pages:
-/// a fresh segment filled 4 KiB page by page takes 4,096 page faults, with 2 MiB pages 8.
-fn segment_buffer(len: usize) -> Vec<u8> {
-    let v: Vec<u8> = Vec::with_capacity(len);
-    let start = (v.as_ptr() as usize).next_multiple_of(4096);
-    let end = (v.as_ptr() as usize + len) & !4095;
-    if end > start {
-        // SAFETY: advice on memory this Vec owns and nothing has touched yet; failing (no
-        // transparent huge pages) changes nothing.
-        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-    }
-    v
 }
 
 /// The receiving end of a streamed push, for [`crate::push::push_stream`].

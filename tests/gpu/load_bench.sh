@@ -15,6 +15,8 @@
 # With MULTI=1 every image is also loaded onto all GPUs, split (`--device all`) and whole on
 # each (`--device all --replicate`: the GB/s printed counts the image once, so multiply by the
 # GPU count for the aggregate).
+# With ENCRYPTED=1 the images are also pushed into an encrypted store (`init --encrypt`, a key
+# file) and loaded from it after each plain load: the two rates side by side.
 # Last, a byte in the middle of every pack is flipped: every load must then fail naming a
 # corrupt chunk.
 # Usage: tests/gpu/load_bench.sh [GSTORE_BIN] [GIB]
@@ -36,6 +38,18 @@ for kind in $KINDS; do
 done
 "$G" du | head -4
 df -h "$W" | tail -1
+enc() {  # CMD...: runs gstore CMD on the encrypted store
+  env GSTORE_KEY_FILE="$W/key" GSTORE_STORE="$W/enc" "$G" "$@"
+}
+if [ "${ENCRYPTED:-0}" = 1 ]; then
+  "$G" key generate "$W/key" >/dev/null
+  enc -q init --encrypt ${LOAD_INIT:-} >/dev/null
+  for kind in $KINDS; do
+    t0=$(date +%s.%N)
+    enc -q push "$W/data/$kind" --tag "$kind" >/dev/null
+    echo "push $kind, encrypted: $(awk -v a="$t0" -v b="$(date +%s.%N)" -v g="$GIB" 'BEGIN{printf "%.2f s, %.2f GB/s", b-a, g*1.073741824/(b-a)}')"
+  done
+fi
 cool() {
   if [ "${COLD:-0}" = 1 ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
 }
@@ -60,7 +74,14 @@ for kind in $KINDS; do
   python3 tests/gpu/load_bench.py safetensors "$W/data/$kind"
   if [ "${COLD:-0}" = 1 ]; then cool; else warm "$W/store"; fi
   timed "$kind (first, read back and checked)" "$G" -q load "$kind" --device cuda:0 --check
-  for i in 1 2; do cool; timed "$kind run $i" "$G" -q load "$kind" --device cuda:0; done
+  for i in 1 2; do
+    cool; timed "$kind run $i" "$G" -q load "$kind" --device cuda:0
+    if [ "${ENCRYPTED:-0}" = 1 ]; then
+      if [ "${COLD:-0}" = 1 ]; then cool; else warm "$W/enc"; fi
+      timed "$kind encrypted run $i" enc -q load "$kind" --device cuda:0
+    fi
+  done
+  if [ "${ENCRYPTED:-0}" = 1 ]; then timed "$kind encrypted, read back and checked" enc -q load "$kind" --device cuda:0 --check; fi
   if [ -n "${GSTORE_NVCOMP:-}" ]; then
     cool; timed "$kind without nvCOMP" env GSTORE_NVCOMP=/nonexistent/libnvcomp.so.6 "$G" -q load "$kind" --device cuda:0
   fi

@@ -17,7 +17,7 @@
 //! every block.
 
 use crate::error::{Result, StoreError};
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 use std::ops::Range;
 
 /// Plain bytes per block.
@@ -133,7 +133,7 @@ impl Sealer {
         let header = Header { salt, plain_len: plain.len() as u64 };
         let k = self.object_key(&salt);
         let aad = Self::aad(&header, key);
-        let mut out = Vec::with_capacity(header.sealed_len() as usize);
+        let mut out = crate::memory::fresh_buffer(header.sealed_len() as usize);
         out.extend_from_slice(&header.encode());
         for i in 0..header.blocks() {
             let start = out.len();
@@ -193,7 +193,9 @@ impl Sealer {
     }
 
     /// Opens consecutive blocks from block `first`, writing their plain bytes from offset
-    /// `skip` of the first block into `out` until it is full.
+    /// `skip` of the first block into `out` until it is full (on an error, `out` holds
+    /// anything). A block wholly wanted is opened in place in `out`; others through a scratch
+    /// block.
     fn open_blocks(
         &self,
         key: &str,
@@ -205,29 +207,42 @@ impl Sealer {
     ) -> Result<()> {
         let k = self.object_key(&header.salt);
         let aad = Self::aad(header, key);
-        let mut block = Vec::with_capacity((BLOCK + TAG) as usize);
+        let failed = |i: u64| {
+            corrupt(
+                key,
+                &format!(
+                    "block {i} fails its authentication: the object was changed, moved from another key, or sealed with another store's key"
+                ),
+            )
+        };
+        let mut scratch = Vec::new();
         let (mut at, mut filled) = (0usize, 0usize);
         let mut i = first;
         while filled < out.len() || (out.is_empty() && i == first) {
-            let len = (header.block_len(i) + TAG) as usize;
-            let Some(bytes) = sealed.get(at..at + len) else {
+            let len = header.block_len(i) as usize;
+            let Some(bytes) = sealed.get(at..at + len + TAG as usize) else {
                 return Err(corrupt(key, "shorter than its header says: truncated"));
             };
-            block.clear();
-            block.extend_from_slice(bytes);
-            let plain = k.open_in_place(Self::nonce(i), Aad::from(&aad[..]), &mut block).map_err(|_| {
-                corrupt(
-                    key,
-                    &format!(
-                        "block {i} fails its authentication: the object was changed, moved from another key, or sealed with another store's key"
-                    ),
-                )
-            })?;
-            let take = (plain.len() - skip.min(plain.len())).min(out.len() - filled);
-            out[filled..filled + take].copy_from_slice(&plain[skip..skip + take]);
-            filled += take;
-            skip = 0;
-            at += len;
+            let (ciphertext, tag) = bytes.split_at(len);
+            let tag = Tag::try_from(tag).expect("16 bytes");
+            if skip == 0 && out.len() - filled >= len {
+                let dst = &mut out[filled..filled + len];
+                dst.copy_from_slice(ciphertext);
+                k.open_in_place_separate_tag(Self::nonce(i), Aad::from(&aad[..]), tag, dst, 0..)
+                    .map_err(|_| failed(i))?;
+                filled += len;
+            } else {
+                scratch.clear();
+                scratch.extend_from_slice(ciphertext);
+                let plain = k
+                    .open_in_place_separate_tag(Self::nonce(i), Aad::from(&aad[..]), tag, &mut scratch, 0..)
+                    .map_err(|_| failed(i))?;
+                let take = (plain.len() - skip.min(plain.len())).min(out.len() - filled);
+                out[filled..filled + take].copy_from_slice(&plain[skip..skip + take]);
+                filled += take;
+                skip = 0;
+            }
+            at += len + TAG as usize;
             i += 1;
         }
         Ok(())
