@@ -288,3 +288,42 @@ fn a_process_checkpointed_into_an_encrypted_store_runs_on_after_a_lazy_restore()
     assert!(c.wait_above(at_dump) > at_dump);
     assert!(c.alive());
 }
+
+#[test]
+fn a_tag_rolled_back_in_the_bucket_is_refused_where_a_newer_value_was_seen() {
+    let s3 = S3::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let key = tmp.path().join("k");
+    fs::write(&key, format!("{}\n", "cd".repeat(32))).unwrap();
+    let cmd = |machine: &str, args: &[&str]| {
+        let mut c = s3.cmd(machine, args);
+        c.env("GSTORE_KEY_FILE", &key);
+        c
+    };
+    ok(cmd("a", &["init", "--encrypt"]));
+    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+    tree_with_marker(&one);
+    make_tree(&two, 9, 1 << 20);
+    ok(cmd("a", &["push", one.to_str().unwrap(), "--tag", "app"]));
+    let record = s3.bucket_dir().join("images/tags/app/latest.tag");
+    let old = fs::read(&record).unwrap();
+    ok(cmd("a", &["push", two.to_str().unwrap(), "--tag", "app"]));
+    let new = fs::read(&record).unwrap();
+
+    // The older sealed record put back: machine a saw the newer value and refuses it.
+    fs::write(&record, &old).unwrap();
+    let err = fails(cmd("a", &["restore", "app", "--to", tmp.path().join("o1").to_str().unwrap()]));
+    assert!(err.contains("rolled back"), "{err}");
+    let err = fails(cmd("a", &["push", two.to_str().unwrap(), "--tag", "app"]));
+    assert!(err.contains("rolled back"), "a push onto the rolled-back tag: {err}");
+    // A machine that never saw the newer value cannot tell (docs/SECURITY.md).
+    let out = tmp.path().join("o2");
+    ok(cmd("b", &["restore", "app", "--to", out.to_str().unwrap()]));
+    assert_same_tree(&one, &out);
+
+    // Put back, the newest value reads everywhere.
+    fs::write(&record, &new).unwrap();
+    let out = tmp.path().join("o3");
+    ok(cmd("a", &["restore", "app", "--to", out.to_str().unwrap()]));
+    assert_same_tree(&two, &out);
+}

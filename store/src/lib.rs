@@ -33,6 +33,7 @@ pub mod profile;
 pub mod progress;
 pub mod push;
 pub mod similar;
+mod seen;
 mod source;
 mod store;
 pub mod stream;

@@ -13,6 +13,7 @@ use crate::key::{Family, ObjectKey};
 use crate::lock::StoreLock;
 use crate::manifest::Manifest;
 use crate::pack::{self, PackEntry};
+use crate::seen::SeenTags;
 use crate::tag::{SetTime, TagRecord, TagRef};
 use bytes::Bytes;
 use rayon::prelude::*;
@@ -176,6 +177,8 @@ pub struct Store {
     salts_made: std::sync::atomic::AtomicU64,
     /// Delta bases read lately.
     bases: BaseCache,
+    /// For an encrypted remote store: the newest value of each tag this machine has seen.
+    seen_tags: Option<SeenTags>,
 }
 
 /// A pack too short for the bytes a read needs.
@@ -299,6 +302,10 @@ impl Store {
     /// Opens the store in `backend` whose config is `config`.
     fn open_configured(backend: Backend, config: StoreConfig, location: &StoreLocation) -> Result<Store> {
         let backend = Self::unlocked(backend, &config, location)?;
+        let seen_tags = location
+            .local_dir()
+            .filter(|_| config.encryption.is_some())
+            .map(|d| SeenTags::at(d.join("seen-tags.json")));
         // Ranges are cached as read, in plain bytes: never for an encrypted store.
         let cache = location.local_dir().filter(|_| config.encryption.is_none()).and_then(|d| {
             let limit = std::env::var("GSTORE_CACHE_BYTES")
@@ -317,6 +324,7 @@ impl Store {
             salt_seed: None,
             salts_made: Default::default(),
             bases: BaseCache::default(),
+            seen_tags,
         })
     }
 
@@ -653,9 +661,19 @@ impl Store {
     /// removed by gc included).
     pub fn get_tag_versioned(&self, tag: &TagRef) -> Result<Option<(TagRecord, backend::Version)>> {
         match self.backend.get_versioned(&ObjectKey::Tag(tag.clone()).to_string())? {
-            Some((b, v)) => Ok(Some((TagRecord::from_json(&b, tag)?, v))),
+            Some((b, v)) => {
+                let rec = TagRecord::from_json(&b, tag)?;
+                self.check_seen(&[&rec])?;
+                Ok(Some((rec, v)))
+            }
             None => Ok(None),
         }
+    }
+
+    /// Checks tag records just read against the newest values this machine has seen of them
+    /// (an encrypted remote store only: [`SeenTags`]), remembering newer ones.
+    fn check_seen(&self, records: &[&TagRecord]) -> Result<()> {
+        self.seen_tags.as_ref().map_or(Ok(()), |s| s.check(records))
     }
 
     /// Writes a tag record if the tag is still at `expected` (`None`: if it does not exist):
@@ -681,6 +699,9 @@ impl Store {
             current.as_ref().and_then(|(b, _)| TagRecord::from_json(b, tag).ok()).filter(|r| r.removed_unix.is_none())
         };
         let mut current = self.backend.get_versioned(&key)?;
+        if let Some(rec) = value(&current) {
+            self.check_seen(&[&rec])?;
+        }
         for _ in 0..8 {
             let previous = value(&current);
             let rec = TagRecord::new(tag, manifest, SetTime::now(), previous.clone());
@@ -697,7 +718,11 @@ impl Store {
                         return Err(StoreError::Conflict(m));
                     }
                 }
-                other => return other.map(|()| rec),
+                Ok(()) => {
+                    self.check_seen(&[&rec])?;
+                    return Ok(rec);
+                }
+                Err(e) => return Err(e),
             }
         }
         Err(StoreError::Conflict(format!("tag {tag} keeps changing under this write: retry")))
@@ -756,6 +781,7 @@ impl Store {
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
+        self.check_seen(&out.iter().filter_map(|(_, r)| r.as_ref().ok()).collect::<Vec<_>>())?;
         Ok(out.into_iter().map(|(_, r)| r).collect())
     }
 
