@@ -109,6 +109,10 @@ fn a_store_opens_with_any_of_its_keys_and_with_no_other() {
     let err = fails(with_key(&env, Some(&other), &["ls"]));
     assert!(err.contains("does not open"), "{err}");
     assert!(fails(with_key(&env, None, &["key", "generate", other.to_str().unwrap()])).contains("creating key file"));
+    // A key in the environment and no --encrypt: no unencrypted store is made by mistake.
+    let plain = Env::uninitialized();
+    assert!(fails(with_key(&plain, Some(&key), &["init"])).contains("--encrypt is not given"));
+    assert!(!plain.store.join("config.json").exists());
 
     // A passphrase added as a second key opens the same store.
     let mut add = with_key(&env, Some(&key), &["--json", "key", "add"]);

@@ -636,12 +636,21 @@ fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
             None => new_passphrase("GSTORE_PASSPHRASE")?,
         };
         Some(Store::init_encrypted(location, &config, &secret)?)
+    } else if Secret::in_env() {
+        return Err(Usage(
+            "GSTORE_KEY_FILE or GSTORE_PASSPHRASE is set, but --encrypt is not given: pass --encrypt for an encrypted store, or unset them for an unencrypted one".into(),
+        )
+        .into());
     } else {
         Store::init(location, &config)?;
         None
     };
-    let store = Store::read_config(&location.backend()?, location)?;
-    out.emit(&serde_json::json!({ "config": store, "key": key }), || {
+    // The config as stored, with the first key's id for an encrypted store.
+    let mut report = serde_json::to_value(Store::read_config(&location.backend()?, location)?)?;
+    if let Some(k) = &key {
+        report["key"] = serde_json::json!(k);
+    }
+    out.emit(&report, || {
         let what = if key.is_some() { "an empty encrypted store" } else { "an empty store" };
         let mut s = format!("initialized {what} at {}", location.describe());
         if let Some(k) = &key {

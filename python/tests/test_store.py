@@ -161,3 +161,24 @@ def test_no_progress_bar_when_not_a_terminal(store, capfd):
     store.save(weights(7, {"w": (512, 512)}), "model:v1")
     store.load("model:v1")
     assert capfd.readouterr().err == ""
+
+
+def test_an_encrypted_store_opens_with_its_key_only(tmp_path, monkeypatch):
+    """A store made with `gstore init --encrypt` is used from Python with GSTORE_KEY_FILE."""
+    key, other, path = tmp_path / "k", tmp_path / "other", tmp_path / "enc"
+    for k in (key, other):
+        subprocess.run([os.environ["GSTORE_BIN"], "key", "generate", str(k)], check=True, capture_output=True)
+    env = dict(os.environ, GSTORE_KEY_FILE=str(key))
+    subprocess.run(
+        [os.environ["GSTORE_BIN"], "--store", str(path), "init", "--encrypt"], check=True, capture_output=True, env=env
+    )
+    monkeypatch.setenv("GSTORE_KEY_FILE", str(other))
+    with pytest.raises(Exception, match="does not open"):
+        gstore.Store(str(path))
+    monkeypatch.setenv("GSTORE_KEY_FILE", str(key))
+    state = weights(5, SHAPES)
+    s = gstore.Store(str(path))
+    s.save(state, "model:v1")
+    loaded = s.load("model:v1", framework="numpy")
+    for name, value in state.items():
+        assert np.array_equal(loaded[name], value), name

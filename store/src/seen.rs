@@ -68,7 +68,10 @@ impl SeenTags {
         }
         if changed {
             let json = serde_json::to_vec(&seen).expect("map serializes");
-            file.set_len(0).and_then(|()| file.rewind()).and_then(|()| file.write_all(&json)).map_err(|e| io("writing", e))?;
+            file.set_len(0)
+                .and_then(|()| file.rewind())
+                .and_then(|()| file.write_all(&json))
+                .map_err(|e| io("writing", e))?;
         }
         Ok(())
     }

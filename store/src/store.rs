@@ -223,22 +223,24 @@ pub fn now_unix() -> u64 {
 impl Store {
     /// Creates a new store at `location` with `config`. Fails if one is already there.
     pub fn init(location: &StoreLocation, config: &StoreConfig) -> Result<()> {
+        Self::init_backend(&Self::backend_to_init(location, config)?, location, config)
+    }
+
+    /// The backend of a store about to be made at `location` with `config`, both checked (an
+    /// S3 store's conditional writes included).
+    fn backend_to_init(location: &StoreLocation, config: &StoreConfig) -> Result<Backend> {
         config.validate()?;
         let backend = location.backend()?;
         if matches!(location, StoreLocation::S3 { .. }) {
             probe_conditional_writes(&backend)?;
         }
-        Self::init_backend(&backend, location, config)
+        Ok(backend)
     }
 
     /// Creates a new encrypted store at `location` with `config` (docs/SECURITY.md): a random
     /// master key, wrapped by `secret` in the store's first key record. Returns that record's id.
     pub fn init_encrypted(location: &StoreLocation, config: &StoreConfig, secret: &Secret) -> Result<String> {
-        config.validate()?;
-        let backend = location.backend()?;
-        if matches!(location, StoreLocation::S3 { .. }) {
-            probe_conditional_writes(&backend)?;
-        }
+        let backend = Self::backend_to_init(location, config)?;
         if backend.get_opt(&ObjectKey::Config.to_string())?.is_some() {
             return Err(StoreError::AlreadyExists { what: "store", key: location.describe() });
         }
