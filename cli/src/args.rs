@@ -199,6 +199,9 @@ pub enum Command {
     /// the next pass, so run it twice (e.g. daily) to get all the space back. See docs/GC.md.
     Gc(GcArgs),
     /// Check every tagged image: manifests, packs, and with --read-data every chunk's bytes.
+    /// An encrypted store with no key in the environment (GSTORE_KEY_FILE, GSTORE_PASSPHRASE)
+    /// and no --read-data is checked without its key: key records and the framing of every
+    /// sealed object.
     Verify {
         /// Read, decode and hash every referenced chunk.
         #[arg(long)]

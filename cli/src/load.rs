@@ -129,7 +129,7 @@ pub fn load(
     }
     if check {
         for image in &images {
-            image.read_back_and_check(&m)?;
+            image.read_back_and_check(&m, &store.chunk_ids())?;
         }
         r.checked = true;
     }

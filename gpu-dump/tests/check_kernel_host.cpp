@@ -1,11 +1,12 @@
 // Runs the hashing code of src/cuda/kernels/verify.cu on the host, one emulated thread block
 // at a time, so CI (no GPU) checks it against the BLAKE3 reference. Phases the kernel splits
 // with __syncthreads run here one after the other, over every thread.
-// Usage: check_kernel_host FILE OFFSET:LEN... — prints the BLAKE3 hex of each slice of FILE.
+// Usage: check_kernel_host FILE KEY OFFSET:LEN... — prints the BLAKE3 hex of each slice of
+// FILE, keyed with KEY (64 hex digits) or unkeyed when KEY is "-".
 #include "host_cuda.h"
 #include "../src/cuda/kernels/verify.cu"
 
-static void hash(const unsigned char *src, unsigned len, unsigned out[8]) {
+static void hash(const unsigned char *src, unsigned len, const IdKey &key, unsigned out[8]) {
     unsigned chunks = len == 0 ? 1u : (len + CHUNK_LEN - 1) / CHUNK_LEN;
     unsigned per = 1;
     while ((chunks + per - 1) / per > THREADS) per <<= 1;
@@ -13,13 +14,13 @@ static void hash(const unsigned char *src, unsigned len, unsigned out[8]) {
     static unsigned cvs[THREADS][8];
     for (unsigned t = 0; t < groups; t++) {
         unsigned first = t * per, count = chunks - first < per ? chunks - first : per;
-        subtree_cv(src, len, first, count, groups == 1, cvs[t]);
+        subtree_cv(src, len, first, count, groups == 1, key, cvs[t]);
     }
     for (unsigned n = groups; n > 1; n = (n + 1) / 2) {
         static unsigned merged[THREADS][8];
         for (unsigned t = 0; t < n / 2; t++) {
             memcpy(merged[t], cvs[2 * t], 32);
-            parent_cv(merged[t], cvs[2 * t + 1], n == 2);
+            parent_cv(merged[t], cvs[2 * t + 1], n == 2, key);
         }
         for (unsigned t = 0; t < n / 2; t++) memcpy(cvs[t], merged[t], 32);
         if (n & 1u) memcpy(cvs[n / 2], cvs[n - 1], 32);
@@ -35,11 +36,20 @@ int main(int argc, char **argv) {
     size_t n;
     while ((n = fread(buf, 1, sizeof buf, f)) > 0) data.insert(data.end(), buf, buf + n);
     data.resize(data.size() + 64);  // the kernel's word loads may read up to 3 bytes past a slice
-    for (int a = 2; a < argc; a++) {
+    IdKey key = {};
+    if (strcmp(argv[2], "-") != 0) {
+        key.keyed = 1;
+        for (int i = 0; i < 32; i++) {
+            unsigned byte;
+            sscanf(argv[2] + 2 * i, "%2x", &byte);
+            key.words[i / 4] |= byte << (8 * (i % 4));
+        }
+    }
+    for (int a = 3; a < argc; a++) {
         unsigned long off = strtoul(argv[a], nullptr, 10);
         unsigned len = (unsigned)strtoul(strchr(argv[a], ':') + 1, nullptr, 10);
         unsigned h[8];
-        hash(data.data() + off, len, h);
+        hash(data.data() + off, len, key, h);
         for (int i = 0; i < 8; i++)
             for (int b = 0; b < 4; b++) printf("%02x", (h[i] >> (8 * b)) & 255);
         printf("\n");

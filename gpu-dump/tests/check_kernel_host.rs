@@ -74,15 +74,22 @@ fn the_kernel_hash_matches_blake3_for_every_tree_shape() {
         (16 << 20) + 777,
     ];
     let slices: Vec<(usize, usize)> = lens.iter().enumerate().map(|(i, &l)| (i % 7, l)).collect();
-    let out = Command::new(&exe)
-        .arg(&file)
-        .args(slices.iter().map(|(o, l)| format!("{o}:{l}")))
-        .output()
-        .expect("run the host build of the kernel hash");
-    assert!(out.status.success());
-    let got: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect();
-    assert_eq!(got.len(), slices.len());
-    for ((o, l), g) in slices.iter().zip(&got) {
-        assert_eq!(g, &blake3::hash(&data[*o..*o + *l]).to_hex().to_string(), "{l} bytes at offset {o}");
+    // Unkeyed (chunk ids of unencrypted stores) and keyed (encrypted stores).
+    let key = [0x5au8; 32];
+    for keyed in [false, true] {
+        let out = Command::new(&exe)
+            .arg(&file)
+            .arg(if keyed { key.iter().map(|b| format!("{b:02x}")).collect() } else { "-".to_string() })
+            .args(slices.iter().map(|(o, l)| format!("{o}:{l}")))
+            .output()
+            .expect("run the host build of the kernel hash");
+        assert!(out.status.success());
+        let got: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect();
+        assert_eq!(got.len(), slices.len());
+        for ((o, l), g) in slices.iter().zip(&got) {
+            let slice = &data[*o..*o + *l];
+            let want = if keyed { blake3::keyed_hash(&key, slice) } else { blake3::hash(slice) };
+            assert_eq!(g, &want.to_hex().to_string(), "{l} bytes at offset {o}, keyed: {keyed}");
+        }
     }
 }

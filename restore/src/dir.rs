@@ -18,7 +18,7 @@ use crate::engine::{self, Piece, Sink};
 use crate::plan::{self, PlannedChunk};
 use gstore_store::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
-use gstore_store::{ObjectId, Result, Store, StoreError};
+use gstore_store::{ChunkIds, ObjectId, Result, Store, StoreError};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -97,12 +97,12 @@ impl DirSink {
         Ok(DirSink { dirs, files, m: m.clone() })
     }
 
-    /// True when every target of `c` already holds its bytes.
-    fn has(&self, c: &PlannedChunk) -> bool {
+    /// True when every target of `c` already holds its bytes (chunks named by `ids`).
+    fn has(&self, c: &PlannedChunk, ids: &ChunkIds) -> bool {
         let mut buf = vec![0u8; c.loc.plain_len as usize];
         c.targets.iter().all(|&(entry, off)| {
             let f = self.files[entry].as_ref().expect("chunk targets are files");
-            f.read_exact_at(&mut buf, off).is_ok() && ObjectId::of(&buf) == c.id
+            f.read_exact_at(&mut buf, off).is_ok() && ids.id(&buf) == c.id
         })
     }
 
@@ -198,7 +198,8 @@ pub fn restore_to_dir(
         let sink = DirSink::open(&staging, m, resume)?;
         let before = plan.chunk_count();
         if resume {
-            plan.retain_missing(|c| sink.has(c));
+            let ids = store.chunk_ids();
+            plan.retain_missing(|c| sink.has(c, &ids));
         }
         engine::run(store, &plan, &sink, progress)?;
         sink.finish()?;

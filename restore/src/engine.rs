@@ -136,7 +136,7 @@ fn fetch_decode_write(
             let stored = &data[at..at + c.loc.stored_len as usize];
             let plain_len = c.loc.plain_len as usize;
             let src = if c.loc.codec == Codec::Raw {
-                codec::verify(stored, plain_len, &c.id).map_err(|e| in_pack(e, &read.pack))?;
+                codec::verify(stored, plain_len, &c.id, &store.chunk_ids()).map_err(|e| in_pack(e, &read.pack))?;
                 Source::Fetched(at..at + plain_len)
             } else {
                 let start = arena.len();

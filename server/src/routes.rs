@@ -17,7 +17,7 @@ use gstore_store::backend::Version;
 use gstore_store::codec::{decode_base, Decoder, KnownBases};
 use gstore_store::index::ChunkLocation;
 use gstore_store::key::{Family, ObjectKey as Key};
-use gstore_store::{ObjectId, StoreError};
+use gstore_store::{ChunkIds, ObjectId, StoreError};
 use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use std::time::Instant;
@@ -372,8 +372,9 @@ async fn get_chunk(
     let chunk_max = state.chunk_max;
     let decoded = tokio::task::spawn_blocking(move || {
         let mut known = KnownBases(Vec::new());
+        // Chunk routes serve unencrypted stores only (an encrypted one answers 409): plain ids.
         for (b, l, bytes) in bases {
-            let plain = decode_base(l.codec, &bytes, l.plain_len as usize, &b, chunk_max)?;
+            let plain = decode_base(l.codec, &bytes, l.plain_len as usize, &b, chunk_max, ChunkIds::Plain)?;
             known.0.push((b, std::sync::Arc::new(plain)));
         }
         let mut decoder = Decoder::with_bases(chunk_max, &known);

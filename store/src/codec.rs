@@ -3,7 +3,7 @@
 use crate::error::{Result, StoreError};
 use crate::floats;
 pub use crate::floats::{layout as float_layout, Lane as FloatLane, Layout as FloatLayout};
-use crate::id::ObjectId;
+use crate::id::{ChunkIds, ObjectId};
 
 /// How a chunk is stored. The numeric value is the codec byte in pack footers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,9 +196,16 @@ pub fn split_delta(stored: &[u8]) -> Option<(DeltaBases, &[u8])> {
 }
 
 /// Decodes and checks a chunk read as a delta base (its codec, stored bytes, plain length
-/// and id, in a store whose chunks are at most `chunk_max` bytes): a base stored as a delta is
+/// and id, in a store whose chunks are at most `chunk_max` bytes and named by `ids`): a base stored as a delta is
 /// refused as corrupt, since chains are one step long.
-pub fn decode_base(codec: Codec, stored: &[u8], plain_len: usize, id: &ObjectId, chunk_max: u32) -> Result<Vec<u8>> {
+pub fn decode_base(
+    codec: Codec,
+    stored: &[u8],
+    plain_len: usize,
+    id: &ObjectId,
+    chunk_max: u32,
+    ids: ChunkIds,
+) -> Result<Vec<u8>> {
     if codec == Codec::Delta {
         return Err(StoreError::corrupt("chunk", id.to_hex(), "a delta base is itself stored as a delta"));
     }
@@ -210,8 +217,8 @@ pub fn decode_base(codec: Codec, stored: &[u8], plain_len: usize, id: &ObjectId,
     BASES.with(|held| {
         let mut held = held.borrow_mut();
         let decoder = match held.as_mut() {
-            Some(d) if d.chunk_max == chunk_max => d,
-            _ => held.insert(Decoder::new(chunk_max)),
+            Some(d) if d.chunk_max == chunk_max && d.ids == ids => d,
+            _ => held.insert(Decoder::new(chunk_max).with_ids(ids)),
         };
         decoder.decode_append(codec, stored, plain_len, id, &mut plain)
     })?;
@@ -248,13 +255,15 @@ pub struct Decoder<'s> {
     bases: Option<&'s dyn BaseSource>,
     /// The zstd context for delta chunks (made when the first comes).
     delta: Option<zstd::zstd_safe::DCtx<'static>>,
+    /// How decoded chunks are named (checked against their ids).
+    ids: ChunkIds,
 }
 
 /// The first bytes of a zstd dictionary (`ZSTD_MAGIC_DICTIONARY`, little-endian).
 const ZSTD_DICT_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
 
-/// Checks `plain` against the chunk id and expected length.
-pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId) -> Result<()> {
+/// Checks `plain` against the chunk id (in a store naming chunks by `ids`) and expected length.
+pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId, ids: &ChunkIds) -> Result<()> {
     if plain.len() != plain_len {
         return Err(StoreError::corrupt(
             "chunk",
@@ -262,7 +271,7 @@ pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId) -> Result<()> {
             format!("decoded to {} bytes, expected {plain_len}", plain.len()),
         ));
     }
-    let got = ObjectId::of(plain);
+    let got = ids.id(plain);
     if &got != id {
         return Err(StoreError::corrupt(
             "chunk",
@@ -305,6 +314,7 @@ impl Decoder<'static> {
             chunk_max,
             bases: None,
             delta: None,
+            ids: ChunkIds::Plain,
         }
     }
 }
@@ -313,6 +323,11 @@ impl<'s> Decoder<'s> {
     /// [`Decoder::new`] that decodes delta chunks too, reading their bases from `bases`.
     pub fn with_bases(chunk_max: u32, bases: &'s dyn BaseSource) -> Decoder<'s> {
         Decoder { bases: Some(bases), ..Decoder::new(chunk_max) }
+    }
+
+    /// This decoder for a store that names chunks by `ids` (plain BLAKE3 unless set).
+    pub fn with_ids(self, ids: ChunkIds) -> Decoder<'s> {
+        Decoder { ids, ..self }
     }
 
     /// Decodes a delta chunk into `out` (its plain length): looks up its bases, then decodes
@@ -399,7 +414,7 @@ impl<'s> Decoder<'s> {
                 }
             }
         };
-        let checked = r.and_then(|()| verify(&out[start..], plain_len, id));
+        let checked = r.and_then(|()| verify(&out[start..], plain_len, id, &self.ids));
         if checked.is_err() {
             out.truncate(start);
         }
@@ -412,7 +427,7 @@ impl Decoder<'_> {
     /// the bytes against `id`. On error `out` holds unspecified bytes.
     pub fn decode_into(&mut self, codec: Codec, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<()> {
         let n = self.expand_into(codec, stored, id, out)?;
-        verify(&out[..n.min(out.len())], out.len(), id)
+        verify(&out[..n.min(out.len())], out.len(), id, &self.ids)
     }
 
     /// Decodes `stored` into `out` (the chunk's plain length) without hashing the result, for

@@ -9,8 +9,8 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const FORMAT_ENCRYPTED: u32 = 2;
 /// How an encrypted store seals its objects ([`crate::crypto::sealed`]).
 pub const SEALING: &str = "aes-256-gcm-16k";
-/// How an encrypted store names chunks: BLAKE3 of their plain bytes, as unencrypted stores.
-pub const CHUNK_IDS: &str = "blake3";
+/// How an encrypted store names chunks: their keyed BLAKE3 ([`crate::ChunkIds::Keyed`]).
+pub const CHUNK_IDS: &str = "blake3-keyed";
 
 /// How an encrypted store is encrypted (docs/FORMAT.md, "Encrypted stores").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

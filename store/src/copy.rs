@@ -40,6 +40,15 @@ pub struct CopyReport {
 pub fn copy(src: &Store, dst: &Store, tag: &TagRef, progress: &dyn Progress) -> Result<CopyReport> {
     let started = std::time::Instant::now();
     tag.check_new()?;
+    if src.chunk_ids() != dst.chunk_ids() {
+        // Chunks are copied as stored, under their ids; ids made with one store's key are not
+        // the other's.
+        return Err(StoreError::Invalid(format!(
+            "{} and {} name chunks differently (an encrypted store names them with its own key): copy between them by restoring the image and pushing it",
+            src.describe(),
+            dst.describe()
+        )));
+    }
     let id = src.resolve(&tag.to_string())?;
     let mut manifest = src.get_manifest(&id)?;
     let sizes: BTreeMap<ObjectId, u32> = manifest.chunks.iter().filter(|c| !c.zero).map(|c| (c.id, c.len)).collect();

@@ -51,6 +51,42 @@ impl ObjectId {
     }
 }
 
+/// How a store names chunks: the BLAKE3 of their plain bytes, or (an encrypted store) their
+/// keyed BLAKE3 under a key derived from the store's master key, so that an id says nothing
+/// about the content to anyone without the key.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub enum ChunkIds {
+    /// `BLAKE3(plain)`.
+    #[default]
+    Plain,
+    /// `BLAKE3-keyed(key, plain)`.
+    Keyed([u8; 32]),
+}
+
+impl ChunkIds {
+    /// The id of a chunk of plain bytes `plain`.
+    pub fn id(&self, plain: &[u8]) -> ObjectId {
+        match self {
+            ChunkIds::Plain => ObjectId::of(plain),
+            ChunkIds::Keyed(k) => ObjectId(*blake3::keyed_hash(k, plain).as_bytes()),
+        }
+    }
+
+    /// The key of keyed ids.
+    pub fn key(&self) -> Option<&[u8; 32]> {
+        match self {
+            ChunkIds::Plain => None,
+            ChunkIds::Keyed(k) => Some(k),
+        }
+    }
+}
+
+impl fmt::Debug for ChunkIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.key().is_some() { "ChunkIds::Keyed(..)" } else { "ChunkIds::Plain" })
+    }
+}
+
 impl fmt::Display for ObjectId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_hex())

@@ -43,6 +43,6 @@ pub mod verify;
 
 pub use config::{StoreConfig, FORMAT_VERSION};
 pub use error::{Result, StoreError};
-pub use id::ObjectId;
+pub use id::{ChunkIds, ObjectId};
 pub use store::{HeldBases, Store, StoreLocation};
 pub use tag::TagRef;

@@ -698,7 +698,7 @@ fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
             .map(|span| {
                 let at = u.offset + span.start as u64;
                 let plain = &data[span];
-                let id = ObjectId::of(plain);
+                let id = store.chunk_ids().id(plain);
                 let before = before.replace(id);
                 let zero = codec::is_all_zero(plain);
                 let found = if zero { None } else { store.index()?.locate_for_dedup(&id)? };
@@ -795,7 +795,7 @@ fn reupload_unreliable(
             let e = &entries[r.file];
             let mut data = vec![0u8; r.len as usize];
             files[r.file].as_ref().expect("file entry").read_exact_at(&mut data, r.offset, e)?;
-            if ObjectId::of(&data) != r.id {
+            if store.chunk_ids().id(&data) != r.id {
                 return Err(StoreError::Invalid(format!("{} changed while it was being pushed", e.abs.display())));
             }
             let (codec, stored) = encoder.encode(&data);

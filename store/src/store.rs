@@ -7,7 +7,7 @@ use crate::codec::{decode_base, BaseSource, Decoder, DeltaBases};
 use crate::config::StoreConfig;
 use crate::crypto::{keyring, MasterKey, Secret};
 use crate::error::{Result, StoreError};
-use crate::id::ObjectId;
+use crate::id::{ChunkIds, ObjectId};
 use crate::index::{ChunkLocation, Index};
 use crate::key::{Family, ObjectKey};
 use crate::lock::StoreLock;
@@ -179,6 +179,8 @@ pub struct Store {
     bases: BaseCache,
     /// For an encrypted remote store: the newest value of each tag this machine has seen.
     seen_tags: Option<SeenTags>,
+    /// How the store names chunks.
+    chunk_ids: ChunkIds,
 }
 
 /// A pack too short for the bytes a read needs.
@@ -303,7 +305,7 @@ impl Store {
 
     /// Opens the store in `backend` whose config is `config`.
     fn open_configured(backend: Backend, config: StoreConfig, location: &StoreLocation) -> Result<Store> {
-        let backend = Self::unlocked(backend, &config, location)?;
+        let (backend, chunk_ids) = Self::unlocked(backend, &config, location)?;
         let seen_tags = location
             .local_dir()
             .filter(|_| config.encryption.is_some())
@@ -327,6 +329,7 @@ impl Store {
             salts_made: Default::default(),
             bases: BaseCache::default(),
             seen_tags,
+            chunk_ids,
         })
     }
 
@@ -339,23 +342,23 @@ impl Store {
         StoreConfig::from_json(&bytes)
     }
 
-    /// `backend` as the store configured by `config` is read: sealed with the master key the
-    /// user's secret opens for an encrypted store. An unencrypted store is refused where the
+    /// `backend` as the store configured by `config` is read, and how it names chunks: sealed
+    /// with the master key the user's secret opens, and keyed ids, for an encrypted store. An unencrypted store is refused where the
     /// user expects an encrypted one (a secret is set): a config replaced by an unencrypted one
     /// must not make gstore write plain objects.
-    fn unlocked(backend: Backend, config: &StoreConfig, location: &StoreLocation) -> Result<Backend> {
+    fn unlocked(backend: Backend, config: &StoreConfig, location: &StoreLocation) -> Result<(Backend, ChunkIds)> {
         let store = location.describe();
         if config.encryption.is_some() {
             let secret = Secret::for_store(&store)?;
             let master = keyring::unlock(&backend, &secret, &store, config)?;
-            return Ok(backend.sealed(master.sealer()));
+            return Ok((backend.sealed(master.sealer()), master.chunk_ids()));
         }
         if Secret::in_env() {
             return Err(StoreError::Invalid(format!(
                 "{store} is not encrypted, but GSTORE_KEY_FILE or GSTORE_PASSPHRASE is set: refusing to use it as if it were; unset them for this store"
             )));
         }
-        Ok(backend)
+        Ok((backend, ChunkIds::Plain))
     }
 
     /// Refuses an unencrypted store that holds key records: its config was replaced by an
@@ -482,6 +485,11 @@ impl Store {
         &self.backend
     }
 
+    /// How the store names chunks (keyed ids in an encrypted store).
+    pub fn chunk_ids(&self) -> ChunkIds {
+        self.chunk_ids
+    }
+
     /// Where the store is, for messages.
     pub fn describe(&self) -> String {
         self.location.describe()
@@ -565,7 +573,7 @@ impl Store {
 
     /// A chunk decoder for this store: it reads the bases of delta chunks from it.
     pub fn decoder(&self) -> Decoder<'_> {
-        Decoder::with_bases(self.config.chunk_max, self)
+        Decoder::with_bases(self.config.chunk_max, self).with_ids(self.chunk_ids)
     }
 
     /// Reads and checks a pack's footer (without reading its chunk data).
@@ -1070,7 +1078,7 @@ impl Store {
 
     /// Decodes and checks base `id` (at `loc`) from its stored bytes.
     fn decode_base(&self, id: &ObjectId, loc: &ChunkLocation, stored: &[u8]) -> Result<Vec<u8>> {
-        decode_base(loc.codec, stored, loc.plain_len as usize, id, self.config.chunk_max)
+        decode_base(loc.codec, stored, loc.plain_len as usize, id, self.config.chunk_max, self.chunk_ids)
     }
 
     /// Puts base `id` into the base cache.

@@ -80,18 +80,42 @@ impl ChunkCheck {
     }
 
     /// Queues the check of `count` jobs stored at device address `jobs` on `stream`; a failing
-    /// job lowers the u32 at device address `failed` to its tag.
+    /// job lowers the u32 at device address `failed` to its tag. With `key`, a chunk's expected
+    /// id is its BLAKE3 keyed with it; without, its plain BLAKE3.
     ///
     /// # Safety
     /// `jobs` must hold `count` [`CheckJob`]s whose addresses are readable (and writable where
     /// copied to) device memory, and all of it must stay allocated until the kernel has run.
-    pub unsafe fn launch(&self, stream: &Stream, jobs: u64, count: u32, failed: u64) -> Result<()> {
+    pub unsafe fn launch(&self, stream: &Stream, jobs: u64, count: u32, failed: u64, key: Option<&[u8; 32]>) -> Result<()> {
         if count == 0 {
             return Ok(());
         }
         let (mut jobs, mut failed) = (jobs, failed);
-        let mut params = [(&mut jobs as *mut u64).cast::<c_void>(), (&mut failed as *mut u64).cast::<c_void>()];
+        let mut key = IdKey::new(key);
+        let mut params = [
+            (&mut jobs as *mut u64).cast::<c_void>(),
+            (&mut failed as *mut u64).cast::<c_void>(),
+            (&mut key as *mut IdKey).cast::<c_void>(),
+        ];
         stream.launch(&self.kernel, count, THREADS, &mut params)
+    }
+}
+
+/// The kernel's `IdKey` parameter (passed by value): the key's bytes as little-endian words,
+/// and whether there is one.
+#[repr(C)]
+struct IdKey {
+    words: [u32; 8],
+    keyed: u32,
+}
+
+impl IdKey {
+    fn new(key: Option<&[u8; 32]>) -> IdKey {
+        let mut words = [0u32; 8];
+        for (w, b) in words.iter_mut().zip(key.iter().flat_map(|k| k.chunks_exact(4))) {
+            *w = u32::from_le_bytes(b.try_into().expect("4 bytes"));
+        }
+        IdKey { words, keyed: u32::from(key.is_some()) }
     }
 }
 

@@ -20,7 +20,7 @@ use crate::plan::{self, Plan, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer};
 use gstore_store::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
-use gstore_store::{Result, Store, StoreError};
+use gstore_store::{ChunkIds, Result, Store, StoreError};
 use std::sync::{mpsc, Condvar, Mutex};
 
 /// One restored file in device memory.
@@ -57,10 +57,10 @@ impl DeviceImage {
         self.len() == 0
     }
 
-    /// Copies every buffer back to the host and checks each chunk's BLAKE3 against the entry
-    /// of the same path in `m`: an end-to-end check of what landed in VRAM, independent of
-    /// how the load checked it.
-    pub fn read_back_and_check(&self, m: &Manifest) -> Result<()> {
+    /// Copies every buffer back to the host and checks each chunk's id (named by `ids`)
+    /// against the entry of the same path in `m`: an end-to-end check of what landed in VRAM,
+    /// independent of how the load checked it.
+    pub fn read_back_and_check(&self, m: &Manifest, ids: &ChunkIds) -> Result<()> {
         let chunks: std::collections::HashMap<&str, &[gstore_store::manifest::ChunkRef]> =
             m.files().map(|(e, c)| (e.path.as_str(), c)).collect();
         for dev in &self.entries {
@@ -73,7 +73,7 @@ impl DeviceImage {
                 let bytes = host
                     .get(off..off + c.len as usize)
                     .ok_or_else(|| wrong(format!("shorter than its chunks ({} bytes)", host.len())))?;
-                if gstore_store::ObjectId::of(bytes) != c.id {
+                if ids.id(bytes) != c.id {
                     return Err(wrong(format!("bytes at {off} in VRAM do not match chunk {}", c.id.short())));
                 }
                 off += c.len as usize;

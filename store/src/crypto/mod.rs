@@ -45,6 +45,11 @@ impl MasterKey {
         sealed::Sealer::new(self.derive("sealed objects"))
     }
 
+    /// How the store names chunks: keyed BLAKE3 under a key derived from this master key.
+    pub fn chunk_ids(&self) -> crate::ChunkIds {
+        crate::ChunkIds::Keyed(self.derive("chunk ids"))
+    }
+
     /// The check `config.json` carries: the keyed BLAKE3 of the config (serialized with an
     /// empty check) under a key derived from this master key.
     pub fn config_check(&self, config_without_check: &[u8]) -> blake3::Hash {

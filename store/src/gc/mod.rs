@@ -626,7 +626,7 @@ impl Sweep<'_> {
         let mut out = self.store.new_pack();
         let mut copied = Vec::new();
         let bases = FooterBases { store: self.store, homes, packs: all.iter().map(|p| (p.id, p)).collect() };
-        let mut decoder = Decoder::with_bases(self.store.config().chunk_max, &bases);
+        let mut decoder = Decoder::with_bases(self.store.config().chunk_max, &bases).with_ids(self.store.chunk_ids());
         let mut scratch = Vec::new();
         progress.start("gc: rewriting mostly-dead packs", packs.len() as u64, Unit::Items);
         for p in packs {
@@ -689,7 +689,8 @@ impl BaseSource for FooterBases<'_> {
         let pack = self.homes.get(id).and_then(|home| self.packs.get(home)).ok_or_else(missing)?;
         let e = pack.entries.iter().find(|e| e.id == *id).ok_or_else(missing)?;
         let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
-        let plain = decode_base(e.codec, &stored, e.plain_len as usize, id, self.store.config().chunk_max)?;
+        let plain =
+            decode_base(e.codec, &stored, e.plain_len as usize, id, self.store.config().chunk_max, self.store.chunk_ids())?;
         Ok(std::sync::Arc::new(plain))
     }
 }

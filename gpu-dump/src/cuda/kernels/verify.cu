@@ -1,5 +1,6 @@
-// gstore's chunk check on the GPU: BLAKE3 (the reference algorithm, unkeyed, 32-byte output)
-// of every chunk a load places in device memory, compared with the chunk's id, plus the copy
+// gstore's chunk check on the GPU: BLAKE3 (the reference algorithm, 32-byte output; keyed
+// with the store's chunk-id key in an encrypted store, unkeyed otherwise) of every chunk a
+// load places in device memory, compared with the chunk's id, plus the copy
 // of its bytes from where they arrived (the staging buffer or a decode area) to where they go.
 //
 // One thread block per job. A job's bytes are cut into BLAKE3's 1 KiB chunks; each thread
@@ -19,6 +20,7 @@
 #define CHUNK_END 2u
 #define PARENT 4u
 #define ROOT 8u
+#define KEYED_HASH 16u
 #define MAX_DEPTH 32
 
 /// Hash the job's bytes and compare with `expect`.
@@ -35,6 +37,13 @@ struct Job {
     unsigned int flags;            // JOB_*
     unsigned int reserved;
     unsigned int expect[8];        // the chunk id: BLAKE3 of the plain bytes, as LE words
+};
+
+/// How chunk ids are made: BLAKE3 keyed with `words` (as LE words) when `keyed`, else plain
+/// BLAKE3. Passed to the kernel by value.
+struct IdKey {
+    unsigned int words[8];
+    unsigned int keyed;
 };
 
 __constant__ unsigned int IV[8] = {
@@ -106,33 +115,35 @@ __device__ __forceinline__ void load_block(const unsigned char *p, unsigned int 
 /// The chaining value of BLAKE3 chunk `index` (`len` <= 1024 bytes at `p`); with `root`, the
 /// root output (the whole input is this one chunk).
 __device__ void chunk_cv(const unsigned char *p, unsigned int len, unsigned long long index, bool root,
-                         unsigned int cv[8]) {
+                         const IdKey &key, unsigned int cv[8]) {
     unsigned int m[16];
 #pragma unroll
-    for (int i = 0; i < 8; i++) cv[i] = IV[i];
+    for (int i = 0; i < 8; i++) cv[i] = key.keyed ? key.words[i] : IV[i];
     unsigned int blocks = len == 0 ? 1u : (len + BLOCK_LEN - 1) / BLOCK_LEN;
     for (unsigned int b = 0; b < blocks; b++) {
         unsigned int n = b + 1 == blocks ? len - b * BLOCK_LEN : BLOCK_LEN;
         load_block(p + b * BLOCK_LEN, n, m);
         unsigned int flags = (b == 0 ? CHUNK_START : 0u) | (b + 1 == blocks ? CHUNK_END : 0u);
         if (root && b + 1 == blocks) flags |= ROOT;
+        if (key.keyed) flags |= KEYED_HASH;
         compress(cv, m, index, n, flags);
     }
 }
 
 /// `left` becomes the parent node of `left` and `right`.
-__device__ __forceinline__ void parent_cv(unsigned int left[8], const unsigned int right[8], bool root) {
+__device__ __forceinline__ void parent_cv(unsigned int left[8], const unsigned int right[8], bool root,
+                                          const IdKey &key) {
     unsigned int m[16];
 #pragma unroll
-    for (int i = 0; i < 8; i++) { m[i] = left[i]; m[i + 8] = right[i]; left[i] = IV[i]; }
-    compress(left, m, 0, BLOCK_LEN, PARENT | (root ? ROOT : 0u));
+    for (int i = 0; i < 8; i++) { m[i] = left[i]; m[i + 8] = right[i]; left[i] = key.keyed ? key.words[i] : IV[i]; }
+    compress(left, m, 0, BLOCK_LEN, PARENT | (root ? ROOT : 0u) | (key.keyed ? KEYED_HASH : 0u));
 }
 
 /// The chaining value of chunks [first, first + count) of a `len`-byte input at `p`, built as
 /// BLAKE3's incremental hasher does (merging complete subtrees as chunks arrive, the rest at
 /// the end); with `root`, that range is the whole input and the result is its hash.
 __device__ void subtree_cv(const unsigned char *p, unsigned int len, unsigned int first, unsigned int count,
-                           bool root, unsigned int out[8]) {
+                           bool root, const IdKey &key, unsigned int out[8]) {
     unsigned int stack[MAX_DEPTH][8];
     int depth = 0;
     for (unsigned int c = 0; c < count; c++) {
@@ -140,13 +151,13 @@ __device__ void subtree_cv(const unsigned char *p, unsigned int len, unsigned in
         unsigned int start = index * CHUNK_LEN;
         unsigned int n = len - start < CHUNK_LEN ? len - start : CHUNK_LEN;
         bool last = c + 1 == count;
-        chunk_cv(p + start, n, index, root && count == 1, out);
+        chunk_cv(p + start, n, index, root && count == 1, key, out);
         if (last) break;
         // A complete subtree of 2^k chunks merges with its left sibling at once.
         unsigned int done = c + 1;
         while ((done & 1u) == 0) {
             depth--;
-            parent_cv(stack[depth], out, false);
+            parent_cv(stack[depth], out, false, key);
 #pragma unroll
             for (int i = 0; i < 8; i++) out[i] = stack[depth][i];
             done >>= 1;
@@ -157,13 +168,14 @@ __device__ void subtree_cv(const unsigned char *p, unsigned int len, unsigned in
     }
     while (depth > 0) {
         depth--;
-        parent_cv(stack[depth], out, root && depth == 0);
+        parent_cv(stack[depth], out, root && depth == 0, key);
 #pragma unroll
         for (int i = 0; i < 8; i++) out[i] = stack[depth][i];
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) verify_chunks(const Job *jobs, unsigned int *failed) {
+extern "C" __global__ void __launch_bounds__(THREADS) verify_chunks(const Job *jobs, unsigned int *failed,
+                                                                    const IdKey key) {
     __shared__ unsigned int cvs[THREADS][8];
     const Job &job = jobs[blockIdx.x];
     const unsigned char *src = (const unsigned char *)job.src;
@@ -179,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) verify_chunks(const Job *j
         if (t < groups) {
             unsigned int first = t * per;
             unsigned int count = chunks - first < per ? chunks - first : per;
-            subtree_cv(src, len, first, count, groups == 1, cv);
+            subtree_cv(src, len, first, count, groups == 1, key, cv);
 #pragma unroll
             for (int i = 0; i < 8; i++) cvs[t][i] = cv[i];
         }
@@ -189,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) verify_chunks(const Job *j
             if (merge) {
 #pragma unroll
                 for (int i = 0; i < 8; i++) cv[i] = cvs[2 * t][i];
-                parent_cv(cv, cvs[2 * t + 1], n == 2);
+                parent_cv(cv, cvs[2 * t + 1], n == 2, key);
             }
             __syncthreads();
             if (merge) {
