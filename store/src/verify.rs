@@ -7,9 +7,9 @@ use crate::backend::Backend;
 use crate::codec;
 use crate::crypto::{keyring, sealed};
 use crate::error::{Result, StoreError};
-use crate::key::{Family, ObjectKey};
 use crate::id::ObjectId;
 use crate::index::ChunkLocation;
+use crate::key::{Family, ObjectKey};
 use crate::manifest::Manifest;
 use crate::pack::PackEntry;
 use crate::progress::{Progress, Unit};
@@ -84,16 +84,21 @@ pub fn framing(backend: &Backend, progress: &dyn Progress) -> Result<FramingRepo
     let families = [Family::Packs, Family::Manifests, Family::Tags, Family::Leases, Family::Profiles];
     let mut listed = Vec::new();
     for f in families {
-        listed.extend(backend.list(f.prefix())?.into_iter().filter(|l| ObjectKey::parse(&l.key).is_ok_and(|k| k.is_sealed())));
+        listed.extend(
+            backend.list(f.prefix())?.into_iter().filter(|l| ObjectKey::parse(&l.key).is_ok_and(|k| k.is_sealed())),
+        );
     }
     progress.start("verify: sealed objects", listed.len() as u64, Unit::Items);
     for l in &listed {
         progress.advance(1);
         report.objects_checked += 1;
-        let header = backend.get_range(&l.key, 0..sealed::HEADER.min(l.size)).and_then(|h| sealed::Header::parse(&h, &l.key));
+        let header =
+            backend.get_range(&l.key, 0..sealed::HEADER.min(l.size)).and_then(|h| sealed::Header::parse(&h, &l.key));
         match header {
             Ok(h) if h.sealed_len() == l.size => {}
-            Ok(h) => report.problems.push(format!("{}: {} bytes, but its header says {}", l.key, l.size, h.sealed_len())),
+            Ok(h) => {
+                report.problems.push(format!("{}: {} bytes, but its header says {}", l.key, l.size, h.sealed_len()))
+            }
             // Deleted between the listing and the read (gc, a lease ending).
             Err(StoreError::NotFound { .. }) => report.objects_checked -= 1,
             Err(e) => report.problems.push(e.to_string()),

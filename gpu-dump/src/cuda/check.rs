@@ -86,7 +86,14 @@ impl ChunkCheck {
     /// # Safety
     /// `jobs` must hold `count` [`CheckJob`]s whose addresses are readable (and writable where
     /// copied to) device memory, and all of it must stay allocated until the kernel has run.
-    pub unsafe fn launch(&self, stream: &Stream, jobs: u64, count: u32, failed: u64, key: Option<&[u8; 32]>) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        stream: &Stream,
+        jobs: u64,
+        count: u32,
+        failed: u64,
+        key: Option<&[u8; 32]>,
+    ) -> Result<()> {
         if count == 0 {
             return Ok(());
         }

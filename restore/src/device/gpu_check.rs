@@ -443,8 +443,10 @@ impl Loader<'_> {
         }
         // SAFETY: the jobs (copied above) point into this slot's buffers and into the image's
         // buffers, all alive until the load drains every stream.
-        unsafe { self.check.launch(stream, meta_base, read.chunks.len() as u32, self.failed, self.store.chunk_ids().key()) }
-            .map_err(cuda_err)?;
+        unsafe {
+            self.check.launch(stream, meta_base, read.chunks.len() as u32, self.failed, self.store.chunk_ids().key())
+        }
+        .map_err(cuda_err)?;
         for (dst, src, len) in repeats {
             // SAFETY: `src` was placed by the kernel queued before on this stream; `dst` is
             // another place of the same chunk in a file's buffer.

@@ -689,8 +689,14 @@ impl BaseSource for FooterBases<'_> {
         let pack = self.homes.get(id).and_then(|home| self.packs.get(home)).ok_or_else(missing)?;
         let e = pack.entries.iter().find(|e| e.id == *id).ok_or_else(missing)?;
         let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
-        let plain =
-            decode_base(e.codec, &stored, e.plain_len as usize, id, self.store.config().chunk_max, self.store.chunk_ids())?;
+        let plain = decode_base(
+            e.codec,
+            &stored,
+            e.plain_len as usize,
+            id,
+            self.store.config().chunk_max,
+            self.store.chunk_ids(),
+        )?;
         Ok(std::sync::Arc::new(plain))
     }
 }
