@@ -27,6 +27,7 @@
 # under its pid. For medium a second replica with the same seed is checkpointed and must add
 # <= 10 % of its image size to the store.
 # Prints a table of raw vs gstore times and exits non-zero if a check fails.
+# With E2E_ENCRYPT=1 the store is encrypted (`init --encrypt`, a key file).
 # Usage: tests/gpu/e2e.sh [GSTORE_BIN] [CRIU_BUNDLE_DIR] [HOLDER_GIB]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,7 +53,15 @@ chmod +x "$W/criu"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUTFILE"
 say "cases: $CASES (holder $GIB GiB); $(nproc) CPUs"
 export GSTORE_STORE="$W/store"
-"$G" -q init >/dev/null
+if [ -n "${E2E_ENCRYPT:-}" ]; then
+  # An encrypted store (docs/SECURITY.md): every gstore command below gets the key file.
+  "$G" key generate "$W/store.key" >/dev/null
+  export GSTORE_KEY_FILE="$W/store.key"
+  "$G" -q init --encrypt >/dev/null
+  say "encrypted store"
+else
+  "$G" -q init >/dev/null
+fi
 
 now() { date +%s.%N; }
 dt() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
