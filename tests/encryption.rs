@@ -176,16 +176,44 @@ fn changed_moved_and_swapped_objects_and_a_replaced_config_are_refused() {
     assert!(err.contains("fails its authentication"), "{err}");
     fs::write(&other, &other_saved).unwrap();
 
-    // A manifest swapped for another under its name.
+    // Stored bytes moved between packs: two packs swapped under each other's names, and one
+    // block of a pack put in place of another pack's block.
+    let extra = env.path("extra");
+    fs::create_dir_all(&extra).unwrap();
+    fs::write(extra.join("heap.bin"), random_bytes(1 << 20, 99)).unwrap();
+    ok(with_key(&env, k, &["push", extra.to_str().unwrap(), "--tag", "extra:v1"]));
+    let packs = objects(&env, "packs");
+    assert_eq!(packs.len(), 2, "{packs:?}");
+    let (p0, p1) = (fs::read(&packs[0]).unwrap(), fs::read(&packs[1]).unwrap());
+    fs::write(&packs[0], &p1).unwrap();
+    fs::write(&packs[1], &p0).unwrap();
+    // Packs of other lengths: the one read first is too short for its footer's ranges (the
+    // other's blocks would fail their authentication, below); either way it is named corrupt.
+    for tag in ["app:v1", "extra:v1"] {
+        let err =
+            fails(with_key(&env, k, &["restore", tag, "--to", env.path(&format!("swap-{tag}")).to_str().unwrap()]));
+        assert!(err.contains("corrupt") && err.contains(".pack"), "{tag}: {err}");
+    }
+    let block = 48..48 + 16 * 1024 + 16;
+    let mut transplanted = p0.clone();
+    transplanted[block.clone()].copy_from_slice(&p1[block]);
+    fs::write(&packs[0], &transplanted).unwrap();
+    fs::write(&packs[1], &p1).unwrap();
+    assert!(fails(with_key(&env, k, &["verify", "--read-data"])).contains("block 0 fails its authentication"));
+    fs::write(&packs[0], &p0).unwrap();
+
+    // Every manifest put under another's name (rotated).
     let manifests = objects(&env, "manifests");
-    assert_eq!(manifests.len(), 2);
-    let (m0, m1) = (fs::read(&manifests[0]).unwrap(), fs::read(&manifests[1]).unwrap());
-    fs::write(&manifests[0], &m1).unwrap();
-    fs::write(&manifests[1], &m0).unwrap();
+    assert_eq!(manifests.len(), 3);
+    let saved: Vec<Vec<u8>> = manifests.iter().map(|m| fs::read(m).unwrap()).collect();
+    for (i, m) in manifests.iter().enumerate() {
+        fs::write(m, &saved[(i + 1) % saved.len()]).unwrap();
+    }
     let err = fails(with_key(&env, k, &["restore", "app:v1", "--to", env.path("o3").to_str().unwrap()]));
     assert!(err.contains("fails its authentication"), "{err}");
-    fs::write(&manifests[0], &m0).unwrap();
-    fs::write(&manifests[1], &m1).unwrap();
+    for (m, bytes) in manifests.iter().zip(&saved) {
+        fs::write(m, bytes).unwrap();
+    }
 
     // The config replaced: by an unencrypted one (gstore would then write plain objects), or
     // with a setting changed.
