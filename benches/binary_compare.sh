@@ -20,7 +20,8 @@ secs() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); awk
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; cat "$base"/* "$next"/* >/dev/null; }
 declare -A t stored
 for r in $(seq "$rounds"); do
-  for k in a b; do
+  order="a b"; [ $((r % 2)) = 0 ] && order="b a"
+  for k in $order; do
     g=${!k}; s="$work/store-$k"; rm -rf "$s" "$work/out"
     "$g" --store "$s" -q init >/dev/null
     t[$k,base]+=" $(secs "$g" --store "$s" -q push "$base" --tag c:base)"

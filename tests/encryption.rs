@@ -67,6 +67,31 @@ fn encrypted_env() -> (Env, PathBuf, PathBuf) {
     (env, key, src)
 }
 
+/// An encrypted store in a bucket of a real S3 server, and its key file.
+struct EncryptedS3 {
+    s3: S3,
+    key: PathBuf,
+}
+
+impl EncryptedS3 {
+    /// Starts the server and makes the store (`init --encrypt` on machine "a").
+    fn start() -> EncryptedS3 {
+        let s3 = S3::start();
+        let key = s3.tmp.path().join("store.key");
+        fs::write(&key, format!("{}\n", "ab".repeat(32))).unwrap();
+        let e = EncryptedS3 { s3, key };
+        ok(e.cmd("a", &["init", "--encrypt"]));
+        e
+    }
+
+    /// `gstore ARGS` on the store, as machine `machine`, with the key.
+    fn cmd(&self, machine: &str, args: &[&str]) -> Command {
+        let mut c = self.s3.cmd(machine, args);
+        c.env("GSTORE_KEY_FILE", &self.key);
+        c
+    }
+}
+
 #[test]
 fn an_encrypted_store_works_with_its_key_and_keeps_no_plain_text() {
     let (env, key, src) = encrypted_env();
@@ -241,26 +266,17 @@ fn changed_moved_and_swapped_objects_and_a_replaced_config_are_refused() {
 
 #[test]
 fn an_encrypted_store_on_s3_holds_no_plain_text() {
-    let s3 = S3::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let key = tmp.path().join("k");
-    fs::write(&key, format!("{}\n", "ab".repeat(32))).unwrap();
-    let run = |machine: &str, args: &[&str]| {
-        let mut c = s3.cmd(machine, args);
-        c.env("GSTORE_KEY_FILE", &key);
-        ok(c)
-    };
-    run("a", &["init", "--encrypt"]);
+    let (s3, tmp) = (EncryptedS3::start(), tempfile::tempdir().unwrap());
     let src = tmp.path().join("src");
     tree_with_marker(&src);
-    run("a", &["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    ok(s3.cmd("a", &["push", src.to_str().unwrap(), "--tag", "app:v1"]));
     let out = tmp.path().join("out");
-    run("b", &["restore", "app:v1", "--to", out.to_str().unwrap()]);
+    ok(s3.cmd("b", &["restore", "app:v1", "--to", out.to_str().unwrap()]));
     assert_same_tree(&src, &out);
-    let bucket = files_below(&s3.bucket_dir());
+    let bucket = files_below(&s3.s3.bucket_dir());
     assert!(bucket.iter().any(|f| f.to_string_lossy().contains("/packs/")), "objects in the bucket");
     assert!(!holds_marker(&bucket), "plain text in the bucket");
-    let err = String::from_utf8(s3.cmd("c", &["ls"]).output().unwrap().stderr).unwrap();
+    let err = String::from_utf8(s3.s3.cmd("c", &["ls"]).output().unwrap().stderr).unwrap();
     assert!(err.contains("is encrypted"), "{err}");
 }
 
@@ -323,21 +339,13 @@ fn a_process_checkpointed_into_an_encrypted_store_runs_on_after_a_lazy_restore()
 
 #[test]
 fn a_tag_rolled_back_in_the_bucket_is_refused_where_a_newer_value_was_seen() {
-    let s3 = S3::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let key = tmp.path().join("k");
-    fs::write(&key, format!("{}\n", "cd".repeat(32))).unwrap();
-    let cmd = |machine: &str, args: &[&str]| {
-        let mut c = s3.cmd(machine, args);
-        c.env("GSTORE_KEY_FILE", &key);
-        c
-    };
-    ok(cmd("a", &["init", "--encrypt"]));
+    let (s3, tmp) = (EncryptedS3::start(), tempfile::tempdir().unwrap());
+    let cmd = |machine: &str, args: &[&str]| s3.cmd(machine, args);
     let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
     tree_with_marker(&one);
     make_tree(&two, 9, 1 << 20);
     ok(cmd("a", &["push", one.to_str().unwrap(), "--tag", "app"]));
-    let record = s3.bucket_dir().join("images/tags/app/latest.tag");
+    let record = s3.s3.bucket_dir().join("images/tags/app/latest.tag");
     let old = fs::read(&record).unwrap();
     ok(cmd("a", &["push", two.to_str().unwrap(), "--tag", "app"]));
     let new = fs::read(&record).unwrap();

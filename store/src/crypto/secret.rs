@@ -23,15 +23,18 @@ impl Secret {
     pub fn from_file(path: &Path) -> Result<Secret> {
         let text =
             Zeroizing::new(std::fs::read_to_string(path).map_err(|e| StoreError::io("reading key file", path, e))?);
-        let trimmed = text.trim_end_matches(['\n', '\r']);
+        Secret::from_text(text.trim_end_matches(['\n', '\r']))
+            .ok_or_else(|| StoreError::Invalid(format!("key file {} is empty", path.display())))
+    }
+
+    /// The secret `text` gives: 64 hex digits are a key, anything else a passphrase; `None`
+    /// when it is empty.
+    fn from_text(text: &str) -> Option<Secret> {
         let mut key = Zeroizing::new([0u8; 32]);
-        if trimmed.len() == 64 && hex::decode_to_slice(trimmed, &mut key[..]).is_ok() {
-            return Ok(Secret::Key(key));
+        if text.len() == 64 && hex::decode_to_slice(text, &mut key[..]).is_ok() {
+            return Some(Secret::Key(key));
         }
-        if trimmed.is_empty() {
-            return Err(StoreError::Invalid(format!("key file {} is empty", path.display())));
-        }
-        Ok(Secret::Passphrase(Zeroizing::new(trimmed.to_string())))
+        (!text.is_empty()).then(|| Secret::Passphrase(Zeroizing::new(text.to_string())))
     }
 
     /// The secret the environment gives: `GSTORE_KEY_FILE`, else `GSTORE_PASSPHRASE`; `None`
@@ -70,14 +73,7 @@ impl Secret {
             rpassword::prompt_password(question)
                 .map_err(|e| StoreError::io("reading a passphrase from", "/dev/tty", e))?,
         );
-        let mut key = Zeroizing::new([0u8; 32]);
-        if text.len() == 64 && hex::decode_to_slice(text.as_str(), &mut key[..]).is_ok() {
-            return Ok(Secret::Key(key));
-        }
-        if text.is_empty() {
-            return Err(StoreError::Invalid("an empty passphrase is not a key".into()));
-        }
-        Ok(Secret::Passphrase(Zeroizing::new(text.to_string())))
+        Secret::from_text(&text).ok_or_else(|| StoreError::Invalid("an empty passphrase is not a key".into()))
     }
 
     /// The text of a new key file: 32 random bytes as 64 hex digits and a newline.
