@@ -21,6 +21,7 @@ if [ ${#targets[@]} -eq 0 ]; then
   mapfile -t targets < <(cargo fuzz list --fuzz-dir fuzz)
 fi
 cargo fuzz build --fuzz-dir fuzz
+bash scripts/prune-target.sh "$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/deps"
 for t in "${targets[@]}"; do
   mkdir -p "fuzz/corpus/$t" "fuzz/regressions/$t"
   if compgen -G "fuzz/regressions/$t/*" >/dev/null; then

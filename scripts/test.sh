@@ -10,6 +10,7 @@ source scripts/env.sh
 # The integration tests drive the release binary: build it first (`cargo test` builds a
 # package's binaries only for that package's own tests).
 cargo build --release -p gstore-cli
+bash scripts/prune-target.sh "$CARGO_TARGET_DIR/release/deps"
 cargo nextest run --release --workspace --no-fail-fast "$@"
 # The Python package: its wheel built and tested with pytest.
 bash scripts/python.sh

@@ -16,6 +16,16 @@ pub fn gstore_bin() -> PathBuf {
     bin
 }
 
+/// The gstore binary with its staging directories (`TMPDIR`) inside the scratch directory
+/// `scratch`: a gstore killed mid-restore leaves its image there, removed with the test's.
+pub fn gstore_in(scratch: &Path) -> Command {
+    let staging = scratch.join("staging");
+    std::fs::create_dir_all(&staging).expect("staging directory");
+    let mut c = Command::new(gstore_bin());
+    c.env("TMPDIR", staging);
+    c
+}
+
 /// `--criu PATH` for the CRIU (>= 4) that scripts/criu.sh installs at /opt/criu/sbin/criu.
 pub fn criu_args() -> Vec<String> {
     let criu = ["/opt/criu/sbin/criu"].into_iter().find(|p| Path::new(p).exists());
@@ -62,7 +72,7 @@ impl Env {
 
     /// A `gstore` command on this store.
     pub fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(gstore_bin());
+        let mut c = gstore_in(self.tmp.path());
         c.arg("--store").arg(&self.store).args(args).env_remove("GSTORE_STORE");
         c
     }
@@ -428,7 +438,7 @@ impl S3 {
 
     /// `gstore --store s3://… ARGS` as seen from machine `machine`, with `secret` as the secret key.
     pub fn cmd_as(&self, machine: &str, secret: &str, args: &[&str]) -> Command {
-        let mut c = Command::new(gstore_bin());
+        let mut c = gstore_in(self.tmp.path());
         c.arg("--store")
             .arg(&self.url)
             .args(args)
@@ -530,7 +540,7 @@ impl Server {
 
     /// `gstore --store http://… ARGS` with `token` on machine `machine`.
     pub fn cmd(&self, machine: &str, token: &str, args: &[&str]) -> Command {
-        let mut c = Command::new(gstore_bin());
+        let mut c = gstore_in(self.tmp.path());
         c.arg("--store")
             .arg(self.url())
             .args(args)
