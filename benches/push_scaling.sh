@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Push scaling curve: one file of N(0, 0.02) bf16 weights (SIZE_GIB, default 4) pushed into a
-# fresh store with 1, 2, 4, 8, ... rayon threads (RAYON_NUM_THREADS), up to the core count.
+# Push scaling curve: one file of N(0, 0.02) bf16 weights (SIZE_GIB, default 4), or of random
+# bytes with DATA=random (incompressible: stored raw), pushed into a fresh store with 1, 2, 4,
+# 8, ... rayon threads (RAYON_NUM_THREADS), up to the core count.
 # STORE_DIR (default /var/tmp) is where the stores go: on a disk, or /dev/shm to take the disk
 # out. GSTORE=PATH picks the binary. Prints GB/s per thread count, the speedup over one, and
 # the stored/logical ratio and the push's stage times (which stage sets the pace:
@@ -13,14 +14,17 @@ G=${GSTORE:-gstore}
 dir=${STORE_DIR:-/var/tmp}/gstore-scaling.$$
 mkdir -p "$dir"
 trap 'rm -rf "$dir"' EXIT
-python3 - "$dir/weights.bin" "$gib" <<'PY'
+python3 - "$dir/weights.bin" "$gib" "${DATA:-bf16}" <<'PY'
 import sys, numpy as np
-path, gib = sys.argv[1], int(sys.argv[2])
+path, gib, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rng = np.random.default_rng(0)
 with open(path, "wb") as f:
-    for _ in range(gib * 8):  # 128 MiB of bf16 at a time
-        w = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02).view(np.uint32)
-        f.write((w >> 16).astype(np.uint16).tobytes())
+    for _ in range(gib * 8):  # 128 MiB at a time
+        if kind == "random":
+            f.write(rng.bytes(1 << 27))
+        else:
+            w = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02).view(np.uint32)
+            f.write((w >> 16).astype(np.uint16).tobytes())
 PY
 cat "$dir/weights.bin" > /dev/null
 cores=$(nproc)

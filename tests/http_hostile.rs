@@ -100,8 +100,8 @@ fn pack_claiming_4_gib() -> (ObjectId, Vec<u8>) {
     let mut b = PackBuilder::new();
     b.push(chunk, Codec::Zero, &[], u32::MAX);
     let p = b.finish();
-    assert_eq!(p.bytes.len(), 129);
-    (chunk, p.bytes)
+    assert_eq!(p.size(), 129);
+    (chunk, p.pieces.iter().flat_map(|b| b.iter().copied()).collect())
 }
 
 #[test]

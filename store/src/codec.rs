@@ -93,15 +93,19 @@ impl Encoder {
 
     /// Chooses a codec for a non-zero chunk and returns its stored bytes: the float codec for
     /// a chunk whose sample looks like floats, else zstd, each only when it saves at least
-    /// ~3 %; raw otherwise.
+    /// ~3 %; raw otherwise, and at once for a chunk whose sample looks random.
     pub fn encode(&mut self, plain: &[u8]) -> (Codec, Vec<u8>) {
         let limit = (plain.len() as f64 * KEEP_ZSTD_BELOW) as usize;
-        if let Some(plan) = self.floats.then(|| floats::plan(plain)).flatten() {
-            let mut out = Vec::with_capacity(plain.len() + 32);
-            floats::encode(plain, plan, &mut self.lanes, &mut self.scratch, &mut out);
-            if out.len() < limit {
-                return (Codec::Floats, out);
+        match floats::survey(plain) {
+            floats::Survey::Random => return (Codec::Raw, plain.to_vec()),
+            floats::Survey::Floats(plan) if self.floats => {
+                let mut out = Vec::with_capacity(plain.len() + 32);
+                floats::encode(plain, plan, &mut self.lanes, &mut self.scratch, &mut out);
+                if out.len() < limit {
+                    return (Codec::Floats, out);
+                }
             }
+            _ => {}
         }
         // Output larger than `limit` does not fit the buffer, which means "not worth it".
         let mut out = Vec::with_capacity(limit);
@@ -475,7 +479,8 @@ mod tests {
 
     #[test]
     fn zstd_frames_are_checked_before_a_gpu_decodes_them() {
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8 ^ (i / 4096) as u8).collect();
+        // Seven bits a byte: the sample does not look random, so zstd is tried (and keeps it).
+        let data: Vec<u8> = (0..100_000u32).map(|i| ((i % 251) as u8 ^ (i / 4096) as u8) & 0x7f).collect();
         let id = ObjectId::of(&data);
         let (codec, stored) = Encoder::new(1, false).unwrap().encode(&data);
         assert_eq!(codec, Codec::Zstd);

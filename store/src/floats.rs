@@ -72,32 +72,72 @@ pub struct Plan {
     pub compress: u8,
 }
 
-/// Looks at a sample from the middle of `plain`: grouping bytes by 2 or 4 must lower their
-/// order-0 entropy by [`MIN_GAIN_BITS`], as it does for floats (whose exponent bytes repeat)
-/// and not for text, code, pointers or random bytes, and the sample must not be so
-/// repetitive ([`MIN_WHOLE_BITS`]) that zstd's matches serve it better.
-pub fn plan(plain: &[u8]) -> Option<Plan> {
-    if plain.len() < 2 * SAMPLE {
-        return None;
+/// What a sample of a chunk says about storing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Survey {
+    /// Floats: grouped by `Plan`'s width, its lanes compress apart.
+    Floats(Plan),
+    /// Bytes as they are: zstd may or may not save enough (too short to sample, or no sign of
+    /// floats nor of randomness).
+    Bytes,
+    /// Every sampled byte value as likely as any other: no codec is tried, as Huffman coding
+    /// cannot save the ~3 % a chunk must save (zstd's pass over random bytes took ~40 % of a
+    /// single-thread push of them). Repeats inside such a chunk (a random block twice) would
+    /// have given zstd matches: those are missed, and the chunk is stored raw.
+    Random,
+}
+
+/// Above this order-0 entropy (bits per byte) of the whole sample, a chunk is taken for
+/// random. The sample of 8 KiB from uniformly random bytes measures ~7.978 bits (the estimate's
+/// bias is 255 / (2 · 8192 · ln 2)); Huffman coding saves at most (8 - 7.95) / 8 < 1 % above
+/// it. Matches between far-apart parts of one chunk are missed: a chunk is random only where
+/// all four spread sample pieces are.
+const RANDOM_ABOVE: f64 = 7.95;
+
+/// Byte counts (four lanes of 4-byte words) of [`SAMPLE`] bytes taken from `plain` as four
+/// pieces at 1/8, 3/8, 5/8 and 7/8 of it, each starting on a word boundary, so that a chunk
+/// whose parts differ (a header, then floats; random bytes, then zeros) shows it.
+fn sample_counts(plain: &[u8]) -> [[u32; 256]; 4] {
+    let piece = SAMPLE / 4;
+    let mut counts = [[0u32; 256]; 4];
+    for k in 0..4 {
+        let start = ((2 * k + 1) * plain.len() / 8).saturating_sub(piece / 2) & !3;
+        for (lane, c) in counts.iter_mut().zip(lane_counts(&plain[start..start + piece])) {
+            *lane = sum(lane, &c);
+        }
     }
-    let start = (plain.len() / 2 - SAMPLE / 2) & !3;
-    let sample = &plain[start..start + SAMPLE];
+    counts
+}
+
+/// Looks at a sample of `plain` (pieces spread over it, [`sample_counts`]): a chunk whose
+/// sample is as random as random bytes is [`Survey::Random`]; one whose grouping by 2 or 4
+/// lowers the order-0 entropy by [`MIN_GAIN_BITS`], as it does for floats (whose exponent bytes
+/// repeat) and not for text, code, pointers or random bytes, and whose sample is not so
+/// repetitive ([`MIN_WHOLE_BITS`]) that zstd's matches serve it better, is
+/// [`Survey::Floats`]. Chunks shorter than two samples are [`Survey::Bytes`].
+pub fn survey(plain: &[u8]) -> Survey {
+    if plain.len() < 2 * SAMPLE {
+        return Survey::Bytes;
+    }
     // Lanes of 2-byte words are pairs of lanes of 4-byte ones; the whole is all four.
-    let four = lane_counts(sample);
+    let four = sample_counts(plain);
     let (even, odd) = (sum(&four[0], &four[2]), sum(&four[1], &four[3]));
     let whole = entropy(&sum(&even, &odd));
+    if whole > RANDOM_ABOVE {
+        return Survey::Random;
+    }
     if whole < MIN_WHOLE_BITS {
-        return None;
+        return Survey::Bytes;
     }
     let four: Vec<f64> = four.iter().map(entropy).collect();
     let two = vec![entropy(&even), entropy(&odd)];
     let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
     let (width, lanes) = if mean(&four) + 0.1 < mean(&two) { (4, four) } else { (2, two) };
     if mean(&lanes) + MIN_GAIN_BITS > whole {
-        return None;
+        return Survey::Bytes;
     }
     let compress = lanes.iter().enumerate().filter(|(_, &h)| h <= RAW_LANE_ABOVE).fold(0u8, |m, (i, _)| m | 1 << i);
-    Some(Plan { width, compress })
+    Survey::Floats(Plan { width, compress })
 }
 
 /// Splits whole words of `plain` into `lanes` (lane `i` at `i * n`, `n` words).
@@ -332,7 +372,7 @@ mod tests {
     fn text_pointers_and_random_bytes_do_not_look_like_floats() {
         let text: Vec<u8> =
             b"fn main() { println!(\"hello\"); } // comment\n".iter().cycle().take(65536).copied().collect();
-        assert_eq!(plan(&text), None);
+        assert_eq!(survey(&text), Survey::Bytes);
         let mut x = 7u64;
         let random: Vec<u8> = (0..65536)
             .map(|_| {
@@ -340,9 +380,18 @@ mod tests {
                 (x >> 56) as u8
             })
             .collect();
-        assert_eq!(plan(&random), None);
+        assert_eq!(survey(&random), Survey::Random);
         assert_eq!(round_trip(&random).0, Codec::Raw);
         assert_eq!(round_trip(&text).0, Codec::Zstd);
+        // Random where one piece of the sample lies, zeros elsewhere: zstd is tried and keeps
+        // it. Random except where one piece lies: taken for bytes, not random.
+        let mut mixed = vec![0u8; 65536];
+        mixed[..24576].copy_from_slice(&random[..24576]);
+        assert_eq!(survey(&mixed), Survey::Bytes);
+        assert_eq!(round_trip(&mixed).0, Codec::Zstd);
+        let mut mostly = random.clone();
+        mostly[40000..44000].fill(0);
+        assert_eq!(survey(&mostly), Survey::Bytes);
     }
 
     #[test]

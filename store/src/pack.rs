@@ -7,6 +7,8 @@ use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::key::ObjectKey;
 use crate::similar::Sketch;
+use bytes::Bytes;
+use object_store::PutPayload;
 
 /// Magic bytes at the start of every pack.
 pub const PACK_MAGIC: &[u8; 8] = b"GSPACK01";
@@ -116,10 +118,10 @@ impl PackEntry {
     }
 }
 
-/// Accumulates stored chunks for one pack. The chunks are kept as they come and put together
-/// by [`PackBuilder::finish`], on whichever thread finishes the pack: a push appends chunks on
-/// one thread and finishes packs on its writers, so the pack buffer's allocation and first
-/// touch (page faults over 48 MiB) and its hash are spread over those.
+/// Accumulates stored chunks for one pack. The chunks are kept as they come and never copied
+/// into one buffer: [`PackBuilder::finish`] hashes them in order and hands them on as the
+/// pieces of the pack, which backends write one after the other. A push appends chunks on one
+/// thread and finishes packs on its writers, so the hashing is spread over those.
 pub struct PackBuilder {
     salt: [u8; SALT_LEN],
     /// Stored chunks, in pack order.
@@ -133,10 +135,11 @@ pub struct PackBuilder {
 
 /// A finished pack, ready to upload.
 pub struct FinishedPack {
-    /// The pack id: BLAKE3 of `bytes`.
+    /// The pack id: BLAKE3 of the pack's bytes.
     pub id: ObjectId,
-    /// The complete pack object.
-    pub bytes: Vec<u8>,
+    /// The pack's bytes, in pieces (the header, each chunk's stored bytes, the footer and
+    /// trailer) that make up the pack one after the other.
+    pub pieces: PutPayload,
     /// Its chunks, in order.
     pub entries: Vec<PackEntry>,
     /// Resemblance sketches of chunks in it, which the index records once the pack is stored.
@@ -222,25 +225,37 @@ impl PackBuilder {
     /// delta chunks is written in layout version 2, any other in version 1.
     pub fn finish(self) -> FinishedPack {
         let version = if self.entries.iter().any(|e| e.bases.is_some()) { PACK_VERSION_DELTAS } else { PACK_VERSION };
-        let footer_len = self.entries.len() * entry_len(version);
-        let mut buf = crate::memory::fresh_buffer(self.len as usize + footer_len + TRAILER_LEN);
-        buf.extend_from_slice(PACK_MAGIC);
-        buf.extend_from_slice(&self.salt);
-        for p in &self.parts {
-            buf.extend_from_slice(p);
+        let mut hasher = blake3::Hasher::new();
+        let mut pieces = Vec::with_capacity(self.parts.len() + 2);
+        let mut piece = |bytes: Vec<u8>| {
+            hasher.update(&bytes);
+            pieces.push(Bytes::from(bytes));
+        };
+        piece([&PACK_MAGIC[..], &self.salt].concat());
+        for p in self.parts {
+            piece(p);
         }
-        drop(self.parts);
-        let footer_offset = buf.len() as u64;
+        let footer_offset = self.len;
+        let mut tail = Vec::with_capacity(self.entries.len() * entry_len(version) + TRAILER_LEN);
         for e in &self.entries {
-            e.write_to(&mut buf, version);
+            e.write_to(&mut tail, version);
         }
-        let footer_hash = blake3::hash(&buf[footer_offset as usize..]);
-        buf.extend_from_slice(&footer_offset.to_le_bytes());
-        buf.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
-        buf.extend_from_slice(&version.to_le_bytes());
-        buf.extend_from_slice(footer_hash.as_bytes());
-        buf.extend_from_slice(TRAILER_MAGIC);
-        FinishedPack { id: ObjectId::of(&buf), bytes: buf, entries: self.entries, sketches: self.sketches }
+        let footer_hash = blake3::hash(&tail);
+        tail.extend_from_slice(&footer_offset.to_le_bytes());
+        tail.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        tail.extend_from_slice(&version.to_le_bytes());
+        tail.extend_from_slice(footer_hash.as_bytes());
+        tail.extend_from_slice(TRAILER_MAGIC);
+        piece(tail);
+        let id = ObjectId(*hasher.finalize().as_bytes());
+        FinishedPack { id, pieces: pieces.into_iter().collect(), entries: self.entries, sketches: self.sketches }
+    }
+}
+
+impl FinishedPack {
+    /// The pack's length in bytes.
+    pub fn size(&self) -> u64 {
+        self.pieces.content_length() as u64
     }
 }
 
@@ -352,6 +367,11 @@ mod tests {
     /// A chunk max above every test chunk.
     const MAX: u32 = 1 << 20;
 
+    /// The pack's pieces joined: the bytes a backend stores.
+    fn joined(p: &FinishedPack) -> Vec<u8> {
+        Bytes::from(p.pieces.clone()).to_vec()
+    }
+
     fn sample() -> FinishedPack {
         let mut b = PackBuilder::new();
         b.push(ObjectId::of(b"one"), Codec::Raw, b"one", 3);
@@ -367,10 +387,10 @@ mod tests {
     #[test]
     fn round_trip() {
         let p = sample();
-        assert_eq!(p.id, ObjectId::of(&p.bytes));
-        let entries = parse_pack(&p.bytes, "p", MAX).unwrap();
+        assert_eq!(p.id, ObjectId::of(&joined(&p)));
+        let entries = parse_pack(&joined(&p), "p", MAX).unwrap();
         assert_eq!(entries, p.entries);
-        assert_eq!(&p.bytes[entries[1].offset as usize..][..3], b"two");
+        assert_eq!(&joined(&p)[entries[1].offset as usize..][..3], b"two");
     }
 
     #[test]
@@ -384,11 +404,11 @@ mod tests {
             }
             let p = b.finish();
             assert_eq!(p.entries.len() * ENTRY_LEN > TAIL_GUESS as usize, chunks == 3000);
-            let size = p.bytes.len() as u64;
-            backend.put(&ObjectKey::Pack(p.id).to_string(), p.bytes.clone()).unwrap();
+            let size = p.size();
+            backend.put(&ObjectKey::Pack(p.id).to_string(), p.pieces.clone()).unwrap();
             let (entries, tail) = read_tail(&backend, &p.id, size, MAX).unwrap();
             assert_eq!(entries, p.entries);
-            assert_eq!(&tail[..], &p.bytes[p.bytes.len() - tail.len()..]);
+            assert_eq!(&tail[..], &joined(&p)[p.size() as usize - tail.len()..]);
             assert_eq!(tail.len(), chunks * ENTRY_LEN + TRAILER_LEN);
         }
     }
@@ -397,13 +417,13 @@ mod tests {
     fn damage_is_detected() {
         let p = sample();
         // Truncation at every length.
-        for n in 0..p.bytes.len() {
-            assert!(parse_pack(&p.bytes[..n], "p", MAX).is_err(), "truncated to {n} parsed");
+        for n in 0..p.size() as usize {
+            assert!(parse_pack(&joined(&p)[..n], "p", MAX).is_err(), "truncated to {n} parsed");
         }
         // A flipped byte anywhere in footer or trailer.
         let footer_start = p.entries.last().map(|e| (e.offset + e.stored_len as u64) as usize).unwrap();
-        for i in footer_start..p.bytes.len() {
-            let mut b = p.bytes.clone();
+        for i in footer_start..p.size() as usize {
+            let mut b = joined(&p);
             b[i] ^= 0x40;
             assert!(parse_pack(&b, "p", MAX).is_err(), "flip at {i} parsed");
         }
@@ -421,13 +441,13 @@ mod tests {
         b.push_delta(id, bases, stored.clone(), 100);
         let p = b.finish();
         let version = |b: &[u8]| u32::from_le_bytes(b[b.len() - 44..b.len() - 40].try_into().unwrap());
-        assert_eq!(version(&p.bytes), 2);
-        let entries = parse_pack(&p.bytes, "p", MAX).unwrap();
+        assert_eq!(version(&joined(&p)), 2);
+        let entries = parse_pack(&joined(&p), "p", MAX).unwrap();
         assert_eq!(entries, p.entries);
         assert_eq!((entries[0].bases, entries[1].bases), (None, Some(bases)));
-        assert_eq!(p.bytes.len(), 24 + 3 + stored.len() + 2 * ENTRY_LEN_V2 + TRAILER_LEN);
+        assert_eq!(p.size() as usize, 24 + 3 + stored.len() + 2 * ENTRY_LEN_V2 + TRAILER_LEN);
         // A pack without deltas stays version 1, readable by older readers.
-        assert_eq!(version(&sample().bytes), 1);
+        assert_eq!(version(&joined(&sample())), 1);
     }
 
     #[test]
@@ -436,17 +456,17 @@ mod tests {
         let mut b = PackBuilder::new();
         b.push(ObjectId::of(b"z"), Codec::Zero, &[], u32::MAX);
         let p = b.finish();
-        assert_eq!(p.bytes.len(), 129);
-        let err = parse_pack(&p.bytes, "p", MAX).unwrap_err().to_string();
+        assert_eq!(p.size() as usize, 129);
+        let err = parse_pack(&joined(&p), "p", MAX).unwrap_err().to_string();
         assert!(err.contains("corrupt pack p") && err.contains("exceeds the store's chunk max"), "{err}");
         let mut b = PackBuilder::new();
         b.push(ObjectId::of(b"z"), Codec::Zero, &[], MAX);
-        assert!(parse_pack(&b.finish().bytes, "p", MAX).is_ok(), "a chunk of exactly the chunk max is fine");
+        assert!(parse_pack(&joined(&b.finish()), "p", MAX).is_ok(), "a chunk of exactly the chunk max is fine");
         // Stored lengths that do not fit the codec.
         for (codec, stored, plain) in [(Codec::Raw, 3, 4), (Codec::Zero, 1, 4), (Codec::Zstd, 5, 4)] {
             let mut b = PackBuilder::new();
             b.push(ObjectId::of(b"x"), codec, &vec![1; stored], plain);
-            let err = parse_pack(&b.finish().bytes, "p", MAX).unwrap_err().to_string();
+            let err = parse_pack(&joined(&b.finish()), "p", MAX).unwrap_err().to_string();
             assert!(err.contains("does not fit"), "{codec:?}: {err}");
         }
     }

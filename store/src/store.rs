@@ -591,12 +591,12 @@ impl Store {
 
     /// Stores a finished pack, then records it in the index (pack before index).
     pub fn put_pack(&self, p: pack::FinishedPack) -> Result<()> {
-        let size = p.bytes.len() as u64;
+        let size = p.size();
         let key = ObjectKey::Pack(p.id).to_string();
-        if self.is_remote() && p.bytes.len() as u64 > backend::MULTIPART_ABOVE {
-            self.backend.put_multipart(&key, p.bytes)?;
+        if self.is_remote() && size > backend::MULTIPART_ABOVE {
+            self.backend.put_multipart(&key, p.pieces)?;
         } else {
-            self.backend.put(&key, p.bytes)?;
+            self.backend.put(&key, p.pieces)?;
         }
         let index = self.index()?;
         index.add_pack(p.id, size, &p.entries)?;

@@ -4,6 +4,7 @@ use super::{runtime, Listed, Objects, Patience, Put, Version};
 use crate::error::{Result, StoreError};
 use crate::http::{Answer, HttpClient};
 use bytes::Bytes;
+use object_store::PutPayload;
 use reqwest::header::{HeaderName, IF_MATCH, IF_NONE_MATCH, RANGE};
 use reqwest::{Method, StatusCode};
 use std::ops::Range;
@@ -28,13 +29,14 @@ impl HttpObjects {
 }
 
 impl Objects for HttpObjects {
-    fn put(&self, key: &str, bytes: Bytes, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         let cond = match mode {
             Put::Replace | Put::ReplaceVolatile => None,
             Put::Create => Some((IF_NONE_MATCH, "*".to_string())),
             Put::Update(v) => Some((IF_MATCH, v.0.e_tag.clone().unwrap_or_default())),
         };
-        match self.call(Method::PUT, key, cond.as_slice(), Some(bytes)) {
+        // One body: the pieces joined (a copy only for an object given in several).
+        match self.call(Method::PUT, key, cond.as_slice(), Some(Bytes::from(bytes))) {
             Err(StoreError::Conflict(_)) if matches!(mode, Put::Create) => {
                 Err(StoreError::AlreadyExists { what: "object", key: key.to_string() })
             }

@@ -7,7 +7,7 @@ use super::objects::ObjectStoreObjects;
 use super::{Listed, Objects, Put, Version};
 use crate::error::{Result, StoreError};
 use bytes::Bytes;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, PutPayload};
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -53,7 +53,7 @@ impl LocalDir {
 
     /// Compare-and-swap: compares the version and writes while holding the CAS lock file,
     /// which every gstore process writing this directory takes for the same purpose.
-    fn put_if_unchanged(&self, key: &str, bytes: Bytes, expected: &Version) -> Result<()> {
+    fn put_if_unchanged(&self, key: &str, bytes: PutPayload, expected: &Version) -> Result<()> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -87,7 +87,7 @@ fn truncated(key: &str, size: u64, needed: u64) -> StoreError {
 }
 
 impl Objects for LocalDir {
-    fn put(&self, key: &str, bytes: Bytes, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         match mode {
             Put::ReplaceVolatile => self.volatile.put(key, bytes, Put::Replace),
             Put::Update(v) => self.put_if_unchanged(key, bytes, v),

@@ -15,7 +15,7 @@ mod sealed;
 
 use crate::error::{Result, StoreError};
 use bytes::Bytes;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, PutPayload};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,10 +68,11 @@ pub(crate) enum Put<'a> {
 /// What a store keeps its objects in. Blocking; implementations run their requests on
 /// [`runtime`]. A missing object is `None` (reads) or not an error (delete).
 pub(crate) trait Objects: Send + Sync {
-    /// Writes an object under `mode`'s condition.
-    fn put(&self, key: &str, bytes: Bytes, mode: Put<'_>) -> Result<()>;
+    /// Writes an object (its bytes given in pieces, one after the other) under `mode`'s
+    /// condition.
+    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()>;
     /// Replaces a large object, in parts where the backend uploads parts concurrently.
-    fn put_large(&self, key: &str, bytes: Bytes) -> Result<()> {
+    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
         self.put(key, bytes, Put::Replace)
     }
     /// Reads a whole object with its version.
@@ -205,8 +206,9 @@ impl Backend {
         &self.description
     }
 
-    /// Writes an object, replacing any existing one.
-    pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+    /// Writes an object (in one piece, or in pieces written one after the other), replacing
+    /// any existing one.
+    pub fn put(&self, key: &str, bytes: impl Into<PutPayload>) -> Result<()> {
         self.before("put", key);
         self.objects.put(key, bytes.into(), Put::Replace)
     }
@@ -221,7 +223,7 @@ impl Backend {
 
     /// Writes a large object in parts uploaded concurrently (S3 multipart upload), for
     /// remote backends; a failed upload is aborted and leaves no object.
-    pub fn put_multipart(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+    pub fn put_multipart(&self, key: &str, bytes: impl Into<PutPayload>) -> Result<()> {
         self.before("put_multipart", key);
         self.objects.put_large(key, bytes.into())
     }
@@ -268,7 +270,7 @@ impl Backend {
             None => Put::Create,
             Some(v) => Put::Update(v),
         };
-        let lost = match self.objects.put(key, Bytes::from(bytes.clone()), mode) {
+        let lost = match self.objects.put(key, bytes.clone().into(), mode) {
             Err(StoreError::AlreadyExists { .. }) => StoreError::lost_race(key),
             Err(e @ StoreError::Conflict(_)) => e,
             other => return other,
@@ -285,7 +287,7 @@ impl Backend {
     /// client, not the server, decides whether that was its own earlier write.
     pub fn put_if_unchanged(&self, key: &str, bytes: Vec<u8>, expected: &Version) -> Result<()> {
         self.before("put_if", key);
-        self.objects.put(key, Bytes::from(bytes), Put::Update(expected))
+        self.objects.put(key, bytes.into(), Put::Update(expected))
     }
 
     /// Reads a whole object.

@@ -33,7 +33,7 @@ impl ObjectStoreObjects {
 }
 
 impl Objects for ObjectStoreObjects {
-    fn put(&self, key: &str, bytes: Bytes, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         let mode = match mode {
             Put::Replace | Put::ReplaceVolatile => PutMode::Overwrite,
             Put::Create => PutMode::Create,
@@ -41,7 +41,7 @@ impl Objects for ObjectStoreObjects {
         };
         let update = matches!(mode, PutMode::Update(_));
         let opts = PutOptions { mode, ..Default::default() };
-        match runtime().block_on(self.store.put_opts(&ObjPath::from(key), PutPayload::from(bytes), opts)) {
+        match runtime().block_on(self.store.put_opts(&ObjPath::from(key), bytes, opts)) {
             Ok(_) => Ok(()),
             Err(object_store::Error::Precondition { .. }) if update => Err(StoreError::lost_race(key)),
             Err(object_store::Error::NotImplemented { .. }) if update => Err(StoreError::Backend {
@@ -53,13 +53,15 @@ impl Objects for ObjectStoreObjects {
         }
     }
 
-    fn put_large(&self, key: &str, bytes: Bytes) -> Result<()> {
+    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
         let path = ObjPath::from(key);
         runtime()
             .block_on(async {
                 let upload = self.store.put_multipart(&path).await?;
                 let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, super::MULTIPART_PART);
-                w.put(bytes);
+                for piece in bytes {
+                    w.put(piece);
+                }
                 w.finish().await
             })
             .map(|_| ())

@@ -9,6 +9,7 @@
 use super::{Listed, Objects, Put, Version};
 use crate::error::{Result, StoreError};
 use bytes::Bytes;
+use object_store::PutPayload;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,11 +102,11 @@ fn still_unavailable(e: StoreError, waited: Duration) -> StoreError {
 }
 
 impl Objects for Retrying {
-    fn put(&self, key: &str, bytes: Bytes, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         self.call(|| self.inner.put(key, bytes.clone(), mode))
     }
 
-    fn put_large(&self, key: &str, bytes: Bytes) -> Result<()> {
+    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
         self.call(|| self.inner.put_large(key, bytes.clone()))
     }
 
@@ -158,7 +159,7 @@ mod tests {
     }
 
     impl Objects for Flaky {
-        fn put(&self, _: &str, _: Bytes, _: Put<'_>) -> Result<()> {
+        fn put(&self, _: &str, _: PutPayload, _: Put<'_>) -> Result<()> {
             Ok(())
         }
         fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {

@@ -8,7 +8,7 @@ use crate::crypto::sealed::{self, Header, Sealer};
 use crate::error::{Result, StoreError};
 use crate::key::ObjectKey;
 use bytes::Bytes;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, PutPayload};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
@@ -80,20 +80,20 @@ impl SealedObjects {
 }
 
 impl Objects for SealedObjects {
-    fn put(&self, key: &str, bytes: Bytes, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         if !is_sealed(key) {
             return self.inner.put(key, bytes, mode);
         }
         self.forget(key);
-        self.inner.put(key, self.sealer.seal(key, &bytes).into(), mode)
+        self.inner.put(key, self.sealer.seal(key, bytes.as_ref()).into(), mode)
     }
 
-    fn put_large(&self, key: &str, bytes: Bytes) -> Result<()> {
+    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
         if !is_sealed(key) {
             return self.inner.put_large(key, bytes);
         }
         self.forget(key);
-        self.inner.put_large(key, self.sealer.seal(key, &bytes).into())
+        self.inner.put_large(key, self.sealer.seal(key, bytes.as_ref()).into())
     }
 
     fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {

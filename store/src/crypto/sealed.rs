@@ -126,19 +126,30 @@ impl Sealer {
         Nonce::assume_unique_for_key(n)
     }
 
-    /// Seals `plain` as the object `key`, under a fresh random salt.
-    pub fn seal(&self, key: &str, plain: &[u8]) -> Vec<u8> {
+    /// Seals the object `key`, whose plain bytes are `pieces` one after the other, under a
+    /// fresh random salt.
+    pub fn seal(&self, key: &str, pieces: &[impl AsRef<[u8]>]) -> Vec<u8> {
         let mut salt = [0u8; 32];
         super::random(&mut salt);
-        let header = Header { salt, plain_len: plain.len() as u64 };
+        let plain_len = pieces.iter().map(|p| p.as_ref().len() as u64).sum();
+        let header = Header { salt, plain_len };
         let k = self.object_key(&salt);
         let aad = Self::aad(&header, key);
         let mut out = crate::memory::fresh_buffer(header.sealed_len() as usize);
         out.extend_from_slice(&header.encode());
+        let mut rest = pieces.iter().map(|p| p.as_ref());
+        let mut piece: &[u8] = &[];
         for i in 0..header.blocks() {
             let start = out.len();
-            let from = (i * BLOCK) as usize;
-            out.extend_from_slice(&plain[from..from + header.block_len(i) as usize]);
+            let mut need = header.block_len(i) as usize;
+            while need > 0 {
+                if piece.is_empty() {
+                    piece = rest.next().expect("the pieces hold plain_len bytes");
+                }
+                let n = need.min(piece.len());
+                out.extend_from_slice(&piece[..n]);
+                (piece, need) = (&piece[n..], need - n);
+            }
             let tag = k
                 .seal_in_place_separate_tag(Self::nonce(i), Aad::from(&aad[..]), &mut out[start..])
                 .expect("a block is far below AES-GCM's limit");
@@ -271,9 +282,12 @@ mod tests {
         let s = Sealer::new([7; 32]);
         for n in [0usize, 1, 100, BLOCK as usize, BLOCK as usize * 3 + 17] {
             let plain = data(n);
-            let sealed = s.seal("packs/ab/x.pack", &plain);
+            let sealed = s.seal("packs/ab/x.pack", &[&plain]);
             assert_eq!(sealed.len() as u64, HEADER + n as u64 + TAG * (n as u64).div_ceil(BLOCK).max(1));
             assert_eq!(s.open("packs/ab/x.pack", &sealed).unwrap(), plain);
+            // In pieces that do not line up with the blocks: the same plain bytes.
+            let pieces = [&plain[..n / 3], &plain[n / 3..n / 3], &plain[n / 3..]];
+            assert_eq!(s.open("packs/ab/x.pack", &s.seal("packs/ab/x.pack", &pieces)).unwrap(), plain);
             let header = Header::parse(&sealed, "k").unwrap();
             let ranges = [
                 (0, n),
@@ -297,7 +311,7 @@ mod tests {
     fn a_changed_moved_or_truncated_object_or_another_key_is_refused() {
         let s = Sealer::new([7; 32]);
         let plain = data(3 * BLOCK as usize);
-        let sealed = s.seal("tags/a/latest.tag", &plain);
+        let sealed = s.seal("tags/a/latest.tag", &[&plain]);
         let mut flipped = sealed.clone();
         flipped[HEADER as usize + BLOCK as usize + 40] ^= 1;
         let err = s.open("tags/a/latest.tag", &flipped).unwrap_err().to_string();
@@ -316,6 +330,6 @@ mod tests {
         assert!(Sealer::new([8; 32]).open("tags/a/latest.tag", &sealed).is_err(), "another store's key");
         assert!(s.open("k", b"plain json").unwrap_err().to_string().contains("not a sealed object"));
         // The same plain bytes sealed twice differ (fresh salt).
-        assert_ne!(s.seal("k", &plain), s.seal("k", &plain));
+        assert_ne!(s.seal("k", &[&plain]), s.seal("k", &[&plain]));
     }
 }

@@ -669,8 +669,8 @@ impl Sweep<'_> {
 
     fn put_new_pack(&self, p: PackBuilder, report: &mut GcReport) -> Result<()> {
         let p = p.finish();
-        report.bytes_repacked += p.bytes.len() as u64;
-        self.store.backend().put(&ObjectKey::Pack(p.id).to_string(), p.bytes)
+        report.bytes_repacked += p.size();
+        self.store.backend().put(&ObjectKey::Pack(p.id).to_string(), p.pieces)
     }
 }
 
