@@ -81,9 +81,9 @@ pub enum Survey {
     /// floats nor of randomness).
     Bytes,
     /// Every sampled byte value as likely as any other: no codec is tried, as Huffman coding
-    /// cannot save the ~3 % a chunk must save (zstd's pass over random bytes took ~40 % of a
-    /// single-thread push of them). Repeats inside such a chunk (a random block twice) would
-    /// have given zstd matches: those are missed, and the chunk is stored raw.
+    /// cannot save the ~3 % a chunk must save (zstd's fruitless pass over random bytes took
+    /// ~15 % of a single-thread push of them). Repeats inside such a chunk (a random block
+    /// twice) would have given zstd matches: those are missed, and the chunk is stored raw.
     Random,
 }
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Two gstore binaries pushing the same file in one run, alternating: 8 GiB (SIZE_GIB) of
+# N(0, 0.02) bf16 weights (DATA=bf16) or random bytes (DATA=random), each push into a fresh
+# store in STORE_DIR (default /dev/shm, to take the disk out), with each thread count given
+# (RAYON_NUM_THREADS). Prints seconds, GB/s and the writers' summed time per push.
+# Usage: benches/push_compare.sh BIN_A BIN_B [DATA] [SIZE_GIB] [ROUNDS] [THREADS...]
+#   e.g. benches/push_compare.sh gstore-old gstore bf16 8 3 16 1
+set -euo pipefail
+a=$(realpath "$1"); b=$(realpath "$2"); data=${3:-bf16}; gib=${4:-8}; rounds=${5:-3}
+shift $(( $# < 5 ? $# : 5 ))
+threads=("$@"); [ ${#threads[@]} -gt 0 ] || threads=("$(nproc)")
+w=$(mktemp -d "${STORE_DIR:-/dev/shm}/gstore-push-compare.XXXXXX")
+trap 'rm -rf "$w"' EXIT
+python3 - "$w/f.bin" "$gib" "$data" <<'PY'
+import sys, numpy as np
+path, gib, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rng = np.random.default_rng(0)
+with open(path, "wb") as f:
+    for _ in range(gib * 8):  # 128 MiB at a time
+        if kind == "random":
+            f.write(rng.bytes(1 << 27))
+        else:
+            w = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02).view(np.uint32)
+            f.write((w >> 16).astype(np.uint16).tobytes())
+PY
+for t in "${threads[@]}"; do
+  for _ in $(seq "$rounds"); do
+    for bin in "$a" "$b"; do
+      rm -rf "$w/s"
+      "$bin" --store "$w/s" init > /dev/null
+      report=$(RAYON_NUM_THREADS=$t "$bin" --store "$w/s" --json push "$w/f.bin" --tag x)
+      echo "$report" | python3 -c 'import json, sys
+d = json.load(sys.stdin)
+print("%s threads %s %s: %.2f s, %.2f GB/s, writers %.1f s" % (sys.argv[1], sys.argv[2], sys.argv[3], d["seconds"], d["logical_bytes"] / d["seconds"] / 1e9, d["stages"]["write_s"]))' "$data" "$t" "$(basename "$bin")"
+    done
+  done
+done
