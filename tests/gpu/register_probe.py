@@ -1,0 +1,70 @@
+"""Issue #13: can pack bytes in the page cache reach VRAM without a host copy? Moves FILE (warm
+in the page cache) into device memory in slices of SLICE_MIB on THREADS threads, two ways,
+each twice, alternating: `pread` into pinned buffers and DMA from them (gstore's path), and
+the slice mapped (mmap), registered with the driver (cuMemHostRegister, read-only), DMA'd from
+the page cache itself, unregistered and unmapped. Prints GB/s for each (docs/BENCHMARKS.md).
+Driver API through ctypes; no checks of the bytes, only the movement.
+Usage: python3 tests/gpu/register_probe.py FILE THREADS SLICE_MIB"""
+import ctypes as C, os, sys, threading, time
+path, nthreads, slice_mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+cu = C.CDLL("libcuda.so.1")
+def ck(r, what):
+    if r != 0:
+        s = C.c_char_p(); cu.cuGetErrorString(r, C.byref(s)); raise SystemExit(f"{what}: {r} {s.value}")
+ck(cu.cuInit(0), "init")
+ctx = C.c_void_p(); ck(cu.cuDevicePrimaryCtxRetain(C.byref(ctx), 0), "ctx")
+ck(cu.cuCtxSetCurrent(ctx), "set")
+size = os.path.getsize(path)
+dptr = C.c_uint64(); ck(cu.cuMemAlloc_v2(C.byref(dptr), C.c_size_t(size)), "alloc")
+fd = os.open(path, os.O_RDONLY)
+libc = C.CDLL("libc.so.6", use_errno=True)
+libc.mmap.restype = C.c_void_p
+libc.mmap.argtypes = [C.c_void_p, C.c_size_t, C.c_int, C.c_int, C.c_int, C.c_long]
+os.system(f"cat {path} > /dev/null")
+sl = slice_mib << 20
+slices = [(o, min(sl, size - o)) for o in range(0, size, sl)]
+
+pinned = []
+for _ in range(2 * nthreads):
+    h = C.c_void_p(); ck(cu.cuMemHostAlloc(C.byref(h), C.c_size_t(sl), 0), "hostalloc"); pinned.append(h)
+
+def run(fn):
+    it = iter(slices); lock = threading.Lock(); errs = []
+    def worker(k):
+        ck(cu.cuCtxSetCurrent(ctx), "set")
+        st = C.c_void_p(); ck(cu.cuStreamCreate(C.byref(st), 1), "stream")
+        state = {"bufs": pinned[2 * k:2 * k + 2], "i": 0}
+        while True:
+            with lock:
+                nxt = next(it, None)
+            if nxt is None: break
+            try: fn(st, state, *nxt)
+            except BaseException as e: errs.append(e); break
+        ck(cu.cuStreamSynchronize(st), "sync")
+    t = time.time()
+    th = [threading.Thread(target=worker, args=(k,)) for k in range(nthreads)]
+    [x.start() for x in th]; [x.join() for x in th]
+    if errs: raise errs[0]
+    return time.time() - t
+
+# A: map + register (read-only) + DMA + unregister, per slice.
+def registered(st, state, off, n):
+    p = libc.mmap(None, n, 1, 1, fd, off)  # PROT_READ, MAP_SHARED
+    ck(cu.cuMemHostRegister_v2(C.c_void_p(p), C.c_size_t(n), 0x08), "register")
+    ck(cu.cuMemcpyHtoDAsync_v2(C.c_uint64(dptr.value + off), C.c_void_p(p), C.c_size_t(n), st), "copy")
+    ck(cu.cuStreamSynchronize(st), "sync")
+    ck(cu.cuMemHostUnregister(C.c_void_p(p)), "unregister")
+    libc.munmap(C.c_void_p(p), C.c_size_t(n))
+
+# B: pread into this thread's pinned buffer + DMA (two buffers, alternating).
+def pread_pinned(st, state, off, n):
+    h = state["bufs"][state["i"] % 2]; state["i"] += 1
+    ck(cu.cuStreamSynchronize(st), "sync")
+    view = (C.c_char * n).from_address(h.value)
+    got = os.preadv(fd, [memoryview(view).cast("B")], off)
+    assert got == n
+    ck(cu.cuMemcpyHtoDAsync_v2(C.c_uint64(dptr.value + off), h, C.c_size_t(n), st), "copy")
+
+for name, fn in [("pread+pinned", pread_pinned), ("mmap+register", registered), ("pread+pinned", pread_pinned), ("mmap+register", registered)]:
+    s = run(fn)
+    print(f"{name}: {nthreads} threads, {slice_mib} MiB slices: {s:.3f} s, {size / s / 1e9:.1f} GB/s", flush=True)
