@@ -105,7 +105,8 @@ fn remove_abandoned(root: &Path) {
 mod tests {
     use super::*;
 
-    /// A staging directory as a gstore leaves it: `locked` says whether its maker still runs.
+    /// A staging directory as a gstore leaves it, its lock held (returned) while `lock` says its
+    /// maker still runs.
     fn leftover(root: &Path, name: &str, lock: bool) -> Option<File> {
         let dir = root.join(name);
         std::fs::create_dir_all(dir.join("image")).unwrap();
