@@ -53,9 +53,16 @@ impl SealedObjects {
         Ok(h)
     }
 
-    /// Opens plain range `range` of sealed object `key` into `out`. A kept header that no
-    /// longer fits (the object was replaced since) is read again once.
-    fn open_range(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+    /// Opens plain range `range` of sealed object `key` with `open` (given the header and the
+    /// sealed bytes of the blocks holding the range). A kept header that no longer fits (the
+    /// object was replaced since) is read again once.
+    fn open_range<T>(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        empty: impl Fn() -> T,
+        mut open: impl FnMut(&Header, &[u8]) -> Result<T>,
+    ) -> Result<T> {
         let mut fresh = false;
         loop {
             let header = self.header(key, fresh)?;
@@ -67,11 +74,11 @@ impl SealedObjects {
                 return Err(super::short_range(key, &range, header.plain_len.saturating_sub(range.start) as usize));
             }
             if range.is_empty() {
-                return Ok(());
+                return Ok(empty());
             }
             let (span, _) = header.sealed_range(&range);
             let bytes = self.inner.get_range(key, span)?;
-            match self.sealer.open_range(key, &header, &range, &bytes, out) {
+            match open(&header, &bytes) {
                 Err(StoreError::Corrupt { .. }) if !fresh => fresh = true,
                 other => return other,
             }
@@ -107,16 +114,16 @@ impl Objects for SealedObjects {
         if !is_sealed(key) {
             return self.inner.get_range(key, range);
         }
-        let mut out = vec![0u8; (range.end.saturating_sub(range.start)) as usize];
-        self.open_range(key, range, &mut out)?;
-        Ok(out.into())
+        let r = range.clone();
+        self.open_range(key, range, Bytes::new, |header, sealed| self.sealer.open_range_owned(key, header, &r, sealed))
     }
 
     fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
         if !is_sealed(key) {
             return self.inner.get_range_into(key, range, out);
         }
-        self.open_range(key, range, out)
+        let r = range.clone();
+        self.open_range(key, range, || (), |header, sealed| self.sealer.open_range(key, header, &r, sealed, out))
     }
 
     fn size(&self, key: &str) -> Result<Option<u64>> {

@@ -17,6 +17,7 @@
 //! every block.
 
 use crate::error::{Result, StoreError};
+use bytes::Bytes;
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 use std::ops::Range;
 
@@ -96,6 +97,16 @@ pub fn plain_len(sealed_len: u64) -> Option<u64> {
 
 fn corrupt(key: &str, detail: &str) -> StoreError {
     StoreError::corrupt("sealed object", key, detail)
+}
+
+/// Block `i` of object `key` failed its check.
+fn unauthentic(key: &str, i: u64) -> StoreError {
+    corrupt(
+        key,
+        &format!(
+            "block {i} fails its authentication: the object was changed, moved from another key, or sealed with another store's key"
+        ),
+    )
 }
 
 /// The store's sealing key: seals and opens objects.
@@ -187,6 +198,32 @@ impl Sealer {
         sealed: &[u8],
         out: &mut [u8],
     ) -> Result<()> {
+        match Self::span_skip(key, header, range, sealed)? {
+            None => Ok(()),
+            Some(skip) => self.open_blocks(key, header, range.start / BLOCK, sealed, skip, out),
+        }
+    }
+
+    /// [`Sealer::open_range`] into a new buffer: each block's ciphertext is copied into it once
+    /// and opened there, and the range is a slice of the blocks' plain bytes (no zeroed output
+    /// to fill, no scratch block for the partial ones).
+    pub fn open_range_owned(&self, key: &str, header: &Header, range: &Range<u64>, sealed: &[u8]) -> Result<Bytes> {
+        let Some(skip) = Self::span_skip(key, header, range, sealed)? else { return Ok(Bytes::new()) };
+        let (k, aad) = (self.object_key(&header.salt), Self::aad(header, key));
+        let mut plain = Vec::with_capacity(sealed.len());
+        for block in Self::blocks(key, header, range.start / BLOCK, sealed) {
+            let (i, ciphertext, tag) = block?;
+            let start = plain.len();
+            plain.extend_from_slice(ciphertext);
+            k.open_in_place_separate_tag(Self::nonce(i), Aad::from(&aad[..]), tag, &mut plain[start..], 0..)
+                .map_err(|_| unauthentic(key, i))?;
+        }
+        Ok(Bytes::from(plain).slice(skip..skip + (range.end - range.start) as usize))
+    }
+
+    /// Where the range starts in its first block, after checking that `sealed` is exactly the
+    /// blocks holding it; `None` for an empty range.
+    fn span_skip(key: &str, header: &Header, range: &Range<u64>, sealed: &[u8]) -> Result<Option<usize>> {
         if range.end > header.plain_len {
             return Err(corrupt(
                 key,
@@ -194,13 +231,36 @@ impl Sealer {
             ));
         }
         if range.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let (span, skip) = header.sealed_range(range);
         if sealed.len() as u64 != span.end - span.start {
             return Err(corrupt(key, "shorter than its header says: truncated"));
         }
-        self.open_blocks(key, header, range.start / BLOCK, sealed, skip as usize, out)
+        Ok(Some(skip as usize))
+    }
+
+    /// The blocks in `sealed` from block `first` on, each as its number, ciphertext and tag.
+    fn blocks<'a>(
+        key: &'a str,
+        header: &'a Header,
+        first: u64,
+        sealed: &'a [u8],
+    ) -> impl Iterator<Item = Result<(u64, &'a [u8], Tag)>> + 'a {
+        let mut at = 0usize;
+        (first..).map_while(move |i| {
+            if at >= sealed.len() {
+                return None;
+            }
+            let len = header.block_len(i) as usize;
+            let Some(bytes) = sealed.get(at..at + len + TAG as usize) else {
+                at = sealed.len();
+                return Some(Err(corrupt(key, "shorter than its header says: truncated")));
+            };
+            at += len + TAG as usize;
+            let (ciphertext, tag) = bytes.split_at(len);
+            Some(Ok((i, ciphertext, Tag::try_from(tag).expect("16 bytes"))))
+        })
     }
 
     /// Opens consecutive blocks from block `first`, writing their plain bytes from offset
@@ -218,14 +278,7 @@ impl Sealer {
     ) -> Result<()> {
         let k = self.object_key(&header.salt);
         let aad = Self::aad(header, key);
-        let failed = |i: u64| {
-            corrupt(
-                key,
-                &format!(
-                    "block {i} fails its authentication: the object was changed, moved from another key, or sealed with another store's key"
-                ),
-            )
-        };
+        let failed = |i: u64| unauthentic(key, i);
         let mut scratch = Vec::new();
         let (mut at, mut filled) = (0usize, 0usize);
         let mut i = first;
@@ -299,6 +352,9 @@ mod tests {
             for (a, b) in ranges {
                 let r = a as u64..b as u64;
                 let (span, _) = header.sealed_range(&r);
+                let owned =
+                    s.open_range_owned("packs/ab/x.pack", &header, &r, &sealed[span.start as usize..span.end as usize]);
+                assert_eq!(&owned.unwrap()[..], &plain[a..b], "owned open of {a}..{b} of {n}");
                 let mut out = vec![0u8; b - a];
                 s.open_range("packs/ab/x.pack", &header, &r, &sealed[span.start as usize..span.end as usize], &mut out)
                     .unwrap();
@@ -316,6 +372,17 @@ mod tests {
         flipped[HEADER as usize + BLOCK as usize + 40] ^= 1;
         let err = s.open("tags/a/latest.tag", &flipped).unwrap_err().to_string();
         assert!(err.contains("block 1 fails its authentication"), "{err}");
+        // Ranges too: the block holding them fails, whichever way they are opened.
+        let header = Header::parse(&flipped, "k").unwrap();
+        let r = BLOCK + 5..BLOCK + 9;
+        let (span, _) = header.sealed_range(&r);
+        let blocks = &flipped[span.start as usize..span.end as usize];
+        let err = s.open_range_owned("tags/a/latest.tag", &header, &r, blocks).unwrap_err().to_string();
+        assert!(err.contains("block 1 fails its authentication"), "{err}");
+        let err = s.open_range("tags/a/latest.tag", &header, &r, blocks, &mut [0; 4]).unwrap_err().to_string();
+        assert!(err.contains("block 1 fails its authentication"), "{err}");
+        let err = s.open_range_owned("tags/a/latest.tag", &header, &r, &blocks[1..]).unwrap_err().to_string();
+        assert!(err.contains("truncated"), "{err}");
         let err = s.open("tags/b/latest.tag", &sealed).unwrap_err().to_string();
         assert!(err.contains("block 0 fails its authentication"), "moved to another key: {err}");
         assert!(s
