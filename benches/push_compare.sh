@@ -11,18 +11,7 @@ shift $(( $# < 5 ? $# : 5 ))
 threads=("$@"); [ ${#threads[@]} -gt 0 ] || threads=("$(nproc)")
 w=$(mktemp -d "${STORE_DIR:-/dev/shm}/gstore-push-compare.XXXXXX")
 trap 'rm -rf "$w"' EXIT
-python3 - "$w/f.bin" "$gib" "$data" <<'PY'
-import sys, numpy as np
-path, gib, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-rng = np.random.default_rng(0)
-with open(path, "wb") as f:
-    for _ in range(gib * 8):  # 128 MiB at a time
-        if kind == "random":
-            f.write(rng.bytes(1 << 27))
-        else:
-            w = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02).view(np.uint32)
-            f.write((w >> 16).astype(np.uint16).tobytes())
-PY
+python3 "$(dirname "$0")/make_data.py" "$w/f.bin" "$gib" "$data"
 for t in "${threads[@]}"; do
   for _ in $(seq "$rounds"); do
     for bin in "$a" "$b"; do

@@ -14,18 +14,7 @@ G=${GSTORE:-gstore}
 dir=${STORE_DIR:-/var/tmp}/gstore-scaling.$$
 mkdir -p "$dir"
 trap 'rm -rf "$dir"' EXIT
-python3 - "$dir/weights.bin" "$gib" "${DATA:-bf16}" <<'PY'
-import sys, numpy as np
-path, gib, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-rng = np.random.default_rng(0)
-with open(path, "wb") as f:
-    for _ in range(gib * 8):  # 128 MiB at a time
-        if kind == "random":
-            f.write(rng.bytes(1 << 27))
-        else:
-            w = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02).view(np.uint32)
-            f.write((w >> 16).astype(np.uint16).tobytes())
-PY
+python3 "$(dirname "$0")/make_data.py" "$dir/weights.bin" "$gib" "${DATA:-bf16}"
 cat "$dir/weights.bin" > /dev/null
 cores=$(nproc)
 base=""

@@ -55,12 +55,18 @@ fn fails(mut c: Command) -> String {
     String::from_utf8([o.stdout, o.stderr].concat()).unwrap()
 }
 
-/// An encrypted store in a scratch dir, its first key file and a pushed tree (`app:v1`).
-fn encrypted_env() -> (Env, PathBuf, PathBuf) {
+/// An empty encrypted store in a scratch dir, and its first key file.
+fn encrypted_store() -> (Env, PathBuf) {
     let env = Env::uninitialized();
     let key = env.path("store.key");
     ok(with_key(&env, None, &["key", "generate", key.to_str().unwrap()]));
     ok(with_key(&env, Some(&key), &["init", "--encrypt"]));
+    (env, key)
+}
+
+/// An encrypted store in a scratch dir, its first key file and a pushed tree (`app:v1`).
+fn encrypted_env() -> (Env, PathBuf, PathBuf) {
+    let (env, key) = encrypted_store();
     let src = env.path("src");
     tree_with_marker(&src);
     ok(with_key(&env, Some(&key), &["push", src.to_str().unwrap(), "--tag", "app:v1"]));
@@ -282,10 +288,7 @@ fn an_encrypted_store_on_s3_holds_no_plain_text() {
 
 #[test]
 fn a_server_keeps_an_encrypted_store_without_its_key() {
-    let env = Env::uninitialized();
-    let key = env.path("k");
-    ok(with_key(&env, None, &["key", "generate", key.to_str().unwrap()]));
-    ok(with_key(&env, Some(&key), &["init", "--encrypt"]));
+    let (env, key) = encrypted_store();
     let server = Server::start(&env.store, &[]);
     let src = env.path("src");
     tree_with_marker(&src);
@@ -314,10 +317,7 @@ fn a_server_keeps_an_encrypted_store_without_its_key() {
 
 #[test]
 fn a_process_checkpointed_into_an_encrypted_store_runs_on_after_a_lazy_restore() {
-    let env = Env::uninitialized();
-    let key = env.path("k");
-    ok(with_key(&env, None, &["key", "generate", key.to_str().unwrap()]));
-    ok(with_key(&env, Some(&key), &["init", "--encrypt"]));
+    let (env, key) = encrypted_store();
     let criu = criu_args();
     let c = PyCounter::start(3);
     let pid = c.pid.to_string();

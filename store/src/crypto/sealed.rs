@@ -209,14 +209,13 @@ impl Sealer {
     /// to fill, no scratch block for the partial ones).
     pub fn open_range_owned(&self, key: &str, header: &Header, range: &Range<u64>, sealed: &[u8]) -> Result<Bytes> {
         let Some(skip) = Self::span_skip(key, header, range, sealed)? else { return Ok(Bytes::new()) };
-        let (k, aad) = (self.object_key(&header.salt), Self::aad(header, key));
+        let opener = self.opener(header, key);
         let mut plain = Vec::with_capacity(sealed.len());
         for block in Self::blocks(key, header, range.start / BLOCK, sealed) {
             let (i, ciphertext, tag) = block?;
             let start = plain.len();
             plain.extend_from_slice(ciphertext);
-            k.open_in_place_separate_tag(Self::nonce(i), Aad::from(&aad[..]), tag, &mut plain[start..], 0..)
-                .map_err(|_| unauthentic(key, i))?;
+            opener.open(i, tag, &mut plain[start..])?;
         }
         Ok(Bytes::from(plain).slice(skip..skip + (range.end - range.start) as usize))
     }
@@ -263,10 +262,11 @@ impl Sealer {
         })
     }
 
-    /// Opens consecutive blocks from block `first`, writing their plain bytes from offset
-    /// `skip` of the first block into `out` until it is full (on an error, `out` holds
-    /// anything). A block wholly wanted is opened in place in `out`; others through a scratch
-    /// block.
+    /// Opens every block of `sealed` (numbered from `first`: exactly the blocks holding what
+    /// `out` is to receive), writing their plain bytes from offset `skip` of the first block into
+    /// `out` (on an error, `out` holds anything). A block wholly wanted is opened in place in
+    /// `out`; others through a scratch block. A whole empty object is one empty block, still
+    /// authenticated.
     fn open_blocks(
         &self,
         key: &str,
@@ -276,40 +276,48 @@ impl Sealer {
         mut skip: usize,
         out: &mut [u8],
     ) -> Result<()> {
-        let k = self.object_key(&header.salt);
-        let aad = Self::aad(header, key);
-        let failed = |i: u64| unauthentic(key, i);
+        let opener = self.opener(header, key);
         let mut scratch = Vec::new();
-        let (mut at, mut filled) = (0usize, 0usize);
-        let mut i = first;
-        while filled < out.len() || (out.is_empty() && i == first) {
-            let len = header.block_len(i) as usize;
-            let Some(bytes) = sealed.get(at..at + len + TAG as usize) else {
-                return Err(corrupt(key, "shorter than its header says: truncated"));
-            };
-            let (ciphertext, tag) = bytes.split_at(len);
-            let tag = Tag::try_from(tag).expect("16 bytes");
+        let mut filled = 0usize;
+        for block in Self::blocks(key, header, first, sealed) {
+            let (i, ciphertext, tag) = block?;
+            let len = ciphertext.len();
             if skip == 0 && out.len() - filled >= len {
                 let dst = &mut out[filled..filled + len];
                 dst.copy_from_slice(ciphertext);
-                k.open_in_place_separate_tag(Self::nonce(i), Aad::from(&aad[..]), tag, dst, 0..)
-                    .map_err(|_| failed(i))?;
+                opener.open(i, tag, dst)?;
                 filled += len;
             } else {
                 scratch.clear();
                 scratch.extend_from_slice(ciphertext);
-                let plain = k
-                    .open_in_place_separate_tag(Self::nonce(i), Aad::from(&aad[..]), tag, &mut scratch, 0..)
-                    .map_err(|_| failed(i))?;
+                let plain = opener.open(i, tag, &mut scratch)?;
                 let take = (plain.len() - skip.min(plain.len())).min(out.len() - filled);
                 out[filled..filled + take].copy_from_slice(&plain[skip..skip + take]);
                 filled += take;
                 skip = 0;
             }
-            at += len + TAG as usize;
-            i += 1;
         }
         Ok(())
+    }
+
+    fn opener<'a>(&self, header: &Header, key: &'a str) -> Opener<'a> {
+        Opener { k: self.object_key(&header.salt), aad: Self::aad(header, key), key }
+    }
+}
+
+/// What opening the blocks of one object takes: its AES key, its associated data, its name.
+struct Opener<'a> {
+    k: LessSafeKey,
+    aad: Vec<u8>,
+    key: &'a str,
+}
+
+impl Opener<'_> {
+    /// Opens block `i` (its ciphertext in `block`) in place; returns its plain bytes.
+    fn open<'b>(&self, i: u64, tag: Tag, block: &'b mut [u8]) -> Result<&'b mut [u8]> {
+        self.k
+            .open_in_place_separate_tag(Sealer::nonce(i), Aad::from(&self.aad[..]), tag, block, 0..)
+            .map_err(|_| unauthentic(self.key, i))
     }
 }
 
