@@ -8,7 +8,7 @@ use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::key::ObjectKey;
 use crate::store::{Store, StoreLocation};
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 

@@ -15,8 +15,7 @@ use zeroize::Zeroizing;
 
 /// Fills `buf` from the operating system's random number generator.
 pub(crate) fn random(buf: &mut [u8]) {
-    use ring::rand::SecureRandom;
-    ring::rand::SystemRandom::new().fill(buf).expect("the OS random number generator works");
+    aws_lc_rs::rand::fill(buf).expect("the OS random number generator works");
 }
 
 /// An encrypted store's master key and the keys derived from it.

@@ -17,8 +17,9 @@
 //! every block.
 
 use crate::error::{Result, StoreError};
+use crate::memory::KEPT;
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use bytes::Bytes;
-use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 use std::ops::Range;
 
 /// Plain bytes per block.
@@ -138,15 +139,15 @@ impl Sealer {
     }
 
     /// Seals the object `key`, whose plain bytes are `pieces` one after the other, under a
-    /// fresh random salt.
-    pub fn seal(&self, key: &str, pieces: &[impl AsRef<[u8]>]) -> Vec<u8> {
+    /// fresh random salt (into a buffer used again once the sealed bytes are dropped).
+    pub fn seal(&self, key: &str, pieces: &[impl AsRef<[u8]>]) -> Bytes {
         let mut salt = [0u8; 32];
         super::random(&mut salt);
         let plain_len = pieces.iter().map(|p| p.as_ref().len() as u64).sum();
         let header = Header { salt, plain_len };
         let k = self.object_key(&salt);
         let aad = Self::aad(&header, key);
-        let mut out = crate::memory::fresh_buffer(header.sealed_len() as usize);
+        let mut out = KEPT.buffer(header.sealed_len() as usize);
         out.extend_from_slice(&header.encode());
         let mut rest = pieces.iter().map(|p| p.as_ref());
         let mut piece: &[u8] = &[];
@@ -166,7 +167,7 @@ impl Sealer {
                 .expect("a block is far below AES-GCM's limit");
             out.extend_from_slice(tag.as_ref());
         }
-        out
+        KEPT.shared(out)
     }
 
     /// Opens the whole sealed object `key`.
@@ -204,20 +205,21 @@ impl Sealer {
         }
     }
 
-    /// [`Sealer::open_range`] into a new buffer: each block's ciphertext is copied into it once
-    /// and opened there, and the range is a slice of the blocks' plain bytes (no zeroed output
-    /// to fill, no scratch block for the partial ones).
+    /// [`Sealer::open_range`] into a new buffer: each block is opened from `sealed` straight
+    /// into it (decryption is the only copy), and the range is a slice of the blocks' plain
+    /// bytes; the buffer is used again once the bytes are dropped.
     pub fn open_range_owned(&self, key: &str, header: &Header, range: &Range<u64>, sealed: &[u8]) -> Result<Bytes> {
         let Some(skip) = Self::span_skip(key, header, range, sealed)? else { return Ok(Bytes::new()) };
         let opener = self.opener(header, key);
-        let mut plain = Vec::with_capacity(sealed.len());
+        let mut plain = KEPT.filled(sealed.len(), 0);
+        let mut filled = 0;
         for block in Self::blocks(key, header, range.start / BLOCK, sealed) {
             let (i, ciphertext, tag) = block?;
-            let start = plain.len();
-            plain.extend_from_slice(ciphertext);
-            opener.open(i, tag, &mut plain[start..])?;
+            opener.open(i, ciphertext, tag, &mut plain[filled..filled + ciphertext.len()])?;
+            filled += ciphertext.len();
         }
-        Ok(Bytes::from(plain).slice(skip..skip + (range.end - range.start) as usize))
+        plain.truncate(filled);
+        Ok(KEPT.shared(plain).slice(skip..skip + (range.end - range.start) as usize))
     }
 
     /// Where the range starts in its first block, after checking that `sealed` is exactly the
@@ -245,7 +247,7 @@ impl Sealer {
         header: &'a Header,
         first: u64,
         sealed: &'a [u8],
-    ) -> impl Iterator<Item = Result<(u64, &'a [u8], Tag)>> + 'a {
+    ) -> impl Iterator<Item = Result<(u64, &'a [u8], &'a [u8])>> + 'a {
         let mut at = 0usize;
         (first..).map_while(move |i| {
             if at >= sealed.len() {
@@ -258,14 +260,14 @@ impl Sealer {
             };
             at += len + TAG as usize;
             let (ciphertext, tag) = bytes.split_at(len);
-            Some(Ok((i, ciphertext, Tag::try_from(tag).expect("16 bytes"))))
+            Some(Ok((i, ciphertext, tag)))
         })
     }
 
     /// Opens every block of `sealed` (numbered from `first`: exactly the blocks holding what
     /// `out` is to receive), writing their plain bytes from offset `skip` of the first block into
-    /// `out` (on an error, `out` holds anything). A block wholly wanted is opened in place in
-    /// `out`; others through a scratch block. A whole empty object is one empty block, still
+    /// `out` (on an error, `out` holds anything). A block wholly wanted is opened straight into
+    /// `out`; others into a scratch block. A whole empty object is one empty block, still
     /// authenticated.
     fn open_blocks(
         &self,
@@ -283,16 +285,13 @@ impl Sealer {
             let (i, ciphertext, tag) = block?;
             let len = ciphertext.len();
             if skip == 0 && out.len() - filled >= len {
-                let dst = &mut out[filled..filled + len];
-                dst.copy_from_slice(ciphertext);
-                opener.open(i, tag, dst)?;
+                opener.open(i, ciphertext, tag, &mut out[filled..filled + len])?;
                 filled += len;
             } else {
-                scratch.clear();
-                scratch.extend_from_slice(ciphertext);
-                let plain = opener.open(i, tag, &mut scratch)?;
-                let take = (plain.len() - skip.min(plain.len())).min(out.len() - filled);
-                out[filled..filled + take].copy_from_slice(&plain[skip..skip + take]);
+                scratch.resize(len, 0);
+                opener.open(i, ciphertext, tag, &mut scratch)?;
+                let take = (len - skip.min(len)).min(out.len() - filled);
+                out[filled..filled + take].copy_from_slice(&scratch[skip..skip + take]);
                 filled += take;
                 skip = 0;
             }
@@ -313,10 +312,10 @@ struct Opener<'a> {
 }
 
 impl Opener<'_> {
-    /// Opens block `i` (its ciphertext in `block`) in place; returns its plain bytes.
-    fn open<'b>(&self, i: u64, tag: Tag, block: &'b mut [u8]) -> Result<&'b mut [u8]> {
+    /// Opens block `i` (its ciphertext and tag) into `out`, which has the ciphertext's length.
+    fn open(&self, i: u64, ciphertext: &[u8], tag: &[u8], out: &mut [u8]) -> Result<()> {
         self.k
-            .open_in_place_separate_tag(Sealer::nonce(i), Aad::from(&self.aad[..]), tag, block, 0..)
+            .open_separate_gather(Sealer::nonce(i), Aad::from(&self.aad[..]), ciphertext, tag, out)
             .map_err(|_| unauthentic(self.key, i))
     }
 }
@@ -376,7 +375,7 @@ mod tests {
         let s = Sealer::new([7; 32]);
         let plain = data(3 * BLOCK as usize);
         let sealed = s.seal("tags/a/latest.tag", &[&plain]);
-        let mut flipped = sealed.clone();
+        let mut flipped = sealed.to_vec();
         flipped[HEADER as usize + BLOCK as usize + 40] ^= 1;
         let err = s.open("tags/a/latest.tag", &flipped).unwrap_err().to_string();
         assert!(err.contains("block 1 fails its authentication"), "{err}");
