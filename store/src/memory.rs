@@ -51,13 +51,17 @@ impl Kept {
         let capacity = capacity.max(len);
         let mut kept = self.buffers.lock().expect("kept buffers lock");
         let best = kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
-        let mut b = match best.map(|(i, _)| i) {
-            Some(i) => kept.swap_remove(i),
-            None => {
-                drop(kept);
-                fresh_buffer(capacity)
+        let Some(i) = best.map(|(i, _)| i) else {
+            drop(kept);
+            if len == 0 {
+                return fresh_buffer(capacity);
             }
+            // Zeroed by the allocator (fresh pages are zero already), not by a second pass.
+            let mut b = vec![0u8; capacity];
+            b.truncate(len);
+            return b;
         };
+        let mut b = kept.swap_remove(i);
         b.resize(len, 0);
         b
     }

@@ -24,6 +24,17 @@ pub(crate) struct SealedObjects {
     headers: Mutex<HashMap<String, Header>>,
 }
 
+/// Bytes a sealed object is written in at a time: a sealed 48 MiB pack handed to the local
+/// backend in one piece was one `write(2)` of 48 MiB, which after a page-cache drop cost the
+/// kernel three times the time of writing it 64 KiB at a time (2-core machine: 1.9-2.6 s
+/// against 0.55-0.7 s of system time for a 1 GiB push), as unencrypted packs are written.
+const WRITE_PART: usize = 64 << 10;
+
+/// Sealed bytes as a payload of parts of [`WRITE_PART`] bytes (views, not copies).
+fn in_parts(sealed: Bytes) -> PutPayload {
+    (0..sealed.len()).step_by(WRITE_PART).map(|at| sealed.slice(at..(at + WRITE_PART).min(sealed.len()))).collect()
+}
+
 fn is_sealed(key: &str) -> bool {
     ObjectKey::parse(key).is_ok_and(|k| k.is_sealed())
 }
@@ -92,7 +103,7 @@ impl Objects for SealedObjects {
             return self.inner.put(key, bytes, mode);
         }
         self.forget(key);
-        self.inner.put(key, self.sealer.seal(key, bytes.as_ref()).into(), mode)
+        self.inner.put(key, in_parts(self.sealer.seal(key, bytes.as_ref())), mode)
     }
 
     fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
@@ -100,7 +111,7 @@ impl Objects for SealedObjects {
             return self.inner.put_large(key, bytes);
         }
         self.forget(key);
-        self.inner.put_large(key, self.sealer.seal(key, bytes.as_ref()).into())
+        self.inner.put_large(key, in_parts(self.sealer.seal(key, bytes.as_ref())))
     }
 
     fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
