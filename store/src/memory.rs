@@ -48,7 +48,9 @@ impl Kept {
     /// held before (zeros where nothing was written): for a caller that overwrites it, a kept
     /// buffer is not zeroed again.
     pub(crate) fn filled(&self, len: usize, capacity: usize) -> Vec<u8> {
-        let capacity = capacity.max(len);
+        // Sizes rounded up to 2 MiB (a huge page), so that a kept buffer serves the many
+        // requests of about one size (16 MiB reads and a few blocks) rather than one exactly.
+        let capacity = capacity.max(len).next_multiple_of(2 << 20);
         let mut kept = self.buffers.lock().expect("kept buffers lock");
         let best = kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
         let Some(i) = best.map(|(i, _)| i) else {
