@@ -1,11 +1,13 @@
 //! Per-core micro benchmarks of the ingest and restore building blocks on corpus-like data:
 //! FastCDC chunking, BLAKE3 hashing, chunk encoding (zstd-1 alone, and the default choice
 //! with the float codec) and decoding+verifying; the float codec and resemblance sketches on
-//! bf16 weights alone; and
-//! index lookups (what planning a restore costs per distinct chunk).
+//! bf16 weights alone; sealing and opening for encrypted stores (a 48 MiB pack sealed, 16 MiB
+//! ranges opened into a new buffer or a caller's); and index lookups (what planning a restore
+//! costs per distinct chunk).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gstore_benches::{fill_region, Region};
+use gstore_store::crypto::sealed::{Header, Sealer};
 use gstore_store::{chunker, codec, similar, ObjectId, StoreConfig};
 use rand::SeedableRng;
 use std::hint::black_box;
@@ -106,6 +108,42 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// Encrypted stores: a 48 MiB pack (in 64 KiB pieces, as a push hands it over) sealed, and
+/// its 16 MiB ranges opened, into a new buffer (restores) and into a caller's (VRAM loads).
+fn bench_sealed(c: &mut Criterion) {
+    let pack = mixed(48 << 20);
+    let pieces: Vec<&[u8]> = pack.chunks(64 << 10).collect();
+    let sealer = Sealer::new([7; 32]);
+    let key = "packs/ab/bench.pack";
+    let sealed = sealer.seal(key, &pieces);
+    let header = Header::parse(&sealed, key).expect("sealed");
+    let ranges: Vec<_> = (0..3u64).map(|i| (i << 24)..((i + 1) << 24)).collect();
+    let mut g = c.benchmark_group("per-core-sealed");
+    g.throughput(Throughput::Bytes(pack.len() as u64));
+    g.sample_size(10);
+    g.bench_function("seal", |b| b.iter(|| black_box(sealer.seal(key, &pieces).len())));
+    g.bench_function("open-ranges", |b| {
+        b.iter(|| {
+            for r in &ranges {
+                let (span, _) = header.sealed_range(r);
+                let blocks = &sealed[span.start as usize..span.end as usize];
+                black_box(sealer.open_range_owned(key, &header, r, blocks).expect("opens").len());
+            }
+        })
+    });
+    let mut out = vec![0u8; 16 << 20];
+    g.bench_function("open-ranges-into", |b| {
+        b.iter(|| {
+            for r in &ranges {
+                let (span, _) = header.sealed_range(r);
+                let blocks = &sealed[span.start as usize..span.end as usize];
+                sealer.open_range(key, &header, r, blocks, &mut out).expect("opens");
+            }
+        })
+    });
+    g.finish();
+}
+
 /// Index lookups: 400 k chunks in 800 packs of 500 (a 24 GiB image of 64 KiB chunks), looked
 /// up 20 k at a time in the order a plan asks for them.
 fn bench_index(c: &mut Criterion) {
@@ -148,5 +186,5 @@ fn bench_index(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench, bench_index);
+criterion_group!(benches, bench, bench_sealed, bench_index);
 criterion_main!(benches);
