@@ -27,6 +27,11 @@ pub(crate) struct Kept {
     limit: usize,
 }
 
+/// Buffers smaller than this are neither kept nor taken from the kept ones (small objects —
+/// tags, leases, manifests of small images — are cheap to allocate, and would each pin a
+/// large kept buffer).
+const KEPT_FROM: usize = 1 << 20;
+
 /// The process's kept buffers: at most 512 MiB.
 pub(crate) static KEPT: Kept = Kept::new(512 << 20);
 
@@ -37,7 +42,7 @@ impl Kept {
     }
 
     /// An empty buffer of at least `len` bytes' capacity: the smallest kept one that fits,
-    /// else a [`fresh_buffer`].
+    /// else a [`fresh_buffer`] (a plain allocation below [`KEPT_FROM`]).
     pub(crate) fn buffer(&self, len: usize) -> Vec<u8> {
         let mut b = self.filled(0, len);
         b.clear();
@@ -48,9 +53,13 @@ impl Kept {
     /// held before (zeros where nothing was written): for a caller that overwrites it, a kept
     /// buffer is not zeroed again.
     pub(crate) fn filled(&self, len: usize, capacity: usize) -> Vec<u8> {
+        let capacity = capacity.max(len);
+        if capacity < KEPT_FROM {
+            return vec![0u8; len];
+        }
         // Sizes rounded up to 2 MiB (a huge page), so that a kept buffer serves the many
         // requests of about one size (16 MiB reads and a few blocks) rather than one exactly.
-        let capacity = capacity.max(len).next_multiple_of(2 << 20);
+        let capacity = capacity.next_multiple_of(2 << 20);
         let mut kept = self.buffers.lock().expect("kept buffers lock");
         let best = kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
         let Some(i) = best.map(|(i, _)| i) else {
@@ -71,6 +80,9 @@ impl Kept {
     /// `buf`'s bytes, shared; `buf` is kept for [`Kept::buffer`] when the last of them is
     /// dropped (while the kept buffers hold less than the limit).
     pub(crate) fn shared(&'static self, buf: Vec<u8>) -> Bytes {
+        if buf.capacity() < KEPT_FROM {
+            return Bytes::from(buf);
+        }
         Bytes::from_owner(GivenBack { buf, to: self })
     }
 
@@ -126,6 +138,10 @@ mod tests {
         assert_ne!(big.as_ptr(), at, "too small a kept buffer is not handed out");
         drop(KEPT.shared(big));
         assert_eq!(KEPT.buffers.lock().unwrap().len(), 1, "past the limit, a buffer is freed");
+        let small = KEPT.buffer(4096);
+        assert!(small.capacity() < 1 << 20, "a small buffer is not a kept one");
+        drop(KEPT.shared(small));
+        assert_eq!(KEPT.buffers.lock().unwrap().len(), 1, "and is not kept");
         let mut some = KEPT.buffer(1 << 20);
         some.extend_from_slice(&[9u8; 1 << 20]);
         drop(KEPT.shared(some));
