@@ -186,10 +186,14 @@ fn run_lazy(
         gstore_lazy::FillOptions { workers: if store.is_remote() { workers.max(16) } else { workers }, profile };
     let abort = AtomicBool::new(false);
     let (layout, chunks) = (&prepared.layout, prepared.chunks.clone());
+    // Started before CRIU runs: CRIU releases the tasks without waiting for the daemon, so a
+    // gstore killed before it holds their userfaultfds must still take the tasks with it.
+    let pids: Vec<i32> = layout.processes.iter().map(|p| p.pid as i32).collect();
+    let guard = gstore_lazy::guard::Guard::start(&pids, &[])?;
     let (restored, filled) = std::thread::scope(|scope| {
         let daemon = scope.spawn(|| {
             let conn = socket.accept(&abort)?;
-            gstore_lazy::serve(store, layout, chunks, conn, &fill_opts, &abort)
+            gstore_lazy::serve(store, layout, chunks, conn, &guard, &fill_opts, &abort)
         });
         let restored = checkpoint::restore(dir, ropts);
         if restored.is_err() {
@@ -199,6 +203,14 @@ fn run_lazy(
             daemon.join().unwrap_or(Err(gstore_lazy::LazyError::Protocol("the daemon thread panicked".into())));
         (restored, filled)
     });
+    // The daemon released or killed the guard unless it stopped before the tasks arrived:
+    // then a failed CRIU removed what it restored, and a CRIU that succeeded left tasks
+    // nobody fills.
+    match (&restored, &filled) {
+        (_, Ok(_)) => {}
+        (Err(_), Err(_)) => guard.release(),
+        (Ok(_), Err(_)) => guard.kill(),
+    }
     // A failed fill killed the restored tree: it is the cause of whatever else failed. A
     // daemon that only saw CRIU hang up (or was called off) did not cause CRIU's failure.
     let (restore, fill) = match (restored, filled) {

@@ -398,22 +398,31 @@ fn kill_tree(roots: &[i32]) {
     }
 }
 
-/// Serves the restore whose CRIU connects to `conn`: receives the tasks, fills their memory
-/// and returns once every lazy page is in place and the userfaultfds are closed. `abort` calls
-/// it off (CRIU failed). On failure the restored processes are killed before this returns.
+/// Serves the restore whose CRIU connects to `conn`: receives the tasks, hands `guard` (started
+/// before CRIU, with the image's pids) a copy of each userfaultfd, fills their memory and
+/// returns once every lazy page is in place and the userfaultfds are closed; the guard is
+/// released then. `abort` calls it off (CRIU failed). Once the tasks are received, a failure
+/// kills the restored processes (and the guard) before this returns.
 pub fn serve(
     store: &Store,
     layout: &Layout,
     chunks: Vec<FileChunks>,
     conn: UnixStream,
+    guard: &Guard,
     opts: &FillOptions,
     abort: &AtomicBool,
 ) -> Result<FillReport> {
     let connected = Instant::now();
     let announced = socket::receive_tasks(&conn, layout.tasks)?;
-    let pids: Vec<i32> = announced.iter().map(|a| a.pid).collect();
-    let fds: Vec<i32> = announced.iter().filter_map(|a| a.uffd.as_ref().map(Uffd::raw)).collect();
-    let guard = Guard::start(&pids, &fds)?;
+    for a in &announced {
+        if let Some(uffd) = &a.uffd {
+            if let Err(e) = guard.add(a.pid, Some(uffd.raw())) {
+                kill_tree(&announced.iter().map(|a| a.pid).filter(|&p| p > 0).collect::<Vec<_>>());
+                guard.kill();
+                return Err(e);
+            }
+        }
+    }
     let profile = opts.profile.as_ref().filter(|p| p.segment_bytes == SEGMENT);
     let mut images = Vec::new();
     for (p, c) in layout.processes.iter().zip(chunks) {
@@ -438,7 +447,7 @@ pub fn serve(
     }
     let sh = Shared {
         store,
-        guard: &guard,
+        guard,
         images,
         tasks: RwLock::new(tasks),
         urgent: Mutex::new(VecDeque::new()),

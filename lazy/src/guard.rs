@@ -1,8 +1,12 @@
-//! The guard: a small process forked from the daemon that holds a copy of every restored
-//! task's userfaultfd and their pids. While any copy of a userfaultfd is open, a missing page
-//! makes the touching thread wait instead of reading zeros. If the daemon dies before it says
-//! the memory is complete (its end of the control socket closes), the guard kills every
-//! restored process it knows and exits, so that none ever runs on missing memory.
+//! The guard: a small process forked before CRIU restores anything, knowing the pids the image
+//! will come back with, and holding a copy of every restored task's userfaultfd once the
+//! daemon receives it. While any copy of a userfaultfd is open, a missing page makes the
+//! touching thread wait instead of reading zeros. If the daemon dies before it says the memory
+//! is complete (its end of the control socket closes) — even before it has received the
+//! userfaultfds, when CRIU may already release the tasks — the guard kills every restored
+//! process it knows and exits, so that none ever runs on missing memory. A pid is killed only
+//! if its process started no earlier than the guard (one that held the pid before the restore
+//! began is not the restored one).
 //!
 //! The guard leaves the terminal's session and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT, so
 //! that a Ctrl-C of `gstore restore` reaches the daemon only. After the fork it makes nothing
@@ -11,6 +15,7 @@
 use crate::error::{LazyError, Result};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The most processes one guard tracks.
 const MAX_PIDS: usize = 4096;
@@ -23,6 +28,8 @@ const TAG_KILL: u8 = b'K';
 pub struct Guard {
     pid: libc::pid_t,
     ctl: OwnedFd,
+    /// Told to release or kill (and reaped).
+    finished: AtomicBool,
 }
 
 impl Guard {
@@ -51,7 +58,7 @@ impl Guard {
         match unsafe { libc::fork() } {
             -1 => Err(LazyError::os("forking the restore guard", io::Error::last_os_error())),
             0 => guard_main(theirs.as_raw_fd(), &keep, known, pids.len()),
-            pid => Ok(Guard { pid, ctl: ours }),
+            pid => Ok(Guard { pid, ctl: ours, finished: AtomicBool::new(false) }),
         }
     }
 
@@ -60,7 +67,8 @@ impl Guard {
         send(&self.ctl, TAG_PID, pid, uffd).map_err(|e| LazyError::os("telling the restore guard a new pid", e))
     }
 
-    /// The memory is complete: the guard exits, closing its copies of the userfaultfds.
+    /// The memory is complete (or CRIU failed, and removed what it restored): the guard exits,
+    /// closing its copies of the userfaultfds. The first of `release` and `kill` counts.
     pub fn release(&self) {
         self.finish(TAG_RELEASE);
     }
@@ -71,6 +79,9 @@ impl Guard {
     }
 
     fn finish(&self, tag: u8) {
+        if self.finished.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let _ = send(&self.ctl, tag, 0, None);
         let mut status = 0;
         // SAFETY: reaping our own child.
@@ -104,6 +115,7 @@ fn guard_main(ctl: RawFd, keep: &[RawFd], mut pids: [libc::pid_t; MAX_PIDS], mut
             from = fd + 1;
         }
         libc::syscall(libc::SYS_close_range, from as u32, u32::MAX, 0u32);
+        let since = start_time(0);
         loop {
             let mut payload = [0u8; 5];
             let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
@@ -129,7 +141,12 @@ fn guard_main(ctl: RawFd, keep: &[RawFd], mut pids: [libc::pid_t; MAX_PIDS], mut
                 _ => {
                     // Told to, or the daemon is gone: nobody may run on missing memory.
                     for &pid in &pids[..n] {
-                        if pid > 0 {
+                        // Without /proc to tell, every known pid is killed.
+                        let restored = match since {
+                            Some(since) => start_time(pid).is_some_and(|t| t >= since),
+                            None => true,
+                        };
+                        if pid > 0 && restored {
                             libc::kill(pid, libc::SIGKILL);
                         }
                     }
@@ -137,5 +154,65 @@ fn guard_main(ctl: RawFd, keep: &[RawFd], mut pids: [libc::pid_t; MAX_PIDS], mut
                 }
             }
         }
+    }
+}
+
+/// When process `pid` (0: this one) started, in clock ticks since boot (field 22 of
+/// `/proc/PID/stat`); `None` when that cannot be read (no such process). Async-signal-safe:
+/// stack buffers and plain system calls only.
+fn start_time(pid: libc::pid_t) -> Option<u64> {
+    let mut path = [0u8; 32];
+    let mut len = 0;
+    for part in [&b"/proc/"[..], &b"self"[..]] {
+        if part == b"self" && pid > 0 {
+            let mut digits = [0u8; 10];
+            let (mut v, mut d) = (pid as u32, 0);
+            while v > 0 || d == 0 {
+                digits[d] = b'0' + (v % 10) as u8;
+                (v, d) = (v / 10, d + 1);
+            }
+            for i in (0..d).rev() {
+                path[len] = digits[i];
+                len += 1;
+            }
+        } else {
+            path[len..len + part.len()].copy_from_slice(part);
+            len += part.len();
+        }
+    }
+    path[len..len + 5].copy_from_slice(b"/stat");
+    let mut stat = [0u8; 1024];
+    // SAFETY: `path` is NUL-terminated (zeroed beyond `len + 5`); `stat` is a live buffer.
+    let n = unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::read(fd, stat.as_mut_ptr().cast(), stat.len());
+        libc::close(fd);
+        n
+    };
+    let stat = stat.get(..usize::try_from(n).ok()?)?;
+    // The command name (field 2) may hold spaces and parentheses: fields 3 on follow the last ')'.
+    let after = &stat[stat.iter().rposition(|&b| b == b')')? + 1..];
+    let field = after.split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(22 - 3)?;
+    field.iter().try_fold(0u64, |v, &b| b.is_ascii_digit().then(|| v * 10 + u64::from(b - b'0')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_times_come_from_proc_and_a_later_process_started_no_earlier() {
+        let me = start_time(0).expect("this process's start time");
+        assert_eq!(start_time(std::process::id() as libc::pid_t), Some(me));
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let theirs = start_time(child.id() as libc::pid_t).expect("the child's start time");
+        assert!(theirs >= me, "a child started at {theirs}, before its parent at {me}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(start_time(child.id() as libc::pid_t), None, "a reaped process has none");
+        assert!(start_time(1).is_some_and(|t| t <= me), "init started first");
     }
 }
