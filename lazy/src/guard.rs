@@ -161,24 +161,21 @@ fn guard_main(ctl: RawFd, keep: &[RawFd], mut pids: [libc::pid_t; MAX_PIDS], mut
 /// `/proc/PID/stat`); `None` when that cannot be read (no such process). Async-signal-safe:
 /// stack buffers and plain system calls only.
 fn start_time(pid: libc::pid_t) -> Option<u64> {
+    // "/proc/" then "self" or the pid's digits, then "/stat"; the zeros after end the string.
     let mut path = [0u8; 32];
-    let mut len = 0;
-    for part in [&b"/proc/"[..], &b"self"[..]] {
-        if part == b"self" && pid > 0 {
-            let mut digits = [0u8; 10];
-            let (mut v, mut d) = (pid as u32, 0);
-            while v > 0 || d == 0 {
-                digits[d] = b'0' + (v % 10) as u8;
-                (v, d) = (v / 10, d + 1);
-            }
-            for i in (0..d).rev() {
-                path[len] = digits[i];
-                len += 1;
-            }
-        } else {
-            path[len..len + part.len()].copy_from_slice(part);
-            len += part.len();
+    path[..6].copy_from_slice(b"/proc/");
+    let mut len = 6;
+    if pid > 0 {
+        let digits = (pid as u32).checked_ilog10().unwrap_or(0) as usize + 1;
+        let mut v = pid as u32;
+        for at in (len..len + digits).rev() {
+            path[at] = b'0' + (v % 10) as u8;
+            v /= 10;
         }
+        len += digits;
+    } else {
+        path[len..len + 4].copy_from_slice(b"self");
+        len += 4;
     }
     path[len..len + 5].copy_from_slice(b"/stat");
     let mut stat = [0u8; 1024];

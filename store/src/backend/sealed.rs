@@ -65,13 +65,12 @@ impl SealedObjects {
     }
 
     /// Opens plain range `range` of sealed object `key` with `open` (given the header and the
-    /// sealed bytes of the blocks holding the range). A kept header that no longer fits (the
-    /// object was replaced since) is read again once.
+    /// sealed bytes of the blocks holding the range: none for an empty range). A kept header
+    /// that no longer fits (the object was replaced since) is read again once.
     fn open_range<T>(
         &self,
         key: &str,
         range: Range<u64>,
-        empty: impl Fn() -> T,
         mut open: impl FnMut(&Header, &[u8]) -> Result<T>,
     ) -> Result<T> {
         let mut fresh = false;
@@ -85,7 +84,7 @@ impl SealedObjects {
                 return Err(super::short_range(key, &range, header.plain_len.saturating_sub(range.start) as usize));
             }
             if range.is_empty() {
-                return Ok(empty());
+                return open(&header, &[]);
             }
             let (span, _) = header.sealed_range(&range);
             let bytes = self.inner.get_range(key, span)?;
@@ -126,7 +125,7 @@ impl Objects for SealedObjects {
             return self.inner.get_range(key, range);
         }
         let r = range.clone();
-        self.open_range(key, range, Bytes::new, |header, sealed| self.sealer.open_range_owned(key, header, &r, sealed))
+        self.open_range(key, range, |header, sealed| self.sealer.open_range_owned(key, header, &r, sealed))
     }
 
     fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
@@ -134,7 +133,7 @@ impl Objects for SealedObjects {
             return self.inner.get_range_into(key, range, out);
         }
         let r = range.clone();
-        self.open_range(key, range, || (), |header, sealed| self.sealer.open_range(key, header, &r, sealed, out))
+        self.open_range(key, range, |header, sealed| self.sealer.open_range(key, header, &r, sealed, out))
     }
 
     fn size(&self, key: &str) -> Result<Option<u64>> {

@@ -205,20 +205,15 @@ impl Sealer {
         }
     }
 
-    /// [`Sealer::open_range`] into a new buffer: each block is opened from `sealed` straight
-    /// into it (decryption is the only copy), and the range is a slice of the blocks' plain
-    /// bytes; the buffer is used again once the bytes are dropped.
+    /// [`Sealer::open_range`] into a new buffer: the blocks holding the range are opened from
+    /// `sealed` straight into it (decryption is the only copy), and the range is a slice of
+    /// their plain bytes; the buffer is used again once the bytes are dropped.
     pub fn open_range_owned(&self, key: &str, header: &Header, range: &Range<u64>, sealed: &[u8]) -> Result<Bytes> {
         let Some(skip) = Self::span_skip(key, header, range, sealed)? else { return Ok(Bytes::new()) };
-        let opener = self.opener(header, key);
-        let mut plain = KEPT.filled(sealed.len(), 0);
-        let mut filled = 0;
-        for block in Self::blocks(key, header, range.start / BLOCK, sealed) {
-            let (i, ciphertext, tag) = block?;
-            opener.open(i, ciphertext, tag, &mut plain[filled..filled + ciphertext.len()])?;
-            filled += ciphertext.len();
-        }
-        plain.truncate(filled);
+        let first = range.start / BLOCK;
+        let end = (range.end.div_ceil(BLOCK) * BLOCK).min(header.plain_len);
+        let mut plain = KEPT.filled((end - first * BLOCK) as usize, sealed.len());
+        self.open_blocks(key, header, first, sealed, 0, &mut plain)?;
         Ok(KEPT.shared(plain).slice(skip..skip + (range.end - range.start) as usize))
     }
 
