@@ -35,6 +35,7 @@ pub mod push;
 mod seen;
 pub mod similar;
 mod source;
+mod source_file;
 mod store;
 pub mod stream;
 pub mod tag;

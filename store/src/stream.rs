@@ -170,7 +170,7 @@ impl StreamSource {
                         let entry = &mut got.0[file];
                         let len = data.len() as u64;
                         let page_image = similar::is_page_image_path(&entry.rel);
-                        batch.push(Unit { file, offset: entry.size, len, page_image, data: Some(data) });
+                        batch.push(Unit { file, offset: entry.size, len, page_image, data: Some(data.into()) });
                         entry.size += len;
                         bytes += len;
                     }
