@@ -35,7 +35,6 @@ pub mod push;
 mod seen;
 pub mod similar;
 mod source;
-mod source_file;
 mod store;
 pub mod stream;
 pub mod tag;
