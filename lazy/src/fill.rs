@@ -413,6 +413,10 @@ pub fn serve(
     abort: &AtomicBool,
 ) -> Result<FillReport> {
     let connected = Instant::now();
+    // The guard holds the connection too: userfaultfds CRIU has sent but this daemon has not
+    // received yet stay open in its queue if the daemon dies now, so a task CRIU releases
+    // waits on a missing page instead of reading zeros until the guard kills it.
+    guard.hold(conn.as_raw_fd())?;
     let announced = socket::receive_tasks(&conn, layout.tasks)?;
     for a in &announced {
         if let Some(uffd) = &a.uffd {
@@ -637,7 +641,7 @@ impl EventLoop {
                     });
                     sh.tasks.write().expect("tasks lock").push(child);
                     self.forked += 1;
-                    sh.guard.add(0, Some(fd))?;
+                    sh.guard.hold(fd)?;
                     sh.wake.notify_all();
                 }
                 Event::Remap { from, to, len } => ops.push(Op::Remap { from, to, len }),

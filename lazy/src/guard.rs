@@ -1,12 +1,13 @@
 //! The guard: a small process forked before CRIU restores anything, knowing the pids the image
-//! will come back with, and holding a copy of every restored task's userfaultfd once the
-//! daemon receives it. While any copy of a userfaultfd is open, a missing page makes the
-//! touching thread wait instead of reading zeros. If the daemon dies before it says the memory
-//! is complete (its end of the control socket closes) — even before it has received the
-//! userfaultfds, when CRIU may already release the tasks — the guard kills every restored
-//! process it knows and exits, so that none ever runs on missing memory. A pid is killed only
-//! if its process started no earlier than the guard (one that held the pid before the restore
-//! began is not the restored one).
+//! will come back with, and holding a copy of CRIU's connection once the daemon accepts it
+//! (userfaultfds sent on it and not yet received stay open in its queue) and of every
+//! restored task's userfaultfd once the daemon receives it. While any copy of a userfaultfd
+//! is open, a missing page makes the touching thread wait instead of reading zeros. If the
+//! daemon dies before it says the memory is complete (its end of the control socket closes) —
+//! even before it has received the userfaultfds, when CRIU may already release the tasks — the
+//! guard kills every restored process it knows and exits, so that none ever runs on missing
+//! memory. A pid is killed only if its process started no earlier than the guard (one that
+//! held the pid before the restore began is not the restored one).
 //!
 //! The guard leaves the terminal's session and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT, so
 //! that a Ctrl-C of `gstore restore` reaches the daemon only. After the fork it makes nothing
@@ -21,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const MAX_PIDS: usize = 4096;
 /// Control messages: a tag byte and a native pid.
 const TAG_PID: u8 = b'P';
+const TAG_HOLD: u8 = b'H';
 const TAG_RELEASE: u8 = b'R';
 const TAG_KILL: u8 = b'K';
 
@@ -65,6 +67,13 @@ impl Guard {
     /// Tells the guard about a process forked during the fill, with its userfaultfd.
     pub fn add(&self, pid: i32, uffd: Option<RawFd>) -> Result<()> {
         send(&self.ctl, TAG_PID, pid, uffd).map_err(|e| LazyError::os("telling the restore guard a new pid", e))
+    }
+
+    /// Gives the guard a copy of descriptor `fd` to keep open until it exits: a process's
+    /// userfaultfd before its pid is known, or the connection CRIU sends the userfaultfds on
+    /// (those sent but not yet received stay open in its queue while the guard holds it).
+    pub fn hold(&self, fd: RawFd) -> Result<()> {
+        send(&self.ctl, TAG_HOLD, 0, Some(fd)).map_err(|e| LazyError::os("handing the restore guard a descriptor", e))
     }
 
     /// The memory is complete (or CRIU failed, and removed what it restored): the guard exits,
@@ -137,6 +146,8 @@ fn guard_main(ctl: RawFd, keep: &[RawFd], mut pids: [libc::pid_t; MAX_PIDS], mut
                         n += 1;
                     }
                 }
+                // The received descriptor stays open.
+                (5, TAG_HOLD) => {}
                 (5, TAG_RELEASE) => libc::_exit(0),
                 _ => {
                     // Told to, or the daemon is gone: nobody may run on missing memory.
@@ -199,6 +210,35 @@ fn start_time(pid: libc::pid_t) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether the read end `fd` of a pipe sees its write end closed within `ms`.
+    fn hung_up(fd: RawFd, ms: i32) -> bool {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd over a live descriptor.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        n == 1 && p.revents & libc::POLLHUP != 0
+    }
+
+    #[test]
+    fn a_held_connection_keeps_the_descriptors_queued_in_it_open_until_the_guard_exits() {
+        let (daemon, criu) = std::os::unix::net::UnixStream::pair().unwrap();
+        let guard = Guard::start(&[], &[]).unwrap();
+        guard.hold(daemon.as_raw_fd()).unwrap();
+        // A pipe's write end stands for a userfaultfd CRIU sent and the daemon never received.
+        let mut ends = [0 as RawFd; 2];
+        // SAFETY: pipe2 writes two descriptors into `ends`.
+        assert_eq!(unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both were just created and are owned here.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+        crate::socket::send_with_fd(criu.as_raw_fd(), b"uffd", Some(write.as_raw_fd())).unwrap();
+        drop(write);
+        // The daemon dies without receiving it: the guard's copy of the connection keeps it.
+        drop(daemon);
+        drop(criu);
+        assert!(!hung_up(read.as_raw_fd(), 200), "the queued descriptor closed with the daemon's end");
+        guard.release();
+        assert!(hung_up(read.as_raw_fd(), 5000), "the queued descriptor outlived the guard");
+    }
 
     #[test]
     fn start_times_come_from_proc_and_a_later_process_started_no_earlier() {
