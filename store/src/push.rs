@@ -962,6 +962,50 @@ mod tests {
     }
 
     #[test]
+    fn a_file_the_page_cache_lacks_is_read_ahead_into_the_same_image() {
+        let dir = tempfile::tempdir().unwrap();
+        // More than one batch of units (16 MiB segments, batches of at least 64 MiB).
+        let data: Vec<u8> = (0..70u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let file = dir.path().join("pages-1.img");
+        std::fs::write(&file, &data).unwrap();
+        let silent = crate::progress::Silent;
+        let pushed = |name: &str| {
+            let loc = StoreLocation::Local(dir.path().join(name));
+            Store::init(&loc, &crate::StoreConfig::default()).unwrap();
+            let store = Store::open_indexed(&loc, &|_| {}).unwrap();
+            let r = push(&store, &file, &TagRef::parse("m:x").unwrap(), BTreeMap::new(), &silent).unwrap();
+            store.get_manifest(&ObjectId::from_hex(&r.manifest).unwrap()).unwrap().chunks
+        };
+        let from_cache = pushed("cached");
+        // Out of the page cache, as after a reboot: every unit is read ahead.
+        let f = std::fs::File::open(&file).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: advice on an open descriptor.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        let entries = source::scan(&file).unwrap();
+        let contents = open_files(&entries).unwrap();
+        let reader = Reader { entries: &entries, contents: &contents };
+        let units = plan_units(&entries, &crate::StoreConfig::default());
+        assert!(units.len() > 4 && units.iter().all(|u| !reader.cached(u)), "the file left the page cache");
+        assert_eq!(pushed("uncached"), from_cache, "read ahead, the file is cut into the same chunks");
+        assert_eq!(from_cache.iter().map(|c| c.len as usize).sum::<usize>(), data.len());
+    }
+
+    #[test]
+    fn a_file_that_shrank_before_it_was_read_ahead_fails_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pages-1.img");
+        std::fs::write(&file, vec![7u8; 20 << 20]).unwrap();
+        let entries = source::scan(&file).unwrap();
+        let contents = open_files(&entries).unwrap();
+        let mut units = plan_units(&entries, &crate::StoreConfig::default());
+        std::fs::File::options().write(true).open(&file).unwrap().set_len(1 << 20).unwrap();
+        let reader = Reader { entries: &entries, contents: &contents };
+        let e = read_units(&mut units, &reader).unwrap_err();
+        assert!(e.to_string().contains("pages-1.img shrank while it was being pushed"), "{e}");
+    }
+
+    #[test]
     fn pieces_push_as_the_file_they_make_up() {
         let dir = tempfile::tempdir().unwrap();
         let loc = StoreLocation::Local(dir.path().join("store"));
