@@ -1,12 +1,13 @@
 //! Pushing a file or directory tree into the store as one image.
 //!
-//! Files are cut into work units of at most one segment. A batch of units is read (on reader
-//! threads, while the batch before is processed), then chunked, hashed and (for chunks the
-//! store lacks) compressed on every core; then, in order, new chunks
-//! are appended to the open pack and each file's chunk list grows. Full packs go to a writer
-//! thread that stores the pack and then indexes it, so the next batch is processed while the
-//! previous pack is written. The manifest is written after the last pack is indexed, and the
-//! tag after the manifest: a crash at any point leaves every earlier image intact.
+//! Files are cut into work units of at most one segment. A batch of units is read, chunked,
+//! hashed and (for chunks the store lacks) compressed on every core — units the page cache
+//! lacks are read ahead, on reader threads, while the batch before is processed; then, in
+//! order, new chunks are appended to the open pack and each file's chunk list grows. Full
+//! packs go to a writer thread that stores the pack and then indexes it, so the next batch is
+//! processed while the previous pack is written. The manifest is written after the last pack
+//! is indexed, and the tag after the manifest: a crash at any point leaves every earlier
+//! image intact.
 //!
 //! A push holds a lease (docs/GC.md) naming every pack it writes, before it writes it, and
 //! the packs it deduplicated against. Once those are named, it checks that none of them has
