@@ -189,7 +189,7 @@ fn run_lazy(
     // Started before CRIU runs: CRIU releases the tasks without waiting for the daemon, so a
     // gstore killed before it holds their userfaultfds must still take the tasks with it.
     let pids: Vec<i32> = layout.processes.iter().map(|p| p.pid as i32).collect();
-    let guard = gstore_lazy::guard::Guard::start(&pids, &[])?;
+    let guard = gstore_lazy::guard::Guard::start(&pids)?;
     let (restored, filled) = std::thread::scope(|scope| {
         let daemon = scope.spawn(|| {
             let conn = socket.accept(&abort)?;

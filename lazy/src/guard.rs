@@ -35,8 +35,8 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// Forks the guard. It keeps `uffds` open and will kill `pids` if the daemon dies.
-    pub fn start(pids: &[i32], uffds: &[RawFd]) -> Result<Guard> {
+    /// Forks the guard. It will kill `pids` (and those added later) if the daemon dies.
+    pub fn start(pids: &[i32]) -> Result<Guard> {
         if pids.len() > MAX_PIDS {
             return Err(LazyError::Unsupported(format!(
                 "{} processes is more than the {MAX_PIDS} a restore guard tracks",
@@ -52,14 +52,12 @@ impl Guard {
         }
         // SAFETY: both descriptors were just created and are owned here.
         let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
-        let mut keep: Vec<RawFd> = uffds.iter().copied().chain([theirs.as_raw_fd()]).collect();
-        keep.sort_unstable();
         let mut known = [0 as libc::pid_t; MAX_PIDS];
         known[..pids.len()].copy_from_slice(pids);
         // SAFETY: the child runs only `guard_main`, which makes async-signal-safe calls.
         match unsafe { libc::fork() } {
             -1 => Err(LazyError::os("forking the restore guard", io::Error::last_os_error())),
-            0 => guard_main(theirs.as_raw_fd(), &keep, known, pids.len()),
+            0 => guard_main(theirs.as_raw_fd(), known, pids.len()),
             pid => Ok(Guard { pid, ctl: ours, finished: AtomicBool::new(false) }),
         }
     }
@@ -107,7 +105,7 @@ fn send(ctl: &OwnedFd, tag: u8, pid: i32, fd: Option<RawFd>) -> io::Result<()> {
 }
 
 /// The guard process. Never returns.
-fn guard_main(ctl: RawFd, keep: &[RawFd], mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! {
+fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! {
     // SAFETY (whole function): async-signal-safe system calls only, on memory allocated before
     // the fork.
     unsafe {
@@ -115,15 +113,11 @@ fn guard_main(ctl: RawFd, keep: &[RawFd], mut pids: [libc::pid_t; MAX_PIDS], mut
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
             libc::signal(sig, libc::SIG_IGN);
         }
-        // Close everything but the control socket and the userfaultfds (`keep` is sorted).
-        let mut from: RawFd = 3;
-        for &fd in keep {
-            if fd > from {
-                libc::syscall(libc::SYS_close_range, from as u32, (fd - 1) as u32, 0u32);
-            }
-            from = fd + 1;
+        // Close everything but the control socket (descriptors come later, through it).
+        if ctl > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, (ctl - 1) as u32, 0u32);
         }
-        libc::syscall(libc::SYS_close_range, from as u32, u32::MAX, 0u32);
+        libc::syscall(libc::SYS_close_range, (ctl + 1) as u32, u32::MAX, 0u32);
         let since = start_time(0);
         loop {
             let mut payload = [0u8; 5];
@@ -222,7 +216,7 @@ mod tests {
     #[test]
     fn a_held_connection_keeps_the_descriptors_queued_in_it_open_until_the_guard_exits() {
         let (daemon, criu) = std::os::unix::net::UnixStream::pair().unwrap();
-        let guard = Guard::start(&[], &[]).unwrap();
+        let guard = Guard::start(&[]).unwrap();
         guard.hold(daemon.as_raw_fd()).unwrap();
         // A pipe's write end stands for a userfaultfd CRIU sent and the daemon never received.
         let mut ends = [0 as RawFd; 2];

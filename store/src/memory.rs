@@ -1,5 +1,6 @@
 //! Large buffers that are filled once, front to back, and buffers used again.
 
+use crate::error::Result;
 use bytes::Bytes;
 use std::sync::Mutex;
 
@@ -75,6 +76,14 @@ impl Kept {
         let mut b = kept.swap_remove(i);
         b.resize(len, 0);
         b
+    }
+
+    /// `len` bytes that `read` writes into a buffer (whole: it starts with whatever the
+    /// buffer held), shared as [`Kept::shared`] shares them.
+    pub(crate) fn read(&'static self, len: usize, read: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<Bytes> {
+        let mut buf = self.filled(len, len);
+        read(&mut buf)?;
+        Ok(self.shared(buf))
     }
 
     /// `buf`'s bytes, shared; `buf` is kept for [`Kept::buffer`] when the last of them is

@@ -303,17 +303,16 @@ fn push_entries(
     let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * store.config().segment_size);
     // A stream's files and metadata are known once it ends.
     let streamed = crate::stream::Received::default();
-    let (batches, total, file_input): (Batches<'_>, u64, _) = match input {
+    let (batches, total, reader): (Batches<'_>, u64, _) = match input {
         Input::Files { entries, contents } => {
             let units = plan_units(entries, store.config());
             let total = units.iter().map(|u| u.len).sum();
-            (Box::new(batch_units(units, batch_bytes).into_iter().map(Ok)), total, Some((entries, contents)))
+            (Box::new(batch_units(units, batch_bytes).into_iter().map(Ok)), total, Some(Reader { entries, contents }))
         }
         Input::Stream(source) => (Box::new(source.batches(batch_bytes, &streamed)), 0, None),
     };
-    let reader = file_input.map(|(entries, contents)| Reader { entries, contents });
     // Pieces read once cannot be read again at the end: the packs they rely on are vetted first.
-    let vet_found = file_input.is_none();
+    let vet_found = reader.is_none();
     progress.start("pushing", total, crate::progress::Unit::Bytes);
 
     let mut report = PushReport {
@@ -400,12 +399,12 @@ fn push_entries(
     });
     progress.finish();
     result?;
-    let entries: std::borrow::Cow<'_, [SourceEntry]> = match file_input {
-        Some((entries, files)) => {
+    let entries: std::borrow::Cow<'_, [SourceEntry]> = match &reader {
+        Some(reader) => {
             if let Some(lease) = &lease {
-                report.reuploaded_chunks = reupload_unreliable(store, lease, entries, files, relied)?;
+                report.reuploaded_chunks = reupload_unreliable(store, lease, reader, relied)?;
             }
-            std::borrow::Cow::Borrowed(entries)
+            std::borrow::Cow::Borrowed(reader.entries)
         }
         None => {
             // A stream's files, in path order, and the metadata it ended with.
@@ -685,10 +684,10 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    /// Reads unit `u` into `buf` (its length).
-    fn read(&self, u: &Unit, buf: &mut [u8]) -> Result<()> {
-        let content = self.contents[u.file].as_ref().ok_or_else(|| StoreError::Internal("a unit of no file".into()))?;
-        content.read_exact_at(buf, u.offset, &self.entries[u.file])
+    /// Fills `buf` with the bytes at `offset` of entry `file`.
+    fn read(&self, file: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let content = self.contents[file].as_ref().ok_or_else(|| StoreError::Internal("a read of no file".into()))?;
+        content.read_exact_at(buf, offset, &self.entries[file])
     }
 
     /// Whether the page cache holds `u`'s bytes, as far as its first, middle and last byte
@@ -745,10 +744,7 @@ fn read_units(units: &mut [Unit], reader: &Reader<'_>) -> Result<()> {
     let per_reader = units.len().div_ceil(READERS).max(1);
     let read_run = |run: &mut [Unit]| -> Result<()> {
         for u in run.iter_mut().filter(|u| u.data.is_none() && !reader.cached(u)) {
-            let len = u.len as usize;
-            let mut buf = KEPT.filled(len, len);
-            reader.read(u, &mut buf)?;
-            u.data = Some(KEPT.shared(buf));
+            u.data = Some(KEPT.read(u.len as usize, |buf| reader.read(u.file, u.offset, buf))?);
         }
         Ok(())
     };
@@ -780,7 +776,7 @@ fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
             (Some(data), _) => data,
             (None, Some(reader)) => {
                 buf.resize(u.len as usize, 0);
-                reader.read(u, buf)?;
+                reader.read(u.file, u.offset, buf)?;
                 buf
             }
             (None, None) => return Err(StoreError::Internal("a streamed piece without its bytes".into())),
@@ -859,8 +855,7 @@ pub(crate) fn write_pack(store: &Store, lease: &Lease, p: FinishedPack) -> Resul
 fn reupload_unreliable(
     store: &Store,
     lease: &Lease,
-    entries: &[SourceEntry],
-    files: &[Option<Content<'_>>],
+    reader: &Reader<'_>,
     mut relied: HashMap<ObjectId, Vec<Relied>>,
 ) -> Result<u64> {
     if relied.is_empty() {
@@ -887,11 +882,11 @@ fn reupload_unreliable(
             if !seen.insert(r.id) {
                 continue;
             }
-            let e = &entries[r.file];
             let mut data = vec![0u8; r.len as usize];
-            files[r.file].as_ref().expect("file entry").read_exact_at(&mut data, r.offset, e)?;
+            reader.read(r.file, r.offset, &mut data)?;
             if store.chunk_ids().id(&data) != r.id {
-                return Err(StoreError::Invalid(format!("{} changed while it was being pushed", e.abs.display())));
+                let path = reader.entries[r.file].abs.display();
+                return Err(StoreError::Invalid(format!("{path} changed while it was being pushed")));
             }
             let (codec, stored) = encoder.encode(&data);
             pack.push(r.id, codec, &stored, r.len);

@@ -76,10 +76,7 @@ impl SealedObjects {
         if self.inner.local_root().is_none() {
             return self.inner.get_range(key, span);
         }
-        let len = (span.end - span.start) as usize;
-        let mut sealed = KEPT.filled(len, len);
-        self.inner.get_range_into(key, span, &mut sealed)?;
-        Ok(KEPT.shared(sealed))
+        KEPT.read((span.end - span.start) as usize, |sealed| self.inner.get_range_into(key, span, sealed))
     }
 
     /// Opens plain range `range` of sealed object `key` with `open` (given the header and the
