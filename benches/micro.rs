@@ -1,7 +1,7 @@
 //! Per-core micro benchmarks of the ingest and restore building blocks on corpus-like data:
 //! FastCDC chunking, BLAKE3 hashing, chunk encoding (zstd-1 alone, and the default choice
-//! with the float codec) and decoding+verifying; the float codec and resemblance sketches on
-//! bf16 weights alone; sealing and opening for encrypted stores (a 48 MiB pack sealed, 16 MiB
+//! with the float codec) and decoding+verifying; the float codec (Huffman lanes, and zstd
+//! lanes) and resemblance sketches on bf16 weights alone; sealing and opening for encrypted stores (a 48 MiB pack sealed, 16 MiB
 //! ranges opened into a new buffer or a caller's); and index lookups (what planning a restore
 //! costs per distinct chunk).
 
@@ -25,8 +25,7 @@ fn mixed(len: usize) -> Vec<u8> {
 /// Chunks of `data` as `spans` cut them, encoded: (codec, stored bytes, plain length, id).
 type Encoded = Vec<(codec::Codec, Vec<u8>, usize, ObjectId)>;
 
-fn encode_all(data: &[u8], spans: &[std::ops::Range<usize>], floats: bool) -> Encoded {
-    let mut enc = codec::Encoder::new(1, floats).unwrap();
+fn encode_all(data: &[u8], spans: &[std::ops::Range<usize>], mut enc: codec::Encoder) -> Encoded {
     spans
         .iter()
         .map(|s| {
@@ -36,17 +35,18 @@ fn encode_all(data: &[u8], spans: &[std::ops::Range<usize>], floats: bool) -> En
         .collect()
 }
 
-/// Benchmarks encoding the chunks (zstd-1 lanes and frames) and decoding+verifying them.
+/// Benchmarks encoding the chunks with the encoders `encoder` makes and decoding+verifying
+/// them.
 fn bench_codec(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
     data: &[u8],
     spans: &[std::ops::Range<usize>],
-    floats: bool,
+    encoder: impl Fn() -> codec::Encoder,
 ) {
-    let encoded = encode_all(data, spans, floats);
+    let encoded = encode_all(data, spans, encoder());
     g.bench_function(format!("{name}-encode"), |b| {
-        let mut enc = codec::Encoder::new(1, floats).unwrap();
+        let mut enc = encoder();
         b.iter(|| spans.iter().for_each(|s| drop(black_box(enc.encode(&data[s.clone()])))))
     });
     g.bench_function(format!("{name}-decode+verify"), |b| {
@@ -76,8 +76,10 @@ fn bench(c: &mut Criterion) {
             })
         })
     });
-    bench_codec(&mut g, "zstd-1", &data, &spans, false);
-    bench_codec(&mut g, "default-codecs", &data, &spans, true);
+    let zstd_only = || codec::Encoder::new(1, false).unwrap();
+    let default = || codec::Encoder::new(1, true).unwrap();
+    bench_codec(&mut g, "zstd-1", &data, &spans, zstd_only);
+    bench_codec(&mut g, "default-codecs", &data, &spans, default);
     g.bench_function("sketch", |b| {
         b.iter(|| {
             spans.iter().for_each(|s| {
@@ -95,8 +97,10 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("per-core-bf16");
     g.throughput(Throughput::Bytes(bf16.len() as u64));
     g.sample_size(10);
-    bench_codec(&mut g, "zstd-1", &bf16, &spans, false);
-    bench_codec(&mut g, "floats", &bf16, &spans, true);
+    bench_codec(&mut g, "zstd-1", &bf16, &spans, zstd_only);
+    bench_codec(&mut g, "floats", &bf16, &spans, default);
+    let zstd_lanes = || codec::Encoder::new(1, true).unwrap().lane_coding(codec::LaneCoding::Zstd);
+    bench_codec(&mut g, "floats-zstd-lanes", &bf16, &spans, zstd_lanes);
     // What a push of a page image adds for each new chunk (its resemblance sketch).
     g.bench_function("sketch", |b| {
         b.iter(|| {

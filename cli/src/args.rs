@@ -318,6 +318,11 @@ pub struct InitArgs {
     /// as gstore before it wrote them (older readers refuse float-coded chunks).
     #[arg(long)]
     pub no_float_codec: bool,
+    /// Keep the float codec's compressible lanes as zstd frames (lane codec 1), as gstore
+    /// before Huffman lanes wrote them (older readers refuse Huffman lanes, lane codec 2). GPU
+    /// loads then decode those lanes on the host (or with nvCOMP when GSTORE_NVCOMP names it).
+    #[arg(long)]
+    pub zstd_lanes: bool,
     /// Encrypt the store (docs/SECURITY.md): its first key comes from GSTORE_KEY_FILE or
     /// GSTORE_PASSPHRASE, else a passphrase asked for twice.
     #[arg(long)]

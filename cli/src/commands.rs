@@ -645,6 +645,7 @@ fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
         zstd_level: a.zstd_level,
         pack_target: a.pack_size,
         float_codec: !a.no_float_codec,
+        huffman_lanes: !a.zstd_lanes,
         ..StoreConfig::default()
     };
     let key = if a.encrypt {

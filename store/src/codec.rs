@@ -2,7 +2,9 @@
 
 use crate::error::{Result, StoreError};
 use crate::floats;
-pub use crate::floats::{layout as float_layout, Lane as FloatLane, Layout as FloatLayout};
+pub use crate::floats::{
+    layout as float_layout, Lane as FloatLane, LaneCodec as FloatLaneCodec, LaneCoding, Layout as FloatLayout,
+};
 use crate::id::{ChunkIds, ObjectId};
 
 /// How a chunk is stored. The numeric value is the codec byte in pack footers.
@@ -69,6 +71,8 @@ pub struct Encoder {
     /// ahead made it ~1.4x faster again at the same size (docs/BENCHMARKS.md, issue #15). The
     /// frames are plain zstd frames: any zstd decoder reads them.
     lanes: zstd::bulk::Compressor<'static>,
+    /// How float lanes worth compressing are coded.
+    coding: LaneCoding,
     scratch: floats::Scratch,
     /// The zstd level, for delta frames (each made with its own context: the prefix is
     /// borrowed for one frame).
@@ -88,7 +92,20 @@ impl Encoder {
         lanes
             .set_parameter(zstd::zstd_safe::CParameter::LiteralCompressionMode(zstd::zstd_safe::ParamSwitch::Enable))
             .map_err(bad)?;
-        Ok(Encoder { zstd, floats, lanes, scratch: floats::Scratch::default(), level })
+        Ok(Encoder { zstd, floats, lanes, coding: LaneCoding::Huffman, scratch: floats::Scratch::default(), level })
+    }
+
+    /// An encoder for the store `cfg` describes: its zstd level, float codec and lane coding.
+    pub fn for_config(cfg: &crate::StoreConfig) -> Result<Encoder> {
+        let coding = if cfg.huffman_lanes { LaneCoding::Huffman } else { LaneCoding::Zstd };
+        Ok(Encoder::new(cfg.zstd_level, cfg.float_codec)?.lane_coding(coding))
+    }
+
+    /// This encoder, coding float lanes worth compressing as `coding` says (Huffman unless
+    /// set).
+    pub fn lane_coding(mut self, coding: LaneCoding) -> Encoder {
+        self.coding = coding;
+        self
     }
 
     /// Chooses a codec for a non-zero chunk and returns its stored bytes: the float codec for
@@ -100,7 +117,7 @@ impl Encoder {
             floats::Survey::Random => return (Codec::Raw, plain.to_vec()),
             floats::Survey::Floats(plan) if self.floats => {
                 let mut out = Vec::with_capacity(plain.len() + 32);
-                floats::encode(plain, plan, &mut self.lanes, &mut self.scratch, &mut out);
+                floats::encode(plain, plan, self.coding, &mut self.lanes, &mut self.scratch, &mut out);
                 if out.len() < limit {
                     return (Codec::Floats, out);
                 }
@@ -495,10 +512,10 @@ mod tests {
         // The zstd lanes of float-coded chunks declare their length too.
         let floats: Vec<u8> =
             (0..65_536u32).flat_map(|i| half_float_bits((i as f32 * 0.37).sin() * 0.02).to_le_bytes()).collect();
-        let (codec, stored) = Encoder::new(1, true).unwrap().encode(&floats);
+        let (codec, stored) = Encoder::new(1, true).unwrap().lane_coding(LaneCoding::Zstd).encode(&floats);
         assert_eq!(codec, Codec::Floats);
         let f = float_layout(&stored, floats.len(), &id).unwrap();
-        let zstd_lanes: Vec<_> = f.lanes.iter().filter(|l| l.zstd).collect();
+        let zstd_lanes: Vec<_> = f.lanes.iter().filter(|l| l.codec == FloatLaneCodec::Zstd).collect();
         assert!(!zstd_lanes.is_empty());
         for lane in zstd_lanes {
             check_zstd_frame(&stored[lane.stored.clone()], f.words, &id).unwrap();

@@ -47,6 +47,11 @@ pub struct StoreConfig {
     /// codec (codec 3) before zstd. Absent in stores made before it existed: on.
     #[serde(default = "float_codec_default")]
     pub float_codec: bool,
+    /// Whether the float codec's compressible lanes are Huffman-coded (lane codec 2, which a
+    /// GPU decodes) rather than zstd frames (lane codec 1). Absent in stores made before
+    /// Huffman lanes existed: on.
+    #[serde(default = "float_codec_default")]
+    pub huffman_lanes: bool,
     /// How the store is encrypted (format 2); absent in an unencrypted store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Encryption>,
@@ -67,6 +72,7 @@ impl Default for StoreConfig {
             zstd_level: 1,
             pack_target: 48 * 1024 * 1024,
             float_codec: true,
+            huffman_lanes: true,
             encryption: None,
         }
     }

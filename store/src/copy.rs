@@ -113,7 +113,7 @@ fn transfer(
     progress.start("copying", chunks.iter().map(|c| sizes[c] as u64).sum(), Unit::Bytes);
     let mut decoder = src.decoder();
     // Deltas are copied whole: their bases may be missing from `dst`.
-    let mut encoder = Encoder::new(dst.config().zstd_level, dst.config().float_codec)?;
+    let mut encoder = Encoder::for_config(dst.config())?;
     let mut plain = Vec::new();
     let mut pack = dst.new_pack();
     let mut seen = HashSet::new();

@@ -1,11 +1,11 @@
 //! The byte-grouped float codec (codec byte 3): a chunk of 2- or 4-byte floats is split into
-//! lanes — lane `i` holds byte `i` of every word — and each lane is kept as a zstd frame or
-//! raw. The lanes holding sign and exponent bits are nearly constant in trained weights and
+//! lanes — lane `i` holds byte `i` of every word — and each lane is kept Huffman-coded
+//! ([`crate::huffman`], which a GPU decodes), as a zstd frame, or raw. The lanes holding sign and exponent bits are nearly constant in trained weights and
 //! optimizer state and compress well; mantissa lanes are close to random and stay raw, so zstd
 //! no longer has to model bytes of both kinds at once (as ZipNN and xet's BG4 do).
 //!
 //! Stored form (docs/FORMAT.md): the width W (2 or 4), then per lane a codec byte (0 raw,
-//! 1 zstd), a u32 LE stored length and the stored bytes, then the `plain_len mod W` bytes
+//! 1 zstd, 2 Huffman), a u32 LE stored length and the stored bytes, then the `plain_len mod W` bytes
 //! past the last whole word, raw. Every lane decodes to `plain_len / W` bytes.
 
 use crate::error::{Result, StoreError};
@@ -15,6 +15,11 @@ use crate::id::ObjectId;
 const LANE_RAW: u8 = 0;
 /// Lane codec byte: one zstd frame.
 const LANE_ZSTD: u8 = 1;
+/// Lane codec byte: Huffman-coded substreams ([`crate::huffman`]).
+const LANE_HUFFMAN: u8 = 2;
+/// Below this order-0 entropy (bits per byte) a lane is nearly one repeated byte: Huffman
+/// coding spends at least one bit per byte there, zstd's matches far less.
+const ZSTD_LANE_BELOW: f64 = 1.0;
 /// Bytes sampled from a chunk to decide whether it holds floats.
 const SAMPLE: usize = 8192;
 /// A lane whose sampled bytes carry more entropy than this (bits per byte) is kept raw
@@ -31,6 +36,16 @@ const MIN_WHOLE_BITS: f64 = 5.0;
 fn c_log_c() -> &'static [f32] {
     static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| (0..=SAMPLE).map(|c| if c == 0 { 0.0 } else { c as f32 * (c as f32).log2() }).collect())
+}
+
+/// Order-0 entropy, in bits per byte, of a whole lane's byte counts.
+fn entropy_of(counts: &[u64; 256]) -> f64 {
+    let n: u64 = counts.iter().sum();
+    if n == 0 {
+        return 0.0;
+    }
+    let sum: f64 = counts.iter().filter(|&&c| c > 0).map(|&c| c as f64 * (c as f64).log2()).sum();
+    (n as f64).log2() - sum / n as f64
 }
 
 /// Order-0 entropy, in bits per byte, of bytes counted in `counts`.
@@ -187,10 +202,21 @@ pub struct Scratch {
     frame: Vec<u8>,
 }
 
-/// Encodes `plain` as `plan` says into `out` (cleared first).
+/// How lanes worth compressing are coded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneCoding {
+    /// Huffman-coded (lane codec 2), except lanes of nearly one byte value (zstd).
+    Huffman,
+    /// zstd frames (lane codec 1), as gstore wrote them before Huffman lanes.
+    Zstd,
+}
+
+/// Encodes `plain` as `plan` says into `out` (cleared first), coding the lanes `plan`
+/// compresses as `coding` says.
 pub fn encode(
     plain: &[u8],
     plan: Plan,
+    coding: LaneCoding,
     zstd: &mut zstd::bulk::Compressor<'static>,
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
@@ -204,15 +230,33 @@ pub fn encode(
     out.push(w as u8);
     for i in 0..w {
         let lane = &scratch.lanes[i * n..(i + 1) * n];
+        let compress = plan.compress & (1 << i) != 0;
+        // Huffman unless the lane is nearly one byte value; raw unless that saves bytes.
+        let huffman = match (compress, coding) {
+            (true, LaneCoding::Huffman) => {
+                Some(crate::huffman::counts(lane)).filter(|c| entropy_of(c) >= ZSTD_LANE_BELOW)
+            }
+            _ => None,
+        };
+        let code = huffman.map(|c| (crate::huffman::Code::for_counts(&c), c));
+        if let Some((code, _)) = code.filter(|(code, c)| code.encoded_len(c, n) < n) {
+            out.push(LANE_HUFFMAN);
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            code.encode(lane, out);
+            let len = (out.len() - at - 4) as u32;
+            out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+            continue;
+        }
         // A frame that does not fit the lane's length (or is not shorter) leaves it raw.
-        let compressed = if plan.compress & (1 << i) != 0 {
+        let frame = if compress {
             scratch.frame.clear();
             scratch.frame.reserve(n);
             zstd.compress_to_buffer(lane, &mut scratch.frame).ok().filter(|&len| len < n)
         } else {
             None
         };
-        match compressed {
+        match frame {
             Some(len) => {
                 out.push(LANE_ZSTD);
                 out.extend_from_slice(&(len as u32).to_le_bytes());
@@ -233,11 +277,22 @@ fn corrupt(id: &ObjectId, detail: String) -> StoreError {
     StoreError::corrupt("chunk", id.to_hex(), format!("float lanes: {detail}"))
 }
 
+/// How one lane of a float-coded chunk is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneCodec {
+    /// Its bytes as they are.
+    Raw,
+    /// One zstd frame.
+    Zstd,
+    /// Huffman-coded substreams ([`crate::huffman`]).
+    Huffman,
+}
+
 /// One lane of a float-coded chunk, as [`layout`] finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lane {
-    /// Whether the lane is a zstd frame (else its bytes as they are).
-    pub zstd: bool,
+    /// How it is stored.
+    pub codec: LaneCodec,
     /// Where the lane's stored bytes lie in the chunk's stored bytes.
     pub stored: std::ops::Range<usize>,
 }
@@ -259,7 +314,7 @@ pub struct Layout {
 /// `plain_len`: word width, lane codecs and lengths, tail. Anything inconsistent (a width
 /// other than 2 or 4, an unknown lane codec, a raw lane of the wrong length, lanes running past
 /// the end, a tail of the wrong length) is a corrupt chunk. A zstd lane's frame is not looked
-/// into: whoever decodes it checks that it yields `words` bytes.
+/// into, nor a Huffman lane's code: whoever decodes them checks that they yield `words` bytes.
 pub fn layout(stored: &[u8], plain_len: usize, id: &ObjectId) -> Result<Layout> {
     let bad = |detail: String| corrupt(id, detail);
     let w = *stored.first().ok_or_else(|| bad("empty".into()))? as usize;
@@ -277,8 +332,9 @@ pub fn layout(stored: &[u8], plain_len: usize, id: &ObjectId) -> Result<Layout> 
             return Err(bad(format!("lane {i} is cut short")));
         }
         match head[0] {
-            LANE_RAW if len == n => lanes.push(Lane { zstd: false, stored: body }),
-            LANE_ZSTD => lanes.push(Lane { zstd: true, stored: body }),
+            LANE_RAW if len == n => lanes.push(Lane { codec: LaneCodec::Raw, stored: body }),
+            LANE_ZSTD => lanes.push(Lane { codec: LaneCodec::Zstd, stored: body }),
+            LANE_HUFFMAN => lanes.push(Lane { codec: LaneCodec::Huffman, stored: body }),
             c => return Err(bad(format!("lane {i}: codec {c} with {len} bytes for {n}"))),
         }
         at += 5 + len;
@@ -304,13 +360,18 @@ pub fn decode(
     for (i, l) in lanes.iter().enumerate() {
         let body = &stored[l.stored.clone()];
         let lane = &mut scratch.lanes[i * n..(i + 1) * n];
-        if l.zstd {
-            let got = zstd.decompress_to_buffer(body, lane).map_err(|e| corrupt(id, format!("lane {i}: zstd: {e}")))?;
-            if got != n {
-                return Err(corrupt(id, format!("lane {i} decodes to {got} bytes, not {n}")));
+        match l.codec {
+            LaneCodec::Zstd => {
+                let got =
+                    zstd.decompress_to_buffer(body, lane).map_err(|e| corrupt(id, format!("lane {i}: zstd: {e}")))?;
+                if got != n {
+                    return Err(corrupt(id, format!("lane {i} decodes to {got} bytes, not {n}")));
+                }
             }
-        } else {
-            lane.copy_from_slice(body);
+            LaneCodec::Huffman => {
+                crate::huffman::decode(body, lane).map_err(|e| corrupt(id, format!("lane {i}: Huffman: {e}")))?
+            }
+            LaneCodec::Raw => lane.copy_from_slice(body),
         }
     }
     join(&scratch.lanes, w, out);
@@ -412,17 +473,20 @@ mod tests {
             let plain = bf16(&v);
             let mut out = Vec::new();
             let mut zstd = zstd::bulk::Compressor::new(1).unwrap();
-            encode(
-                &plain[..plain.len() - 1],
-                Plan { width, compress: 0b1010 },
-                &mut zstd,
-                &mut Scratch::default(),
-                &mut out,
-            );
-            let mut back = vec![0u8; plain.len() - 1];
-            let mut d = zstd::bulk::Decompressor::new().unwrap();
-            decode(&out, &mut back, &mut d, &mut Scratch::default(), &ObjectId::of(b"x")).unwrap();
-            assert_eq!(back, &plain[..plain.len() - 1]);
+            for coding in [LaneCoding::Huffman, LaneCoding::Zstd] {
+                encode(
+                    &plain[..plain.len() - 1],
+                    Plan { width, compress: 0b1010 },
+                    coding,
+                    &mut zstd,
+                    &mut Scratch::default(),
+                    &mut out,
+                );
+                let mut back = vec![0u8; plain.len() - 1];
+                let mut d = zstd::bulk::Decompressor::new().unwrap();
+                decode(&out, &mut back, &mut d, &mut Scratch::default(), &ObjectId::of(b"x")).unwrap();
+                assert_eq!(back, &plain[..plain.len() - 1]);
+            }
         }
     }
 
@@ -447,36 +511,52 @@ mod tests {
     #[test]
     fn the_layout_points_at_each_lane_and_the_tail() {
         // What GPU decoding relies on: raw lanes hold byte i of every word at the range the
-        // layout names, zstd lanes decode to `words` bytes there, the tail is the rest.
+        // layout names, zstd and Huffman lanes decode to `words` bytes there, the tail is the
+        // rest.
         let plain = bf16(&normal(20001, 0.02, 5));
         let plain = &plain[..plain.len() - 1];
-        for (width, compress) in [(2, 0b10), (2, 0b00), (4, 0b1010)] {
-            let mut stored = Vec::new();
-            encode(
-                plain,
-                Plan { width, compress },
-                &mut zstd::bulk::Compressor::new(1).unwrap(),
-                &mut Scratch::default(),
-                &mut stored,
-            );
-            let f = layout(&stored, plain.len(), &ObjectId::of(plain)).unwrap();
-            assert_eq!((f.width, f.words), (width, plain.len() / width));
-            for (i, lane) in f.lanes.iter().enumerate() {
-                let want: Vec<u8> = plain.chunks_exact(width).map(|w| w[i]).collect();
-                let got = match lane.zstd {
-                    true => zstd::bulk::decompress(&stored[lane.stored.clone()], f.words).unwrap(),
-                    false => stored[lane.stored.clone()].to_vec(),
-                };
-                assert_eq!(lane.zstd, compress & (1 << i) != 0, "lane {i}");
-                assert_eq!(got, want, "lane {i}");
+        for coding in [LaneCoding::Huffman, LaneCoding::Zstd] {
+            for (width, compress) in [(2, 0b10), (2, 0b00), (4, 0b1010)] {
+                let mut stored = Vec::new();
+                encode(
+                    plain,
+                    Plan { width, compress },
+                    coding,
+                    &mut zstd::bulk::Compressor::new(1).unwrap(),
+                    &mut Scratch::default(),
+                    &mut stored,
+                );
+                let f = layout(&stored, plain.len(), &ObjectId::of(plain)).unwrap();
+                assert_eq!((f.width, f.words), (width, plain.len() / width));
+                for (i, lane) in f.lanes.iter().enumerate() {
+                    let want: Vec<u8> = plain.chunks_exact(width).map(|w| w[i]).collect();
+                    let body = &stored[lane.stored.clone()];
+                    let got = match lane.codec {
+                        LaneCodec::Zstd => zstd::bulk::decompress(body, f.words).unwrap(),
+                        LaneCodec::Huffman => {
+                            let mut out = vec![0u8; f.words];
+                            crate::huffman::decode(body, &mut out).unwrap();
+                            out
+                        }
+                        LaneCodec::Raw => body.to_vec(),
+                    };
+                    let expected = match (compress & (1 << i) != 0, coding) {
+                        (false, _) => LaneCodec::Raw,
+                        (true, LaneCoding::Huffman) => LaneCodec::Huffman,
+                        (true, LaneCoding::Zstd) => LaneCodec::Zstd,
+                    };
+                    assert_eq!(lane.codec, expected, "lane {i}");
+                    assert_eq!(got, want, "lane {i}");
+                }
+                assert_eq!(&stored[f.tail.clone()], &plain[f.words * width..]);
             }
-            assert_eq!(&stored[f.tail.clone()], &plain[f.words * width..]);
         }
         // A lane running past the end and a wrong tail are refused.
         let mut stored = Vec::new();
         encode(
             plain,
             Plan { width: 2, compress: 0 },
+            LaneCoding::Huffman,
             &mut zstd::bulk::Compressor::new(1).unwrap(),
             &mut Scratch::default(),
             &mut stored,
@@ -487,10 +567,11 @@ mod tests {
 
     proptest! {
         #[test]
-        fn any_bytes_round_trip_through_either_width(data in proptest::collection::vec(any::<u8>(), 0..5000), width in prop_oneof![Just(2usize), Just(4usize)], compress in 0u8..16) {
+        fn any_bytes_round_trip_through_either_width(data in proptest::collection::vec(any::<u8>(), 0..5000), width in prop_oneof![Just(2usize), Just(4usize)], compress in 0u8..16, huffman in any::<bool>()) {
             let mut out = Vec::new();
             let mut zstd = zstd::bulk::Compressor::new(1).unwrap();
-            encode(&data, Plan { width, compress }, &mut zstd, &mut Scratch::default(), &mut out);
+            let coding = if huffman { LaneCoding::Huffman } else { LaneCoding::Zstd };
+            encode(&data, Plan { width, compress }, coding, &mut zstd, &mut Scratch::default(), &mut out);
             let mut back = vec![0u8; data.len()];
             decode(&out, &mut back, &mut zstd::bulk::Decompressor::new().unwrap(), &mut Scratch::default(), &ObjectId::of(b"p")).unwrap();
             prop_assert_eq!(back, data);

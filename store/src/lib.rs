@@ -20,6 +20,7 @@ mod error;
 mod floats;
 pub mod gc;
 mod http;
+pub mod huffman;
 mod id;
 pub mod images;
 pub mod index;

@@ -664,7 +664,7 @@ fn append_all(
 /// What each thread working on a push keeps between units.
 struct Worker {
     /// The settings `encoder` was made for.
-    settings: (i32, bool),
+    settings: (i32, bool, bool),
     encoder: codec::Encoder,
     /// A unit the page cache held, read by this worker.
     data: Vec<u8>,
@@ -765,11 +765,11 @@ fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
     let deltas = work.deltas;
     let store = deltas.store;
     let cfg = store.config();
-    let settings = (cfg.zstd_level, cfg.float_codec);
+    let settings = (cfg.zstd_level, cfg.float_codec, cfg.huffman_lanes);
     WORKER.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.as_ref().is_none_or(|w| w.settings != settings) {
-            *slot = Some(Worker { settings, encoder: codec::Encoder::new(settings.0, settings.1)?, data: Vec::new() });
+            *slot = Some(Worker { settings, encoder: codec::Encoder::for_config(cfg)?, data: Vec::new() });
         }
         let Worker { encoder, data: buf, .. } = slot.as_mut().expect("made above");
         let data: &[u8] = match (&u.data, work.reader) {
@@ -867,7 +867,7 @@ fn reupload_unreliable(
     let index = store.index()?;
     index.set_doomed(&doomed)?;
     let cfg = store.config();
-    let mut encoder = codec::Encoder::new(cfg.zstd_level, cfg.float_codec)?;
+    let mut encoder = codec::Encoder::for_config(cfg)?;
     let mut pack = store.new_pack();
     let mut seen = HashSet::new();
     let mut n = 0;

@@ -1,0 +1,464 @@
+//! The Huffman lane codec (float-codec lane codec 2, docs/FORMAT.md): a canonical Huffman code
+//! of at most [`MAX_LEN`] bits per byte, and the lane's bytes cut into substreams of
+//! [`SUBSTREAM`] symbols, each starting on a byte boundary, whose ends the header lists. A GPU
+//! decodes every substream on its own thread (gpu-dump's `decode_huffman` kernel), so a lane
+//! crosses PCIe compressed and is decoded at memory speed; the host decodes four substreams at
+//! once. The exponent lanes of trained weights hold a few dozen byte values with ~2.7 bits of
+//! entropy: Huffman coding keeps them at ~0.35 of their size, as zstd level 1 does (0.38), at
+//! a fraction of zstd's cost to encode.
+//!
+//! Stored form: `k - 1` (u8), then `k` pairs (symbol u8, code length u8) in canonical order
+//! (lengths non-decreasing, symbols increasing within a length), then one u32 LE end offset per
+//! substream (relative to the start of the bits), then the bits. Codes are assigned in list
+//! order: the first is all zeros; each next is one more than the previous, shifted left by the
+//! growth in length. Codes are written most significant bit first, from the top bit of each
+//! byte; a substream's last byte is padded with zero bits.
+
+/// Symbols per substream.
+pub const SUBSTREAM: usize = 1024;
+/// The longest code.
+pub const MAX_LEN: u32 = 11;
+
+/// Code lengths (at most [`MAX_LEN`]) of a Huffman code for byte counts `counts`; 0 for bytes
+/// that do not occur. One occurring byte gets a 1-bit code. Counts are halved (keeping every
+/// occurring byte) until the longest code fits.
+fn code_lengths(counts: &[u64; 256]) -> [u8; 256] {
+    let mut counts = *counts;
+    loop {
+        let lengths = unlimited_lengths(&counts);
+        if lengths.iter().all(|&l| l as u32 <= MAX_LEN) {
+            return lengths;
+        }
+        for c in counts.iter_mut().filter(|c| **c > 0) {
+            *c = (*c >> 1).max(1);
+        }
+    }
+}
+
+/// Optimal Huffman code lengths for `counts`, without a length limit.
+fn unlimited_lengths(counts: &[u64; 256]) -> [u8; 256] {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut lengths = [0u8; 256];
+    // Nodes 0..256 are leaves; internal nodes follow. `parent` links every node to its parent.
+    let mut parent: Vec<usize> = vec![usize::MAX; 256];
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> =
+        counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(s, &c)| Reverse((c, s))).collect();
+    match heap.len() {
+        0 => return lengths,
+        1 => {
+            let Reverse((_, s)) = heap.pop().expect("one leaf");
+            lengths[s] = 1;
+            return lengths;
+        }
+        _ => {}
+    }
+    while heap.len() > 1 {
+        let Reverse((a, i)) = heap.pop().expect("two nodes");
+        let Reverse((b, j)) = heap.pop().expect("two nodes");
+        let node = parent.len();
+        parent.push(usize::MAX);
+        parent[i] = node;
+        parent[j] = node;
+        heap.push(Reverse((a + b, node)));
+    }
+    for s in 0..256 {
+        if counts[s] > 0 {
+            let (mut depth, mut n) = (0u8, s);
+            while parent[n] != usize::MAX {
+                depth = depth.saturating_add(1);
+                n = parent[n];
+            }
+            lengths[s] = depth;
+        }
+    }
+    lengths
+}
+
+/// The canonical code: (symbol, length) in canonical order, and each symbol's code.
+fn canonical(lengths: &[u8; 256]) -> (Vec<(u8, u8)>, [u16; 256]) {
+    let mut order: Vec<(u8, u8)> = (0..256).filter(|&s| lengths[s] > 0).map(|s| (s as u8, lengths[s])).collect();
+    order.sort_by_key(|&(s, l)| (l, s));
+    let mut codes = [0u16; 256];
+    let mut code = 0u32;
+    let mut prev = order.first().map_or(0, |&(_, l)| l);
+    for (k, &(s, l)) in order.iter().enumerate() {
+        if k > 0 {
+            code = (code + 1) << (l - prev);
+        }
+        prev = l;
+        codes[s as usize] = code as u16;
+    }
+    (order, codes)
+}
+
+/// Counts of each byte value in `bytes`, four counters apart so runs do not serialise.
+pub fn counts(bytes: &[u8]) -> [u64; 256] {
+    let mut c = [[0u32; 256]; 4];
+    let mut quads = bytes.chunks_exact(4);
+    for q in &mut quads {
+        c[0][q[0] as usize] += 1;
+        c[1][q[1] as usize] += 1;
+        c[2][q[2] as usize] += 1;
+        c[3][q[3] as usize] += 1;
+    }
+    for &b in quads.remainder() {
+        c[0][b as usize] += 1;
+    }
+    std::array::from_fn(|i| c.iter().map(|l| l[i] as u64).sum())
+}
+
+/// A Huffman code for one lane: each byte's code length (0 for bytes that do not occur).
+pub struct Code {
+    lengths: [u8; 256],
+}
+
+impl Code {
+    /// The code for byte counts `counts` (at least one byte is given a code).
+    pub fn for_counts(counts: &[u64; 256]) -> Code {
+        let mut lengths = code_lengths(counts);
+        if lengths.iter().all(|&l| l == 0) {
+            lengths[0] = 1;
+        }
+        Code { lengths }
+    }
+
+    /// The stored size [`Code::encode`] gives `n` symbols with byte counts `counts`.
+    pub fn encoded_len(&self, counts: &[u64; 256], n: usize) -> usize {
+        let bits: u64 = (0..256).map(|s| counts[s] * self.lengths[s] as u64).sum();
+        let symbols = self.lengths.iter().filter(|&&l| l > 0).count();
+        let substreams = n.div_ceil(SUBSTREAM);
+        // Each substream's padding is under a byte: half a byte on average.
+        1 + 2 * symbols + 4 * substreams + (bits as usize).div_ceil(8) + substreams / 2
+    }
+
+    /// Appends `symbols` (each of which must have a code) to `out`, header first.
+    pub fn encode(&self, symbols: &[u8], out: &mut Vec<u8>) {
+        let (order, codes) = canonical(&self.lengths);
+        out.push((order.len() - 1) as u8);
+        for &(s, l) in &order {
+            out.extend_from_slice(&[s, l]);
+        }
+        let substreams = symbols.len().div_ceil(SUBSTREAM);
+        let ends_at = out.len();
+        out.resize(ends_at + 4 * substreams, 0);
+        let bits_at = out.len();
+        // Room for every code at its longest, and for the 8-byte stores below.
+        let mut pos = out.len();
+        out.resize(pos + (symbols.len() * MAX_LEN as usize).div_ceil(8) + 8 * substreams + 8, 0);
+        // Code and length of each byte in one table entry.
+        let table: [u32; 256] = std::array::from_fn(|s| (codes[s] as u32) << 8 | self.lengths[s] as u32);
+        for (k, part) in symbols.chunks(SUBSTREAM).enumerate() {
+            // Bits gather at the top of `acc`; after every four codes (at most 44 bits, on top
+            // of fewer than 8 held back) its whole bytes are stored at once.
+            let (mut acc, mut held) = (0u64, 0u32);
+            for quad in part.chunks(4) {
+                for &s in quad {
+                    let e = table[s as usize];
+                    let len = e & 0xff;
+                    acc |= ((e >> 8) as u64) << (64 - held - len);
+                    held += len;
+                }
+                out[pos..pos + 8].copy_from_slice(&acc.to_be_bytes());
+                let whole = held / 8;
+                pos += whole as usize;
+                acc <<= 8 * whole;
+                held -= 8 * whole;
+            }
+            if held > 0 {
+                out[pos] = (acc >> 56) as u8;
+                pos += 1;
+            }
+            let end = (pos - bits_at) as u32;
+            out[ends_at + 4 * k..][..4].copy_from_slice(&end.to_le_bytes());
+        }
+        out.truncate(pos);
+    }
+}
+
+/// The length a decode table gives bits that start no code: longer than any code, so a
+/// substream that holds such bits reads past its end.
+const NO_CODE: u16 = 32;
+
+/// A decode table: entry `v` (the next [`MAX_LEN`] bits) holds the symbol in its low byte and
+/// the code's length above it ([`NO_CODE`] for bits that start no code).
+struct Table {
+    entries: Box<[u16; 1 << MAX_LEN]>,
+    /// Entry `v` decodes one or two whole codes from the next [`MAX_LEN`] bits: their symbols
+    /// (bits 0-15), their total length (bits 16-23) and how many (bits 24-31).
+    pairs: Box<[u32; 1 << MAX_LEN]>,
+}
+
+impl Table {
+    /// Reads the header of `stored`: the table and where the substream ends start.
+    fn read(stored: &[u8]) -> Result<(Table, usize), String> {
+        let k = *stored.first().ok_or("empty")? as usize + 1;
+        let pairs = stored.get(1..1 + 2 * k).ok_or("the code table is cut short")?;
+        let mut entries = Box::new([NO_CODE << 8; 1 << MAX_LEN]);
+        let (mut code, mut prev) = (0u32, 0u32);
+        for (i, p) in pairs.chunks_exact(2).enumerate() {
+            let (s, l) = (p[0], p[1] as u32);
+            if l == 0 || l > MAX_LEN || l < prev || (l == prev && s <= pairs[2 * i - 2]) {
+                return Err(format!("code table entry {i} (symbol {s}, length {l}) is out of canonical order"));
+            }
+            if i > 0 {
+                code = (code + 1) << (l - prev);
+            }
+            if code >= 1 << l {
+                return Err("the code lengths over-subscribe the code space".into());
+            }
+            prev = l;
+            let span = 1usize << (MAX_LEN - l);
+            let first = (code as usize) << (MAX_LEN - l);
+            entries[first..first + span].fill((l as u16) << 8 | s as u16);
+        }
+        let mask = (1usize << MAX_LEN) - 1;
+        let pairs = Box::new(std::array::from_fn(|v| {
+            let one = entries[v] as u32;
+            let l1 = one >> 8;
+            if l1 > MAX_LEN {
+                return one << 8 | 1 << 24;
+            }
+            let two = entries[(v << l1) & mask] as u32;
+            let l2 = two >> 8;
+            if l1 + l2 <= MAX_LEN {
+                (one & 0xff) | (two & 0xff) << 8 | (l1 + l2) << 16 | 2 << 24
+            } else {
+                (one & 0xff) | l1 << 16 | 1 << 24
+            }
+        }));
+        Ok((Table { entries, pairs }, 1 + 2 * k))
+    }
+
+    /// Decodes `out.len()` (at most 4) symbols of `bytes` from bit `*bit` on, advancing it.
+    #[inline(always)]
+    fn decode(&self, bytes: &[u8], bit: &mut usize, out: &mut [u8]) {
+        let mut w = window(bytes, *bit);
+        let mut used = 0usize;
+        for o in out {
+            let e = self.entries[(w >> (64 - MAX_LEN)) as usize];
+            let len = (e >> 8) as u32;
+            *o = e as u8;
+            w <<= len;
+            used += len as usize;
+        }
+        *bit += used;
+    }
+
+    /// Decodes one or two symbols at a time, four times, into `out` from `*at` on (which
+    /// must leave room for 8), advancing `*at` and `*bit`.
+    #[inline(always)]
+    fn decode_pairs(&self, bytes: &[u8], bit: &mut usize, out: &mut [u8], at: &mut usize) {
+        let mut w = window(bytes, *bit);
+        let mut used = 0usize;
+        for _ in 0..4 {
+            let e = self.pairs[(w >> (64 - MAX_LEN)) as usize];
+            let len = (e >> 16) & 0xff;
+            out[*at..*at + 2].copy_from_slice(&(e as u16).to_le_bytes());
+            *at += (e >> 24) as usize;
+            w <<= len;
+            used += len as usize;
+        }
+        *bit += used;
+    }
+}
+
+/// The 57 or more bits of `bytes` from bit `bit` on, at the top of a word (zeros past the end).
+#[inline(always)]
+fn window(bytes: &[u8], bit: usize) -> u64 {
+    let at = bit / 8;
+    let word = match bytes.get(at..at + 8) {
+        Some(b) => u64::from_be_bytes(b.try_into().expect("8 bytes")),
+        None => {
+            let mut b = [0u8; 8];
+            let rest = bytes.get(at..).unwrap_or(&[]);
+            b[..rest.len()].copy_from_slice(rest);
+            u64::from_be_bytes(b)
+        }
+    };
+    word << (bit % 8)
+}
+
+/// Checks that a substream of `bytes`, decoded up to bit `bit`, ended in its last byte and
+/// holds only zero padding past its codes.
+fn finished(bytes: &[u8], bit: usize) -> Result<(), &'static str> {
+    let total = 8 * bytes.len();
+    if bit > total {
+        Err("bits that start no code, or codes that run past its end")
+    } else if total - bit >= 8 || window(bytes, bit) != 0 {
+        Err("it holds more than its symbols")
+    } else {
+        Ok(())
+    }
+}
+
+/// Substreams decoded side by side on one thread: their decode chains are independent.
+const SIDE_BY_SIDE: usize = 4;
+
+/// Decodes `stored` (all of a lane's stored bytes) into `out`, which receives exactly
+/// `out.len()` symbols. Anything inconsistent — a table out of canonical order or
+/// over-subscribed, ends out of order or past the bits, bits that start no code, a substream
+/// that ends early or holds more than its symbols and padding — is an error naming it.
+pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let (table, at) = Table::read(stored)?;
+    let substreams = out.len().div_ceil(SUBSTREAM);
+    let ends = stored.get(at..at + 4 * substreams).ok_or("the substream ends are cut short")?;
+    let bits = &stored[at + 4 * substreams..];
+    let mut start = 0usize;
+    let mut streams = Vec::with_capacity(substreams);
+    for (k, e) in ends.chunks_exact(4).enumerate() {
+        let end = u32::from_le_bytes(e.try_into().expect("4 bytes")) as usize;
+        if end < start || end > bits.len() {
+            return Err(format!("substream {k} ends at {end}, outside {start}..{}", bits.len()));
+        }
+        streams.push(&bits[start..end]);
+        start = end;
+    }
+    if start != bits.len() {
+        return Err(format!("{} bytes follow the last substream", bits.len() - start));
+    }
+    let bad = |k: usize, why: &str| format!("substream {k}: {why}");
+    for (g, (ss, os)) in streams.chunks(SIDE_BY_SIDE).zip(out.chunks_mut(SIDE_BY_SIDE * SUBSTREAM)).enumerate() {
+        let first = g * SIDE_BY_SIDE;
+        if let ([sa, sb, sc, sd], true) = (ss, os.len() == SIDE_BY_SIDE * SUBSTREAM) {
+            let (ab, cd) = os.split_at_mut(2 * SUBSTREAM);
+            let ((a, b), (c, d)) = (ab.split_at_mut(SUBSTREAM), cd.split_at_mut(SUBSTREAM));
+            let mut bit = [0usize; 4];
+            let mut at = [0usize; 4];
+            // Up to eight symbols a round: rounds go on while every output has room.
+            while at.iter().all(|&a| a + 8 <= SUBSTREAM) {
+                table.decode_pairs(sa, &mut bit[0], a, &mut at[0]);
+                table.decode_pairs(sb, &mut bit[1], b, &mut at[1]);
+                table.decode_pairs(sc, &mut bit[2], c, &mut at[2]);
+                table.decode_pairs(sd, &mut bit[3], d, &mut at[3]);
+            }
+            for ((s, o), (bit, at)) in [sa, sb, sc, sd].into_iter().zip([a, b, c, d]).zip(bit.iter_mut().zip(at)) {
+                for piece in o[at..].chunks_mut(4) {
+                    table.decode(s, bit, piece);
+                }
+            }
+            for (i, (s, b)) in ss.iter().zip(bit).enumerate() {
+                finished(s, b).map_err(|why| bad(first + i, why))?;
+            }
+            continue;
+        }
+        for (i, (s, o)) in ss.iter().zip(os.chunks_mut(SUBSTREAM)).enumerate() {
+            let mut bit = 0usize;
+            for quad in o.chunks_mut(4) {
+                table.decode(s, &mut bit, quad);
+            }
+            finished(s, bit).map_err(|why| bad(first + i, why))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn round_trip(symbols: &[u8]) -> Vec<u8> {
+        let mut stored = Vec::new();
+        Code::for_counts(&counts(symbols)).encode(symbols, &mut stored);
+        let mut back = vec![0u8; symbols.len()];
+        decode(&stored, &mut back).unwrap();
+        assert_eq!(back, symbols);
+        stored
+    }
+
+    /// Exponent-like bytes: a few values, geometric-ish frequencies.
+    fn skewed(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                0x3c - (x.trailing_zeros().min(20) as u8) + ((x >> 40) as u8 & 0x80)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn skewed_bytes_shrink_and_round_trip_at_every_length() {
+        for n in [0, 1, 2, 1023, 1024, 1025, 4095, 4096, 4097, 5000, 32768, 131072] {
+            let s = skewed(n, n as u64 + 3);
+            let stored = round_trip(&s);
+            let c = counts(&s);
+            let estimate = Code::for_counts(&c).encoded_len(&c, n);
+            assert!(
+                stored.len().abs_diff(estimate) <= n.div_ceil(SUBSTREAM) / 2 + 1,
+                "{n}: {} vs {estimate}",
+                stored.len()
+            );
+            if n >= 4096 {
+                assert!(stored.len() < n / 2, "{n} skewed bytes stored in {}", stored.len());
+            }
+        }
+    }
+
+    #[test]
+    fn one_symbol_and_all_256_symbols_round_trip() {
+        round_trip(&[7u8; 3000]);
+        let all: Vec<u8> = (0..10_000u32).map(|i| (i * 7919 % 256) as u8).collect();
+        let stored = round_trip(&all);
+        assert!(stored.len() > all.len(), "uniform bytes cannot shrink");
+    }
+
+    #[test]
+    fn long_codes_are_limited() {
+        // Fibonacci-like counts would need codes far longer than 11 bits.
+        let mut symbols = Vec::new();
+        let (mut a, mut b) = (1usize, 1usize);
+        for s in 0..24u8 {
+            symbols.extend(std::iter::repeat_n(s, a));
+            (a, b) = (b, a + b);
+        }
+        let lengths = code_lengths(&counts(&symbols));
+        assert!(lengths.iter().all(|&l| l as u32 <= MAX_LEN));
+        round_trip(&symbols);
+    }
+
+    #[test]
+    fn damage_is_refused_never_decoded_past_the_output() {
+        let s = skewed(9000, 11);
+        let mut stored = Vec::new();
+        Code::for_counts(&counts(&s)).encode(&s, &mut stored);
+        let mut out = vec![0u8; s.len()];
+        // Cut anywhere: refused.
+        for cut in [0, 1, 5, 40, stored.len() / 2, stored.len() - 1] {
+            assert!(decode(&stored[..cut], &mut out).is_err(), "cut at {cut}");
+        }
+        // A table out of order, and one over-subscribed.
+        let mut bad = stored.clone();
+        bad.swap(1, 3);
+        bad.swap(2, 4);
+        assert!(decode(&bad, &mut out).is_err());
+        let mut bad = stored.clone();
+        bad[2] = 1;
+        bad[4] = 1;
+        assert!(decode(&bad, &mut out).is_err());
+        // One more byte in a substream: refused.
+        let mut longer = stored.clone();
+        longer.push(0);
+        assert!(decode(&longer, &mut out).is_err());
+        // A flipped bit: an error or other bytes (which the chunk's hash then refuses).
+        for at in [stored.len() - 100, stored.len() - 1] {
+            let mut bad = stored.clone();
+            bad[at] ^= 0x10;
+            let mut got = vec![0u8; s.len()];
+            if decode(&bad, &mut got).is_ok() {
+                assert_ne!(got, s);
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_round_trip(data in proptest::collection::vec(any::<u8>(), 0..9000), narrow in any::<bool>()) {
+            let data: Vec<u8> = if narrow { data.iter().map(|b| b % 5).collect() } else { data };
+            round_trip(&data);
+        }
+    }
+}
