@@ -34,6 +34,85 @@ fn the_lane_join_rebuilds_words_and_refuses_lanes_that_did_not_decode_whole() {
     assert_eq!(text.trim(), "ok 66", "every case ran");
 }
 
+/// Lanes coded by gstore's Huffman coder: lengths around substream edges, one symbol, all 256,
+/// skewed like exponent bytes.
+fn huffman_lanes() -> Vec<Vec<u8>> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut lanes = Vec::new();
+    for n in [0usize, 1, 2, 3, 1023, 1024, 1025, 4095, 4096, 4097, 32768, 131072 + 7, 200_000] {
+        lanes.push(
+            (0..n)
+                .map(|_| {
+                    let r = next();
+                    0x3c - r.trailing_zeros().min(20) as u8 + (r >> 40) as u8 & 0x80
+                })
+                .collect(),
+        );
+    }
+    lanes.push(vec![9u8; 5000]);
+    lanes.push((0..20_000).map(|_| next() as u8).collect());
+    lanes.push((0..3000).map(|_| (next() % 3) as u8).collect());
+    lanes
+}
+
+#[test]
+fn the_huffman_decode_accepts_what_the_host_accepts_and_decodes_it_alike() {
+    use gstore_store::huffman;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "huffman_kernel_host");
+    let mut cases: Vec<(Vec<u8>, usize)> = Vec::new();
+    for lane in huffman_lanes() {
+        let mut stored = Vec::new();
+        huffman::Code::for_counts(&huffman::counts(&lane)).encode(&lane, &mut stored);
+        let n = lane.len();
+        // Damage of every kind: a flipped byte in the header, the ends and the bits; cut
+        // short; a byte more; the wrong word count.
+        for at in [0, 1, 2, stored.len() / 3, stored.len() / 2, stored.len().saturating_sub(1)] {
+            if at < stored.len() {
+                for flip in [0x01u8, 0x40] {
+                    let mut bad = stored.clone();
+                    bad[at] ^= flip;
+                    cases.push((bad, n));
+                }
+            }
+        }
+        cases.push((stored[..stored.len() / 2].to_vec(), n));
+        cases.push(([stored.as_slice(), &[0]].concat(), n));
+        cases.push((stored.clone(), n + 1));
+        cases.push((stored.clone(), n.saturating_sub(1024)));
+        cases.push((stored, n));
+    }
+    let mut file = Vec::new();
+    let (mut accepted, mut refused) = (0, 0);
+    for (stored, words) in &cases {
+        let mut out = vec![0u8; *words];
+        let ok = huffman::decode(stored, &mut out).is_ok();
+        file.extend_from_slice(&(stored.len() as u32).to_le_bytes());
+        file.extend_from_slice(&(*words as u32).to_le_bytes());
+        file.push(ok as u8);
+        file.extend_from_slice(stored);
+        if ok {
+            file.extend_from_slice(&out);
+            accepted += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    assert!(accepted >= 16 && refused >= 100, "{accepted} accepted, {refused} refused: both kinds are tried");
+    let path = dir.path().join("cases");
+    std::fs::write(&path, &file).unwrap();
+    let out = Command::new(&exe).arg(&path).output().expect("run the host build of the Huffman decode");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.trim(), format!("ok {}", cases.len()), "every case ran");
+}
+
 #[test]
 fn the_kernel_hash_matches_blake3_for_every_tree_shape() {
     let dir = tempfile::tempdir().unwrap();

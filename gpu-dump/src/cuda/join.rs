@@ -1,7 +1,8 @@
-//! gstore's float-codec decode on the GPU: the `join_lanes` kernel (kernels/floats.cu, built
-//! to the PTX embedded here by scripts/build-ptx.sh) interleaves the byte lanes of float-coded
-//! chunks, already in device memory, back into their words. The joined bytes are then checked
-//! by [`super::check`] like any decoded chunk.
+//! gstore's float-codec decode on the GPU (kernels/floats.cu, built to the PTX embedded here by
+//! scripts/build-ptx.sh): the `decode_huffman` kernel decodes Huffman-coded lanes, and the
+//! `join_lanes` kernel interleaves the byte lanes of float-coded chunks, already in device
+//! memory, back into their words. The joined bytes are then checked by [`super::check`] like
+//! any decoded chunk.
 
 use libc::c_void;
 
@@ -10,8 +11,10 @@ use crate::error::Result;
 
 /// The kernel's PTX, NUL-terminated as `cuModuleLoadData` wants it.
 const PTX: &str = concat!(include_str!("kernels/floats.ptx"), "\0");
-/// Threads per block, as the kernel is built for (`JOIN_THREADS` in floats.cu).
+/// Threads per block, as the join is built for (`JOIN_THREADS` in floats.cu).
 const THREADS: u32 = 256;
+/// Threads per block, as the Huffman decode is built for (`HUFF_THREADS` in floats.cu).
+const HUFF_THREADS: u32 = 128;
 
 /// One float-coded chunk for the kernel to join (`struct LaneJob` in floats.cu).
 #[repr(C)]
@@ -53,17 +56,67 @@ impl LaneJob {
     }
 }
 
-/// The loaded kernel.
+/// One Huffman-coded lane for the decode kernel (`struct HuffJob` in floats.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HuffJob {
+    /// Device address of the lane's stored bytes.
+    pub src: u64,
+    /// Device address its `words` decoded bytes go to.
+    pub out: u64,
+    /// Bytes it decodes to. A [`LaneJob`] takes this field's address as the lane's decoded
+    /// length ([`HuffJob::WORDS_AT`]).
+    pub words: u64,
+    /// Stored bytes.
+    pub stored_len: u32,
+    /// 0 when queued; the kernel sets 1 when the lane does not decode. A [`LaneJob`] takes
+    /// this field's address as the lane's status ([`HuffJob::STATUS_AT`]).
+    pub status: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<HuffJob>() == 32);
+
+impl HuffJob {
+    /// Offset of `words` in the job.
+    pub const WORDS_AT: u64 = std::mem::offset_of!(HuffJob, words) as u64;
+    /// Offset of `status` in the job.
+    pub const STATUS_AT: u64 = std::mem::offset_of!(HuffJob, status) as u64;
+
+    /// The job as the bytes the kernel reads.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        // SAFETY: HuffJob is repr(C), 32 bytes of integers with no padding (asserted above).
+        unsafe { &*(self as *const HuffJob).cast::<[u8; 32]>() }
+    }
+}
+
+/// The loaded kernels: the lane join and the Huffman lane decode.
 #[derive(Debug)]
 pub struct LaneJoin {
     kernel: Kernel,
+    huffman: Kernel,
 }
 
 impl LaneJoin {
-    /// Loads the kernel into `ctx`. Fails when the driver lacks the kernel API or cannot
+    /// Loads the kernels into `ctx`. Fails when the driver lacks the kernel API or cannot
     /// compile the PTX (a driver older than CUDA 13.0).
     pub fn load(ctx: &Context) -> Result<LaneJoin> {
-        Ok(LaneJoin { kernel: ctx.load_kernel(PTX, c"join_lanes")? })
+        Ok(LaneJoin { kernel: ctx.load_kernel(PTX, c"join_lanes")?, huffman: ctx.load_kernel(PTX, c"decode_huffman")? })
+    }
+
+    /// Queues the decode of `count` Huffman lanes whose [`HuffJob`]s are at device address
+    /// `jobs` on `stream`.
+    ///
+    /// # Safety
+    /// `jobs` must hold `count` [`HuffJob`]s (writable: the kernel sets their status) whose
+    /// `src` is readable for `stored_len` bytes and `out` writable for `words` bytes of device
+    /// memory, all of it allocated until the kernel has run.
+    pub unsafe fn decode(&self, stream: &Stream, jobs: u64, count: u32) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut jobs = jobs;
+        let mut params = [(&mut jobs as *mut u64).cast::<c_void>()];
+        stream.launch(&self.huffman, count, HUFF_THREADS, &mut params)
     }
 
     /// Queues the join of `count` jobs stored at device address `jobs` on `stream`.
@@ -110,8 +163,20 @@ mod tests {
     }
 
     #[test]
+    fn a_huffman_job_is_laid_out_as_the_kernel_reads_it() {
+        let job = HuffJob { src: 1, out: 2, words: 3, stored_len: 4, status: 5 };
+        let b = job.as_bytes();
+        assert_eq!(&b[..8], &1u64.to_le_bytes());
+        assert_eq!(&b[8..16], &2u64.to_le_bytes());
+        assert_eq!(&b[HuffJob::WORDS_AT as usize..][..8], &3u64.to_le_bytes());
+        assert_eq!(&b[24..28], &4u32.to_le_bytes());
+        assert_eq!(&b[HuffJob::STATUS_AT as usize..][..4], &5i32.to_le_bytes());
+    }
+
+    #[test]
     fn the_ptx_defines_the_kernel_for_the_job_layout() {
         assert!(PTX.contains(".entry join_lanes("), "scripts/build-ptx.sh regenerates the PTX");
+        assert!(PTX.contains(".entry decode_huffman("), "scripts/build-ptx.sh regenerates the PTX");
         assert!(PTX.ends_with('\0'));
     }
 }

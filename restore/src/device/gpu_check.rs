@@ -1,10 +1,11 @@
 //! Loads that check chunks on the GPU. A worker copies a range read of a pack, as stored,
 //! into a pinned buffer; one DMA moves it to a device staging area; zstd chunks are decoded
 //! there by nvCOMP (or, without it, on the host into a second pinned area moved beside it);
-//! float-coded chunks have their zstd lanes decoded by nvCOMP and their lanes joined into
-//! words by the `join_lanes` kernel; then the `verify_chunks` kernel hashes every chunk with
-//! BLAKE3 against its id and copies it to its place in the image's buffers. The CPU never
-//! hashes, and with nvCOMP never decodes.
+//! float-coded chunks have their Huffman lanes decoded by the `decode_huffman` kernel (their
+//! zstd lanes by nvCOMP; without it such a chunk decodes on the host) and their lanes joined
+//! into words by the `join_lanes` kernel; then the `verify_chunks` kernel hashes every chunk
+//! with BLAKE3 against its id and copies it to its place in the image's buffers. The CPU never
+//! hashes, and decodes only zstd (without nvCOMP) and deltas.
 //!
 //! A failing chunk lowers one device word to its number; the load reads that word once every
 //! stream is done and fails naming the chunk and its pack, so nothing unchecked is returned.
@@ -13,10 +14,10 @@ use super::{cuda_err, Planned, Pool};
 use crate::engine::Buffers;
 use crate::plan::{RangeRead, MAX_CHUNKS_PER_READ};
 use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
-use gstore_gpu_dump::cuda::join::{LaneJob, LaneJoin};
+use gstore_gpu_dump::cuda::join::{HuffJob, LaneJob, LaneJoin};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
-use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder};
+use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder, FloatLaneCodec};
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::{Result, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +46,8 @@ struct Slot {
 /// Where each array lives in a slot's metadata area, for up to `chunks` chunks and `frames`
 /// nvCOMP frames per read: check jobs (80 bytes each), five u64 nvCOMP arrays (frame address
 /// and length, output capacity, decoded length, output address) and i32 statuses per frame,
-/// then lane jobs (128 bytes) and joined lengths (u64) per float-coded chunk.
+/// then lane jobs (128 bytes) and joined lengths (u64) per float-coded chunk, then Huffman
+/// lane jobs (32 bytes), up to four per chunk.
 #[derive(Clone, Copy)]
 struct MetaLayout {
     chunks: usize,
@@ -54,7 +56,7 @@ struct MetaLayout {
 
 impl MetaLayout {
     fn bytes(self) -> usize {
-        self.lane_job(0) + (128 + 8) * self.chunks
+        self.huff_job(4 * self.chunks)
     }
     fn job(self, k: usize) -> usize {
         80 * k
@@ -73,6 +75,9 @@ impl MetaLayout {
     fn joined_len(self, k: usize) -> usize {
         self.lane_job(self.chunks) + 8 * k
     }
+    fn huff_job(self, k: usize) -> usize {
+        self.joined_len(self.chunks) + 32 * k
+    }
 }
 
 /// A GPU-checked load, prepared (kernel loaded, staging allocated) alongside the plan.
@@ -80,8 +85,8 @@ pub(super) struct GpuLoad {
     ctx: Context,
     check: ChunkCheck,
     nvcomp: std::result::Result<Nvcomp, String>,
-    /// The lane join, when nvCOMP and the kernel are both there (else float-coded chunks
-    /// decode on the host), or why not.
+    /// The Huffman lane decode and the lane join (else float-coded chunks decode on the
+    /// host), or why not.
     join: std::result::Result<LaneJoin, String>,
     slots: Vec<Slot>,
     layout: MetaLayout,
@@ -113,10 +118,7 @@ impl GpuLoad {
             Err(e) => return Ok(Err(format!("the GPU check kernel is unavailable: {e}"))),
         };
         let nvcomp = Nvcomp::load().map_err(|e| e.to_string());
-        let join = match &nvcomp {
-            Ok(_) => LaneJoin::load(ctx).map_err(|e| format!("the lane join kernel is unavailable: {e}")),
-            Err(_) => Err("nvCOMP is absent".to_string()),
-        };
+        let join = LaneJoin::load(ctx).map_err(|e| format!("the float lane kernels are unavailable: {e}"));
         let layout = MetaLayout { chunks: MAX_CHUNKS_PER_READ, frames: FRAMES_PER_CHUNK * MAX_CHUNKS_PER_READ };
         let temp_bytes = match &nvcomp {
             Ok(n) => n.zstd_temp_bytes(ctx, layout.frames, chunk_max, read_cap).map_err(cuda_err)?,
@@ -149,9 +151,12 @@ impl GpuLoad {
 
     /// What checks and decodes the chunks, for reports.
     pub(super) fn describe(&self) -> String {
-        let floats = match &self.join {
-            Ok(_) => "float lanes joined on the GPU".to_string(),
-            Err(why) => format!("float lanes decoded on the host ({why})"),
+        let floats = match (&self.join, &self.nvcomp) {
+            (Ok(_), Ok(_)) => "float lanes decoded and joined on the GPU".to_string(),
+            (Ok(_), Err(_)) => {
+                "Huffman float lanes decoded and joined on the GPU (chunks with zstd lanes on the host)".to_string()
+            }
+            (Err(why), _) => format!("float lanes decoded on the host ({why})"),
         };
         match &self.nvcomp {
             Ok(n) => {
@@ -309,7 +314,7 @@ impl Loader<'_> {
         let lanes_base = decoded_base + self.read_cap as u64;
         let meta = meta_host.as_mut_slice();
         let (mut decoded, mut frames, mut host_decoded, mut written) = (0usize, 0usize, 0usize, 0u64);
-        let (mut joins, mut lanes_used) = (0usize, 0u64);
+        let (mut joins, mut lanes_used, mut huffs) = (0usize, 0u64, 0usize);
         let mut fills = Vec::new();
         let mut repeats = Vec::new();
         for (k, c) in read.chunks.iter().enumerate() {
@@ -319,6 +324,16 @@ impl Loader<'_> {
             let (entry, offset) = c.targets[0];
             let dst = self.buffers.address(entry, offset, plain)?;
             let mut job = CheckJob::new(base + at as u64, dst, c.loc.plain_len, first_tag + k as u32, &c.id.0);
+            // A float-coded chunk decodes on the GPU when each of its lanes does there: raw
+            // and Huffman lanes always, zstd lanes with nvCOMP.
+            let gpu_floats = match (self.join, c.loc.codec) {
+                (Some(_), Codec::Floats) => {
+                    let stored = &pinned.as_slice()[at..at + stored_len];
+                    let f = float_layout(stored, plain, &c.id).map_err(|e| in_pack(e, read))?;
+                    f.lanes.iter().all(|l| l.codec != FloatLaneCodec::Zstd || self.nvcomp.is_some()).then_some(f)
+                }
+                _ => None,
+            };
             match c.loc.codec {
                 Codec::Raw => {}
                 Codec::Zero => {
@@ -348,9 +363,8 @@ impl Loader<'_> {
                     if let (Some(_), Codec::Zstd) = (self.nvcomp, c.loc.codec) {
                         whole(&pinned.as_slice()[at..at + stored_len], plain)?;
                         (job.actual_len, job.status) = frame(meta, base + at as u64, stored_len, plain, job.src);
-                    } else if let (Some(_), Codec::Floats) = (self.join, c.loc.codec) {
+                    } else if let Some(f) = gpu_floats {
                         let stored = &pinned.as_slice()[at..at + stored_len];
-                        let f = float_layout(stored, plain, &c.id).map_err(|e| in_pack(e, read))?;
                         let mut lane_job = LaneJob {
                             tail: base + (at + f.tail.start) as u64,
                             dst: job.src,
@@ -362,16 +376,35 @@ impl Loader<'_> {
                         };
                         for (i, lane) in f.lanes.iter().enumerate() {
                             let src = base + (at + lane.stored.start) as u64;
-                            if lane.zstd {
-                                whole(&stored[lane.stored.clone()], f.words)?;
-                                let out = lanes_base + lanes_used;
-                                (lane_job.lane_len[i], lane_job.lane_status[i]) =
-                                    frame(meta, src, lane.stored.len(), f.words, out);
-                                lane_job.lane[i] = out;
-                                lanes_used += f.words as u64;
-                            } else {
-                                lane_job.lane[i] = src;
+                            let out = lanes_base + lanes_used;
+                            match lane.codec {
+                                FloatLaneCodec::Zstd => {
+                                    whole(&stored[lane.stored.clone()], f.words)?;
+                                    (lane_job.lane_len[i], lane_job.lane_status[i]) =
+                                        frame(meta, src, lane.stored.len(), f.words, out);
+                                }
+                                FloatLaneCodec::Huffman => {
+                                    let h = HuffJob {
+                                        src,
+                                        out,
+                                        words: f.words as u64,
+                                        stored_len: lane.stored.len() as u32,
+                                        status: 0,
+                                    };
+                                    let at = l.huff_job(huffs);
+                                    meta[at..at + 32].copy_from_slice(h.as_bytes());
+                                    let job_at = meta_base + at as u64;
+                                    (lane_job.lane_len[i], lane_job.lane_status[i]) =
+                                        (job_at + HuffJob::WORDS_AT, job_at + HuffJob::STATUS_AT);
+                                    huffs += 1;
+                                }
+                                FloatLaneCodec::Raw => {
+                                    lane_job.lane[i] = src;
+                                    continue;
+                                }
                             }
+                            lane_job.lane[i] = out;
+                            lanes_used += f.words as u64;
                         }
                         meta[l.lane_job(joins)..][..128].copy_from_slice(lane_job.as_bytes());
                         job.actual_len = lane_job.joined_len;
@@ -434,6 +467,12 @@ impl Loader<'_> {
             // SAFETY: every address lies in this slot's staging and metadata buffers, written
             // above and kept alive (and unreused) until the slot's event says the work is done.
             unsafe { nvcomp.zstd_decompress_async(stream, &batch) }.map_err(cuda_err)?;
+        }
+        if let (Some(join), true) = (self.join, huffs > 0) {
+            // SAFETY: the Huffman jobs (copied above) point into this slot's staging and lane
+            // areas and its metadata, alive (and unreused) until its event is waited on.
+            unsafe { join.decode(stream, meta_base + self.layout.huff_job(0) as u64, huffs as u32) }
+                .map_err(cuda_err)?;
         }
         if let (Some(join), true) = (self.join, joins > 0) {
             // SAFETY: the lane jobs (copied above) point into this slot's staging, lane and

@@ -1,7 +1,8 @@
-// gstore's float-codec decode on the GPU: joins the byte lanes of a float-coded chunk (store
-// codec 3, docs/FORMAT.md: lane i holds byte i of every 2- or 4-byte word) back into words.
-// The lanes are already in device memory: raw lanes as they arrived in the staging buffer,
-// zstd lanes as nvCOMP decoded them. The joined bytes then go through `verify_chunks` like any
+// gstore's float-codec decode on the GPU: decodes Huffman-coded lanes (lane codec 2) and joins
+// the byte lanes of a float-coded chunk (store codec 3, docs/FORMAT.md: lane i holds byte i of
+// every 2- or 4-byte word) back into words. The lanes are already in device memory: raw lanes
+// as they arrived in the staging buffer, Huffman lanes as `decode_huffman` decoded them, zstd
+// lanes as nvCOMP decoded them. The joined bytes then go through `verify_chunks` like any
 // decoded chunk, so a wrong join can never be placed unnoticed.
 //
 // One thread block per job. Thread 0 first checks that every zstd lane decoded without error
@@ -70,5 +71,120 @@ extern "C" __global__ void __launch_bounds__(JOIN_THREADS) join_lanes(const Lane
     if (threadIdx.x == 0) {
         *(unsigned long long *)job.joined_len =
             whole ? (unsigned long long)job.words * job.width + job.tail_len : 0ull;
+    }
+}
+
+// ---- Huffman lanes (lane codec 2) ----
+//
+// Stored form (docs/FORMAT.md): k - 1 (one byte), k pairs (symbol, code length) in canonical
+// order, one u32 LE end offset per substream of 1024 symbols, then the substreams' bits, codes
+// most significant bit first, each substream starting on a byte boundary and padded with zero
+// bits. One thread block per lane; each thread decodes whole substreams on its own, reading
+// the code table from the stored bytes (no shared state, so nothing to synchronise). Every
+// read stays inside the lane's stored bytes and every write inside its `words` output bytes,
+// whatever the input: damaged input sets the job's status, which makes the join refuse the
+// chunk (and the chunk check then names it).
+
+#define HUFF_THREADS 128
+#define HUFF_SUBSTREAM 1024
+#define HUFF_MAX_LEN 11
+
+/// One Huffman-coded lane to decode. 32 bytes, laid out as gstore's Rust side writes it.
+struct HuffJob {
+    unsigned long long src;    // device address of the lane's stored bytes
+    unsigned long long out;    // where its `words` decoded bytes go
+    unsigned long long words;  // bytes it decodes to; the join reads it as the lane's decoded length
+    unsigned int stored_len;   // stored bytes
+    int status;                // 0 on arrival; the kernel sets 1 when the lane does not decode
+};
+
+/// The canonical code of one lane, as read from its header: per code length, the first code,
+/// the number of codes and the index (in the header's list) of the first symbol.
+struct HuffCode {
+    unsigned int first[HUFF_MAX_LEN + 1];
+    unsigned int count[HUFF_MAX_LEN + 1];
+    unsigned int index[HUFF_MAX_LEN + 1];
+};
+
+/// Reads the code table of the `k` pairs at `pairs`; false when it is out of canonical order
+/// or over-subscribed.
+__device__ __forceinline__ bool huff_read_code(const unsigned char *pairs, unsigned int k, HuffCode &c) {
+    for (unsigned int l = 0; l <= HUFF_MAX_LEN; l++) c.first[l] = c.count[l] = c.index[l] = 0;
+    unsigned int code = 0, prev = 0, prev_sym = 0;
+    for (unsigned int i = 0; i < k; i++) {
+        unsigned int sym = pairs[2 * i], l = pairs[2 * i + 1];
+        if (l == 0 || l > HUFF_MAX_LEN || l < prev || (l == prev && sym <= prev_sym)) return false;
+        if (i > 0) code = (code + 1) << (l - prev);
+        if (code >= (1u << l)) return false;
+        if (c.count[l] == 0) {
+            c.first[l] = code;
+            c.index[l] = i;
+        }
+        c.count[l]++;
+        prev = l;
+        prev_sym = sym;
+    }
+    return true;
+}
+
+/// Decodes substream `j` (of `symbols` symbols, its bits at `bits[start..end)`) into `out`;
+/// false when its bits start no code, run past its end, or hold more than its codes and padding.
+__device__ __forceinline__ bool huff_substream(const HuffCode &c, const unsigned char *pairs,
+                                               const unsigned char *bits, unsigned int start,
+                                               unsigned int end, unsigned char *out,
+                                               unsigned int symbols) {
+    unsigned long long buf = 0;  // bits read ahead, at the top
+    unsigned int held = 0, pos = start;
+    for (unsigned int i = 0; i < symbols; i++) {
+        while (held <= 56 && pos < end) {
+            buf |= (unsigned long long)bits[pos++] << (56 - held);
+            held += 8;
+        }
+        unsigned int v = (unsigned int)(buf >> (64 - HUFF_MAX_LEN));
+        unsigned int len = 0, index = 0;
+#pragma unroll
+        for (unsigned int l = 1; l <= HUFF_MAX_LEN; l++) {
+            unsigned int d = (v >> (HUFF_MAX_LEN - l)) - c.first[l];
+            if (len == 0 && d < c.count[l]) {
+                len = l;
+                index = c.index[l] + d;
+            }
+        }
+        if (len == 0 || len > held) return false;
+        out[i] = pairs[2 * index];
+        buf <<= len;
+        held -= len;
+    }
+    return pos == end && held < 8 && buf == 0;
+}
+
+/// Reads the u32 LE at `p`.
+__device__ __forceinline__ unsigned int huff_u32(const unsigned char *p) {
+    return p[0] | (unsigned int)p[1] << 8 | (unsigned int)p[2] << 16 | (unsigned int)p[3] << 24;
+}
+
+extern "C" __global__ void __launch_bounds__(HUFF_THREADS) decode_huffman(HuffJob *jobs) {
+    HuffJob *job = &jobs[blockIdx.x];
+    const unsigned char *s = (const unsigned char *)job->src;
+    unsigned long long len = job->stored_len, n = job->words;
+    unsigned long long subs = (n + HUFF_SUBSTREAM - 1) / HUFF_SUBSTREAM;
+    unsigned int k = len > 0 ? s[0] + 1u : 0;
+    unsigned long long header = 1 + 2ull * k, bits_at = header + 4 * subs;
+    HuffCode c;
+    // With no substream (an empty lane) nothing may follow the ends.
+    if (len == 0 || bits_at > len || (subs == 0 && bits_at != len) || !huff_read_code(s + 1, k, c)) {
+        if (threadIdx.x == 0) job->status = 1;
+        return;
+    }
+    unsigned long long bits_len = len - bits_at;
+    for (unsigned long long j = threadIdx.x; j < subs; j += HUFF_THREADS) {
+        unsigned int start = j == 0 ? 0 : huff_u32(s + header + 4 * (j - 1));
+        unsigned int end = huff_u32(s + header + 4 * j);
+        unsigned long long first = j * HUFF_SUBSTREAM;
+        unsigned int symbols = (unsigned int)(n - first < HUFF_SUBSTREAM ? n - first : HUFF_SUBSTREAM);
+        bool whole = start <= end && end <= bits_len && (j + 1 < subs || end == bits_len) &&
+                     huff_substream(c, s + 1, s + bits_at, start, end,
+                                    (unsigned char *)job->out + first, symbols);
+        if (!whole) job->status = 1;
     }
 }
