@@ -100,7 +100,8 @@ impl LaneJoin {
     /// Loads the kernels into `ctx`. Fails when the driver lacks the kernel API or cannot
     /// compile the PTX (a driver older than CUDA 13.0).
     pub fn load(ctx: &Context) -> Result<LaneJoin> {
-        Ok(LaneJoin { kernel: ctx.load_kernel(PTX, c"join_lanes")?, huffman: ctx.load_kernel(PTX, c"decode_huffman")? })
+        let [kernel, huffman] = ctx.load_kernels(PTX, [c"join_lanes", c"decode_huffman"])?;
+        Ok(LaneJoin { kernel, huffman })
     }
 
     /// Queues the decode of `count` Huffman lanes whose [`HuffJob`]s are at device address

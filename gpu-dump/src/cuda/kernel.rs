@@ -45,20 +45,29 @@ impl KernelApi {
     }
 }
 
-/// One kernel of a module loaded into a context; the module is unloaded on drop.
-pub struct Kernel {
+/// A module loaded into a context, unloaded on drop (once the last of its kernels goes).
+struct Module {
     module: ffi::CuModule,
-    function: ffi::CuFunction,
     ctx: Context,
+}
+
+/// One kernel of a module loaded into a context.
+pub struct Kernel {
+    module: std::sync::Arc<Module>,
+    function: ffi::CuFunction,
 }
 
 // SAFETY: module and function handles may be used from any thread (the driver API is
 // thread-safe); neither is mutated after creation.
-unsafe impl Send for Kernel {}
+unsafe impl Send for Module {}
 // SAFETY: as for Send.
+unsafe impl Sync for Module {}
+// SAFETY: as for Module.
+unsafe impl Send for Kernel {}
+// SAFETY: as for Module.
 unsafe impl Sync for Kernel {}
 
-impl Drop for Kernel {
+impl Drop for Module {
     fn drop(&mut self) {
         if let Ok(api) = self.ctx.kernel_api() {
             let _ = self.ctx.bind();
@@ -71,7 +80,7 @@ impl Drop for Kernel {
 
 impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kernel").field("device", &self.ctx.device()).finish_non_exhaustive()
+        f.debug_struct("Kernel").field("device", &self.module.ctx.device()).finish_non_exhaustive()
     }
 }
 
@@ -88,6 +97,13 @@ impl Context {
     /// wants it) into this context (the driver compiles it for the device) and looks up its
     /// kernel `name`.
     pub fn load_kernel(&self, ptx: &'static str, name: &CStr) -> Result<Kernel> {
+        let [kernel] = self.load_kernels(ptx, [name])?;
+        Ok(kernel)
+    }
+
+    /// Loads `ptx` as [`Context::load_kernel`] does, once, and looks up each of its kernels
+    /// `names`.
+    pub fn load_kernels<const N: usize>(&self, ptx: &'static str, names: [&CStr; N]) -> Result<[Kernel; N]> {
         let image = CStr::from_bytes_with_nul(ptx.as_bytes()).expect("embedded PTX ends with its only NUL");
         let api = self.kernel_api()?;
         self.bind()?;
@@ -95,12 +111,16 @@ impl Context {
         // SAFETY: a valid out-pointer and a NUL-terminated image that outlives the call.
         let code = unsafe { (api.module_load_data)(&mut module, image.as_ptr().cast()) };
         self.check(code, || "cuModuleLoadData".to_string())?;
-        let mut function: ffi::CuFunction = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer, a live module and a NUL-terminated name.
-        let code = unsafe { (api.module_get_function)(&mut function, module, name.as_ptr()) };
-        let kernel = Kernel { module, function, ctx: self.clone() };
-        self.check(code, || format!("cuModuleGetFunction({name:?})"))?;
-        Ok(kernel)
+        let module = std::sync::Arc::new(Module { module, ctx: self.clone() });
+        let mut kernels = Vec::with_capacity(N);
+        for name in names {
+            let mut function: ffi::CuFunction = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer, a live module and a NUL-terminated name.
+            let code = unsafe { (api.module_get_function)(&mut function, module.module, name.as_ptr()) };
+            self.check(code, || format!("cuModuleGetFunction({name:?})"))?;
+            kernels.push(Kernel { module: std::sync::Arc::clone(&module), function });
+        }
+        Ok(kernels.try_into().expect("one kernel per name"))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Loads that check chunks on the GPU. A worker copies a range read of a pack, as stored,
 //! into a pinned buffer; one DMA moves it to a device staging area; zstd chunks are decoded
-//! there by nvCOMP (or, without it, on the host into a second pinned area moved beside it);
+//! there by nvCOMP (or, without it, on the host into a second pinned area, pinned when first
+//! needed, moved beside it);
 //! float-coded chunks have their Huffman lanes decoded by the `decode_huffman` kernel (their
 //! zstd lanes by nvCOMP; without it such a chunk decodes on the host) and their lanes joined
 //! into words by the `join_lanes` kernel; then the `verify_chunks` kernel hashes every chunk
@@ -28,9 +29,12 @@ const FRAMES_PER_CHUNK: usize = 4;
 
 /// One staging slot: range and decode areas, per-chunk metadata, a stream.
 struct Slot {
-    /// The range as stored, then chunks decoded on the host (zstd without nvCOMP, float-coded
-    /// ones without the join kernel).
+    /// The range as stored.
     pinned: PinnedBuffer,
+    /// Chunks decoded on the host (zstd without nvCOMP, deltas, float-coded ones the GPU
+    /// cannot decode), pinned the first time a read of this slot has some: a load with none
+    /// pins nothing for them.
+    host_decoded: Option<PinnedBuffer>,
     /// The range, then decoded chunks, then (with the join kernel) decoded float lanes, in
     /// device memory.
     device: DeviceBuffer,
@@ -125,12 +129,10 @@ impl GpuLoad {
             Err(_) => 0,
         };
         let device_areas = if join.is_ok() { 3 } else { 2 };
-        // The host decodes only what nvCOMP and the join kernel cannot: without them each slot
-        // needs a second pinned area for its decoded chunks.
-        let pinned_areas = if nvcomp.is_ok() && join.is_ok() { 1 } else { 2 };
         let slot = || {
             Ok::<_, StoreError>(Slot {
-                pinned: ctx.alloc_pinned(pinned_areas * read_cap).map_err(cuda_err)?,
+                pinned: ctx.alloc_pinned(read_cap).map_err(cuda_err)?,
+                host_decoded: None,
                 device: ctx.alloc(device_areas * read_cap).map_err(cuda_err)?,
                 meta_host: ctx.alloc_pinned(layout.bytes()).map_err(cuda_err)?,
                 meta_device: ctx.alloc(layout.bytes()).map_err(cuda_err)?,
@@ -308,7 +310,7 @@ impl Loader<'_> {
                 read.chunks.len()
             )));
         }
-        let Slot { pinned, device, meta_host, meta_device, temp, stream, done, .. } = slot;
+        let Slot { pinned, host_decoded: decoded_area, device, meta_host, meta_device, temp, stream, done, .. } = slot;
         self.store.read_pack_range_into(&read.pack, read.start..read.end, &mut pinned.as_mut_slice()[..len])?;
         let (base, decoded_base, meta_base) = (device.ptr(), device.ptr() + self.read_cap as u64, meta_device.ptr());
         let lanes_base = decoded_base + self.read_cap as u64;
@@ -411,9 +413,12 @@ impl Loader<'_> {
                         joins += 1;
                     } else {
                         // Decoded here without hashing; the kernel checks the bytes.
-                        let (range, rest) = pinned.as_mut_slice().split_at_mut(self.read_cap);
-                        let stored = &range[at..at + stored_len];
-                        let out = &mut rest[decoded..][..plain];
+                        if decoded_area.is_none() {
+                            *decoded_area = Some(pinned.context().alloc_pinned(self.read_cap).map_err(cuda_err)?);
+                        }
+                        let area = decoded_area.as_mut().expect("allocated above");
+                        let stored = &pinned.as_slice()[at..at + stored_len];
+                        let out = &mut area.as_mut_slice()[decoded..][..plain];
                         let n = decoder.expand_into(c.loc.codec, stored, &c.id, out).map_err(|e| in_pack(e, read))?;
                         if n != plain {
                             return Err(in_pack(
@@ -442,8 +447,8 @@ impl Loader<'_> {
         // writes.
         unsafe {
             stream.copy_to_device_async(base, pinned, 0, len).map_err(cuda_err)?;
-            if host_decoded > 0 {
-                stream.copy_to_device_async(decoded_base, pinned, self.read_cap, host_decoded).map_err(cuda_err)?;
+            if let (Some(area), true) = (decoded_area.as_ref(), host_decoded > 0) {
+                stream.copy_to_device_async(decoded_base, area, 0, host_decoded).map_err(cuda_err)?;
             }
             stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(cuda_err)?;
             for (dst, len) in fills {
