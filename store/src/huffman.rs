@@ -143,42 +143,87 @@ impl Code {
         let ends_at = out.len();
         out.resize(ends_at + 4 * substreams, 0);
         let bits_at = out.len();
-        // Room for every code at its longest, and for the 8-byte stores below.
-        let mut pos = out.len();
-        out.resize(pos + (symbols.len() * MAX_LEN as usize).div_ceil(8) + 8 * substreams + 8, 0);
         // Code and length of each byte in one table entry.
         let table: [u32; 256] = std::array::from_fn(|s| (codes[s] as u32) << 8 | self.lengths[s] as u32);
-        for (k, part) in symbols.chunks(SUBSTREAM).enumerate() {
-            // Bits gather at the top of `acc`; after every four codes (at most 44 bits, on top
-            // of fewer than 8 held back) its whole bytes are stored at once.
-            let (mut acc, mut held) = (0u64, 0u32);
-            for quad in part.chunks(4) {
-                for &s in quad {
-                    let e = table[s as usize];
-                    let len = e & 0xff;
-                    acc |= ((e >> 8) as u64) << (64 - held - len);
-                    held += len;
+        // Substreams are coded side by side (their bit chains are independent), each into a
+        // buffer of its own, then appended in order.
+        let mut bufs = [[0u8; WRITER_ROOM]; SIDE_BY_SIDE];
+        for (g, group) in symbols.chunks(SIDE_BY_SIDE * SUBSTREAM).enumerate() {
+            let mut writers: [BitWriter; SIDE_BY_SIDE] = Default::default();
+            let parts: Vec<&[u8]> = group.chunks(SUBSTREAM).collect();
+            if let ([a, b, c, d], true) = (&parts[..], group.len() == SIDE_BY_SIDE * SUBSTREAM) {
+                let [wa, wb, wc, wd] = &mut writers;
+                let [ba, bb, bc, bd] = &mut bufs;
+                for j in (0..SUBSTREAM).step_by(4) {
+                    wa.put4(&table, &a[j..j + 4], ba);
+                    wb.put4(&table, &b[j..j + 4], bb);
+                    wc.put4(&table, &c[j..j + 4], bc);
+                    wd.put4(&table, &d[j..j + 4], bd);
                 }
-                out[pos..pos + 8].copy_from_slice(&acc.to_be_bytes());
-                let whole = held / 8;
-                pos += whole as usize;
-                acc <<= 8 * whole;
-                held -= 8 * whole;
+            } else {
+                for ((w, part), buf) in writers.iter_mut().zip(&parts).zip(&mut bufs) {
+                    for quad in part.chunks(4) {
+                        w.put4(&table, quad, buf);
+                    }
+                }
             }
-            if held > 0 {
-                out[pos] = (acc >> 56) as u8;
-                pos += 1;
+            for (i, (w, buf)) in writers.iter_mut().zip(&mut bufs).take(parts.len()).enumerate() {
+                let n = w.finish(buf);
+                out.extend_from_slice(&buf[..n]);
+                let end = (out.len() - bits_at) as u32;
+                out[ends_at + 4 * (g * SIDE_BY_SIDE + i)..][..4].copy_from_slice(&end.to_le_bytes());
             }
-            let end = (pos - bits_at) as u32;
-            out[ends_at + 4 * k..][..4].copy_from_slice(&end.to_le_bytes());
         }
-        out.truncate(pos);
     }
 }
 
 /// The length a decode table gives bits that start no code: longer than any code, so a
 /// substream that holds such bits reads past its end.
 const NO_CODE: u16 = 32;
+
+/// Bytes one substream's codes can take, and room for a writer's 8-byte stores past them.
+const WRITER_ROOM: usize = SUBSTREAM * MAX_LEN as usize / 8 + 16;
+
+/// Codes of one substream being written into a buffer of [`WRITER_ROOM`] bytes.
+#[derive(Default)]
+struct BitWriter {
+    /// Bits not yet stored, the latest lowest (`held` of them).
+    acc: u64,
+    held: u32,
+    /// Bytes stored.
+    pos: usize,
+}
+
+impl BitWriter {
+    /// Appends the codes of up to four symbols (at most 44 bits, on top of fewer than 8 held
+    /// back), then stores the whole bytes.
+    #[inline(always)]
+    fn put4(&mut self, table: &[u32; 256], symbols: &[u8], buf: &mut [u8; WRITER_ROOM]) {
+        for &s in symbols {
+            let e = table[s as usize];
+            let len = e & 0xff;
+            self.acc = self.acc << len | (e >> 8) as u64;
+            self.held += len;
+        }
+        if self.held > 0 {
+            let top = self.acc << (64 - self.held);
+            buf[self.pos..self.pos + 8].copy_from_slice(&top.to_be_bytes());
+        }
+        self.pos += (self.held / 8) as usize;
+        self.held %= 8;
+    }
+
+    /// Stores the last bits, zero-padded to a byte; returns the bytes written.
+    fn finish(&mut self, buf: &mut [u8; WRITER_ROOM]) -> usize {
+        if self.held > 0 {
+            buf[self.pos] = (self.acc << (8 - self.held)) as u8;
+            self.pos += 1;
+        }
+        let n = self.pos;
+        *self = BitWriter::default();
+        n
+    }
+}
 
 /// A decode table: entry `v` (the next [`MAX_LEN`] bits) holds the symbol in its low byte and
 /// the code's length above it ([`NO_CODE`] for bits that start no code).
