@@ -229,9 +229,9 @@ impl BitWriter {
 /// the code's length above it ([`NO_CODE`] for bits that start no code).
 struct Table {
     entries: Box<[u16; 1 << MAX_LEN]>,
-    /// Entry `v` decodes one or two whole codes from the next [`MAX_LEN`] bits: their symbols
-    /// (bits 0-15), their total length (bits 16-23) and how many (bits 24-31).
-    pairs: Box<[u32; 1 << MAX_LEN]>,
+    /// Entry `v` decodes one to three whole codes from the next [`MAX_LEN`] bits: their
+    /// symbols (bits 0-23), their total length (bits 24-29) and how many (bits 30-31).
+    runs: Box<[u32; 1 << MAX_LEN]>,
 }
 
 impl Table {
@@ -258,21 +258,26 @@ impl Table {
             entries[first..first + span].fill((l as u16) << 8 | s as u16);
         }
         let mask = (1usize << MAX_LEN) - 1;
-        let pairs = Box::new(std::array::from_fn(|v| {
-            let one = entries[v] as u32;
-            let l1 = one >> 8;
-            if l1 > MAX_LEN {
-                return one << 8 | 1 << 24;
+        let runs = Box::new(std::array::from_fn(|v| {
+            let (mut symbols, mut len, mut count) = (0u32, 0u32, 0u32);
+            while count < 3 {
+                let e = entries[(v << len) & mask] as u32;
+                let l = e >> 8;
+                // A code is whole when all its bits lie in the window; the first always counts
+                // (bits that start no code then take their poison length).
+                if count > 0 && len + l > MAX_LEN {
+                    break;
+                }
+                symbols |= (e & 0xff) << (8 * count);
+                len += l;
+                count += 1;
+                if len > MAX_LEN {
+                    break;
+                }
             }
-            let two = entries[(v << l1) & mask] as u32;
-            let l2 = two >> 8;
-            if l1 + l2 <= MAX_LEN {
-                (one & 0xff) | (two & 0xff) << 8 | (l1 + l2) << 16 | 2 << 24
-            } else {
-                (one & 0xff) | l1 << 16 | 1 << 24
-            }
+            symbols | len << 24 | count << 30
         }));
-        Ok((Table { entries, pairs }, 1 + 2 * k))
+        Ok((Table { entries, runs }, 1 + 2 * k))
     }
 
     /// Decodes `out.len()` (at most 4) symbols of `bytes` from bit `*bit` on, advancing it.
@@ -290,17 +295,17 @@ impl Table {
         *bit += used;
     }
 
-    /// Decodes one or two symbols at a time, four times, into `out` from `*at` on (which
-    /// must leave room for 8), advancing `*at` and `*bit`.
+    /// Decodes one to three symbols at a time, four times, into `out` from `*at` on (which
+    /// must leave room for 13), advancing `*at` and `*bit`.
     #[inline(always)]
-    fn decode_pairs(&self, bytes: &[u8], bit: &mut usize, out: &mut [u8], at: &mut usize) {
+    fn decode_runs(&self, bytes: &[u8], bit: &mut usize, out: &mut [u8], at: &mut usize) {
         let mut w = window(bytes, *bit);
         let mut used = 0usize;
         for _ in 0..4 {
-            let e = self.pairs[(w >> (64 - MAX_LEN)) as usize];
-            let len = (e >> 16) & 0xff;
-            out[*at..*at + 2].copy_from_slice(&(e as u16).to_le_bytes());
-            *at += (e >> 24) as usize;
+            let e = self.runs[(w >> (64 - MAX_LEN)) as usize];
+            let len = (e >> 24) & 0x3f;
+            out[*at..*at + 4].copy_from_slice(&e.to_le_bytes());
+            *at += (e >> 30) as usize;
             w <<= len;
             used += len as usize;
         }
@@ -370,15 +375,22 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
             let ((a, b), (c, d)) = (ab.split_at_mut(SUBSTREAM), cd.split_at_mut(SUBSTREAM));
             let mut bit = [0usize; 4];
             let mut at = [0usize; 4];
-            // Up to eight symbols a round: rounds go on while every output has room.
-            while at.iter().all(|&a| a + 8 <= SUBSTREAM) {
-                table.decode_pairs(sa, &mut bit[0], a, &mut at[0]);
-                table.decode_pairs(sb, &mut bit[1], b, &mut at[1]);
-                table.decode_pairs(sc, &mut bit[2], c, &mut at[2]);
-                table.decode_pairs(sd, &mut bit[3], d, &mut at[3]);
+            // Up to twelve symbols a round (and a 4-byte store past the last): rounds go on
+            // while every output has room.
+            while at.iter().all(|&a| a + 13 <= SUBSTREAM) {
+                table.decode_runs(sa, &mut bit[0], a, &mut at[0]);
+                table.decode_runs(sb, &mut bit[1], b, &mut at[1]);
+                table.decode_runs(sc, &mut bit[2], c, &mut at[2]);
+                table.decode_runs(sd, &mut bit[3], d, &mut at[3]);
             }
-            for ((s, o), (bit, at)) in [sa, sb, sc, sd].into_iter().zip([a, b, c, d]).zip(bit.iter_mut().zip(at)) {
-                for piece in o[at..].chunks_mut(4) {
+            // Each stream on alone where the others stopped it, then symbol by symbol.
+            for ((s, o), (bit, at)) in
+                [sa, sb, sc, sd].into_iter().zip([a, b, c, d]).zip(bit.iter_mut().zip(at.iter_mut()))
+            {
+                while *at + 13 <= SUBSTREAM {
+                    table.decode_runs(s, bit, o, at);
+                }
+                for piece in o[*at..].chunks_mut(4) {
                     table.decode(s, bit, piece);
                 }
             }
