@@ -50,7 +50,7 @@ fn huffman_lanes() -> Vec<Vec<u8>> {
             (0..n)
                 .map(|_| {
                     let r = next();
-                    0x3c - r.trailing_zeros().min(20) as u8 + (r >> 40) as u8 & 0x80
+                    0x3c - r.trailing_zeros().min(20) as u8 + ((r >> 40) as u8 & 0x80)
                 })
                 .collect(),
         );

@@ -49,8 +49,9 @@ pub struct StoreConfig {
     pub float_codec: bool,
     /// Whether the float codec's compressible lanes are Huffman-coded (lane codec 2, which a
     /// GPU decodes) rather than zstd frames (lane codec 1). Absent in stores made before
-    /// Huffman lanes existed: on.
-    #[serde(default = "float_codec_default")]
+    /// Huffman lanes existed: on. Written only when off, so that configs written before it
+    /// serialize as they did (an encrypted store's config check covers those bytes).
+    #[serde(default = "float_codec_default", skip_serializing_if = "is_on")]
     pub huffman_lanes: bool,
     /// How the store is encrypted (format 2); absent in an unencrypted store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,6 +60,10 @@ pub struct StoreConfig {
 
 fn float_codec_default() -> bool {
     true
+}
+
+fn is_on(setting: &bool) -> bool {
+    *setting
 }
 
 impl Default for StoreConfig {
@@ -172,5 +177,19 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("out of range"));
         let c = StoreConfig { zstd_level: 0, ..StoreConfig::default() };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_config_written_before_huffman_lanes_serializes_as_it_did() {
+        // An encrypted store's config check covers these bytes: reading and writing such a
+        // config back must give them unchanged.
+        let old = r#"{"format":1,"chunk_min":16384,"chunk_avg":65536,"chunk_max":262144,"segment_size":16777216,"zstd_level":1,"pack_target":50331648,"float_codec":true}"#;
+        let cfg: StoreConfig = serde_json::from_str(old).unwrap();
+        assert!(cfg.huffman_lanes);
+        assert_eq!(serde_json::to_string(&cfg).unwrap(), old);
+        let zstd_lanes = StoreConfig { huffman_lanes: false, ..StoreConfig::default() };
+        let text = serde_json::to_string(&zstd_lanes).unwrap();
+        assert!(text.contains(r#""float_codec":true,"huffman_lanes":false"#), "{text}");
+        assert_eq!(serde_json::from_str::<StoreConfig>(&text).unwrap(), zstd_lanes);
     }
 }
