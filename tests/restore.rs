@@ -199,3 +199,37 @@ fn float_weights_take_the_float_codec_restore_exactly_and_damage_is_caught() {
     let err = floats.fails(&["restore", "w", "--to", floats.path("again").to_str().unwrap()]);
     assert!(err.contains("corrupt chunk"), "{err}");
 }
+
+#[test]
+fn a_restore_records_its_plan_and_the_next_restore_of_the_image_reads_it() {
+    use gstore_restore::plan::Needs;
+    use gstore_store::{Store, StoreLocation};
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 6, 8_000_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "a"]);
+    let open = || Store::open_indexed(&StoreLocation::Local(env.store.clone()), &|_| {}).unwrap();
+    let (key, ids) = {
+        let store = open();
+        let m = store.get_manifest(&store.resolve("a").unwrap()).unwrap();
+        let ids: Vec<_> = {
+            let mut seen = std::collections::HashSet::new();
+            m.files().flat_map(|(_, c)| c.iter()).filter(|c| !c.zero && seen.insert(c.id)).map(|c| c.id).collect()
+        };
+        let key = Needs::of(&m).key();
+        assert!(store.recorded_plan(&key).unwrap().is_none(), "nothing is recorded before a restore");
+        (key, ids)
+    };
+    env.ok(&["restore", "a", "--to", env.path("one").to_str().unwrap()]);
+    assert_same_tree(&src, &env.path("one"));
+    {
+        // The record holds what the index says, chunk by chunk, in order of first use.
+        let store = open();
+        let recorded = store.recorded_plan(&key).unwrap().expect("the restore recorded its plan");
+        let looked_up: Vec<_> = store.locate_many(&ids).unwrap().into_iter().map(Option::unwrap).collect();
+        assert_eq!(recorded, looked_up);
+    }
+    // Planned from the record this time.
+    env.ok(&["restore", "a", "--to", env.path("two").to_str().unwrap()]);
+    assert_same_tree(&src, &env.path("two"));
+}

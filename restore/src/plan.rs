@@ -2,7 +2,7 @@
 //! grouped into coalesced pack range reads, ordered by first use in the manifest (or by an
 //! explicit access order when the image carries one).
 
-use gstore_store::index::ChunkLocation;
+use gstore_store::index::{ChunkLocation, PlanRecord};
 use gstore_store::manifest::Manifest;
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use std::collections::HashMap;
@@ -197,10 +197,26 @@ impl Needs {
         Needs { chunks, zeros }
     }
 
+    /// The name under which this image's plan is recorded: a hash of its distinct chunks
+    /// and their lengths in order of first use.
+    pub fn key(&self) -> ObjectId {
+        let mut h = blake3::Hasher::new();
+        h.update(b"gstore plan 1");
+        for n in &self.chunks {
+            h.update(&n.id.0);
+            h.update(&n.len.to_le_bytes());
+        }
+        ObjectId(*h.finalize().as_bytes())
+    }
+
     /// Plans the reads in batches of `batch` distinct chunks (in order of first use), handing
     /// each batch's reads (at most `max_read` bytes stored and plain, each) to `emit` as soon
     /// as they are planned, so a restore can start on them while later batches are looked up.
     /// Reads never span two batches. Stops at the first error, `emit`'s included.
+    ///
+    /// Where the image was planned before on this machine and the packs it found are all
+    /// still there, their locations are read from that record in one go; otherwise every
+    /// chunk is looked up in the index, and the result recorded for next time.
     pub fn plan_batches(
         self,
         store: &Store,
@@ -211,26 +227,44 @@ impl Needs {
     ) -> Result<()> {
         use rayon::prelude::*;
         let paths: Vec<&str> = m.entries.iter().map(|e| e.path.as_str()).collect();
+        let key = self.key();
+        let recorded = store.recorded_plan(&key)?.filter(|r| r.len() == self.chunks.len());
+        let mut record = recorded.is_none().then(PlanRecord::default);
+        let mut recorded = recorded.map(Vec::into_iter);
         let mut chunks = self.chunks;
         let mut first = 0;
         while !chunks.is_empty() {
             let rest = chunks.split_off(batch.min(chunks.len()));
-            // Index lookups in parallel, a group of distinct chunks per index iterator.
-            let ids: Vec<ObjectId> = chunks.iter().map(|n| n.id).collect();
-            let found: Vec<Vec<Option<ChunkLocation>>> =
-                ids.par_chunks(LOOKUP_GROUP).map(|group| store.locate_many(group)).collect::<Result<_>>()?;
+            let found: Vec<Option<ChunkLocation>> = match recorded.as_mut() {
+                Some(r) => r.by_ref().take(chunks.len()).map(Some).collect(),
+                None => {
+                    // Index lookups in parallel, a group of distinct chunks per index iterator.
+                    let ids: Vec<ObjectId> = chunks.iter().map(|n| n.id).collect();
+                    let found: Vec<Vec<Option<ChunkLocation>>> =
+                        ids.par_chunks(LOOKUP_GROUP).map(|group| store.locate_many(group)).collect::<Result<_>>()?;
+                    found.into_iter().flatten().collect()
+                }
+            };
             let located: Vec<(usize, PlannedChunk)> = chunks
                 .into_iter()
-                .zip(found.into_iter().flatten())
+                .zip(found)
                 .enumerate()
                 .map(|(k, (n, found))| {
                     let loc = check_location(found, &n.id, n.len, paths[n.entry])?;
                     Ok((first + k, PlannedChunk { id: n.id, loc, targets: n.targets }))
                 })
                 .collect::<Result<_>>()?;
+            if let Some(record) = record.as_mut() {
+                located.iter().for_each(|(_, p)| record.push(&p.loc));
+            }
             first += located.len();
             emit(coalesce(located, max_read))?;
             chunks = rest;
+        }
+        if let Some(record) = record {
+            // A cache, like the range cache: a restore whose plan cannot be recorded (a full
+            // disk under the index) goes on, and the next one looks its chunks up again.
+            let _ = store.record_plan(&key, record);
         }
         Ok(())
     }

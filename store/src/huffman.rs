@@ -147,11 +147,11 @@ impl Code {
         let table: [u32; 256] = std::array::from_fn(|s| (codes[s] as u32) << 8 | self.lengths[s] as u32);
         // Substreams are coded side by side (their bit chains are independent), each into a
         // buffer of its own, then appended in order.
-        let mut bufs = [[0u8; WRITER_ROOM]; SIDE_BY_SIDE];
-        for (g, group) in symbols.chunks(SIDE_BY_SIDE * SUBSTREAM).enumerate() {
-            let mut writers: [BitWriter; SIDE_BY_SIDE] = Default::default();
+        let mut bufs = [[0u8; WRITER_ROOM]; CODED_SIDE_BY_SIDE];
+        for (g, group) in symbols.chunks(CODED_SIDE_BY_SIDE * SUBSTREAM).enumerate() {
+            let mut writers: [BitWriter; CODED_SIDE_BY_SIDE] = Default::default();
             let parts: Vec<&[u8]> = group.chunks(SUBSTREAM).collect();
-            if let ([a, b, c, d], true) = (&parts[..], group.len() == SIDE_BY_SIDE * SUBSTREAM) {
+            if let ([a, b, c, d], true) = (&parts[..], group.len() == CODED_SIDE_BY_SIDE * SUBSTREAM) {
                 let [wa, wb, wc, wd] = &mut writers;
                 let [ba, bb, bc, bd] = &mut bufs;
                 for j in (0..SUBSTREAM).step_by(4) {
@@ -171,7 +171,7 @@ impl Code {
                 let n = w.finish(buf);
                 out.extend_from_slice(&buf[..n]);
                 let end = (out.len() - bits_at) as u32;
-                out[ends_at + 4 * (g * SIDE_BY_SIDE + i)..][..4].copy_from_slice(&end.to_le_bytes());
+                out[ends_at + 4 * (g * CODED_SIDE_BY_SIDE + i)..][..4].copy_from_slice(&end.to_le_bytes());
             }
         }
     }
@@ -342,8 +342,11 @@ fn finished(bytes: &[u8], bit: usize) -> Result<(), &'static str> {
     }
 }
 
-/// Substreams decoded side by side on one thread: their decode chains are independent.
-const SIDE_BY_SIDE: usize = 4;
+/// Substreams decoded side by side on one thread: their decode chains are independent (two
+/// keep every stream's state in registers).
+const SIDE_BY_SIDE: usize = 2;
+/// Substreams coded side by side on one thread.
+const CODED_SIDE_BY_SIDE: usize = 4;
 
 /// Decodes `stored` (all of a lane's stored bytes) into `out`, which receives exactly
 /// `out.len()` symbols. Anything inconsistent — a table out of canonical order or
@@ -369,45 +372,36 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
     }
     let bad = |k: usize, why: &str| format!("substream {k}: {why}");
     for (g, (ss, os)) in streams.chunks(SIDE_BY_SIDE).zip(out.chunks_mut(SIDE_BY_SIDE * SUBSTREAM)).enumerate() {
-        let first = g * SIDE_BY_SIDE;
-        if let ([sa, sb, sc, sd], true) = (ss, os.len() == SIDE_BY_SIDE * SUBSTREAM) {
-            let (ab, cd) = os.split_at_mut(2 * SUBSTREAM);
-            let ((a, b), (c, d)) = (ab.split_at_mut(SUBSTREAM), cd.split_at_mut(SUBSTREAM));
-            let mut bit = [0usize; 4];
-            let mut at = [0usize; 4];
-            // Up to twelve symbols a round (and a 4-byte store past the last): rounds go on
-            // while every output has room.
-            while at.iter().all(|&a| a + 13 <= SUBSTREAM) {
-                table.decode_runs(sa, &mut bit[0], a, &mut at[0]);
-                table.decode_runs(sb, &mut bit[1], b, &mut at[1]);
-                table.decode_runs(sc, &mut bit[2], c, &mut at[2]);
-                table.decode_runs(sd, &mut bit[3], d, &mut at[3]);
+        let mut bits = [0usize; SIDE_BY_SIDE];
+        let mut outs: Vec<&mut [u8]> = os.chunks_mut(SUBSTREAM).collect();
+        let mut ats = [0usize; SIDE_BY_SIDE];
+        if let ([sa, sb], [a, b]) = (ss, &mut outs[..]) {
+            // Two at a time while both have room: their decode chains overlap.
+            let ([bit_a, bit_b], [at_a, at_b]) = (&mut bits, &mut ats);
+            while *at_a + 13 <= a.len() && *at_b + 13 <= b.len() {
+                table.decode_runs(sa, bit_a, a, at_a);
+                table.decode_runs(sb, bit_b, b, at_b);
             }
-            // Each stream on alone where the others stopped it, then symbol by symbol.
-            for ((s, o), (bit, at)) in
-                [sa, sb, sc, sd].into_iter().zip([a, b, c, d]).zip(bit.iter_mut().zip(at.iter_mut()))
-            {
-                while *at + 13 <= SUBSTREAM {
-                    table.decode_runs(s, bit, o, at);
-                }
-                for piece in o[*at..].chunks_mut(4) {
-                    table.decode(s, bit, piece);
-                }
-            }
-            for (i, (s, b)) in ss.iter().zip(bit).enumerate() {
-                finished(s, b).map_err(|why| bad(first + i, why))?;
-            }
-            continue;
         }
-        for (i, (s, o)) in ss.iter().zip(os.chunks_mut(SUBSTREAM)).enumerate() {
-            let mut bit = 0usize;
-            for quad in o.chunks_mut(4) {
-                table.decode(s, &mut bit, quad);
-            }
-            finished(s, bit).map_err(|why| bad(first + i, why))?;
+        for (((s, o), bit), at) in ss.iter().zip(outs).zip(&mut bits).zip(ats) {
+            decode_rest(&table, s, o, bit, at);
+        }
+        for (i, (s, bit)) in ss.iter().zip(bits).enumerate() {
+            finished(s, bit).map_err(|why| bad(g * SIDE_BY_SIDE + i, why))?;
         }
     }
     Ok(())
+}
+
+/// Decodes the symbols of substream `s` from output byte `at` and bit `*bit` on into `o`:
+/// several symbols a lookup while there is room, then one at a time.
+fn decode_rest(table: &Table, s: &[u8], o: &mut [u8], bit: &mut usize, mut at: usize) {
+    while at + 13 <= o.len() {
+        table.decode_runs(s, bit, o, &mut at);
+    }
+    for piece in o[at..].chunks_mut(4) {
+        table.decode(s, bit, piece);
+    }
 }
 
 #[cfg(test)]

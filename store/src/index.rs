@@ -27,7 +27,9 @@ const CF_DOOMED: &str = "doomed";
 /// u64 LE]` -> chunk id, for finding the stored chunk a new one is most like.
 const CF_SIMILAR: &str = "similar";
 /// Every column family but the default one.
-const FAMILIES: [&str; 4] = [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR];
+/// Where every chunk of an image was found when it was last planned ([`Index::put_plan`]).
+const CF_PLANS: &str = "plans";
+const FAMILIES: [&str; 5] = [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR, CF_PLANS];
 /// Key (in the default column family) holding the index layout version.
 const FORMAT_KEY: &[u8] = b"format";
 /// The layout written by this version: chunk entries keyed by chunk id + pack id.
@@ -101,6 +103,64 @@ impl ChunkLocation {
     /// The byte range of the stored chunk inside its pack.
     pub fn range(&self) -> std::ops::Range<u64> {
         self.offset..self.offset + self.stored_len as u64
+    }
+}
+
+/// The value [`Index::put_plan`] records, built one location at a time: the packs named (32
+/// bytes each, after their count, u32 LE), then the count of locations (u32 LE) and each as
+/// its pack's number (u32 LE), its value's length (u8) and its chunk entry value.
+#[derive(Default)]
+pub struct PlanRecord {
+    packs: Vec<ObjectId>,
+    numbers: std::collections::HashMap<ObjectId, u32>,
+    body: Vec<u8>,
+    count: u32,
+}
+
+impl PlanRecord {
+    /// Appends the next location.
+    pub fn push(&mut self, loc: &ChunkLocation) {
+        let next = self.packs.len() as u32;
+        let n = *self.numbers.entry(loc.pack).or_insert_with(|| next);
+        if n == next {
+            self.packs.push(loc.pack);
+        }
+        let v = loc.encode_value();
+        self.body.extend_from_slice(&n.to_le_bytes());
+        self.body.push(v.len() as u8);
+        self.body.extend_from_slice(&v);
+        self.count += 1;
+    }
+
+    fn finish(self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 32 * self.packs.len() + self.body.len());
+        out.extend_from_slice(&(self.packs.len() as u32).to_le_bytes());
+        for p in &self.packs {
+            out.extend_from_slice(&p.0);
+        }
+        out.extend_from_slice(&self.count.to_le_bytes());
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    fn decode(v: &[u8]) -> Option<(Vec<ObjectId>, Vec<ChunkLocation>)> {
+        let u32_at = |at: usize| Some(u32::from_le_bytes(v.get(at..at + 4)?.try_into().ok()?) as usize);
+        let np = u32_at(0)?;
+        let packs: Vec<ObjectId> =
+            v.get(4..4 + 32 * np)?.chunks_exact(32).map(ObjectId::from_slice).collect::<Option<_>>()?;
+        let mut at = 4 + 32 * np;
+        let count = u32_at(at)?;
+        at += 4;
+        let mut key = [0u8; 64];
+        let mut locations = Vec::with_capacity(count.min(v.len() / 22));
+        for _ in 0..count {
+            let pack = packs.get(u32_at(at)?)?;
+            let len = *v.get(at + 4)? as usize;
+            key[32..].copy_from_slice(&pack.0);
+            locations.push(ChunkLocation::decode(&key, v.get(at + 5..at + 5 + len)?)?);
+            at += 5 + len;
+        }
+        (at == v.len()).then_some((packs, locations))
     }
 }
 
@@ -203,6 +263,7 @@ impl Index {
             ColumnFamilyDescriptor::new(CF_PACKS, Options::default()),
             ColumnFamilyDescriptor::new(CF_DOOMED, Options::default()),
             ColumnFamilyDescriptor::new(CF_SIMILAR, similar_opts),
+            ColumnFamilyDescriptor::new(CF_PLANS, Options::default()),
         ];
         // Whatever stops the index from opening, rebuilding it (which deletes it unopened)
         // gets past it: say so.
@@ -371,6 +432,9 @@ impl Index {
         }
         batch.delete_cf(self.cf(CF_PACKS), pack.0);
         batch.delete_cf(self.cf(CF_DOOMED), pack.0);
+        // Recorded plans may name the pack: they go too (the next plan of each image looks
+        // its chunks up again).
+        batch.delete_range_cf(self.cf(CF_PLANS), &[0u8; 0][..], &[0xffu8; 33][..]);
         drop(v);
         self.db.write(batch).map_err(|e| self.ierr(e))?;
         self.doomed.write().expect("doomed set lock").remove(pack);
@@ -390,6 +454,34 @@ impl Index {
         self.db.write(batch).map_err(|e| self.ierr(e))?;
         *current = packs.clone();
         Ok(())
+    }
+
+    /// Records where every chunk of an image is (`locations`, in the planner's order), under
+    /// `key`, which names the image's chunk list ([`PlanRecord`] builds the value).
+    pub fn put_plan(&self, key: &ObjectId, record: PlanRecord) -> Result<()> {
+        self.db.put_cf(self.cf(CF_PLANS), key.0, record.finish()).map_err(|e| self.ierr(e))
+    }
+
+    /// The locations recorded under `key` by [`Index::put_plan`], if there are and they still
+    /// hold: every pack they name is indexed and not tombstoned (a pack's bytes never change
+    /// while it exists: its name is their hash). A damaged record counts as none.
+    pub fn plan(&self, key: &ObjectId) -> Result<Option<Vec<ChunkLocation>>> {
+        let Some(v) = self.db.get_pinned_cf(self.cf(CF_PLANS), key.0).map_err(|e| self.ierr(e))? else {
+            return Ok(None);
+        };
+        let Some((packs, locations)) = PlanRecord::decode(&v) else { return Ok(None) };
+        {
+            let doomed = self.doomed.read().expect("doomed set lock");
+            if packs.iter().any(|p| doomed.contains(p)) {
+                return Ok(None);
+            }
+        }
+        for p in &packs {
+            if self.db.get_pinned_cf(self.cf(CF_PACKS), p.0).map_err(|e| self.ierr(e))?.is_none() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(locations))
     }
 
     /// Statistics of one pack, if indexed.
@@ -472,6 +564,49 @@ mod tests {
         idx.clear().unwrap();
         assert!(idx.locate(&e.id).unwrap().is_none());
         assert!(idx.packs().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_recorded_plan_comes_back_while_its_packs_are_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = Index::open(&dir.path().join("idx")).unwrap();
+        let (p1, p2) = (ObjectId::of(b"p1"), ObjectId::of(b"p2"));
+        let entry = |name: &[u8], offset, codec, bases| PackEntry {
+            id: ObjectId::of(name),
+            offset,
+            stored_len: 10,
+            plain_len: 20,
+            codec,
+            bases,
+        };
+        let delta = entry(b"d", 30, Codec::Delta, Some(DeltaBases { first: ObjectId::of(b"a"), second: None }));
+        idx.add_pack(p1, 100, &[entry(b"a", 24, Codec::Raw, None), delta]).unwrap();
+        idx.add_pack(p2, 100, &[entry(b"b", 24, Codec::Zstd, None)]).unwrap();
+        let locations: Vec<ChunkLocation> = [b"b".as_slice(), b"a", b"d", b"b"]
+            .iter()
+            .map(|n| idx.locate(&ObjectId::of(n)).unwrap().unwrap())
+            .collect();
+        let key = ObjectId::of(b"image");
+        assert!(idx.plan(&key).unwrap().is_none());
+        let mut record = PlanRecord::default();
+        locations.iter().for_each(|l| record.push(l));
+        idx.put_plan(&key, record).unwrap();
+        assert_eq!(idx.plan(&key).unwrap().unwrap(), locations);
+        // A tombstoned pack: not used (its chunks may have moved).
+        idx.set_doomed(&[p2].into()).unwrap();
+        assert!(idx.plan(&key).unwrap().is_none());
+        idx.set_doomed(&HashSet::new()).unwrap();
+        assert_eq!(idx.plan(&key).unwrap().unwrap(), locations);
+        // A damaged record counts as none.
+        idx.db.put_cf(idx.cf(CF_PLANS), key.0, [1u8, 0, 0]).unwrap();
+        assert!(idx.plan(&key).unwrap().is_none());
+        let mut record = PlanRecord::default();
+        locations.iter().for_each(|l| record.push(l));
+        idx.put_plan(&key, record).unwrap();
+        // A pack gc removed takes every record with it.
+        idx.remove_pack(&p2).unwrap();
+        assert!(idx.plan(&key).unwrap().is_none());
+        assert!(idx.db.get_cf(idx.cf(CF_PLANS), key.0).unwrap().is_none());
     }
 
     #[test]

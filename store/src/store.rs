@@ -515,6 +515,18 @@ impl Store {
         self.index()?.locate_many(ids)
     }
 
+    /// Where every chunk of an image was when a restore last planned it, recorded under `key`
+    /// (which names the image's chunk list), if those packs are all still there
+    /// ([`crate::index::Index::plan`]).
+    pub fn recorded_plan(&self, key: &ObjectId) -> Result<Option<Vec<ChunkLocation>>> {
+        self.index()?.plan(key)
+    }
+
+    /// Records a plan's locations under `key`, for the next plan of the same image.
+    pub fn record_plan(&self, key: &ObjectId, record: crate::index::PlanRecord) -> Result<()> {
+        self.index()?.put_plan(key, record)
+    }
+
     /// Reads a byte range of a pack from the store itself (never from this machine's range
     /// cache), telling a missing or truncated pack apart. For a local store the range is
     /// memory-mapped (and pre-faulted), so it is a view of the page cache, not a copy; the
