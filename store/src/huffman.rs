@@ -2,10 +2,10 @@
 //! of at most [`MAX_LEN`] bits per byte, and the lane's bytes cut into substreams of
 //! [`SUBSTREAM`] symbols, each starting on a byte boundary, whose ends the header lists. A GPU
 //! decodes every substream on its own thread (gpu-dump's `decode_huffman` kernel), so a lane
-//! crosses PCIe compressed and is decoded at memory speed; the host decodes four substreams at
-//! once. The exponent lanes of trained weights hold a few dozen byte values with ~2.7 bits of
-//! entropy: Huffman coding keeps them at ~0.35 of their size, as zstd level 1 does (0.38), at
-//! a fraction of zstd's cost to encode.
+//! crosses PCIe compressed and is decoded at memory speed; the host codes four substreams and
+//! decodes two side by side. The exponent lanes of trained weights hold a few dozen byte values
+//! with ~2.7 bits of entropy: Huffman coding keeps them at ~0.34 of their size (zstd level 1:
+//! ~0.38).
 //!
 //! Stored form: `k - 1` (u8), then `k` pairs (symbol u8, code length u8) in canonical order
 //! (lengths non-decreasing, symbols increasing within a length), then one u32 LE end offset per
