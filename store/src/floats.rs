@@ -18,7 +18,8 @@ const LANE_ZSTD: u8 = 1;
 /// Lane codec byte: Huffman-coded substreams ([`crate::huffman`]).
 const LANE_HUFFMAN: u8 = 2;
 /// Below this order-0 entropy (bits per byte) a lane is nearly one repeated byte: Huffman
-/// coding spends at least one bit per byte there, zstd's matches far less.
+/// coding spends at least one bit per byte there, zstd's matches far less. (A lane of exactly
+/// one byte value is Huffman-coded in no bits.)
 const ZSTD_LANE_BELOW: f64 = 1.0;
 /// Bytes sampled from a chunk to decide whether it holds floats.
 const SAMPLE: usize = 8192;
@@ -245,9 +246,8 @@ pub fn encode(
         let compress = plan.compress & (1 << i) != 0;
         // Huffman unless the lane is nearly one byte value; raw unless that saves bytes.
         let huffman = match (compress, coding) {
-            (true, LaneCoding::Huffman) => {
-                Some(crate::huffman::counts(lane)).filter(|c| entropy_of(c) >= ZSTD_LANE_BELOW)
-            }
+            (true, LaneCoding::Huffman) => Some(crate::huffman::counts(lane))
+                .filter(|c| entropy_of(c) >= ZSTD_LANE_BELOW || c.iter().filter(|&&n| n > 0).count() == 1),
             _ => None,
         };
         let code = huffman.map(|c| (crate::huffman::Code::for_counts(&c), c));
@@ -439,6 +439,25 @@ mod tests {
         // Adam's second moment: small positive values.
         let v: Vec<f32> = normal(16384, 1e-4, 2).iter().map(|x| x * x).collect();
         assert_eq!(round_trip(&fp32(&v)).0, Codec::Floats);
+    }
+
+    #[test]
+    fn a_lane_of_one_byte_value_takes_a_code_of_no_bits() {
+        // Layer-norm gains near 1: every high byte is 0x3f, the low bytes vary.
+        let gains: Vec<f32> = normal(32768, 0.05, 6).iter().map(|x| 1.0 + x.clamp(-0.4, 0.4)).collect();
+        let plain = bf16(&gains);
+        let mut stored = Vec::new();
+        let mut zstd = zstd::bulk::Compressor::new(1).unwrap();
+        let plan = Plan { width: 2, compress: 0b10 };
+        encode(&plain, plan, LaneCoding::Huffman, &mut zstd, &mut Scratch::default(), &mut stored);
+        let f = layout(&stored, plain.len(), &ObjectId::of(&plain)).unwrap();
+        assert_eq!(f.lanes[1].codec, LaneCodec::Huffman);
+        // k - 1, one pair of length 0, 32 empty substreams' ends.
+        assert_eq!(f.lanes[1].stored.len(), 1 + 2 + 4 * 32);
+        let mut back = vec![0u8; plain.len()];
+        let mut d = zstd::bulk::Decompressor::new().unwrap();
+        decode(&stored, &mut back, &mut d, &mut Scratch::default(), &ObjectId::of(&plain)).unwrap();
+        assert_eq!(back, plain);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! ~0.38).
 //!
 //! Stored form: `k - 1` (u8), then `k` pairs (symbol u8, code length u8) in canonical order
-//! (lengths non-decreasing, symbols increasing within a length), then one u32 LE end offset per
+//! (lengths non-decreasing, symbols increasing within a length; a lane of one byte value has
+//! one pair of length 0, and its substreams no bits), then one u32 LE end offset per
 //! substream (relative to the start of the bits), then the bits. Codes are assigned in list
 //! order: the first is all zeros; each next is one more than the previous, shifted left by the
 //! growth in length. Codes are written most significant bit first, from the top bit of each
@@ -108,25 +109,28 @@ pub fn counts(bytes: &[u8]) -> [u64; 256] {
     std::array::from_fn(|i| c.iter().map(|l| l[i] as u64).sum())
 }
 
-/// A Huffman code for one lane: each byte's code length (0 for bytes that do not occur).
+/// A Huffman code for one lane: each byte's code length (0 for bytes that do not occur), or
+/// the one byte value a lane holds throughout (codes of no bits).
 pub struct Code {
     lengths: [u8; 256],
+    constant: Option<u8>,
 }
 
 impl Code {
-    /// The code for byte counts `counts` (at least one byte is given a code).
+    /// The code for byte counts `counts`: a code of no bits when one byte value (or none)
+    /// occurs.
     pub fn for_counts(counts: &[u64; 256]) -> Code {
-        let mut lengths = code_lengths(counts);
-        if lengths.iter().all(|&l| l == 0) {
-            lengths[0] = 1;
+        let mut present = (0..256).filter(|&s| counts[s] > 0);
+        match (present.next(), present.next()) {
+            (first, None) => Code { lengths: [0; 256], constant: Some(first.unwrap_or(0) as u8) },
+            _ => Code { lengths: code_lengths(counts), constant: None },
         }
-        Code { lengths }
     }
 
     /// The stored size [`Code::encode`] gives `n` symbols with byte counts `counts`.
     pub fn encoded_len(&self, counts: &[u64; 256], n: usize) -> usize {
         let bits: u64 = (0..256).map(|s| counts[s] * self.lengths[s] as u64).sum();
-        let symbols = self.lengths.iter().filter(|&&l| l > 0).count();
+        let symbols = self.lengths.iter().filter(|&&l| l > 0).count().max(1);
         let substreams = n.div_ceil(SUBSTREAM);
         // Each substream's padding is under a byte: half a byte on average.
         1 + 2 * symbols + 4 * substreams + (bits as usize).div_ceil(8) + substreams / 2
@@ -134,7 +138,10 @@ impl Code {
 
     /// Appends `symbols` (each of which must have a code) to `out`, header first.
     pub fn encode(&self, symbols: &[u8], out: &mut Vec<u8>) {
-        let (order, codes) = canonical(&self.lengths);
+        let (order, codes) = match self.constant {
+            Some(s) => (vec![(s, 0)], [0; 256]),
+            None => canonical(&self.lengths),
+        };
         out.push((order.len() - 1) as u8);
         for &(s, l) in &order {
             out.extend_from_slice(&[s, l]);
@@ -243,7 +250,8 @@ impl Table {
         let (mut code, mut prev) = (0u32, 0u32);
         for (i, p) in pairs.chunks_exact(2).enumerate() {
             let (s, l) = (p[0], p[1] as u32);
-            if l == 0 || l > MAX_LEN || l < prev || (l == prev && s <= pairs[2 * i - 2]) {
+            // A length of 0 is the code of no bits of a lane holding one byte value.
+            if (l == 0 && k != 1) || l > MAX_LEN || l < prev || (l == prev && i > 0 && s <= pairs[2 * i - 2]) {
                 return Err(format!("code table entry {i} (symbol {s}, length {l}) is out of canonical order"));
             }
             if i > 0 {
@@ -451,7 +459,8 @@ mod tests {
 
     #[test]
     fn one_symbol_and_all_256_symbols_round_trip() {
-        round_trip(&[7u8; 3000]);
+        // One byte value: a code of no bits, so the substreams are empty.
+        assert_eq!(round_trip(&[7u8; 3000]), [0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         let all: Vec<u8> = (0..10_000u32).map(|i| (i * 7919 % 256) as u8).collect();
         let stored = round_trip(&all);
         assert!(stored.len() > all.len(), "uniform bytes cannot shrink");

@@ -33,6 +33,7 @@ for b in "${!BIN[@]}"; do
     t0=$(date +%s.%N); "${BIN[$b]}" --store "$W/$b" -q push "$W/data/$k" --tag "$k" >/dev/null
     echo "push $b $k: $(secs "$t0" "$(date +%s.%N)")"
   done
+  echo "stored by $b: $(du -sb "$W/$b" | cut -f1) bytes"
 done
 find "$W" -type f -exec cat {} + >/dev/null
 for k in $KINDS; do python3 tests/gpu/load_bench.py safetensors "$W/data/$k"; done

@@ -77,7 +77,8 @@ extern "C" __global__ void __launch_bounds__(JOIN_THREADS) join_lanes(const Lane
 // ---- Huffman lanes (lane codec 2) ----
 //
 // Stored form (docs/FORMAT.md): k - 1 (one byte), k pairs (symbol, code length) in canonical
-// order, one u32 LE end offset per substream of 1024 symbols, then the substreams' bits, codes
+// order (a lane of one byte value: one pair of length 0, no bits), one u32 LE end offset per
+// substream of 1024 symbols, then the substreams' bits, codes
 // most significant bit first, each substream starting on a byte boundary and padded with zero
 // bits. One thread block per lane; each thread decodes whole substreams on its own, reading
 // the code table from the stored bytes (no shared state, so nothing to synchronise). Every
@@ -113,7 +114,8 @@ __device__ __forceinline__ bool huff_read_code(const unsigned char *pairs, unsig
     unsigned int code = 0, prev = 0, prev_sym = 0;
     for (unsigned int i = 0; i < k; i++) {
         unsigned int sym = pairs[2 * i], l = pairs[2 * i + 1];
-        if (l == 0 || l > HUFF_MAX_LEN || l < prev || (l == prev && sym <= prev_sym)) return false;
+        // A length of 0 is the code of no bits of a lane holding one byte value.
+        if ((l == 0 && k != 1) || l > HUFF_MAX_LEN || l < prev || (i > 0 && l == prev && sym <= prev_sym)) return false;
         if (i > 0) code = (code + 1) << (l - prev);
         if (code >= (1u << l)) return false;
         if (c.count[l] == 0) {
@@ -133,6 +135,10 @@ __device__ __forceinline__ bool huff_substream(const HuffCode &c, const unsigned
                                                const unsigned char *bits, unsigned int start,
                                                unsigned int end, unsigned char *out,
                                                unsigned int symbols) {
+    if (c.count[0] != 0) {  // one byte value, codes of no bits
+        for (unsigned int i = 0; i < symbols; i++) out[i] = pairs[0];
+        return start == end;
+    }
     unsigned long long buf = 0;  // bits read ahead, at the top
     unsigned int held = 0, pos = start;
     for (unsigned int i = 0; i < symbols; i++) {
