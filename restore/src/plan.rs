@@ -138,6 +138,13 @@ fn check_location(found: Option<ChunkLocation>, id: &ObjectId, len: u32, path: &
     Ok(loc)
 }
 
+/// Where a plan's locations come from: the image's recorded plan, or index lookups (recorded
+/// as they are made, for the next plan).
+enum Locations {
+    Recorded(std::vec::IntoIter<ChunkLocation>),
+    LookedUp(PlanRecord),
+}
+
 /// Distinct chunks one index iterator looks up while planning.
 const LOOKUP_GROUP: usize = 512;
 
@@ -228,16 +235,17 @@ impl Needs {
         use rayon::prelude::*;
         let paths: Vec<&str> = m.entries.iter().map(|e| e.path.as_str()).collect();
         let key = self.key();
-        let recorded = store.recorded_plan(&key)?.filter(|r| r.len() == self.chunks.len());
-        let mut record = recorded.is_none().then(PlanRecord::default);
-        let mut recorded = recorded.map(Vec::into_iter);
+        let mut source = match store.recorded_plan(&key)?.filter(|r| r.len() == self.chunks.len()) {
+            Some(recorded) => Locations::Recorded(recorded.into_iter()),
+            None => Locations::LookedUp(PlanRecord::default()),
+        };
         let mut chunks = self.chunks;
         let mut first = 0;
         while !chunks.is_empty() {
             let rest = chunks.split_off(batch.min(chunks.len()));
-            let found: Vec<Option<ChunkLocation>> = match recorded.as_mut() {
-                Some(r) => r.by_ref().take(chunks.len()).map(Some).collect(),
-                None => {
+            let found: Vec<Option<ChunkLocation>> = match &mut source {
+                Locations::Recorded(r) => r.by_ref().take(chunks.len()).map(Some).collect(),
+                Locations::LookedUp(_) => {
                     // Index lookups in parallel, a group of distinct chunks per index iterator.
                     let ids: Vec<ObjectId> = chunks.iter().map(|n| n.id).collect();
                     let found: Vec<Vec<Option<ChunkLocation>>> =
@@ -254,14 +262,14 @@ impl Needs {
                     Ok((first + k, PlannedChunk { id: n.id, loc, targets: n.targets }))
                 })
                 .collect::<Result<_>>()?;
-            if let Some(record) = record.as_mut() {
+            if let Locations::LookedUp(record) = &mut source {
                 located.iter().for_each(|(_, p)| record.push(&p.loc));
             }
             first += located.len();
             emit(coalesce(located, max_read))?;
             chunks = rest;
         }
-        if let Some(record) = record {
+        if let Locations::LookedUp(record) = source {
             // A cache, like the range cache: a restore whose plan cannot be recorded (a full
             // disk under the index) goes on, and the next one looks its chunks up again.
             let _ = store.record_plan(&key, record);

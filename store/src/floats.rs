@@ -1,12 +1,14 @@
 //! The byte-grouped float codec (codec byte 3): a chunk of 2- or 4-byte floats is split into
 //! lanes — lane `i` holds byte `i` of every word — and each lane is kept Huffman-coded
-//! ([`crate::huffman`], which a GPU decodes), as a zstd frame, or raw. The lanes holding sign and exponent bits are nearly constant in trained weights and
-//! optimizer state and compress well; mantissa lanes are close to random and stay raw, so zstd
-//! no longer has to model bytes of both kinds at once (as ZipNN and xet's BG4 do).
+//! ([`crate::huffman`], which a GPU decodes), as a zstd frame, or raw. The lanes holding sign
+//! and exponent bits are nearly constant in trained weights and optimizer state and compress
+//! well; mantissa lanes are close to random and stay raw, so no coder has to model bytes of
+//! both kinds at once (as ZipNN and xet's BG4 do).
 //!
 //! Stored form (docs/FORMAT.md): the width W (2 or 4), then per lane a codec byte (0 raw,
-//! 1 zstd, 2 Huffman), a u32 LE stored length and the stored bytes, then the `plain_len mod W` bytes
-//! past the last whole word, raw. Every lane decodes to `plain_len / W` bytes.
+//! 1 zstd, 2 Huffman), a u32 LE stored length and the stored bytes, then the
+//! `plain_len mod W` bytes past the last whole word, raw. Every lane decodes to
+//! `plain_len / W` bytes.
 
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;

@@ -304,7 +304,7 @@ impl Table {
     }
 
     /// Decodes one to three symbols at a time, four times, into `out` from `*at` on (which
-    /// must leave room for 13), advancing `*at` and `*bit`.
+    /// must leave [`RUN_ROOM`] bytes), advancing `*at` and `*bit`.
     #[inline(always)]
     fn decode_runs(&self, bytes: &[u8], bit: &mut usize, out: &mut [u8], at: &mut usize) {
         let mut w = window(bytes, *bit);
@@ -320,6 +320,10 @@ impl Table {
         *bit += used;
     }
 }
+
+/// Output bytes [`Table::decode_runs`] needs free: up to twelve symbols, and the last 4-byte
+/// store reaching one past them.
+const RUN_ROOM: usize = 13;
 
 /// The 57 or more bits of `bytes` from bit `bit` on, at the top of a word (zeros past the end).
 #[inline(always)]
@@ -386,7 +390,7 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
         if let ([sa, sb], [a, b]) = (ss, &mut outs[..]) {
             // Two at a time while both have room: their decode chains overlap.
             let ([bit_a, bit_b], [at_a, at_b]) = (&mut bits, &mut ats);
-            while *at_a + 13 <= a.len() && *at_b + 13 <= b.len() {
+            while *at_a + RUN_ROOM <= a.len() && *at_b + RUN_ROOM <= b.len() {
                 table.decode_runs(sa, bit_a, a, at_a);
                 table.decode_runs(sb, bit_b, b, at_b);
             }
@@ -404,7 +408,7 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
 /// Decodes the symbols of substream `s` from output byte `at` and bit `*bit` on into `o`:
 /// several symbols a lookup while there is room, then one at a time.
 fn decode_rest(table: &Table, s: &[u8], o: &mut [u8], bit: &mut usize, mut at: usize) {
-    while at + 13 <= o.len() {
+    while at + RUN_ROOM <= o.len() {
         table.decode_runs(s, bit, o, &mut at);
     }
     for piece in o[at..].chunks_mut(4) {

@@ -152,7 +152,9 @@ impl PlanRecord {
         let count = u32_at(at)?;
         at += 4;
         let mut key = [0u8; 64];
-        let mut locations = Vec::with_capacity(count.min(v.len() / 22));
+        // A damaged count cannot make this allocate more than the value could hold: each
+        // location takes at least its pack number, length byte and a 17-byte chunk entry.
+        let mut locations = Vec::with_capacity(count.min(v.len() / (5 + 17)));
         for _ in 0..count {
             let pack = packs.get(u32_at(at)?)?;
             let len = *v.get(at + 4)? as usize;

@@ -89,19 +89,19 @@ impl HuffJob {
     }
 }
 
-/// The loaded kernels: the lane join and the Huffman lane decode.
+/// The loaded float-lane kernels: the Huffman lane decode and the lane join.
 #[derive(Debug)]
-pub struct LaneJoin {
-    kernel: Kernel,
+pub struct FloatLanes {
+    join: Kernel,
     huffman: Kernel,
 }
 
-impl LaneJoin {
+impl FloatLanes {
     /// Loads the kernels into `ctx`. Fails when the driver lacks the kernel API or cannot
     /// compile the PTX (a driver older than CUDA 13.0).
-    pub fn load(ctx: &Context) -> Result<LaneJoin> {
-        let [kernel, huffman] = ctx.load_kernels(PTX, [c"join_lanes", c"decode_huffman"])?;
-        Ok(LaneJoin { kernel, huffman })
+    pub fn load(ctx: &Context) -> Result<FloatLanes> {
+        let [join, huffman] = ctx.load_kernels(PTX, [c"join_lanes", c"decode_huffman"])?;
+        Ok(FloatLanes { join, huffman })
     }
 
     /// Queues the decode of `count` Huffman lanes whose [`HuffJob`]s are at device address
@@ -112,12 +112,8 @@ impl LaneJoin {
     /// `src` is readable for `stored_len` bytes and `out` writable for `words` bytes of device
     /// memory, all of it allocated until the kernel has run.
     pub unsafe fn decode(&self, stream: &Stream, jobs: u64, count: u32) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        let mut jobs = jobs;
-        let mut params = [(&mut jobs as *mut u64).cast::<c_void>()];
-        stream.launch(&self.huffman, count, HUFF_THREADS, &mut params)
+        // SAFETY: as this function requires.
+        unsafe { launch_per_job(stream, &self.huffman, HUFF_THREADS, jobs, count) }
     }
 
     /// Queues the join of `count` jobs stored at device address `jobs` on `stream`.
@@ -125,14 +121,26 @@ impl LaneJoin {
     /// # Safety
     /// `jobs` must hold `count` [`LaneJob`]s whose addresses are readable (and, for `dst` and
     /// `joined_len`, writable) device memory, all of it allocated until the kernel has run.
-    pub unsafe fn launch(&self, stream: &Stream, jobs: u64, count: u32) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        let mut jobs = jobs;
-        let mut params = [(&mut jobs as *mut u64).cast::<c_void>()];
-        stream.launch(&self.kernel, count, THREADS, &mut params)
+    pub unsafe fn join(&self, stream: &Stream, jobs: u64, count: u32) -> Result<()> {
+        // SAFETY: as this function requires.
+        unsafe { launch_per_job(stream, &self.join, THREADS, jobs, count) }
     }
+}
+
+/// Queues `kernel`, whose one parameter is the device address of its jobs, on `stream`: one
+/// block of `threads` per job, nothing for no jobs.
+///
+/// # Safety
+/// `jobs` must hold `count` jobs of the kind `kernel` reads, every address in them valid for
+/// what the kernel does there until it has run.
+unsafe fn launch_per_job(stream: &Stream, kernel: &Kernel, threads: u32, jobs: u64, count: u32) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    let mut jobs = jobs;
+    let mut params = [(&mut jobs as *mut u64).cast::<c_void>()];
+    // SAFETY: the kernel takes one u64, as `params` holds; the caller vouches for the jobs.
+    unsafe { stream.launch(kernel, count, threads, &mut params) }
 }
 
 #[cfg(test)]

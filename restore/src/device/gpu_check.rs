@@ -15,7 +15,7 @@ use super::{cuda_err, Planned, Pool};
 use crate::engine::Buffers;
 use crate::plan::{RangeRead, MAX_CHUNKS_PER_READ};
 use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
-use gstore_gpu_dump::cuda::join::{HuffJob, LaneJob, LaneJoin};
+use gstore_gpu_dump::cuda::join::{FloatLanes, HuffJob, LaneJob};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
 use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder, FloatLaneCodec};
@@ -35,7 +35,7 @@ struct Slot {
     /// cannot decode), pinned the first time a read of this slot has some: a load with none
     /// pins nothing for them.
     host_decoded: Option<PinnedBuffer>,
-    /// The range, then decoded chunks, then (with the join kernel) decoded float lanes, in
+    /// The range, then decoded chunks, then (with the float lane kernels) decoded float lanes, in
     /// device memory.
     device: DeviceBuffer,
     meta_host: PinnedBuffer,
@@ -91,7 +91,7 @@ pub(super) struct GpuLoad {
     nvcomp: std::result::Result<Nvcomp, String>,
     /// The Huffman lane decode and the lane join (else float-coded chunks decode on the
     /// host), or why not.
-    join: std::result::Result<LaneJoin, String>,
+    lanes: std::result::Result<FloatLanes, String>,
     slots: Vec<Slot>,
     layout: MetaLayout,
     read_cap: usize,
@@ -122,13 +122,13 @@ impl GpuLoad {
             Err(e) => return Ok(Err(format!("the GPU check kernel is unavailable: {e}"))),
         };
         let nvcomp = Nvcomp::load().map_err(|e| e.to_string());
-        let join = LaneJoin::load(ctx).map_err(|e| format!("the float lane kernels are unavailable: {e}"));
+        let lanes = FloatLanes::load(ctx).map_err(|e| format!("the float lane kernels are unavailable: {e}"));
         let layout = MetaLayout { chunks: MAX_CHUNKS_PER_READ, frames: FRAMES_PER_CHUNK * MAX_CHUNKS_PER_READ };
         let temp_bytes = match &nvcomp {
             Ok(n) => n.zstd_temp_bytes(ctx, layout.frames, chunk_max, read_cap).map_err(cuda_err)?,
             Err(_) => 0,
         };
-        let device_areas = if join.is_ok() { 3 } else { 2 };
+        let device_areas = if lanes.is_ok() { 3 } else { 2 };
         let slot = || {
             Ok::<_, StoreError>(Slot {
                 pinned: ctx.alloc_pinned(read_cap).map_err(cuda_err)?,
@@ -148,12 +148,12 @@ impl GpuLoad {
             let made: Vec<_> = (0..slots).map(|_| s.spawn(slot)).collect();
             made.into_iter().map(|h| h.join().expect("allocating a slot does not panic")).collect::<Result<Vec<_>>>()
         })?;
-        Ok(Ok(GpuLoad { ctx: ctx.clone(), check, nvcomp, join, slots: all, layout, read_cap, temp_bytes }))
+        Ok(Ok(GpuLoad { ctx: ctx.clone(), check, nvcomp, lanes, slots: all, layout, read_cap, temp_bytes }))
     }
 
     /// What checks and decodes the chunks, for reports.
     pub(super) fn describe(&self) -> String {
-        let floats = match (&self.join, &self.nvcomp) {
+        let floats = match (&self.lanes, &self.nvcomp) {
             (Ok(_), Ok(_)) => "float lanes decoded and joined on the GPU".to_string(),
             (Ok(_), Err(_)) => {
                 "Huffman float lanes decoded and joined on the GPU (chunks with zstd lanes on the host)".to_string()
@@ -204,7 +204,7 @@ impl GpuLoad {
             buffers,
             check: &self.check,
             nvcomp: self.nvcomp.as_ref().ok(),
-            join: self.join.as_ref().ok(),
+            lanes: self.lanes.as_ref().ok(),
             layout: self.layout,
             read_cap: self.read_cap,
             temp_bytes: self.temp_bytes,
@@ -284,7 +284,7 @@ struct Loader<'a> {
     buffers: &'a Buffers,
     check: &'a ChunkCheck,
     nvcomp: Option<&'a Nvcomp>,
-    join: Option<&'a LaneJoin>,
+    lanes: Option<&'a FloatLanes>,
     layout: MetaLayout,
     read_cap: usize,
     temp_bytes: usize,
@@ -328,7 +328,7 @@ impl Loader<'_> {
             let mut job = CheckJob::new(base + at as u64, dst, c.loc.plain_len, first_tag + k as u32, &c.id.0);
             // A float-coded chunk decodes on the GPU when each of its lanes does there: raw
             // and Huffman lanes always, zstd lanes with nvCOMP.
-            let gpu_floats = match (self.join, c.loc.codec) {
+            let gpu_floats = match (self.lanes, c.loc.codec) {
                 (Some(_), Codec::Floats) => {
                     let stored = &pinned.as_slice()[at..at + stored_len];
                     let f = float_layout(stored, plain, &c.id).map_err(|e| in_pack(e, read))?;
@@ -473,16 +473,16 @@ impl Loader<'_> {
             // above and kept alive (and unreused) until the slot's event says the work is done.
             unsafe { nvcomp.zstd_decompress_async(stream, &batch) }.map_err(cuda_err)?;
         }
-        if let (Some(join), true) = (self.join, huffs > 0) {
+        if let (Some(lanes), true) = (self.lanes, huffs > 0) {
             // SAFETY: the Huffman jobs (copied above) point into this slot's staging and lane
             // areas and its metadata, alive (and unreused) until its event is waited on.
-            unsafe { join.decode(stream, meta_base + self.layout.huff_job(0) as u64, huffs as u32) }
+            unsafe { lanes.decode(stream, meta_base + self.layout.huff_job(0) as u64, huffs as u32) }
                 .map_err(cuda_err)?;
         }
-        if let (Some(join), true) = (self.join, joins > 0) {
+        if let (Some(lanes), true) = (self.lanes, joins > 0) {
             // SAFETY: the lane jobs (copied above) point into this slot's staging, lane and
             // decode areas and its metadata, alive (and unreused) until its event is waited on.
-            unsafe { join.launch(stream, meta_base + self.layout.lane_job(0) as u64, joins as u32) }
+            unsafe { lanes.join(stream, meta_base + self.layout.lane_job(0) as u64, joins as u32) }
                 .map_err(cuda_err)?;
         }
         // SAFETY: the jobs (copied above) point into this slot's buffers and into the image's
