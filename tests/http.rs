@@ -94,16 +94,24 @@ fn bad_uploads_are_refused_and_nothing_is_stored() {
     };
     // Too big for --max-body.
     assert_eq!(put("big", &bytes, &key_of(&bytes)).0, 413);
-    // A small valid pack is accepted; damaged ones are not.
-    let small = small_pack(&env);
-    assert_eq!(put("ok", &small, &key_of(&small)).0, 201);
-    let truncated = &small[..small.len() - 10];
-    let (code, body) = put("trunc", truncated, &key_of(truncated));
-    assert_eq!(code, 422, "{body}");
+    // A small valid pack is accepted under its name (the hash of its header and tail) and
+    // under the hash of all its bytes (how stores made before name packs); damaged ones are not.
+    let (small_key, small) = small_pack();
     let mut wrong_hash = small.clone();
     // A byte of the first chunk (after the 8-byte magic and the 16-byte salt).
     wrong_hash[30] ^= 1;
-    assert_eq!(put("wrong", &wrong_hash, &key_of(&small)).0, 422);
+    // Its name does not cover the chunks' bytes: their ids do, checked by decoding them.
+    let (code, body) = put("wrong-named", &wrong_hash, &small_key);
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("mismatch") || body.contains("zstd"), "{body}");
+    assert_eq!(put("ok", &small, &small_key).0, 201);
+    assert_eq!(put("ok-whole", &small, &key_of(&small)).0, 201);
+    let truncated = &small[..small.len() - 10];
+    let (code, body) = put("trunc", truncated, &key_of(truncated));
+    assert_eq!(code, 422, "{body}");
+    let (code, body) = put("wrong", &wrong_hash, &key_of(&small));
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("is not named by its content"), "{body}");
     let (code, body) = put("flip", &wrong_hash, &key_of(&wrong_hash));
     assert_eq!(code, 422);
     assert!(body.contains("mismatch") || body.contains("zstd"), "{body}");
@@ -170,13 +178,16 @@ fn tag_updates_are_compare_and_swap_and_exposure_is_refused() {
 }
 
 /// A pack of a few small chunks (pushed to a throwaway store).
-fn small_pack(_env: &Env) -> Vec<u8> {
+/// A small pack of a push, with its key (`packs/<h[0..2]>/<h>.pack`).
+fn small_pack() -> (String, Vec<u8>) {
     let e = Env::new(&[]);
     let src = e.path("s");
     fs::create_dir_all(&src).unwrap();
     write_mixed_file(&src.join("d"), 300_000, 9);
     e.ok(&["push", src.to_str().unwrap(), "--tag", "s"]);
-    fs::read(e.packs().pop().unwrap()).unwrap()
+    let path = e.packs().pop().unwrap();
+    let key = path.strip_prefix(&e.store).unwrap().to_str().unwrap().to_string();
+    (key, fs::read(path).unwrap())
 }
 
 fn blake3_hex(data: &[u8]) -> String {

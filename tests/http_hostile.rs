@@ -4,7 +4,7 @@
 
 use gstore_store::codec::Codec;
 use gstore_store::key::ObjectKey;
-use gstore_store::pack::PackBuilder;
+use gstore_store::pack::{PackBuilder, PackIds};
 use gstore_store::ObjectId;
 use gstore_tests::*;
 use std::fs;
@@ -97,7 +97,7 @@ fn metrics_need_a_read_token() {
 /// The 129-byte pack of issue 11: one zero chunk whose footer entry claims 4 GiB.
 fn pack_claiming_4_gib() -> (ObjectId, Vec<u8>) {
     let chunk = ObjectId::of(b"not really 4 GiB of zeros");
-    let mut b = PackBuilder::new();
+    let mut b = PackBuilder::new(PackIds::Whole);
     b.push(chunk, Codec::Zero, &[], u32::MAX);
     let p = b.finish();
     assert_eq!(p.size(), 129);

@@ -12,7 +12,7 @@ use gstore_store::lease::{LeaseRecord, Owner};
 use gstore_store::manifest::Manifest;
 use gstore_store::profile::Profile;
 use gstore_store::tag::TagRecord;
-use gstore_store::{pack, ObjectId, StoreConfig};
+use gstore_store::{pack, StoreConfig};
 
 /// Checks a delta chunk's stored bytes without its bases: they name the bases the footer
 /// names, then hold one whole zstd frame declaring the chunk's plain length.
@@ -37,11 +37,13 @@ pub fn upload(key: &Key, body: &[u8], chunk_max: u32, sealed: bool) -> Result<()
     }
     match key {
         Key::Pack(id) => {
-            let got = ObjectId::of(body);
-            if &got != id {
-                return Err(format!("pack content hashes to {}, not {}", got.to_hex(), id.to_hex()));
-            }
             let entries = pack::parse_pack(body, &id.to_hex(), chunk_max).map_err(|e| e.to_string())?;
+            if !pack::is_named(body, id) {
+                return Err(format!(
+                    "pack {} is not named by its content: neither its header and tail nor all its bytes hash to its name",
+                    id.to_hex()
+                ));
+            }
             let mut decoder = Decoder::new(chunk_max);
             let mut plain = Vec::new();
             for e in &entries {

@@ -1,6 +1,7 @@
 //! Per-store settings, kept in the backend as `config.json` and fixed at `gstore init`.
 
 use crate::error::{Result, StoreError};
+use crate::pack::PackIds;
 use serde::{Deserialize, Serialize};
 
 /// The store format version of an unencrypted store.
@@ -53,6 +54,10 @@ pub struct StoreConfig {
     /// serialize as they did (an encrypted store's config check covers those bytes).
     #[serde(default = "float_codec_default", skip_serializing_if = "is_on")]
     pub huffman_lanes: bool,
+    /// How packs are named. Absent in stores made before [`PackIds::HeaderFooter`]: whole
+    /// (and so not written then, like `huffman_lanes`).
+    #[serde(default = "PackIds::whole", skip_serializing_if = "PackIds::is_whole")]
+    pub pack_ids: PackIds,
     /// How the store is encrypted (format 2); absent in an unencrypted store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Encryption>,
@@ -78,6 +83,7 @@ impl Default for StoreConfig {
             pack_target: 48 * 1024 * 1024,
             float_codec: true,
             huffman_lanes: true,
+            pack_ids: PackIds::HeaderFooter,
             encryption: None,
         }
     }
@@ -186,10 +192,12 @@ mod tests {
         let old = r#"{"format":1,"chunk_min":16384,"chunk_avg":65536,"chunk_max":262144,"segment_size":16777216,"zstd_level":1,"pack_target":50331648,"float_codec":true}"#;
         let cfg: StoreConfig = serde_json::from_str(old).unwrap();
         assert!(cfg.huffman_lanes);
+        assert_eq!(cfg.pack_ids, PackIds::Whole, "packs of stores before are named by all their bytes");
         assert_eq!(serde_json::to_string(&cfg).unwrap(), old);
         let zstd_lanes = StoreConfig { huffman_lanes: false, ..StoreConfig::default() };
         let text = serde_json::to_string(&zstd_lanes).unwrap();
         assert!(text.contains(r#""float_codec":true,"huffman_lanes":false"#), "{text}");
         assert_eq!(serde_json::from_str::<StoreConfig>(&text).unwrap(), zstd_lanes);
+        assert!(text.ends_with(r#""pack_ids":"header_footer"}"#), "a new store says how it names packs: {text}");
     }
 }

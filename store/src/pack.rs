@@ -9,6 +9,7 @@ use crate::key::ObjectKey;
 use crate::similar::Sketch;
 use bytes::Bytes;
 use object_store::PutPayload;
+use serde::{Deserialize, Serialize};
 
 /// Magic bytes at the start of every pack.
 pub const PACK_MAGIC: &[u8; 8] = b"GSPACK01";
@@ -36,6 +37,31 @@ fn entry_len(version: u32) -> usize {
         ENTRY_LEN_V2
     } else {
         ENTRY_LEN
+    }
+}
+
+/// How a store names its packs (docs/FORMAT.md, "Pack"). Nothing reads a pack by checking
+/// its name (every reader checks each chunk it decodes against the chunk's id); an HTTP server
+/// checks an uploaded pack's name either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PackIds {
+    /// BLAKE3 of all the pack's bytes: every stored byte hashed a second time, after its
+    /// chunk's id (stores made before `HeaderFooter`).
+    Whole,
+    /// BLAKE3 of the pack's header (magic and salt) followed by its footer and trailer: the
+    /// footer names every chunk's id, offset, lengths and codec, and each chunk's id is the
+    /// hash of its plain bytes, which every reader checks.
+    HeaderFooter,
+}
+
+impl PackIds {
+    pub(crate) fn whole() -> PackIds {
+        PackIds::Whole
+    }
+
+    pub(crate) fn is_whole(&self) -> bool {
+        *self == PackIds::Whole
     }
 }
 
@@ -124,8 +150,10 @@ impl PackEntry {
 /// thread and finishes packs on its writers, so the hashing is spread over those.
 pub struct PackBuilder {
     salt: [u8; SALT_LEN],
+    /// How the finished pack is named.
+    ids: PackIds,
     /// Stored chunks, in pack order.
-    parts: Vec<Vec<u8>>,
+    parts: Vec<Bytes>,
     entries: Vec<PackEntry>,
     /// Bytes of the pack so far (header and chunk data).
     len: u64,
@@ -135,7 +163,7 @@ pub struct PackBuilder {
 
 /// A finished pack, ready to upload.
 pub struct FinishedPack {
-    /// The pack id: BLAKE3 of the pack's bytes.
+    /// The pack id ([`PackIds`]).
     pub id: ObjectId,
     /// The pack's bytes, in pieces (the header, each chunk's stored bytes, the footer and
     /// trailer) that make up the pack one after the other.
@@ -155,22 +183,17 @@ fn salt() -> [u8; SALT_LEN] {
     ObjectId::unique().0[..SALT_LEN].try_into().expect("16 bytes")
 }
 
-impl Default for PackBuilder {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl PackBuilder {
-    /// Starts an empty pack with a fresh random salt.
-    pub fn new() -> Self {
-        Self::with_salt(salt())
+    /// Starts an empty pack with a fresh random salt, to be named as `ids` says.
+    pub fn new(ids: PackIds) -> Self {
+        Self::with_salt(salt(), ids)
     }
 
     /// Starts an empty pack with the given salt (deterministic simulations choose their own).
-    pub fn with_salt(salt: [u8; SALT_LEN]) -> Self {
+    pub fn with_salt(salt: [u8; SALT_LEN], ids: PackIds) -> Self {
         PackBuilder {
             salt,
+            ids,
             parts: Vec::new(),
             entries: Vec::new(),
             len: (PACK_MAGIC.len() + SALT_LEN) as u64,
@@ -180,22 +203,23 @@ impl PackBuilder {
 
     /// Appends one stored chunk (copied).
     pub fn push(&mut self, id: ObjectId, codec: Codec, stored: &[u8], plain_len: u32) {
-        self.push_owned(id, codec, stored.to_vec(), plain_len);
+        self.push_owned(id, codec, Bytes::copy_from_slice(stored), plain_len);
     }
 
-    /// Appends one stored chunk, taking its bytes without a copy.
-    pub fn push_owned(&mut self, id: ObjectId, codec: Codec, stored: Vec<u8>, plain_len: u32) {
-        self.append(id, codec, None, stored, plain_len);
+    /// Appends one stored chunk, taking its bytes without a copy (a `Bytes` may be a slice of
+    /// a larger buffer: a raw chunk of the segment it was cut from).
+    pub fn push_owned(&mut self, id: ObjectId, codec: Codec, stored: impl Into<Bytes>, plain_len: u32) {
+        self.append(id, codec, None, stored.into(), plain_len);
     }
 
     /// Appends a delta chunk stored against `bases` (`stored` starts with them).
-    pub fn push_delta(&mut self, id: ObjectId, bases: DeltaBases, stored: Vec<u8>, plain_len: u32) {
-        self.append(id, Codec::Delta, Some(bases), stored, plain_len);
+    pub fn push_delta(&mut self, id: ObjectId, bases: DeltaBases, stored: impl Into<Bytes>, plain_len: u32) {
+        self.append(id, Codec::Delta, Some(bases), stored.into(), plain_len);
     }
 
     /// Appends a chunk as a footer entry describes it (a copy of `e`'s chunk, from another pack).
     pub fn push_entry(&mut self, e: &PackEntry, stored: &[u8]) {
-        self.append(e.id, e.codec, e.bases, stored.to_vec(), e.plain_len);
+        self.append(e.id, e.codec, e.bases, Bytes::copy_from_slice(stored), e.plain_len);
     }
 
     /// Notes the resemblance sketch of chunk `id` (added to this pack), so that later chunks
@@ -204,7 +228,7 @@ impl PackBuilder {
         self.sketches.push((id, sketch));
     }
 
-    fn append(&mut self, id: ObjectId, codec: Codec, bases: Option<DeltaBases>, stored: Vec<u8>, plain_len: u32) {
+    fn append(&mut self, id: ObjectId, codec: Codec, bases: Option<DeltaBases>, stored: Bytes, plain_len: u32) {
         let stored_len = stored.len() as u32;
         self.entries.push(PackEntry { id, offset: self.len, stored_len, plain_len, codec, bases });
         self.len += stored.len() as u64;
@@ -221,34 +245,34 @@ impl PackBuilder {
         self.entries.is_empty()
     }
 
-    /// Puts the pack together (header, chunks, footer, trailer) and names it. A pack holding
-    /// delta chunks is written in layout version 2, any other in version 1.
+    /// Puts the pack together (header, chunks, footer, trailer) and names it as the store
+    /// does ([`PackIds`]). A pack holding delta chunks is written in layout version 2, any
+    /// other in version 1.
     pub fn finish(self) -> FinishedPack {
         let version = if self.entries.iter().any(|e| e.bases.is_some()) { PACK_VERSION_DELTAS } else { PACK_VERSION };
-        let mut hasher = blake3::Hasher::new();
-        let mut pieces = Vec::with_capacity(self.parts.len() + 2);
-        let mut piece = |bytes: Vec<u8>| {
-            hasher.update(&bytes);
-            pieces.push(Bytes::from(bytes));
-        };
-        piece([&PACK_MAGIC[..], &self.salt].concat());
-        for p in self.parts {
-            piece(p);
-        }
-        let footer_offset = self.len;
+        let header = Bytes::from([&PACK_MAGIC[..], &self.salt].concat());
         let mut tail = Vec::with_capacity(self.entries.len() * entry_len(version) + TRAILER_LEN);
         for e in &self.entries {
             e.write_to(&mut tail, version);
         }
         let footer_hash = blake3::hash(&tail);
-        tail.extend_from_slice(&footer_offset.to_le_bytes());
+        tail.extend_from_slice(&self.len.to_le_bytes());
         tail.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
         tail.extend_from_slice(&version.to_le_bytes());
         tail.extend_from_slice(footer_hash.as_bytes());
         tail.extend_from_slice(TRAILER_MAGIC);
-        piece(tail);
+        let tail = Bytes::from(tail);
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&header);
+        if self.ids == PackIds::Whole {
+            for p in &self.parts {
+                hasher.update(p);
+            }
+        }
+        hasher.update(&tail);
         let id = ObjectId(*hasher.finalize().as_bytes());
-        FinishedPack { id, pieces: pieces.into_iter().collect(), entries: self.entries, sketches: self.sketches }
+        let pieces = std::iter::once(header).chain(self.parts).chain(std::iter::once(tail)).collect();
+        FinishedPack { id, pieces, entries: self.entries, sketches: self.sketches }
     }
 }
 
@@ -350,6 +374,22 @@ pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) 
     Ok((entries, [&footer[..], &guess[footer_end..]].concat()))
 }
 
+/// Whether `id` names the pack `bytes` (checked by [`parse_pack`]) under either [`PackIds`]
+/// naming: its header and tail (footer and trailer), else all its bytes.
+pub fn is_named(bytes: &[u8], id: &ObjectId) -> bool {
+    let header = PACK_MAGIC.len() + SALT_LEN;
+    let tail = bytes.len().checked_sub(TRAILER_LEN).and_then(|at| bytes.get(at..at + 8));
+    let footer_offset = tail.map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize);
+    if let Some(at) = footer_offset.filter(|&at| at >= header && at <= bytes.len()) {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&bytes[..header]).update(&bytes[at..]);
+        if hasher.finalize().as_bytes() == &id.0 {
+            return true;
+        }
+    }
+    &ObjectId::of(bytes) == id
+}
+
 /// Parses a whole pack held in memory: header, trailer, footer (see [`parse_footer`]).
 pub fn parse_pack(bytes: &[u8], pack: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
     if bytes.len() < PACK_MAGIC.len() || &bytes[..8] != PACK_MAGIC {
@@ -373,7 +413,11 @@ mod tests {
     }
 
     fn sample() -> FinishedPack {
-        let mut b = PackBuilder::new();
+        sample_named(PackIds::HeaderFooter)
+    }
+
+    fn sample_named(ids: PackIds) -> FinishedPack {
+        let mut b = PackBuilder::new(ids);
         b.push(ObjectId::of(b"one"), Codec::Raw, b"one", 3);
         b.push(ObjectId::of(b"two"), Codec::Raw, b"two", 3);
         b.finish()
@@ -385,9 +429,38 @@ mod tests {
     }
 
     #[test]
+    fn packs_are_named_by_all_their_bytes_or_by_their_header_and_tail() {
+        let whole = sample_named(PackIds::Whole);
+        assert_eq!(whole.id, ObjectId::of(&joined(&whole)));
+        let p = sample();
+        let bytes = joined(&p);
+        let tail = p.size() as usize - 2 * ENTRY_LEN - TRAILER_LEN;
+        assert_eq!(p.id, ObjectId::of(&[&bytes[..24], &bytes[tail..]].concat()));
+        for (p, bytes) in [(&whole, joined(&whole)), (&p, bytes.clone())] {
+            assert!(is_named(&bytes, &p.id));
+            assert!(!is_named(&bytes, &ObjectId::of(b"other")));
+        }
+        // A header-and-tail name does not cover the chunks' stored bytes (each reader checks
+        // those against the chunk ids the tail names); a whole name does.
+        let mut changed = joined(&whole);
+        changed[24] ^= 1;
+        assert!(!is_named(&changed, &whole.id));
+        let mut changed = bytes.clone();
+        changed[24] ^= 1;
+        assert!(is_named(&changed, &p.id));
+        for at in (0..24).chain(tail..bytes.len()) {
+            let mut changed = bytes.clone();
+            changed[at] ^= 1;
+            assert!(!is_named(&changed, &p.id), "a flip at {at} keeps the name");
+        }
+        for n in 0..bytes.len() {
+            assert!(!is_named(&bytes[..n], &p.id), "cut to {n} bytes keeps the name");
+        }
+    }
+
+    #[test]
     fn round_trip() {
         let p = sample();
-        assert_eq!(p.id, ObjectId::of(&joined(&p)));
         let entries = parse_pack(&joined(&p), "p", MAX).unwrap();
         assert_eq!(entries, p.entries);
         assert_eq!(&joined(&p)[entries[1].offset as usize..][..3], b"two");
@@ -397,7 +470,7 @@ mod tests {
     fn footers_read_back_from_the_end_whatever_their_length() {
         let backend = Backend::memory();
         for chunks in [2usize, 3000] {
-            let mut b = PackBuilder::new();
+            let mut b = PackBuilder::new(PackIds::HeaderFooter);
             for i in 0..chunks {
                 let data = i.to_le_bytes();
                 b.push(ObjectId::of(&data), Codec::Raw, &data, data.len() as u32);
@@ -436,7 +509,7 @@ mod tests {
         let mut stored = vec![2];
         stored.extend(bases.iter().flat_map(|b| b.0));
         stored.extend_from_slice(b"frame");
-        let mut b = PackBuilder::new();
+        let mut b = PackBuilder::new(PackIds::HeaderFooter);
         b.push(ObjectId::of(b"one"), Codec::Raw, b"one", 3);
         b.push_delta(id, bases, stored.clone(), 100);
         let p = b.finish();
@@ -453,18 +526,18 @@ mod tests {
     #[test]
     fn lengths_that_no_chunk_has_are_corrupt() {
         // The 129-byte pack of issue 11: one zero chunk claiming 4 GiB.
-        let mut b = PackBuilder::new();
+        let mut b = PackBuilder::new(PackIds::HeaderFooter);
         b.push(ObjectId::of(b"z"), Codec::Zero, &[], u32::MAX);
         let p = b.finish();
         assert_eq!(p.size() as usize, 129);
         let err = parse_pack(&joined(&p), "p", MAX).unwrap_err().to_string();
         assert!(err.contains("corrupt pack p") && err.contains("exceeds the store's chunk max"), "{err}");
-        let mut b = PackBuilder::new();
+        let mut b = PackBuilder::new(PackIds::HeaderFooter);
         b.push(ObjectId::of(b"z"), Codec::Zero, &[], MAX);
         assert!(parse_pack(&joined(&b.finish()), "p", MAX).is_ok(), "a chunk of exactly the chunk max is fine");
         // Stored lengths that do not fit the codec.
         for (codec, stored, plain) in [(Codec::Raw, 3, 4), (Codec::Zero, 1, 4), (Codec::Zstd, 5, 4)] {
-            let mut b = PackBuilder::new();
+            let mut b = PackBuilder::new(PackIds::HeaderFooter);
             b.push(ObjectId::of(b"x"), codec, &vec![1; stored], plain);
             let err = parse_pack(&joined(&b.finish()), "p", MAX).unwrap_err().to_string();
             assert!(err.contains("does not fit"), "{codec:?}: {err}");

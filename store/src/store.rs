@@ -625,11 +625,12 @@ impl Store {
     /// A new, empty pack builder (with a seeded salt in a seeded simulation).
     pub fn new_pack(&self) -> pack::PackBuilder {
         match self.salt_seed {
-            None => pack::PackBuilder::new(),
+            None => pack::PackBuilder::new(self.config().pack_ids),
             Some(seed) => {
                 let n = self.salts_made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let h = blake3::hash(&[seed.to_le_bytes(), n.to_le_bytes()].concat());
-                pack::PackBuilder::with_salt(h.as_bytes()[..pack::SALT_LEN].try_into().expect("16 bytes"))
+                let salt = h.as_bytes()[..pack::SALT_LEN].try_into().expect("16 bytes");
+                pack::PackBuilder::with_salt(salt, self.config().pack_ids)
             }
         }
     }
