@@ -889,7 +889,7 @@ fn reupload_unreliable(
                 return Err(StoreError::Invalid(format!("{path} changed while it was being pushed")));
             }
             let (codec, stored) = encoder.encode(&data);
-            pack.push(r.id, codec, &stored, r.len);
+            pack.push_owned(r.id, codec, stored, r.len);
             n += 1;
             if pack.len() >= cfg.pack_target {
                 flush(std::mem::replace(&mut pack, store.new_pack()))?;
