@@ -183,8 +183,26 @@ fn split(plain: &[u8], w: usize, lanes: &mut [u8]) {
         _ => {
             let (l01, l23) = lanes.split_at_mut(2 * n);
             let ((l0, l1), (l2, l3)) = (l01.split_at_mut(n), l23.split_at_mut(n));
-            for ((((word, a), b), c), d) in plain.chunks_exact(4).zip(l0).zip(l1).zip(l2).zip(l3) {
-                (*a, *b, *c, *d) = (word[0], word[1], word[2], word[3]);
+            // Four words at a time: bytes 0 and 2 of each, and bytes 1 and 3, gathered as for
+            // 2-byte words, then each pair split the same way (a byte at a time, this loop was
+            // ~5 % of a push of process images holding fp32 weights).
+            let lanes4 = l0
+                .chunks_exact_mut(4)
+                .zip(l1.chunks_exact_mut(4))
+                .zip(l2.chunks_exact_mut(4))
+                .zip(l3.chunks_exact_mut(4));
+            for (sixteen, (((a, b), c), d)) in plain.chunks_exact(16).zip(lanes4) {
+                let x0 = u64::from_le_bytes(sixteen[..8].try_into().expect("8 bytes"));
+                let x1 = u64::from_le_bytes(sixteen[8..].try_into().expect("8 bytes"));
+                let even = evens(x0) as u64 | (evens(x1) as u64) << 32;
+                let odd = evens(x0 >> 8) as u64 | (evens(x1 >> 8) as u64) << 32;
+                a.copy_from_slice(&evens(even).to_le_bytes());
+                b.copy_from_slice(&evens(odd).to_le_bytes());
+                c.copy_from_slice(&evens(even >> 8).to_le_bytes());
+                d.copy_from_slice(&evens(odd >> 8).to_le_bytes());
+            }
+            for i in n / 4 * 4..n {
+                (l0[i], l1[i], l2[i], l3[i]) = (plain[4 * i], plain[4 * i + 1], plain[4 * i + 2], plain[4 * i + 3]);
             }
         }
     }
@@ -427,6 +445,25 @@ mod tests {
         Decoder::new(1 << 24).decode_append(codec, &stored, plain.len(), &id, &mut out).unwrap();
         assert_eq!(out, plain);
         (codec, stored.len())
+    }
+
+    #[test]
+    fn split_puts_byte_i_of_each_word_in_lane_i_and_join_undoes_it() {
+        let plain: Vec<u8> = (0..300u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        for w in [2, 4] {
+            for words in 0..70 {
+                let mut lanes = vec![0u8; words * w];
+                split(&plain[..words * w], w, &mut lanes);
+                for i in 0..words {
+                    for b in 0..w {
+                        assert_eq!(lanes[b * words + i], plain[i * w + b], "width {w}, {words} words, word {i} byte {b}");
+                    }
+                }
+                let mut back = vec![0u8; words * w];
+                join(&lanes, w, &mut back);
+                assert_eq!(back, plain[..words * w]);
+            }
+        }
     }
 
     #[test]

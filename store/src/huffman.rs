@@ -36,42 +36,52 @@ fn code_lengths(counts: &[u64; 256]) -> [u8; 256] {
     }
 }
 
-/// Optimal Huffman code lengths for `counts`, without a length limit.
+/// Optimal Huffman code lengths for `counts`, without a length limit. The leaves sorted by
+/// count, and the internal nodes in the order they are made (their weights never decrease),
+/// are two queues whose fronts are always the two lightest nodes: no heap is needed (a binary
+/// heap made this ~3 % of a push of process images). Ties go to the leaf, then to the lower
+/// byte value, then to the earlier node.
 fn unlimited_lengths(counts: &[u64; 256]) -> [u8; 256] {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
     let mut lengths = [0u8; 256];
-    // Nodes 0..256 are leaves; internal nodes follow. `parent` links every node to its parent.
-    let mut parent: Vec<usize> = vec![usize::MAX; 256];
-    let mut heap: BinaryHeap<Reverse<(u64, usize)>> =
-        counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(s, &c)| Reverse((c, s))).collect();
-    match heap.len() {
+    let mut leaves: Vec<(u64, u8)> =
+        counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(s, &c)| (c, s as u8)).collect();
+    let n = leaves.len();
+    match n {
         0 => return lengths,
         1 => {
-            let Reverse((_, s)) = heap.pop().expect("one leaf");
-            lengths[s] = 1;
+            lengths[leaves[0].1 as usize] = 1;
             return lengths;
         }
         _ => {}
     }
-    while heap.len() > 1 {
-        let Reverse((a, i)) = heap.pop().expect("two nodes");
-        let Reverse((b, j)) = heap.pop().expect("two nodes");
-        let node = parent.len();
-        parent.push(usize::MAX);
-        parent[i] = node;
-        parent[j] = node;
-        heap.push(Reverse((a + b, node)));
-    }
-    for s in 0..256 {
-        if counts[s] > 0 {
-            let (mut depth, mut n) = (0u8, s);
-            while parent[n] != usize::MAX {
-                depth = depth.saturating_add(1);
-                n = parent[n];
+    leaves.sort_unstable();
+    let mut node_weight: Vec<u64> = Vec::with_capacity(n - 1);
+    let mut node_parent = vec![0usize; n - 1];
+    let mut leaf_parent = vec![0usize; n];
+    let (mut next_leaf, mut next_node) = (0, 0);
+    for node in 0..n - 1 {
+        let mut weight = 0;
+        for _ in 0..2 {
+            // Nodes made but not yet joined are `next_node..node`.
+            if next_leaf < n && (next_node == node || leaves[next_leaf].0 <= node_weight[next_node]) {
+                weight += leaves[next_leaf].0;
+                leaf_parent[next_leaf] = node;
+                next_leaf += 1;
+            } else {
+                weight += node_weight[next_node];
+                node_parent[next_node] = node;
+                next_node += 1;
             }
-            lengths[s] = depth;
         }
+        node_weight.push(weight);
+    }
+    // Depths from the root (the last node made) down: every node's parent was made after it.
+    let mut depth = vec![0u8; n - 1];
+    for node in (0..n - 2).rev() {
+        depth[node] = depth[node_parent[node]] + 1;
+    }
+    for (leaf, &(_, s)) in leaves.iter().enumerate() {
+        lengths[s as usize] = depth[leaf_parent[leaf]] + 1;
     }
     lengths
 }
@@ -470,6 +480,34 @@ mod tests {
         assert!(stored.len() > all.len(), "uniform bytes cannot shrink");
     }
 
+    /// Huffman's construction with a heap: the lightest two nodes joined until one is left,
+    /// ties to the lower index (leaves are byte values, then internal nodes as made).
+    fn heap_lengths(counts: &[u64; 256]) -> [u8; 256] {
+        use std::cmp::Reverse;
+        let mut heap: std::collections::BinaryHeap<Reverse<(u64, usize)>> =
+            counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(s, &c)| Reverse((c, s))).collect();
+        let mut parent = vec![usize::MAX; 256];
+        let mut lengths = [0u8; 256];
+        if heap.len() == 1 {
+            lengths[heap.pop().unwrap().0 .1] = 1;
+        }
+        while heap.len() > 1 {
+            let (Reverse((a, i)), Reverse((b, j))) = (heap.pop().unwrap(), heap.pop().unwrap());
+            parent.push(usize::MAX);
+            parent[i] = parent.len() - 1;
+            parent[j] = parent.len() - 1;
+            heap.push(Reverse((a + b, parent.len() - 1)));
+        }
+        for s in (0..256).filter(|&s| counts[s] > 0 && parent[s] != usize::MAX) {
+            let mut n = s;
+            while parent[n] != usize::MAX {
+                lengths[s] += 1;
+                n = parent[n];
+            }
+        }
+        lengths
+    }
+
     #[test]
     fn long_codes_are_limited() {
         // Fibonacci-like counts would need codes far longer than 11 bits.
@@ -519,6 +557,14 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn code_lengths_are_those_of_huffmans_construction(
+            counts in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..4, 1u64..100_000], 256)
+        ) {
+            let counts: [u64; 256] = counts.try_into().unwrap();
+            prop_assert_eq!(unlimited_lengths(&counts), heap_lengths(&counts));
+        }
+
         #[test]
         fn any_bytes_round_trip(data in proptest::collection::vec(any::<u8>(), 0..9000), narrow in any::<bool>()) {
             let data: Vec<u8> = if narrow { data.iter().map(|b| b % 5).collect() } else { data };
