@@ -456,7 +456,11 @@ mod tests {
                 split(&plain[..words * w], w, &mut lanes);
                 for i in 0..words {
                     for b in 0..w {
-                        assert_eq!(lanes[b * words + i], plain[i * w + b], "width {w}, {words} words, word {i} byte {b}");
+                        assert_eq!(
+                            lanes[b * words + i],
+                            plain[i * w + b],
+                            "width {w}, {words} words, word {i} byte {b}"
+                        );
                     }
                 }
                 let mut back = vec![0u8; words * w];
