@@ -40,7 +40,7 @@ fn entry_len(version: u32) -> usize {
     }
 }
 
-/// How a store names its packs (docs/FORMAT.md, "Pack"). Nothing reads a pack by checking
+/// How a store names its packs (docs/FORMAT.md, "Pack names"). Nothing reads a pack by checking
 /// its name (every reader checks each chunk it decodes against the chunk's id); an HTTP server
 /// checks an uploaded pack's name either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,15 +145,15 @@ impl PackEntry {
 }
 
 /// Accumulates stored chunks for one pack. The chunks are kept as they come and never copied
-/// into one buffer: [`PackBuilder::finish`] hashes them in order and hands them on as the
-/// pieces of the pack, which backends write one after the other. A push appends chunks on one
-/// thread and finishes packs on its writers, so the hashing is spread over those.
+/// into one buffer: [`PackBuilder::finish`] names the pack ([`PackIds`]) and hands them on as
+/// the pieces of the pack, which backends write one after the other. A push appends chunks on
+/// one thread and finishes packs on its writers, so any hashing is spread over those.
 pub struct PackBuilder {
     salt: [u8; SALT_LEN],
     /// How the finished pack is named.
     ids: PackIds,
     /// Stored chunks, in pack order.
-    parts: Vec<Bytes>,
+    parts: Vec<Vec<u8>>,
     entries: Vec<PackEntry>,
     /// Bytes of the pack so far (header and chunk data).
     len: u64,
@@ -203,23 +203,22 @@ impl PackBuilder {
 
     /// Appends one stored chunk (copied).
     pub fn push(&mut self, id: ObjectId, codec: Codec, stored: &[u8], plain_len: u32) {
-        self.push_owned(id, codec, Bytes::copy_from_slice(stored), plain_len);
+        self.push_owned(id, codec, stored.to_vec(), plain_len);
     }
 
-    /// Appends one stored chunk, taking its bytes without a copy (a `Bytes` may be a slice of
-    /// a larger buffer: a raw chunk of the segment it was cut from).
-    pub fn push_owned(&mut self, id: ObjectId, codec: Codec, stored: impl Into<Bytes>, plain_len: u32) {
-        self.append(id, codec, None, stored.into(), plain_len);
+    /// Appends one stored chunk, taking its bytes without a copy.
+    pub fn push_owned(&mut self, id: ObjectId, codec: Codec, stored: Vec<u8>, plain_len: u32) {
+        self.append(id, codec, None, stored, plain_len);
     }
 
     /// Appends a delta chunk stored against `bases` (`stored` starts with them).
-    pub fn push_delta(&mut self, id: ObjectId, bases: DeltaBases, stored: impl Into<Bytes>, plain_len: u32) {
-        self.append(id, Codec::Delta, Some(bases), stored.into(), plain_len);
+    pub fn push_delta(&mut self, id: ObjectId, bases: DeltaBases, stored: Vec<u8>, plain_len: u32) {
+        self.append(id, Codec::Delta, Some(bases), stored, plain_len);
     }
 
     /// Appends a chunk as a footer entry describes it (a copy of `e`'s chunk, from another pack).
     pub fn push_entry(&mut self, e: &PackEntry, stored: &[u8]) {
-        self.append(e.id, e.codec, e.bases, Bytes::copy_from_slice(stored), e.plain_len);
+        self.append(e.id, e.codec, e.bases, stored.to_vec(), e.plain_len);
     }
 
     /// Notes the resemblance sketch of chunk `id` (added to this pack), so that later chunks
@@ -228,7 +227,7 @@ impl PackBuilder {
         self.sketches.push((id, sketch));
     }
 
-    fn append(&mut self, id: ObjectId, codec: Codec, bases: Option<DeltaBases>, stored: Bytes, plain_len: u32) {
+    fn append(&mut self, id: ObjectId, codec: Codec, bases: Option<DeltaBases>, stored: Vec<u8>, plain_len: u32) {
         let stored_len = stored.len() as u32;
         self.entries.push(PackEntry { id, offset: self.len, stored_len, plain_len, codec, bases });
         self.len += stored.len() as u64;
@@ -271,7 +270,10 @@ impl PackBuilder {
         }
         hasher.update(&tail);
         let id = ObjectId(*hasher.finalize().as_bytes());
-        let pieces = std::iter::once(header).chain(self.parts).chain(std::iter::once(tail)).collect();
+        let pieces = std::iter::once(header)
+            .chain(self.parts.into_iter().map(Bytes::from))
+            .chain(std::iter::once(tail))
+            .collect();
         FinishedPack { id, pieces, entries: self.entries, sketches: self.sketches }
     }
 }
