@@ -30,3 +30,38 @@ fn the_documented_chunker_cuts_where_gstore_does() {
     assert!(gstore.len() > 200, "{} chunks", gstore.len());
     assert_eq!(documented, gstore);
 }
+
+/// The hex name of the pack file at `path` (`packs/ab/<hex>.pack`).
+fn pack_name(path: &std::path::Path) -> String {
+    path.file_stem().unwrap().to_str().unwrap().to_string()
+}
+
+#[test]
+fn packs_are_named_as_the_stores_config_says() {
+    let env = Env::new(&[]);
+    let src = env.path("f.bin");
+    fs::write(&src, random_bytes(3 << 20, 7)).unwrap();
+    // A new store names a pack by the BLAKE3 of its first 24 bytes and its footer and trailer.
+    let config: serde_json::Value = serde_json::from_slice(&fs::read(env.store.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["pack_ids"], "header_footer");
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "new"]);
+    for path in env.packs() {
+        let bytes = fs::read(&path).unwrap();
+        let footer_offset = u64::from_le_bytes(bytes[bytes.len() - 56..bytes.len() - 48].try_into().unwrap()) as usize;
+        let named = [&bytes[..24], &bytes[footer_offset..]].concat();
+        assert_eq!(pack_name(&path), gstore_store::ObjectId::of(&named).to_hex());
+        assert_ne!(pack_name(&path), gstore_store::ObjectId::of(&bytes).to_hex());
+    }
+    // A store made before (its config without pack_ids) names packs by all their bytes.
+    let old = Env::new(&[]);
+    let mut before = config.clone();
+    before.as_object_mut().unwrap().remove("pack_ids");
+    fs::write(old.store.join("config.json"), serde_json::to_vec(&before).unwrap()).unwrap();
+    old.ok(&["push", src.to_str().unwrap(), "--tag", "old"]);
+    let packs = old.packs();
+    assert!(!packs.is_empty());
+    for path in packs {
+        assert_eq!(pack_name(&path), gstore_store::ObjectId::of(&fs::read(&path).unwrap()).to_hex());
+    }
+    assert_eq!(old.json(&["verify", "--read-data"])["images"][0]["ok"], true);
+}
