@@ -293,7 +293,8 @@ fn a_daemon_killed_mid_fill_leaves_no_process_running() {
     let tree = Tree::start(320);
     tree.checkpoint(&env, "tree:1");
     let server = Server::start(&env.store, &[]);
-    let mut restore = server.cmd("node", "", &["--json", "restore", "tree:1", "--run", "--criu", CRIU]);
+    let slow = slow_link(&server);
+    let mut restore = server.cmd_via(&slow.url, "node", "", &["--json", "restore", "tree:1", "--run", "--criu", CRIU]);
     let mut restore = restore.stdout(std::process::Stdio::piped()).spawn().unwrap();
     // Once the restored parent exists, the fill is under way: freeze the store, kill gstore.
     let server_pid = freeze_the_store_once_restoring(&tree, &server, &mut restore);
@@ -318,7 +319,8 @@ fn a_store_server_killed_mid_fill_kills_the_restored_tree_and_says_what_failed()
     let tree = Tree::start(320);
     tree.checkpoint(&env, "tree:1");
     let server = Server::start(&env.store, &[]);
-    let mut restore = server.cmd("node", "", &["restore", "tree:1", "--run", "--criu", CRIU]);
+    let slow = slow_link(&server);
+    let mut restore = server.cmd_via(&slow.url, "node", "", &["restore", "tree:1", "--run", "--criu", CRIU]);
     // Retries give up after 3 s rather than the default minute.
     let mut restore = restore.env("GSTORE_RETRY_TIMEOUT", "3s").stderr(std::process::Stdio::piped()).spawn().unwrap();
     // The restored parent exists while CRIU still restores: no lazy page has been filled in
@@ -332,6 +334,23 @@ fn a_store_server_killed_mid_fill_kills_the_restored_tree_and_says_what_failed()
     assert!(err.contains("fetching chunk") && err.contains("pages-"), "{err}");
     assert!(err.contains("were killed"), "{err}");
     tree.wait_gone(Duration::from_secs(5));
+}
+
+/// A proxy in front of `server` moving 1 MB/s, so that a fill stopped once the restored parent
+/// exists is always stopped mid-fill: on the loopback link a loaded machine could see the whole
+/// fill done (the tree's pages compress well) before the test acted, and a test asserting that
+/// a killed fill kills the tree then failed, as the tree rightly ran on (a fill stopped 3 s
+/// after the parent appeared is still midway at this rate).
+struct SlowLink {
+    url: String,
+    _proxy: gstore_faultnet::Proxy,
+}
+
+fn slow_link(server: &Server) -> SlowLink {
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port));
+    let link = gstore_faultnet::Link { rate: Some(1_000_000), ..gstore_faultnet::Link::default() };
+    let proxy = gstore_faultnet::Proxy::start(upstream, link).unwrap();
+    SlowLink { url: format!("http://{}", proxy.addr()), _proxy: proxy }
 }
 
 /// Waits until the restored parent exists (CRIU is still restoring it: no lazy page has been

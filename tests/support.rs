@@ -540,9 +540,14 @@ impl Server {
 
     /// `gstore --store http://… ARGS` with `token` on machine `machine`.
     pub fn cmd(&self, machine: &str, token: &str, args: &[&str]) -> Command {
+        self.cmd_via(&self.url(), machine, token, args)
+    }
+
+    /// As [`Server::cmd`], reaching the server at `url` (a proxy in front of it).
+    pub fn cmd_via(&self, url: &str, machine: &str, token: &str, args: &[&str]) -> Command {
         let mut c = gstore_in(self.tmp.path());
         c.arg("--store")
-            .arg(self.url())
+            .arg(url)
             .args(args)
             .env("GSTORE_TOKEN", token)
             .env("XDG_CACHE_HOME", self.tmp.path().join(machine));
