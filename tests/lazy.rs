@@ -159,7 +159,10 @@ fn a_second_checkpoint_stored_as_deltas_comes_back_lazily_with_the_changed_pages
     env.json(&["checkpoint", "--pid", &pid, "--tag", "tree:1", "--leave-running", "--criu", CRIU]);
     // The parent rewrites 200 scattered pages; its second checkpoint stores the chunks holding
     // them as deltas against the first's.
-    std::fs::write(tree.out("touch-parent"), "200").unwrap();
+    // Written whole, then renamed into place: the tree polls for the file and reads it at once
+    // (an empty file read mid-write ended the parent with a ValueError on a loaded machine).
+    std::fs::write(tree.out("touch-parent.tmp"), "200").unwrap();
+    std::fs::rename(tree.out("touch-parent.tmp"), tree.out("touch-parent")).unwrap();
     let touched = tree.wait_file("touched-parent", Duration::from_secs(60));
     let second = env.json(&["checkpoint", "--pid", &pid, "--tag", "tree:2", "--criu", CRIU]);
     tree.wait_gone(Duration::from_secs(10));
