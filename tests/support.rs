@@ -257,17 +257,20 @@ pub struct PyCounter {
     pub dir: tempfile::TempDir,
 }
 
+/// The counter writes its count in place, fixed width, through one descriptor kept open: a
+/// checkpoint that caught it holding a temporary file it was about to rename left an image
+/// whose restore could not reopen that file once the running original had renamed it (CRIU:
+/// "Can't open file count.tmp on restore").
 const COUNTER_PY: &str = r#"
 import os, random, sys, time
 out = sys.argv[1]
 random.seed(int(sys.argv[2]))
 blob = random.randbytes(int(sys.argv[3]) << 20)
+fd = os.open(out, os.O_RDWR | os.O_CREAT, 0o644)
 i = 0
 while True:
     i += 1
-    with open(out + ".tmp", "w") as f:
-        f.write(str(i))
-    os.rename(out + ".tmp", out)
+    os.pwrite(fd, b"%020d" % i, 0)
     time.sleep(0.05)
 "#;
 
