@@ -465,8 +465,8 @@ impl Index {
     }
 
     /// The locations recorded under `key` by [`Index::put_plan`], if there are and they still
-    /// hold: every pack they name is indexed and not tombstoned (a pack's bytes never change
-    /// while it exists: its name is their hash). A damaged record counts as none.
+    /// hold: every pack they name is indexed and not tombstoned (a pack is written once and
+    /// never changed while it exists: docs/FORMAT.md). A damaged record counts as none.
     pub fn plan(&self, key: &ObjectId) -> Result<Option<Vec<ChunkLocation>>> {
         let Some(v) = self.db.get_pinned_cf(self.cf(CF_PLANS), key.0).map_err(|e| self.ierr(e))? else {
             return Ok(None);

@@ -380,9 +380,9 @@ pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) 
 /// naming: its header and tail (footer and trailer), else all its bytes.
 pub fn is_named(bytes: &[u8], id: &ObjectId) -> bool {
     let header = PACK_MAGIC.len() + SALT_LEN;
-    let tail = bytes.len().checked_sub(TRAILER_LEN).and_then(|at| bytes.get(at..at + 8));
-    let footer_offset = tail.map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize);
-    if let Some(at) = footer_offset.filter(|&at| at >= header && at <= bytes.len()) {
+    let trailer =
+        bytes.len().checked_sub(TRAILER_LEN).and_then(|at| parse_trailer(&bytes[at..], bytes.len() as u64, "").ok());
+    if let Some(at) = trailer.map(|t| t.footer_offset as usize).filter(|&at| at >= header) {
         let mut hasher = blake3::Hasher::new();
         hasher.update(&bytes[..header]).update(&bytes[at..]);
         if hasher.finalize().as_bytes() == &id.0 {
