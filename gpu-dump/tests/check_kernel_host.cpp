@@ -2,7 +2,9 @@
 // at a time, so CI (no GPU) checks it against the BLAKE3 reference. Phases the kernel splits
 // with __syncthreads run here one after the other, over every thread.
 // Usage: check_kernel_host FILE KEY OFFSET:LEN... — prints the BLAKE3 hex of each slice of
-// FILE, keyed with KEY (64 hex digits) or unkeyed when KEY is "-".
+// FILE, keyed with KEY (64 hex digits) or unkeyed when KEY is "-". With KEY "copy" it instead
+// copies each slice as the kernel places a chunk, to every offset from a 16-byte boundary, and
+// prints "copied N" after N copies that matched and wrote nothing around them.
 #include "host_cuda.h"
 #include "../src/cuda/kernels/verify.cu"
 
@@ -36,6 +38,26 @@ int main(int argc, char **argv) {
     size_t n;
     while ((n = fread(buf, 1, sizeof buf, f)) > 0) data.insert(data.end(), buf, buf + n);
     data.resize(data.size() + 64);  // the kernel's word loads may read up to 3 bytes past a slice
+    if (strcmp(argv[2], "copy") == 0) {
+        unsigned copies = 0;
+        for (int a = 3; a < argc; a++) {
+            unsigned long off = strtoul(argv[a], nullptr, 10);
+            unsigned len = (unsigned)strtoul(strchr(argv[a], ':') + 1, nullptr, 10);
+            std::vector<unsigned char> area(len + 48, 0xAB);
+            for (unsigned shift = 0; shift < 16; shift++) {
+                std::fill(area.begin(), area.end(), 0xAB);
+                unsigned char *dst = area.data() + ((16 - (unsigned long long)area.data() % 16) % 16) + 16 + shift;
+                for (unsigned t = 0; t < THREADS; t++) copy_share(dst, data.data() + off, len, t);
+                if (memcmp(dst, data.data() + off, len) != 0 || dst[-1] != 0xAB || dst[len] != 0xAB) {
+                    printf("FAIL copy of %u bytes at %lu to %u past a boundary\n", len, off, shift);
+                    return 1;
+                }
+                copies++;
+            }
+        }
+        printf("copied %u\n", copies);
+        return 0;
+    }
     IdKey key = {};
     if (strcmp(argv[2], "-") != 0) {
         key.keyed = 1;

@@ -1,9 +1,10 @@
 //! gstore's GPU kernels compiled for the host with the system C++ compiler. The chunk check's
 //! BLAKE3 (src/cuda/kernels/verify.cu), run over slices of every shape the tree takes — empty,
 //! one block, one chunk, powers of two and one past them, subtrees of several chunks per
-//! thread, unaligned starts — must agree with the blake3 crate; the float lanes' join
-//! (src/cuda/kernels/floats.cu) must rebuild words of 2 and 4 bytes with their tails and refuse
-//! lanes that did not decode whole. The kernels themselves run on a GPU in
+//! thread, unaligned starts — must agree with the blake3 crate, and its copy of each chunk to
+//! its place must land whole at every offset from a 16-byte boundary; the float lanes' join
+//! (src/cuda/kernels/floats.cu) must rebuild words of 2 and 4 bytes with their tails, at every
+//! such offset, and refuse lanes that did not decode whole. The kernels themselves run on a GPU in
 //! tests/gpu/load_bench.sh.
 
 use std::path::Path;
@@ -30,7 +31,7 @@ fn the_lane_join_rebuilds_words_and_refuses_lanes_that_did_not_decode_whole() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     // 13 lengths x 2 widths x (whole, bad status, bad length), less the damaged cases of
-    // lengths shorter than one word.
+    // lengths shorter than one word; each at 16 offsets from a 16-byte boundary.
     assert_eq!(text.trim(), "ok 66", "every case ran");
 }
 
@@ -171,4 +172,15 @@ fn the_kernel_hash_matches_blake3_for_every_tree_shape() {
             assert_eq!(g, &want.to_hex().to_string(), "{l} bytes at offset {o}, keyed: {keyed}");
         }
     }
+    // The copy of each checked chunk to its place: every slice, to every offset from a 16-byte
+    // boundary (the harness compares the bytes and checks the bytes around them).
+    let out = Command::new(&exe)
+        .arg(&file)
+        .arg("copy")
+        .args(slices.iter().map(|(o, l)| format!("{o}:{l}")))
+        .output()
+        .expect("run the host build of the kernel copy");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.trim(), format!("copied {}", 16 * slices.len()), "every copy ran");
 }

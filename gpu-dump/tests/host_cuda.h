@@ -14,5 +14,6 @@
 #define __launch_bounds__(x)
 #define __syncthreads()
 struct Dim { unsigned x; };
+struct uint4 { unsigned x, y, z, w; };
 static Dim threadIdx, blockIdx;
 [[maybe_unused]] static unsigned atomicMin(unsigned *a, unsigned b) { unsigned o = *a; if (b < o) *a = b; return o; }

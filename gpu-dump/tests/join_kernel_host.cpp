@@ -20,10 +20,12 @@ static void run(const LaneJob *job) {
     }
 }
 
-// One case: `len` plain bytes as words of `width`; `damage` 0 none, 1 a lane status, 2 a lane
-// length. Returns whether the kernel did what it must.
-static bool one(unsigned len, unsigned width, int damage) {
-    std::vector<unsigned char> plain(len), lanes(len), out(len + 1, 0xAB);
+// One case: `len` plain bytes as words of `width`, joined to `shift` bytes past a 16-byte
+// boundary; `damage` 0 none, 1 a lane status, 2 a lane length. Returns whether the kernel did
+// what it must (and wrote nothing outside the chunk's bytes).
+static bool one(unsigned len, unsigned width, int damage, unsigned shift) {
+    std::vector<unsigned char> plain(len), lanes(len), area(len + 48, 0xAB);
+    unsigned char *out = area.data() + ((16 - (unsigned long long)area.data() % 16) % 16) + 16 + shift;
     for (auto &b : plain) b = next_byte();
     unsigned n = len / width;
     for (unsigned i = 0; i < n; i++)
@@ -42,14 +44,15 @@ static bool one(unsigned len, unsigned width, int damage) {
     if (damage == 1) status[1] = -7;
     if (damage == 2) decoded[1] = n + 1;
     job.tail = (unsigned long long)&plain[n * width];
-    job.dst = (unsigned long long)out.data();
+    job.dst = (unsigned long long)out;
     job.joined_len = (unsigned long long)&joined;
     job.words = n;
     job.width = (unsigned short)width;
     job.tail_len = (unsigned short)(len - n * width);
     run(&job);
-    if (damage != 0) return joined == 0 && out[0] == 0xAB && out[len] == 0xAB;
-    return joined == len && memcmp(out.data(), plain.data(), len) == 0 && out[len] == 0xAB;
+    bool outside = out[-1] == 0xAB && out[len] == 0xAB;
+    if (damage != 0) return joined == 0 && out[0] == 0xAB && outside;
+    return joined == len && memcmp(out, plain.data(), len) == 0 && outside;
 }
 
 int main() {
@@ -60,9 +63,11 @@ int main() {
         for (unsigned width : {2u, 4u})
             for (int damage = 0; damage < 3; damage++) {
                 if (damage != 0 && len < width) continue;
-                if (!one(len, width, damage)) {
-                    printf("FAIL len %u width %u damage %d\n", len, width, damage);
-                    return 1;
+                for (unsigned shift = 0; shift < 16; shift++) {
+                    if (!one(len, width, damage, shift)) {
+                        printf("FAIL len %u width %u damage %d shift %u\n", len, width, damage, shift);
+                        return 1;
+                    }
                 }
                 cases++;
             }

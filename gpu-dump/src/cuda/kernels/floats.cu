@@ -36,30 +36,54 @@ __device__ __forceinline__ bool lanes_whole(const LaneJob &job) {
     return true;
 }
 
-/// Joins words `first`, `first + step`, ... and tail bytes likewise: one thread's share.
+/// Byte `b` of a job's plain bytes: byte `b % W` of word `b / W`, or a tail byte.
+template <unsigned int W>
+__device__ __forceinline__ unsigned char joined_byte(const unsigned char *const lanes[4], const unsigned char *tail,
+                                                     unsigned int words, unsigned int b) {
+    return b < words * W ? lanes[b % W][b / W] : tail[b - words * W];
+}
+
+/// Joins the 16-byte units at `i`, `i + 16 * step`, ... below `end` (each unit's first byte is
+/// byte `R` of a word): each unit's 16 bytes gathered from the lanes, all loads in flight
+/// together, and written with one aligned store.
+template <unsigned int W, unsigned int R>
+__device__ __forceinline__ void join_units(unsigned char *dst, const unsigned char *const lanes[4], unsigned int i,
+                                           unsigned int end, unsigned int step) {
+    for (; i < end; i += 16 * step) {
+        unsigned int q = (i - R) / W;
+        unsigned int w[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (unsigned int k = 0; k < 16; k++) {
+            w[k / 4] |= (unsigned int)lanes[(R + k) % W][q + (R + k) / W] << (8 * (k % 4));
+        }
+        uint4 v;
+        v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
+        *(uint4 *)(dst + i) = v;
+    }
+}
+
+/// Thread `first`'s share (of `step` threads) of joining a job's words of `W` bytes: the bytes
+/// before `dst`'s first 16-byte boundary and after the last one within whole words one by one,
+/// the units between them by [`join_units`].
+template <unsigned int W>
 __device__ __forceinline__ void join_share(const LaneJob &job, unsigned int first, unsigned int step) {
     unsigned char *dst = (unsigned char *)job.dst;
-    const unsigned char *l0 = (const unsigned char *)job.lane[0];
-    const unsigned char *l1 = (const unsigned char *)job.lane[1];
-    unsigned int n = job.words;
-    if (job.width == 2) {
-        for (unsigned int i = first; i < n; i += step) {
-            dst[2 * i] = l0[i];
-            dst[2 * i + 1] = l1[i];
-        }
-    } else {
-        const unsigned char *l2 = (const unsigned char *)job.lane[2];
-        const unsigned char *l3 = (const unsigned char *)job.lane[3];
-        for (unsigned int i = first; i < n; i += step) {
-            dst[4 * i] = l0[i];
-            dst[4 * i + 1] = l1[i];
-            dst[4 * i + 2] = l2[i];
-            dst[4 * i + 3] = l3[i];
-        }
-    }
+    const unsigned char *const lanes[4] = {(const unsigned char *)job.lane[0], (const unsigned char *)job.lane[1],
+                                           (const unsigned char *)job.lane[2], (const unsigned char *)job.lane[3]};
     const unsigned char *tail = (const unsigned char *)job.tail;
-    unsigned long long end = (unsigned long long)n * job.width;
-    for (unsigned int i = first; i < job.tail_len; i += step) dst[end + i] = tail[i];
+    unsigned int n = job.words, whole = n * W, len = whole + job.tail_len;
+    unsigned int head = (16u - (unsigned int)((unsigned long long)dst & 15ull)) & 15u;
+    if (head > whole) head = whole;
+    unsigned int end = head + ((whole - head) & ~15u), at = head + 16 * first;
+    // Every unit starts at the same byte of a word (16 is a multiple of W): one branch per job.
+    switch (head % W) {
+    case 0: join_units<W, 0>(dst, lanes, at, end, step); break;
+    case 1: join_units<W, 1 % W>(dst, lanes, at, end, step); break;
+    case 2: join_units<W, 2 % W>(dst, lanes, at, end, step); break;
+    default: join_units<W, 3 % W>(dst, lanes, at, end, step); break;
+    }
+    for (unsigned int i = first; i < head; i += step) dst[i] = joined_byte<W>(lanes, tail, n, i);
+    for (unsigned int i = end + first; i < len; i += step) dst[i] = joined_byte<W>(lanes, tail, n, i);
 }
 
 extern "C" __global__ void __launch_bounds__(JOIN_THREADS) join_lanes(const LaneJob *jobs) {
@@ -67,7 +91,8 @@ extern "C" __global__ void __launch_bounds__(JOIN_THREADS) join_lanes(const Lane
     const LaneJob &job = jobs[blockIdx.x];
     if (threadIdx.x == 0) whole = lanes_whole(job);
     __syncthreads();
-    if (whole) join_share(job, threadIdx.x, JOIN_THREADS);
+    if (whole && job.width == 2) join_share<2>(job, threadIdx.x, JOIN_THREADS);
+    if (whole && job.width == 4) join_share<4>(job, threadIdx.x, JOIN_THREADS);
     if (threadIdx.x == 0) {
         *(unsigned long long *)job.joined_len =
             whole ? (unsigned long long)job.words * job.width + job.tail_len : 0ull;

@@ -174,6 +174,45 @@ __device__ void subtree_cv(const unsigned char *p, unsigned int len, unsigned in
     }
 }
 
+/// The 16 bytes at `p` (any alignment) as four little-endian words, read with aligned word
+/// loads: an aligned word holding one of those bytes lies in the same allocation.
+__device__ __forceinline__ void load16(const unsigned char *p, unsigned int w[4]) {
+    unsigned long long a = (unsigned long long)p;
+    const unsigned int *base = (const unsigned int *)(a & ~3ull);
+    unsigned int shift = (unsigned int)(a & 3ull) * 8u;
+    if (shift == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = base[i];
+        return;
+    }
+    unsigned int lo = base[0];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned int hi = base[i + 1];
+        w[i] = (lo >> shift) | (hi << (32u - shift));
+        lo = hi;
+    }
+}
+
+/// Thread `t`'s share of copying `len` bytes from `src` to `dst` (apart): the bytes before
+/// `dst`'s first 16-byte boundary and after its last one byte by byte, the rest 16 bytes per
+/// thread, each thread's loads in flight together and written with one aligned store.
+__device__ __forceinline__ void copy_share(unsigned char *__restrict__ dst, const unsigned char *__restrict__ src,
+                                           unsigned int len, unsigned int t) {
+    unsigned int head = (16u - (unsigned int)((unsigned long long)dst & 15ull)) & 15u;
+    if (head > len) head = len;
+    unsigned int end = head + ((len - head) & ~15u);
+    for (unsigned int i = head + 16 * t; i < end; i += 16 * THREADS) {
+        unsigned int w[4];
+        load16(src + i, w);
+        uint4 v;
+        v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
+        *(uint4 *)(dst + i) = v;
+    }
+    if (t < head) dst[t] = src[t];
+    for (unsigned int i = end + t; i < len; i += THREADS) dst[i] = src[i];
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) verify_chunks(const Job *jobs, unsigned int *failed,
                                                                     const IdKey key) {
     __shared__ unsigned int cvs[THREADS][8];
@@ -222,8 +261,5 @@ extern "C" __global__ void __launch_bounds__(THREADS) verify_chunks(const Job *j
             if (bad) atomicMin(failed, job.tag);
         }
     }
-    if (job.dst) {
-        unsigned char *dst = (unsigned char *)job.dst;
-        for (unsigned int i = t; i < len; i += THREADS) dst[i] = src[i];
-    }
+    if (job.dst) copy_share((unsigned char *)job.dst, src, len, t);
 }
