@@ -389,6 +389,27 @@ int cuMemFreeHost(void *p) {
     return rc;
 }
 
+/* Registered memory counts as pinned, like cuMemHostAlloc's: copies from it are checked alike. */
+int cuMemHostRegister_v2(void *p, size_t bytes, unsigned flags) {
+    (void)flags;
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS && (bytes == 0 || !p)) rc = INVALID_VALUE;
+    if (rc == SUCCESS && (rc = add_block(&host_blocks, p, bytes)) == SUCCESS) live_host++;
+    unlock();
+    return rc;
+}
+
+int cuMemHostUnregister(void *p) {
+    size_t len = 0;
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS) rc = remove_block(&host_blocks, (uintptr_t)p, &len);
+    if (rc == SUCCESS) live_host--;
+    unlock();
+    return rc;
+}
+
 /* A copy to or from device memory: [dev, dev + len) must lie in one live device block and,
  * when `pinned_src`, [host, host + len) in one pinned block. */
 static int copy(uint64_t dev, void *host, size_t len, int to_device, int pinned_src) {

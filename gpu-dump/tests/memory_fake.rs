@@ -11,7 +11,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::{Barrier, Mutex, MutexGuard, OnceLock};
 
-use gstore_gpu_dump::cuda::{CudaDriver, GpuInfo, ProcessState};
+use gstore_gpu_dump::cuda::{CudaDriver, GpuInfo, HostMemory, ProcessState};
 use gstore_gpu_dump::GpuDumpError;
 
 struct FakeBuild {
@@ -336,6 +336,36 @@ fn dropping_everything_frees_everything() {
 
     let ctx = cuda.context(0).expect("context again");
     assert_eq!(ctx.mem_info().expect("mem info"), (GIB, GIB), "all device memory is free again");
+}
+
+#[test]
+fn memory_mapped_before_the_context_is_registered_copied_from_and_unregistered() {
+    let (_guard, cuda, fake) = setup();
+    const N: usize = (3 << 20) + 777;
+    // Mapped (and touched) with no context yet, as a load does while the driver starts.
+    let memory = on_fresh_thread(|| HostMemory::map(N).expect("map"));
+    let ctx = cuda.context(0).expect("context");
+    let mut pinned = ctx.register(memory).expect("register");
+    assert_eq!(pinned.len(), N);
+    assert_eq!(pinned.as_slice().as_ptr() as usize % (2 << 20), 0, "huge-page aligned");
+    assert!(pinned.as_slice().iter().all(|b| *b == 0), "mapped memory starts zeroed");
+    assert_eq!(fake.live().host_allocs, 1, "registered as pinned");
+    let input = pattern(7, N);
+    pinned.as_mut_slice().copy_from_slice(&input);
+    let dev = ctx.alloc(N).expect("device buffer");
+    let stream = ctx.stream().expect("stream");
+    // The fake refuses an asynchronous copy whose source is not pinned: this one is.
+    unsafe { stream.copy_to_device_async(dev.ptr(), &pinned, 0, N) }.expect("async copy from registered memory");
+    stream.synchronize().expect("sync");
+    let mut back = vec![0u8; N];
+    ctx.copy_to_host(&mut back, dev.ptr()).expect("copy back");
+    assert!(back == input, "what landed differs from the registered bytes");
+    let empty = ctx.register(HostMemory::map(0).expect("map nothing")).expect("register nothing");
+    assert!(empty.is_empty());
+    drop((pinned, empty));
+    assert_eq!(fake.live().host_allocs, 0, "dropping the buffer unregisters it");
+    drop((stream, dev, ctx));
+    assert_eq!(fake.live(), NOTHING);
 }
 
 #[test]

@@ -167,6 +167,10 @@ pub type CuMemFree = unsafe extern "C" fn(dptr: CuDevicePtr) -> CuResult;
 pub type CuMemHostAlloc = unsafe extern "C" fn(pp: *mut *mut c_void, bytes: size_t, flags: c_uint) -> CuResult;
 /// `cuMemFreeHost(void *p)`.
 pub type CuMemFreeHost = unsafe extern "C" fn(p: *mut c_void) -> CuResult;
+/// `cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)`.
+pub type CuMemHostRegister = unsafe extern "C" fn(p: *mut c_void, bytes: size_t, flags: c_uint) -> CuResult;
+/// `cuMemHostUnregister(void *p)`.
+pub type CuMemHostUnregister = unsafe extern "C" fn(p: *mut c_void) -> CuResult;
 /// `cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes)`.
 pub type CuMemcpyHtoD = unsafe extern "C" fn(dst: CuDevicePtr, src: *const c_void, bytes: size_t) -> CuResult;
 /// `cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)`.

@@ -33,6 +33,8 @@ pub(super) struct MemApi {
     mem_free: ffi::CuMemFree,
     mem_host_alloc: ffi::CuMemHostAlloc,
     mem_free_host: ffi::CuMemFreeHost,
+    mem_host_register: ffi::CuMemHostRegister,
+    mem_host_unregister: ffi::CuMemHostUnregister,
     memcpy_htod: ffi::CuMemcpyHtoD,
     memcpy_dtoh: ffi::CuMemcpyDtoH,
     memcpy_htod_async: ffi::CuMemcpyHtoDAsync,
@@ -64,6 +66,8 @@ impl MemApi {
             mem_free: optional!("cuMemFree_v2"),
             mem_host_alloc: optional!("cuMemHostAlloc"),
             mem_free_host: optional!("cuMemFreeHost"),
+            mem_host_register: optional!("cuMemHostRegister_v2"),
+            mem_host_unregister: optional!("cuMemHostUnregister"),
             memcpy_htod: optional!("cuMemcpyHtoD_v2"),
             memcpy_dtoh: optional!("cuMemcpyDtoH_v2"),
             memcpy_htod_async: optional!("cuMemcpyHtoDAsync_v2"),
@@ -236,7 +240,7 @@ impl Context {
     /// freed when the buffer drops. A 0-byte request does not reach the driver.
     pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuffer> {
         if bytes == 0 {
-            return Ok(PinnedBuffer { ptr: NonNull::dangling(), len: 0, ctx: self.clone() });
+            return Ok(PinnedBuffer { ptr: NonNull::dangling(), len: 0, ctx: self.clone(), mapped: None });
         }
         self.bind()?;
         let mut raw: *mut c_void = std::ptr::null_mut();
@@ -253,7 +257,24 @@ impl Context {
         // SAFETY: the driver gave us `bytes` writable bytes at `ptr`; zeroing them makes the
         // slices handed out later initialised memory.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
-        Ok(PinnedBuffer { ptr, len: bytes, ctx: self.clone() })
+        Ok(PinnedBuffer { ptr, len: bytes, ctx: self.clone(), mapped: None })
+    }
+
+    /// Page-locks `memory` (`cuMemHostRegister`, portable to every context) for fast
+    /// asynchronous copies: its pages are already there, so this only locks them, a few
+    /// milliseconds for hundreds of MiB in huge pages. Unregistered, then unmapped, when the
+    /// buffer drops.
+    pub fn register(&self, memory: HostMemory) -> Result<PinnedBuffer> {
+        let (ptr, len) = (memory.ptr, memory.len);
+        if len == 0 {
+            return Ok(PinnedBuffer { ptr, len, ctx: self.clone(), mapped: Some(memory) });
+        }
+        self.bind()?;
+        // SAFETY: `memory` maps `len` bytes at `ptr`, kept mapped (the buffer owns it) until
+        // they are unregistered.
+        let code = unsafe { (self.api().mem_host_register)(ptr.as_ptr().cast(), len, CU_MEMHOSTALLOC_PORTABLE) };
+        self.check(code, || format!("cuMemHostRegister({len} bytes)"))?;
+        Ok(PinnedBuffer { ptr, len, ctx: self.clone(), mapped: Some(memory) })
     }
 
     /// Creates a non-blocking stream (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`),
@@ -356,12 +377,15 @@ impl std::fmt::Debug for DeviceBuffer {
     }
 }
 
-/// Page-locked host memory from [`Context::alloc_pinned`], freed (`cuMemFreeHost`) on drop.
-/// The source of fast asynchronous copies ([`Stream::copy_to_device_async`]). Holds its context.
+/// Page-locked host memory from [`Context::alloc_pinned`] (freed with `cuMemFreeHost` on drop)
+/// or [`Context::register`] (unregistered, then unmapped). The source of fast asynchronous
+/// copies ([`Stream::copy_to_device_async`]). Holds its context.
 pub struct PinnedBuffer {
     ptr: NonNull<u8>,
     len: usize,
     ctx: Context,
+    /// The mapping a registered buffer locks; `None` for the driver's own allocation.
+    mapped: Option<HostMemory>,
 }
 
 // SAFETY: the buffer owns its memory like a Box<[u8]>; nothing about it is tied to a thread.
@@ -405,10 +429,94 @@ impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         if self.len > 0 {
             let _ = self.ctx.bind();
-            // SAFETY: `ptr` came from cuMemHostAlloc in this (still retained) context and is
-            // freed once; no slice of it outlives self.
-            unsafe { (self.ctx.api().mem_free_host)(self.ptr.as_ptr().cast()) };
+            let p = self.ptr.as_ptr().cast();
+            // SAFETY: `ptr` came from cuMemHostAlloc, or was registered, in this (still
+            // retained) context, and is freed or unregistered once; no slice of it outlives
+            // self. A registered mapping is unmapped after (when `mapped` drops).
+            unsafe {
+                if self.mapped.is_some() {
+                    (self.ctx.api().mem_host_unregister)(p);
+                } else {
+                    (self.ctx.api().mem_free_host)(p);
+                }
+            }
         }
+    }
+}
+
+/// Anonymous host memory for staging, mapped and touched before any CUDA context is needed
+/// (so a load can prepare it while the driver starts): in 2 MiB huge pages where the kernel
+/// has them (`MADV_HUGEPAGE`), every page faulted in, zero-filled. [`Context::register`] then
+/// only locks it — pinning memory that `cuMemHostAlloc` hands out costs about as much again as
+/// faulting it, page by 4 KiB page. Unmapped on drop.
+pub struct HostMemory {
+    /// The mapping, from its 2 MiB-aligned start: `len` bytes used, `map_len` mapped.
+    base: NonNull<u8>,
+    map_len: usize,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned like a Box<[u8]>; nothing about it is tied to a thread.
+unsafe impl Send for HostMemory {}
+// SAFETY: HostMemory hands out no access to its bytes; PinnedBuffer governs that.
+unsafe impl Sync for HostMemory {}
+
+/// Huge page size the staging mappings align to.
+const HUGE_PAGE: usize = 2 << 20;
+
+impl HostMemory {
+    /// Maps and touches `len` bytes.
+    pub fn map(len: usize) -> Result<HostMemory> {
+        if len == 0 {
+            return Ok(HostMemory { base: NonNull::dangling(), map_len: 0, ptr: NonNull::dangling(), len: 0 });
+        }
+        let map_len = len.div_ceil(HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE;
+        // SAFETY: an anonymous private mapping at an address the kernel picks.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(GpuDumpError::io(
+                format!("mapping {len} bytes of staging memory"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let base = NonNull::new(raw.cast::<u8>()).expect("mmap does not return null on success");
+        let start = (raw as usize).next_multiple_of(HUGE_PAGE) - raw as usize;
+        // SAFETY: `start + len` <= `map_len`, inside the mapping.
+        let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(start)) };
+        let memory = HostMemory { base, map_len, ptr, len };
+        // SAFETY: advice on our own mapping; without huge pages it is ignored (4 KiB pages).
+        unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+        for page in (0..len).step_by(4096) {
+            // SAFETY: inside the mapping; a volatile write so every page is faulted in now.
+            unsafe { ptr.as_ptr().add(page).write_volatile(0) };
+        }
+        Ok(memory)
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        if self.map_len > 0 {
+            // SAFETY: our own mapping, unmapped once; no PinnedBuffer slice outlives it (it is
+            // dropped after the buffer's unregister).
+            unsafe { libc::munmap(self.base.as_ptr().cast(), self.map_len) };
+        }
+    }
+}
+
+impl std::fmt::Debug for HostMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMemory").field("len", &self.len).finish()
     }
 }
 

@@ -17,7 +17,7 @@ use crate::plan::{RangeRead, MAX_CHUNKS_PER_READ};
 use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
 use gstore_gpu_dump::cuda::join::{FloatLanes, HuffJob, LaneJob};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
-use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, Stream};
+use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, HostMemory, PinnedBuffer, Stream};
 use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder, FloatLaneCodec};
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::{Result, Store, StoreError};
@@ -107,13 +107,13 @@ struct Queue {
 }
 
 impl GpuLoad {
-    /// Loads the check kernel (and nvCOMP when present) and allocates `slots` staging slots
-    /// for range reads of up to `read_cap` bytes, whose chunks are at most `chunk_max` bytes.
-    /// `Ok(Err(reason))` when the kernel cannot be used here (the caller then checks on the
-    /// host).
+    /// Loads the check kernel (and nvCOMP when present) and makes one staging slot per mapping
+    /// of `staging` (each registered, and taken from it) for range reads of up to `read_cap`
+    /// bytes, whose chunks are at most `chunk_max` bytes. `Ok(Err(reason))` when the kernel
+    /// cannot be used here (the caller then checks on the host, with `staging` untouched).
     pub(super) fn prepare(
         ctx: &Context,
-        slots: u64,
+        staging: &mut Vec<HostMemory>,
         read_cap: usize,
         chunk_max: usize,
     ) -> Result<std::result::Result<GpuLoad, String>> {
@@ -129,9 +129,9 @@ impl GpuLoad {
             Err(_) => 0,
         };
         let device_areas = if lanes.is_ok() { 3 } else { 2 };
-        let slot = || {
+        let slot = |memory| {
             Ok::<_, StoreError>(Slot {
-                pinned: ctx.alloc_pinned(read_cap).map_err(cuda_err)?,
+                pinned: ctx.register(memory).map_err(cuda_err)?,
                 host_decoded: None,
                 device: ctx.alloc(device_areas * read_cap).map_err(cuda_err)?,
                 meta_host: ctx.alloc_pinned(layout.bytes()).map_err(cuda_err)?,
@@ -142,10 +142,9 @@ impl GpuLoad {
                 in_flight: false,
             })
         };
-        // Pinning host pages is CPU work (the kernel zeroes and locks each page): slots are
-        // allocated on several threads at once.
+        // Slots are made on several threads at once (device staging, metadata, streams).
         let all = std::thread::scope(|s| {
-            let made: Vec<_> = (0..slots).map(|_| s.spawn(slot)).collect();
+            let made: Vec<_> = std::mem::take(staging).into_iter().map(|m| s.spawn(|| slot(m))).collect();
             made.into_iter().map(|h| h.join().expect("allocating a slot does not panic")).collect::<Result<Vec<_>>>()
         })?;
         Ok(Ok(GpuLoad { ctx: ctx.clone(), check, nvcomp, lanes, slots: all, layout, read_cap, temp_bytes }))

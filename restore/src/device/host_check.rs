@@ -5,7 +5,7 @@
 use super::{cuda_err, Pool};
 use crate::engine::{self, Buffers, Piece, Sink};
 use crate::plan::Plan;
-use gstore_gpu_dump::cuda::{Context, Event, PinnedBuffer, Stream};
+use gstore_gpu_dump::cuda::{Context, Event, HostMemory, PinnedBuffer, Stream};
 use gstore_store::progress::Progress;
 use gstore_store::{Result, Store, StoreError};
 
@@ -21,12 +21,18 @@ struct Slot {
 pub(super) struct Ring(Pool<Slot>);
 
 impl Ring {
-    /// Allocates `slots` pinned buffers of `bytes` each, with their streams and events.
-    pub(super) fn allocate(ctx: &Context, slots: u64, bytes: usize) -> Result<Ring> {
+    /// Makes `slots` pinned buffers of `bytes` each, with their streams and events: the
+    /// mappings of `staging` registered first (extra ones unmapped), more mapped if it is short.
+    pub(super) fn allocate(ctx: &Context, staging: Vec<HostMemory>, slots: u64, bytes: usize) -> Result<Ring> {
+        let mut staging = staging.into_iter();
         let mut ring = Vec::new();
         for _ in 0..slots {
+            let memory = match staging.next() {
+                Some(m) => m,
+                None => HostMemory::map(bytes).map_err(cuda_err)?,
+            };
             ring.push(Slot {
-                pinned: ctx.alloc_pinned(bytes).map_err(cuda_err)?,
+                pinned: ctx.register(memory).map_err(cuda_err)?,
                 stream: ctx.stream().map_err(cuda_err)?,
                 done: ctx.event().map_err(cuda_err)?,
                 in_flight: false,

@@ -17,7 +17,7 @@ pub use spread::{parts, restore_to_devices, Spread};
 
 use crate::engine::{self, Buffers};
 use crate::plan::{self, Plan, RangeRead, ZeroRange};
-use gstore_gpu_dump::cuda::{Context, DeviceBuffer};
+use gstore_gpu_dump::cuda::{Context, DeviceBuffer, HostMemory};
 use gstore_store::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::{ChunkIds, Result, Store, StoreError};
@@ -172,9 +172,21 @@ pub fn restore_to_device_with(
     let zeros = needs.zeros.clone();
     let total = m.files().map(|(e, _)| e.size).sum::<u64>() - zeros.iter().map(|z| z.len).sum::<u64>();
     let (sender, reads) = mpsc::channel();
+    // Local stores check on the GPU, with two slots' worth of budget per slot (device staging
+    // beside the pinned range); remote ones on the host, with a quarter of the budget.
+    let (gpu_slots, host_slots) = (
+        ((memory_budget / 2) / (2 * max_read)).clamp(2, threads + 4),
+        ((memory_budget / 4) / max_read).clamp(2, 2 * threads),
+    );
+    let staging_slots = if store.is_remote() { host_slots } else { gpu_slots };
     // The planner looks chunks up batch by batch while the device buffers, the staging and
-    // the check kernel are made ready; the GPU path then loads each read as it arrives.
+    // the check kernel are made ready; the GPU path then loads each read as it arrives. The
+    // staging's host memory is mapped meanwhile too, before the CUDA context is up, which
+    // then only locks it.
     std::thread::scope(|s| {
+        let mapping = s.spawn(move || {
+            (0..staging_slots).map(|_| HostMemory::map(max_read as usize).map_err(cuda_err)).collect::<Result<Vec<_>>>()
+        });
         let planner = s.spawn(move || {
             let t = std::time::Instant::now();
             needs.plan_batches(store, m, max_read, PLAN_BATCH, |batch| {
@@ -187,6 +199,7 @@ pub fn restore_to_device_with(
         });
         let prepared = (|| {
             let ctx = &open_context()?;
+            let mut staging = mapping.join().expect("mapping staging memory does not panic")?;
             let image_bytes = m.files().filter(|(e, _)| e.kind == EntryKind::File).map(|(e, _)| e.size).sum::<u64>();
             let (free, _) = ctx.mem_info().map_err(cuda_err)?;
             if image_bytes > free {
@@ -203,14 +216,12 @@ pub fn restore_to_device_with(
             let gpu = if store.is_remote() {
                 Err("a remote store's range cache keeps only ranges the host has checked".to_string())
             } else {
-                let slots = ((memory_budget / 2) / (2 * max_read)).clamp(2, threads + 4);
-                gpu_check::GpuLoad::prepare(ctx, slots, max_read as usize, store.config().chunk_max as usize)?
+                gpu_check::GpuLoad::prepare(ctx, &mut staging, max_read as usize, store.config().chunk_max as usize)?
             };
             let checker = match gpu {
                 Ok(g) => Checker::Gpu(g),
                 Err(why) => {
-                    let slots = ((memory_budget / 4) / max_read).clamp(2, 2 * threads);
-                    Checker::Host(host_check::Ring::allocate(ctx, slots, max_read as usize)?, why)
+                    Checker::Host(host_check::Ring::allocate(ctx, staging, host_slots, max_read as usize)?, why)
                 }
             };
             Ok::<_, StoreError>((owned, buffers, checker))
