@@ -85,26 +85,33 @@ __device__ __forceinline__ void compress(unsigned int cv[8], const unsigned int 
     cv[4] = s4 ^ s12; cv[5] = s5 ^ s13; cv[6] = s6 ^ s14; cv[7] = s7 ^ s15;
 }
 
-/// Loads one message block of `len` (<= 64) bytes at `p` as little-endian words, zero padded.
-/// A full block is read with aligned word loads (device allocations are at least 256-byte
-/// aligned and sized, so the words around it are mapped); a short one byte by byte.
+/// The `N * 4` bytes at `p` (any alignment) as `N` little-endian words, read with aligned word
+/// loads: an aligned word holding one of those bytes lies in the same allocation (device
+/// allocations are at least 256-byte aligned and sized), so the words around them are mapped.
+template <int N>
+__device__ __forceinline__ void load_words(const unsigned char *p, unsigned int w[N]) {
+    unsigned long long a = (unsigned long long)p;
+    const unsigned int *base = (const unsigned int *)(a & ~3ull);
+    unsigned int shift = (unsigned int)(a & 3ull) * 8u;
+    if (shift == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = base[i];
+        return;
+    }
+    unsigned int lo = base[0];
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        unsigned int hi = base[i + 1];
+        w[i] = (lo >> shift) | (hi << (32u - shift));
+        lo = hi;
+    }
+}
+
+/// Loads one message block of `len` (<= 64) bytes at `p` as little-endian words, zero padded:
+/// a full block with aligned word loads, a short one byte by byte.
 __device__ __forceinline__ void load_block(const unsigned char *p, unsigned int len, unsigned int m[16]) {
     if (len == BLOCK_LEN) {
-        unsigned long long a = (unsigned long long)p;
-        const unsigned int *w = (const unsigned int *)(a & ~3ull);
-        unsigned int shift = (unsigned int)(a & 3ull) * 8u;
-        if (shift == 0) {
-#pragma unroll
-            for (int i = 0; i < 16; i++) m[i] = w[i];
-        } else {
-            unsigned int lo = w[0];
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                unsigned int hi = w[i + 1];
-                m[i] = (lo >> shift) | (hi << (32u - shift));
-                lo = hi;
-            }
-        }
+        load_words<16>(p, m);
         return;
     }
 #pragma unroll
@@ -174,26 +181,6 @@ __device__ void subtree_cv(const unsigned char *p, unsigned int len, unsigned in
     }
 }
 
-/// The 16 bytes at `p` (any alignment) as four little-endian words, read with aligned word
-/// loads: an aligned word holding one of those bytes lies in the same allocation.
-__device__ __forceinline__ void load16(const unsigned char *p, unsigned int w[4]) {
-    unsigned long long a = (unsigned long long)p;
-    const unsigned int *base = (const unsigned int *)(a & ~3ull);
-    unsigned int shift = (unsigned int)(a & 3ull) * 8u;
-    if (shift == 0) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) w[i] = base[i];
-        return;
-    }
-    unsigned int lo = base[0];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        unsigned int hi = base[i + 1];
-        w[i] = (lo >> shift) | (hi << (32u - shift));
-        lo = hi;
-    }
-}
-
 /// Thread `t`'s share of copying `len` bytes from `src` to `dst` (apart): the bytes before
 /// `dst`'s first 16-byte boundary and after its last one byte by byte, the rest 16 bytes per
 /// thread, each thread's loads in flight together and written with one aligned store.
@@ -204,7 +191,7 @@ __device__ __forceinline__ void copy_share(unsigned char *__restrict__ dst, cons
     unsigned int end = head + ((len - head) & ~15u);
     for (unsigned int i = head + 16 * t; i < end; i += 16 * THREADS) {
         unsigned int w[4];
-        load16(src + i, w);
+        load_words<4>(src + i, w);
         uint4 v;
         v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
         *(uint4 *)(dst + i) = v;
