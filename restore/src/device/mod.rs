@@ -185,7 +185,16 @@ pub fn restore_to_device_with(
     // then only locks it.
     std::thread::scope(|s| {
         let mapping = s.spawn(move || {
-            (0..staging_slots).map(|_| HostMemory::map(max_read as usize).map_err(cuda_err)).collect::<Result<Vec<_>>>()
+            // A slot per thread: faulting pages in is CPU work, and where CUDA is already up
+            // (a Python process) the load waits for it.
+            std::thread::scope(|m| {
+                let made: Vec<_> = (0..staging_slots)
+                    .map(|_| m.spawn(move || HostMemory::map(max_read as usize).map_err(cuda_err)))
+                    .collect();
+                made.into_iter()
+                    .map(|h| h.join().expect("mapping staging memory does not panic"))
+                    .collect::<Result<Vec<_>>>()
+            })
         });
         let planner = s.spawn(move || {
             let t = std::time::Instant::now();
