@@ -21,6 +21,8 @@ use ffi::CuResult;
 /// that allocated it (else a copy from it on another device's stream silently goes through a
 /// slow pageable staging path).
 const CU_MEMHOSTALLOC_PORTABLE: libc::c_uint = 1;
+/// `CU_MEMHOSTREGISTER_PORTABLE`: the same for memory registered with `cuMemHostRegister`.
+const CU_MEMHOSTREGISTER_PORTABLE: libc::c_uint = 1;
 
 /// The memory API entry points, resolved at load but optional: a driver without them still
 /// serves the checkpoint API.
@@ -272,7 +274,7 @@ impl Context {
         self.bind()?;
         // SAFETY: `memory` maps `len` bytes at `ptr`, kept mapped (the buffer owns it) until
         // they are unregistered.
-        let code = unsafe { (self.api().mem_host_register)(ptr.as_ptr().cast(), len, CU_MEMHOSTALLOC_PORTABLE) };
+        let code = unsafe { (self.api().mem_host_register)(ptr.as_ptr().cast(), len, CU_MEMHOSTREGISTER_PORTABLE) };
         self.check(code, || format!("cuMemHostRegister({len} bytes)"))?;
         Ok(PinnedBuffer { ptr, len, ctx: self.clone(), mapped: Some(memory) })
     }
