@@ -2,7 +2,10 @@
 compares it in the same run with safetensors.torch.load_file(device="cuda"), torch.load and
 `gstore load` on the same image; also what a fine-tune (10 % of tensors changed) adds.
 
-    python3 benches/python_load.py --gib 8 --work /tmp/bench [--gstore-bin PATH] [--rounds 3]
+    python3 benches/python_load.py --gib 8 --work /tmp/bench [--gstore-bin PATH] [--rounds 3] [--hold]
+
+With --hold (needs --gstore-bin), `gstore hold` keeps the image in pinned memory and the loads
+also run through it: `Store.load(..., held=SOCKET)` and `gstore load --held SOCKET`.
 
 Needs torch with a CUDA GPU and the gstore wheel installed. Weights are N(0, 0.02) in bf16
 (small-magnitude floats, as models hold). Warm page cache: every file is read once before the
@@ -70,13 +73,15 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--gstore-bin", default=None)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hold", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     store_dir = os.path.join(a.work, "store")
     shutil.rmtree(store_dir, ignore_errors=True)
     s = gstore.Store.init(store_dir)
     torch.cuda.init()
-    emit(what="pinned_ceiling_gb_s", value=round(pinned_ceiling(), 1))
+    ceiling = pinned_ceiling()
+    emit(what="pinned_ceiling_gb_s", value=round(ceiling, 1))
 
     state = make_state(a.gib)
     logical = sum(t.numel() * t.element_size() for t in state.values())
@@ -107,6 +112,21 @@ def main():
 
     for p in (st_path, pt_path, store_dir):
         warm(p)
+    sock = os.path.join(a.work, "hold.sock")
+    holder = None
+    if a.hold:
+        t = time.perf_counter()
+        holder = subprocess.Popen(
+            [a.gstore_bin, "--store", store_dir, "-q", "hold", "bench:base", "--socket", sock],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for line in holder.stderr:
+            if "holding" in line:
+                break
+        else:
+            raise SystemExit("gstore hold stopped before holding the image")
+        emit(what="gstore_hold_ready", seconds=round(time.perf_counter() - t, 2), line=line.strip())
 
     def check(loaded):
         for name, value in state.items():
@@ -118,8 +138,11 @@ def main():
         "safetensors": lambda: safetensors.torch.load_file(st_path, device="cuda:0"),
         "torch_load": lambda: torch.load(pt_path, map_location="cuda:0", weights_only=True),
     }
+    if holder:
+        loaders["gstore_python_held"] = lambda: s.load("bench:base", device="cuda:0", progress=False, held=sock)
     results = {k: [] for k in loaders}
     results["gstore_cli"] = []
+    results["gstore_cli_held"] = []
     for rnd in range(a.rounds):
         for name, fn in loaders.items():
             seconds, loaded = timed(fn)
@@ -141,9 +164,28 @@ def main():
             rep = json.loads(out.stdout)
             results["gstore_cli"].append(rep["seconds"])
             emit(what="gstore_cli", round=rnd, seconds=rep["seconds"], process_s=round(wall, 3), phases=rep.get("phases"))
+        if holder:
+            t = time.perf_counter()
+            out = subprocess.run(
+                [a.gstore_bin, "--json", "load", "bench:base", "--device", "cuda:0", "--held", sock]
+                + (["--check", "--store", store_dir] if rnd == 0 else []),
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            wall = time.perf_counter() - t
+            rep = json.loads(out.stdout)
+            results["gstore_cli_held"].append(wall)
+            emit(what="gstore_cli_held", round=rnd, process_s=round(wall, 3), checked=rep["checked"], phases=rep.get("phases"))
+    if holder:
+        holder.terminate()
+        holder.wait()
 
     best = {k: min(v) for k, v in results.items() if v}
     summary = {k: {"best_s": round(v, 3), "gb_s": round(logical / v / 1e9, 2)} for k, v in best.items()}
+    if "gstore_python_held" in best:
+        summary["held_vs_pinned_ceiling"] = round(logical / best["gstore_python_held"] / 1e9 / ceiling, 2)
+        summary["held_vs_safetensors"] = round(best["safetensors"] / best["gstore_python_held"], 2)
     for k in ("safetensors", "torch_load", "gstore_cli"):
         if k in best:
             summary["gstore_python_vs_" + k] = round(best[k] / best["gstore_python"], 2)

@@ -132,6 +132,30 @@ pub enum Command {
         /// Bytes the restore may hold in flight, pinned staging included, e.g. 512MiB or 2G.
         #[arg(long, default_value = "1GiB", value_name = "SIZE", value_parser = units::size)]
         memory_budget: u64,
+        /// Load from the `gstore hold` answering at this socket (one GPU, cuda:N): it holds
+        /// the image in pinned memory and checks every chunk on the GPU.
+        #[arg(long, value_name = "SOCKET", conflicts_with = "replicate")]
+        held: Option<PathBuf>,
+    },
+    /// Hold images in pinned host memory and load them into other processes' GPU memory on
+    /// request (`gstore load IMAGE --device cuda:N --held SOCKET`, or `Store.load(...,
+    /// held=SOCKET)` in Python): such loads read no file and copy nothing on the host, and
+    /// every chunk is still checked on the GPU. Runs until stopped (Ctrl-C, SIGTERM).
+    Hold {
+        /// Images to hold: NAME[:VERSION] or image ids (8 or more hex digits). Loads name
+        /// them the same way, or by id.
+        #[arg(required = true)]
+        images: Vec<String>,
+        /// The Unix socket loads arrive at (made readable by this user alone).
+        #[arg(long, value_name = "PATH")]
+        socket: PathBuf,
+        /// The GPU loads go to: cuda:N.
+        #[arg(long, default_value = "cuda:0")]
+        device: String,
+        /// Sets the size of range reads as for `gstore load` (up to 16 MiB); the held images
+        /// take their stored size in pinned memory besides.
+        #[arg(long, default_value = "1GiB", value_name = "SIZE", value_parser = units::size)]
+        memory_budget: u64,
     },
     /// List tags with their images' ids, sizes and creation times.
     Ls {

@@ -2,7 +2,7 @@
 
 use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs, KeyAction, ServeArgs, Sort};
 use crate::failure::{Damaged, Usage};
-use crate::load;
+use crate::{hold, load};
 use anyhow::{Context, Result};
 use clap::CommandFactory;
 use gstore_capture as capture;
@@ -46,17 +46,16 @@ pub fn run(cli: Cli) -> Result<()> {
             let select = Selection::new(&include, &exclude)?;
             restore_to(&location, &image, &to, &select, memory_budget, &out, &bars)
         }
-        Command::Load { image, device, check, replicate, memory_budget } => {
-            let r = load::load(
-                || open_image(&location, &image).map(|(s, _, m)| (s, m)),
-                &image,
-                &device,
-                check,
-                replicate,
-                memory_budget,
-                &bars,
-            )?;
+        Command::Load { image, device, check, replicate, memory_budget, held } => {
+            let open = || open_image(&location, &image).map(|(s, _, m)| (s, m));
+            let r = match held {
+                Some(socket) => load::load_held(open, &image, &device, check, &socket)?,
+                None => load::load(open, &image, &device, check, replicate, memory_budget, &bars)?,
+            };
             out.emit(&r, || load_text(&r))
+        }
+        Command::Hold { images, socket, device, memory_budget } => {
+            hold::hold(&location, &images, &socket, &device, memory_budget, &bars)
         }
         Command::Ls { name, sort, latest } => ls(&Store::open(&location)?, name.as_deref(), sort, latest, &out),
         Command::Log { tag } => log(&Store::open(&location)?, &tag, &out),

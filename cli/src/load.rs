@@ -10,6 +10,7 @@ use gstore_restore::{DeviceImage, Spread};
 use gstore_store::manifest::Manifest;
 use gstore_store::{Store, StoreError};
 use serde::Serialize;
+use std::path::Path;
 use std::time::Instant;
 
 /// What `gstore load` reports.
@@ -131,6 +132,30 @@ pub fn load(
         for image in &images {
             image.read_back_and_check(&m, &store.chunk_ids())?;
         }
+        r.checked = true;
+    }
+    Ok(r)
+}
+
+/// Loads `reference` onto `device` (one GPU) from the `gstore hold` at `socket`, which fills
+/// and checks the buffers this process allocates. With `check`, `open` gives the store and
+/// manifest to read the buffers back against.
+pub fn load_held(
+    open: impl FnOnce() -> Result<(Store, Manifest)>,
+    reference: &str,
+    device: &str,
+    check: bool,
+    socket: &Path,
+) -> Result<LoadReport> {
+    let started = Instant::now();
+    let ctx = CudaDriver::load()?.context(crate::hold::single_device(device)?)?;
+    let image = gstore_restore::load_held(socket, reference, &ctx)?;
+    let mut r = report(reference, device, image.len(), started.elapsed().as_secs_f64());
+    r.phases = Some([image.plan_s, image.alloc_s, image.transfer_s]);
+    r.path = Some(image.path.clone());
+    if check {
+        let (store, m) = open()?;
+        image.read_back_and_check(&m, &store.chunk_ids())?;
         r.checked = true;
     }
     Ok(r)

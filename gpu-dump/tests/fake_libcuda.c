@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <unistd.h>
 
 #ifndef STATE_DIR
 #error "build with -DSTATE_DIR=\"/some/dir\""
@@ -359,6 +360,45 @@ int cuMemFree_v2(uint64_t dptr) {
         device_bytes -= (len + ALIGN - 1) / ALIGN * ALIGN;
         live_device--;
     }
+    unlock();
+    return rc;
+}
+
+/* IPC handles name a live device block of this process (its pid and address); another
+ * process's handle gives CUDA_ERROR_INVALID_VALUE: fake device memory is this process's. */
+typedef struct { unsigned char reserved[64]; } ipc_handle;
+
+int cuIpcGetMemHandle(ipc_handle *handle, uint64_t dptr) {
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS && !find(device_blocks, (uintptr_t)dptr, 1)) rc = INVALID_VALUE;
+    if (rc == SUCCESS) {
+        int pid = getpid();
+        memset(handle->reserved, 0, 64);
+        memcpy(handle->reserved, &pid, sizeof pid);
+        memcpy(handle->reserved + 8, &dptr, sizeof dptr);
+    }
+    unlock();
+    return rc;
+}
+
+int cuIpcOpenMemHandle_v2(uint64_t *dptr, ipc_handle handle, unsigned flags) {
+    int pid;
+    uint64_t at;
+    memcpy(&pid, handle.reserved, sizeof pid);
+    memcpy(&at, handle.reserved + 8, sizeof at);
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS && (flags > 1 || pid != getpid() || !find(device_blocks, (uintptr_t)at, 1))) rc = INVALID_VALUE;
+    if (rc == SUCCESS) *dptr = at;
+    unlock();
+    return rc;
+}
+
+int cuIpcCloseMemHandle(uint64_t dptr) {
+    lock();
+    int rc = need_ctx();
+    if (rc == SUCCESS && !find(device_blocks, (uintptr_t)dptr, 1)) rc = INVALID_VALUE;
     unlock();
     return rc;
 }

@@ -81,12 +81,15 @@ class Store:
         memory_budget: int = 1 << 30,
         progress: bool = True,
         framework: str = "auto",
+        held: Optional[str] = None,
     ) -> dict:
         """The tensors of image ``tag`` saved by :meth:`save`, on ``device`` (``"cpu"`` or
         ``"cuda:N"``): torch tensors, or NumPy arrays with ``framework="numpy"`` (CPU only;
         ``"auto"`` gives NumPy when torch is not installed). Every chunk is checked against its
-        hash before this returns; the tensors share the memory gstore filled."""
-        return _layout.decode(self.load_file(tag, device, memory_budget, progress, framework))
+        hash before this returns; the tensors share the memory gstore filled. ``held``: the
+        socket of a ``gstore hold`` holding the image (GPU loads only), which then loads it
+        from pinned memory."""
+        return _layout.decode(self.load_file(tag, device, memory_budget, progress, framework, held))
 
     def load_into(
         self,
@@ -95,14 +98,17 @@ class Store:
         memory_budget: int = 1 << 30,
         progress: bool = True,
         strict: bool = True,
+        held: Optional[str] = None,
     ) -> None:
         """Fills the existing tensors of ``target`` (a ``torch.nn.Module`` or a state dict) in
         place from image ``tag``, loading onto the device they are on. With ``strict``, names,
         shapes and dtypes must match exactly; otherwise names missing on either side are
-        skipped."""
+        skipped. ``held``: as for :meth:`load`."""
         state = target.state_dict() if hasattr(target, "state_dict") else target
         device, framework = _layout.placement_of(state)
-        loaded = self.load(tag, device=device, memory_budget=memory_budget, progress=progress, framework=framework)
+        loaded = self.load(
+            tag, device=device, memory_budget=memory_budget, progress=progress, framework=framework, held=held
+        )
         _layout.copy_into(state, loaded, strict)
 
     def load_file(
@@ -112,15 +118,18 @@ class Store:
         memory_budget: int = 1 << 30,
         progress: bool = True,
         framework: str = "auto",
+        held: Optional[str] = None,
     ) -> Any:
         """The raw bytes of the image's safetensors file on ``device``: a uint8 torch tensor, or
-        NumPy array (see :meth:`load` for ``framework``), sharing gstore's memory."""
+        NumPy array (see :meth:`load` for ``framework`` and ``held``), sharing gstore's memory."""
         kind, index = _layout.parse_device(device)
         framework = _layout.pick_framework(framework, kind)
         if kind == "cpu":
+            if held is not None:
+                raise InvalidError("held= loads into GPU memory: pass device=\"cuda:N\"")
             files = self._native.load_host(tag, memory_budget, progress)
         else:
-            files, _phases = self._native.load_cuda(tag, index, memory_budget, progress)
+            files, _phases = self._native.load_cuda(tag, index, memory_budget, progress, held)
         blob = dict(files).get(FILE_NAME)
         if blob is None:
             names = ", ".join(p for p, _ in files) or "none"

@@ -161,8 +161,9 @@ impl Store {
 
     /// Loads every file of `image` into the memory of GPU `device` (CUDA): `[(path,
     /// CudaFile)]` in manifest order, and the phases' seconds (`plan_s`, `alloc_s`,
-    /// `transfer_s`) as JSON. Every chunk is checked before the call returns.
-    #[pyo3(signature = (image, device=0, memory_budget=1 << 30, progress=true))]
+    /// `transfer_s`) as JSON. Every chunk is checked before the call returns. With `held`,
+    /// the image comes from the `gstore hold` answering at that socket (the store is not read).
+    #[pyo3(signature = (image, device=0, memory_budget=1 << 30, progress=true, held=None))]
     fn load_cuda(
         &self,
         py: Python<'_>,
@@ -170,8 +171,15 @@ impl Store {
         device: u32,
         memory_budget: u64,
         progress: bool,
+        held: Option<std::path::PathBuf>,
     ) -> PyResult<(Vec<(String, CudaFile)>, String)> {
         let loaded = py.detach(|| {
+            if let Some(socket) = held {
+                let ctx = CudaDriver::load()
+                    .and_then(|d| d.context(device))
+                    .map_err(|e| StoreError::Device(e.to_string()))?;
+                return gstore_restore::load_held(&socket, image, &ctx);
+            }
             let started = std::thread::spawn(move || CudaDriver::load()?.context(device));
             let (store, m) = self.open_image(image)?;
             let open =

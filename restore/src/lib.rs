@@ -27,6 +27,9 @@ pub mod engine;
 pub mod host;
 pub mod plan;
 
-pub use device::{restore_to_device, restore_to_device_with, restore_to_devices, DeviceImage, Spread};
+pub use device::{
+    bind_hold_socket, load_held, restore_to_device, restore_to_device_with, restore_to_devices, DeviceImage, Holder,
+    Spread,
+};
 pub use dir::{restore_to_dir, RestoreReport};
 pub use host::{restore_to_memory, HostImage};

@@ -18,6 +18,9 @@
 # GPU count for the aggregate).
 # With ENCRYPTED=1 the images are also pushed into an encrypted store (`init --encrypt`, a key
 # file) and loaded from it after each plain load: the two rates side by side.
+# With HOLD=1, `gstore hold` keeps every image in pinned memory and each is also loaded with
+# `gstore load --held` (the first read back and checked); after the packs are damaged, a new
+# holder's loads must fail too.
 # Last, a byte in the middle of every pack is flipped: every load must then fail naming a
 # corrupt chunk.
 # Usage: tests/gpu/load_bench.sh [GSTORE_BIN] [GIB]
@@ -57,6 +60,18 @@ cool() {
 warm() {  # reads every file under $1 once, into the page cache
   find "$1" -type f -exec cat {} + > /dev/null
 }
+hold() {  # starts `gstore hold` of every image at $W/hold.sock, waits until it holds them
+  rm -f "$W/hold.log"
+  "$G" -q hold $KINDS --socket "$W/hold.sock" 2>"$W/hold.log" &
+  HOLDER=$!
+  local t0; t0=$(date +%s.%N)
+  until grep -q holding "$W/hold.log"; do
+    kill -0 "$HOLDER" 2>/dev/null || { echo "FAIL: gstore hold: $(cat "$W/hold.log")"; exit 1; }
+    sleep 0.1
+  done
+  echo "hold: ready after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f s", b-a}'): $(cat "$W/hold.log")"
+}
+unhold() { kill "$HOLDER"; wait "$HOLDER" 2>/dev/null || true; }
 timed() {  # LABEL CMD...: runs CMD, prints its output and the wall time from start to exit
   local label=$1; shift
   local t0; t0=$(date +%s.%N)
@@ -66,6 +81,7 @@ timed() {  # LABEL CMD...: runs CMD, prints its output and the wall time from st
   echo "$label: end to end $(awk -v a="$t0" -v b="$t1" -v g="$GIB" 'BEGIN{printf "%.2f s, %.2f GB/s", b-a, g*1.073741824/(b-a)}')"
 }
 python3 tests/gpu/load_bench.py pinned
+if [ "${HOLD:-0}" = 1 ]; then hold; fi
 if [ "${COLD:-0}" = 1 ]; then
   cool; f=$(ls "$W"/data/*/shard-00.safetensors | head -1)
   echo "disk: $(dd if="$f" of=/dev/null bs=16M 2>&1 | tail -1)"
@@ -89,11 +105,16 @@ for kind in $KINDS; do
   if [ -n "${LOAD_BASE:-}" ]; then
     for i in 1 2; do cool; timed "$kind base run $i" "$LOAD_BASE" -q load "$kind" --device cuda:0; done
   fi
+  if [ "${HOLD:-0}" = 1 ]; then
+    timed "$kind held (first, read back and checked)" "$G" -q load "$kind" --device cuda:0 --held "$W/hold.sock" --check
+    for i in 1 2 3; do timed "$kind held run $i" "$G" -q load "$kind" --device cuda:0 --held "$W/hold.sock"; done
+  fi
   if [ "${MULTI:-0}" = 1 ]; then
     for i in 1 2; do cool; timed "$kind split over all GPUs, run $i" "$G" -q load "$kind" --device all; done
     for i in 1 2; do cool; timed "$kind whole on every GPU, run $i" "$G" -q load "$kind" --device all --replicate; done
   fi
 done
+if [ "${HOLD:-0}" = 1 ]; then unhold; fi
 # A damaged chunk fails the load, naming it; nothing is reported as loaded.
 python3 - "$W/store/packs" <<'PY'
 import glob, os, sys
@@ -104,7 +125,17 @@ for p in glob.glob(os.path.join(sys.argv[1], "*", "*.pack")):
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0x55]))
 PY
+if [ "${HOLD:-0}" = 1 ]; then hold; fi
 for kind in $KINDS; do
+  if [ "${HOLD:-0}" = 1 ]; then
+    if out=$("$G" -q load "$kind" --device cuda:0 --held "$W/hold.sock" 2>&1); then
+      echo "FAIL: $kind loaded from a holder of damaged packs: $out"; exit 1
+    fi
+    case "$out" in
+      *"corrupt chunk"*) echo "PASS: $kind held from damaged packs fails: $(echo "$out" | tail -1 | cut -c1-200)" ;;
+      *) echo "FAIL: $kind held from damaged packs: unexpected error: $out"; exit 1 ;;
+    esac
+  fi
   # GPU decoding off (the default): the damaged chunk is named, nothing is loaded.
   if out=$(env -u GSTORE_NVCOMP "$G" -q load "$kind" --device cuda:0 2>&1); then
     echo "FAIL: $kind loaded from damaged packs: $out"; exit 1
@@ -122,3 +153,4 @@ for kind in $KINDS; do
     echo "with nvCOMP, damaged packs fail: $(echo "$out" | tail -1 | cut -c1-200)"
   fi
 done
+if [ "${HOLD:-0}" = 1 ]; then unhold; fi

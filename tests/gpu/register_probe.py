@@ -4,9 +4,13 @@ each twice, alternating: `pread` into pinned buffers and DMA from them (gstore's
 the slice mapped (mmap), registered with the driver (cuMemHostRegister, read-only), DMA'd from
 the page cache itself, unregistered and unmapped. Prints GB/s for each (docs/BENCHMARKS.md).
 Driver API through ctypes; no checks of the bytes, only the movement.
-Usage: python3 tests/gpu/register_probe.py FILE THREADS SLICE_MIB"""
+A mix: with REG_THREADS > 0, that many of the THREADS register slices and the rest copy, all
+taking slices from one queue (registration is serialised in the driver, copying is bound by
+host memory bandwidth; a mix may pass either alone).
+Usage: python3 tests/gpu/register_probe.py FILE THREADS SLICE_MIB [REG_THREADS...]"""
 import ctypes as C, os, sys, threading, time
 path, nthreads, slice_mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+mixes = [int(a) for a in sys.argv[4:]]
 cu = C.CDLL("libcuda.so.1")
 def ck(r, what):
     if r != 0:
@@ -28,7 +32,7 @@ pinned = []
 for _ in range(2 * nthreads):
     h = C.c_void_p(); ck(cu.cuMemHostAlloc(C.byref(h), C.c_size_t(sl), 0), "hostalloc"); pinned.append(h)
 
-def run(fn):
+def run(fn, reg_threads=0):
     it = iter(slices); lock = threading.Lock(); errs = []
     def worker(k):
         ck(cu.cuCtxSetCurrent(ctx), "set")
@@ -38,7 +42,7 @@ def run(fn):
             with lock:
                 nxt = next(it, None)
             if nxt is None: break
-            try: fn(st, state, *nxt)
+            try: (registered if k < reg_threads else fn)(st, state, *nxt)
             except BaseException as e: errs.append(e); break
         ck(cu.cuStreamSynchronize(st), "sync")
     t = time.time()
@@ -65,6 +69,11 @@ def pread_pinned(st, state, off, n):
     assert got == n
     ck(cu.cuMemcpyHtoDAsync_v2(C.c_uint64(dptr.value + off), h, C.c_size_t(n), st), "copy")
 
-for name, fn in [("pread+pinned", pread_pinned), ("mmap+register", registered), ("pread+pinned", pread_pinned), ("mmap+register", registered)]:
+for mix in mixes:
+    for _ in range(2):
+        s = run(pread_pinned, mix)
+        print(f"mix: {mix} registering + {nthreads - mix} copying, {slice_mib} MiB slices: {s:.3f} s, {size / s / 1e9:.1f} GB/s", flush=True)
+
+for name, fn in [] if mixes else [("pread+pinned", pread_pinned), ("mmap+register", registered), ("pread+pinned", pread_pinned), ("mmap+register", registered)]:
     s = run(fn)
     print(f"{name}: {nthreads} threads, {slice_mib} MiB slices: {s:.3f} s, {size / s / 1e9:.1f} GB/s", flush=True)

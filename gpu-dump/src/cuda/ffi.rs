@@ -194,6 +194,23 @@ pub type CuEventRecord = unsafe extern "C" fn(event: CuEvent, stream: CuStream) 
 pub type CuEventSynchronize = unsafe extern "C" fn(event: CuEvent) -> CuResult;
 /// `cuEventDestroy_v2(CUevent event)`.
 pub type CuEventDestroy = unsafe extern "C" fn(event: CuEvent) -> CuResult;
+/// `CUipcMemHandle`: 64 opaque bytes naming a device allocation to other processes.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct CuIpcMemHandle {
+    /// The driver's bytes.
+    pub reserved: [u8; 64],
+}
+/// `cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)`.
+pub type CuIpcGetMemHandle = unsafe extern "C" fn(handle: *mut CuIpcMemHandle, dptr: CuDevicePtr) -> CuResult;
+/// `cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)`: the
+/// handle is passed by value.
+pub type CuIpcOpenMemHandle =
+    unsafe extern "C" fn(dptr: *mut CuDevicePtr, handle: CuIpcMemHandle, flags: c_uint) -> CuResult;
+/// `cuIpcCloseMemHandle(CUdeviceptr dptr)`.
+pub type CuIpcCloseMemHandle = unsafe extern "C" fn(dptr: CuDevicePtr) -> CuResult;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag `cuIpcOpenMemHandle` takes.
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 
 /// `CUmodule`: an opaque loaded-module handle.
 pub type CuModule = *mut c_void;

@@ -48,6 +48,9 @@ pub(super) struct MemApi {
     event_record: ffi::CuEventRecord,
     event_synchronize: ffi::CuEventSynchronize,
     event_destroy: ffi::CuEventDestroy,
+    ipc_get: ffi::CuIpcGetMemHandle,
+    ipc_open: ffi::CuIpcOpenMemHandle,
+    ipc_close: ffi::CuIpcCloseMemHandle,
 }
 
 impl MemApi {
@@ -81,6 +84,9 @@ impl MemApi {
             event_record: optional!("cuEventRecord"),
             event_synchronize: optional!("cuEventSynchronize"),
             event_destroy: optional!("cuEventDestroy_v2"),
+            ipc_get: optional!("cuIpcGetMemHandle"),
+            ipc_open: optional!("cuIpcOpenMemHandle_v2"),
+            ipc_close: optional!("cuIpcCloseMemHandle"),
         })
     }
 }
@@ -279,6 +285,25 @@ impl Context {
         Ok(PinnedBuffer { ptr, len, ctx: self.clone(), mapped: Some(memory) })
     }
 
+    /// Maps device memory another process exported with [`DeviceBuffer::ipc_handle`]
+    /// (`cuIpcOpenMemHandle_v2`) into this context: `len` bytes from its start, which must lie
+    /// on this context's device. Unmapped (`cuIpcCloseMemHandle`) when dropped; the memory
+    /// stays the exporter's.
+    pub fn open_ipc(&self, handle: &IpcHandle, len: usize) -> Result<IpcBuffer> {
+        self.bind()?;
+        let mut ptr: ffi::CuDevicePtr = 0;
+        // SAFETY: a valid out-pointer; the handle is 64 plain bytes passed by value.
+        let code = unsafe {
+            (self.api().ipc_open)(
+                &mut ptr,
+                ffi::CuIpcMemHandle { reserved: handle.0 },
+                ffi::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
+            )
+        };
+        self.check(code, || format!("cuIpcOpenMemHandle_v2({len} bytes)"))?;
+        Ok(IpcBuffer { ptr, len, ctx: self.clone() })
+    }
+
     /// Creates a non-blocking stream (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`),
     /// destroyed when dropped.
     pub fn stream(&self) -> Result<Stream> {
@@ -355,6 +380,56 @@ impl DeviceBuffer {
     /// The context the buffer was allocated in.
     pub fn context(&self) -> &Context {
         &self.ctx
+    }
+
+    /// A handle another process can map this buffer with ([`Context::open_ipc`] there;
+    /// `cuIpcGetMemHandle`). The buffer must outlive every mapping of it.
+    pub fn ipc_handle(&self) -> Result<IpcHandle> {
+        self.ctx.bind()?;
+        let mut handle = ffi::CuIpcMemHandle { reserved: [0; 64] };
+        // SAFETY: a valid out-pointer; `ptr` is this context's live allocation.
+        let code = unsafe { (self.ctx.api().ipc_get)(&mut handle, self.ptr) };
+        self.ctx.check(code, || format!("cuIpcGetMemHandle({} bytes)", self.len))?;
+        Ok(IpcHandle(handle.reserved))
+    }
+}
+
+/// The 64 bytes that name a device allocation to another process
+/// ([`DeviceBuffer::ipc_handle`], [`Context::open_ipc`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct IpcHandle(pub [u8; 64]);
+
+/// Another process's device memory mapped into a context ([`Context::open_ipc`]), unmapped
+/// on drop. Holds its context.
+pub struct IpcBuffer {
+    ptr: ffi::CuDevicePtr,
+    len: usize,
+    ctx: Context,
+}
+
+impl IpcBuffer {
+    /// The device address of the first byte in this context.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The size in bytes that the opener asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a 0-byte mapping.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for IpcBuffer {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind();
+        // SAFETY: `ptr` came from cuIpcOpenMemHandle_v2 in this (still retained) context and
+        // is closed once.
+        unsafe { (self.ctx.api().ipc_close)(self.ptr) };
     }
 }
 

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{GpuDumpError, Result};
 use ffi::CuResult;
 pub use kernel::Kernel;
-pub use memory::{Context, DeviceBuffer, Event, HostMemory, PinnedBuffer, Stream};
+pub use memory::{Context, DeviceBuffer, Event, HostMemory, IpcBuffer, IpcHandle, PinnedBuffer, Stream};
 
 /// The library names tried by [`CudaDriver::load`], in order.
 pub const LIBCUDA_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];

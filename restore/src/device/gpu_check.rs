@@ -11,7 +11,7 @@
 //! A failing chunk lowers one device word to its number; the load reads that word once every
 //! stream is done and fails naming the chunk and its pack, so nothing unchecked is returned.
 
-use super::{cuda_err, Planned, Pool};
+use super::{cuda_err, HeldAt, Planned, PlannedRead, Pool};
 use crate::engine::Buffers;
 use crate::plan::{RangeRead, MAX_CHUNKS_PER_READ};
 use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
@@ -100,7 +100,7 @@ pub(super) struct GpuLoad {
 
 /// The reads a load's workers take from the planner, numbered as they are taken.
 struct Queue {
-    reads: std::sync::mpsc::Receiver<RangeRead>,
+    reads: std::sync::mpsc::Receiver<PlannedRead>,
     /// Every read taken, with the number of its first chunk.
     taken: Vec<(u32, Arc<RangeRead>)>,
     next_tag: u32,
@@ -174,11 +174,14 @@ impl GpuLoad {
 
     /// Fills the zero runs and every read arriving from the planner (until it hangs up) into
     /// `buffers` with `workers` threads, waits for every queued copy, decode and check, and
-    /// fails if any chunk did not match its id.
+    /// fails if any chunk did not match its id. Reads whose bytes are `held` in pinned memory
+    /// are copied from there; the others are read from `store` into the staging slots. The
+    /// load may run again (its slots are kept).
     pub(super) fn run(
-        self,
+        &mut self,
         store: &Store,
         planned: Planned,
+        held: &[PinnedBuffer],
         buffers: &Buffers,
         workers: usize,
         progress: &dyn Progress,
@@ -197,9 +200,10 @@ impl GpuLoad {
                 unsafe { first.fill_async(at, 0, z.len as usize) }.map_err(cuda_err)?;
             }
         }
-        let pool = Pool::new(self.slots);
+        let pool = Pool::new(std::mem::take(&mut self.slots));
         let loader = Loader {
             store,
+            held,
             buffers,
             check: &self.check,
             nvcomp: self.nvcomp.as_ref().ok(),
@@ -220,19 +224,19 @@ impl GpuLoad {
                         while !stop.load(Ordering::Relaxed) {
                             let next = {
                                 let mut q = queue.lock().expect("queue lock");
-                                q.reads.recv().ok().map(|read| {
-                                    let (tag, read) = (q.next_tag, Arc::new(read));
-                                    q.next_tag += read.chunks.len() as u32;
-                                    q.taken.push((tag, Arc::clone(&read)));
-                                    (tag, read)
+                                q.reads.recv().ok().map(|planned| {
+                                    let tag = q.next_tag;
+                                    q.next_tag += planned.read.chunks.len() as u32;
+                                    q.taken.push((tag, Arc::clone(&planned.read)));
+                                    (tag, planned)
                                 })
                             };
-                            let Some((tag, read)) = next else { return Ok(()) };
+                            let Some((tag, PlannedRead { read, held })) = next else { return Ok(()) };
                             let mut slot = pool.take();
                             // Delta chunks decode on the host: their bases are read first.
                             let r = store
                                 .prefetch_bases(read.chunks.iter().filter_map(|c| c.loc.bases))
-                                .and_then(|_bases| loader.queue(&mut slot, &read, tag, &mut decoder));
+                                .and_then(|_bases| loader.queue(&mut slot, &read, held, tag, &mut decoder));
                             pool.give(slot);
                             match r {
                                 Ok(n) => progress.advance(n),
@@ -251,7 +255,8 @@ impl GpuLoad {
         progress.finish();
         // Every queued step finishes before any buffer it touches can be freed.
         let mut drained = Ok(());
-        for slot in pool.into_inner() {
+        self.slots = pool.into_inner();
+        for slot in &self.slots {
             drained = drained.and(slot.stream.synchronize().map_err(cuda_err));
         }
         r.and(drained)?;
@@ -280,6 +285,7 @@ impl GpuLoad {
 /// What every worker shares while queueing reads.
 struct Loader<'a> {
     store: &'a Store,
+    held: &'a [PinnedBuffer],
     buffers: &'a Buffers,
     check: &'a ChunkCheck,
     nvcomp: Option<&'a Nvcomp>,
@@ -295,9 +301,16 @@ fn put_u64(buf: &mut [u8], at: usize, v: u64) {
 }
 
 impl Loader<'_> {
-    /// Reads `read` into `slot` and queues its DMA, decode, check and placement; returns the
-    /// plain bytes it places.
-    fn queue(&self, slot: &mut Slot, read: &RangeRead, first_tag: u32, decoder: &mut Decoder<'_>) -> Result<u64> {
+    /// Reads `read` into `slot` (or takes its bytes where they are held) and queues its DMA,
+    /// decode, check and placement; returns the plain bytes it places.
+    fn queue(
+        &self,
+        slot: &mut Slot,
+        read: &RangeRead,
+        held: Option<HeldAt>,
+        first_tag: u32,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<u64> {
         if slot.in_flight {
             slot.done.synchronize().map_err(cuda_err)?;
             slot.in_flight = false;
@@ -310,7 +323,14 @@ impl Loader<'_> {
             )));
         }
         let Slot { pinned, host_decoded: decoded_area, device, meta_host, meta_device, temp, stream, done, .. } = slot;
-        self.store.read_pack_range_into(&read.pack, read.start..read.end, &mut pinned.as_mut_slice()[..len])?;
+        let (src, src_at): (&PinnedBuffer, usize) = match held {
+            Some(h) => (&self.held[h.buffer], h.offset),
+            None => {
+                self.store.read_pack_range_into(&read.pack, read.start..read.end, &mut pinned.as_mut_slice()[..len])?;
+                (pinned, 0)
+            }
+        };
+        let range = &src.as_slice()[src_at..src_at + len];
         let (base, decoded_base, meta_base) = (device.ptr(), device.ptr() + self.read_cap as u64, meta_device.ptr());
         let lanes_base = decoded_base + self.read_cap as u64;
         let meta = meta_host.as_mut_slice();
@@ -329,7 +349,7 @@ impl Loader<'_> {
             // and Huffman lanes always, zstd lanes with nvCOMP.
             let gpu_floats = match (self.lanes, c.loc.codec) {
                 (Some(_), Codec::Floats) => {
-                    let stored = &pinned.as_slice()[at..at + stored_len];
+                    let stored = &range[at..at + stored_len];
                     let f = float_layout(stored, plain, &c.id).map_err(|e| in_pack(e, read))?;
                     f.lanes.iter().all(|l| l.codec != FloatLaneCodec::Zstd || self.nvcomp.is_some()).then_some(f)
                 }
@@ -362,10 +382,10 @@ impl Loader<'_> {
                     let whole =
                         |frame: &[u8], len: usize| check_zstd_frame(frame, len, &c.id).map_err(|e| in_pack(e, read));
                     if let (Some(_), Codec::Zstd) = (self.nvcomp, c.loc.codec) {
-                        whole(&pinned.as_slice()[at..at + stored_len], plain)?;
+                        whole(&range[at..at + stored_len], plain)?;
                         (job.actual_len, job.status) = frame(meta, base + at as u64, stored_len, plain, job.src);
                     } else if let Some(f) = gpu_floats {
-                        let stored = &pinned.as_slice()[at..at + stored_len];
+                        let stored = &range[at..at + stored_len];
                         let mut lane_job = LaneJob {
                             tail: base + (at + f.tail.start) as u64,
                             dst: job.src,
@@ -413,10 +433,10 @@ impl Loader<'_> {
                     } else {
                         // Decoded here without hashing; the kernel checks the bytes.
                         if decoded_area.is_none() {
-                            *decoded_area = Some(pinned.context().alloc_pinned(self.read_cap).map_err(cuda_err)?);
+                            *decoded_area = Some(src.context().alloc_pinned(self.read_cap).map_err(cuda_err)?);
                         }
                         let area = decoded_area.as_mut().expect("allocated above");
-                        let stored = &pinned.as_slice()[at..at + stored_len];
+                        let stored = &range[at..at + stored_len];
                         let out = &mut area.as_mut_slice()[decoded..][..plain];
                         let n = decoder.expand_into(c.loc.codec, stored, &c.id, out).map_err(|e| in_pack(e, read))?;
                         if n != plain {
@@ -441,11 +461,11 @@ impl Loader<'_> {
             written += (plain * c.targets.len()) as u64;
         }
         // SAFETY (the copies and fills below): this slot's pinned buffers are not written again
-        // before its event (recorded last) is waited on, its device buffers are its own, and
+        // before its event (recorded last) is waited on, held bytes never are, its device buffers are its own, and
         // every destination lies in a file's buffer (checked by `address`) that no other read
         // writes.
         unsafe {
-            stream.copy_to_device_async(base, pinned, 0, len).map_err(cuda_err)?;
+            stream.copy_to_device_async(base, src, src_at, len).map_err(cuda_err)?;
             if let (Some(area), true) = (decoded_area.as_ref(), host_decoded > 0) {
                 stream.copy_to_device_async(decoded_base, area, 0, host_decoded).map_err(cuda_err)?;
             }

@@ -10,9 +10,11 @@
 //!   verified bytes.
 
 mod gpu_check;
+mod held;
 mod host_check;
 mod spread;
 
+pub use held::{bind_hold_socket, load_held, Holder};
 pub use spread::{parts, restore_to_devices, Spread};
 
 use crate::engine::{self, Buffers};
@@ -21,7 +23,7 @@ use gstore_gpu_dump::cuda::{Context, DeviceBuffer, HostMemory};
 use gstore_store::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::{ChunkIds, Result, Store, StoreError};
-use std::sync::{mpsc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 /// One restored file in device memory.
 pub struct DeviceEntry {
@@ -122,10 +124,23 @@ impl<T> Pool<T> {
     }
 }
 
+/// Where a read's stored bytes already are: a held image's pinned buffer and offset.
+#[derive(Clone, Copy)]
+struct HeldAt {
+    buffer: usize,
+    offset: usize,
+}
+
+/// A range read to load, and where its bytes are held (`None`: read them from the store).
+struct PlannedRead {
+    read: Arc<RangeRead>,
+    held: Option<HeldAt>,
+}
+
 /// A plan as it arrives: range reads sent by the planner while it looks chunks up, and what
 /// the manifest alone says.
 struct Planned {
-    reads: mpsc::Receiver<RangeRead>,
+    reads: mpsc::Receiver<PlannedRead>,
     zeros: Vec<ZeroRange>,
     /// Plain bytes to place (zero runs excluded).
     total: u64,
@@ -200,7 +215,9 @@ pub fn restore_to_device_with(
             let t = std::time::Instant::now();
             needs.plan_batches(store, m, max_read, PLAN_BATCH, |batch| {
                 for read in batch {
-                    sender.send(read).map_err(|_| StoreError::Internal("the load stopped before its plan".into()))?;
+                    sender
+                        .send(PlannedRead { read: Arc::new(read), held: None })
+                        .map_err(|_| StoreError::Internal("the load stopped before its plan".into()))?;
                 }
                 Ok(())
             })?;
@@ -209,19 +226,7 @@ pub fn restore_to_device_with(
         let prepared = (|| {
             let ctx = &open_context()?;
             let mut staging = mapping.join().expect("mapping staging memory does not panic")?;
-            let image_bytes = m.files().filter(|(e, _)| e.kind == EntryKind::File).map(|(e, _)| e.size).sum::<u64>();
-            let (free, _) = ctx.mem_info().map_err(cuda_err)?;
-            if image_bytes > free {
-                return Err(StoreError::Device(format!(
-                    "the image's files need {image_bytes} bytes of device memory and cuda:{} has {free} free; nothing was loaded",
-                    ctx.device()
-                )));
-            }
-            let (owned, buffers) = Buffers::allocate(m, |e| {
-                let buffer = ctx.alloc(e.size as usize).map_err(cuda_err)?;
-                let (base, len) = (buffer.ptr(), buffer.len());
-                Ok((buffer, base, len))
-            })?;
+            let (owned, buffers) = allocate_files(ctx, m)?;
             let gpu = if store.is_remote() {
                 Err("a remote store's range cache keeps only ranges the host has checked".to_string())
             } else {
@@ -238,13 +243,13 @@ pub fn restore_to_device_with(
         let alloc_s = t.elapsed().as_secs_f64();
         let loaded = prepared.and_then(|(owned, buffers, checker)| {
             let path = match checker {
-                Checker::Gpu(g) => {
+                Checker::Gpu(mut g) => {
                     let path = g.describe();
-                    g.run(store, Planned { reads, zeros, total }, &buffers, threads as usize, progress)?;
+                    g.run(store, Planned { reads, zeros, total }, &[], &buffers, threads as usize, progress)?;
                     path
                 }
                 Checker::Host(ring, why) => {
-                    let plan = Plan { reads: reads.iter().collect(), zeros };
+                    let plan = Plan { reads: reads.iter().map(|p| Arc::unwrap_or_clone(p.read)).collect(), zeros };
                     ring.run(store, &plan, buffers, progress)?;
                     format!("chunks checked and decoded on the host ({why})")
                 }
@@ -261,4 +266,27 @@ pub fn restore_to_device_with(
         let entries = owned.into_iter().map(|(path, buffer)| DeviceEntry { path, buffer }).collect();
         Ok(DeviceImage { entries, plan_s, alloc_s, transfer_s: t.elapsed().as_secs_f64() - alloc_s, path })
     })
+}
+
+/// Allocates a VRAM buffer on `ctx`'s device for every file of `m`, after checking the device
+/// has room for all of them.
+fn allocate_files(ctx: &Context, m: &Manifest) -> Result<(Vec<(String, DeviceBuffer)>, Buffers)> {
+    check_room(ctx, m.files().filter(|(e, _)| e.kind == EntryKind::File).map(|(e, _)| e.size).sum())?;
+    Buffers::allocate(m, |e| {
+        let buffer = ctx.alloc(e.size as usize).map_err(cuda_err)?;
+        let (base, len) = (buffer.ptr(), buffer.len());
+        Ok((buffer, base, len))
+    })
+}
+
+/// Fails, before anything is allocated, when `ctx`'s device has less than `image_bytes` free.
+fn check_room(ctx: &Context, image_bytes: u64) -> Result<()> {
+    let (free, _) = ctx.mem_info().map_err(cuda_err)?;
+    if image_bytes > free {
+        return Err(StoreError::Device(format!(
+            "the image's files need {image_bytes} bytes of device memory and cuda:{} has {free} free; nothing was loaded",
+            ctx.device()
+        )));
+    }
+    Ok(())
 }
