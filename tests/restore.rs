@@ -161,6 +161,91 @@ fn load_into_a_device_without_the_kernel_api_checks_on_the_host() {
     assert!(err.contains("pack") && err.contains("not found"), "{err}");
 }
 
+/// A stand-in for `gstore hold` (a real one needs a GPU that runs gstore's kernels): answers
+/// one load at `socket` with `files` ((path, size) pairs), checks the loader's handles (one
+/// 128-hex-digit handle per file), then sends `last`. Returns the handles it got.
+fn stand_in_holder(
+    socket: &std::path::Path,
+    files: Vec<(String, u64)>,
+    last: serde_json::Value,
+) -> std::thread::JoinHandle<Vec<String>> {
+    use std::io::{BufRead, Write};
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        let (conn, _) = listener.accept().unwrap();
+        let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+        let mut writer = conn;
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&line).unwrap()["image"], "w", "{line}");
+        let listed: Vec<_> = files.iter().map(|(p, n)| serde_json::json!({"path": p, "len": n})).collect();
+        writeln!(writer, "{}", serde_json::json!({"image": "00", "files": listed})).unwrap();
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        let request: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(request["device"], 0, "{line}");
+        let handles: Vec<String> =
+            request["handles"].as_array().unwrap().iter().map(|h| h.as_str().unwrap().to_string()).collect();
+        writeln!(writer, "{last}").unwrap();
+        handles
+    })
+}
+
+#[test]
+fn loads_through_gstore_hold_fail_clearly_and_check_catches_a_holder_that_lies() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 5, 3_000_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "w"]);
+    let cuda = env.path("cuda");
+    fake_libcuda(&cuda);
+    let gstore = |args: &[&str]| env.cmd(args).env("LD_LIBRARY_PATH", &cuda).output().expect("gstore runs");
+    let fails = |args: &[&str], expect: &str| {
+        let o = gstore(args);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(!o.status.success() && err.contains(expect), "{args:?}: wanted {expect:?}, got {err}");
+    };
+    // A holder checks every chunk on the GPU: the test driver runs no kernels, so it refuses,
+    // and leaves no socket behind.
+    let socket = env.path("hold.sock");
+    let s = socket.to_str().unwrap();
+    fails(&["hold", "w", "--socket", s], "gstore hold checks every chunk on the GPU");
+    assert!(!socket.exists());
+    // A path that is not a socket is never replaced; a socket someone answers on is refused.
+    fs::write(&socket, b"keep me").unwrap();
+    fails(&["hold", "w", "--socket", s], "is not a socket");
+    assert_eq!(fs::read(&socket).unwrap(), b"keep me");
+    fs::remove_file(&socket).unwrap();
+    let busy = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    fails(&["hold", "w", "--socket", s], "a gstore hold already answers at");
+    drop(busy);
+    fs::remove_file(&socket).unwrap();
+    // No holder at the socket.
+    fails(&["load", "w", "--device", "cuda:0", "--held", s], "connecting to gstore hold");
+    fails(&["load", "w", "--device", "host", "--held", s], "expected cuda:N");
+    let shown = env.json(&["show", "w"]);
+    let files: Vec<(String, u64)> = shown["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "file")
+        .map(|e| (e["path"].as_str().unwrap().to_string(), e["size"].as_u64().unwrap()))
+        .collect();
+    // A holder's error reaches the loader.
+    let holder = stand_in_holder(&socket, files.clone(), serde_json::json!({"error": "out of pinned memory"}));
+    fails(&["load", "w", "--device", "cuda:0", "--held", s], "gstore hold: out of pinned memory");
+    let handles = holder.join().unwrap();
+    assert_eq!(handles.len(), files.len());
+    assert!(handles.iter().all(|h| h.len() == 128 && h.bytes().all(|b| b.is_ascii_hexdigit())), "{handles:?}");
+    // A holder that says it loaded the image without doing so: --check reads the buffers back
+    // and finds chunks that are not there.
+    fs::remove_file(&socket).unwrap();
+    let bytes: u64 = files.iter().map(|f| f.1).sum();
+    let holder = stand_in_holder(&socket, files, serde_json::json!({"bytes": bytes, "path": "stand-in"}));
+    fails(&["load", "w", "--device", "cuda:0", "--held", s, "--check"], "do not match chunk");
+    holder.join().unwrap();
+}
+
 /// bf16-like weights (small-magnitude values) from a seed.
 fn write_bf16_weights(path: &std::path::Path, values: usize, seed: u64) {
     use rand::{Rng, SeedableRng};

@@ -133,6 +133,8 @@ def test_errors_name_what_is_wrong(store, tmp_path):
         store.load("model:v1", device="tpu")
     with pytest.raises(gstore.InvalidError, match="framework='torch'"):
         store.load("model:v1", device="cuda:0", framework="numpy")
+    with pytest.raises(gstore.InvalidError, match="held= loads into GPU memory"):
+        store.load("model:v1", device="cpu", held=str(tmp_path / "hold.sock"))
     # An image that was not saved by Store.save: pushed by the CLI from a directory.
     src = tmp_path / "plain"
     src.mkdir()

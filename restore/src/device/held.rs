@@ -246,6 +246,7 @@ impl Holder {
             )));
         }
         let mut handles = handles.into_iter();
+        let opening = std::time::Instant::now();
         let (mapped, buffers) = Buffers::allocate(&img.manifest, |e| {
             let hex = handles.next().ok_or_else(|| bad_request("fewer handles than the image has files"))?;
             let handle = parse_handle(&hex)?;
@@ -267,14 +268,19 @@ impl Holder {
         }
         drop(sender);
         let planned = Planned { reads, zeros: img.zeros.clone(), total: img.total };
-        let t = std::time::Instant::now();
+        let (open_s, t) = (opening.elapsed().as_secs_f64(), std::time::Instant::now());
         let bytes = img.manifest.files().map(|(e, _)| e.size).sum::<u64>();
         let name = img.name.clone();
         self.load.run(store, planned, &self.memory, &buffers, self.workers, &Silent)?;
         // The loader may free its buffers once it hears back: they are unmapped first.
+        let (load_s, t) = (t.elapsed().as_secs_f64(), std::time::Instant::now());
         drop(mapped);
+        let close_s = t.elapsed().as_secs_f64();
         send(writer, &LoadAnswer { bytes, path: self.load.describe() })?;
-        Ok(format!("loaded {name} ({bytes} bytes) in {:.3} s", t.elapsed().as_secs_f64()))
+        Ok(format!(
+            "loaded {name} ({bytes} bytes): handles opened in {open_s:.3} s, loaded in {load_s:.3} s ({:.1} GB/s), closed in {close_s:.3} s",
+            bytes as f64 / load_s.max(1e-9) / 1e9
+        ))
     }
 
     /// The held image `reference` names: a name it was held by, or a prefix (8 hex digits or
@@ -368,7 +374,7 @@ pub fn load_held(socket: &Path, reference: &str, ctx: &Context) -> Result<Device
 /// holder still answers on is an error.
 pub fn bind_hold_socket(path: &Path) -> Result<UnixListener> {
     if UnixStream::connect(path).is_ok() {
-        return Err(StoreError::AlreadyExists { what: "gstore hold answering at", key: path.display().to_string() });
+        return Err(StoreError::Conflict(format!("a gstore hold already answers at {}", path.display())));
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) => {
@@ -385,4 +391,37 @@ pub fn bind_hold_socket(path: &Path) -> Result<UnixListener> {
     // SAFETY: as above.
     unsafe { libc::umask(old) };
     bound.map_err(|e| StoreError::io("listening for loads at", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn handles_go_through_hex_and_bad_ones_are_refused() {
+        let mut bytes = [0u8; 64];
+        bytes.iter_mut().enumerate().for_each(|(k, b)| *b = (k * 37 + 5) as u8);
+        let hex = to_hex(&IpcHandle(bytes));
+        assert_eq!(hex.len(), 128);
+        assert_eq!(parse_handle(&hex).unwrap(), IpcHandle(bytes));
+        for bad in [&hex[..126], &format!("{}zz", &hex[..126]), &format!("{hex}00"), &"é".repeat(64)] {
+            assert!(parse_handle(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_socket_is_this_users_alone_and_a_stale_one_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hold.sock");
+        let first = bind_hold_socket(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let err = bind_hold_socket(&path).unwrap_err().to_string();
+        assert!(err.contains("already answers at"), "{err}");
+        // The holder is gone; its socket file stays until the next one replaces it.
+        drop(first);
+        assert!(path.exists());
+        let _second = bind_hold_socket(&path).unwrap();
+        assert!(UnixStream::connect(&path).is_ok());
+    }
 }
