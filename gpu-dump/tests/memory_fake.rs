@@ -369,6 +369,33 @@ fn memory_mapped_before_the_context_is_registered_copied_from_and_unregistered()
 }
 
 #[test]
+fn shareable_buffers_round_up_and_map_through_their_ipc_handles() {
+    let (_guard, cuda, fake) = setup();
+    let ctx = cuda.context(0).expect("context");
+    const N: usize = (1 << 20) + 123;
+    let (free, _) = ctx.mem_info().expect("mem info");
+    let dev = ctx.alloc_shareable(N).expect("alloc");
+    assert_eq!(dev.len(), N, "the buffer keeps the length asked for");
+    let (after, _) = ctx.mem_info().expect("mem info");
+    assert_eq!(free - after, 2 << 20, "the allocation is rounded up to the 2 MiB large page");
+    // The fake maps a handle of its own process (its device memory is this process's).
+    let handle = dev.ipc_handle().expect("handle");
+    let mapped = ctx.open_ipc(&handle, N).expect("open");
+    assert_eq!((mapped.ptr(), mapped.len()), (dev.ptr(), N));
+    let input = pattern(3, N);
+    ctx.copy_to_device(mapped.ptr(), &input).expect("write through the mapping");
+    let mut back = vec![0u8; N];
+    ctx.copy_to_host(&mut back, dev.ptr()).expect("read the buffer");
+    assert!(back == input, "the mapping and the buffer are the same memory");
+    drop(mapped);
+    drop(dev);
+    let err = ctx.open_ipc(&handle, N).err().expect("a handle of freed memory is refused");
+    assert!(err.to_string().starts_with("cuIpcOpenMemHandle_v2("), "{err}");
+    drop(ctx);
+    assert_eq!(fake.live(), NOTHING);
+}
+
+#[test]
 fn out_of_memory_names_the_call_and_the_code() {
     let (_guard, cuda, fake) = setup();
     let ctx = cuda.context(0).expect("context");

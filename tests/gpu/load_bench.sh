@@ -71,7 +71,10 @@ hold() {  # starts `gstore hold` of every image at $W/hold.sock, waits until it 
   done
   echo "hold: ready after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f s", b-a}'): $(cat "$W/hold.log")"
 }
-unhold() { kill "$HOLDER"; wait "$HOLDER" 2>/dev/null || true; }
+unhold() {  # stops the holder, printing its last loads (where their time went)
+  kill "$HOLDER"; wait "$HOLDER" 2>/dev/null || true
+  grep "loaded" "$W/hold.log" | tail -4 | cut -c1-200 || true
+}
 timed() {  # LABEL CMD...: runs CMD, prints its output and the wall time from start to exit
   local label=$1; shift
   local t0; t0=$(date +%s.%N)

@@ -243,6 +243,17 @@ impl Context {
         Ok(DeviceBuffer { ptr, len: bytes, ctx: self.clone() })
     }
 
+    /// Allocates `bytes` of device memory to share with another process
+    /// ([`DeviceBuffer::ipc_handle`]): as [`Context::alloc`], but the allocation is rounded up
+    /// to a multiple of 2 MiB (the buffer's length stays `bytes`). The importer maps such an
+    /// allocation in ~0.1 ms, one of any other size in ~8 ms (measured on an H200, driver 580:
+    /// tests/gpu/ipc_probe.py).
+    pub fn alloc_shareable(&self, bytes: usize) -> Result<DeviceBuffer> {
+        let mut buffer = self.alloc(bytes.div_ceil(IPC_GRANULE) * IPC_GRANULE)?;
+        buffer.len = bytes;
+        Ok(buffer)
+    }
+
     /// Allocates `bytes` of page-locked host memory (`cuMemHostAlloc`, portable to every
     /// context), zero-filled (a memset at memory bandwidth: allocate staging buffers once),
     /// freed when the buffer drops. A 0-byte request does not reach the driver.
@@ -538,6 +549,9 @@ pub struct HostMemory {
 unsafe impl Send for HostMemory {}
 // SAFETY: HostMemory hands out no access to its bytes; PinnedBuffer governs that.
 unsafe impl Sync for HostMemory {}
+
+/// What shareable device allocations are rounded up to: the GPU's large page.
+const IPC_GRANULE: usize = 2 << 20;
 
 /// Huge page size the staging mappings align to.
 const HUGE_PAGE: usize = 2 << 20;

@@ -353,7 +353,7 @@ pub fn load_held(socket: &Path, reference: &str, ctx: &Context) -> Result<Device
     let mut entries = Vec::with_capacity(files.len());
     let mut handles = Vec::with_capacity(files.len());
     for f in files {
-        let buffer = ctx.alloc(f.len as usize).map_err(cuda_err)?;
+        let buffer = ctx.alloc_shareable(f.len as usize).map_err(cuda_err)?;
         handles.push(if buffer.is_empty() { "0".repeat(128) } else { to_hex(&buffer.ipc_handle().map_err(cuda_err)?) });
         entries.push(DeviceEntry { path: f.path, buffer });
     }
