@@ -30,6 +30,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::{mpsc, Arc};
 
+/// How long the holder waits for a loader's next message.
+const LOADER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Pinned memory is taken in pieces of this size (the last one of an image smaller).
 const PIECE: usize = 1 << 30;
 
@@ -222,6 +225,8 @@ impl Holder {
 
     /// Runs one load; the error returned has been sent to the loader where it could be.
     fn answer(&mut self, store: &Store, conn: UnixStream) -> Result<String> {
+        // Loads are answered one at a time: a loader that stops talking is given up on.
+        conn.set_read_timeout(Some(LOADER_PATIENCE)).map_err(|e| StoreError::io("using", "the hold socket", e))?;
         let mut reader = BufReader::new(conn.try_clone().map_err(|e| StoreError::io("using", "the hold socket", e))?);
         let mut writer = conn;
         let r = self.answer_on(store, &mut reader, &mut writer);
