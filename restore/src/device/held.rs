@@ -131,6 +131,9 @@ impl Holder {
             }
             places.push(at);
         }
+        let meminfo = std::fs::read_to_string("/proc/meminfo")
+            .map_err(|e| StoreError::io("reading the machine's free memory from", "/proc/meminfo", e))?;
+        room_to_hold(sizes.iter().map(|&s| s as u64).sum(), &meminfo)?;
         let mut memory = sizes
             .par_iter()
             .map(|&len| self.ctx.register(HostMemory::map(len).map_err(cuda_err)?).map_err(cuda_err))
@@ -303,6 +306,25 @@ impl Holder {
     }
 }
 
+/// Refuses to pin `bytes` when `meminfo` (`/proc/meminfo`'s text) says the machine has less
+/// available: pinned memory cannot be swapped or reclaimed, and touching more than there is
+/// would end in the kernel's OOM killer rather than an error.
+fn room_to_hold(bytes: u64, meminfo: &str) -> Result<()> {
+    let available = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| StoreError::Internal("/proc/meminfo has no MemAvailable line".into()))?;
+    if bytes > available {
+        return Err(StoreError::Invalid(format!(
+            "holding these images takes {bytes} bytes of pinned memory and the machine has {available} available; nothing was held"
+        )));
+    }
+    Ok(())
+}
+
 fn bad_request(detail: &str) -> StoreError {
     StoreError::Invalid(format!("a load request to gstore hold: {detail}"))
 }
@@ -413,6 +435,15 @@ mod tests {
         for bad in [&hex[..126], &format!("{}zz", &hex[..126]), &format!("{hex}00"), &"é".repeat(64)] {
             assert!(parse_handle(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn images_larger_than_available_memory_are_refused() {
+        let meminfo = "MemTotal:       131072000 kB\nMemFree:         1000 kB\nMemAvailable:    2048 kB\n";
+        assert!(room_to_hold(2048 * 1024, meminfo).is_ok());
+        let err = room_to_hold(2048 * 1024 + 1, meminfo).unwrap_err().to_string();
+        assert!(err.contains("takes 2097153 bytes of pinned memory and the machine has 2097152 available"), "{err}");
+        assert!(room_to_hold(1, "MemTotal: 5 kB\n").is_err(), "no MemAvailable line");
     }
 
     #[test]
