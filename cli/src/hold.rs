@@ -1,7 +1,7 @@
 //! `gstore hold`: keep images in pinned host memory and load them into other processes' GPU
 //! memory on request (gstore_restore::Holder); `gstore load --held` asks it.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
 use gstore_restore::Holder;
@@ -18,14 +18,6 @@ impl Drop for SocketFile<'_> {
     }
 }
 
-/// The GPU ordinal `cuda:N` names.
-pub fn single_device(device: &str) -> Result<u32> {
-    match device.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
-        Some(n) => Ok(n),
-        None => bail!("--device {device:?}: expected cuda:N (one GPU)"),
-    }
-}
-
 /// Holds `images` of the store at `location` for loads into GPU `device` arriving at
 /// `socket`, until the process is stopped. Reports on stderr.
 pub fn hold(
@@ -36,7 +28,7 @@ pub fn hold(
     memory_budget: u64,
     bars: &Bars,
 ) -> Result<()> {
-    let ordinal = single_device(device)?;
+    let ordinal = crate::load::single_device(device)?;
     let started = std::thread::spawn(move || CudaDriver::load()?.context(ordinal));
     let listener = gstore_restore::bind_hold_socket(socket)?;
     let _socket = SocketFile(socket);

@@ -68,6 +68,14 @@ fn parse_target(device: &str) -> Result<Target> {
     }
 }
 
+/// The one GPU `device` names (`cuda:N`): held loads and `gstore hold` serve one device.
+pub fn single_device(device: &str) -> Result<u32> {
+    match parse_target(device) {
+        Ok(Target::Cuda(list)) if list.len() == 1 => Ok(list[0]),
+        _ => bail!("--device {device:?}: expected cuda:N (one GPU)"),
+    }
+}
+
 /// Opens the store and reads the manifest of `reference` with `open`, and loads it onto `device` (`host`, `cuda:N`, a
 /// comma-separated list of GPUs, or `all` of them), split across several GPUs or, with
 /// `replicate`, whole on each. The CUDA driver and contexts start while the store opens and
@@ -148,7 +156,7 @@ pub fn load_held(
     socket: &Path,
 ) -> Result<LoadReport> {
     let started = Instant::now();
-    let ctx = CudaDriver::load()?.context(crate::hold::single_device(device)?)?;
+    let ctx = CudaDriver::load()?.context(single_device(device)?)?;
     let image = gstore_restore::load_held(socket, reference, &ctx)?;
     let mut r = report(reference, device, image.len(), started.elapsed().as_secs_f64());
     r.phases = Some([image.plan_s, image.alloc_s, image.transfer_s]);

@@ -98,7 +98,9 @@ impl Holder {
     ) -> Result<()> {
         let read_cap = self.read_cap as u64;
         let first_piece = self.memory.len();
-        let mut planned = Vec::new();
+        // Each read gets a place in a piece of pinned memory, in order, as it is planned.
+        let mut sizes: Vec<usize> = Vec::new();
+        let mut held = Vec::with_capacity(images.len());
         for (name, id, manifest) in images {
             let needs = plan::Needs::of(&manifest);
             let zeros = needs.zeros.clone();
@@ -108,32 +110,19 @@ impl Holder {
                 Ok(())
             })?;
             let total = reads.iter().map(RangeRead::plain_bytes).sum();
-            planned.push((name, id, manifest, reads, zeros, total));
+            let reads = reads
+                .into_iter()
+                .map(|r| {
+                    let at = place(&mut sizes, first_piece, (r.end - r.start) as usize);
+                    (Arc::new(r), at)
+                })
+                .collect();
+            held.push(HeldImage { name, id, manifest, reads, zeros, total });
         }
-        // Each read gets a place in a piece of pinned memory, in order.
-        let mut sizes: Vec<usize> = Vec::new();
-        let mut places = Vec::new();
-        for (_, _, _, reads, _, _) in &planned {
-            let mut at = Vec::with_capacity(reads.len());
-            for r in reads {
-                let len = (r.end - r.start) as usize;
-                let pieces = sizes.len();
-                match sizes.last_mut() {
-                    Some(used) if *used + len <= PIECE => {
-                        at.push(HeldAt { buffer: first_piece + pieces - 1, offset: *used });
-                        *used += len;
-                    }
-                    _ => {
-                        at.push(HeldAt { buffer: first_piece + sizes.len(), offset: 0 });
-                        sizes.push(len);
-                    }
-                }
-            }
-            places.push(at);
-        }
+        let stored: u64 = sizes.iter().map(|&s| s as u64).sum();
         let meminfo = std::fs::read_to_string("/proc/meminfo")
             .map_err(|e| StoreError::io("reading the machine's free memory from", "/proc/meminfo", e))?;
-        room_to_hold(sizes.iter().map(|&s| s as u64).sum(), &meminfo)?;
+        room_to_hold(stored, &meminfo)?;
         let mut memory = sizes
             .par_iter()
             .map(|&len| self.ctx.register(HostMemory::map(len).map_err(cuda_err)?).map_err(cuda_err))
@@ -143,7 +132,7 @@ impl Holder {
         let mut pieces = memory.iter_mut().map(PinnedBuffer::as_mut_slice);
         let mut current: &mut [u8] = &mut [];
         let mut jobs: Vec<(&RangeRead, &mut [u8])> = Vec::new();
-        for (r, at) in planned.iter().flat_map(|p| &p.3).zip(places.iter().flatten()) {
+        for (r, at) in held.iter().flat_map(|i| &i.reads) {
             if at.offset == 0 {
                 current = pieces.next().expect("a piece begins at each read placed at offset 0");
             }
@@ -151,7 +140,6 @@ impl Holder {
             current = rest;
             jobs.push((r, this));
         }
-        let stored: u64 = planned.iter().flat_map(|p| &p.3).map(|r| r.end - r.start).sum();
         progress.start("holding", stored, Unit::Bytes);
         let read = jobs.into_par_iter().try_for_each(|(r, into)| {
             store.read_pack_range_into(&r.pack, r.start..r.end, into)?;
@@ -161,16 +149,25 @@ impl Holder {
         progress.finish();
         read?;
         self.memory.append(&mut memory);
-        let images = planned.into_iter().zip(places).map(|((name, id, manifest, reads, zeros, total), at)| HeldImage {
-            name,
-            id,
-            manifest,
-            reads: reads.into_iter().map(Arc::new).zip(at).collect(),
-            zeros,
-            total,
-        });
-        self.images.extend(images);
+        self.images.extend(held);
         Ok(())
+    }
+}
+
+/// Places `len` bytes after the last piece's bytes in `sizes` (pieces numbered from
+/// `first_piece`), or at the start of a new piece when they would pass [`PIECE`].
+fn place(sizes: &mut Vec<usize>, first_piece: usize, len: usize) -> HeldAt {
+    let next = first_piece + sizes.len();
+    match sizes.last_mut() {
+        Some(used) if *used + len <= PIECE => {
+            let at = HeldAt { buffer: next - 1, offset: *used };
+            *used += len;
+            at
+        }
+        _ => {
+            sizes.push(len);
+            HeldAt { buffer: next, offset: 0 }
+        }
     }
 }
 
@@ -435,6 +432,19 @@ mod tests {
         for bad in [&hex[..126], &format!("{}zz", &hex[..126]), &format!("{hex}00"), &"é".repeat(64)] {
             assert!(parse_handle(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn reads_fill_pieces_in_order_and_a_read_that_would_pass_one_starts_the_next() {
+        const MIB: usize = 1 << 20;
+        let mut sizes = Vec::new();
+        let placed: Vec<(usize, usize)> = [600 * MIB, 424 * MIB, MIB, 16 * MIB]
+            .into_iter()
+            .map(|len| place(&mut sizes, 2, len))
+            .map(|at| (at.buffer, at.offset))
+            .collect();
+        assert_eq!(placed, [(2, 0), (2, 600 * MIB), (3, 0), (3, MIB)]);
+        assert_eq!(sizes, [PIECE, 17 * MIB]);
     }
 
     #[test]
