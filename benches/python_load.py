@@ -3,12 +3,15 @@ compares it in the same run with safetensors.torch.load_file(device="cuda"), tor
 `gstore load` on the same image; also what a fine-tune (10 % of tensors changed) adds.
 
     python3 benches/python_load.py --gib 8 --work /tmp/bench [--gstore-bin PATH] [--rounds 3] [--hold]
+        [--random-bits] [--no-torch-load]
 
 With --hold (needs --gstore-bin), `gstore hold` keeps the image in pinned memory and the loads
 also run through it: `Store.load(..., held=SOCKET)` and `gstore load --held SOCKET`.
 
 Needs torch with a CUDA GPU and the gstore wheel installed. Weights are N(0, 0.02) in bf16
-(small-magnitude floats, as models hold). Warm page cache: every file is read once before the
+(small-magnitude floats, as models hold); with --random-bits every bit is random instead (the
+store keeps such chunks raw: the incompressible case). --no-torch-load leaves out torch.load,
+the slowest loader. Warm page cache: every file is read once before the
 timed rounds. Prints one JSON object per measurement, then a summary.
 """
 
@@ -27,13 +30,17 @@ import gstore
 TENSOR_BYTES = 128 << 20
 
 
-def make_state(gib):
+def make_state(gib, random_bits):
     g = torch.Generator(device="cuda").manual_seed(0)
     n = (gib << 30) // TENSOR_BYTES
     elems = TENSOR_BYTES // 2
     out = {}
     for i in range(n):
-        w = (torch.randn(elems // 4096, 4096, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+        if random_bits:
+            bits = torch.randint(-(1 << 15), 1 << 15, (elems // 4096, 4096), generator=g, device="cuda", dtype=torch.int16)
+            w = bits.view(torch.bfloat16)
+        else:
+            w = (torch.randn(elems // 4096, 4096, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
         out[f"layers.{i:03d}.weight"] = w.cpu()
     return out
 
@@ -74,6 +81,8 @@ def main():
     ap.add_argument("--gstore-bin", default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hold", action="store_true")
+    ap.add_argument("--random-bits", action="store_true")
+    ap.add_argument("--no-torch-load", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     store_dir = os.path.join(a.work, "store")
@@ -83,7 +92,7 @@ def main():
     ceiling = pinned_ceiling()
     emit(what="pinned_ceiling_gb_s", value=round(ceiling, 1))
 
-    state = make_state(a.gib)
+    state = make_state(a.gib, a.random_bits)
     logical = sum(t.numel() * t.element_size() for t in state.values())
     t = time.perf_counter()
     r = s.save(state, "bench:base", progress=False)
@@ -93,7 +102,8 @@ def main():
     t = time.perf_counter()
     safetensors.torch.save_file(state, st_path)
     emit(what="safetensors_save", seconds=round(time.perf_counter() - t, 2))
-    torch.save(state, pt_path)
+    if not a.no_torch_load:
+        torch.save(state, pt_path)
 
     tuned = dict(state)
     changed = sorted(state)[::10]
@@ -110,7 +120,7 @@ def main():
     )
     del tuned
 
-    for p in (st_path, pt_path, store_dir):
+    for p in (st_path, store_dir) if a.no_torch_load else (st_path, pt_path, store_dir):
         warm(p)
     sock = os.path.join(a.work, "hold.sock")
     holder = None
@@ -130,14 +140,16 @@ def main():
 
     def check(loaded):
         for name, value in state.items():
-            if not torch.equal(loaded[name].cpu(), value):
+            # compared as bits: random bits hold NaNs, which never equal themselves
+            if not torch.equal(loaded[name].cpu().view(torch.int16), value.view(torch.int16)):
                 raise SystemExit(f"{name}: loaded bytes differ")
 
     loaders = {
         "gstore_python": lambda: s.load("bench:base", device="cuda:0", progress=False),
         "safetensors": lambda: safetensors.torch.load_file(st_path, device="cuda:0"),
-        "torch_load": lambda: torch.load(pt_path, map_location="cuda:0", weights_only=True),
     }
+    if not a.no_torch_load:
+        loaders["torch_load"] = lambda: torch.load(pt_path, map_location="cuda:0", weights_only=True)
     if holder:
         loaders["gstore_python_held"] = lambda: s.load("bench:base", device="cuda:0", progress=False, held=sock)
     results = {k: [] for k in loaders}
@@ -189,7 +201,7 @@ def main():
     for k in ("safetensors", "torch_load", "gstore_cli"):
         if k in best:
             summary["gstore_python_vs_" + k] = round(best[k] / best["gstore_python"], 2)
-    emit(what="summary", gib=a.gib, **summary)
+    emit(what="summary", gib=a.gib, random_bits=a.random_bits, **summary)
 
 
 if __name__ == "__main__":
