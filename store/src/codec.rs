@@ -6,6 +6,7 @@ pub use crate::floats::{
     layout as float_layout, Lane as FloatLane, LaneCodec as FloatLaneCodec, LaneCoding, Layout as FloatLayout,
 };
 use crate::id::{ChunkIds, ObjectId};
+use crate::prefix_zstd::PrefixCompressor;
 
 /// How a chunk is stored. The numeric value is the codec byte in pack footers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,9 +75,10 @@ pub struct Encoder {
     /// How float lanes worth compressing are coded.
     coding: LaneCoding,
     scratch: floats::Scratch,
-    /// The zstd level, for delta frames (each made with its own context: the prefix is
-    /// borrowed for one frame).
+    /// The zstd level, for delta frames.
     level: i32,
+    /// The context for delta frames, made when the first is.
+    deltas: Option<PrefixCompressor>,
 }
 
 impl Encoder {
@@ -92,7 +94,15 @@ impl Encoder {
         lanes
             .set_parameter(zstd::zstd_safe::CParameter::LiteralCompressionMode(zstd::zstd_safe::ParamSwitch::Enable))
             .map_err(bad)?;
-        Ok(Encoder { zstd, floats, lanes, coding: LaneCoding::Huffman, scratch: floats::Scratch::default(), level })
+        Ok(Encoder {
+            zstd,
+            floats,
+            lanes,
+            coding: LaneCoding::Huffman,
+            scratch: floats::Scratch::default(),
+            level,
+            deltas: None,
+        })
     }
 
     /// An encoder for the store `cfg` describes: its zstd level, float codec and lane coding.
@@ -137,28 +147,29 @@ impl Encoder {
     /// prefix (zstd's `refPrefix`), so the frame holds little more than the bytes where they
     /// differ. `None` when the result is not below `limit` bytes.
     pub fn encode_delta(&mut self, plain: &[u8], bases: &DeltaBases, prefix: &[u8], limit: usize) -> Option<Vec<u8>> {
-        use zstd::zstd_safe::{CCtx, CParameter};
         let head = bases.header_len();
         let room = limit.checked_sub(head)?;
-        let mut cctx = CCtx::create();
-        cctx.set_parameter(CParameter::CompressionLevel(self.level)).ok()?;
         // A window that reaches from the end of the chunk back to the start of the prefix, so
         // that every part of it can be matched (zstd would size it for the chunk alone).
         let window = (plain.len() + prefix.len()).next_power_of_two().trailing_zeros().max(10);
-        cctx.set_parameter(CParameter::WindowLog(window)).ok()?;
-        // A hash table with a slot per position of the prefix: at the level's own size, later
-        // positions push the prefix's start out of the table and its matches are not found.
-        cctx.set_parameter(CParameter::HashLog(window.min(20))).ok()?;
-        cctx.ref_prefix(prefix).ok()?;
-        let mut frame = Vec::with_capacity(room);
-        // A frame that does not fit `room` fails: not worth it.
-        cctx.compress2(&mut frame, plain).ok()?;
-        let mut out = Vec::with_capacity(head + frame.len());
+        // A hash table with a slot per four bytes of the window (zstd-1 enters every third
+        // position of a prefix): at the level's own size, later positions push the prefix's
+        // start out of the table and its matches are not found. A slot per byte stored the
+        // same deltas at a third more of the time; a slot per 16 bytes, 2 % more bytes on
+        // CRIU images, per 32, 59 % more (docs/BENCHMARKS.md, issue #15).
+        let hash = window.min(20) - 2;
+        if self.deltas.is_none() {
+            self.deltas = PrefixCompressor::new();
+        }
+        let mut out = Vec::with_capacity(limit);
         out.push(bases.count() as u8);
         for b in bases.iter() {
             out.extend_from_slice(&b.0);
         }
-        out.extend_from_slice(&frame);
+        // A frame that does not fit `room` fails: not worth it.
+        if !self.deltas.as_mut()?.compress(plain, prefix, self.level, window, hash, &mut out, room) {
+            return None;
+        }
         (out.len() < limit).then_some(out)
     }
 }

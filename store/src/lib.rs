@@ -30,6 +30,7 @@ mod lock;
 pub mod manifest;
 mod memory;
 pub mod pack;
+mod prefix_zstd;
 pub mod profile;
 pub mod progress;
 pub mod push;

@@ -151,6 +151,17 @@ pub fn uncovered(plain: &[u8], at: u64, base: &[u8]) -> Option<std::ops::Range<u
     }
 }
 
+/// True when chunk `plain` starts and ends with the same [`SAME_ENDS`] bytes as `base`: both
+/// its cut points were found again, so it is `base` changed inside, and no second base holds
+/// what a delta against `base` leaves over (a change that moves a cut point makes a chunk that
+/// spans two old ones, whose ends differ from each one's).
+pub fn same_ends(plain: &[u8], base: &[u8]) -> bool {
+    common_len(plain.iter(), base.iter()) >= SAME_ENDS && common_len(plain.iter().rev(), base.iter().rev()) >= SAME_ENDS
+}
+
+/// How many bytes at each end [`same_ends`] compares.
+pub const SAME_ENDS: usize = 64;
+
 /// How many items the two sequences share before they first differ.
 fn common_len<'a>(a: impl Iterator<Item = &'a u8>, b: impl Iterator<Item = &'a u8>) -> usize {
     a.zip(b).take_while(|(x, y)| x == y).count()
@@ -187,6 +198,22 @@ mod tests {
     /// Pseudo-random bytes.
     fn noise(n: usize, seed: u64) -> Vec<u8> {
         (0..n as u64).map(|i| splitmix(i ^ (seed << 40)) as u8).collect()
+    }
+
+    #[test]
+    fn same_ends_tells_a_chunk_changed_inside_from_one_spanning_two() {
+        let old_a = noise(40_000, 1);
+        let old_b = noise(30_000, 2);
+        let mut inside = old_a.clone();
+        inside[20_000..24_096].copy_from_slice(&noise(4096, 3));
+        assert!(same_ends(&inside, &old_a));
+        let spanning = [&old_a[20_000..], &old_b[..10_000]].concat();
+        assert!(!same_ends(&spanning, &old_a) && !same_ends(&spanning, &old_b));
+        // A change within the last SAME_ENDS bytes counts as a different end.
+        let mut tail = old_a.clone();
+        tail[40_000 - SAME_ENDS] ^= 1;
+        assert!(!same_ends(&tail, &old_a));
+        assert!(!same_ends(&old_a[..10], &old_a[..10]), "shorter than SAME_ENDS");
     }
 
     #[test]
