@@ -134,8 +134,8 @@ pub const PAGE: u64 = 4096;
 /// that part finds it. `None` when `base` lines up with neither end (by a page at least) or
 /// nothing is left over.
 pub fn uncovered(plain: &[u8], at: u64, base: &[u8]) -> Option<std::ops::Range<usize>> {
-    let same_head = common_len(plain.iter(), base.iter());
-    let same_tail = common_len(plain.iter().rev(), base.iter().rev());
+    let same_head = same_head(plain, base);
+    let same_tail = same_tail(plain, base);
     if same_head == plain.len() || same_head.max(same_tail) < PAGE as usize {
         return None;
     }
@@ -156,15 +156,37 @@ pub fn uncovered(plain: &[u8], at: u64, base: &[u8]) -> Option<std::ops::Range<u
 /// what a delta against `base` leaves over (a change that moves a cut point makes a chunk that
 /// spans two old ones, whose ends differ from each one's).
 pub fn same_ends(plain: &[u8], base: &[u8]) -> bool {
-    common_len(plain.iter(), base.iter()) >= SAME_ENDS && common_len(plain.iter().rev(), base.iter().rev()) >= SAME_ENDS
+    let n = SAME_ENDS;
+    plain.len() >= n
+        && base.len() >= n
+        && plain[..n] == base[..n]
+        && plain[plain.len() - n..] == base[base.len() - n..]
 }
 
 /// How many bytes at each end [`same_ends`] compares.
 pub const SAME_ENDS: usize = 64;
 
-/// How many items the two sequences share before they first differ.
-fn common_len<'a>(a: impl Iterator<Item = &'a u8>, b: impl Iterator<Item = &'a u8>) -> usize {
-    a.zip(b).take_while(|(x, y)| x == y).count()
+/// How many bytes `a` and `b` share before they first differ (compared a block at a time).
+fn same_head(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 64;
+    let n = a.len().min(b.len());
+    let mut at = 0;
+    while at + BLOCK <= n && a[at..at + BLOCK] == b[at..at + BLOCK] {
+        at += BLOCK;
+    }
+    at + a[at..n].iter().zip(&b[at..n]).take_while(|(x, y)| x == y).count()
+}
+
+/// How many bytes `a` and `b` share after they last differ (compared a block at a time).
+fn same_tail(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 64;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[a.len() - n..], &b[b.len() - n..]);
+    let mut at = n;
+    while at >= BLOCK && a[at - BLOCK..at] == b[at - BLOCK..at] {
+        at -= BLOCK;
+    }
+    n - at + a[..at].iter().rev().zip(b[..at].iter().rev()).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]
@@ -198,6 +220,21 @@ mod tests {
     /// Pseudo-random bytes.
     fn noise(n: usize, seed: u64) -> Vec<u8> {
         (0..n as u64).map(|i| splitmix(i ^ (seed << 40)) as u8).collect()
+    }
+
+    #[test]
+    fn shared_heads_and_tails_are_counted_to_the_byte() {
+        let a = noise(1000, 4);
+        for at in [0, 1, 63, 64, 65, 500, 999] {
+            let mut b = a.clone();
+            b[at] ^= 0x40;
+            assert_eq!(same_head(&a, &b), at);
+            assert_eq!(same_tail(&a, &b), 999 - at);
+        }
+        assert_eq!(same_head(&a, &a[..300]), 300);
+        assert_eq!(same_tail(&a, &a[700..]), 300);
+        assert_eq!(same_head(&a, &a), 1000);
+        assert_eq!(same_tail(&[], &a), 0);
     }
 
     #[test]
