@@ -157,10 +157,7 @@ pub fn uncovered(plain: &[u8], at: u64, base: &[u8]) -> Option<std::ops::Range<u
 /// spans two old ones, whose ends differ from each one's).
 pub fn same_ends(plain: &[u8], base: &[u8]) -> bool {
     let n = SAME_ENDS;
-    plain.len() >= n
-        && base.len() >= n
-        && plain[..n] == base[..n]
-        && plain[plain.len() - n..] == base[base.len() - n..]
+    plain.len() >= n && base.len() >= n && plain[..n] == base[..n] && plain[plain.len() - n..] == base[base.len() - n..]
 }
 
 /// How many bytes at each end [`same_ends`] compares.
