@@ -45,12 +45,12 @@ impl PrefixCompressor {
         out.reserve(room);
         let start = out.len();
         // SAFETY: `cctx` is a live context owned by `self`; a frame a failed call left
-        // unfinished is dropped first (parameters are only taken between frames). The prefix is referenced from
-        // `refPrefix` until the frame starts; `ZSTD_compress2` consumes it (a prefix serves
-        // one frame), and the NULL prefix set last drops any reference a failed call left,
-        // so nothing of `prefix` is kept after this call. `out` has `room` bytes of spare
-        // capacity after `start`, which zstd never writes past, and its length grows by what
-        // zstd reports written.
+        // unfinished is dropped first (parameters are only taken between frames). The prefix
+        // is referenced from `refPrefix` until the frame starts, when `ZSTD_compress2`
+        // consumes it (a prefix serves one frame); the NULL prefix set last drops a reference
+        // that a call failing before then left, so nothing of `prefix` is kept after this
+        // call. `out` has `room` bytes of spare capacity after `start`, which zstd never
+        // writes past, and its length grows by what zstd reports written.
         unsafe {
             let set = |p, v: i32| ok(zstd_sys::ZSTD_CCtx_setParameter(cctx, p, v));
             let dst = out.as_mut_ptr().add(start).cast();

@@ -152,9 +152,9 @@ pub fn uncovered(plain: &[u8], at: u64, base: &[u8]) -> Option<std::ops::Range<u
 }
 
 /// True when chunk `plain` starts and ends with the same [`SAME_ENDS`] bytes as `base`: both
-/// its cut points were found again, so it is `base` changed inside, and no second base holds
-/// what a delta against `base` leaves over (a change that moves a cut point makes a chunk that
-/// spans two old ones, whose ends differ from each one's).
+/// its cut points were found again, so it is `base` changed inside, where a second base
+/// seldom holds what a delta against `base` leaves over (a change that moves a cut point makes
+/// a chunk that spans two old ones, whose ends differ from each one's).
 pub fn same_ends(plain: &[u8], base: &[u8]) -> bool {
     let n = SAME_ENDS;
     plain.len() >= n && base.len() >= n && plain[..n] == base[..n] && plain[plain.len() - n..] == base[base.len() - n..]
