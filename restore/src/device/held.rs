@@ -326,19 +326,17 @@ fn bad_request(detail: &str) -> StoreError {
     StoreError::Invalid(format!("a load request to gstore hold: {detail}"))
 }
 
-fn parse_handle(hex: &str) -> Result<IpcHandle> {
-    let mut out = [0u8; 64];
-    if hex.len() != 128 || !hex.is_ascii() {
+fn parse_handle(digits: &str) -> Result<IpcHandle> {
+    if digits.len() != 128 {
         return Err(bad_request("an IPC handle is not 128 hex digits"));
     }
-    for (k, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * k..2 * k + 2], 16).map_err(|_| bad_request("an IPC handle is not hex"))?;
-    }
+    let mut out = [0u8; 64];
+    hex::decode_to_slice(digits, &mut out).map_err(|_| bad_request("an IPC handle is not hex"))?;
     Ok(IpcHandle(out))
 }
 
 fn to_hex(handle: &IpcHandle) -> String {
-    handle.0.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(handle.0)
 }
 
 fn send(writer: &mut UnixStream, message: &impl Serialize) -> Result<()> {
@@ -429,7 +427,13 @@ mod tests {
         let hex = to_hex(&IpcHandle(bytes));
         assert_eq!(hex.len(), 128);
         assert_eq!(parse_handle(&hex).unwrap(), IpcHandle(bytes));
-        for bad in [&hex[..126], &format!("{}zz", &hex[..126]), &format!("{hex}00"), &"é".repeat(64)] {
+        for bad in [
+            &hex[..126],
+            &format!("{}zz", &hex[..126]),
+            &format!("{}+f", &hex[..126]),
+            &format!("{hex}00"),
+            &"é".repeat(64),
+        ] {
             assert!(parse_handle(bad).is_err(), "{bad}");
         }
     }
