@@ -79,6 +79,18 @@ fn load_into_host_memory_and_clear_device_errors() {
     assert!(err.contains("no CUDA driver"), "{err}");
 }
 
+/// A store with `make_tree(seed, scale)` pushed as "w", and the test CUDA driver built into
+/// its `cuda` directory (for LD_LIBRARY_PATH).
+fn pushed_with_fake_cuda(seed: u64, scale: usize) -> (Env, std::path::PathBuf) {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, seed, scale);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "w"]);
+    let cuda = env.path("cuda");
+    fake_libcuda(&cuda);
+    (env, cuda)
+}
+
 /// Builds the test CUDA driver (gpu-dump/tests/fake_libcuda.c: device memory is host memory,
 /// no kernel API) into `dir`/libcuda.so.1.
 fn fake_libcuda(dir: &std::path::Path) {
@@ -97,12 +109,7 @@ fn fake_libcuda(dir: &std::path::Path) {
 
 #[test]
 fn load_into_a_device_without_the_kernel_api_checks_on_the_host() {
-    let env = Env::new(&[]);
-    let src = env.path("src");
-    make_tree(&src, 3, 4_000_000);
-    env.ok(&["push", src.to_str().unwrap(), "--tag", "w"]);
-    let cuda = env.path("cuda");
-    fake_libcuda(&cuda);
+    let (env, cuda) = pushed_with_fake_cuda(3, 4_000_000);
     let load = |args: &[&str]| {
         let mut a = vec!["--json", "load", "w", "--device", "cuda:0"];
         a.extend_from_slice(args);
@@ -193,12 +200,7 @@ fn stand_in_holder(
 
 #[test]
 fn loads_through_gstore_hold_fail_clearly_and_check_catches_a_holder_that_lies() {
-    let env = Env::new(&[]);
-    let src = env.path("src");
-    make_tree(&src, 5, 3_000_000);
-    env.ok(&["push", src.to_str().unwrap(), "--tag", "w"]);
-    let cuda = env.path("cuda");
-    fake_libcuda(&cuda);
+    let (env, cuda) = pushed_with_fake_cuda(5, 3_000_000);
     let gstore = |args: &[&str]| env.cmd(args).env("LD_LIBRARY_PATH", &cuda).output().expect("gstore runs");
     let fails = |args: &[&str], expect: &str| {
         let o = gstore(args);
