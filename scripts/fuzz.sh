@@ -11,7 +11,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-# A target directory of its own: the sanitizer flags rebuild every crate.
+# RocksDB's C++ library is linked from the main build (scripts/test.sh builds it first) rather
+# than compiled again with the sanitizer's flags: the targets fuzz gstore's parsers, not
+# RocksDB, and that compile was most of a cold CI's time (~20 min on 2 cores, more than an
+# hour when loaded).
+rocksdb_lib="$(find "$CARGO_TARGET_DIR/release/build" -path '*librocksdb-sys-*/out/librocksdb.a' -printf '%T@ %h\n' 2>/dev/null \
+  | sort -rn | head -1 | cut -d' ' -f2-)"
+if [ -z "$rocksdb_lib" ]; then
+  echo "fuzz: no librocksdb.a under $CARGO_TARGET_DIR/release/build: run 'cargo build --release -p gstore-cli' first" >&2
+  exit 1
+fi
+export ROCKSDB_LIB_DIR="$rocksdb_lib" ROCKSDB_STATIC=1
+# A target directory of its own: the sanitizer flags rebuild every Rust crate.
 export CARGO_TARGET_DIR="$HOME/.cache/gstore-fuzz-target"
 # cargo fuzz passes -Zsanitizer=address; the stable toolchain accepts it this way.
 export RUSTC_BOOTSTRAP=1

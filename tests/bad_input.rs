@@ -10,6 +10,12 @@ fn unknown_tag_and_bad_tag_names() {
         .fails(&["restore", "nope", "--to", env.path("o").to_str().unwrap()])
         .contains("tag not found: nope:latest"));
     assert!(env.fails(&["show", "nope:v9"]).contains("tag not found: nope:v9"));
+    // `log NAME` means every version: the name is what is missing.
+    let err = env.fails(&["log", "nope"]);
+    assert!(err.contains("tag name not found: nope (") && !err.contains("nope:latest"), "{err}");
+    // Too few digits for an image id: said so.
+    let err = env.fails(&["show", "1c06"]);
+    assert!(err.contains("8 or more hex digits"), "{err}");
     let src = env.path("f");
     fs::write(&src, b"data").unwrap();
     for bad in ["../evil", "a/b", "x:y:z", "", ".hidden", "bad\u{0}name"] {
@@ -31,8 +37,14 @@ fn unknown_tag_and_bad_tag_names() {
 #[test]
 fn unreadable_or_unsupported_sources() {
     let env = Env::new(&[]);
-    let err = env.fails(&["push", env.path("missing").to_str().unwrap(), "--tag", "x"]);
-    assert!(err.contains("reading source") && err.contains("No such file"), "{err}");
+    let o = env.run(&["push", env.path("missing").to_str().unwrap(), "--tag", "x"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot push") && err.contains("No such file"), "{err}");
+    let o = env.cmd(&["push", "-", "--tag", "x"]).current_dir(env.tmp.path()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("not standard input"), "{err}");
     let dir = env.path("with-fifo");
     fs::create_dir_all(&dir).unwrap();
     fs::write(dir.join("ok"), b"fine").unwrap();
@@ -80,6 +92,15 @@ fn store_setup_errors() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // A URL with one slash is a typo, not a directory to make (usage error, exit 2).
+    let dir = tempfile::tempdir().unwrap();
+    for typo in ["s3:/bucket/x", "http:localhost:8080"] {
+        let o = gstore_in(dir.path()).current_dir(dir.path()).args(["--store", typo, "init"]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("mistyped URL"), "{err}");
+        assert!(!dir.path().join(typo.split(':').next().unwrap().to_owned() + ":").exists(), "made a directory");
+    }
 }
 
 #[test]

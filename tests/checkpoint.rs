@@ -204,7 +204,9 @@ fn clear_errors_for_dead_pids_and_non_process_images() {
     let f = env.path("file");
     fs::write(&f, b"plain data").unwrap();
     env.ok(&["push", f.to_str().unwrap(), "--tag", "files"]);
-    let err = env.fails(&with_criu(&["restore", "files", "--run"], &criu));
+    let o = env.run(&with_criu(&["restore", "files", "--run"], &criu));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("is not a process checkpoint"), "{err}");
     let err = env.fails(&["checkpoint", "--pid", "1", "--tag", "x", "--criu", "/nonexistent/criu"]);
     assert!(err.contains("/nonexistent/criu"), "{err}");

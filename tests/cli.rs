@@ -78,6 +78,19 @@ fn ls_show_tag_rm_and_history() {
     let tag_file = fs::read_to_string(env.store.join("tags/svc/latest.tag")).unwrap();
     let rec: serde_json::Value = serde_json::from_str(&tag_file).unwrap();
     assert_eq!(rec["history"][0]["manifest"], first.as_str());
+    // The same image pushed again to a tag (a pinned creation time: the same id) adds no row.
+    for _ in 0..2 {
+        let o = env
+            .cmd(&["-q", "push", src.to_str().unwrap(), "--tag", "same"])
+            .env("SOURCE_DATE_EPOCH", "1700000000")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let same: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(env.store.join("tags/same/latest.tag")).unwrap()).unwrap();
+    assert_eq!(same["history"].as_array().map_or(0, Vec::len), 0, "{same}");
+    env.ok(&["rm", "same"]);
 
     let show = env.json(&["show", "svc"]);
     let paths: Vec<&str> = show["entries"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
@@ -86,6 +99,9 @@ fn ls_show_tag_rm_and_history() {
     assert_eq!(zeros["chunks"], zeros["zero_chunks"]);
     let text = env.ok(&["show", "svc"]);
     assert!(text.contains("sub/deeper/tiny") && text.contains("link -> sub/core.img"), "{text}");
+    // Sizes in binary units, counts in words that agree with them.
+    assert!(text.contains("292.97 KiB") && !text.contains("300000"), "{text}");
+    assert!(!text.contains(" 1 entries") && !text.contains(" 1 chunks"), "{text}");
 
     env.ok(&["tag", &first, "svc:old"]);
     env.ok(&["tag", "svc", "svc:copy"]);

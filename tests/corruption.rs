@@ -139,3 +139,56 @@ fn a_damaged_index_is_replaced_by_index_rebuild() {
     env.ok(&["restore", "victim", "--to", env.path("victim-out").to_str().unwrap()]);
     assert_same_tree(&env.path("victim"), &env.path("victim-out"));
 }
+
+/// The victim's pack with a byte flipped, then `verify --read-data`, which records the damage.
+fn damaged_and_verified() -> (Env, std::path::PathBuf) {
+    let (env, pack) = two_images();
+    let mut bytes = fs::read(&pack).unwrap();
+    bytes[1_000_000] ^= 0x01;
+    fs::write(&pack, bytes).unwrap();
+    let o = env.run(&["verify", "--read-data"]);
+    assert!(!o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("recorded 1 damaged chunk copy in the store"), "{out}");
+    assert_eq!(env.files_under("damage").len(), 1);
+    (env, pack)
+}
+
+/// The store heals: verify and restore are clean, and two gc passes drop the damaged pack and
+/// its record while every image stays whole.
+fn assert_healed(env: &Env, damaged_pack: &std::path::Path) {
+    env.ok(&["verify", "--read-data"]);
+    let out = env.path("healed");
+    env.ok(&["restore", "victim", "--to", out.to_str().unwrap()]);
+    assert_same_tree(&env.path("victim"), &out);
+    env.ok(&["gc"]);
+    env.ok(&["gc"]);
+    assert!(!damaged_pack.exists(), "gc kept the pack with the damaged copy");
+    assert!(env.files_under("damage").is_empty(), "a damage record outlived its pack");
+    env.ok(&["verify", "--read-data"]);
+    let again = env.path("healed-again");
+    env.ok(&["restore", "victim", "--to", again.to_str().unwrap()]);
+    assert_same_tree(&env.path("victim"), &again);
+    env.ok(&["restore", "good", "--to", env.path("good-again").to_str().unwrap()]);
+    assert_same_tree(&env.path("good"), &env.path("good-again"));
+}
+
+#[test]
+fn recorded_damage_is_healed_by_pushing_the_files_again() {
+    let (env, pack) = damaged_and_verified();
+    // An index rebuild keeps what the records say.
+    env.ok(&["index", "rebuild"]);
+    let r = env.json(&["push", env.path("victim").to_str().unwrap(), "--tag", "victim"]);
+    assert!(r["new_chunks"].as_u64().unwrap() >= 1, "the damaged chunk was not stored again: {r}");
+    assert_healed(&env, &pack);
+}
+
+#[test]
+fn recorded_damage_is_healed_by_a_copy_from_a_good_store() {
+    let (env, pack) = damaged_and_verified();
+    let good = Env::new(&[]);
+    good.ok(&["push", env.path("victim").to_str().unwrap(), "--tag", "victim"]);
+    let r = good.json(&["copy", "victim", "--to", env.store.to_str().unwrap()]);
+    assert!(r[0]["copied_chunks"].as_u64().unwrap() >= 1, "{r}");
+    assert_healed(&env, &pack);
+}

@@ -313,6 +313,22 @@ fn a_server_keeps_an_encrypted_store_without_its_key() {
     fs::write(&bogus, br#"{"tag":"x"}"#).unwrap();
     let (status, body) = server.curl("PUT", "/v1/o/tags/evil/v1.tag", None, &[], Some(&bogus));
     assert_eq!(status, 422, "{body}");
+    // Packs are written once: another sealed object under an existing pack's key (framed as
+    // one, all the server can check) is refused, the same bytes again are fine.
+    let src2 = env.path("src2");
+    make_tree(&src2, 46, 200_000);
+    ok(client("a", &["push", src2.to_str().unwrap(), "--tag", "app:v2"]));
+    let packs = env.packs();
+    assert!(packs.len() >= 2, "{packs:?}");
+    let key = packs[0].strip_prefix(&env.store).unwrap().to_str().unwrap().to_string();
+    let before = fs::read(&packs[0]).unwrap();
+    let (status, body) = server.curl("PUT", &format!("/v1/o/{key}"), None, &[], Some(&packs[1]));
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("written once"), "{body}");
+    let (status, body) = server.curl("PUT", &format!("/v1/o/{key}"), None, &[], Some(&packs[0]));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(fs::read(&packs[0]).unwrap(), before);
+    ok(client("b", &["verify", "--read-data"]));
 }
 
 #[test]
@@ -402,6 +418,11 @@ fn images_are_not_copied_between_stores_that_name_chunks_differently() {
     ok(with_key(&other, Some(&key), &["init", "--encrypt"]));
     let err = fails(with_key(&env, Some(&key), &["copy", "app:v1", "--to", other.store.to_str().unwrap()]));
     assert!(err.contains("name chunks differently"), "{err}");
+    // Nor into a plain store: said the same way, not "unset the key".
+    let plain = Env::new(&[]);
+    let err = fails(with_key(&env, Some(&key), &["copy", "app:v1", "--to", plain.store.to_str().unwrap()]));
+    assert!(err.contains("name chunks differently") && err.contains("restore the image and push it"), "{err}");
+    assert!(!err.contains("unset"), "{err}");
 }
 
 #[test]
@@ -417,4 +438,57 @@ fn verify_without_the_key_checks_the_framing_of_every_sealed_object() {
     let err = fails(with_key(&env, None, &["verify"]));
     assert!(err.contains("but its header says"), "{err}");
     assert!(fails(with_key(&env, Some(&key), &["verify"])).contains("DAMAGED"));
+}
+
+/// The ids of the store's key records (`gstore key list`, no key needed).
+fn key_ids(env: &Env) -> Vec<String> {
+    let list: serde_json::Value = serde_json::from_str(&ok(with_key(env, None, &["--json", "key", "list"]))).unwrap();
+    list.as_array().unwrap().iter().map(|k| k["id"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn two_key_removals_at_once_leave_a_key_that_opens_the_store() {
+    for round in 0..3 {
+        let (env, k1, _) = encrypted_env();
+        let k2 = env.path("k2");
+        ok(with_key(&env, None, &["key", "generate", k2.to_str().unwrap()]));
+        let added: serde_json::Value = serde_json::from_str(&ok(with_key(
+            &env,
+            Some(&k1),
+            &["--json", "key", "add", "--new-key-file", k2.to_str().unwrap()],
+        )))
+        .unwrap();
+        let b = added["added"].as_str().unwrap().to_string();
+        let a = key_ids(&env).into_iter().find(|id| *id != b).unwrap();
+        // Each removes the other's record, at the same moment.
+        let mut one = with_key(&env, Some(&k2), &["key", "remove", &a]).spawn().unwrap();
+        let mut two = with_key(&env, Some(&k1), &["key", "remove", &b]).spawn().unwrap();
+        let done = [one.wait().unwrap().success(), two.wait().unwrap().success()];
+        assert_eq!(done.iter().filter(|d| **d).count(), 1, "round {round}: {done:?}");
+        assert_eq!(key_ids(&env).len(), 1, "round {round}");
+        let left = if done[0] { &k2 } else { &k1 };
+        ok(with_key(&env, Some(left), &["ls"]));
+    }
+}
+
+#[test]
+fn an_init_that_loses_the_race_leaves_no_key_record() {
+    for round in 0..3 {
+        let env = Env::uninitialized();
+        let (k1, k2) = (env.path("k1"), env.path("k2"));
+        for k in [&k1, &k2] {
+            ok(with_key(&env, None, &["key", "generate", k.to_str().unwrap()]));
+        }
+        let mut one = with_key(&env, Some(&k1), &["init", "--encrypt"]).spawn().unwrap();
+        let mut two = with_key(&env, Some(&k2), &["init", "--encrypt"]).spawn().unwrap();
+        let done = [one.wait().unwrap().success(), two.wait().unwrap().success()];
+        assert_eq!(done.iter().filter(|d| **d).count(), 1, "round {round}: {done:?}");
+        let ids = key_ids(&env);
+        assert_eq!(ids.len(), 1, "round {round}: {ids:?}");
+        let winner = if done[0] { &k1 } else { &k2 };
+        // The one record is the store's last key: never removed.
+        let err = fails(with_key(&env, Some(winner), &["key", "remove", &ids[0]]));
+        assert!(err.contains("last key"), "{err}");
+        ok(with_key(&env, Some(winner), &["ls"]));
+    }
 }

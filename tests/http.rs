@@ -33,6 +33,11 @@ fn push_and_restore_through_the_server() {
     assert_same_tree(&src, &out);
     ok("b", READ, &["verify", "--read-data"]);
     assert!(ok("b", READ, &["show", "app:v1"]).contains("sub/deeper/tiny"));
+    // A second server on the same port fails at once and never says it is serving.
+    let busy = env.run(&["serve", "--listen", &format!("127.0.0.1:{}", server.port)]);
+    let err = String::from_utf8_lossy(&busy.stderr);
+    assert!(!busy.status.success(), "{err}");
+    assert!(err.contains("cannot listen on") && !err.contains("serving"), "{err}");
     // What the server stored is a normal store: it verifies directly too.
     drop(server);
     env.ok(&["verify", "--read-data"]);

@@ -221,3 +221,75 @@ fn slow_headers_over_tls_are_cut_off() {
     drop(stdin);
     assert!(!open, "the server kept a TLS connection with an unfinished request head open for 15 s");
 }
+
+const WRITER: &str = "writetoken-app-0123456789";
+
+/// A forged delta of chunk `id` (`plain_len` bytes) against `base`: decodes to the wrong bytes.
+fn forged_delta_pack(id: ObjectId, plain_len: u32, base: ObjectId) -> (ObjectId, Vec<u8>) {
+    let mut stored = vec![1u8];
+    stored.extend_from_slice(&base.0);
+    stored.extend_from_slice(&zstd::bulk::compress(&vec![b'A'; plain_len as usize], 1).unwrap());
+    let mut b = PackBuilder::new(PackIds::HeaderFooter);
+    b.push_delta(id, gstore_store::codec::DeltaBases::one(base), stored, plain_len);
+    let p = b.finish();
+    (p.id, p.pieces.iter().flat_map(|b| b.iter().copied()).collect())
+}
+
+#[test]
+fn a_write_token_for_some_tags_cannot_harm_other_images() {
+    use gstore_store::{Store, StoreLocation};
+    let env = Env::new(&[]);
+    let victim = env.path("victim");
+    make_tree(&victim, 45, 600_000);
+    env.ok(&["-q", "push", victim.to_str().unwrap(), "--tag", "victim:1"]);
+    let store = Store::open(&StoreLocation::Local(env.store.clone())).unwrap();
+    let manifest = store.get_manifest(&store.resolve("victim:1").unwrap()).unwrap();
+    let chunks: Vec<_> = manifest.chunks.iter().filter(|c| !c.zero).collect();
+    assert!(chunks.len() >= 2);
+    let tokens = env.path("tokens");
+    fs::write(&tokens, format!("{WRITER} write app\n{ADMIN} admin\n")).unwrap();
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    let packs_before = env.packs();
+    // A delta that names a chunk of the victim's and decodes to other bytes is refused,
+    // whether its base is stored (and whole) or not.
+    for base in [chunks[1].id, ObjectId::of(b"no such base")] {
+        let (id, bytes) = forged_delta_pack(chunks[0].id, chunks[0].len, base);
+        let p = env.path("forged");
+        fs::write(&p, &bytes).unwrap();
+        let (code, body) = server.curl("PUT", &format!("/v1/o/{}", ObjectKey::Pack(id)), Some(WRITER), &[], Some(&p));
+        assert_eq!(code, 422, "{body}");
+        assert!(body.contains("rejected, nothing stored"), "{body}");
+    }
+    assert_eq!(env.packs(), packs_before);
+    // Genuine deltas, pushed through the server, pass: a page image and the same with pages
+    // changed here and there.
+    let (v1, v2) = (env.path("v1"), env.path("v2"));
+    let mut pages = random_bytes(8 << 20, 7);
+    fs::create_dir_all(&v1).unwrap();
+    fs::write(v1.join("pages-1.img"), &pages).unwrap();
+    let push = |src: &std::path::Path, tag: &str| {
+        server.cmd("w", WRITER, &["--json", "push", src.to_str().unwrap(), "--tag", tag]).output().unwrap()
+    };
+    let first = push(&v1, "app:1");
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    for at in (0..pages.len()).step_by(300 * 1024) {
+        pages[at..at + 64].copy_from_slice(&random_bytes(64, at as u64));
+    }
+    fs::create_dir_all(&v2).unwrap();
+    fs::write(v2.join("pages-1.img"), &pages).unwrap();
+    let second = push(&v2, "app:2");
+    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&second.stdout).unwrap();
+    assert!(report["delta_chunks"].as_u64().unwrap() > 0, "{report}");
+    // A push to a tag the token may not write is refused before any pack is sent.
+    let packs_before = env.packs();
+    let other = push(&victim, "other:x");
+    assert!(!other.status.success());
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(err.contains("app"), "{err}");
+    assert_eq!(env.packs(), packs_before, "packs uploaded for a refused tag");
+    env.ok(&["verify", "--read-data"]);
+    let out = env.path("out");
+    env.ok(&["restore", "victim:1", "--to", out.to_str().unwrap()]);
+    assert_same_tree(&victim, &out);
+}

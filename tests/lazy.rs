@@ -284,7 +284,9 @@ fn a_damaged_chunk_mid_fill_kills_the_restored_tree_and_names_the_chunk() {
     let tree = Tree::start(200);
     tree.checkpoint(&env, "tree:1");
     let chunk = damage_a_lazy_chunk(&env, "tree:1");
-    let err = env.fails(&["restore", "tree:1", "--run", "--criu", CRIU]);
+    let o = env.run(&["restore", "tree:1", "--run", "--criu", CRIU]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(4), "damage exits 4: {err}");
     assert!(err.contains("tree:1") && err.contains(&chunk) && err.contains("corrupt chunk"), "{err}");
     assert!(err.contains("were killed"), "{err}");
     tree.wait_gone(Duration::from_secs(5));

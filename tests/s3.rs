@@ -351,3 +351,22 @@ fn a_retried_create_that_had_landed_is_its_writers_own() {
     }
     s3.ok("a", &["show", "x"]);
 }
+
+#[test]
+fn a_plain_http_endpoint_without_allow_http_is_a_setting_to_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = gstore_in(tmp.path())
+        .args(["--store", "s3://bucket/x", "ls"])
+        .env_remove("GSTORE_STORE")
+        .env_remove("AWS_ALLOW_HTTP")
+        .env("AWS_ENDPOINT", "http://127.0.0.1:9")
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .env("GSTORE_S3_CONFIG", tmp.path().join("none"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    // A usage error (2), not an outage retried and given up on (6).
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("AWS_ALLOW_HTTP=true") && !err.contains("retries"), "{err}");
+}

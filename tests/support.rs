@@ -111,6 +111,11 @@ impl Env {
     pub fn packs(&self) -> Vec<PathBuf> {
         pack_files(&self.store.join("packs"))
     }
+
+    /// Every file below `rel` in the store (none if it does not exist).
+    pub fn files_under(&self, rel: &str) -> Vec<PathBuf> {
+        files_below(&self.store.join(rel))
+    }
 }
 
 /// Every `*.pack` file below `dir`, sorted.

@@ -101,6 +101,27 @@ pub enum CaptureError {
 }
 
 impl CaptureError {
+    /// The store's error behind this one, if the store failed (through any wrapping).
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            CaptureError::Store(e) | CaptureError::PushFailed { source: e, .. } => Some(e),
+            CaptureError::Lazy(e) => e.store_error(),
+            CaptureError::Streaming { source, .. }
+            | CaptureError::WriteOut { source, .. }
+            | CaptureError::Restore { source, .. } => source.store_error(),
+            _ => None,
+        }
+    }
+
+    /// Whether the image named is not one this command restores (not a process checkpoint).
+    pub fn is_wrong_kind(&self) -> bool {
+        match self {
+            CaptureError::NotAProcess { .. } => true,
+            CaptureError::WriteOut { source, .. } | CaptureError::Restore { source, .. } => source.is_wrong_kind(),
+            _ => false,
+        }
+    }
+
     /// Whether CRIU lost a pid the image needs to another process (see
     /// [`GpuDumpError::is_pid_taken`]).
     pub(crate) fn is_pid_taken(&self) -> bool {

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
+    // clap reads GSTORE_STORE into `--store`.
     let location = match &cli.store {
         Some(s) => StoreLocation::parse(s)?,
         None => StoreLocation::default_local(),
@@ -95,6 +96,11 @@ fn push(
 ) -> Result<()> {
     let tag = TagRef::parse_new(tag)?;
     let meta = parse_meta(meta)?;
+    if let Err(e) = path.symlink_metadata() {
+        let stdin =
+            if path.as_os_str() == "-" { " (push reads a directory or a file, not standard input)" } else { "" };
+        return Err(Usage(format!("cannot push {}: {e}{stdin}", path.display())).into());
+    }
     let store = open_indexed(location)?;
     let r = push::push_selected(&store, path, &|rel| select.chosen(rel), dry_run, &tag, meta, bars)
         .with_context(|| format!("push of {} failed", path.display()))?;
@@ -308,6 +314,19 @@ fn copy(location: &StoreLocation, images: &[String], to: &str, out: &Output, bar
     let src = open_indexed(location)?;
     for t in &tags {
         src.resolve(&t.to_string())?;
+    }
+    // Opening a plain target with the source's key set would say to unset it: say what copy
+    // says of two stores that name chunks differently instead.
+    if src.config().encryption.is_some() {
+        let plain_target =
+            target.backend().and_then(|b| Store::read_config(&b, &target)).is_ok_and(|c| c.encryption.is_none());
+        if plain_target {
+            return Err(Usage(format!(
+                "{} is encrypted and {to} is not: they name chunks differently, so images are not copied between them; restore the image and push it",
+                location.describe()
+            ))
+            .into());
+        }
     }
     let dst = open_indexed(&target).with_context(|| format!("opening the target store {to}"))?;
     let mut reports = Vec::new();
@@ -523,8 +542,9 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
     let config = Store::read_config(&backend, location)?;
     let tokens = match tokens {
         Some(p) => {
-            let text = std::fs::read_to_string(&p).with_context(|| format!("reading token file {}", p.display()))?;
-            gstore_server::auth::Tokens::parse(&text).map_err(anyhow::Error::msg)?
+            let text =
+                std::fs::read_to_string(&p).map_err(|e| Usage(format!("reading token file {}: {e}", p.display())))?;
+            gstore_server::auth::Tokens::parse(&text).map_err(|e| Usage(format!("token file {}: {e}", p.display())))?
         }
         None => gstore_server::auth::Tokens::default(),
     };
@@ -544,9 +564,10 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
     };
     gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
     gstore_server::servable(&backend).map_err(anyhow::Error::msg)?;
+    let listener = gstore_server::bind(&settings).map_err(anyhow::Error::msg)?;
     eprintln!("gstore: serving {} on {scheme}://{listen}", backend.description());
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(gstore_server::serve(backend, settings, shutdown_signal())).map_err(anyhow::Error::msg)
+    rt.block_on(gstore_server::serve(backend, settings, listener, shutdown_signal())).map_err(anyhow::Error::msg)
 }
 
 /// `gstore index rebuild`.
@@ -793,12 +814,12 @@ fn show(store: &Store, image: &str, out: &Output) -> Result<()> {
     let info = images::show(store, image)?;
     out.emit(&info, || {
         let mut s = format!(
-            "image {image}\nmanifest {}\ncreated {}\nsize {} in {} entries, {} chunks",
+            "image {image}\nmanifest {}\ncreated {}\nsize {} in {}, {}",
             info.manifest,
             info.created,
             HumanBytes(info.logical_bytes),
-            info.entries.len(),
-            info.chunks
+            plural(info.entries.len() as u64, "entry", "entries"),
+            plural(info.chunks as u64, "chunk", "chunks")
         );
         for (k, v) in &info.meta {
             s.push_str(&format!("\nmeta {k} = {v}"));
@@ -812,7 +833,10 @@ fn show(store: &Store, image: &str, out: &Output) -> Result<()> {
             };
             s.push_str(&format!(
                 "\n{kind:<7} {:>6} {:>12} {:>8} {:>6}  {path}",
-                e.mode, e.size, e.chunks, e.zero_chunks
+                e.mode,
+                HumanBytes(e.size).to_string(),
+                e.chunks,
+                e.zero_chunks
             ));
         }
         s
@@ -869,6 +893,15 @@ fn verify_text(r: &verify::VerifyReport) -> String {
     if r.read_data {
         s.push_str(&format!(", {} chunks read ({})", r.chunks_read, HumanBytes(r.bytes_read)));
     }
+    if r.damaged_copies_recorded > 0 {
+        s.push_str(&format!(
+            "\nrecorded {} in the store: push the images' files again (or copy them from a good store) to store good copies; gc then drops the damaged ones",
+            plural(r.damaged_copies_recorded as u64, "damaged chunk copy", "damaged chunk copies")
+        ));
+    }
+    if let Some(why) = &r.damage_not_recorded {
+        s.push_str(&format!("\nthe damage found could not be recorded in the store ({why})"));
+    }
     s
 }
 
@@ -921,7 +954,7 @@ fn gc_text(r: &gc::GcReport) -> String {
     s += &format!(
         "{} kept, {}; {} {would}dropped\n\
          {} ({}): {} {would}deleted ({} reclaimed), {} {would}tombstoned ({} to reclaim next pass), \
-         {} {would}rewritten ({} written), {} revived\n\
+         {} {would}rewritten ({} {}), {} revived\n\
          manifests: {} {would}deleted, {} {would}tombstoned, {} revived\n\
          {} requests in {:.2} s",
         plural(r.images_kept as u64, "image", "images"),
@@ -935,6 +968,7 @@ fn gc_text(r: &gc::GcReport) -> String {
         HumanBytes(r.bytes_tombstoned),
         r.packs_repacked,
         HumanBytes(r.bytes_repacked),
+        if r.dry_run { "to write" } else { "written" },
         r.packs_revived,
         r.manifests_deleted,
         r.manifests_tombstoned,

@@ -1,6 +1,7 @@
 //! How a failed command ends: a distinct exit status per kind of failure, and with `--json`
 //! an error object on stdout (docs/CLI.md).
 
+use gstore_capture::CaptureError;
 use gstore_store::StoreError;
 use serde::Serialize;
 
@@ -57,17 +58,32 @@ pub fn classify(e: &anyhow::Error) -> Code {
             return Code::Damaged;
         }
         if let Some(s) = cause.downcast_ref::<StoreError>() {
-            return match s {
-                StoreError::NotFound { .. } | StoreError::NotInitialized(_) => Code::NotFound,
-                StoreError::Corrupt { .. } => Code::Damaged,
-                StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => Code::Conflict,
-                StoreError::Invalid(_) | StoreError::KeyRequired(_) | StoreError::KeyRejected(_) => Code::Usage,
-                StoreError::Unavailable { .. } => Code::Unavailable,
-                _ => Code::Failed,
-            };
+            return store_code(s);
+        }
+        // Capture and restore errors wrap the store's (transparently, or boxed): their kind
+        // is the store's.
+        if let Some(c) = cause.downcast_ref::<CaptureError>() {
+            if c.is_wrong_kind() {
+                return Code::Usage;
+            }
+            if let Some(s) = c.store_error() {
+                return store_code(s);
+            }
         }
     }
     Code::Failed
+}
+
+/// The kind of a store failure.
+fn store_code(s: &StoreError) -> Code {
+    match s {
+        StoreError::NotFound { .. } | StoreError::NotInitialized(_) => Code::NotFound,
+        StoreError::Corrupt { .. } => Code::Damaged,
+        StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => Code::Conflict,
+        StoreError::Invalid(_) | StoreError::KeyRequired(_) | StoreError::KeyRejected(_) => Code::Usage,
+        StoreError::Unavailable { .. } => Code::Unavailable,
+        _ => Code::Failed,
+    }
 }
 
 /// The error and its causes on one line, each cause once: most of gstore's errors already

@@ -32,6 +32,14 @@ const BAD_SIZE_HINT: &str = "; a file the process had open changed size after th
 pub const PID_TAKEN_HINT: &str = "; a pid the image needs is taken by another process (the original \
      process may not have been reaped yet); wait until it is gone and retry";
 
+/// The hint for a process attached to a terminal, which CRIU dumps only as a shell job.
+const TTY_HINT: &str = "; the process is attached to a terminal: checkpoint and restore it with --shell-job \
+     (it then needs a terminal again when restored)";
+/// The hint for a process in a container, whose mounts CRIU cannot dump from outside it.
+const CONTAINER_HINT: &str = "; the process runs in a container (its mounts belong to another mount \
+     namespace): checkpoint the container through its runtime (e.g. podman container checkpoint), \
+     not its pid";
+
 /// Options of `criu dump`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DumpOptions {
@@ -227,6 +235,10 @@ fn hint_for(log: &str, output: &str) -> &'static str {
         BAD_SIZE_HINT
     } else if either("Can't fork for") && either("File exists") {
         PID_TAKEN_HINT
+    } else if either("Found dangling tty") {
+        TTY_HINT
+    } else if either("doesn't have a proper root mount") {
+        CONTAINER_HINT
     } else {
         ""
     }
@@ -364,6 +376,10 @@ mod tests {
         let log = "Error (criu/cr-restore.c:1460): Can't fork for 4242: File exists\n";
         assert_eq!(hint_for(log, ""), PID_TAKEN_HINT);
         assert_eq!(hint_for("Error: something else", ""), "");
+        let log = "Error (criu/tty.c:2115): tty: Found dangling tty with sid 1 pgid 2 (pts) on peer fd 0.\n";
+        assert!(hint_for(log, "").contains("--shell-job"));
+        let log = "Error (criu/mount.c:1009): mnt: ./sys/fs/cgroup/systemd doesn't have a proper root mount\n";
+        assert!(hint_for(log, "").contains("container"));
         let details = failure_details("criu: unrecognized option '--x'\n", Path::new("/img/dump.log"), None);
         assert!(details.contains("unrecognized option") && details.contains("no log at /img/dump.log"), "{details}");
     }

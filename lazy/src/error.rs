@@ -59,6 +59,16 @@ pub enum LazyError {
 }
 
 impl LazyError {
+    /// The store's error behind this one, if the store failed.
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            LazyError::Store(e) => Some(e),
+            LazyError::Fetch { source, .. } => Some(source),
+            LazyError::Fill { cause, .. } => cause.store_error(),
+            _ => None,
+        }
+    }
+
     /// An OS error with what was being done.
     pub fn os(what: impl Into<String>, source: std::io::Error) -> LazyError {
         LazyError::Os { what: what.into(), source }

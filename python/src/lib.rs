@@ -76,7 +76,7 @@ impl Store {
 fn location_of(location: Option<&str>) -> PyResult<StoreLocation> {
     match location {
         Some(s) => StoreLocation::parse(s).map_err(py_err),
-        None => Ok(StoreLocation::default_local()),
+        None => StoreLocation::from_env().map_err(py_err),
     }
 }
 

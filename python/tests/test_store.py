@@ -184,3 +184,13 @@ def test_an_encrypted_store_opens_with_its_key_only(tmp_path, monkeypatch):
     loaded = s.load("model:v1", framework="numpy")
     for name, value in state.items():
         assert np.array_equal(loaded[name], value), name
+
+
+def test_a_store_named_by_gstore_store_is_the_default(tmp_path, monkeypatch):
+    """`gstore.Store()` opens the store GSTORE_STORE names, as the CLI does."""
+    path = tmp_path / "named"
+    gstore.Store.init(str(path))
+    monkeypatch.setenv("GSTORE_STORE", str(path))
+    s = gstore.Store()
+    s.save(weights(3, {"w": (64, 64)}), "model:v1")
+    assert "model:v1" in gstore_cli(path, "ls").stdout

@@ -31,9 +31,21 @@ struct Known {
 }
 
 impl Known {
-    /// A holder of `id` without a tombstone, if any.
+    /// A holder of `id` without a tombstone whose bytes decode (see [`Known::usable`]), if any.
     fn live(&self, id: &ObjectId) -> Option<ChunkLocation> {
-        self.chunks.get(id)?.iter().find(|l| !self.doomed.contains(&l.pack)).copied()
+        self.chunks.get(id)?.iter().find(|l| !self.doomed.contains(&l.pack) && self.usable(l, true)).copied()
+    }
+
+    /// True when `l` is a copy of its chunk: stored whole, or a delta each of whose bases is
+    /// stored whole in some pack (without a tombstone, when `live`). gc may keep a dead delta
+    /// in a pack that stays for other chunks while it deletes the delta's bases.
+    fn usable(&self, l: &ChunkLocation, live: bool) -> bool {
+        l.bases.iter().flat_map(|b| b.iter()).all(|b| self.whole(&b, live).is_some())
+    }
+
+    /// A holder of `id` storing it whole (not as a delta), without a tombstone when `live`.
+    fn whole(&self, id: &ObjectId, live: bool) -> Option<ChunkLocation> {
+        self.chunks.get(id)?.iter().find(|l| l.bases.is_none() && !(live && self.doomed.contains(&l.pack))).copied()
     }
 }
 
@@ -55,7 +67,13 @@ impl ChunkMap {
     /// tombstoned one (readable until gc deletes it).
     pub fn get(&self, id: &ObjectId) -> Option<ChunkLocation> {
         let k = self.known();
-        k.live(id).or_else(|| k.chunks.get(id)?.first().copied())
+        k.live(id).or_else(|| k.chunks.get(id)?.iter().find(|l| k.usable(l, false)).copied())
+    }
+
+    /// Where `id` is stored whole (for a delta base), preferring a pack without a tombstone.
+    pub fn get_whole(&self, id: &ObjectId) -> Option<ChunkLocation> {
+        let k = self.known();
+        k.whole(id, true).or_else(|| k.whole(id, false))
     }
 
     /// True when a pack without a tombstone (as last listed) holds `id`: one a push may rely on.

@@ -80,7 +80,16 @@ pub fn servable(backend: &Backend) -> Result<Arc<dyn ObjectStore>, String> {
     })
 }
 
-/// Serves `backend`'s store until `shutdown` completes, then finishes the requests in flight.
+/// Binds the address `s` listens on: done before anything says the server is serving, so that
+/// a busy port is an error at once.
+pub fn bind(s: &Settings) -> Result<std::net::TcpListener, String> {
+    let listener = std::net::TcpListener::bind(s.addr).map_err(|e| format!("cannot listen on {}: {e}", s.addr))?;
+    listener.set_nonblocking(true).map_err(|e| format!("listening on {}: {e}", s.addr))?;
+    Ok(listener)
+}
+
+/// Serves `backend`'s store on `listener` ([`bind`]) until `shutdown` completes, then
+/// finishes the requests in flight.
 ///
 /// HTTP/1.1 only (the gstore client speaks it; TLS offers only `http/1.1` by ALPN), so that
 /// every connection is under hyper's header-read timeout from its first byte: one that does not
@@ -90,6 +99,7 @@ pub fn servable(backend: &Backend) -> Result<Arc<dyn ObjectStore>, String> {
 pub async fn serve(
     backend: Backend,
     s: Settings,
+    listener: std::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     check_exposure(&s)?;
@@ -110,9 +120,10 @@ pub async fn serve(
         shutdown.await;
         h.graceful_shutdown(None);
     });
+    let server = axum_server::from_tcp(listener).map_err(|e| format!("listening on {}: {e}", s.addr))?;
     let served = match &s.tls {
         None => {
-            let mut server = axum_server::bind(s.addr).handle(handle).http1_only();
+            let mut server = server.handle(handle).http1_only();
             limit_header_reads(&mut server, s.header_timeout);
             server.serve(app).await
         }
@@ -124,7 +135,7 @@ pub async fn serve(
             only_http1.alpn_protocols = vec![b"http/1.1".to_vec()];
             config.reload_from_config(Arc::new(only_http1));
             let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(config).handshake_timeout(s.header_timeout);
-            let mut server = axum_server::bind(s.addr).acceptor(acceptor).handle(handle).http1_only();
+            let mut server = server.acceptor(acceptor).handle(handle).http1_only();
             limit_header_reads(&mut server, s.header_timeout);
             server.serve(app).await
         }

@@ -3,6 +3,7 @@
 #![allow(clippy::result_large_err)]
 
 use crate::auth::{Denied, Scope};
+use crate::chunks::ChunkMap;
 use crate::{verify, AppState, Settings};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
@@ -31,6 +32,7 @@ pub fn router(state: AppState, s: &Settings) -> Router {
         .route("/v1/list", get(list))
         .route("/v1/o/{*key}", get(get_object).head(get_object).put(put_object).delete(delete_object))
         .route("/v1/chunks/missing", axum::routing::post(missing_chunks))
+        .route("/v1/may-write/tags/{name}", get(may_write_tag))
         .route("/v1/chunks/{id}", get(get_chunk))
         .layer(middleware::from_fn_with_state(state.clone(), record))
         .layer(DefaultBodyLimit::max(s.max_body))
@@ -193,7 +195,10 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
     if let Err(r) = authorize(&state, req.headers(), scope, tag) {
         return r;
     }
-    let mode = put_mode(req.headers());
+    // Packs and manifests are written once, whatever the client asks: a write token may add
+    // them, never replace one (that would destroy every image using it).
+    let write_once = matches!(k, Key::Pack(_) | Key::Manifest(_));
+    let mode = if write_once { PutMode::Create } else { put_mode(req.headers()) };
     // A new tag must not read as a manifest id; an existing one (written by an older gstore)
     // may still be updated in place. Known from the headers: refused before the body is read.
     if let (Key::Tag(t), PutMode::Create | PutMode::Overwrite) = (&k, &mode) {
@@ -205,9 +210,26 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
         Ok(b) => b,
         Err(r) => return r,
     };
+    // The bases of the deltas a pack holds, from the store: every delta is decoded and
+    // hashed before it is stored (a forged one would break every image that names its id).
+    let wanted = verify::bases_wanted(&k, &body, state.chunk_max, state.sealed);
+    let bases = match stored_bases(&state, wanted).await {
+        Ok(b) => b,
+        Err(StoredBase::Missing(b)) => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("rejected, nothing stored: delta base {} is stored whole in no pack here", b.to_hex()),
+            )
+        }
+        Err(StoredBase::Failed(r)) => return r,
+    };
     let checked = {
         let (k, body, chunk_max, sealed) = (k.clone(), body.clone(), state.chunk_max, state.sealed);
-        tokio::task::spawn_blocking(move || verify::upload(&k, &body, chunk_max, sealed)).await
+        tokio::task::spawn_blocking(move || {
+            let known = known_bases(bases, chunk_max).map_err(|e| e.to_string())?;
+            verify::upload(&k, &body, chunk_max, sealed, known)
+        })
+        .await
     };
     match checked {
         Ok(Ok(())) => {}
@@ -216,6 +238,7 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
     }
     let len = body.len() as u64;
     let path = ObjPath::from(key.as_str());
+    let sent = write_once.then(|| body.clone());
     let put = match mode {
         // Compare-and-swap through the store's own (native If-Match, or on a local directory
         // the version compared under the lock file every gstore writer takes).
@@ -244,7 +267,28 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
             }
             (StatusCode::CREATED, h).into_response()
         }
+        Err(object_store::Error::AlreadyExists { .. }) if sent.is_some() => match state.objects.get(&path).await {
+            // The same bytes again (a retried upload): done.
+            Ok(got) => match got.bytes().await {
+                Ok(b) if Some(&b) == sent.as_ref() => StatusCode::OK.into_response(),
+                Ok(_) => error(
+                    StatusCode::CONFLICT,
+                    format!("{k} exists with other bytes: packs and manifests are written once, never replaced"),
+                ),
+                Err(e) => store_error(e),
+            },
+            Err(e) => store_error(e),
+        },
         Err(e) => store_error(e),
+    }
+}
+
+/// Whether the request's token may write tags named `name`: 204, else 401/403 as a write of
+/// such a tag would get. A push asks before it uploads anything.
+async fn may_write_tag(State(state): State<AppState>, Path(name): Path<String>, headers: HeaderMap) -> Response {
+    match authorize(&state, &headers, Scope::Write, Some(&name)) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(r) => r,
     }
 }
 
@@ -254,8 +298,10 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
 fn write_scope(k: &Key) -> (Scope, Option<&str>) {
     match k {
         Key::Tag(t) => (Scope::Write, Some(t.name.as_str())),
-        Key::Pack(_) | Key::Manifest(_) | Key::Lease(_) | Key::Profile(_) => (Scope::Write, None),
-        Key::Config | Key::Tombstone(_) | Key::GcLock | Key::Probe(_) | Key::KeyRecord(_) => (Scope::Admin, None),
+        Key::Pack(_) | Key::Manifest(_) | Key::Lease(_) | Key::Profile(_) | Key::Damage(_) => (Scope::Write, None),
+        Key::Config | Key::Tombstone(_) | Key::GcLock | Key::Probe(_) | Key::KeyRecord(_) | Key::RetiredKeys => {
+            (Scope::Admin, None)
+        }
     }
 }
 
@@ -265,9 +311,9 @@ async fn delete_object(State(state): State<AppState>, Path(key): Path<String>, h
         Ok(k) => k,
         Err(r) => return r,
     };
-    // Deleting packs, manifests and profiles is gc's work.
+    // Deleting packs, manifests, profiles and damage records is gc's work.
     let (scope, tag) = match &k {
-        Key::Pack(_) | Key::Manifest(_) | Key::Profile(_) => (Scope::Admin, None),
+        Key::Pack(_) | Key::Manifest(_) | Key::Profile(_) | Key::Damage(_) => (Scope::Admin, None),
         other => write_scope(other),
     };
     if let Err(r) = authorize(&state, &headers, scope, tag) {
@@ -315,13 +361,23 @@ fn pack_path(l: &ChunkLocation) -> ObjPath {
 
 /// Finds a chunk, reading new pack footers once if it is not known yet.
 async fn locate(state: &AppState, id: &ObjectId) -> Result<Option<ChunkLocation>, Response> {
-    if let Some(found) = state.chunks.get(id) {
+    locate_by(state, id, ChunkMap::get).await
+}
+
+/// Finds a chunk through `find` on the chunk map, reading new pack footers once if `find`
+/// finds nothing yet.
+async fn locate_by(
+    state: &AppState,
+    id: &ObjectId,
+    find: fn(&ChunkMap, &ObjectId) -> Option<ChunkLocation>,
+) -> Result<Option<ChunkLocation>, Response> {
+    if let Some(found) = find(&state.chunks, id) {
         state.metrics.chunk_lookups.with_label_values(&["hit"]).inc();
         return Ok(Some(found));
     }
     state.metrics.chunk_lookups.with_label_values(&["miss"]).inc();
     refreshed(state, false).await?;
-    Ok(state.chunks.get(id))
+    Ok(find(&state.chunks, id))
 }
 
 #[derive(serde::Deserialize)]
@@ -358,25 +414,16 @@ async fn get_chunk(
         return (codec, stored).into_response();
     }
     // A delta is decoded against its bases, fetched the same way (a base is never a delta).
-    let mut bases = Vec::new();
-    for b in e.bases.iter().flat_map(|b| b.iter()) {
-        match locate(&state, &b).await {
-            Ok(Some(l)) => match state.objects.get_range(&pack_path(&l), l.range()).await {
-                Ok(bytes) => bases.push((b, l, bytes)),
-                Err(err) => return store_error(err),
-            },
-            Ok(None) => return error(StatusCode::INTERNAL_SERVER_ERROR, "a delta base of this chunk is missing"),
-            Err(r) => return r,
+    let bases = match stored_bases(&state, e.bases.iter().flat_map(|b| b.iter()).collect()).await {
+        Ok(b) => b,
+        Err(StoredBase::Missing(_)) => {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "a delta base of this chunk is missing")
         }
-    }
+        Err(StoredBase::Failed(r)) => return r,
+    };
     let chunk_max = state.chunk_max;
     let decoded = tokio::task::spawn_blocking(move || {
-        let mut known = KnownBases(Vec::new());
-        // Chunk routes serve unencrypted stores only (an encrypted one answers 409): plain ids.
-        for (b, l, bytes) in bases {
-            let plain = decode_base(l.codec, &bytes, l.plain_len as usize, &b, chunk_max, ChunkIds::Plain)?;
-            known.0.push((b, std::sync::Arc::new(plain)));
-        }
+        let known = known_bases(bases, chunk_max)?;
         let mut decoder = Decoder::with_bases(chunk_max, &known);
         let mut plain = Vec::with_capacity(e.plain_len as usize);
         decoder.decode_append(e.codec, &stored, e.plain_len as usize, &id, &mut plain).map(|()| plain)
@@ -390,6 +437,45 @@ async fn get_chunk(
         Ok(Err(err)) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("stored chunk is damaged: {err}")),
         Err(err) => error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
     }
+}
+
+/// Why a delta base could not be read from the store.
+enum StoredBase {
+    /// No pack holds it whole.
+    Missing(ObjectId),
+    /// The request failed: the answer to give.
+    Failed(Response),
+}
+
+/// The stored bytes of delta bases `ids`, each from a pack holding it whole (a base is never
+/// a delta), for [`known_bases`] to decode on a blocking thread.
+async fn stored_bases(
+    state: &AppState,
+    ids: Vec<ObjectId>,
+) -> Result<Vec<(ObjectId, ChunkLocation, Bytes)>, StoredBase> {
+    let mut out = Vec::new();
+    for b in ids {
+        match locate_by(state, &b, ChunkMap::get_whole).await {
+            Ok(Some(l)) => match state.objects.get_range(&pack_path(&l), l.range()).await {
+                Ok(bytes) => out.push((b, l, bytes)),
+                Err(err) => return Err(StoredBase::Failed(store_error(err))),
+            },
+            Ok(_) => return Err(StoredBase::Missing(b)),
+            Err(r) => return Err(StoredBase::Failed(r)),
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes and checks the bases [`stored_bases`] read. Chunk routes and delta checks serve
+/// unencrypted stores only (an encrypted one answers 409 or is not decoded): plain ids.
+fn known_bases(bases: Vec<(ObjectId, ChunkLocation, Bytes)>, chunk_max: u32) -> gstore_store::Result<KnownBases> {
+    let mut known = KnownBases(Vec::with_capacity(bases.len()));
+    for (b, l, bytes) in bases {
+        let plain = decode_base(l.codec, &bytes, l.plain_len as usize, &b, chunk_max, ChunkIds::Plain)?;
+        known.0.push((b, std::sync::Arc::new(plain)));
+    }
+    Ok(known)
 }
 
 /// Of the chunk ids posted (a JSON array of hex ids), the ones no pack without a gc tombstone

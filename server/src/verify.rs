@@ -4,15 +4,17 @@
 //! (header and length) and a key record's shape, and relies on its write tokens for the rest;
 //! every reader checks what it opens (docs/SECURITY.md).
 
-use gstore_store::codec::{check_zstd_frame, split_delta, Codec, Decoder};
-use gstore_store::crypto::keyring::KeyRecord;
+use gstore_store::codec::{check_zstd_frame, split_delta, Codec, Decoder, KnownBases};
+use gstore_store::crypto::keyring::{KeyRecord, RetiredKeys};
 use gstore_store::crypto::sealed::Header;
+use gstore_store::damage;
 use gstore_store::key::ObjectKey as Key;
 use gstore_store::lease::{LeaseRecord, Owner};
 use gstore_store::manifest::Manifest;
 use gstore_store::profile::Profile;
 use gstore_store::tag::TagRecord;
-use gstore_store::{pack, StoreConfig};
+use gstore_store::{pack, ObjectId, StoreConfig};
+use std::collections::HashSet;
 
 /// Checks a delta chunk's stored bytes without its bases: they name the bases the footer
 /// names, then hold one whole zstd frame declaring the chunk's plain length.
@@ -25,9 +27,27 @@ fn check_delta(stored: &[u8], e: &pack::PackEntry) -> gstore_store::Result<()> {
     check_zstd_frame(frame, e.plain_len as usize, &e.id)
 }
 
+/// The delta bases an upload of `body` under `key` names but does not hold whole itself:
+/// the server reads them from the store and hands them to [`upload`], which decodes every
+/// delta against them. None but for an unencrypted store's pack that parses.
+pub fn bases_wanted(key: &Key, body: &[u8], chunk_max: u32, sealed: bool) -> Vec<ObjectId> {
+    let Key::Pack(id) = key else { return Vec::new() };
+    let Ok(entries) = pack::parse_pack(body, &id.to_hex(), chunk_max) else { return Vec::new() };
+    if sealed {
+        return Vec::new();
+    }
+    let whole: HashSet<ObjectId> = entries.iter().filter(|e| e.codec != Codec::Delta).map(|e| e.id).collect();
+    let mut wanted: Vec<ObjectId> =
+        entries.iter().flat_map(|e| e.bases).flat_map(|b| b.iter()).filter(|b| !whole.contains(b)).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    wanted
+}
+
 /// Verifies `body` as the object `key` names, for a store whose chunks are at most
-/// `chunk_max` bytes and that is encrypted when `sealed`; the error says what is wrong.
-pub fn upload(key: &Key, body: &[u8], chunk_max: u32, sealed: bool) -> Result<(), String> {
+/// `chunk_max` bytes and that is encrypted when `sealed`; `stored` holds the plain bytes of
+/// the delta bases [`bases_wanted`] named. The error says what is wrong.
+pub fn upload(key: &Key, body: &[u8], chunk_max: u32, sealed: bool, mut stored: KnownBases) -> Result<(), String> {
     if sealed && key.is_sealed() {
         let header = Header::parse(body, &key.to_string()).map_err(|e| e.to_string())?;
         if body.len() as u64 != header.sealed_len() {
@@ -44,19 +64,28 @@ pub fn upload(key: &Key, body: &[u8], chunk_max: u32, sealed: bool) -> Result<()
                     id.to_hex()
                 ));
             }
+            // Whole chunks first (a delta's base may be one of them), then every delta decoded
+            // against its bases and hashed like any chunk.
+            let bases: HashSet<ObjectId> = entries.iter().flat_map(|e| e.bases).flat_map(|b| b.iter()).collect();
             let mut decoder = Decoder::new(chunk_max);
             let mut plain = Vec::new();
-            for e in &entries {
+            for e in entries.iter().filter(|e| e.codec != Codec::Delta) {
                 plain.clear();
-                let stored = &body[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
-                if e.codec == Codec::Delta {
-                    // Its base is in another pack: the structure is checked here, the bytes by
-                    // every reader (which hashes what it decodes).
-                    check_delta(stored, e).map_err(|err| err.to_string())?;
-                    continue;
-                }
+                let bytes = &body[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
                 decoder
-                    .decode_append(e.codec, stored, e.plain_len as usize, &e.id, &mut plain)
+                    .decode_append(e.codec, bytes, e.plain_len as usize, &e.id, &mut plain)
+                    .map_err(|err| err.to_string())?;
+                if bases.contains(&e.id) {
+                    stored.0.push((e.id, std::sync::Arc::new(plain.clone())));
+                }
+            }
+            let mut decoder = Decoder::with_bases(chunk_max, &stored);
+            for e in entries.iter().filter(|e| e.codec == Codec::Delta) {
+                plain.clear();
+                let bytes = &body[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
+                check_delta(bytes, e).map_err(|err| err.to_string())?;
+                decoder
+                    .decode_append(e.codec, bytes, e.plain_len as usize, &e.id, &mut plain)
                     .map_err(|err| err.to_string())?;
             }
             Ok(())
@@ -74,5 +103,8 @@ pub fn upload(key: &Key, body: &[u8], chunk_max: u32, sealed: bool) -> Result<()
         Key::Probe(_) => Err("probe objects are not served".into()),
         Key::KeyRecord(id) if sealed => KeyRecord::from_json(body, id).map(|_| ()).map_err(|e| e.to_string()),
         Key::KeyRecord(_) => Err("key records belong to encrypted stores; this one is not".into()),
+        Key::Damage(pack) => damage::check(body, pack).map_err(|e| e.to_string()),
+        Key::RetiredKeys if sealed => RetiredKeys::from_json(body).map(|_| ()).map_err(|e| e.to_string()),
+        Key::RetiredKeys => Err("retired keys belong to encrypted stores; this one is not".into()),
     }
 }

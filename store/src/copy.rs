@@ -4,14 +4,17 @@
 //! names every pack written and every pack relied on before the manifest goes in, and chunks
 //! the target held only in packs gc has tombstoned meanwhile are copied again.
 
-use crate::codec::{Codec, Encoder};
+use crate::codec::{Codec, DeltaBases, Encoder};
 use crate::error::{Result, StoreError};
+use crate::floats::{self, LaneCodec};
 use crate::id::ObjectId;
+use crate::index::Index;
 use crate::lease::{self, Lease};
 use crate::progress::{Progress, Unit};
 use crate::push::{protect_manifest, write_pack};
 use crate::store::Store;
 use crate::tag::TagRef;
+use crate::StoreConfig;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -59,13 +62,14 @@ pub fn copy(src: &Store, dst: &Store, tag: &TagRef, progress: &dyn Progress) -> 
             dst.config().chunk_max
         )));
     }
+    dst.backend().check_tag_write(&tag.name)?;
     let lease = Lease::take(dst.backend(), &format!("copy {tag}"))?;
     let index = dst.index()?;
     let mut relied: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
     let mut missing = Vec::new();
     for &c in sizes.keys() {
-        match index.locate_for_dedup(&c)? {
-            Some(loc) => relied.entry(loc.pack).or_default().push(c),
+        match relied_packs(index, &c)? {
+            Some(packs) => packs.into_iter().for_each(|p| relied.entry(p).or_default().push(c)),
             None => missing.push(c),
         }
     }
@@ -95,6 +99,36 @@ pub fn copy(src: &Store, dst: &Store, tag: &TagRef, progress: &dyn Progress) -> 
     Ok(report)
 }
 
+/// The packs of the target a copy relies on for chunk `c`, if it holds a copy it may
+/// deduplicate against: the pack of that copy and, for a delta, the packs of its bases.
+fn relied_packs(index: &Index, c: &ObjectId) -> Result<Option<Vec<ObjectId>>> {
+    let Some(loc) = index.locate_for_dedup(c)? else { return Ok(None) };
+    let mut packs = vec![loc.pack];
+    for base in loc.bases.iter().flat_map(DeltaBases::iter) {
+        match index.locate_for_dedup(&base)? {
+            Some(b) => packs.push(b.pack),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(packs))
+}
+
+/// True when `dst` may hold chunk `c`'s `stored` bytes (of `codec`, `len` plain bytes) as
+/// they are; otherwise they are encoded again for its settings. A delta is never kept (its
+/// bases may be missing from `dst`), nor float-coded bytes where `dst` does not write them:
+/// a store made with `--no-float-codec` promised older readers no codec 3, one with Huffman
+/// lanes off no lane codec 2.
+fn keeps_stored(dst: &StoreConfig, codec: Codec, stored: &[u8], len: u32, c: &ObjectId) -> Result<bool> {
+    Ok(match codec {
+        Codec::Delta => false,
+        Codec::Floats if !dst.float_codec => false,
+        Codec::Floats if !dst.huffman_lanes => {
+            !floats::layout(stored, len as usize, c)?.lanes.iter().any(|l| l.codec == LaneCodec::Huffman)
+        }
+        _ => true,
+    })
+}
+
 /// Reads `chunks` from their packs in `src` (stored form, checked by decoding against their
 /// ids) and writes them into new packs of `dst`, each named in the lease before it is stored.
 fn transfer(
@@ -112,7 +146,7 @@ fn transfer(
     let found = src.locate_many(chunks)?;
     progress.start("copying", chunks.iter().map(|c| sizes[c] as u64).sum(), Unit::Bytes);
     let mut decoder = src.decoder();
-    // Deltas are copied whole: their bases may be missing from `dst`.
+    // For the chunks whose stored form `dst` does not keep (keeps_stored).
     let mut encoder = Encoder::for_config(dst.config())?;
     let mut plain = Vec::new();
     let mut pack = dst.new_pack();
@@ -131,7 +165,7 @@ fn transfer(
             decoder.decode_append(loc.codec, stored, len as usize, c, &mut plain)?;
             Ok(stored.clone())
         })?;
-        let stored_len = if loc.codec == Codec::Delta {
+        let stored_len = if !keeps_stored(dst.config(), loc.codec, &stored, len, c)? {
             let (codec, whole) = encoder.encode(&plain);
             let n = whole.len();
             pack.push_owned(*c, codec, whole, len);

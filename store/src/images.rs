@@ -156,7 +156,8 @@ pub fn log(store: &Store, reference: &str) -> Result<Vec<LogEntry>> {
             let all: Vec<TagRecord> =
                 store.list_tags()?.into_iter().filter_map(|r| r.ok()).filter(|r| r.name == reference).collect();
             if all.is_empty() {
-                store.resolve(&format!("{reference}:{}", crate::tag::DEFAULT_VERSION))?;
+                TagRef::parse(reference)?;
+                return Err(store.no_such_tag_name(reference));
             }
             all
         }

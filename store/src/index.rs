@@ -8,6 +8,7 @@
 //! deduplicate a push against.
 
 use crate::codec::{Codec, DeltaBases};
+use crate::damage::DamagedCopy;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::pack::PackEntry;
@@ -26,14 +27,18 @@ const CF_DOOMED: &str = "doomed";
 /// Resemblance sketches of stored chunks (crate::similar): `[feature index, super-feature
 /// u64 LE]` -> chunk id, for finding the stored chunk a new one is most like.
 const CF_SIMILAR: &str = "similar";
-/// Every column family but the default one.
 /// Where every chunk of an image was found when it was last planned ([`Index::put_plan`]).
 const CF_PLANS: &str = "plans";
-const FAMILIES: [&str; 5] = [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR, CF_PLANS];
+/// Stored copies damage records name ([`crate::damage`]): `[chunk id, pack id]` -> nothing.
+const CF_DAMAGED: &str = "damaged";
+/// Every column family but the default one.
+const FAMILIES: [&str; 6] = [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR, CF_PLANS, CF_DAMAGED];
 /// Key (in the default column family) holding the index layout version.
 const FORMAT_KEY: &[u8] = b"format";
-/// The layout written by this version: chunk entries keyed by chunk id + pack id.
-const FORMAT: &[u8] = b"2";
+/// The layout written by this version: chunk entries keyed by chunk id + pack id. Layout 3
+/// adds the damaged copies and drops the plans layout 2 recorded (they may name orphan deltas:
+/// [`Index::pick`]).
+const FORMAT: &[u8] = b"3";
 
 /// Where one chunk's stored bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +206,8 @@ pub struct Index {
     path: PathBuf,
     /// Packs gc has tombstoned, as last seen (mirrors the doomed column family).
     doomed: RwLock<HashSet<ObjectId>>,
+    /// Stored copies damage records name, as last read (mirrors the damaged column family).
+    damaged: RwLock<HashSet<DamagedCopy>>,
     /// True when the index was created (or reset from an older layout) by this open and has
     /// to be filled from the pack footers.
     empty_at_open: bool,
@@ -266,6 +273,7 @@ impl Index {
             ColumnFamilyDescriptor::new(CF_DOOMED, Options::default()),
             ColumnFamilyDescriptor::new(CF_SIMILAR, similar_opts),
             ColumnFamilyDescriptor::new(CF_PLANS, Options::default()),
+            ColumnFamilyDescriptor::new(CF_DAMAGED, Options::default()),
         ];
         // Whatever stops the index from opening, rebuilding it (which deletes it unopened)
         // gets past it: say so.
@@ -274,7 +282,13 @@ impl Index {
             message: format!("cannot open the local index ({e}); {REBUILD_HINT} to build it anew"),
         };
         let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(unusable)?;
-        let mut index = Index { db, path: path.into(), doomed: RwLock::new(HashSet::new()), empty_at_open: false };
+        let mut index = Index {
+            db,
+            path: path.into(),
+            doomed: RwLock::new(HashSet::new()),
+            damaged: RwLock::new(HashSet::new()),
+            empty_at_open: false,
+        };
         let format = index.db.get(FORMAT_KEY).map_err(unusable)?;
         if format.as_deref() != Some(FORMAT) {
             index.clear()?;
@@ -287,6 +301,16 @@ impl Index {
             doomed.extend(ObjectId::from_slice(&k));
         }
         index.doomed = RwLock::new(doomed);
+        let mut damaged = HashSet::new();
+        for item in index.db.iterator_cf(index.cf(CF_DAMAGED), rocksdb::IteratorMode::Start) {
+            let (k, _) = item.map_err(unusable)?;
+            if let (Some(c), Some(p)) =
+                (k.get(..32).and_then(ObjectId::from_slice), k.get(32..).and_then(ObjectId::from_slice))
+            {
+                damaged.insert((c, p));
+            }
+        }
+        index.damaged = RwLock::new(damaged);
         Ok(index)
     }
 
@@ -331,21 +355,66 @@ impl Index {
         Ok(out)
     }
 
-    /// Every pack holding a chunk, per the index (damaged entries are skipped).
-    pub fn holders(&self, id: &ObjectId) -> Result<Vec<ChunkLocation>> {
-        self.holders_in(&mut self.chunk_iterator(), id)
-    }
-
-    /// The holder [`Index::locate`] picks: a pack gc has not tombstoned if there is one.
-    fn pick(&self, holders: &[ChunkLocation]) -> Option<ChunkLocation> {
+    /// The holder of chunk `id` to use among `holders`, looked up through `it`: one whose
+    /// bytes can be decoded, i.e. not a delta whose bases are stored whole nowhere (gc may keep
+    /// a dead delta in a pack that stays for its other chunks while it deletes the delta's
+    /// bases: such an orphan is no copy of the chunk). A copy in a pack gc has not tombstoned
+    /// is preferred, then one in a tombstoned pack (readable until gc deletes it), then one a
+    /// damage record names; `for_dedup` takes only the first kind, for the delta and its bases
+    /// alike. A damaged copy of a base never counts.
+    fn pick(
+        &self,
+        it: &mut rocksdb::DBRawIterator<'_>,
+        id: &ObjectId,
+        holders: Vec<ChunkLocation>,
+        for_dedup: bool,
+    ) -> Result<Option<ChunkLocation>> {
         let doomed = self.doomed.read().expect("doomed set lock");
-        holders.iter().find(|l| !doomed.contains(&l.pack)).or(holders.first()).copied()
+        let damaged = self.damaged.read().expect("damaged set lock");
+        let mut best: Option<(u8, ChunkLocation)> = None;
+        for l in holders {
+            let tier = if damaged.contains(&(*id, l.pack)) { 2 } else { u8::from(doomed.contains(&l.pack)) };
+            if (for_dedup && tier > 0) || best.is_some_and(|(t, _)| t <= tier) {
+                continue;
+            }
+            let base_ok = |base: &ObjectId, pack: &ObjectId| {
+                !damaged.contains(&(*base, *pack)) && !(for_dedup && doomed.contains(pack))
+            };
+            if !self.bases_stored_whole(it, &l, base_ok)? {
+                continue;
+            }
+            if tier == 0 {
+                return Ok(Some(l));
+            }
+            best = Some((tier, l));
+        }
+        Ok(best.map(|(_, l)| l))
     }
 
-    /// Where a chunk is stored, if the index knows it: a pack gc has not tombstoned if there
-    /// is one, else a tombstoned one (still readable until gc deletes it).
+    /// True when every base of `loc` (none unless it is a delta) is stored whole in some pack
+    /// where `accept(base, pack)` takes it.
+    fn bases_stored_whole(
+        &self,
+        it: &mut rocksdb::DBRawIterator<'_>,
+        loc: &ChunkLocation,
+        accept: impl Fn(&ObjectId, &ObjectId) -> bool,
+    ) -> Result<bool> {
+        for base in loc.bases.iter().flat_map(DeltaBases::iter) {
+            let holders = self.holders_in(it, &base)?;
+            if !holders.iter().any(|h| h.codec != Codec::Delta && accept(&base, &h.pack)) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Where a chunk is stored, if the index knows a usable copy: in a pack gc has not
+    /// tombstoned if there is one, else in a tombstoned one (still readable until gc deletes
+    /// it). A delta counts only while its bases are stored whole.
     pub fn locate(&self, id: &ObjectId) -> Result<Option<ChunkLocation>> {
-        Ok(self.pick(&self.holders(id)?))
+        let mut it = self.chunk_iterator();
+        let holders = self.holders_in(&mut it, id)?;
+        self.pick(&mut it, id, holders, false)
     }
 
     /// [`Index::locate`] for many chunks (answers in `ids`' order), through one iterator
@@ -357,17 +426,18 @@ impl Index {
         let mut it = self.chunk_iterator();
         let mut found = vec![None; ids.len()];
         for i in order {
-            found[i] = self.pick(&self.holders_in(&mut it, &ids[i])?);
+            let holders = self.holders_in(&mut it, &ids[i])?;
+            found[i] = self.pick(&mut it, &ids[i], holders, false)?;
         }
         Ok(found)
     }
 
     /// Where a chunk is stored in a pack a push may deduplicate against (one gc has not
-    /// tombstoned), if any.
+    /// tombstoned), if any; a delta only while its bases are stored whole in such packs.
     pub fn locate_for_dedup(&self, id: &ObjectId) -> Result<Option<ChunkLocation>> {
-        let holders = self.holders(id)?;
-        let doomed = self.doomed.read().expect("doomed set lock");
-        Ok(holders.into_iter().find(|l| !doomed.contains(&l.pack)))
+        let mut it = self.chunk_iterator();
+        let holders = self.holders_in(&mut it, id)?;
+        self.pick(&mut it, id, holders, true)
     }
 
     /// Records a pack and all its chunks in one atomic batch.
@@ -458,6 +528,26 @@ impl Index {
         Ok(())
     }
 
+    /// Replaces the set of stored copies damage records name (as just read). Recorded plans go
+    /// when it changes: they may name a copy now known to be damaged.
+    pub fn set_damaged(&self, copies: &HashSet<DamagedCopy>) -> Result<()> {
+        let mut current = self.damaged.write().expect("damaged set lock");
+        if *current == *copies {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::default();
+        for (c, p) in current.difference(copies) {
+            batch.delete_cf(self.cf(CF_DAMAGED), chunk_key(c, p));
+        }
+        for (c, p) in copies.difference(&current) {
+            batch.put_cf(self.cf(CF_DAMAGED), chunk_key(c, p), []);
+        }
+        batch.delete_range_cf(self.cf(CF_PLANS), &[0u8; 0][..], &[0xffu8; 33][..]);
+        self.db.write(batch).map_err(|e| self.ierr(e))?;
+        *current = copies.clone();
+        Ok(())
+    }
+
     /// Records where every chunk of an image is (`locations`, in the planner's order), under
     /// `key`, which names the image's chunk list ([`PlanRecord`] builds the value).
     pub fn put_plan(&self, key: &ObjectId, record: PlanRecord) -> Result<()> {
@@ -510,6 +600,7 @@ impl Index {
             self.db.delete_range_cf(self.cf(cf), &[0u8; 0][..], &[0xffu8; 65][..]).map_err(|e| self.ierr(e))?;
         }
         self.doomed.write().expect("doomed set lock").clear();
+        self.damaged.write().expect("damaged set lock").clear();
         // A range deletion in a memtable turns its bloom filter off (RocksDB reads every key
         // through the table then): written to table files, it leaves a fresh memtable, whose
         // filter answers the sketch lookups of the push that follows (they were a quarter of
@@ -549,7 +640,7 @@ mod tests {
         // A second pack with the same chunk is a second holder.
         let other = ObjectId::of(b"other");
         idx.add_pack(other, 50, &[PackEntry { offset: 99, ..e }]).unwrap();
-        assert_eq!(idx.holders(&e.id).unwrap().len(), 2);
+        assert_eq!(idx.holders_in(&mut idx.chunk_iterator(), &e.id).unwrap().len(), 2);
         assert_eq!(idx.packs().unwrap().len(), 2);
         assert_eq!(idx.pack_stats(&pack).unwrap().unwrap().plain_bytes, 9);
         // A doomed holder is used only when it is the last one, and never for dedup.
@@ -609,6 +700,66 @@ mod tests {
         idx.remove_pack(&p2).unwrap();
         assert!(idx.plan(&key).unwrap().is_none());
         assert!(idx.db.get_cf(idx.cf(CF_PLANS), key.0).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_delta_whose_bases_are_gone_is_no_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = Index::open(dir.path()).unwrap();
+        // Pack ids ordered so that the orphan's pack comes first among the holders.
+        let (orphan_pack, whole_pack, base_pack) = (ObjectId([1; 32]), ObjectId([2; 32]), ObjectId([3; 32]));
+        let (chunk, base) = (ObjectId::of(b"chunk"), ObjectId::of(b"base"));
+        let entry = |id, codec, bases| PackEntry { id, offset: 24, stored_len: 10, plain_len: 20, codec, bases };
+        let delta = entry(chunk, Codec::Delta, Some(DeltaBases::one(base)));
+        idx.add_pack(orphan_pack, 100, &[delta]).unwrap();
+        // Its base is stored nowhere: the chunk has no usable copy.
+        assert!(idx.locate(&chunk).unwrap().is_none());
+        assert!(idx.locate_for_dedup(&chunk).unwrap().is_none());
+        assert_eq!(idx.locate_many(&[chunk]).unwrap(), vec![None]);
+        // A whole copy elsewhere is the one used.
+        idx.add_pack(whole_pack, 100, &[entry(chunk, Codec::Zstd, None)]).unwrap();
+        for found in [idx.locate(&chunk), idx.locate_for_dedup(&chunk), idx.locate_many(&[chunk]).map(|v| v[0])] {
+            assert_eq!(found.unwrap().unwrap().pack, whole_pack);
+        }
+        // With its base stored whole, the delta (first in key order) is a copy again...
+        idx.add_pack(base_pack, 100, &[entry(base, Codec::Raw, None)]).unwrap();
+        assert_eq!(idx.locate_for_dedup(&chunk).unwrap().unwrap().pack, orphan_pack);
+        // ...but not for dedup while its base's only pack is tombstoned, nor when that base
+        // is itself only a delta.
+        idx.set_doomed(&[base_pack].into()).unwrap();
+        assert_eq!(idx.locate_for_dedup(&chunk).unwrap().unwrap().pack, whole_pack);
+        assert_eq!(idx.locate(&chunk).unwrap().unwrap().pack, orphan_pack);
+        idx.remove_pack(&whole_pack).unwrap();
+        assert!(idx.locate_for_dedup(&chunk).unwrap().is_none());
+        idx.remove_pack(&base_pack).unwrap();
+        let other = ObjectId::of(b"other");
+        idx.add_pack(base_pack, 100, &[entry(base, Codec::Delta, Some(DeltaBases::one(other)))]).unwrap();
+        assert!(idx.locate(&chunk).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_damaged_copy_is_used_last_and_never_for_dedup() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = Index::open(dir.path()).unwrap();
+        let (p1, p2) = (ObjectId([1; 32]), ObjectId([2; 32]));
+        let c = ObjectId::of(b"c");
+        let e = PackEntry { id: c, offset: 24, stored_len: 10, plain_len: 20, codec: Codec::Zstd, bases: None };
+        idx.add_pack(p1, 100, &[e]).unwrap();
+        idx.set_damaged(&[(c, p1)].into()).unwrap();
+        // Its only copy: read (a clear error then), never deduplicated against.
+        assert_eq!(idx.locate(&c).unwrap().unwrap().pack, p1);
+        assert!(idx.locate_for_dedup(&c).unwrap().is_none());
+        // Another copy, even in a tombstoned pack, comes first.
+        idx.add_pack(p2, 100, &[e]).unwrap();
+        idx.set_doomed(&[p2].into()).unwrap();
+        assert_eq!(idx.locate(&c).unwrap().unwrap().pack, p2);
+        assert_eq!(idx.locate_many(&[c]).unwrap()[0].unwrap().pack, p2);
+        drop(idx);
+        // The set survives a reopen.
+        let idx = Index::open(dir.path()).unwrap();
+        assert_eq!(idx.locate(&c).unwrap().unwrap().pack, p2);
+        idx.set_damaged(&HashSet::new()).unwrap();
+        assert_eq!(idx.locate(&c).unwrap().unwrap().pack, p1);
     }
 
     #[test]

@@ -30,6 +30,12 @@ pub enum ObjectKey {
     Probe(String),
     /// `keys/<16 lowercase hex>.key`: a key record of an encrypted store.
     KeyRecord(String),
+    /// `damage/<first 2 hex>/<pack hex>.json`: chunks `gstore verify --read-data` found damaged
+    /// in that pack ([`crate::damage`]).
+    Damage(ObjectId),
+    /// `keys/retired.json`: the key records being removed (compare-and-swap writes make two
+    /// removals at once see each other, so the last key is never removed).
+    RetiredKeys,
 }
 
 /// The kinds of object that are listed by prefix.
@@ -49,6 +55,8 @@ pub enum Family {
     Tombstones,
     /// Key records.
     Keys,
+    /// Damage records.
+    Damage,
 }
 
 impl Family {
@@ -62,11 +70,12 @@ impl Family {
             Family::Leases => "leases",
             Family::Tombstones => "tombstones",
             Family::Keys => "keys",
+            Family::Damage => "damage",
         }
     }
 
     /// Every family, for servers that list what clients may list.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::Packs,
         Family::Manifests,
         Family::Tags,
@@ -74,11 +83,13 @@ impl Family {
         Family::Leases,
         Family::Tombstones,
         Family::Keys,
+        Family::Damage,
     ];
 }
 
 const CONFIG: &str = "config.json";
 const GC_LOCK: &str = "gc/lock";
+const RETIRED_KEYS: &str = "keys/retired.json";
 const PROBE: &str = "probe/";
 
 fn is_lower_hex(s: &str) -> bool {
@@ -135,6 +146,7 @@ impl ObjectKey {
         match key {
             CONFIG => return Ok(ObjectKey::Config),
             GC_LOCK => return Ok(ObjectKey::GcLock),
+            RETIRED_KEYS => return Ok(ObjectKey::RetiredKeys),
             _ => {}
         }
         let Some((family, rest)) = key.split_once('/') else { return Err(bad()) };
@@ -150,6 +162,7 @@ impl ObjectKey {
             "packs" => id_in(".pack").map(ObjectKey::Pack),
             "manifests" => id_in(".manifest").map(ObjectKey::Manifest),
             "profiles" => id_in(".profile").map(ObjectKey::Profile),
+            "damage" => id_in(".json").map(ObjectKey::Damage),
             "leases" => rest
                 .strip_suffix(".lease")
                 .filter(|n| n.len() == 32 && is_lower_hex(n))
@@ -186,9 +199,11 @@ impl fmt::Display for ObjectKey {
         match self {
             ObjectKey::Config => f.write_str(CONFIG),
             ObjectKey::GcLock => f.write_str(GC_LOCK),
+            ObjectKey::RetiredKeys => f.write_str(RETIRED_KEYS),
             ObjectKey::Pack(id) => sharded(f, Family::Packs, id, "pack"),
             ObjectKey::Manifest(id) => sharded(f, Family::Manifests, id, "manifest"),
             ObjectKey::Profile(id) => sharded(f, Family::Profiles, id, "profile"),
+            ObjectKey::Damage(id) => sharded(f, Family::Damage, id, "json"),
             ObjectKey::Tag(t) => write!(f, "{}/{}/{}.tag", Family::Tags.prefix(), t.name, t.version),
             ObjectKey::Lease(name) => write!(f, "{}/{name}.lease", Family::Leases.prefix()),
             ObjectKey::Tombstone(k) => write!(f, "{}/{k}", Family::Tombstones.prefix()),
@@ -212,6 +227,8 @@ mod tests {
         for (key, text) in [
             (ObjectKey::Config, "config.json".to_string()),
             (ObjectKey::GcLock, "gc/lock".to_string()),
+            (ObjectKey::RetiredKeys, "keys/retired.json".to_string()),
+            (ObjectKey::Damage(id), format!("damage/{}/{h}.json", &h[..2])),
             (ObjectKey::Pack(id), format!("packs/{}/{h}.pack", &h[..2])),
             (ObjectKey::Manifest(id), format!("manifests/{}/{h}.manifest", &h[..2])),
             (ObjectKey::Profile(id), format!("profiles/{}/{h}.profile", &h[..2])),

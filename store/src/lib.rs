@@ -15,6 +15,7 @@ pub mod codec;
 mod config;
 pub mod copy;
 pub mod crypto;
+pub mod damage;
 mod deltas;
 mod error;
 mod floats;

@@ -299,6 +299,9 @@ fn push_entries(
     progress: &dyn Progress,
 ) -> Result<PushReport> {
     let started = std::time::Instant::now();
+    if !dry_run {
+        store.backend().check_tag_write(&tag.name)?;
+    }
     let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * store.config().segment_size);
     // A stream's files and metadata are known once it ends.
     let streamed = crate::stream::Received::default();

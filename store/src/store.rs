@@ -77,7 +77,25 @@ impl StoreLocation {
         if s.is_empty() {
             return Err(StoreError::Invalid("empty store path".into()));
         }
+        // `s3:/bucket`, `http:host`, `S3://…`: a URL mistyped, not a directory to make.
+        if let Some((scheme, _)) = s.split_once(':') {
+            if ["s3", "http", "https"].contains(&scheme.to_ascii_lowercase().as_str()) {
+                return Err(StoreError::Invalid(format!(
+                    "{s:?} looks like a mistyped URL: write {}://… (for a local directory of that name, write ./{s})",
+                    scheme.to_ascii_lowercase()
+                )));
+            }
+        }
         Ok(StoreLocation::Local(PathBuf::from(s)))
+    }
+
+    /// The store a caller that names none uses: `$GSTORE_STORE` when set and not empty (the
+    /// CLI's `--store` reads the same variable), else [`StoreLocation::default_local`].
+    pub fn from_env() -> Result<StoreLocation> {
+        match std::env::var("GSTORE_STORE") {
+            Ok(s) if !s.is_empty() => StoreLocation::parse(&s),
+            _ => Ok(StoreLocation::default_local()),
+        }
     }
 
     /// The default store: `$XDG_DATA_HOME/gstore`, else `~/.local/share/gstore`.
@@ -250,10 +268,14 @@ impl Store {
         let config = config.clone().encrypted(&master);
         config.validate()?;
         // The record first: a config without a record that opens it would be a store nobody
-        // can open. A record left by an init that then lost a race opens no master key that
-        // checks the config, so it is passed over.
+        // can open. An init that then loses the race deletes its record; one killed first
+        // leaves a record whose master key checks neither the config nor the record check,
+        // so it is passed over and never counts as a key (keyring::remove).
         let id = keyring::add(&backend, &master, secret)?;
-        Self::init_backend(&backend, location, &config)?;
+        if let Err(e) = Self::init_backend(&backend, location, &config) {
+            backend.delete(&ObjectKey::KeyRecord(id).to_string())?;
+            return Err(e);
+        }
         Ok(id)
     }
 
@@ -415,7 +437,7 @@ impl Store {
         // Under the lock, the backend's listing (round trips on a remote store) runs while
         // the index opens.
         let (index, listing) = std::thread::scope(|s| {
-            let listing = s.spawn(|| crate::lease::doomed_then_listed(&self.backend));
+            let listing = s.spawn(|| Listing::read(&self.backend));
             let index = Index::open(&dir);
             (index, listing.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
         });
@@ -853,32 +875,46 @@ impl Store {
     /// The error for a tag that does not exist, naming the versions its name has, or tags
     /// whose names are spelled alike.
     fn no_such_tag(&self, tag: &TagRef) -> StoreError {
+        StoreError::NotFound {
+            what: "tag",
+            key: format!("{tag}{}", self.missing_tag_hint(&tag.name, Some(&tag.version))),
+        }
+    }
+
+    /// The error for a tag name none of whose versions exists (`gstore log NAME`), naming tags
+    /// spelled alike.
+    pub fn no_such_tag_name(&self, name: &str) -> StoreError {
+        StoreError::NotFound { what: "tag name", key: format!("{name}{}", self.missing_tag_hint(name, None)) }
+    }
+
+    /// What to say after a missing tag `name[:version]`: the versions the name has, tags
+    /// spelled alike (of the same version, if any), or where to look.
+    fn missing_tag_hint(&self, name: &str, version: Option<&str>) -> String {
         let existing: Vec<TagRef> = self
             .list_tags()
             .map(|v| v.into_iter().filter_map(|r| r.ok()).map(|r| r.tag()).collect())
             .unwrap_or_default();
-        let versions: Vec<String> = existing.iter().filter(|t| t.name == tag.name).map(|t| t.to_string()).collect();
-        let hint = if !versions.is_empty() {
-            format!(" ({} has: {})", tag.name, versions.join(", "))
+        let versions: Vec<String> = existing.iter().filter(|t| t.name == name).map(|t| t.to_string()).collect();
+        if !versions.is_empty() {
+            return format!(" ({name} has: {})", versions.join(", "));
+        }
+        let alike: Vec<&TagRef> = existing.iter().filter(|t| crate::tag::spelled_alike(&t.name, name)).collect();
+        let same_version: Vec<String> =
+            alike.iter().filter(|t| Some(t.version.as_str()) == version).map(|t| t.to_string()).collect();
+        let mut near = if same_version.is_empty() {
+            alike.iter().map(|t| t.name.clone()).collect::<Vec<_>>()
         } else {
-            let alike: Vec<&TagRef> =
-                existing.iter().filter(|t| crate::tag::spelled_alike(&t.name, &tag.name)).collect();
-            let same_version: Vec<String> =
-                alike.iter().filter(|t| t.version == tag.version).map(|t| t.to_string()).collect();
-            let mut near = if same_version.is_empty() {
-                alike.iter().map(|t| t.name.clone()).collect::<Vec<_>>()
-            } else {
-                same_version
-            };
-            near.dedup();
-            near.truncate(3);
-            if near.is_empty() {
-                " (gstore ls lists the tags)".to_string()
-            } else {
-                format!(" (did you mean {}?)", near.join(" or "))
-            }
+            same_version
         };
-        StoreError::NotFound { what: "tag", key: format!("{tag}{hint}") }
+        near.dedup();
+        near.truncate(3);
+        if !near.is_empty() {
+            format!(" (did you mean {}?)", near.join(" or "))
+        } else if name.len() < 8 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            " (an image id needs 8 or more hex digits; gstore ls lists the tags and ids)".to_string()
+        } else {
+            " (gstore ls lists the tags)".to_string()
+        }
     }
 
     /// Brings the index up to date with the backend, reading only footers: indexes packs it
@@ -887,13 +923,14 @@ impl Store {
     /// packs (docs/GC.md). Damaged packs are skipped (verify names the images they break).
     /// Returns how many packs were added.
     pub fn sync_index(&self) -> Result<usize> {
-        self.catch_up(crate::lease::doomed_then_listed(&self.backend)?)
+        self.catch_up(Listing::read(&self.backend)?)
     }
 
     /// [`Store::sync_index`] from a listing of tombstoned packs, then packs, taken under the
     /// store lock.
-    fn catch_up(&self, (doomed, listed): (HashSet<ObjectId>, Vec<backend::Listed>)) -> Result<usize> {
+    fn catch_up(&self, Listing { doomed, packs: listed, damaged }: Listing) -> Result<usize> {
         let index = self.index()?;
+        index.set_damaged(&damaged)?;
         let present: HashSet<ObjectId> =
             listed.iter().filter_map(|l| ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())).collect();
         let mut known = HashSet::new();
@@ -955,19 +992,20 @@ impl Store {
     /// Fills the index from the pack footers in the backend. Returns (packs indexed,
     /// damaged packs skipped with their errors).
     fn rebuild_index(&self, progress: &dyn crate::progress::Progress) -> Result<(usize, Vec<StoreError>)> {
-        self.fill_index(crate::lease::doomed_then_listed(&self.backend)?, progress)
+        self.fill_index(Listing::read(&self.backend)?, progress)
     }
 
     /// [`Store::rebuild_index`] from a listing of tombstoned packs, then packs, taken under
     /// the store lock.
     fn fill_index(
         &self,
-        (doomed, packs): (HashSet<ObjectId>, Vec<backend::Listed>),
+        Listing { doomed, packs, damaged }: Listing,
         progress: &dyn crate::progress::Progress,
     ) -> Result<(usize, Vec<StoreError>)> {
         let index = self.index()?;
         index.clear()?;
         index.set_doomed(&doomed)?;
+        index.set_damaged(&damaged)?;
         let packs: Vec<(ObjectId, u64)> =
             packs.iter().filter_map(|l| Some((ObjectKey::parse(&l.key).ok()?.pack()?, l.size))).collect();
         progress.start("indexing packs", packs.len() as u64, crate::progress::Unit::Items);
@@ -986,6 +1024,23 @@ impl Store {
         })?;
         progress.finish();
         Ok((ok, damaged))
+    }
+}
+
+/// What an index sync reads from the store: the tombstoned packs, then the listing of
+/// `packs/` (in that order: docs/GC.md, push step 4), then the damaged copies damage records
+/// name.
+struct Listing {
+    doomed: HashSet<ObjectId>,
+    packs: Vec<backend::Listed>,
+    damaged: HashSet<crate::damage::DamagedCopy>,
+}
+
+impl Listing {
+    fn read(backend: &Backend) -> Result<Listing> {
+        let (doomed, packs) = crate::lease::doomed_then_listed(backend)?;
+        let (damaged, _) = crate::damage::read_all(backend)?;
+        Ok(Listing { doomed, packs, damaged })
     }
 }
 

@@ -197,7 +197,10 @@ impl TagRecord {
         let mut at = at;
         if let Some(p) = previous {
             at = at.max(p.set_time().next());
-            history.push(TagHistoryItem { manifest: p.manifest, set_unix: p.set_unix, set_nanos: p.set_nanos });
+            // Set again to the image it names: no second row for one value.
+            if p.manifest != manifest.to_hex() {
+                history.push(TagHistoryItem { manifest: p.manifest, set_unix: p.set_unix, set_nanos: p.set_nanos });
+            }
             history.extend(p.history);
             history.truncate(HISTORY_LIMIT);
         }
@@ -283,6 +286,10 @@ mod tests {
         assert_eq!(r3.history[0].manifest, ObjectId::of(b"2").to_hex());
         assert_eq!(r3.history[0].set_time(), at(2, 5));
         assert_eq!(r3.history[1].manifest, r1.manifest);
+        // Set again to the same image: dated anew, no second row.
+        let r4 = TagRecord::new(&t, ObjectId::of(b"3"), at(4, 0), Some(r3.clone()));
+        assert_eq!(r4.history.len(), 2);
+        assert_eq!(r4.set_time(), at(4, 0));
     }
 
     #[test]

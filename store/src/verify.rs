@@ -6,6 +6,7 @@
 use crate::backend::Backend;
 use crate::codec;
 use crate::crypto::{keyring, sealed};
+use crate::damage;
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::index::ChunkLocation;
@@ -16,7 +17,7 @@ use crate::progress::{Progress, Unit};
 use crate::store::Store;
 use rayon::prelude::*;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Problems listed per image before the rest are only counted.
 const PROBLEMS_SHOWN: usize = 5;
@@ -49,6 +50,11 @@ pub struct VerifyReport {
     pub bytes_read: u64,
     /// Whether chunk data was read.
     pub read_data: bool,
+    /// Damaged stored copies found and recorded in the store (damage records: pushes and
+    /// copies then store good copies, restores read those, gc drops the damaged ones).
+    pub damaged_copies_recorded: usize,
+    /// Why damage found could not be recorded (a read-only token, say), if it could not.
+    pub damage_not_recorded: Option<String>,
 }
 
 impl VerifyReport {
@@ -177,6 +183,10 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
     let bytes_read = checked.iter().map(|c| c.3).sum();
     let pack_results: HashMap<ObjectId, std::result::Result<PackCheck, String>> =
         checked.into_iter().map(|(p, r, _, _)| (p, r)).collect();
+    let (damaged_copies_recorded, damage_not_recorded) = match record_damage(store, &pack_results) {
+        Ok(n) => (n, None),
+        Err(e) => (0, Some(e.to_string())),
+    };
 
     let mut statuses = Vec::new();
     for (tag, id) in images {
@@ -194,7 +204,34 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
             problems: problems.into_iter().take(PROBLEMS_SHOWN).collect(),
         });
     }
-    Ok(VerifyReport { images: statuses, packs_checked: pack_results.len(), chunks_read, bytes_read, read_data })
+    Ok(VerifyReport {
+        images: statuses,
+        packs_checked: pack_results.len(),
+        chunks_read,
+        bytes_read,
+        read_data,
+        damaged_copies_recorded,
+        damage_not_recorded,
+    })
+}
+
+/// Records the damaged chunks `packs` found in the store's damage records and in this
+/// machine's index; returns how many copies were found damaged.
+fn record_damage(store: &Store, packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>) -> Result<usize> {
+    let mut n = 0;
+    for (pack, check) in packs {
+        let Ok(check) = check else { continue };
+        if check.bad_chunks.is_empty() {
+            continue;
+        }
+        let chunks: BTreeSet<ObjectId> = check.bad_chunks.keys().copied().collect();
+        damage::record(store.backend(), pack, &chunks)?;
+        n += chunks.len();
+    }
+    if n > 0 {
+        store.index()?.set_damaged(&damage::read_all(store.backend())?.0)?;
+    }
+    Ok(n)
 }
 
 /// What is wrong with the delta base `base` (located at `loc`), if anything.

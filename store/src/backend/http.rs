@@ -44,6 +44,16 @@ impl Objects for HttpObjects {
         }
     }
 
+    fn check_tag_write(&self, name: &str) -> Result<()> {
+        let path = format!("/v1/may-write/tags/{name}");
+        let a = runtime().block_on(self.client.send(Method::GET, &path, &[], None))?;
+        match a.status {
+            // A server older than this route: the tag's own write decides, as before.
+            StatusCode::NOT_FOUND => Ok(()),
+            _ => self.client.check(&format!("tags/{name}"), &a),
+        }
+    }
+
     fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
         match self.call(Method::GET, key, &[], None) {
             Ok(a) => Ok(Some((a.body, Version(object_store::UpdateVersion { e_tag: a.etag, version: None })))),

@@ -98,6 +98,11 @@ pub(crate) trait Objects: Send + Sync {
     fn local_root(&self) -> Option<&Path> {
         None
     }
+    /// Fails when this client may not write tags named `name`: a server's token may be
+    /// limited to some (docs/HTTP.md). Other backends let whoever may write, write any tag.
+    fn check_tag_write(&self, _name: &str) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The tokio runtime every backend runs its requests on (two workers: the requests are
@@ -199,6 +204,13 @@ impl Backend {
     /// backends).
     pub fn local_root(&self) -> Option<&Path> {
         self.objects.local_root()
+    }
+
+    /// Fails when this client may not write tags named `name` (a server token limited to other
+    /// tags): asked before a push or copy uploads anything, so a refused tag costs no upload.
+    pub fn check_tag_write(&self, name: &str) -> Result<()> {
+        self.before("check_tag_write", name);
+        self.objects.check_tag_write(name)
     }
 
     /// Where this backend points, for messages.

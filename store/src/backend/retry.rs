@@ -73,7 +73,7 @@ impl Retrying {
                     let known = self.answered.load(Ordering::Relaxed)
                         || matches!(e, StoreError::Unavailable { reached: true, .. });
                     if !known || waited + pause > self.retry_for {
-                        return Err(if waited.is_zero() || !known { e } else { still_unavailable(e, waited + pause) });
+                        return Err(if waited.is_zero() || !known { e } else { still_unavailable(e, waited) });
                     }
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(MAX_PAUSE);
@@ -140,6 +140,10 @@ impl Objects for Retrying {
 
     fn local_root(&self) -> Option<&Path> {
         self.inner.local_root()
+    }
+
+    fn check_tag_write(&self, name: &str) -> Result<()> {
+        self.inner.check_tag_write(name)
     }
 }
 

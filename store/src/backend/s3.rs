@@ -25,9 +25,18 @@ pub(super) fn open(bucket: &str, prefix: &str, patience: Patience) -> Result<Obj
             .map_err(|_| StoreError::Invalid(format!("S3 config file: unknown setting {key}")))?;
         b = b.with_config(parsed, value);
     }
-    let has = |k: &str| std::env::var_os(k).is_some() || file.iter().any(|(f, _)| f == k);
-    if !has("AWS_REGION") && !has("AWS_DEFAULT_REGION") {
+    let setting = |k: &str| std::env::var(k).ok().or_else(|| file.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone()));
+    if setting("AWS_REGION").is_none() && setting("AWS_DEFAULT_REGION").is_none() {
         b = b.with_region("us-east-1");
+    }
+    // A plain http:// endpoint the client would refuse on every request: a setting to fix,
+    // said at once rather than retried as an outage.
+    let endpoint = setting("AWS_ENDPOINT").or_else(|| setting("AWS_ENDPOINT_URL"));
+    let allow_http = setting("AWS_ALLOW_HTTP").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if let Some(e) = endpoint.filter(|e| e.to_ascii_lowercase().starts_with("http://") && !allow_http) {
+        return Err(StoreError::Invalid(format!(
+            "S3 endpoint {e} is plain http://: set AWS_ALLOW_HTTP=true to allow it (or use https://)"
+        )));
     }
     // object_store's own whole-request limit (30 s) would cut large uploads on slow links;
     // stalls are caught by the read timeout instead.

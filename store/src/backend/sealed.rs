@@ -193,4 +193,8 @@ impl Objects for SealedObjects {
     fn local_root(&self) -> Option<&Path> {
         self.inner.local_root()
     }
+
+    fn check_tag_write(&self, name: &str) -> Result<()> {
+        self.inner.check_tag_write(name)
+    }
 }

@@ -55,6 +55,11 @@ pub struct KeyRecord {
     pub created_unix: u64,
     /// Who added it (`user@host`), for `gstore key list`.
     pub label: String,
+    /// [`MasterKey::record_check`] of the record's id, hex: shows, to whoever holds the master
+    /// key, that the record wraps this store's master key. Absent in records written before it
+    /// existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<String>,
 }
 
 impl KeyRecord {
@@ -122,6 +127,7 @@ impl KeyRecord {
             wrapped: String::new(),
             created_unix: crate::store::now_unix(),
             label,
+            check: Some(master.record_check(id).to_hex().to_string()),
         };
         let wrapping = r.wrapping_key(secret).expect("a record made for this secret's kind");
         let mut sealed = master.bytes().to_vec();
@@ -130,6 +136,12 @@ impl KeyRecord {
             .expect("32 bytes seal");
         r.wrapped = hex::encode(sealed);
         r
+    }
+
+    /// True when this record (`id`) counts as a key of the store whose master key is `master`:
+    /// its check holds, or it predates checks.
+    fn is_key_of(&self, id: &str, master: &MasterKey) -> bool {
+        self.check.as_ref().is_none_or(|c| *c == master.record_check(id).to_hex().as_str())
     }
 
     /// The master key, when `secret` opens this record (`id`).
@@ -192,19 +204,65 @@ pub fn add(backend: &Backend, master: &MasterKey, secret: &Secret) -> Result<Str
     Ok(id)
 }
 
-/// Removes record `id`; refuses to remove the last readable one (the store could not be
-/// opened again).
-pub fn remove(backend: &Backend, id: &str) -> Result<()> {
-    let records = list(backend)?;
-    if !records.iter().any(|(r, _)| r == id) {
-        return Err(StoreError::NotFound { what: "key", key: id.to_string() });
+/// The key records being removed (`keys/retired.json`, JSON `{"format": 1, "retired":
+/// [ids]}`). A removal adds its record here with a compare-and-swap write before it deletes
+/// the record, so of two removals at once the later sees the earlier and counts what is left
+/// without it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RetiredKeys {
+    /// Format: 1.
+    pub format: u32,
+    /// Ids of records being (or already) removed.
+    pub retired: std::collections::BTreeSet<String>,
+}
+
+impl RetiredKeys {
+    /// Parses and checks the object read from `keys/retired.json`.
+    pub fn from_json(bytes: &[u8]) -> Result<RetiredKeys> {
+        let bad = |d: String| StoreError::corrupt("retired keys", "keys/retired.json", d);
+        let r: RetiredKeys = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        if r.format != 1 {
+            return Err(bad(format!("format {} is not supported", r.format)));
+        }
+        Ok(r)
     }
-    if !records.iter().any(|(r, rec)| r != id && rec.is_ok()) {
-        return Err(StoreError::Invalid(format!(
-            "key {id} is the store's last key: without it nobody could open the store again; add another first (`gstore key add`)"
-        )));
+}
+
+/// Removes record `id` of the store whose master key is `master`; refuses to remove the last
+/// record that is a key of that store (the store could not be opened again), also when
+/// another removal runs at the same moment.
+pub fn remove(backend: &Backend, master: &MasterKey, id: &str) -> Result<()> {
+    let key = ObjectKey::RetiredKeys.to_string();
+    for _ in 0..16 {
+        let current = backend.get_versioned(&key)?;
+        let mut retired = match &current {
+            Some((bytes, _)) => RetiredKeys::from_json(bytes)?,
+            None => RetiredKeys { format: 1, ..Default::default() },
+        };
+        let records = list(backend)?;
+        if !records.iter().any(|(r, _)| r == id) {
+            return Err(StoreError::NotFound { what: "key", key: id.to_string() });
+        }
+        let others = records.iter().filter(|(r, rec)| {
+            r != id && !retired.retired.contains(r) && rec.as_ref().is_ok_and(|rec| rec.is_key_of(r, master))
+        });
+        if others.count() == 0 {
+            return Err(StoreError::Invalid(format!(
+                "key {id} is the store's last key: without it nobody could open the store again; add another first (`gstore key add`)"
+            )));
+        }
+        // Records already gone need no entry.
+        retired.retired.retain(|r| records.iter().any(|(id, _)| id == r));
+        retired.retired.insert(id.to_string());
+        let json = serde_json::to_vec(&retired).expect("retired keys serialize");
+        match backend.put_if(&key, json, current.as_ref().map(|(_, v)| v)) {
+            Ok(()) => return backend.delete(&ObjectKey::KeyRecord(id.to_string()).to_string()),
+            // Another removal (or addition) went first: count again.
+            Err(StoreError::Conflict(_)) => continue,
+            Err(e) => return Err(e),
+        }
     }
-    backend.delete(&ObjectKey::KeyRecord(id.to_string()).to_string())
+    Err(StoreError::lost_race("keys/retired.json"))
 }
 
 /// One key record as `gstore key list` shows it.
@@ -269,8 +327,8 @@ pub fn add_key(location: &StoreLocation, new: &Secret) -> Result<String> {
 pub fn remove_key(location: &StoreLocation, id: &str) -> Result<()> {
     let (backend, config) = encrypted_store(location)?;
     let store = location.describe();
-    unlock(&backend, &Secret::for_store(&store)?, &store, &config)?;
-    remove(&backend, id)
+    let master = unlock(&backend, &Secret::for_store(&store)?, &store, &config)?;
+    remove(&backend, &master, id)
 }
 
 #[cfg(test)]
@@ -312,7 +370,7 @@ mod tests {
         let m = unlock(&backend, &key_secret(2), "s", &config).unwrap();
         assert_eq!(m.bytes(), master.bytes());
         assert!(matches!(unlock(&backend, &key_secret(3), "s", &config), Err(StoreError::KeyRejected(_))));
-        remove(&backend, &b).unwrap();
+        remove(&backend, &master, &b).unwrap();
         let err = unlock(&backend, &key_secret(2), "s", &config).unwrap_err().to_string();
         assert!(err.contains("config.json was changed"), "removed key: only the stray record opens: {err}");
         unlock(&backend, &key_secret(1), "s", &config).unwrap();
@@ -323,9 +381,35 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("config.json was changed"));
+        // The stray record is no key of this store: `a` is the last one.
+        assert!(remove(&backend, &master, &a).unwrap_err().to_string().contains("last key"));
         let stray = list(&backend).unwrap().into_iter().map(|(id, _)| id).find(|id| *id != a).unwrap();
-        remove(&backend, &stray).unwrap();
-        assert!(remove(&backend, &a).unwrap_err().to_string().contains("last key"));
-        assert!(matches!(remove(&backend, "0000000000000000"), Err(StoreError::NotFound { .. })));
+        remove(&backend, &master, &stray).unwrap();
+        assert!(remove(&backend, &master, &a).unwrap_err().to_string().contains("last key"));
+        assert!(matches!(remove(&backend, &master, "0000000000000000"), Err(StoreError::NotFound { .. })));
+    }
+
+    #[test]
+    fn two_removals_at_once_never_remove_the_last_key() {
+        let backend = Backend::memory();
+        let master = MasterKey::generate();
+        let a = add(&backend, &master, &key_secret(1)).unwrap();
+        let b = add(&backend, &master, &key_secret(2)).unwrap();
+        // Removal of `a` marks it retired, then (before it deletes the record) removal of `b`
+        // runs: it must see `a` going.
+        let retired = RetiredKeys { format: 1, retired: [a.clone()].into() };
+        backend.put_if(&ObjectKey::RetiredKeys.to_string(), serde_json::to_vec(&retired).unwrap(), None).unwrap();
+        assert!(remove(&backend, &master, &b).unwrap_err().to_string().contains("last key"));
+        // Both at once from threads: exactly one succeeds, one record is left.
+        let backend = Backend::memory();
+        let a = add(&backend, &master, &key_secret(1)).unwrap();
+        let b = add(&backend, &master, &key_secret(2)).unwrap();
+        let results: Vec<bool> = std::thread::scope(|s| {
+            let ha = s.spawn(|| remove(&backend, &master, &a).is_ok());
+            let hb = s.spawn(|| remove(&backend, &master, &b).is_ok());
+            vec![ha.join().unwrap(), hb.join().unwrap()]
+        });
+        assert_eq!(results.iter().filter(|ok| **ok).count(), 1, "{results:?}");
+        assert_eq!(list(&backend).unwrap().len(), 1);
     }
 }

@@ -55,6 +55,13 @@ impl MasterKey {
         blake3::keyed_hash(&self.derive("config check"), config_without_check)
     }
 
+    /// The check a key record `id` wrapping this master key carries: the keyed BLAKE3 of its
+    /// id under a key derived from this master key. A record whose check holds is one of this
+    /// store's keys; one left by an `init` that lost a race carries another master key's.
+    pub fn record_check(&self, id: &str) -> blake3::Hash {
+        blake3::keyed_hash(&self.derive("key record check"), id.as_bytes())
+    }
+
     fn bytes(&self) -> &[u8; 32] {
         &self.0
     }

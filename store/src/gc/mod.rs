@@ -22,6 +22,7 @@ mod temps;
 
 use crate::backend::{self, Backend};
 use crate::codec::{decode_base, BaseSource, Decoder};
+use crate::damage::{self, DamagedCopy};
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use crate::key::{Family, ObjectKey};
@@ -93,7 +94,8 @@ pub struct GcReport {
     pub packs_revived: usize,
     /// Mostly-dead packs rewritten.
     pub packs_repacked: usize,
-    /// Bytes written into new packs by rewriting.
+    /// Bytes written into new packs by rewriting (with `dry_run`: the chunk bytes a rewrite
+    /// would write).
     pub bytes_repacked: u64,
     /// Manifests tombstoned, deleted and revived.
     pub manifests_tombstoned: usize,
@@ -181,25 +183,21 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     // 5. Mark, then read the packs and settle each live chunk's home.
     let mut live = mark(store, &catalog, &roots, &tagged, progress, &mut report)?;
     let listed = b.list(Family::Packs.prefix())?;
+    let (damaged, damage_records) = damage::read_all(b)?;
     let mut packs = read_packs(store, &catalog, &listed, &tombstones, &leased_packs, progress, &mut report)?;
     // The bases of live delta chunks are live too (one step: a base is never a delta).
-    let bases: Vec<ObjectId> = packs
-        .iter()
-        .flat_map(|p| &p.entries)
-        .filter(|e| live.contains(&e.id))
-        .flat_map(|e| e.bases)
-        .flat_map(|b| b.iter())
-        .collect();
-    live.extend(bases);
+    let copies = Copies::of(&packs, &live, damaged);
+    live.extend(copies.bases.iter().copied());
     for p in &mut packs {
-        p.live_bytes = p.entries.iter().filter(|e| live.contains(&e.id)).map(|e| e.stored_len as u64).sum();
+        p.live_bytes =
+            p.entries.iter().filter(|e| live.contains(&e.id) && copies.may_home(e)).map(|e| e.stored_len as u64).sum();
     }
     let rewrite = Rewrite { below: opts.repack_below, min_dead: (store.config().pack_target / 4).min(64 << 10) };
-    let (homes, home_bytes) = settle_homes(&packs, &live, &rewrite);
+    let (homes, home_bytes) = settle_homes(&packs, &live, &copies, &rewrite);
 
     // 6. Decide.
-    let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run };
-    sweep_packs(&sweep, &packs, &homes, &home_bytes, &rewrite, progress, &mut report)?;
+    let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run, damage_records: &damage_records };
+    sweep_packs(&sweep, &packs, &homes, &home_bytes, &copies, &rewrite, progress, &mut report)?;
     let manifests = b.list(Family::Manifests.prefix())?;
     for l in &manifests {
         let Some(id) = ObjectKey::parse(&l.key).ok().and_then(|k| k.manifest()) else { continue };
@@ -219,13 +217,17 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     }
 
     // Tombstones of objects that were already gone when listed (a gc stopped between the
-    // two deletes).
+    // two deletes), and damage records of packs that are gone.
     if !opts.dry_run {
         let present: HashSet<&str> = listed.iter().chain(&manifests).map(|l| l.key.as_str()).collect();
         for t in tombstones.iter().filter(|t| !present.contains(t.to_string().as_str())) {
             b.delete(&t.tombstone().to_string())?;
         }
+        for p in damage_records.iter().filter(|p| !present.contains(ObjectKey::Pack(**p).to_string().as_str())) {
+            b.delete(&ObjectKey::Damage(*p).to_string())?;
+        }
     }
+    report.tags_removed.sort();
     report.requests = b.requests() - requests_before;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
@@ -313,6 +315,57 @@ fn read_packs(
     Ok(packs)
 }
 
+/// Which stored entries are copies a live chunk may be kept in. A delta is a copy only while
+/// each of its bases is stored whole in some listed pack: a pack that stays for its other
+/// chunks keeps dead deltas whose bases an earlier pass deleted, and such an orphan must never
+/// become a chunk's home (docs/GC.md). A chunk that is a base of a live delta is kept whole. A
+/// copy a damage record names is a home only where the chunk has no other copy.
+struct Copies {
+    /// Chunks stored whole (not as a delta) in some listed pack.
+    whole: HashSet<ObjectId>,
+    /// The bases of live delta chunks that are copies.
+    bases: HashSet<ObjectId>,
+    /// Copies damage records name.
+    damaged: HashSet<DamagedCopy>,
+}
+
+impl Copies {
+    fn of(packs: &[PackInfo], live: &HashSet<ObjectId>, damaged: HashSet<DamagedCopy>) -> Copies {
+        let entries = || packs.iter().flat_map(|p| &p.entries);
+        let whole: HashSet<ObjectId> = entries().filter(|e| e.bases.is_none()).map(|e| e.id).collect();
+        let mut copies = Copies { whole, bases: HashSet::new(), damaged };
+        let bases: HashSet<ObjectId> = entries()
+            .filter(|e| live.contains(&e.id) && copies.bases_whole(e))
+            .flat_map(|e| e.bases)
+            .flat_map(|b| b.iter())
+            .collect();
+        copies.bases = bases;
+        copies
+    }
+
+    /// True when every base of `e` (none unless it is a delta) is stored whole.
+    fn bases_whole(&self, e: &PackEntry) -> bool {
+        e.bases.iter().flat_map(|b| b.iter()).all(|b| self.whole.contains(&b))
+    }
+
+    /// True when `e` may be the home of its chunk: stored whole, or a delta whose bases are
+    /// stored whole and that no live delta needs as a base.
+    fn may_home(&self, e: &PackEntry) -> bool {
+        e.bases.is_none() || (self.bases_whole(e) && !self.bases.contains(&e.id))
+    }
+
+    /// True when a damage record names the copy of `e` in `pack`.
+    fn is_damaged(&self, e: &PackEntry, pack: &ObjectId) -> bool {
+        self.damaged.contains(&(e.id, *pack))
+    }
+
+    /// True when `p` holds a damaged copy that is not its chunk's home (so another copy, or
+    /// none, is kept): rewriting `p` drops it.
+    fn drops_damage(&self, p: &PackInfo, homes: &HashMap<ObjectId, ObjectId>) -> bool {
+        p.entries.iter().any(|e| self.is_damaged(e, &p.id) && homes.get(&e.id) != Some(&p.id))
+    }
+}
+
 /// When a pack is worth rewriting.
 struct Rewrite {
     /// `--repack-below`: live data below this fraction of the chunk data.
@@ -340,10 +393,11 @@ impl Rewrite {
 fn settle_homes(
     packs: &[PackInfo],
     live: &HashSet<ObjectId>,
+    copies: &Copies,
     rewrite: &Rewrite,
 ) -> (HashMap<ObjectId, ObjectId>, HashMap<ObjectId, u64>) {
     let mut staying: HashSet<ObjectId> = packs.iter().filter(|p| p.protected || !p.tombstoned).map(|p| p.id).collect();
-    let (mut homes, mut home_bytes) = pick_homes(packs, live, &staying);
+    let (mut homes, mut home_bytes) = pick_homes(packs, live, copies, &staying);
     for _ in 0..16 {
         let next: HashSet<ObjectId> = packs
             .iter()
@@ -357,19 +411,21 @@ fn settle_homes(
             break;
         }
         staying = next;
-        (homes, home_bytes) = pick_homes(packs, live, &staying);
+        (homes, home_bytes) = pick_homes(packs, live, copies, &staying);
     }
     (homes, home_bytes)
 }
 
 /// Decides every pack: needed ones keep (or lose) their tombstone, unneeded ones are
-/// tombstoned or, if tombstoned before, deleted; packs home to too little are rewritten,
-/// then tombstoned.
+/// tombstoned or, if tombstoned before, deleted; packs home to too little, or holding a
+/// damaged copy that another copy (or none) replaces, are rewritten, then tombstoned.
+#[allow(clippy::too_many_arguments)]
 fn sweep_packs(
     sweep: &Sweep,
     packs: &[PackInfo],
     homes: &HashMap<ObjectId, ObjectId>,
     home_bytes: &HashMap<ObjectId, u64>,
+    copies: &Copies,
     rewrite: &Rewrite,
     progress: &dyn Progress,
     report: &mut GcReport,
@@ -378,7 +434,7 @@ fn sweep_packs(
     for p in packs {
         let home = home_bytes.get(&p.id).copied().unwrap_or(0);
         let needed = p.protected || home > 0;
-        if needed && !rewrite.stays(p, home) {
+        if needed && !p.protected && (!rewrite.stays(p, home) || copies.drops_damage(p, homes)) {
             // Rewritten, then tombstoned (a tombstone it already has stays).
             to_repack.push(p);
             continue;
@@ -515,27 +571,30 @@ fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Re
     Ok(kept)
 }
 
-/// For each live chunk, the one pack gc keeps it in (the best-ranked holder), and the stored
-/// bytes each pack is home to.
+/// For each live chunk, the one pack gc keeps it in (the best-ranked holder of a copy), and
+/// the stored bytes each pack is home to.
 fn pick_homes(
     packs: &[PackInfo],
     live: &HashSet<ObjectId>,
+    copies: &Copies,
     staying: &HashSet<ObjectId>,
 ) -> (HashMap<ObjectId, ObjectId>, HashMap<ObjectId, u64>) {
-    let mut best: HashMap<ObjectId, (usize, u32)> = HashMap::new();
+    // Per chunk: the best holder so far, its stored length and whether it is undamaged.
+    let mut best: HashMap<ObjectId, (usize, u32, bool)> = HashMap::new();
     for (i, p) in packs.iter().enumerate() {
-        for e in p.entries.iter().filter(|e| live.contains(&e.id)) {
-            let slot = best.entry(e.id).or_insert((i, e.stored_len));
-            if packs[slot.0].rank(staying) < p.rank(staying) {
-                *slot = (i, e.stored_len);
+        for e in p.entries.iter().filter(|e| live.contains(&e.id) && copies.may_home(e)) {
+            let sound = !copies.is_damaged(e, &p.id);
+            let slot = best.entry(e.id).or_insert((i, e.stored_len, sound));
+            if (slot.2, packs[slot.0].rank(staying)) < (sound, p.rank(staying)) {
+                *slot = (i, e.stored_len, sound);
             }
         }
     }
     let mut bytes: HashMap<ObjectId, u64> = HashMap::new();
-    for &(i, len) in best.values() {
+    for &(i, len, _) in best.values() {
         *bytes.entry(packs[i].id).or_default() += len as u64;
     }
-    (best.into_iter().map(|(c, (i, _))| (c, packs[i].id)).collect(), bytes)
+    (best.into_iter().map(|(c, (i, _, _))| (c, packs[i].id)).collect(), bytes)
 }
 
 /// The writes of a pass (none with `dry_run`).
@@ -543,6 +602,8 @@ struct Sweep<'a> {
     store: &'a Store,
     catalog: &'a Catalog<'a>,
     dry_run: bool,
+    /// Packs that have a damage record, which goes with the pack.
+    damage_records: &'a HashSet<ObjectId>,
 }
 
 /// What a pass did with one pack or manifest.
@@ -598,14 +659,19 @@ impl Sweep<'_> {
         self.store.backend().delete(&key.tombstone().to_string())
     }
 
-    /// Deletes a tombstoned object, then its tombstone.
+    /// Deletes a tombstoned object, then its tombstone (and a pack's damage record, if any).
     fn delete(&self, key: &ObjectKey, kind: &str, id: &ObjectId) -> Result<()> {
         if self.dry_run {
             return Ok(());
         }
-        self.store.backend().delete(&key.to_string())?;
+        let b = self.store.backend();
+        b.delete(&key.to_string())?;
         self.catalog.forget(kind, id);
-        self.store.backend().delete(&key.tombstone().to_string())
+        b.delete(&key.tombstone().to_string())?;
+        if let Some(pack) = key.pack().filter(|p| self.damage_records.contains(p)) {
+            b.delete(&ObjectKey::Damage(pack).to_string())?;
+        }
+        Ok(())
     }
 
     /// Copies the chunks each of `packs` is home to into new packs, checking every one, and
@@ -647,6 +713,9 @@ impl Sweep<'_> {
                 continue;
             }
             if self.dry_run {
+                // What the rewrite would write: the chunks' stored bytes (a pack adds a few
+                // bytes of header and footer per chunk).
+                report.bytes_repacked += keep.iter().map(|e| e.stored_len as u64).sum::<u64>();
                 copied.push(*p);
                 continue;
             }
@@ -687,7 +756,7 @@ impl BaseSource for FooterBases<'_> {
     fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
         let missing = || StoreError::NotFound { what: "delta base chunk", key: id.to_hex() };
         let pack = self.homes.get(id).and_then(|home| self.packs.get(home)).ok_or_else(missing)?;
-        let e = pack.entries.iter().find(|e| e.id == *id).ok_or_else(missing)?;
+        let e = pack.entries.iter().find(|e| e.id == *id && e.bases.is_none()).ok_or_else(missing)?;
         let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
         let plain = decode_base(
             e.codec,
@@ -698,5 +767,55 @@ impl BaseSource for FooterBases<'_> {
             self.store.chunk_ids(),
         )?;
         Ok(std::sync::Arc::new(plain))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{Codec, DeltaBases};
+
+    fn entry(name: &[u8], bases: Option<DeltaBases>) -> PackEntry {
+        let codec = if bases.is_some() { Codec::Delta } else { Codec::Zstd };
+        PackEntry { id: ObjectId::of(name), offset: 24, stored_len: 1000, plain_len: 4000, codec, bases }
+    }
+
+    fn pack(id: u8, entries: Vec<PackEntry>) -> PackInfo {
+        let live_bytes = entries.iter().map(|e| e.stored_len as u64).sum();
+        PackInfo { id: ObjectId([id; 32]), size: 1 << 20, entries, tombstoned: false, protected: false, live_bytes }
+    }
+
+    #[test]
+    fn an_orphan_delta_is_never_a_home() {
+        // Pack 1 stays for chunk "kept" and still holds a dead delta of "chunk" whose base an
+        // earlier pass deleted; pack 2 holds "chunk" whole. Pack 1 ranks first (lower id).
+        let orphan = entry(b"chunk", Some(DeltaBases::one(ObjectId::of(b"gone"))));
+        let packs = vec![pack(1, vec![entry(b"kept", None), orphan]), pack(2, vec![entry(b"chunk", None)])];
+        let live: HashSet<ObjectId> = [ObjectId::of(b"kept"), ObjectId::of(b"chunk")].into();
+        let copies = Copies::of(&packs, &live, HashSet::new());
+        assert!(copies.bases.is_empty(), "an orphan's bases are not made live");
+        let rewrite = Rewrite { below: 0.0, min_dead: 0 };
+        let (homes, _) = settle_homes(&packs, &live, &copies, &rewrite);
+        assert_eq!(homes[&ObjectId::of(b"chunk")], ObjectId([2; 32]));
+        assert_eq!(homes[&ObjectId::of(b"kept")], ObjectId([1; 32]));
+    }
+
+    #[test]
+    fn a_live_deltas_base_is_kept_whole_and_the_delta_may_be_home() {
+        let base = ObjectId::of(b"base");
+        // "base" is stored whole in pack 3 and as a delta (of something else) in pack 1; the
+        // live delta of "chunk" in pack 2 needs it.
+        let packs = vec![
+            pack(1, vec![entry(b"base", Some(DeltaBases::one(ObjectId::of(b"other")))), entry(b"other", None)]),
+            pack(2, vec![entry(b"chunk", Some(DeltaBases::one(base)))]),
+            pack(3, vec![entry(b"base", None)]),
+        ];
+        let live: HashSet<ObjectId> = [ObjectId::of(b"chunk")].into();
+        let copies = Copies::of(&packs, &live, HashSet::new());
+        let mut live = live;
+        live.extend(copies.bases.iter().copied());
+        let (homes, _) = settle_homes(&packs, &live, &copies, &Rewrite { below: 0.0, min_dead: 0 });
+        assert_eq!(homes[&ObjectId::of(b"chunk")], ObjectId([2; 32]));
+        assert_eq!(homes[&base], ObjectId([3; 32]), "a base is homed where it is whole");
     }
 }

@@ -96,12 +96,13 @@ mod tests {
         record_at(tag, &times)
     }
 
-    /// A record for `tag` whose values were set at `times` (oldest first).
+    /// A record for `tag` whose values, each another image, were set at `times` (oldest first).
     fn record_at(tag: &str, times: &[SetTime]) -> TagRecord {
         let t = TagRef::parse(tag).unwrap();
         let mut r: Option<TagRecord> = None;
-        for &at in times {
-            let id = ObjectId::of(&[tag.as_bytes(), &at.unix.to_le_bytes(), &at.nanos.to_le_bytes()].concat());
+        for (i, &at) in times.iter().enumerate() {
+            let id =
+                ObjectId::of(&[tag.as_bytes(), &at.unix.to_le_bytes(), &at.nanos.to_le_bytes(), &[i as u8]].concat());
             r = Some(TagRecord::new(&t, id, at, r));
         }
         r.unwrap()
