@@ -298,3 +298,64 @@ fn copy_sends_only_what_the_target_lacks_between_local_and_s3_stores() {
     third.ok(&["restore", "app:v2", "--to", third.path("out").to_str().unwrap()]);
     assert_eq!(fs::read(third.path("out/big.bin")).unwrap(), fs::read(env.path("src/big.bin")).unwrap());
 }
+
+/// The codec of every chunk in `env`'s packs, and for float-coded ones their lane codec bytes
+/// (docs/FORMAT.md: the word width, then per lane a codec byte, a u32 LE length and the bytes).
+fn stored_codecs(env: &Env) -> Vec<(gstore_store::codec::Codec, Vec<u8>)> {
+    use gstore_store::codec::Codec;
+    use gstore_store::{Store, StoreLocation};
+    let store = Store::open(&StoreLocation::Local(env.store.clone())).unwrap();
+    let mut out = Vec::new();
+    for p in env.packs() {
+        let id = gstore_store::ObjectId::from_hex(p.file_stem().unwrap().to_str().unwrap()).unwrap();
+        let bytes = fs::read(&p).unwrap();
+        for e in store.read_pack_footer(&id).unwrap() {
+            let stored = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
+            let mut lanes = Vec::new();
+            if e.codec == Codec::Floats {
+                let mut at = 1;
+                for _ in 0..stored[0] {
+                    lanes.push(stored[at]);
+                    at += 5 + u32::from_le_bytes(stored[at + 1..at + 5].try_into().unwrap()) as usize;
+                }
+            }
+            out.push((e.codec, lanes));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_copy_writes_only_codecs_the_target_store_allows() {
+    use gstore_store::codec::Codec;
+    let env = Env::new(&[]);
+    let src = env.path("weights");
+    fs::create_dir_all(&src).unwrap();
+    // Small-magnitude float32 weights: stored with the float codec here.
+    let mut x: u64 = 45;
+    let weights: Vec<u8> = (0..600_000)
+        .flat_map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            (u * 0.04f32).to_le_bytes()
+        })
+        .collect();
+    fs::write(src.join("model.bin"), &weights).unwrap();
+    env.ok(&["-q", "push", src.to_str().unwrap(), "--tag", "w:v1"]);
+    let huffman = |codecs: &[(Codec, Vec<u8>)]| codecs.iter().any(|(_, lanes)| lanes.contains(&2));
+    let source = stored_codecs(&env);
+    assert!(huffman(&source), "the source holds float chunks with Huffman lanes");
+    for flag in ["--no-float-codec", "--zstd-lanes"] {
+        let target = Env::new(&[flag]);
+        env.ok(&["copy", "w:v1", "--to", target.store.to_str().unwrap()]);
+        let codecs = stored_codecs(&target);
+        assert!(!huffman(&codecs), "{flag}: Huffman lanes copied");
+        if flag == "--no-float-codec" {
+            assert!(codecs.iter().all(|(c, _)| *c != Codec::Floats), "{flag}: float-coded chunks copied");
+        }
+        target.ok(&["verify", "--read-data"]);
+        let out = target.path("out");
+        target.ok(&["restore", "w:v1", "--to", out.to_str().unwrap()]);
+        assert_same_tree(&src, &out);
+    }
+}

@@ -408,6 +408,11 @@ impl Index {
         Ok(true)
     }
 
+    /// Every pack holding chunk `id`, per the index, usable or not (to tell why none is).
+    pub fn holders(&self, id: &ObjectId) -> Result<Vec<ChunkLocation>> {
+        self.holders_in(&mut self.chunk_iterator(), id)
+    }
+
     /// Where a chunk is stored, if the index knows a usable copy: in a pack gc has not
     /// tombstoned if there is one, else in a tombstoned one (still readable until gc deletes
     /// it). A delta counts only while its bases are stored whole.
@@ -640,7 +645,7 @@ mod tests {
         // A second pack with the same chunk is a second holder.
         let other = ObjectId::of(b"other");
         idx.add_pack(other, 50, &[PackEntry { offset: 99, ..e }]).unwrap();
-        assert_eq!(idx.holders_in(&mut idx.chunk_iterator(), &e.id).unwrap().len(), 2);
+        assert_eq!(idx.holders(&e.id).unwrap().len(), 2);
         assert_eq!(idx.packs().unwrap().len(), 2);
         assert_eq!(idx.pack_stats(&pack).unwrap().unwrap().plain_bytes, 9);
         // A doomed holder is used only when it is the last one, and never for dedup.

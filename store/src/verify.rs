@@ -140,12 +140,17 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
     let mut located: HashMap<ObjectId, Option<ChunkLocation>> = HashMap::new();
     let mut wanted: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
     let mut bases: HashMap<ObjectId, Vec<(ObjectId, Option<ChunkLocation>)>> = HashMap::new();
+    // Chunks stored only as deltas whose bases are stored whole nowhere: such a base.
+    let mut lost_bases: HashMap<ObjectId, ObjectId> = HashMap::new();
     for m in manifests.values().filter_map(|m| m.as_ref().ok()) {
         for c in m.chunks.iter().filter(|c| !c.zero) {
             if located.contains_key(&c.id) {
                 continue;
             }
             let loc = store.locate(&c.id)?;
+            if loc.is_none() {
+                lost_bases.extend(lost_base(store, &c.id)?.map(|b| (c.id, b)));
+            }
             if let Some(loc) = loc {
                 wanted.entry(loc.pack).or_default().push(c.id);
                 // A delta needs its base: the chain is one step (a base is never a delta). The
@@ -194,7 +199,7 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
         match id.map(|id| (id, &manifests[&id])) {
             None => problems.push("tag record unreadable".to_string()),
             Some((_, Err(e))) => problems.push(e.clone()),
-            Some((_, Ok(m))) => image_problems(m, &located, &bases, &pack_results, &mut problems),
+            Some((_, Ok(m))) => image_problems(m, &located, &bases, &lost_bases, &pack_results, &mut problems),
         }
         statuses.push(ImageStatus {
             tag,
@@ -254,16 +259,39 @@ fn chain_problem(
     }
 }
 
+/// For a chunk with no usable copy: a base of a delta the index holds of it that is stored
+/// whole nowhere, if that is why.
+fn lost_base(store: &Store, id: &ObjectId) -> Result<Option<ObjectId>> {
+    for holder in store.index()?.holders(id)? {
+        for base in holder.bases.iter().flat_map(|b| b.iter()) {
+            if store.locate(&base)?.is_none_or(|l| l.bases.is_some()) {
+                return Ok(Some(base));
+            }
+        }
+    }
+    Ok(None)
+}
+
 fn image_problems(
     m: &Manifest,
     located: &HashMap<ObjectId, Option<ChunkLocation>>,
     bases: &HashMap<ObjectId, Vec<(ObjectId, Option<ChunkLocation>)>>,
+    lost_bases: &HashMap<ObjectId, ObjectId>,
     packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
     problems: &mut Vec<String>,
 ) {
     let mut reported_packs = HashSet::new();
     for (entry, chunks) in m.files() {
         for c in chunks.iter().filter(|c| !c.zero) {
+            if let Some(base) = lost_bases.get(&c.id) {
+                problems.push(format!(
+                    "{}: chunk {} is stored only as a delta, and its delta base {} is in no pack (a pack is missing or damaged)",
+                    entry.path,
+                    c.id.short(),
+                    base.short()
+                ));
+                continue;
+            }
             let Some(loc) = located[&c.id] else {
                 problems.push(format!(
                     "{}: chunk {} is in no pack of the store (a pack is missing or damaged)",
