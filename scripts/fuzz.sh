@@ -11,6 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "fuzz: installing cargo-fuzz"
+  cargo install cargo-fuzz --locked -q
+fi
 # RocksDB's C++ library is linked from the main build (scripts/test.sh builds it first) rather
 # than compiled again with the sanitizer's flags: the targets fuzz gstore's parsers, not
 # RocksDB, and that compile was most of a cold CI's time (~20 min on 2 cores, more than an

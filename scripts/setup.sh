@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing gstore needs on a fresh Debian 12 machine (run as root):
 # libclang for RocksDB's bindings, zstd for the benchmark baseline, python3 and procps for
-# the test processes, cargo-nextest, cargo-fuzz (scripts/fuzz.sh), CRIU >= 4 built from
+# the test processes, cargo-nextest, CRIU >= 4 built from
 # source (scripts/criu.sh) for the process checkpoint tests, and s3s-fs, the S3 server the S3
 # tests start on 127.0.0.1.
 # Safe to run again: it skips what is already there.
@@ -25,10 +25,6 @@ fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install cargo-nextest --locked
-fi
-if ! cargo fuzz --version >/dev/null 2>&1; then
-  echo "setup: installing cargo-fuzz"
-  cargo install cargo-fuzz --locked -q
 fi
 bash "$(dirname "$0")/criu.sh" >/dev/null
 # A real S3-compatible server for the S3 tests (honours If-None-Match and checks credentials;

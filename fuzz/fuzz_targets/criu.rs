@@ -1,13 +1,7 @@
-//! CRIU image files gstore reads itself (pstree, mm, pagemap), first byte choosing which.
+//! cargo-fuzz's entry for the `criu` target (its code: fuzz/targets/criu.rs, which
+//! tests/fuzz_replay.rs also runs on every kept input in the main build).
 #![no_main]
-use gstore_gpu_dump::images;
-use libfuzzer_sys::fuzz_target;
+#[path = "../targets/criu.rs"]
+mod target;
 
-fuzz_target!(|data: &[u8]| {
-    let Some((&which, rest)) = data.split_first() else { return };
-    match which % 3 {
-        0 => drop(images::parse_pstree(rest)),
-        1 => drop(images::parse_mm(rest)),
-        _ => drop(images::parse_pagemap(rest)),
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| target::run(data));
