@@ -168,30 +168,51 @@ fn a_delta_whose_base_is_damaged_or_gone_fails_clearly() {
     assert!(err.contains("not found"), "{err}");
 }
 
-/// The store of issue #45: `d:a` (weight pages), `d:b` (the same pages changed here and there,
-/// stored as deltas, plus a big random file in the same pack), `d:keep` (the big file alone,
-/// which keeps that pack alive), then `d:a` and `d:b` removed and two gc passes: the pack
-/// stays, its dead deltas with it, while their bases are deleted. Returns the store and b's
-/// pages (a directory holding only `pages-1.img` and `core-1.img`).
+/// A process heap as a page image holds it: runs of small integers and of pointers.
+fn heap_like(len: usize, rng: &mut rand::rngs::StdRng) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(len + 64);
+    while buf.len() < len {
+        if rng.random_bool(0.5) {
+            buf.extend((0..64).map(|_| [0u8, 0, 0, 1, 2, 255][rng.random_range(0..6)]));
+        } else {
+            let ptr = 0x7f00_0000_0000u64 + rng.random_range(0..1u64 << 20) * 8;
+            (0..8).for_each(|_| buf.extend_from_slice(&ptr.to_le_bytes()));
+        }
+    }
+    buf.truncate(len);
+    buf
+}
+
+/// The store of issue #45: `d:a` (a 4 MiB heap-like page image), `d:b` (the same with 64
+/// random bytes every 200 KiB, stored as deltas, plus an 8 MB random file in the same pack),
+/// `d:keep` (the big file alone, which keeps that pack alive), then `d:a` and `d:b` removed and
+/// two gc passes: the pack stays, its dead deltas with it, while their bases are deleted.
+/// Returns the store and a directory holding b's page image alone.
 fn store_with_orphan_deltas(seed: u64) -> (Env, std::path::PathBuf) {
-    let FirstImage { env, mut rng, mut pages, v1, v2, .. } = first_image(seed, 1024);
-    env.ok(&["-q", "push", v1.to_str().unwrap(), "--tag", "d:a"]);
-    change_scattered(&mut pages, 20, &mut rng);
-    write_image(&v2, &pages);
-    let b_pages = env.path("b-pages");
-    write_image(&b_pages, &pages);
-    let big = random_bytes(8 << 20, seed);
-    std::fs::write(v2.join("big.bin"), &big).unwrap();
-    let b = env.json(&["push", v2.to_str().unwrap(), "--tag", "d:b"]);
-    assert!(b["delta_chunks"].as_u64().unwrap() > 0, "{b}");
-    let keep = env.path("keep");
-    std::fs::create_dir_all(&keep).unwrap();
-    std::fs::write(keep.join("big.bin"), &big).unwrap();
+    let env = Env::new(&[]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let a = heap_like(4 << 20, &mut rng);
+    let mut b = a.clone();
+    for at in (0..b.len() - 64).step_by(200 * 1024) {
+        b[at..at + 64].copy_from_slice(&random_bytes(64, seed ^ at as u64));
+    }
+    let big = random_bytes(8_000_000, seed);
+    let dir = |name: &str, files: &[(&str, &[u8])]| {
+        let d = env.path(name);
+        std::fs::create_dir_all(&d).unwrap();
+        files.iter().for_each(|(f, bytes)| std::fs::write(d.join(f), bytes).unwrap());
+        d
+    };
+    let (da, db) = (dir("a", &[("pages-1.img", &a)]), dir("b", &[("pages-1.img", &b), ("big.bin", &big)]));
+    let (keep, new) = (dir("k", &[("big.bin", &big)]), dir("new", &[("pages-1.img", &b)]));
+    env.ok(&["-q", "push", da.to_str().unwrap(), "--tag", "d:a"]);
+    let pushed = env.json(&["push", db.to_str().unwrap(), "--tag", "d:b"]);
+    assert!(pushed["delta_chunks"].as_u64().unwrap() > 10, "{pushed}");
     env.ok(&["-q", "push", keep.to_str().unwrap(), "--tag", "d:keep"]);
     env.ok(&["rm", "d:a", "d:b"]);
     env.ok(&["gc"]);
     env.ok(&["gc"]);
-    (env, b_pages)
+    (env, new)
 }
 
 #[test]
