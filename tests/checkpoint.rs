@@ -211,3 +211,23 @@ fn clear_errors_for_dead_pids_and_non_process_images() {
     let err = env.fails(&["checkpoint", "--pid", "1", "--tag", "x", "--criu", "/nonexistent/criu"]);
     assert!(err.contains("/nonexistent/criu"), "{err}");
 }
+
+#[test]
+fn a_failed_checkpoint_keeps_criu_s_log_where_it_says() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    // An action script that fails before the dump: CRIU stops after writing its log.
+    let script = env.path("fail.sh");
+    fs::write(&script, "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] && exit 1\nexit 0\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let c = PyCounter::start(2);
+    let pid = c.pid.to_string();
+    let opt = format!("--criu-opt=--action-script={}", script.display());
+    let err = env.fails(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "x", &opt], &criu));
+    let kept = err.split("is kept at ").nth(1).and_then(|s| s.split(')').next()).unwrap_or_else(|| panic!("{err}"));
+    let log = fs::read_to_string(kept.trim()).unwrap_or_else(|e| panic!("{kept}: {e}\n{err}"));
+    assert!(log.contains("action"), "{log}");
+    let v = c.value().unwrap();
+    c.wait_above(v + 2);
+}

@@ -4,6 +4,7 @@ use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
 use crate::streamer::{self, Ended, Gate};
 use gstore_gpu_dump::checkpoint::{self, CaptureReport, CheckpointOptions, ImageKind, RestoreOptions};
+use gstore_gpu_dump::criu::DUMP_LOG;
 use gstore_gpu_dump::GpuDumpError;
 use gstore_gpu_dump::{Criu, CudaDriver};
 use gstore_store::progress::Progress;
@@ -90,8 +91,9 @@ fn staged(
 ) -> Result<CheckpointReport> {
     let leave_running = opts.leave_running;
     let capture = checkpoint::checkpoint(pid, staged.path(), &opts).map_err(|source| {
+        let e = keep_criu_log(CaptureError::Checkpoint { pid, source, kept_log: String::new() }, &staged);
         staged.remove_if_made();
-        CaptureError::Checkpoint { pid, source }
+        e
     })?;
     let source = match push::push(store, staged.path(), tag, capture.metadata(), progress) {
         Ok(push) => {
@@ -135,9 +137,25 @@ fn streamed(
 ) -> Result<CheckpointReport> {
     // Holds CRIU's socket, the gate and CRIU's log; the image itself never lands here.
     let staged = Staged::new(None, "checkpoint")?;
-    let r = streamed_via(store, pid, tag, opts, staged.path(), started, progress);
+    let r =
+        streamed_via(store, pid, tag, opts, staged.path(), started, progress).map_err(|e| keep_criu_log(e, &staged));
     staged.remove_if_made();
     r
+}
+
+/// A failed checkpoint's error quotes the end of CRIU's log from the staging directory,
+/// which is about to go: the log is kept beside it, and the error says where.
+fn keep_criu_log(e: CaptureError, staged: &Staged) -> CaptureError {
+    match e {
+        CaptureError::Checkpoint { pid, source, .. } => {
+            let kept_log = staged
+                .keep(DUMP_LOG)
+                .map(|p| format!(" (CRIU's whole log, {DUMP_LOG}, is kept at {})", p.display()))
+                .unwrap_or_default();
+            CaptureError::Checkpoint { pid, source, kept_log }
+        }
+        other => other,
+    }
 }
 
 /// [`streamed`], with `dir` for CRIU's socket, the gate and CRIU's log.
@@ -226,7 +244,7 @@ fn streamed_via(
             Err(CaptureError::PushFailed { pid, after, source })
         }
         (_, Err(source), _) => Err(CaptureError::Streaming { pid, after, source: Box::new(source) }),
-        (_, _, Err(source)) => Err(CaptureError::Checkpoint { pid, source }),
+        (_, _, Err(source)) => Err(CaptureError::Checkpoint { pid, source, kept_log: String::new() }),
         (pushed, Ok(()), Ok(_)) => {
             Err(CaptureError::PushFailed { pid, after, source: pushed.err().unwrap_or(StoreError::StreamStopped) })
         }

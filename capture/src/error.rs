@@ -29,12 +29,14 @@ pub enum CaptureError {
     },
 
     /// CRIU or the CUDA checkpoint failed; the capture layer says what became of the process.
-    #[error("checkpoint of pid {pid} failed: {source}")]
+    #[error("checkpoint of pid {pid} failed: {source}{kept_log}")]
     Checkpoint {
         /// The process.
         pid: u32,
         /// The cause.
         source: GpuDumpError,
+        /// Where CRIU's log was kept when its staging directory went (empty if it did not).
+        kept_log: String,
     },
 
     /// The push of a checkpoint failed; `after` says what became of the process and image.

@@ -43,6 +43,16 @@ impl Staged {
         }
     }
 
+    /// Moves file `name` of the image directory out of a staging directory made here (which is
+    /// about to be removed), beside it in the staging root, and returns where it went.
+    pub(crate) fn keep(&self, name: &str) -> Option<PathBuf> {
+        self.lock.as_ref()?;
+        let staging = self.dir.parent()?;
+        let kept = staging.with_file_name(format!("{}-{name}", staging.file_name()?.to_string_lossy()));
+        std::fs::rename(self.dir.join(name), &kept).ok()?;
+        Some(kept)
+    }
+
     /// Removes the image: the whole staging directory if made here, else the caller's
     /// directory's content.
     pub(crate) fn remove(&self) {

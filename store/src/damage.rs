@@ -62,27 +62,16 @@ pub fn check(bytes: &[u8], pack: &ObjectId) -> Result<()> {
 /// Adds `chunks` to the damage record of `pack` (a compare-and-swap write: two verifies at
 /// once both land).
 pub fn record(backend: &Backend, pack: &ObjectId, chunks: &BTreeSet<ObjectId>) -> Result<()> {
-    let key = ObjectKey::Damage(*pack).to_string();
-    for _ in 0..16 {
-        let current = backend.get_versioned(&key)?;
-        let mut rec = match &current {
-            // A damaged record is replaced by a good one.
-            Some((bytes, _)) => DamageRecord::from_json(bytes, pack).ok(),
-            None => None,
-        }
-        .unwrap_or(DamageRecord { format: 1, pack: pack.to_hex(), chunks: BTreeSet::new() });
-        let before = rec.chunks.len();
+    backend.update(&ObjectKey::Damage(*pack).to_string(), |current| {
+        // A record that does not parse is replaced by a good one.
+        let found = current.and_then(|bytes| DamageRecord::from_json(bytes, pack).ok());
+        let mut rec = found.clone().unwrap_or(DamageRecord { format: 1, pack: pack.to_hex(), chunks: BTreeSet::new() });
         rec.chunks.extend(chunks.iter().map(ObjectId::to_hex));
-        if current.is_some() && rec.chunks.len() == before {
-            return Ok(());
+        if found.is_some_and(|f| f.chunks == rec.chunks) {
+            return Ok(None);
         }
-        let json = serde_json::to_vec(&rec).expect("damage record serializes");
-        match backend.put_if(&key, json, current.as_ref().map(|(_, v)| v)) {
-            Err(StoreError::Conflict(_)) => continue,
-            other => return other,
-        }
-    }
-    Err(StoreError::lost_race(&key))
+        Ok(Some(serde_json::to_vec(&rec).expect("damage record serializes")))
+    })
 }
 
 /// Every damaged copy the store's records name, and the packs whose records were read (a

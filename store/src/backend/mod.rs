@@ -293,6 +293,22 @@ impl Backend {
         }
     }
 
+    /// Changes the object under `key` by compare-and-swap ([`Backend::put_if`]): `change` is
+    /// given its current bytes (`None` while it does not exist) and returns the new bytes, or
+    /// `None` to leave it as it is. A write that loses a race to another writer reads the
+    /// object again and asks `change` again, up to 16 times.
+    pub fn update(&self, key: &str, mut change: impl FnMut(Option<&Bytes>) -> Result<Option<Vec<u8>>>) -> Result<()> {
+        for _ in 0..16 {
+            let current = self.get_versioned(key)?;
+            let Some(bytes) = change(current.as_ref().map(|(b, _)| b))? else { return Ok(()) };
+            match self.put_if(key, bytes, current.as_ref().map(|(_, v)| v)) {
+                Err(StoreError::Conflict(_)) => continue,
+                other => return other,
+            }
+        }
+        Err(StoreError::lost_race(key))
+    }
+
     /// Writes an object only if it is still at `expected`: the bare compare-and-swap, for a
     /// server passing a client's If-Match through. Unlike [`Backend::put_if`] a lost race is
     /// always [`StoreError::Conflict`], even when the object holds these bytes already: the

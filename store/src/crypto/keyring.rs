@@ -232,11 +232,9 @@ impl RetiredKeys {
 /// record that is a key of that store (the store could not be opened again), also when
 /// another removal runs at the same moment.
 pub fn remove(backend: &Backend, master: &MasterKey, id: &str) -> Result<()> {
-    let key = ObjectKey::RetiredKeys.to_string();
-    for _ in 0..16 {
-        let current = backend.get_versioned(&key)?;
-        let mut retired = match &current {
-            Some((bytes, _)) => RetiredKeys::from_json(bytes)?,
+    backend.update(&ObjectKey::RetiredKeys.to_string(), |current| {
+        let mut retired = match current {
+            Some(bytes) => RetiredKeys::from_json(bytes)?,
             None => RetiredKeys { format: 1, ..Default::default() },
         };
         let records = list(backend)?;
@@ -254,15 +252,9 @@ pub fn remove(backend: &Backend, master: &MasterKey, id: &str) -> Result<()> {
         // Records already gone need no entry.
         retired.retired.retain(|r| records.iter().any(|(id, _)| id == r));
         retired.retired.insert(id.to_string());
-        let json = serde_json::to_vec(&retired).expect("retired keys serialize");
-        match backend.put_if(&key, json, current.as_ref().map(|(_, v)| v)) {
-            Ok(()) => return backend.delete(&ObjectKey::KeyRecord(id.to_string()).to_string()),
-            // Another removal (or addition) went first: count again.
-            Err(StoreError::Conflict(_)) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(StoreError::lost_race("keys/retired.json"))
+        Ok(Some(serde_json::to_vec(&retired).expect("retired keys serialize")))
+    })?;
+    backend.delete(&ObjectKey::KeyRecord(id.to_string()).to_string())
 }
 
 /// One key record as `gstore key list` shows it.
