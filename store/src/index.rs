@@ -378,7 +378,7 @@ impl Index {
                 continue;
             }
             let base_ok = |base: &ObjectId, pack: &ObjectId| {
-                !damaged.contains(&(*base, *pack)) && !(for_dedup && doomed.contains(pack))
+                !(damaged.contains(&(*base, *pack)) || for_dedup && doomed.contains(pack))
             };
             if !self.bases_stored_whole(it, &l, base_ok)? {
                 continue;
