@@ -5,24 +5,41 @@
 >>> s.save({"w": torch.randn(4, 4)}, "model:v1")
 >>> tensors = s.load("model:v1", device="cuda:0")
 
+Whole training state saves the same way, in the background if asked:
+
+>>> h = s.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step},
+...            f"run:step-{step}", blocking=False)    # returns once the tensors are copied
+>>> state = s.load(s.latest("run"))                   # the same structure, types and tensors
+
 An image saved here holds one file, ``model.safetensors``: ``gstore restore`` gives a file that
-``safetensors.safe_open`` reads, and fine-tunes of one base deduplicate against it. Loads go
-through gstore's restore engine (every chunk checked against its hash) into host memory or
-straight into GPU memory; the tensors returned share that memory, no copy is made in Python.
-Errors are :class:`GstoreError` (and its subclasses) with the CLI's messages.
+``safetensors.safe_open`` reads, and fine-tunes of one base deduplicate against it. A nested
+state's tensors are that file's entries, named by their path; the rest of its structure is
+JSON in the file's ``__metadata__`` (docs/PYTHON.md). Loads go through gstore's restore engine
+(every chunk checked against its hash) into host memory or straight into GPU memory; the
+tensors returned share that memory, no copy is made in Python. Errors are
+:class:`GstoreError` (and its subclasses) with the CLI's messages.
 """
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import json
-from typing import Any, Mapping, Optional, Union
+import re
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _gstore
 from ._gstore import ConflictError, CorruptError, GstoreError, InvalidError, NotFoundError
 from . import safetensors_layout as _layout
+from . import staging as _staging
+from . import structure as _structure
 
 __all__ = [
     "Store",
+    "SaveHandle",
     "GstoreError",
     "NotFoundError",
     "CorruptError",
@@ -34,16 +51,102 @@ __all__ = [
 #: The name of the one file an image saved by :meth:`Store.save` holds.
 FILE_NAME = "model.safetensors"
 
-Tensors = Mapping[str, Any]
+State = Mapping[Any, Any]
+
+# Background saves that failed and whose failure nobody has been told of yet: reported on
+# stderr when the interpreter exits (after the saves still running have ended).
+_untold: "set[SaveHandle]" = set()
+_untold_lock = threading.Lock()
+
+
+@atexit.register
+def _report_untold() -> None:
+    with _untold_lock:
+        for h in _untold:
+            print(f"gstore: the background save of {h.tag} failed and nobody waited for it: {h._error}", file=sys.stderr)
+        _untold.clear()
+
+
+class SaveHandle:
+    """A save running in the background (``Store.save(..., blocking=False)``). The tensors were
+    copied before the save returned; chunking, coding and upload go on in a thread of the
+    store. Its failure is raised by :meth:`wait`; if nobody called :meth:`wait` before the
+    store's next save, that save raises it instead (and is not started), and if nobody is told
+    before the interpreter exits, it is printed to stderr then."""
+
+    def __init__(self, tag: str, future: "concurrent.futures.Future[dict]", blocked_s: float, staged_bytes: int) -> None:
+        self.tag = tag
+        #: Seconds the caller of :meth:`Store.save` was held (waiting for the previous save and
+        #: copying the tensors).
+        self.blocked_s = blocked_s
+        #: Bytes copied into the store's staging pool.
+        self.staged_bytes = staged_bytes
+        self._future = future
+        self._error: Optional[BaseException] = None
+        self._told = False
+        self._lock = threading.Lock()
+        future.add_done_callback(self._finished)
+
+    def __repr__(self) -> str:
+        state = "running" if not self.done() else ("failed" if self._future.exception() else "done")
+        return f"<gstore.SaveHandle {self.tag} {state}>"
+
+    def _finished(self, future: "concurrent.futures.Future[dict]") -> None:
+        with self._lock:
+            self._error = future.exception()
+            if self._error is not None and not self._told:
+                with _untold_lock:
+                    _untold.add(self)
+
+    def done(self) -> bool:
+        """Whether the save has ended (stored and tagged, or failed)."""
+        return self._future.done()
+
+    def wait(self, timeout: Optional[float] = None) -> dict:
+        """Waits for the save to end and returns its report (that of a blocking save, with
+        ``blocked_s`` and ``staged_bytes``), or raises its failure. ``timeout``: seconds to wait
+        at most, then :class:`TimeoutError` (the save goes on)."""
+        try:
+            report = self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the save of {self.tag} is still running after {timeout} s") from None
+        except BaseException:
+            self._tell()
+            raise
+        return {**report, "blocked_s": self.blocked_s, "staged_bytes": self.staged_bytes}
+
+    def _tell(self) -> bool:
+        """Marks the failure as told; whether it had been told before."""
+        with self._lock:
+            told, self._told = self._told, True
+        with _untold_lock:
+            _untold.discard(self)
+        return told
+
+    def _raise_untold(self) -> None:
+        """Waits for the save to end; raises its failure if nobody was told of it yet."""
+        concurrent.futures.wait([self._future])
+        error = self._future.exception()
+        if error is None or self._tell():
+            return
+        cls = type(error) if isinstance(error, GstoreError) else GstoreError
+        raise cls(f"the background save of {self.tag} failed, so this save was not started: {error}") from error
 
 
 class Store:
     """A gstore store: a directory, ``s3://BUCKET[/PREFIX]`` or ``http://HOST:PORT``, as the
     CLI's ``--store`` takes (with the same environment variables); the default local store when
-    ``None``. Each call opens what it needs and lets go of it afterwards."""
+    ``None``. Each call opens what it needs and lets go of it afterwards.
+
+    A store object keeps one staging pool (host memory that saves copy tensors into; see
+    :meth:`save`) and runs at most one save at a time."""
 
     def __init__(self, path_or_url: Optional[str] = None) -> None:
         self._native = _gstore.Store(path_or_url)
+        self._pool = _staging.StagingPool()
+        self._saving = threading.Lock()  # one save at a time, from any thread
+        self._pending: Optional[SaveHandle] = None
+        self._worker: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     @staticmethod
     def init(path_or_url: Optional[str] = None) -> "Store":
@@ -56,23 +159,74 @@ class Store:
 
     def save(
         self,
-        state_dict: Tensors,
+        state: State,
         tag: str,
         meta: Optional[Mapping[str, str]] = None,
         progress: bool = True,
-    ) -> dict:
-        """Stores ``state_dict`` (names to torch tensors, CPU or CUDA, any dtype including
-        bf16 and fp8, or NumPy arrays) as a safetensors file in a new image tagged ``tag``
-        (``NAME[:VERSION]``). ``meta`` (strings) goes into the safetensors header and the image's
-        metadata. Returns the push report (bytes added, chunks, seconds, ...)."""
-        header, buffers = _layout.encode(state_dict, meta)
-        report = self._native.push_buffers(
-            tag,
-            [(FILE_NAME, [header, *buffers])],
-            json.dumps({"format": "safetensors", **(dict(meta) if meta else {})}),
-            progress,
-        )
-        return json.loads(report)
+        blocking: bool = True,
+    ) -> Union[dict, SaveHandle]:
+        """Stores ``state`` as a safetensors file in a new image tagged ``tag``
+        (``NAME[:VERSION]``).
+
+        ``state`` is a dict: a flat one of names to tensors (torch, CPU or CUDA, any dtype
+        including bf16 and fp8; or NumPy arrays) is saved as a plain safetensors file, as
+        always. Anything else is a nested state: dicts (keys str or int), lists and tuples of
+        tensors, NumPy scalars and plain values (int, float, str, bool, None), as
+        ``model.state_dict()``, ``optimizer.state_dict()``, schedulers, RNG states and the step
+        hold them; :meth:`load` gives the same structure back. ``meta`` (strings) goes into the
+        safetensors header and the image's metadata.
+
+        With ``blocking`` (the default) the call returns the push report once the image is
+        stored and tagged, plus ``blocked_s`` (the seconds it took) and ``staged_bytes``; CUDA
+        tensors are staged through the store's pinned pool, host tensors read in place.
+        With ``blocking=False`` it returns a :class:`SaveHandle` as soon as every tensor is
+        copied into the pool (CUDA tensors on a stream of their own, synchronised before
+        returning; host tensors and arrays too, since training changes them), and the rest
+        runs in the background. The pool is one host buffer, reused by every save that fits:
+        at most the staged bytes of the largest save so far (every tensor's bytes for a
+        background save), pinned once CUDA tensors were staged; :meth:`release_staging` frees
+        it. A save first waits for the one in flight, and raises its failure if nobody was
+        told of it (:meth:`SaveHandle.wait`)."""
+        began = time.perf_counter()
+        leaves, tree = _structure.flatten(state)
+        metadata = _layout.check_meta(meta)
+        manifest_meta = json.dumps({"format": "safetensors", **metadata})
+        if tree is not None:
+            metadata[_layout.TREE_KEY] = tree
+        entries = _layout.file_order([_layout.describe(name, value) for name, value in leaves])
+        header = _layout.encode_header(entries, metadata)
+        with self._saving:
+            self._wait_pending()
+            buffers, staged = self._pool.stage(entries, copy_host=not blocking)
+            files = [(FILE_NAME, [header, *buffers])]
+            if blocking:
+                report = json.loads(self._native.push_buffers(tag, files, manifest_meta, progress))
+                return {**report, "blocked_s": time.perf_counter() - began, "staged_bytes": staged}
+            if self._worker is None:
+                self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gstore-save")
+            future = self._worker.submit(self._push, tag, files, manifest_meta, progress)
+            self._pending = SaveHandle(tag, future, time.perf_counter() - began, staged)
+            return self._pending
+
+    def _push(self, tag: str, files: List[Tuple[str, List[Any]]], meta: str, progress: bool) -> dict:
+        return json.loads(self._native.push_buffers(tag, files, meta, progress))
+
+    def _wait_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending._raise_untold()
+
+    @property
+    def staging_bytes(self) -> int:
+        """Bytes of host memory the staging pool holds now (see :meth:`save`)."""
+        return self._pool.nbytes
+
+    def release_staging(self) -> None:
+        """Waits for the save in flight (raising its failure if nobody was told of it), then
+        frees the staging pool; the next save that stages allocates it again."""
+        with self._saving:
+            self._wait_pending()
+            self._pool.release()
 
     def load(
         self,
@@ -82,14 +236,35 @@ class Store:
         progress: bool = True,
         framework: str = "auto",
         held: Optional[str] = None,
+        file: Optional[str] = None,
     ) -> dict:
-        """The tensors of image ``tag`` saved by :meth:`save`, on ``device`` (``"cpu"`` or
-        ``"cuda:N"``): torch tensors, or NumPy arrays with ``framework="numpy"`` (CPU only;
-        ``"auto"`` gives NumPy when torch is not installed). Every chunk is checked against its
-        hash before this returns; the tensors share the memory gstore filled. ``held``: the
-        socket of a ``gstore hold`` holding the image (GPU loads only), which then loads it
-        from pinned memory."""
-        return _layout.decode(self.load_file(tag, device, memory_budget, progress, framework, held))
+        """The state image ``tag`` holds, on ``device`` (``"cpu"`` or ``"cuda:N"``). Every
+        chunk is checked against its hash before this returns; the tensors share the memory
+        gstore filled.
+
+        An image saved by :meth:`save` gives back what was saved: a flat dict of tensors, or a
+        nested state with the same dicts (key types included), lists, tuples and plain values.
+        An image of several safetensors files (a Hugging Face model's shards pushed with
+        ``gstore push DIR``) gives one dict of them all; a name in two files is an error
+        naming both. ``file``: only that file of the image.
+
+        Tensors are torch tensors, or NumPy arrays with ``framework="numpy"`` (CPU only).
+        ``"auto"`` gives NumPy when torch is not installed; with torch, it gives what was
+        saved: torch tensors, and NumPy arrays and scalars of a nested state as NumPy (copied
+        to the host from a GPU load). ``held``: the socket of a ``gstore hold`` holding the
+        image (GPU loads only), which then loads it from pinned memory."""
+        files = self._load_files(tag, device, memory_budget, progress, framework, held)
+        keep_numpy = framework == "auto"
+        if file is not None:
+            chosen = [(p, a) for p, a in files if p == file]
+            if not chosen:
+                raise NotFoundError(f"{tag} holds no file {file!r}; its files: {_names(files)}")
+        else:
+            chosen = [(p, a) for p, a in files if p.endswith(".safetensors")]
+            if not chosen:
+                raise InvalidError(f"{tag} holds no safetensors file; its files: {_names(files)}")
+        parts = [(p, _state_of(a, keep_numpy, f"{tag}: {p}")) for p, a in chosen]
+        return parts[0][1] if len(parts) == 1 else _structure.merge(parts, tag)
 
     def load_into(
         self,
@@ -99,17 +274,26 @@ class Store:
         progress: bool = True,
         strict: bool = True,
         held: Optional[str] = None,
-    ) -> None:
-        """Fills the existing tensors of ``target`` (a ``torch.nn.Module`` or a state dict) in
-        place from image ``tag``, loading onto the device they are on. With ``strict``, names,
-        shapes and dtypes must match exactly; otherwise names missing on either side are
-        skipped. ``held``: as for :meth:`load`."""
-        state = target.state_dict() if hasattr(target, "state_dict") else target
-        device, framework = _layout.placement_of(state)
+    ) -> Any:
+        """Fills ``target`` from image ``tag``, loading onto the device its tensors are on
+        (they must agree; ``"cpu"`` if it has none), and returns the whole loaded state (for
+        the plain values: the step, say).
+
+        ``target`` is a ``torch.nn.Module`` (its tensors filled in place), a state dict, or a
+        nested structure shaped like the saved state whose leaves are tensors (filled in
+        place), modules, or other objects with ``state_dict`` / ``load_state_dict`` (an
+        optimizer, a scheduler, a grad scaler: given their part by ``load_state_dict``, with
+        tensors of their own), e.g. ``{"model": model, "optim": opt, "sched": sched}``. Plain
+        values in the target are not changed: read them from the returned state. With
+        ``strict``, dict keys and list lengths must match at every level, and shapes and
+        dtypes always; otherwise what is missing on either side is skipped. ``held``: as for
+        :meth:`load`."""
+        device, framework = _structure.placement_of(target)
         loaded = self.load(
             tag, device=device, memory_budget=memory_budget, progress=progress, framework=framework, held=held
         )
-        _layout.copy_into(state, loaded, strict)
+        _structure.fill(target, loaded, strict)
+        return loaded
 
     def load_file(
         self,
@@ -119,9 +303,26 @@ class Store:
         progress: bool = True,
         framework: str = "auto",
         held: Optional[str] = None,
+        path: str = FILE_NAME,
     ) -> Any:
-        """The raw bytes of the image's safetensors file on ``device``: a uint8 torch tensor, or
+        """The raw bytes of the image's file ``path`` on ``device``: a uint8 torch tensor, or
         NumPy array (see :meth:`load` for ``framework`` and ``held``), sharing gstore's memory."""
+        files = self._load_files(tag, device, memory_budget, progress, framework, held)
+        blob = dict(files).get(path)
+        if blob is None:
+            raise NotFoundError(f"{tag} holds no file {path!r}; its files: {_names(files)}")
+        return blob
+
+    def _load_files(
+        self,
+        tag: str,
+        device: Union[str, int],
+        memory_budget: int,
+        progress: bool,
+        framework: str,
+        held: Optional[str],
+    ) -> List[Tuple[str, Any]]:
+        """Every file of the image as a uint8 array of the framework, in manifest order."""
         kind, index = _layout.parse_device(device)
         framework = _layout.pick_framework(framework, kind)
         if kind == "cpu":
@@ -130,11 +331,23 @@ class Store:
             files = self._native.load_host(tag, memory_budget, progress)
         else:
             files, _phases = self._native.load_cuda(tag, index, memory_budget, progress, held)
-        blob = dict(files).get(FILE_NAME)
-        if blob is None:
-            names = ", ".join(p for p, _ in files) or "none"
-            raise InvalidError(f"{tag} holds no {FILE_NAME} (it was not saved by gstore.Store.save); its files: {names}")
-        return _layout.as_array(blob, framework, index)
+        return [(p, _layout.as_array(blob, framework, index)) for p, blob in files]
+
+    def latest(self, name: str) -> str:
+        """The tag of the newest image named ``name`` (tags are ``NAME:VERSION``), by the
+        images' creation time as :meth:`list` gives it; images created in the same second go
+        by version, numbers in it compared as numbers (``step-1000`` after ``step-999``).
+        Raises :class:`NotFoundError` if there is none."""
+        if not name or ":" in name:
+            raise InvalidError(f"latest({name!r}): give a tag's name, without ':VERSION'")
+        rows = [r for r in self.list() if r["tag"].split(":", 1)[0] == name]
+        readable = [r for r in rows if r.get("created_unix") is not None]
+        if not readable:
+            unreadable = "; ".join(f"{r['tag']}: {r['error']}" for r in rows)
+            raise NotFoundError(
+                f"no image named {name} in {self._native.describe()}" + (f" can be read ({unreadable})" if rows else "")
+            )
+        return max(readable, key=lambda r: (r["created_unix"], _natural(r["tag"].split(":", 1)[1])))["tag"]
 
     def list(self) -> list:
         """Every tag: ``tag``, ``manifest``, ``created_unix``, ``logical_bytes``, ``error``."""
@@ -155,3 +368,38 @@ class Store:
     def rm(self, tag: str) -> None:
         """Removes a tag; its chunks stay until ``gstore gc``."""
         self._native.rm(tag)
+
+
+def _names(files: List[Tuple[str, Any]]) -> str:
+    return ", ".join(p for p, _ in files) or "none"
+
+
+def _natural(text: str) -> List[Tuple[int, Union[int, str]]]:
+    """A sort key comparing runs of digits as numbers."""
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", text) if p]
+
+
+def _state_of(blob: Any, keep_numpy: bool, where: str) -> Dict[Any, Any]:
+    """The state in one loaded safetensors file: its tensors by name, or the nested state its
+    tree describes (arrays and scalars saved from NumPy as NumPy when ``keep_numpy``)."""
+    try:
+        tensors, metadata = _layout.decode(blob)
+        tree = metadata.get(_layout.TREE_KEY)
+        if tree is None:
+            return tensors
+
+        def leaf(kind: str, name: str) -> Any:
+            t = tensors.get(name)
+            if t is None:
+                raise InvalidError(f"the tree names tensor {name!r}, which the file does not hold")
+            if kind == "tensor":
+                return t
+            if _layout.is_torch(t):
+                if not keep_numpy:
+                    return t
+                t = t.cpu().numpy()
+            return t[()] if kind == "npscalar" else t
+
+        return _structure.unflatten(tree, leaf)
+    except InvalidError as e:
+        raise InvalidError(f"{where}: {e}") from None

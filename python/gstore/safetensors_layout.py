@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -21,6 +21,10 @@ from ._gstore import InvalidError
 
 #: The tensors' bytes start at a multiple of this (the header is padded with spaces).
 DATA_ALIGN = 4096
+
+#: The ``__metadata__`` key of the structure of a nested state (docs/PYTHON.md); the caller's
+#: ``meta`` may not use it.
+TREE_KEY = "gstore.tree"
 
 # safetensors dtype name -> (element size, numpy dtype string or None, torch dtype name)
 _DTYPES: Dict[str, Tuple[int, Optional[str], str]] = {
@@ -44,7 +48,8 @@ _FROM_NUMPY = {np.dtype(v[1]).str: k for k, v in _DTYPES.items() if v[1] is not 
 _FROM_TORCH = {v[2]: k for k, v in _DTYPES.items()}
 
 
-def _torch():
+def torch_or_none():
+    """The torch module, or None where torch is not installed."""
     try:
         import torch
     except ImportError:
@@ -52,58 +57,105 @@ def _torch():
     return torch
 
 
-def _is_torch(value: Any) -> bool:
+def is_torch(value: Any) -> bool:
+    """Whether ``value`` is one of torch's objects (a tensor, a device, ...)."""
     return type(value).__module__.split(".")[0] == "torch"
 
 
-def _as_bytes(name: str, value: Any) -> Tuple[str, List[int], np.ndarray]:
-    """The safetensors dtype, shape and bytes (a uint8 NumPy array sharing the tensor's memory
-    where it can) of one value."""
-    if _is_torch(value):
-        torch = _torch()
+class Entry(NamedTuple):
+    """One tensor as the file holds it: its name, the value (a detached torch tensor or a
+    little-endian NumPy array), safetensors dtype, shape and size in bytes."""
+
+    name: str
+    value: Any
+    dtype: str
+    shape: List[int]
+    nbytes: int
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is saved as a tensor: a torch tensor or a NumPy array (not a NumPy
+    scalar)."""
+    if isinstance(value, np.ndarray):
+        return True
+    return is_torch(value) and torch_or_none().is_tensor(value)
+
+
+def is_device_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor outside host memory."""
+    return is_torch(value) and value.device.type != "cpu"
+
+
+def dtype_code(value: Any) -> Optional[str]:
+    """The safetensors dtype of a torch tensor or NumPy array (None if it has none)."""
+    if is_torch(value):
+        return _FROM_TORCH.get(str(value.dtype).removeprefix("torch."))
+    return _FROM_NUMPY.get(value.dtype.newbyteorder("<").str)
+
+
+def describe(name: str, value: Any) -> Entry:
+    """``value`` (a torch tensor anywhere, or a NumPy array) as an :class:`Entry`, without
+    copying it (a big-endian array is converted)."""
+    if is_torch(value):
         t = value.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.contiguous()
-        dtype = _FROM_TORCH.get(str(t.dtype).removeprefix("torch."))
+        dtype = dtype_code(t)
         if dtype is None:
             raise InvalidError(f"tensor {name!r}: dtype {t.dtype} has no safetensors equivalent")
-        return dtype, list(t.shape), t.reshape(-1).view(torch.uint8).numpy()
+        return Entry(name, t, dtype, list(t.shape), t.numel() * t.element_size())
     a = np.asarray(value)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     dtype = _FROM_NUMPY.get(a.dtype.str)
     if dtype is None:
         raise InvalidError(f"tensor {name!r}: dtype {a.dtype} has no safetensors equivalent")
-    return dtype, list(a.shape), np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return Entry(name, a, dtype, list(a.shape), a.nbytes)
 
 
-def encode(state_dict: Mapping[str, Any], meta: Optional[Mapping[str, str]]) -> Tuple[bytes, List[np.ndarray]]:
-    """The header (length prefix included, padded) and the tensors' bytes, in file order."""
-    if not isinstance(state_dict, Mapping):
-        raise InvalidError(f"expected a mapping of names to tensors, not {type(state_dict).__name__}")
-    items = []
-    for name, value in state_dict.items():
-        if not isinstance(name, str):
-            raise InvalidError(f"tensor names must be strings, not {name!r}")
-        if name == "__metadata__":
-            raise InvalidError("'__metadata__' is reserved by the safetensors format")
-        items.append((name, *_as_bytes(name, value)))
-    items.sort(key=lambda it: (-_DTYPES[it[1]][0], it[0]))
+def host_bytes(entry: Entry) -> np.ndarray:
+    """The bytes of a tensor as a 1-D uint8 NumPy array, sharing its memory where it is
+    contiguous host memory (a tensor on a GPU is copied to the host)."""
+    value = entry.value
+    if is_torch(value):
+        torch = torch_or_none()
+        t = value if value.device.type == "cpu" else value.cpu()
+        return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+
+
+def file_order(entries: List[Entry]) -> List[Entry]:
+    """``entries`` in the order the file holds them: larger element sizes first, then by name
+    (safetensors' own order), so every tensor starts at a multiple of its element size."""
+    return sorted(entries, key=lambda e: (-_DTYPES[e.dtype][0], e.name))
+
+
+def check_meta(meta: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    """The caller's ``meta`` checked: strings to strings, not :data:`TREE_KEY`."""
+    if not meta:
+        return {}
+    for k, v in meta.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidError(f"meta must map strings to strings; not so for {k!r}")
+        if k == TREE_KEY:
+            raise InvalidError(f"meta key {k!r} is gstore's own (the structure of a nested state)")
+    return dict(meta)
+
+
+def encode_header(entries: List[Entry], metadata: Mapping[str, str]) -> bytes:
+    """The file's header (length prefix included, padded with spaces so the data starts on a
+    page) for ``entries`` in file order and the ``__metadata__`` strings."""
     header: Dict[str, Any] = {}
-    if meta:
-        bad = [k for k, v in meta.items() if not isinstance(k, str) or not isinstance(v, str)]
-        if bad:
-            raise InvalidError(f"meta must map strings to strings; not so for {bad[0]!r}")
-        header["__metadata__"] = dict(meta)
+    if metadata:
+        header["__metadata__"] = dict(metadata)
     offset = 0
-    for name, dtype, shape, data in items:
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + data.nbytes]}
-        offset += data.nbytes
+    for e in entries:
+        if e.name == "__metadata__":
+            raise InvalidError("'__metadata__' is reserved by the safetensors format")
+        header[e.name] = {"dtype": e.dtype, "shape": e.shape, "data_offsets": [offset, offset + e.nbytes]}
+        offset += e.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     padded = -(-(8 + len(text)) // DATA_ALIGN) * DATA_ALIGN - 8
     text += b" " * (padded - len(text))
-    return struct.pack("<Q", len(text)) + text, [data for _, _, _, data in items]
+    return struct.pack("<Q", len(text)) + text
 
 
 def parse_device(device: Any) -> Tuple[str, int]:
@@ -126,10 +178,10 @@ def pick_framework(framework: str, kind: str) -> str:
     if framework not in ("auto", "torch", "numpy"):
         raise InvalidError(f"framework {framework!r}: expected 'auto', 'torch' or 'numpy'")
     if framework == "auto":
-        framework = "torch" if _torch() is not None else "numpy"
+        framework = "torch" if torch_or_none() is not None else "numpy"
     if framework == "numpy" and kind != "cpu":
         raise InvalidError("NumPy arrays live in host memory: load onto a GPU with framework='torch'")
-    if framework == "torch" and _torch() is None:
+    if framework == "torch" and torch_or_none() is None:
         raise InvalidError("framework='torch' needs torch installed")
     return framework
 
@@ -139,7 +191,7 @@ def as_array(blob: Any, framework: str, index: int) -> Any:
     for NumPy; host or GPU ``index`` for torch)."""
     if framework == "numpy":
         return np.asarray(blob)
-    torch = _torch()
+    torch = torch_or_none()
     if isinstance(blob, _gstore.HostFile):
         return torch.from_numpy(np.asarray(blob))
     return torch.as_tensor(blob, device=f"cuda:{index}")
@@ -163,11 +215,12 @@ def _header(blob: Any) -> Tuple[dict, int]:
         raise InvalidError(f"not a safetensors file: its header is not JSON ({e})") from None
 
 
-def decode(blob: Any) -> Dict[str, Any]:
-    """Views of every tensor in a loaded safetensors file (no copies)."""
+def decode(blob: Any) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Views of every tensor in a loaded safetensors file (no copies), and its
+    ``__metadata__``."""
     header, start = _header(blob)
     data = blob[start:]
-    torch = _torch() if _is_torch(blob) else None
+    torch = torch_or_none() if is_torch(blob) else None
     out: Dict[str, Any] = {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -186,38 +239,7 @@ def decode(blob: Any) -> Dict[str, Any]:
             out[name] = part.view(np.dtype(np_dtype)).reshape(shape)
         else:
             raise InvalidError(f"tensor {name!r} is {dtype}, which NumPy cannot hold: install torch")
-    return out
-
-
-def placement_of(state: Mapping[str, Any]) -> Tuple[str, str]:
-    """Where the tensors of ``state`` are (``"cpu"`` or ``"cuda:N"``; they must agree) and
-    what they are (``"torch"`` or ``"numpy"``)."""
-    devices = {str(v.device) if _is_torch(v) else "cpu" for v in state.values()}
-    if len(devices) > 1:
-        raise InvalidError(f"the tensors to fill are on several devices ({', '.join(sorted(devices))}): load each apart")
-    device = devices.pop() if devices else "cpu"
-    framework = "torch" if any(_is_torch(v) for v in state.values()) else "numpy"
-    return ("cuda:0" if device == "cuda" else device), framework
-
-
-def copy_into(state: Mapping[str, Any], loaded: Mapping[str, Any], strict: bool) -> None:
-    """Copies every loaded tensor into the tensor of the same name in ``state``."""
-    if strict:
-        missing = sorted(set(state) - set(loaded))
-        extra = sorted(set(loaded) - set(state))
-        if missing or extra:
-            raise InvalidError(f"names differ: missing from the image {missing[:5]}, not in the target {extra[:5]}")
-    for name, dst in state.items():
-        src = loaded.get(name)
-        if src is None:
-            continue
-        if tuple(dst.shape) != tuple(src.shape) or str(dst.dtype) != str(src.dtype):
-            raise InvalidError(
-                f"tensor {name!r}: the image has {src.dtype} {tuple(src.shape)}, the target {dst.dtype} {tuple(dst.shape)}"
-            )
-        if _is_torch(dst):
-            torch = _torch()
-            with torch.no_grad():
-                dst.copy_(src if _is_torch(src) else torch.from_numpy(src))
-        else:
-            np.copyto(dst, src)
+    meta = header.get("__metadata__") or {}
+    if not isinstance(meta, dict):
+        raise InvalidError("not a safetensors file: its __metadata__ is not an object")
+    return out, meta
