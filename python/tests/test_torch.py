@@ -79,3 +79,103 @@ def test_numpy_and_torch_agree(store):
     a = (np.random.default_rng(1).standard_normal((8, 8)) * 0.02).astype(np.float32)
     store.save({"a": a}, "m:np")
     assert torch.equal(store.load("m:np")["a"], torch.from_numpy(a))
+
+
+def same_tree(a, b, where="state"):
+    """Equal nested states of the same types; tensors compared bit for bit."""
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and same(a, b), where
+        return
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), where
+        return
+    assert type(a) is type(b) or (isinstance(a, dict) and type(b) is dict), f"{where}: {type(a)} != {type(b)}"
+    if isinstance(a, dict):
+        assert [(type(k), k) for k in a] == [(type(k), k) for k in b], where
+        for k in a:
+            same_tree(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same_tree(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def trained(device, steps=2):
+    """A small model, AdamW and a scheduler after ``steps`` steps."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
+    for _ in range(steps):
+        loss = model(torch.randn(16, 64, device=device)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return model, opt, sched
+
+
+def checkpoint(model, opt, sched, step):
+    return {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "sched": sched.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
+        "step": step,
+    }
+
+
+def resume_and_step(store, tag, device):
+    """A fresh model, optimizer and scheduler filled from ``tag``, then one step: the loss."""
+    model, opt, sched = trained(device, steps=0)
+    state = store.load_into({"model": model, "optim": opt, "sched": sched}, tag, strict=False)
+    torch.manual_seed(state["step"])
+    loss = model(torch.randn(16, 64, device=device)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item(), model
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=cuda)])
+def test_a_training_state_resumes_exactly(store, device):
+    model, opt, sched = trained(device)
+    ckpt = checkpoint(model, opt, sched, 2)
+    store.save(ckpt, "run:step-2")
+    loaded = store.load("run:step-2", device=device)
+    same_tree(ckpt, loaded)
+    assert isinstance(loaded["rng"]["numpy"][1], np.ndarray)  # saved from NumPy, back as NumPy
+    torch.manual_seed(2)
+    expected = model(torch.randn(16, 64, device=device)).square().mean()
+    opt.zero_grad()
+    expected.backward()
+    opt.step()
+    loss, resumed = resume_and_step(store, "run:step-2", device)
+    assert loss == expected.item()
+    for (name, a), b in zip(model.state_dict().items(), resumed.state_dict().values()):
+        assert same(a, b), name
+
+
+@cuda
+def test_a_background_save_of_cuda_state_copies_before_returning(store):
+    model, opt, sched = trained("cuda:0")
+    ckpt = checkpoint(model, opt, sched, 2)
+    snapshot = {k: v.clone() for k, v in ckpt["model"].items()}
+    handle = store.save(ckpt, "run:async", blocking=False)
+    with torch.no_grad():  # the next step, at once
+        for p in model.parameters():
+            p.add_(1.0)
+    report = handle.wait()
+    tensor_bytes = sum(t.numel() * t.element_size() for t in ckpt["model"].values()) + sum(
+        t.numel() * t.element_size() for s in ckpt["optim"]["state"].values() for t in s.values()
+    )
+    assert report["staged_bytes"] >= tensor_bytes and store._pool.pinned
+    loaded = store.load("run:async", device="cuda:0")
+    for k, v in snapshot.items():
+        assert same(loaded["model"][k], v), k
+    # A second save of the same shapes reuses the pinned pool.
+    size = store.staging_bytes
+    store.save(checkpoint(model, opt, sched, 3), "run:async2", blocking=False).wait()
+    assert store.staging_bytes == size
