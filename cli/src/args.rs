@@ -29,9 +29,11 @@ pub struct Cli {
 pub enum Command {
     /// Create a new, empty store.
     Init(InitArgs),
-    /// Store a file or directory tree (e.g. a CRIU image dir) as a tagged image.
+    /// Store a file or directory tree (e.g. a CRIU image dir) as a tagged image. A container
+    /// checkpoint archive (podman's `--export`, the kubelet's; tar, tar.gz or tar.zst) is
+    /// stored entry by entry, as is any tar read from standard input (`-`).
     Push {
-        /// File or directory to store.
+        /// File or directory to store, or `-` for a tar archive on standard input.
         path: PathBuf,
         /// Tag for the image: NAME or NAME:VERSION (VERSION defaults to "latest").
         #[arg(long, short)]
@@ -55,8 +57,20 @@ pub enum Command {
         /// Destination directory (created; must not exist or be empty). With --run: where the
         /// process image is written and kept (default: a temporary directory, removed after);
         /// a lazy restore's pages-N.img files there hold only the pages CRIU read itself.
-        #[arg(long, required_unless_present = "run")]
+        #[arg(long, required_unless_present_any = ["run", "container", "archive"])]
         to: Option<PathBuf>,
+        /// Write the image as a plain tar archive to FILE (`-`: standard output), as
+        /// `podman container restore --import` takes a container checkpoint archive.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["to", "run", "container"])]
+        archive: Option<PathBuf>,
+        /// Restore a container checkpoint (from `gstore checkpoint --container` or a pushed
+        /// checkpoint archive) into podman, after checking that this machine can (podman,
+        /// CRIU, the base image present, the name free).
+        #[arg(long, conflicts_with_all = ["to", "run"])]
+        container: bool,
+        /// With --container: the restored container's name (default: the checkpointed one).
+        #[arg(long, requires = "container", value_name = "NAME")]
+        name: Option<String>,
         /// Restore a process checkpoint (from `gstore checkpoint`) and start it, detached.
         #[arg(long)]
         run: bool,
@@ -88,11 +102,16 @@ pub enum Command {
         #[arg(long, default_value = "1GiB", value_name = "SIZE", value_parser = units::size)]
         memory_budget: u64,
     },
-    /// Checkpoint a running process (GPU state included) into the store.
+    /// Checkpoint a running process (GPU state included), or a container through its
+    /// runtime, into the store.
     Checkpoint {
         /// The process to checkpoint (with its children).
-        #[arg(long)]
-        pid: u32,
+        #[arg(long, required_unless_present = "container")]
+        pid: Option<u32>,
+        /// The container to checkpoint (name or id), through podman: its checkpoint archive
+        /// streams into the store entry by entry, never landing on disk.
+        #[arg(long, value_name = "NAME|ID", conflicts_with_all = ["pid", "staging", "shell_job", "criu_opts"])]
+        container: Option<String>,
         /// Tag for the image: NAME or NAME:VERSION.
         #[arg(long, short)]
         tag: String,

@@ -2,7 +2,7 @@
 
 use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs, KeyAction, ServeArgs, Sort};
 use crate::failure::{Damaged, Usage};
-use crate::{hold, load};
+use crate::{containers, hold, load};
 use anyhow::{Context, Result};
 use clap::CommandFactory;
 use gstore_capture as capture;
@@ -39,9 +39,17 @@ pub fn run(cli: Cli) -> Result<()> {
             };
             restore_run(&location, &image, &criu, to, opts, &out, &bars)
         }
-        Command::Checkpoint { pid, tag, leave_running, lock_timeout, staging, criu } => {
+        Command::Checkpoint { container: Some(name), tag, leave_running, criu, .. } => {
+            containers::checkpoint(&location, &name, &tag, leave_running, criu.criu.as_deref(), &out, &bars)
+        }
+        Command::Checkpoint { pid, tag, leave_running, lock_timeout, staging, criu, .. } => {
+            let pid = pid.expect("clap requires --pid without --container");
             checkpoint(&location, pid, &tag, leave_running, lock_timeout, &criu, staging, &out, &bars)
         }
+        Command::Restore { image, container: true, name, criu, .. } => {
+            containers::restore(&location, &image, name.as_deref(), criu.criu.as_deref(), &out, &bars)
+        }
+        Command::Restore { image, archive: Some(file), .. } => containers::write_archive(&location, &image, &file, &out, &bars),
         Command::Restore { image, to, memory_budget, include, exclude, .. } => {
             let to = to.expect("clap requires --to without --run");
             let select = Selection::new(&include, &exclude)?;
@@ -96,10 +104,14 @@ fn push(
 ) -> Result<()> {
     let tag = TagRef::parse_new(tag)?;
     let meta = parse_meta(meta)?;
+    if path.as_os_str() == "-" || (path.is_file() && gstore_container::archive::is_checkpoint_archive(path)) {
+        if dry_run || !select.is_everything() {
+            return Err(Usage("an archive is pushed whole: --dry-run and --exclude take a directory or a file".into()).into());
+        }
+        return containers::push_archive(location, path, &tag, meta, out, bars);
+    }
     if let Err(e) = path.symlink_metadata() {
-        let stdin =
-            if path.as_os_str() == "-" { " (push reads a directory or a file, not standard input)" } else { "" };
-        return Err(Usage(format!("cannot push {}: {e}{stdin}", path.display())).into());
+        return Err(Usage(format!("cannot push {}: {e}", path.display())).into());
     }
     let store = open_indexed(location)?;
     let r = push::push_selected(&store, path, &|rel| select.chosen(rel), dry_run, &tag, meta, bars)
@@ -426,6 +438,11 @@ impl Selection {
         }
     }
 
+    /// Whether every entry is selected (no --include, no --exclude).
+    fn is_everything(&self) -> bool {
+        self.include.is_none() && self.exclude.is_none()
+    }
+
     /// Whether `path` is selected: included (or no --include), and not excluded.
     fn chosen(&self, path: &str) -> bool {
         self.include.as_ref().is_none_or(|s| Self::matches(s, path))
@@ -434,7 +451,7 @@ impl Selection {
 
     /// The image with only the selected entries and the directories above them.
     fn apply(&self, m: gstore_store::manifest::Manifest) -> Result<gstore_store::manifest::Manifest> {
-        if self.include.is_none() && self.exclude.is_none() {
+        if self.is_everything() {
             return Ok(m);
         }
         let chosen = |path: &str| self.chosen(path);
@@ -597,17 +614,17 @@ fn criu_choice(a: &CriuArgs) -> capture::CriuChoice<'_> {
 }
 
 /// `n` and the word for it: "1 pack", "2 packs".
-fn plural(n: u64, one: &str, many: &str) -> String {
+pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// A rate in the binary units sizes are shown in: "812.40 MiB/s".
-fn rate(bytes: u64, seconds: f64) -> String {
+pub(crate) fn rate(bytes: u64, seconds: f64) -> String {
     format!("{}/s", HumanBytes((bytes as f64 / seconds.max(1e-9)) as u64))
 }
 
 /// Where results go: human text or JSON on stdout.
-struct Output {
+pub(crate) struct Output {
     json: bool,
 }
 
@@ -626,7 +643,7 @@ pub fn emitted() -> bool {
 }
 
 impl Output {
-    fn emit<T: Serialize>(&self, value: &T, text: impl FnOnce() -> String) -> Result<()> {
+    pub(crate) fn emit<T: Serialize>(&self, value: &T, text: impl FnOnce() -> String) -> Result<()> {
         EMITTED.store(true, std::sync::atomic::Ordering::Relaxed);
         let out = if self.json { serde_json::to_string_pretty(value)? } else { text() };
         let mut stdout = std::io::stdout().lock();
@@ -637,12 +654,12 @@ impl Output {
     }
 }
 
-fn open_indexed(location: &StoreLocation) -> Result<Store> {
+pub(crate) fn open_indexed(location: &StoreLocation) -> Result<Store> {
     Ok(Store::open_indexed(location, &|msg| eprintln!("gstore: {msg}"))?)
 }
 
 /// Opens the store with its index and reads the manifest `image` names (the two overlap).
-fn open_image(location: &StoreLocation, image: &str) -> Result<(Store, ObjectId, Manifest)> {
+pub(crate) fn open_image(location: &StoreLocation, image: &str) -> Result<(Store, ObjectId, Manifest)> {
     Ok(Store::open_image(location, image, &|msg| eprintln!("gstore: {msg}"))?)
 }
 

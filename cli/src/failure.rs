@@ -2,6 +2,7 @@
 //! an error object on stdout (docs/CLI.md).
 
 use gstore_capture::CaptureError;
+use gstore_container::ContainerError;
 use gstore_store::StoreError;
 use serde::Serialize;
 
@@ -59,6 +60,16 @@ pub fn classify(e: &anyhow::Error) -> Code {
         }
         if let Some(s) = cause.downcast_ref::<StoreError>() {
             return store_code(s);
+        }
+        if let Some(c) = cause.downcast_ref::<ContainerError>() {
+            match c {
+                ContainerError::NotACheckpoint(_) | ContainerError::BadArchive { .. } => return Code::Usage,
+                ContainerError::NoSuchContainer(_) => return Code::NotFound,
+                _ => {}
+            }
+            if let Some(s) = c.store_error() {
+                return store_code(s);
+            }
         }
         // Capture and restore errors wrap the store's (transparently, or boxed): their kind
         // is the store's.

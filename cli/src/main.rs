@@ -2,6 +2,7 @@
 
 mod args;
 mod commands;
+mod containers;
 mod failure;
 mod hold;
 mod load;

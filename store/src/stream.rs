@@ -24,8 +24,9 @@ pub type Meta = BTreeMap<String, serde_json::Value>;
 
 /// What feeders send to the push.
 enum Streamed {
-    /// A new file; files are numbered from 0 in the order they arrive.
-    File { path: String, mode: u32 },
+    /// A new entry (a file, directory or symlink); entries are numbered from 0 in the order
+    /// they arrive.
+    Entry { path: String, kind: EntryKind, mode: u32, target: Option<String> },
     /// The next piece of file number `file`.
     Piece { file: usize, data: Vec<u8> },
     /// Every file is complete; the manifest gets this metadata.
@@ -44,7 +45,7 @@ pub fn channel(store: &Store, buffer: u64) -> (StreamSink, StreamSource) {
 pub struct StreamSink {
     tx: SyncSender<Streamed>,
     segment: usize,
-    /// The paths added so far.
+    /// The paths of the entries added so far.
     files: Mutex<HashSet<String>>,
 }
 
@@ -52,15 +53,32 @@ impl StreamSink {
     /// Adds a regular file at `path` (relative, `/`-separated, no `.` or `..` parts) with
     /// permission bits `mode`, to be filled through the returned [`StreamedFile`].
     pub fn file(&self, path: &str, mode: u32) -> Result<StreamedFile<'_>> {
+        let index = self.entry(path, EntryKind::File, mode, None)?;
+        Ok(StreamedFile { sink: self, index, path: path.to_string() })
+    }
+
+    /// Adds a directory at `path` with permission bits `mode` (its parents need not have
+    /// been added).
+    pub fn dir(&self, path: &str, mode: u32) -> Result<()> {
+        self.entry(path, EntryKind::Dir, mode, None).map(drop)
+    }
+
+    /// Adds a symlink at `path` pointing at `target`.
+    pub fn symlink(&self, path: &str, target: &str) -> Result<()> {
+        self.entry(path, EntryKind::Symlink, 0o777, Some(target.to_string())).map(drop)
+    }
+
+    /// Adds an entry; returns its number.
+    fn entry(&self, path: &str, kind: EntryKind, mode: u32, target: Option<String>) -> Result<usize> {
         crate::manifest::check_relative_path(path)
-            .map_err(|why| StoreError::Invalid(format!("streamed file {path:?}: {why}")))?;
+            .map_err(|why| StoreError::Invalid(format!("streamed {} {path:?}: {why}", kind.name())))?;
         let mut files = self.files.lock().expect("streamed files lock");
         if !files.insert(path.to_string()) {
-            return Err(StoreError::Invalid(format!("streamed file {path:?} arrived twice")));
+            return Err(StoreError::Invalid(format!("streamed entry {path:?} arrived twice")));
         }
-        // Sent under the lock: the push numbers files in the order it receives them.
-        self.send(Streamed::File { path: path.to_string(), mode })?;
-        Ok(StreamedFile { sink: self, index: files.len() - 1, path: path.to_string() })
+        // Sent under the lock: the push numbers entries in the order it receives them.
+        self.send(Streamed::Entry { path: path.to_string(), kind, mode, target })?;
+        Ok(files.len() - 1)
     }
 
     /// Says that every file is complete, adding `meta` to the image's metadata: the push then
@@ -158,13 +176,13 @@ impl StreamSource {
                         ended = true;
                         break;
                     }
-                    Some(Streamed::File { path, mode }) => got.0.push(SourceEntry {
+                    Some(Streamed::Entry { path, kind, mode, target }) => got.0.push(SourceEntry {
                         abs: PathBuf::from(&path),
                         rel: path,
-                        kind: EntryKind::File,
+                        kind,
                         mode,
                         size: 0,
-                        target: None,
+                        target,
                     }),
                     Some(Streamed::Piece { file, data }) => {
                         let entry = &mut got.0[file];

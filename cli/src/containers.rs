@@ -1,0 +1,143 @@
+//! The container commands: `checkpoint --container`, `restore --container`, `restore
+//! --archive` and the push of a checkpoint archive.
+
+use crate::commands::{open_image, open_indexed, plural, rate, Output};
+use anyhow::{Context, Result};
+use gstore_container::{archive, checkpoint, podman::Podman, restore};
+use gstore_progress::Bars;
+use gstore_store::{StoreLocation, TagRef};
+use indicatif::HumanBytes;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// `gstore push ARCHIVE` / `gstore push -`: the archive's entries, read as they come.
+pub fn push_archive(
+    location: &StoreLocation,
+    path: &Path,
+    tag: &TagRef,
+    meta: BTreeMap<String, serde_json::Value>,
+    out: &Output,
+    bars: &Bars,
+) -> Result<()> {
+    let store = open_indexed(location)?;
+    let (r, info) = if path.as_os_str() == "-" {
+        archive::push_archive(&store, std::io::stdin().lock(), "the archive on standard input", tag, meta, bars)
+    } else {
+        let file = std::fs::File::open(path).with_context(|| format!("cannot push {}", path.display()))?;
+        let what = path.display().to_string();
+        archive::push_archive(&store, std::io::BufReader::with_capacity(1 << 20, file), &what, tag, meta, bars)
+    }
+    .with_context(|| format!("push of {} failed", if path.as_os_str() == "-" { "standard input".into() } else { path.display().to_string() }))?;
+    #[derive(serde::Serialize)]
+    struct Report<'a> {
+        #[serde(flatten)]
+        push: &'a gstore_store::push::PushReport,
+        archive: &'a archive::ArchiveInfo,
+    }
+    out.emit(&Report { push: &r, archive: &info }, || {
+        let what = if info.checkpoint { "container checkpoint archive" } else { "archive" };
+        format!(
+            "pushed {what} {} as {} ({}, {} logical, {} new in {}, {})\nmanifest {}",
+            if path.as_os_str() == "-" { "from standard input".into() } else { path.display().to_string() },
+            r.tag,
+            plural(r.entries as u64, "entry", "entries"),
+            HumanBytes(r.logical_bytes),
+            HumanBytes(r.new_stored_bytes),
+            plural(r.packs, "pack", "packs"),
+            rate(r.logical_bytes, r.seconds),
+            r.manifest
+        )
+    })
+}
+
+/// `gstore checkpoint --container NAME`.
+pub fn checkpoint(
+    location: &StoreLocation,
+    name: &str,
+    tag: &str,
+    leave_running: bool,
+    criu: Option<&Path>,
+    out: &Output,
+    bars: &Bars,
+) -> Result<()> {
+    let tag = TagRef::parse_new(tag)?;
+    let podman = Podman::find(criu)?;
+    // The store lock is taken before the container is frozen, so it never waits frozen.
+    let store = open_indexed(location)?;
+    let r = checkpoint::checkpoint(&store, &podman, name, &tag, leave_running, bars)?;
+    out.emit(&r, || {
+        format!(
+            "checkpointed container {} ({}) as {} ({}, {} logical, {} new), {} in all; the container {}\nmanifest {}",
+            r.container,
+            r.image,
+            r.push.tag,
+            plural(r.push.entries as u64, "entry", "entries"),
+            HumanBytes(r.push.logical_bytes),
+            HumanBytes(r.push.new_stored_bytes),
+            format_args!("{:.2} s", r.total_s),
+            if r.left_running { "runs on" } else { "is stopped (podman keeps it, exited)" },
+            r.push.manifest
+        )
+    })
+}
+
+/// `gstore restore IMAGE --container [--name NAME]`.
+pub fn restore(
+    location: &StoreLocation,
+    image: &str,
+    name: Option<&str>,
+    criu: Option<&Path>,
+    out: &Output,
+    bars: &Bars,
+) -> Result<()> {
+    let podman = Podman::find(criu)?;
+    let (store, _, m) = open_image(location, image)?;
+    let r = restore::restore(&store, &podman, image, &m, name, bars)?;
+    out.emit(&r, || {
+        format!(
+            "restored {image} as container {} ({}); phases: archive {} in {:.2} s, podman restore {:.2} s, total {:.2} s",
+            r.container,
+            &r.id[..r.id.len().min(12)],
+            HumanBytes(r.archive_bytes),
+            r.archive_s,
+            r.runtime_s,
+            r.total_s
+        )
+    })
+}
+
+/// `gstore restore IMAGE --archive FILE|-`.
+pub fn write_archive(location: &StoreLocation, image: &str, file: &Path, out: &Output, bars: &Bars) -> Result<()> {
+    let (store, _, m) = open_image(location, image)?;
+    let to_stdout = file.as_os_str() == "-";
+    let r = if to_stdout {
+        let stdout = std::io::stdout().lock();
+        archive::write_archive(&store, &m, std::io::BufWriter::with_capacity(1 << 20, stdout), "standard output", bars)?
+    } else {
+        // Written beside its destination and renamed into place: a failed write leaves no
+        // archive that looks whole.
+        let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let tmp = tempfile::Builder::new()
+            .prefix(".gstore-archive-")
+            .tempfile_in(dir)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        let r = archive::write_archive(
+            &store,
+            &m,
+            std::io::BufWriter::with_capacity(1 << 20, tmp.as_file()),
+            &file.display().to_string(),
+            bars,
+        )?;
+        tmp.as_file().sync_all().with_context(|| format!("cannot write {}", file.display()))?;
+        tmp.persist(file).with_context(|| format!("cannot write {}", file.display()))?;
+        r
+    };
+    let text = || format!("wrote {image} to {} ({}, {} of tar)", file.display(), plural(r.entries as u64, "entry", "entries"), HumanBytes(r.tar_bytes));
+    if to_stdout {
+        // Standard output holds the archive: the summary goes to standard error.
+        eprintln!("gstore: {}", text());
+        Ok(())
+    } else {
+        out.emit(&r, text)
+    }
+}

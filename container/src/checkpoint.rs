@@ -1,0 +1,127 @@
+//! A container checkpointed through its runtime straight into the store: podman exports the
+//! checkpoint archive into a FIFO, and gstore pushes its entries as they arrive, so the
+//! archive never lands on disk (podman's CRIU images do, in podman's own storage, as its
+//! export works from them).
+
+use crate::archive::{self, ArchiveInfo};
+use crate::error::{ContainerError, Result};
+use crate::podman::Podman;
+use gstore_store::progress::Progress;
+use gstore_store::push::PushReport;
+use gstore_store::stream::Meta;
+use gstore_store::{Store, TagRef};
+use serde::Serialize;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// What a container checkpoint reports.
+#[derive(Serialize)]
+pub struct ContainerCheckpointReport {
+    /// The container's name.
+    pub container: String,
+    /// Its id.
+    pub id: String,
+    /// The image it runs.
+    pub image: String,
+    /// Whether it runs on.
+    pub left_running: bool,
+    /// The archive as read.
+    pub archive: ArchiveInfo,
+    /// The push into the store.
+    pub push: PushReport,
+    /// Seconds in all.
+    pub total_s: f64,
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) -> Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("a temporary path has no NUL");
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        return Err(ContainerError::io("creating FIFO", path, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Checkpoints the running container `name` into the store as `tag`. Without
+/// `leave_running` the container stops (podman's checkpoint); if storing its archive fails,
+/// it is restored from the checkpoint podman kept and runs again (the error says so).
+pub fn checkpoint(
+    store: &Store,
+    podman: &Podman,
+    name: &str,
+    tag: &TagRef,
+    leave_running: bool,
+    progress: &dyn Progress,
+) -> Result<ContainerCheckpointReport> {
+    let started = Instant::now();
+    tag.check_new()?;
+    let c = podman.inspect(name)?;
+    if !c.running {
+        return Err(ContainerError::Runtime {
+            command: format!("podman container checkpoint {name}"),
+            status: format!("not started: the container is {}", c.status),
+            stderr: "only a running container can be checkpointed".into(),
+        });
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("gstore-container-")
+        .tempdir()
+        .map_err(|e| ContainerError::io("creating", std::env::temp_dir(), e))?;
+    let fifo = dir.path().join("checkpoint.tar");
+    mkfifo(&fifo)?;
+    let mut meta = Meta::new();
+    meta.insert("runtime".into(), serde_json::json!({ "engine": "podman", "version": podman.version() }));
+    meta.insert("criu_version".into(), podman.criu().version().into());
+    meta.insert("kernel".into(), kernel().into());
+    let opened = AtomicBool::new(false);
+    let (child, command) = podman.start_checkpoint(&c.name, &fifo, leave_running)?;
+    let (pushed, dumped) = std::thread::scope(|s| {
+        let pushing = s.spawn(|| {
+            let reader = std::fs::File::open(&fifo).map_err(|e| ContainerError::io("opening", &fifo, e))?;
+            opened.store(true, Ordering::SeqCst);
+            archive::push_archive(store, reader, "podman's checkpoint archive", tag, meta, progress)
+        });
+        let dumped = Podman::wait(child, command);
+        if !opened.load(Ordering::SeqCst) {
+            // podman ended without opening the FIFO: let the reader see an empty archive.
+            drop(std::fs::OpenOptions::new().write(true).open(&fifo));
+        }
+        (pushing.join().expect("the container's push does not panic"), dumped)
+    });
+    match (pushed, dumped) {
+        (Ok((push, archive)), Ok(())) => Ok(ContainerCheckpointReport {
+            container: c.name,
+            id: c.id,
+            image: c.image,
+            left_running: leave_running,
+            archive,
+            push,
+            total_s: started.elapsed().as_secs_f64(),
+        }),
+        // podman's failure explains an archive that ended early.
+        (_, Err(e)) => Err(e),
+        (Err(source), Ok(())) => {
+            let after = if leave_running {
+                " (the container kept running)".to_string()
+            } else {
+                match podman.restore_kept(&c.name) {
+                    Ok(()) => "; the container was restored from podman's kept checkpoint and runs again".into(),
+                    Err(e) => format!(
+                        "; restoring the container from podman's kept checkpoint failed too ({e}): \
+                         `podman container restore {}` may still bring it back",
+                        c.name
+                    ),
+                }
+            };
+            Err(ContainerError::PushFailed { container: c.name, after, source: Box::new(source) })
+        }
+    }
+}
+
+/// This machine's kernel release (`uname -r`).
+pub fn kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
