@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing gstore needs on a fresh Debian 12 machine (run as root):
 # libclang for RocksDB's bindings, zstd for the benchmark baseline, python3 and procps for
-# the test processes, cargo-nextest, CRIU >= 4 built from
+# the test processes, podman + runc for the container tests, cargo-nextest, CRIU >= 4 built from
 # source (scripts/criu.sh) for the process checkpoint tests, and s3s-fs, the S3 server the S3
 # tests start on 127.0.0.1.
 # Safe to run again: it skips what is already there.
@@ -17,6 +17,9 @@ command -v mkfifo >/dev/null || need+=(coreutils)
 command -v python3 >/dev/null || need+=(python3)            # test processes (counters, holders)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)  # the Python package's tests
 [ -x /bin/kill ] || [ -x /usr/bin/kill ] || need+=(procps)  # tests signal processes by pid
+command -v podman >/dev/null || need+=(podman)              # the container tests
+command -v runc >/dev/null || need+=(runc)                  # podman's runtime here (crun fails on hybrid cgroups)
+[ -f /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)  # the container tests' static counter
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   apt-get update -qq
@@ -27,6 +30,13 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 bash "$(dirname "$0")/criu.sh" >/dev/null
+# podman with runc, and ulimits this machine's hard limits allow (docs/CONTAINERS.md); an
+# existing configuration is left alone.
+if [ ! -e /etc/containers/containers.conf ]; then
+  mkdir -p /etc/containers
+  printf '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n[engine]\nruntime = "runc"\n' \
+    > /etc/containers/containers.conf
+fi
 # A real S3-compatible server for the S3 tests (honours If-None-Match and checks credentials;
 # newer versions need a newer rustc). ~4 minutes to build once; cached in ~/.cargo/bin.
 if ! command -v s3s-fs >/dev/null; then

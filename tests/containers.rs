@@ -1,0 +1,325 @@
+//! Containers through the real binary, podman + runc and CRIU (>= 4): checkpoint a running
+//! container into the store, restore it into podman, archives in and out, and the failures
+//! (no such container, no runtime, bad archives, a missing base image, a store that fills up
+//! mid-checkpoint). The container is a static counter holding 256 MiB of known memory that
+//! checks itself (tests/containers/counter.c) and writes its count into a bind-mounted
+//! directory. scripts/setup.sh installs podman and runc and configures them for this machine.
+
+use gstore_tests::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The counter's image, made once per test process from tests/containers/counter.c.
+const IMAGE: &str = "localhost/gstore-test-counter:1";
+
+/// `podman ARGS` with CRIU >= 4 first on PATH; `storage`: a podman storage.conf of its own.
+fn podman(storage: Option<&Path>, args: &[&str]) -> std::process::Output {
+    let mut c = Command::new("podman");
+    c.args(args).env("PATH", path_with_criu());
+    if let Some(conf) = storage {
+        c.env("CONTAINERS_STORAGE_CONF", conf);
+    }
+    c.output().expect("podman runs (scripts/setup.sh installs it)")
+}
+
+/// `podman ARGS` that must succeed; its stdout.
+fn podman_ok(storage: Option<&Path>, args: &[&str]) -> String {
+    let out = podman(storage, args);
+    assert!(out.status.success(), "podman {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// PATH with the CRIU of scripts/criu.sh first, as podman's runc needs.
+fn path_with_criu() -> std::ffi::OsString {
+    let criu = PathBuf::from(&criu_args()[1]);
+    let dirs = std::iter::once(criu.parent().unwrap().to_path_buf())
+        .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    std::env::join_paths(dirs).unwrap()
+}
+
+/// Builds the counter image into podman's storage (idempotent: the same rootfs each time).
+fn counter_image(scratch: &Path) {
+    static MADE: std::sync::Once = std::sync::Once::new();
+    MADE.call_once(|| {
+        let rootfs = scratch.join("rootfs");
+        for d in ["state", "tmp"] {
+            std::fs::create_dir_all(rootfs.join(d)).unwrap();
+        }
+        let source = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo and nextest"))
+            .join("containers/counter.c");
+        let cc = Command::new("cc")
+            .args(["-O2", "-static", "-o"])
+            .arg(rootfs.join("counter"))
+            .arg(&source)
+            .status()
+            .expect("cc");
+        assert!(cc.success(), "building {}", source.display());
+        let tar = scratch.join("rootfs.tar");
+        assert!(Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tar).arg(".").status().unwrap().success());
+        podman_ok(None, &["import", &tar.to_string_lossy(), IMAGE]);
+    });
+}
+
+/// A running counter container, removed on drop.
+struct Counter {
+    name: String,
+    state: tempfile::TempDir,
+    storage: Option<PathBuf>,
+}
+
+impl Counter {
+    /// Starts a counter holding `mib` MiB, named uniquely.
+    fn start(env: &Env, tag: &str, mib: u32) -> Counter {
+        counter_image(&env.tmp.path().join("image"));
+        let name = format!("gstore-test-{tag}-{}", std::process::id());
+        podman(None, &["rm", "-f", &name]);
+        let state = tempfile::tempdir().unwrap();
+        let volume = format!("{}:/state", state.path().display());
+        podman_ok(None, &["run", "-d", "--name", &name, "-v", &volume, IMAGE, "/counter", &mib.to_string()]);
+        let c = Counter { name, state, storage: None };
+        c.wait_above(2);
+        c
+    }
+
+    /// The count it wrote last (`None` before the first).
+    fn count(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.state.path().join("count")).ok()?;
+        assert!(!text.starts_with("BAD"), "the counter found its memory wrong: {text}");
+        text.trim().parse().ok()
+    }
+
+    /// Waits until the count passes `floor`; returns it.
+    fn wait_above(&self, floor: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(n) = self.count().filter(|&n| n > floor) {
+                return n;
+            }
+            assert!(Instant::now() < deadline, "{} did not count past {floor}", self.name);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// podman's status of it ("running", "exited", ...).
+    fn status(&self) -> String {
+        let out = podman(self.storage.as_deref(), &["container", "inspect", "--format", "{{.State.Status}}", &self.name]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Checks that the count stays put (the container is stopped).
+    fn assert_still(&self) -> u64 {
+        let at = self.count().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(self.count(), Some(at), "{} counted on while it should be stopped", self.name);
+        at
+    }
+
+    /// Removes the container from podman.
+    fn remove(&self) {
+        podman_ok(self.storage.as_deref(), &["rm", "-f", &self.name]);
+    }
+}
+
+impl Drop for Counter {
+    fn drop(&mut self) {
+        podman(self.storage.as_deref(), &["rm", "-f", &self.name]);
+    }
+}
+
+/// gstore with podman's CRIU: `--criu` from [`criu_args`] goes after `args`.
+fn gstore(env: &Env, args: &[&str]) -> std::process::Output {
+    let criu = criu_args();
+    env.run(&with_criu(args, &criu))
+}
+
+fn json_ok(env: &Env, args: &[&str]) -> serde_json::Value {
+    let mut full = vec!["--json"];
+    full.extend_from_slice(args);
+    let out = gstore(env, &full);
+    assert!(out.status.success(), "gstore {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn fails(env: &Env, args: &[&str]) -> (i32, String) {
+    let out = gstore(env, args);
+    assert!(!out.status.success(), "gstore {args:?} succeeded");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_container_checkpointed_into_the_store_is_restored_and_counts_on() {
+    let env = Env::new(&[]);
+    let c = Counter::start(&env, "cr", 256);
+    let r = json_ok(&env, &["checkpoint", "--container", &c.name, "--tag", "ctr:1"]);
+    assert_eq!(r["left_running"], false);
+    assert!(r["push"]["logical_bytes"].as_u64().unwrap() > 256 << 20, "the 256 MiB of memory are in the image");
+    assert_eq!(c.status(), "exited", "podman's checkpoint stopped it");
+    let at_dump = c.assert_still();
+    let show = env.json(&["show", "ctr:1"]);
+    assert_eq!(show["meta"]["kind"], "container-checkpoint");
+    assert_eq!(show["meta"]["container"]["image"], IMAGE);
+    assert_eq!(show["meta"]["container"]["name"], c.name.as_str());
+
+    c.remove();
+    let r = json_ok(&env, &["restore", "ctr:1", "--container"]);
+    assert_eq!(r["container"], c.name.as_str());
+    let after = c.wait_above(at_dump);
+    assert!(after <= at_dump + 40, "count jumped from {at_dump} to {after}: not the checkpointed state");
+    // Its full self-check (every 20 ticks) passes on the restored memory.
+    c.wait_above(after + 25);
+
+    // A second checkpoint, the container left running: it adds about what changed.
+    let r2 = json_ok(&env, &["checkpoint", "--container", &c.name, "--tag", "ctr:2", "--leave-running"]);
+    assert_eq!(r2["left_running"], true);
+    assert_eq!(c.status(), "running");
+    let n = c.wait_above(after + 30);
+    c.wait_above(n + 2);
+    let logical = r2["push"]["logical_bytes"].as_u64().unwrap();
+    let added = r2["push"]["new_stored_bytes"].as_u64().unwrap();
+    assert!(added * 20 < logical, "the second checkpoint added {added} of {logical} bytes");
+}
+
+#[test]
+fn archives_go_in_and_out_byte_for_byte_and_podman_imports_them() {
+    let env = Env::new(&[]);
+    let c = Counter::start(&env, "ar", 64);
+    let exported = env.path("exported.tar.zst");
+    podman_ok(None, &["container", "checkpoint", &format!("--export={}", exported.display()), &c.name]);
+    let at_dump = c.assert_still();
+    let r = env.json(&["push", &exported.to_string_lossy(), "--tag", "ar:1"]);
+    assert_eq!(r["archive"]["checkpoint"], true);
+    assert_eq!(r["archive"]["compression"], "zstd");
+    assert!(env.json(&["show", "ar:1"])["entries"].as_array().unwrap().len() > 10, "stored entry by entry");
+
+    // Standard input gives the same image; the archive written back is the same bytes each time.
+    let piped = env
+        .cmd(&["--json", "push", "-", "--tag", "ar:2"])
+        .stdin(std::fs::File::open(&exported).unwrap())
+        .output()
+        .unwrap();
+    assert!(piped.status.success(), "{}", String::from_utf8_lossy(&piped.stderr));
+    let piped: serde_json::Value = serde_json::from_slice(&piped.stdout).unwrap();
+    assert_eq!(piped["manifest"], r["manifest"]);
+    let out = env.path("out.tar");
+    env.ok(&["restore", "ar:1", "--archive", &out.to_string_lossy()]);
+    let streamed = env.cmd(&["restore", "ar:2", "--archive", "-"]).output().unwrap();
+    assert!(streamed.status.success());
+    assert_eq!(streamed.stdout, std::fs::read(&out).unwrap(), "the same image gives the same archive");
+
+    c.remove();
+    podman_ok(None, &["container", "restore", &format!("--import={}", out.display())]);
+    c.wait_above(at_dump);
+    assert!(c.wait_above(at_dump) <= at_dump + 40);
+}
+
+#[test]
+fn a_fresh_podman_storage_needs_the_base_image_then_restores() {
+    let env = Env::new(&[]);
+    let c = Counter::start(&env, "fresh", 64);
+    json_ok(&env, &["checkpoint", "--container", &c.name, "--tag", "fresh:1"]);
+    let at_dump = c.assert_still();
+    c.remove();
+
+    let storage = tempfile::tempdir().unwrap();
+    let conf = storage.path().join("storage.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/graph\"\nrunroot = \"{0}/run\"\n",
+            storage.path().display()
+        ),
+    )
+    .unwrap();
+    let mut fresh = env.cmd(&["restore", "fresh:1", "--container"]);
+    fresh.args(criu_args()).env("CONTAINERS_STORAGE_CONF", &conf);
+    let out = fresh.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("base image") && stderr.contains(IMAGE), "{stderr}");
+
+    // The base image moved as podman moves images (save/load keeps its id).
+    let saved = env.path("image.tar");
+    podman_ok(None, &["save", "-o", &saved.to_string_lossy(), IMAGE]);
+    podman_ok(Some(&conf), &["load", "-i", &saved.to_string_lossy()]);
+    let mut fresh = env.cmd(&["restore", "fresh:1", "--container"]);
+    fresh.args(criu_args()).env("CONTAINERS_STORAGE_CONF", &conf);
+    let out = fresh.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let restored = Counter { name: c.name.clone(), state: tempfile::tempdir().unwrap(), storage: Some(conf.clone()) };
+    assert_eq!(restored.status(), "running");
+    assert!(c.wait_above(at_dump) <= at_dump + 40, "counts on from the checkpoint, in the bind mount");
+    drop(restored);
+    podman(Some(&conf), &["system", "reset", "--force"]);
+}
+
+/// A text file that is no archive.
+fn source_text(env: &Env) -> PathBuf {
+    let p = env.path("text.txt");
+    std::fs::write(&p, "not an archive\n".repeat(100)).unwrap();
+    p
+}
+
+#[test]
+fn bad_containers_runtimes_and_archives_fail_clearly_and_tag_nothing() {
+    let env = Env::new(&[]);
+    let (code, err) = fails(&env, &["checkpoint", "--container", "gstore-no-such-container", "--tag", "x:1"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no container \"gstore-no-such-container\""), "{err}");
+
+    // No podman on PATH.
+    let mut no_podman = env.cmd(&["checkpoint", "--container", "any", "--tag", "x:1"]);
+    no_podman.args(criu_args()).env("PATH", "/nonexistent");
+    let out = no_podman.output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("podman is not installed"));
+
+    // A stopped container cannot be checkpointed.
+    let c = Counter::start(&env, "bad", 16);
+    podman_ok(None, &["stop", "-t", "0", &c.name]);
+    let (_, err) = fails(&env, &["checkpoint", "--container", &c.name, "--tag", "x:1"]);
+    assert!(err.contains("only a running container"), "{err}");
+
+    // Archives cut short, or not archives at all.
+    podman_ok(None, &["start", &c.name]);
+    c.wait_above(c.count().unwrap());
+    let exported = env.path("c.tar");
+    podman_ok(None, &["container", "checkpoint", "--compress=none", &format!("--export={}", exported.display()), &c.name]);
+    let bytes = std::fs::read(&exported).unwrap();
+    let cut = env.path("cut.tar");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2 / 512 * 512]).unwrap();
+    let (code, err) = fails(&env, &["push", &cut.to_string_lossy(), "--tag", "x:1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cut short") || err.contains("damaged"), "{err}");
+    let garbage = env
+        .cmd(&["push", "-", "--tag", "x:1"])
+        .stdin(std::fs::File::open(&source_text(&env)).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(garbage.status.code(), Some(2), "{}", String::from_utf8_lossy(&garbage.stderr));
+    assert!(env.ok(&["ls"]).lines().all(|l| !l.starts_with("x:1")), "nothing tagged");
+
+    // An image that is not a container checkpoint.
+    std::fs::write(env.path("plain.txt"), "plain").unwrap();
+    env.ok(&["push", &env.path("plain.txt").to_string_lossy(), "--tag", "plain:1"]);
+    let (code, err) = fails(&env, &["restore", "plain:1", "--container"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a container checkpoint"), "{err}");
+}
+
+#[test]
+fn a_store_that_fills_up_mid_checkpoint_gives_the_container_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let small = tmp.path().join("small");
+    let env = Env { store: small.join("store"), tmp };
+    let _disk = SmallDisk::mount(&small, "24m");
+    env.ok(&["init"]);
+    let c = Counter::start(&env, "full", 256);
+    let (code, err) = fails(&env, &["checkpoint", "--container", &c.name, "--tag", "full:1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("runs again"), "{err}");
+    assert_eq!(c.status(), "running");
+    let n = c.count().unwrap();
+    c.wait_above(n + 3);
+    assert!(!env.ok(&["ls"]).contains("full:1"), "nothing tagged");
+}
