@@ -33,8 +33,8 @@ fn podman_ok(storage: Option<&Path>, args: &[&str]) -> String {
 /// PATH with the CRIU of scripts/criu.sh first, as podman's runc needs.
 fn path_with_criu() -> std::ffi::OsString {
     let criu = PathBuf::from(&criu_args()[1]);
-    let dirs = std::iter::once(criu.parent().unwrap().to_path_buf())
-        .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::iter::once(criu.parent().unwrap().to_path_buf()).chain(std::env::split_paths(&path));
     std::env::join_paths(dirs).unwrap()
 }
 
@@ -142,7 +142,7 @@ fn json_ok(env: &Env, args: &[&str]) -> serde_json::Value {
 }
 
 fn fails(env: &Env, args: &[&str]) -> (i32, String) {
-    let out = gstore(env, args);
+    let out = env.run(args);
     assert!(!out.status.success(), "gstore {args:?} succeeded");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -221,12 +221,14 @@ fn a_fresh_podman_storage_needs_the_base_image_then_restores() {
     let at_dump = c.assert_still();
     c.remove();
 
+    // A storage of its own (as on another machine): podman keeps the checkpointed container's
+    // run-time paths (its conmon pid file) from the archive, so only the image store is new.
     let storage = tempfile::tempdir().unwrap();
     let conf = storage.path().join("storage.conf");
     std::fs::write(
         &conf,
         format!(
-            "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/graph\"\nrunroot = \"{0}/run\"\n",
+            "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/graph\"\nrunroot = \"/run/containers/storage\"\n",
             storage.path().display()
         ),
     )
@@ -263,7 +265,8 @@ fn source_text(env: &Env) -> PathBuf {
 #[test]
 fn bad_containers_runtimes_and_archives_fail_clearly_and_tag_nothing() {
     let env = Env::new(&[]);
-    let (code, err) = fails(&env, &["checkpoint", "--container", "gstore-no-such-container", "--tag", "x:1"]);
+    let criu = criu_args();
+    let (code, err) = fails(&env, &with_criu(&["checkpoint", "--container", "gstore-no-such-container", "--tag", "x:1"], &criu));
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("no container \"gstore-no-such-container\""), "{err}");
 
@@ -277,7 +280,7 @@ fn bad_containers_runtimes_and_archives_fail_clearly_and_tag_nothing() {
     // A stopped container cannot be checkpointed.
     let c = Counter::start(&env, "bad", 16);
     podman_ok(None, &["stop", "-t", "0", &c.name]);
-    let (_, err) = fails(&env, &["checkpoint", "--container", &c.name, "--tag", "x:1"]);
+    let (_, err) = fails(&env, &with_criu(&["checkpoint", "--container", &c.name, "--tag", "x:1"], &criu));
     assert!(err.contains("only a running container"), "{err}");
 
     // Archives cut short, or not archives at all.
@@ -302,7 +305,7 @@ fn bad_containers_runtimes_and_archives_fail_clearly_and_tag_nothing() {
     // An image that is not a container checkpoint.
     std::fs::write(env.path("plain.txt"), "plain").unwrap();
     env.ok(&["push", &env.path("plain.txt").to_string_lossy(), "--tag", "plain:1"]);
-    let (code, err) = fails(&env, &["restore", "plain:1", "--container"]);
+    let (code, err) = fails(&env, &with_criu(&["restore", "plain:1", "--container"], &criu));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("not a container checkpoint"), "{err}");
 }
@@ -315,7 +318,7 @@ fn a_store_that_fills_up_mid_checkpoint_gives_the_container_back() {
     let _disk = SmallDisk::mount(&small, "24m");
     env.ok(&["init"]);
     let c = Counter::start(&env, "full", 256);
-    let (code, err) = fails(&env, &["checkpoint", "--container", &c.name, "--tag", "full:1"]);
+    let (code, err) = fails(&env, &with_criu(&["checkpoint", "--container", &c.name, "--tag", "full:1"], &criu_args()));
     assert_ne!(code, 0);
     assert!(err.contains("runs again"), "{err}");
     assert_eq!(c.status(), "running");
