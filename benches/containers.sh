@@ -79,7 +79,7 @@ podman container checkpoint --export="$work/last.tar.zst" "$name" >/dev/null
 podman rm -f "$name" >/dev/null
 sync; echo 3 > /proc/sys/vm/drop_caches
 local_s=$(first_answer podman container restore --import="$work/last.tar.zst")
-podman container checkpoint --create-image "localhost/ckpt-$$:last" "$name" >/dev/null
+podman container checkpoint --leave-running --create-image "localhost/ckpt-$$:last" "$name" >/dev/null
 podman push -q --tls-verify=false "localhost/ckpt-$$:last" "127.0.0.1:$port/ckpt:last" >/dev/null
 "$G" --store "$work/store" checkpoint --container "$name" --tag bench:last >/dev/null
 podman rm -f "$name" >/dev/null
