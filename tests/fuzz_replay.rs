@@ -17,7 +17,6 @@ mod records;
 #[path = "../fuzz/targets/server.rs"]
 mod server;
 
-use std::path::Path;
 
 /// Runs every kept input of `target` through `run`; fails naming each input that panics.
 fn replay(target: &str, run: fn(&[u8])) {
