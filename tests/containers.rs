@@ -103,7 +103,8 @@ impl Counter {
 
     /// podman's status of it ("running", "exited", ...).
     fn status(&self) -> String {
-        let out = podman(self.storage.as_deref(), &["container", "inspect", "--format", "{{.State.Status}}", &self.name]);
+        let out =
+            podman(self.storage.as_deref(), &["container", "inspect", "--format", "{{.State.Status}}", &self.name]);
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
@@ -266,7 +267,8 @@ fn source_text(env: &Env) -> PathBuf {
 fn bad_containers_runtimes_and_archives_fail_clearly_and_tag_nothing() {
     let env = Env::new(&[]);
     let criu = criu_args();
-    let (code, err) = fails(&env, &with_criu(&["checkpoint", "--container", "gstore-no-such-container", "--tag", "x:1"], &criu));
+    let (code, err) =
+        fails(&env, &with_criu(&["checkpoint", "--container", "gstore-no-such-container", "--tag", "x:1"], &criu));
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("no container \"gstore-no-such-container\""), "{err}");
 
@@ -287,7 +289,10 @@ fn bad_containers_runtimes_and_archives_fail_clearly_and_tag_nothing() {
     podman_ok(None, &["start", &c.name]);
     c.wait_above(c.count().unwrap());
     let exported = env.path("c.tar");
-    podman_ok(None, &["container", "checkpoint", "--compress=none", &format!("--export={}", exported.display()), &c.name]);
+    podman_ok(
+        None,
+        &["container", "checkpoint", "--compress=none", &format!("--export={}", exported.display()), &c.name],
+    );
     let bytes = std::fs::read(&exported).unwrap();
     let cut = env.path("cut.tar");
     std::fs::write(&cut, &bytes[..bytes.len() / 2 / 512 * 512]).unwrap();

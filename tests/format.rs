@@ -21,7 +21,12 @@ fn the_documented_chunker_cuts_where_gstore_does() {
     let manifest = gstore_store::manifest::Manifest::decode(&bytes, &id).unwrap();
     let gstore: Vec<u32> = manifest.chunks.iter().map(|c| c.len).collect();
     let out = std::process::Command::new("python3")
-        .arg(std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)")).join("format_chunker.py"))
+        .arg(
+            std::path::PathBuf::from(
+                std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)"),
+            )
+            .join("format_chunker.py"),
+        )
         .arg(&src)
         .output()
         .expect("python3 runs");

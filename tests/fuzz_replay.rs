@@ -17,10 +17,12 @@ mod records;
 #[path = "../fuzz/targets/server.rs"]
 mod server;
 
-
 /// Runs every kept input of `target` through `run`; fails naming each input that panics.
 fn replay(target: &str, run: fn(&[u8])) {
-    let fuzz = std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)")).join("../fuzz");
+    let fuzz = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)"),
+    )
+    .join("../fuzz");
     let mut inputs = Vec::new();
     for kind in ["corpus", "regressions"] {
         let Ok(dir) = std::fs::read_dir(fuzz.join(kind).join(target)) else { continue };

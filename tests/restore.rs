@@ -94,7 +94,10 @@ fn pushed_with_fake_cuda(seed: u64, scale: usize) -> (Env, std::path::PathBuf) {
 /// Builds the test CUDA driver (gpu-dump/tests/fake_libcuda.c: device memory is host memory,
 /// no kernel API) into `dir`/libcuda.so.1.
 fn fake_libcuda(dir: &std::path::Path) {
-    let source = std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)")).join("../gpu-dump/tests/fake_libcuda.c");
+    let source = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)"),
+    )
+    .join("../gpu-dump/tests/fake_libcuda.c");
     std::fs::create_dir_all(dir.join("state")).unwrap();
     let status = std::process::Command::new("cc")
         .args(["-shared", "-fPIC", "-O1"])

@@ -49,7 +49,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Restore { image, container: true, name, criu, .. } => {
             containers::restore(&location, &image, name.as_deref(), criu.criu.as_deref(), &out, &bars)
         }
-        Command::Restore { image, archive: Some(file), .. } => containers::write_archive(&location, &image, &file, &out, &bars),
+        Command::Restore { image, archive: Some(file), .. } => {
+            containers::write_archive(&location, &image, &file, &out, &bars)
+        }
         Command::Restore { image, to, memory_budget, include, exclude, .. } => {
             let to = to.expect("clap requires --to without --run");
             let select = Selection::new(&include, &exclude)?;
@@ -106,7 +108,9 @@ fn push(
     let meta = parse_meta(meta)?;
     if path.as_os_str() == "-" || (path.is_file() && gstore_container::archive::is_checkpoint_archive(path)) {
         if dry_run || !select.is_everything() {
-            return Err(Usage("an archive is pushed whole: --dry-run and --exclude take a directory or a file".into()).into());
+            return Err(
+                Usage("an archive is pushed whole: --dry-run and --exclude take a directory or a file".into()).into()
+            );
         }
         return containers::push_archive(location, path, &tag, meta, out, bars);
     }

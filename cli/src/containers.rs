@@ -27,7 +27,12 @@ pub fn push_archive(
         let what = path.display().to_string();
         archive::push_archive(&store, std::io::BufReader::with_capacity(1 << 20, file), &what, tag, meta, bars)
     }
-    .with_context(|| format!("push of {} failed", if path.as_os_str() == "-" { "standard input".into() } else { path.display().to_string() }))?;
+    .with_context(|| {
+        format!(
+            "push of {} failed",
+            if path.as_os_str() == "-" { "standard input".into() } else { path.display().to_string() }
+        )
+    })?;
     #[derive(serde::Serialize)]
     struct Report<'a> {
         #[serde(flatten)]
@@ -132,7 +137,14 @@ pub fn write_archive(location: &StoreLocation, image: &str, file: &Path, out: &O
         tmp.persist(file).with_context(|| format!("cannot write {}", file.display()))?;
         r
     };
-    let text = || format!("wrote {image} to {} ({}, {} of tar)", file.display(), plural(r.entries as u64, "entry", "entries"), HumanBytes(r.tar_bytes));
+    let text = || {
+        format!(
+            "wrote {image} to {} ({}, {} of tar)",
+            file.display(),
+            plural(r.entries as u64, "entry", "entries"),
+            HumanBytes(r.tar_bytes)
+        )
+    };
     if to_stdout {
         // Standard output holds the archive: the summary goes to standard error.
         eprintln!("gstore: {}", text());

@@ -49,9 +49,9 @@ pub fn decompressed<'a>(mut r: impl Read + 'a, what: &str) -> Result<(Box<dyn Re
     let plain: Box<dyn Read + 'a> = match compression {
         Compression::None => Box::new(whole),
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(whole)),
-        Compression::Zstd => Box::new(
-            zstd::stream::read::Decoder::new(whole).map_err(|e| bad(what, format!("not a zstd stream: {e}")))?,
-        ),
+        Compression::Zstd => {
+            Box::new(zstd::stream::read::Decoder::new(whole).map_err(|e| bad(what, format!("not a zstd stream: {e}")))?)
+        }
     };
     Ok((plain, compression))
 }

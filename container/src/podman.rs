@@ -69,17 +69,18 @@ impl Podman {
     /// podman's `PATH`.
     pub fn find(criu: Option<&Path>) -> Result<Podman> {
         let path_env = std::env::var_os("PATH").unwrap_or_default();
-        let bin = std::env::split_paths(&path_env).map(|d| d.join("podman")).find(|p| p.is_file()).ok_or_else(|| {
-            ContainerError::NoRuntime(
-                "podman is not installed (Debian: apt-get install podman runc); gstore checkpoints and restores \
+        let bin =
+            std::env::split_paths(&path_env).map(|d| d.join("podman")).find(|p| p.is_file()).ok_or_else(|| {
+                ContainerError::NoRuntime(
+                    "podman is not installed (Debian: apt-get install podman runc); gstore checkpoints and restores \
                  containers through it"
-                    .into(),
-            )
-        })?;
+                        .into(),
+                )
+            })?;
         let criu = Criu::find(criu).map_err(|e| ContainerError::NoRuntime(format!("podman needs CRIU >= 4: {e}")))?;
         let criu_dir = criu.path().parent().map(Path::to_path_buf).unwrap_or_default();
-        let path_env = std::env::join_paths(std::iter::once(criu_dir).chain(std::env::split_paths(&path_env)))
-            .unwrap_or(path_env);
+        let path_env =
+            std::env::join_paths(std::iter::once(criu_dir).chain(std::env::split_paths(&path_env))).unwrap_or(path_env);
         Ok(Podman { bin, path_env, criu })
     }
 
@@ -102,10 +103,7 @@ impl Podman {
 
     /// Runs `podman ARGS`; its standard output, or the failure with the end of its stderr.
     fn run(&self, args: &[&str]) -> Result<String> {
-        let out = self
-            .command(args)
-            .output()
-            .map_err(|e| ContainerError::io("running", &self.bin, e))?;
+        let out = self.command(args).output().map_err(|e| ContainerError::io("running", &self.bin, e))?;
         if !out.status.success() {
             return Err(ContainerError::Runtime {
                 command: Self::describe(args),
@@ -130,7 +128,11 @@ impl Podman {
             if stderr.contains("no such container") {
                 return Err(ContainerError::NoSuchContainer(name.to_string()));
             }
-            return Err(ContainerError::Runtime { command: Self::describe(&args), status: out.status.to_string(), stderr });
+            return Err(ContainerError::Runtime {
+                command: Self::describe(&args),
+                status: out.status.to_string(),
+                stderr,
+            });
         }
         let mut all: Vec<Inspected> = serde_json::from_slice(&out.stdout).map_err(|e| ContainerError::Runtime {
             command: Self::describe(&args),

@@ -13,7 +13,10 @@ use std::process::Command;
 /// Builds tests/NAME.cpp into `dir` and returns the executable's path.
 fn build(dir: &Path, name: &str) -> std::path::PathBuf {
     let exe = dir.join(name);
-    let source = std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)")).join(format!("tests/{name}.cpp"));
+    let source = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)"),
+    )
+    .join(format!("tests/{name}.cpp"));
     let status = Command::new("c++")
         .args(["-O2", "-std=c++17", "-Wall", "-Wno-unknown-pragmas", "-Werror", "-x", "c++", "-o"])
         .arg(&exe)

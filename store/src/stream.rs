@@ -176,14 +176,9 @@ impl StreamSource {
                         ended = true;
                         break;
                     }
-                    Some(Streamed::Entry { path, kind, mode, target }) => got.0.push(SourceEntry {
-                        abs: PathBuf::from(&path),
-                        rel: path,
-                        kind,
-                        mode,
-                        size: 0,
-                        target,
-                    }),
+                    Some(Streamed::Entry { path, kind, mode, target }) => {
+                        got.0.push(SourceEntry { abs: PathBuf::from(&path), rel: path, kind, mode, size: 0, target })
+                    }
                     Some(Streamed::Piece { file, data }) => {
                         let entry = &mut got.0[file];
                         let len = data.len() as u64;

@@ -188,7 +188,10 @@ pub fn parent_of(pid: u32) -> u32 {
 /// the winner's build. Files are never rewritten in place, as running (and dumped) test
 /// processes map them.
 pub fn build_fake_libcuda(dir: &str, variants: &[(&str, Option<&str>)]) -> (PathBuf, PathBuf) {
-    let source_path = std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)")).join("tests/fake_libcuda.c");
+    let source_path = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR (set by cargo test and nextest)"),
+    )
+    .join("tests/fake_libcuda.c");
     let source = std::fs::read(&source_path).expect("read fake_libcuda.c");
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
     let state = root.join("state");
