@@ -120,20 +120,22 @@ fn push(
     let store = open_indexed(location)?;
     let r = push::push_selected(&store, path, &|rel| select.chosen(rel), dry_run, &tag, meta, bars)
         .with_context(|| format!("push of {} failed", path.display()))?;
-    out.emit(&r, || {
-        format!(
-            "{} {} as {} ({}, {} logical, {} new in {}, {})\nmanifest {}",
-            if r.dry_run { "would push" } else { "pushed" },
-            path.display(),
-            r.tag,
-            plural(r.entries as u64, "entry", "entries"),
-            HumanBytes(r.logical_bytes),
-            HumanBytes(r.new_stored_bytes),
-            plural(r.packs, "pack", "packs"),
-            rate(r.logical_bytes, r.seconds),
-            r.manifest
-        )
-    })
+    let verb = if r.dry_run { "would push" } else { "pushed" };
+    out.emit(&r, || push_summary(verb, &path.display().to_string(), &r))
+}
+
+/// A push's summary: "pushed WHAT as TAG (entries, logical, new in packs, rate)" and its manifest.
+pub(crate) fn push_summary(verb: &str, what: &str, r: &push::PushReport) -> String {
+    format!(
+        "{verb} {what} as {} ({}, {} logical, {} new in {}, {})\nmanifest {}",
+        r.tag,
+        plural(r.entries as u64, "entry", "entries"),
+        HumanBytes(r.logical_bytes),
+        HumanBytes(r.new_stored_bytes),
+        plural(r.packs, "pack", "packs"),
+        rate(r.logical_bytes, r.seconds),
+        r.manifest
+    )
 }
 
 /// `gstore restore --run`.

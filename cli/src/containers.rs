@@ -1,7 +1,7 @@
 //! The container commands: `checkpoint --container`, `restore --container`, `restore
 //! --archive` and the push of a checkpoint archive.
 
-use crate::commands::{open_image, open_indexed, plural, rate, Output};
+use crate::commands::{open_image, open_indexed, plural, push_summary, Output};
 use anyhow::{Context, Result};
 use gstore_container::{archive, checkpoint, podman::Podman, restore};
 use gstore_progress::Bars;
@@ -40,18 +40,9 @@ pub fn push_archive(
         archive: &'a archive::ArchiveInfo,
     }
     out.emit(&Report { push: &r, archive: &info }, || {
-        let what = if info.checkpoint { "container checkpoint archive" } else { "archive" };
-        format!(
-            "pushed {what} {} as {} ({}, {} logical, {} new in {}, {})\nmanifest {}",
-            if path.as_os_str() == "-" { "from standard input".into() } else { path.display().to_string() },
-            r.tag,
-            plural(r.entries as u64, "entry", "entries"),
-            HumanBytes(r.logical_bytes),
-            HumanBytes(r.new_stored_bytes),
-            plural(r.packs, "pack", "packs"),
-            rate(r.logical_bytes, r.seconds),
-            r.manifest
-        )
+        let kind = if info.checkpoint { "container checkpoint archive" } else { "archive" };
+        let source = if path.as_os_str() == "-" { "from standard input".into() } else { path.display().to_string() };
+        push_summary("pushed", &format!("{kind} {source}"), &r)
     })
 }
 

@@ -64,6 +64,11 @@ fn tail(stderr: &[u8]) -> String {
     lines[lines.len().saturating_sub(6)..].join("\n")
 }
 
+/// The failure of `command`, which ended as `out` says.
+fn failed(command: String, out: &std::process::Output) -> ContainerError {
+    ContainerError::Runtime { command, status: out.status.to_string(), stderr: tail(&out.stderr) }
+}
+
 impl Podman {
     /// podman from `PATH`, with the CRIU gstore uses (`criu`, else the one it finds) first on
     /// podman's `PATH`.
@@ -101,15 +106,16 @@ impl Podman {
         format!("podman {}", args.join(" "))
     }
 
+    /// Runs `podman ARGS` to its end, capturing its output.
+    fn output(&self, args: &[&str]) -> Result<std::process::Output> {
+        self.command(args).output().map_err(|e| ContainerError::io("running", &self.bin, e))
+    }
+
     /// Runs `podman ARGS`; its standard output, or the failure with the end of its stderr.
     fn run(&self, args: &[&str]) -> Result<String> {
-        let out = self.command(args).output().map_err(|e| ContainerError::io("running", &self.bin, e))?;
+        let out = self.output(args)?;
         if !out.status.success() {
-            return Err(ContainerError::Runtime {
-                command: Self::describe(args),
-                status: out.status.to_string(),
-                stderr: tail(&out.stderr),
-            });
+            return Err(failed(Self::describe(args), &out));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -122,17 +128,12 @@ impl Podman {
     /// The container named (or with the id) `name`.
     pub fn inspect(&self, name: &str) -> Result<Container> {
         let args = ["container", "inspect", "--format", "json", name];
-        let out = self.command(&args).output().map_err(|e| ContainerError::io("running", &self.bin, e))?;
+        let out = self.output(&args)?;
         if !out.status.success() {
-            let stderr = tail(&out.stderr);
-            if stderr.contains("no such container") {
+            if String::from_utf8_lossy(&out.stderr).contains("no such container") {
                 return Err(ContainerError::NoSuchContainer(name.to_string()));
             }
-            return Err(ContainerError::Runtime {
-                command: Self::describe(&args),
-                status: out.status.to_string(),
-                stderr,
-            });
+            return Err(failed(Self::describe(&args), &out));
         }
         let mut all: Vec<Inspected> = serde_json::from_slice(&out.stdout).map_err(|e| ContainerError::Runtime {
             command: Self::describe(&args),
@@ -162,15 +163,11 @@ impl Podman {
 
     /// `podman ... exists`: exit 0 yes, 1 no, anything else a failure.
     fn exists(&self, args: &[&str]) -> Result<bool> {
-        let out = self.command(args).output().map_err(|e| ContainerError::io("running", &self.bin, e))?;
+        let out = self.output(args)?;
         match out.status.code() {
             Some(0) => Ok(true),
             Some(1) => Ok(false),
-            _ => Err(ContainerError::Runtime {
-                command: Self::describe(args),
-                status: out.status.to_string(),
-                stderr: tail(&out.stderr),
-            }),
+            _ => Err(failed(Self::describe(args), &out)),
         }
     }
 
@@ -197,7 +194,7 @@ impl Podman {
         if out.status.success() {
             Ok(())
         } else {
-            Err(ContainerError::Runtime { command, status: out.status.to_string(), stderr: tail(&out.stderr) })
+            Err(failed(command, &out))
         }
     }
 
