@@ -584,6 +584,7 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
         tls,
         chunk_max: config.chunk_max,
         sealed: config.encryption.is_some(),
+        location: Some(location.clone()),
     };
     gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
     gstore_server::servable(&backend).map_err(anyhow::Error::msg)?;

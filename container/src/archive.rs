@@ -11,7 +11,7 @@ use crate::error::{ContainerError, Result};
 use gstore_restore::cat::FileReader;
 use gstore_store::manifest::{EntryKind, Manifest};
 use gstore_store::progress::{Progress, Unit};
-use gstore_store::push::{self, PushReport};
+use gstore_store::push::PushReport;
 use gstore_store::stream::{self, Meta, StreamSink};
 use gstore_store::{Store, StoreError, TagRef};
 use serde::Serialize;
@@ -255,19 +255,7 @@ pub fn push_archive(
     progress: &dyn Progress,
 ) -> Result<(PushReport, ArchiveInfo)> {
     tag.check_new()?;
-    let (sink, source) = stream::channel(store, 256 << 20);
-    std::thread::scope(|s| {
-        let pushing = s.spawn(|| push::push_stream(store, source, tag, progress));
-        let fed = feed(sink, input, what, meta);
-        let pushed = pushing.join().expect("the archive's push does not panic");
-        match (pushed, fed) {
-            (Ok(r), Ok(info)) => Ok((r, info)),
-            // The feeder stopped first: its error says why the push stopped.
-            (Err(StoreError::StreamStopped), Err(e)) => Err(e),
-            (Err(e), _) => Err(e.into()),
-            (Ok(_), Err(e)) => Err(e),
-        }
-    })
+    stream::push_fed(store, tag, 256 << 20, progress, |sink| feed(sink, input, what, meta))
 }
 
 /// What writing an archive did.

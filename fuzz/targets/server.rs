@@ -46,6 +46,7 @@ fn fixture() -> &'static Fixture {
             tls: None,
             chunk_max: StoreConfig::default().chunk_max,
             sealed: false,
+            location: None,
         };
         let state = AppState {
             backend,
@@ -55,6 +56,7 @@ fn fixture() -> &'static Fixture {
             chunks: Arc::new(ChunkMap::new(settings.chunk_max)),
             chunk_max: settings.chunk_max,
             sealed: settings.sealed,
+            registry: None,
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let router = runtime.block_on(async { routes::router(state, &settings) });

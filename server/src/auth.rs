@@ -2,7 +2,8 @@
 //!
 //! Token file: one token a line, `TOKEN SCOPE [TAG_PREFIX]`, `#` comments. SCOPE is `read`,
 //! `write` (implies read) or `admin` (implies write). A TAG_PREFIX limits which tags the token
-//! may write. Tokens are compared in constant time.
+//! may write. Tokens are compared in constant time. A token is sent as `Bearer TOKEN`, or as
+//! the password of basic auth (what registry clients send: `podman login -p TOKEN`).
 
 use subtle::ConstantTimeEq;
 
@@ -81,9 +82,11 @@ impl Tokens {
         self.0.is_empty()
     }
 
-    /// Checks an `Authorization` header value against the tokens.
+    /// Checks an `Authorization` header value (`Bearer TOKEN`, or `Basic` with the token as
+    /// the password) against the tokens.
     pub fn authenticate(&self, header: Option<&str>) -> Result<&Token, Denied> {
-        let presented = header.and_then(|h| h.strip_prefix("Bearer ")).ok_or(Denied::Unauthenticated)?.as_bytes();
+        let presented = presented_token(header.ok_or(Denied::Unauthenticated)?).ok_or(Denied::Unauthenticated)?;
+        let presented = presented.as_slice();
         // Every token is compared, whatever matches, so timing tells nothing.
         let mut found = None;
         for t in &self.0 {
@@ -93,6 +96,17 @@ impl Tokens {
         }
         found.ok_or(Denied::Unauthenticated)
     }
+}
+
+/// The token an `Authorization` header presents.
+fn presented_token(header: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
+    if let Some(t) = header.strip_prefix("Bearer ") {
+        return Some(t.as_bytes().to_vec());
+    }
+    let credentials = base64::engine::general_purpose::STANDARD.decode(header.strip_prefix("Basic ")?.trim()).ok()?;
+    let colon = credentials.iter().position(|&b| b == b':')?;
+    Some(credentials[colon + 1..].to_vec())
 }
 
 impl Token {
@@ -127,6 +141,10 @@ mod tests {
         assert_eq!(t.authenticate(None).unwrap_err(), Denied::Unauthenticated);
         assert_eq!(t.authenticate(Some("Bearer nope")).unwrap_err(), Denied::Unauthenticated);
         assert_eq!(t.authenticate(Some("readreadreadread01")).unwrap_err(), Denied::Unauthenticated);
+        // Basic auth: any user name, the token as the password.
+        assert!(t.authenticate(Some("Basic cG9kbWFuOnJlYWRyZWFkcmVhZHJlYWQwMQ==")).is_ok()); // podman:readreadreadread01
+        assert_eq!(t.authenticate(Some("Basic cG9kbWFuOm5vcGU=")).unwrap_err(), Denied::Unauthenticated); // podman:nope
+        assert_eq!(t.authenticate(Some("Basic !!!")).unwrap_err(), Denied::Unauthenticated);
         assert!(Tokens::parse("short read").is_err());
         assert!(Tokens::parse("longenoughtoken01 root").is_err());
     }

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod chunks;
 pub mod metrics;
+pub mod registry;
 pub mod routes;
 pub mod verify;
 
@@ -41,6 +42,9 @@ pub struct Settings {
     /// Whether the store is encrypted: its objects are kept sealed as they come, and chunks
     /// cannot be found by id (the server has no key).
     pub sealed: bool,
+    /// Where the store is, for the OCI registry under `/v2/` (it opens the store with its
+    /// index on this machine); `None`, or an encrypted store, serves no registry.
+    pub location: Option<gstore_store::StoreLocation>,
 }
 
 /// What the handlers share.
@@ -60,6 +64,8 @@ pub struct AppState {
     pub chunk_max: u32,
     /// Whether the store is encrypted.
     pub sealed: bool,
+    /// The OCI registry, where the server has one.
+    pub registry: Option<Arc<gstore_registry::Registry>>,
 }
 
 /// Refuses an exposed address without authentication unless `insecure` is set.
@@ -104,6 +110,14 @@ pub async fn serve(
 ) -> Result<(), String> {
     check_exposure(&s)?;
     let objects = servable(&backend)?;
+    let registry = match (&s.location, s.sealed) {
+        (Some(location), false) => {
+            let uploads = location.gc_state_dir().with_file_name("registry-uploads");
+            let r = gstore_registry::Registry::new(location.clone(), uploads).map_err(|e| format!("registry: {e}"))?;
+            Some(Arc::new(r))
+        }
+        _ => None,
+    };
     let state = AppState {
         backend,
         objects,
@@ -112,6 +126,7 @@ pub async fn serve(
         chunks: Arc::new(chunks::ChunkMap::new(s.chunk_max)),
         chunk_max: s.chunk_max,
         sealed: s.sealed,
+        registry,
     };
     let app = routes::router(state, &s).into_make_service();
     let handle = axum_server::Handle::new();

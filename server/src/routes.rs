@@ -34,6 +34,8 @@ pub fn router(state: AppState, s: &Settings) -> Router {
         .route("/v1/chunks/missing", axum::routing::post(missing_chunks))
         .route("/v1/may-write/tags/{name}", get(may_write_tag))
         .route("/v1/chunks/{id}", get(get_chunk))
+        .route("/v2/", get(crate::registry::root))
+        .route("/v2/{*path}", axum::routing::any(crate::registry::dispatch))
         .layer(middleware::from_fn_with_state(state.clone(), record))
         .layer(DefaultBodyLimit::max(s.max_body))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, s.timeout))

@@ -41,6 +41,31 @@ pub fn channel(store: &Store, buffer: u64) -> (StreamSink, StreamSource) {
     (StreamSink { tx, segment: segment as usize, files: Mutex::default() }, StreamSource { rx })
 }
 
+/// Pushes image `tag` fed by `feed` on this thread while the push runs beside it, with at
+/// most about `buffer` bytes between them; `feed` finishes the sink (or drops it, and nothing
+/// is tagged). When both fail, the feeder's error is the one returned: it says why the push
+/// stopped.
+pub fn push_fed<T, E: From<StoreError>>(
+    store: &Store,
+    tag: &crate::TagRef,
+    buffer: u64,
+    progress: &dyn crate::progress::Progress,
+    feed: impl FnOnce(StreamSink) -> std::result::Result<T, E>,
+) -> std::result::Result<(crate::push::PushReport, T), E> {
+    let (sink, source) = channel(store, buffer);
+    std::thread::scope(|s| {
+        let pushing = s.spawn(|| crate::push::push_stream(store, source, tag, progress));
+        let fed = feed(sink);
+        let pushed = pushing.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        match (pushed, fed) {
+            (Ok(r), Ok(t)) => Ok((r, t)),
+            (Err(StoreError::StreamStopped), Err(e)) => Err(e),
+            (Err(e), _) => Err(e.into()),
+            (Ok(_), Err(e)) => Err(e),
+        }
+    })
+}
+
 /// The feeding end of a streamed push: files are added and filled from any thread.
 pub struct StreamSink {
     tx: SyncSender<Streamed>,

@@ -1,0 +1,494 @@
+//! gstore as an OCI registry (the distribution API is `gstore serve`'s; this crate is what
+//! it serves). A repository is a tag name: `HOST/web:2` is the image tagged `web:2`, so
+//! what `gstore checkpoint --container --tag web:2` stores is pulled as `HOST/web:2`, and
+//! `gstore gc` keeps what the registry's tags name as it keeps any tag.
+//!
+//! Two kinds of image are served:
+//! - **Checkpoint images** (`kind` `container-checkpoint`, or a pushed image whose manifest
+//!   carries podman's or CRI-O's checkpoint annotation): the store keeps the archive's files
+//!   unpacked, so CRIU's page images get page-level deltas across checkpoints. The layer is
+//!   served as an uncompressed tar generated from the files the same way every time, and its
+//!   config and manifest are generated from the image's metadata ([`oci::CheckpointImage`]),
+//!   so their digests never change. A pushed checkpoint image is taken apart the same way: its
+//!   manifest as served then names the uncompressed layer, not the compressed one pushed.
+//! - **Other images** (base images, anything else pushed): kept as an OCI image layout
+//!   (`oci-layout`, `index.json`, `blobs/sha256/HEX`), every blob an opaque file
+//!   deduplicated by chunks, served byte for byte as pushed.
+
+pub mod digest;
+mod error;
+pub mod oci;
+mod pipe;
+pub mod uploads;
+
+pub use error::{RegistryError, Result};
+
+use digest::{Digest, Hashing};
+use gstore_container::archive;
+use gstore_restore::cat::FileReader;
+use gstore_store::manifest::{EntryKind, Manifest};
+use gstore_store::progress::Silent;
+use gstore_store::stream::{self, Meta};
+use gstore_store::{ObjectId, Store, StoreLocation, TagRef};
+use oci::{CheckpointImage, Descriptor, Pushed};
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use uploads::Uploads;
+
+/// The `kind` of an image kept as an OCI image layout.
+pub const LAYOUT_KIND: &str = "oci-image";
+
+/// Bytes at most between a registry push's feeder and the push.
+const PUSH_BUFFER: u64 = 256 << 20;
+
+/// A manifest as served.
+#[derive(Clone, Debug)]
+pub struct ServedManifest {
+    /// Its media type.
+    pub media_type: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// Their digest.
+    pub digest: Digest,
+}
+
+/// A blob the registry can serve, and where its bytes are.
+#[derive(Clone, Debug)]
+pub struct Blob {
+    /// Its length in bytes.
+    pub size: u64,
+    source: Source,
+}
+
+/// Where a blob's bytes are.
+#[derive(Clone, Debug)]
+enum Source {
+    /// Uploaded, not yet taken in by a manifest.
+    Staged(PathBuf),
+    /// A generated document (a checkpoint image's config).
+    Bytes(Arc<[u8]>),
+    /// A file of an image kept as a layout (`blobs/sha256/HEX`).
+    File { image: ObjectId, path: String },
+    /// A checkpoint image's files as their layer.
+    Layer { image: ObjectId },
+}
+
+/// What the registry has learned of the store's images, by manifest id (images never
+/// change, so this never goes stale; an image gc removed is simply not found when read).
+#[derive(Default)]
+struct Known {
+    /// Blobs by digest.
+    blobs: HashMap<Digest, Blob>,
+    /// Served manifests by digest.
+    manifests: HashMap<Digest, ObjectId>,
+    /// Checkpoint images' generated documents.
+    checkpoints: HashMap<ObjectId, Arc<CheckpointImage>>,
+    /// Layout images whose blobs are in `blobs`.
+    layouts: HashSet<ObjectId>,
+}
+
+/// The registry over one store.
+pub struct Registry {
+    location: StoreLocation,
+    uploads: Uploads,
+    /// The store, open with its index while requests use it; the index lock is let go
+    /// when none does, so gstore commands on this machine can run between them.
+    open: Mutex<Weak<Store>>,
+    known: Mutex<Known>,
+    /// Manifest pushes, one at a time.
+    writing: Mutex<()>,
+}
+
+/// The kind of image a manifest is, for the registry.
+enum ImageKind {
+    /// Kept as an OCI image layout.
+    Layout,
+    /// A checkpoint kept unpacked.
+    Unpacked,
+    /// Not a container image; its kind.
+    Other(String),
+}
+
+fn kind_of(m: &Manifest) -> ImageKind {
+    let kind = m.meta.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if kind == LAYOUT_KIND {
+        ImageKind::Layout
+    } else if kind == gstore_container::KIND || m.meta.get(oci::META_KEY).is_some_and(|o| o.get("config").is_some()) {
+        ImageKind::Unpacked
+    } else {
+        ImageKind::Other(if kind.is_empty() { "unset".into() } else { kind.to_string() })
+    }
+}
+
+/// The tag name a repository maps to.
+pub fn tag_name(repo: &str) -> Result<String> {
+    if repo.contains('/') {
+        return Err(RegistryError::NameInvalid(format!(
+            "repository {repo:?}: gstore's repositories are one path component (a tag name), as in HOST/web:2"
+        )));
+    }
+    TagRef::from_parts(repo, "latest").map_err(|e| RegistryError::NameInvalid(e.to_string()))?;
+    Ok(repo.to_string())
+}
+
+/// The tag a manifest reference (a tag or a digest) of `repo` is stored under: a digest
+/// `sha256:HEX` as version `sha256-HEX`.
+fn tag_of(repo: &str, reference: &str) -> Result<TagRef> {
+    let version = match reference.strip_prefix("sha256:") {
+        Some(hex) => format!("sha256-{hex}"),
+        None => reference.to_string(),
+    };
+    TagRef::from_parts(&tag_name(repo)?, &version).map_err(|e| RegistryError::NameInvalid(e.to_string()))
+}
+
+impl Registry {
+    /// The registry over the store at `location`, with its upload area in `uploads`.
+    pub fn new(location: StoreLocation, uploads: PathBuf) -> Result<Registry> {
+        Ok(Registry {
+            location,
+            uploads: Uploads::open(uploads)?,
+            open: Mutex::default(),
+            known: Mutex::default(),
+            writing: Mutex::default(),
+        })
+    }
+
+    /// The upload area.
+    pub fn uploads(&self) -> &Uploads {
+        &self.uploads
+    }
+
+    /// The store with its index, shared by the requests in flight.
+    fn store(&self) -> Result<Arc<Store>> {
+        let mut open = self.open.lock().expect("registry store lock");
+        if let Some(s) = open.upgrade() {
+            return Ok(s);
+        }
+        let s = Arc::new(Store::open_indexed(&self.location, &|msg| eprintln!("gstore serve: {msg}"))?);
+        *open = Arc::downgrade(&s);
+        Ok(s)
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().expect("registry state lock")
+    }
+
+    /// The versions (tags) of repository `repo`, sorted.
+    pub fn tags(&self, repo: &str) -> Result<Vec<String>> {
+        let name = tag_name(repo)?;
+        let store = self.store()?;
+        let mut tags: Vec<String> = store
+            .list_tags()?
+            .into_iter()
+            .flatten()
+            .map(|r| r.tag())
+            .filter(|t| t.name == name)
+            .map(|t| t.version)
+            .collect();
+        if tags.is_empty() {
+            return Err(RegistryError::NameUnknown(repo.to_string()));
+        }
+        tags.sort();
+        Ok(tags)
+    }
+
+    /// The manifest `reference` (a tag or a digest) names in `repo`.
+    pub fn manifest(&self, repo: &str, reference: &str) -> Result<ServedManifest> {
+        let store = self.store()?;
+        if reference.starts_with("sha256:") {
+            let want = Digest::parse(reference)?;
+            let known = self.known().manifests.get(&want).copied();
+            let id = match known {
+                Some(id) => Some(id),
+                None => {
+                    self.learn(&store, repo)?;
+                    self.known().manifests.get(&want).copied()
+                }
+            };
+            let served = id.map(|id| self.serve(&store, id)).transpose()?;
+            return served.filter(|s| s.digest == want).ok_or_else(|| {
+                RegistryError::ManifestUnknown(format!("no manifest {reference} in repository {repo}"))
+            });
+        }
+        let tag = tag_of(repo, reference)?;
+        let rec = store
+            .get_tag(&tag)?
+            .ok_or_else(|| RegistryError::ManifestUnknown(format!("no image {repo}:{reference} (no tag {tag})")))?;
+        self.serve(&store, rec.manifest_id()?)
+    }
+
+    /// The manifest of image `id` as served.
+    fn serve(&self, store: &Store, id: ObjectId) -> Result<ServedManifest> {
+        let m = store.get_manifest(&id)?;
+        match kind_of(&m) {
+            ImageKind::Unpacked => {
+                let c = self.checkpoint(store, id, &m)?;
+                Ok(ServedManifest {
+                    media_type: oci::MANIFEST_V1.into(),
+                    digest: Digest::of(&c.manifest),
+                    bytes: c.manifest.clone(),
+                })
+            }
+            ImageKind::Layout => {
+                let (media_type, digest) = layout_manifest(&m)?;
+                let path = format!("blobs/sha256/{}", digest.hex());
+                let (mut reader, _) = FileReader::open(store, &m, &path)?;
+                let mut bytes = Vec::new();
+                reader.read_to_end(&mut bytes).map_err(FileReader::store_error)?;
+                if Digest::of(&bytes) != digest {
+                    return Err(RegistryError::ManifestInvalid(format!("image {id}: its {path} does not match its name")));
+                }
+                self.learn_layout(id, &m);
+                Ok(ServedManifest { media_type, bytes, digest })
+            }
+            ImageKind::Other(kind) => Err(RegistryError::ManifestUnknown(format!(
+                "image {} is not a container image (its kind is {kind}); the registry serves container checkpoints and images pushed to it",
+                id.to_hex()
+            ))),
+        }
+    }
+
+    /// A checkpoint image's documents: its layer's digest is computed from the image's files
+    /// the first time (reading them all once) and kept.
+    fn checkpoint(&self, store: &Store, id: ObjectId, m: &Manifest) -> Result<Arc<CheckpointImage>> {
+        if let Some(c) = self.known().checkpoints.get(&id) {
+            return Ok(c.clone());
+        }
+        let mut hashing = Hashing::default();
+        archive::write_archive(store, m, &mut hashing, "the image's layer", &Silent)?;
+        let (digest, size) = hashing.finish();
+        let c = Arc::new(CheckpointImage::new(m, Descriptor { digest: digest.clone(), size }));
+        let mut known = self.known();
+        let config: Arc<[u8]> = c.config.as_slice().into();
+        known.blobs.insert(Digest::of(&config), Blob { size: config.len() as u64, source: Source::Bytes(config) });
+        known.blobs.insert(digest, Blob { size, source: Source::Layer { image: id } });
+        known.manifests.insert(Digest::of(&c.manifest), id);
+        known.checkpoints.insert(id, c.clone());
+        Ok(c)
+    }
+
+    /// Notes the blobs of layout image `id`.
+    fn learn_layout(&self, id: ObjectId, m: &Manifest) {
+        let mut known = self.known();
+        if !known.layouts.insert(id) {
+            return;
+        }
+        for e in m.entries.iter().filter(|e| e.kind == EntryKind::File) {
+            let Some(d) = e.path.strip_prefix("blobs/sha256/").and_then(|h| Digest::parse(&format!("sha256:{h}")).ok())
+            else {
+                continue;
+            };
+            known.blobs.insert(d, Blob { size: e.size, source: Source::File { image: id, path: e.path.clone() } });
+        }
+        if let Ok((_, d)) = layout_manifest(m) {
+            known.manifests.insert(d, id);
+        }
+    }
+
+    /// Learns the blobs of every layout image, and the documents of `repo`'s checkpoint
+    /// images (reading each such image once, the first time).
+    fn learn(&self, store: &Store, repo: &str) -> Result<()> {
+        for rec in store.list_tags()?.into_iter().flatten() {
+            let id = rec.manifest_id()?;
+            let known = {
+                let k = self.known();
+                k.layouts.contains(&id) || k.checkpoints.contains_key(&id)
+            };
+            if known {
+                continue;
+            }
+            let m = match store.get_manifest(&id) {
+                Ok(m) => m,
+                // Removed since the listing.
+                Err(gstore_store::StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            match kind_of(&m) {
+                ImageKind::Layout => self.learn_layout(id, &m),
+                ImageKind::Unpacked if rec.tag().name == repo => {
+                    self.checkpoint(store, id, &m)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Blob `digest`: uploaded, or in the store (`repo`'s images, or any image kept as a
+    /// layout).
+    pub fn blob(&self, repo: &str, digest: &Digest) -> Result<Blob> {
+        if let Some(b) = self.known().blobs.get(digest) {
+            return Ok(b.clone());
+        }
+        if let Some((path, size)) = self.uploads.staged(digest) {
+            return Ok(Blob { size, source: Source::Staged(path) });
+        }
+        let store = self.store()?;
+        self.learn(&store, repo)?;
+        self.known().blobs.get(digest).cloned().ok_or_else(|| RegistryError::BlobUnknown(digest.to_string()))
+    }
+
+    /// Writes `blob`'s bytes to `out`. Bytes from the store are checked chunk by chunk before
+    /// they are written: damage stops the copy with an error, never a wrong byte.
+    pub fn write_blob(&self, blob: &Blob, out: &mut dyn Write) -> Result<()> {
+        match &blob.source {
+            Source::Bytes(b) => out.write_all(b).map_err(|e| RegistryError::io("writing", Path::new("a blob"), e)),
+            Source::Layer { image } => {
+                let store = self.store()?;
+                let m = store.get_manifest(image)?;
+                archive::write_archive(&store, &m, out, "a layer", &Silent)?;
+                Ok(())
+            }
+            source => self.read_blob(source, &mut |r| {
+                std::io::copy(r, out).map_err(|e| match e.downcast::<gstore_store::StoreError>() {
+                    Ok(s) => s.into(),
+                    Err(e) => RegistryError::io("copying", Path::new("a blob"), e),
+                })?;
+                Ok(())
+            }),
+        }
+    }
+
+    /// Runs `f` on a reader of a staged blob or a layout image's file.
+    fn read_blob(&self, source: &Source, f: &mut dyn FnMut(&mut dyn Read) -> Result<()>) -> Result<()> {
+        match source {
+            Source::Staged(path) => {
+                let mut file = std::fs::File::open(path).map_err(|e| RegistryError::io("reading", path, e))?;
+                f(&mut file)
+            }
+            Source::File { image, path } => {
+                let store = self.store()?;
+                let m = store.get_manifest(image)?;
+                let (mut reader, _) = FileReader::open(&store, &m, path)?;
+                f(&mut reader)
+            }
+            Source::Bytes(b) => f(&mut &b[..]),
+            Source::Layer { .. } => {
+                let blob = Blob { size: 0, source: source.clone() };
+                pipe::piped(|w| self.write_blob(&blob, w), f)
+            }
+        }
+    }
+
+    /// Stores manifest `bytes` pushed as `reference` (a tag or its own digest) of `repo`;
+    /// returns the digest of the manifest as it will be served. Every blob it names must have
+    /// been uploaded or be in the store. A checkpoint image is taken apart into its files
+    /// (its layer decompressed: the manifest served names that layer uncompressed); any other
+    /// is kept as an OCI image layout. Nothing is tagged unless all of it is stored.
+    pub fn put_manifest(
+        &self,
+        repo: &str,
+        reference: &str,
+        content_type: Option<&str>,
+        bytes: &[u8],
+    ) -> Result<Digest> {
+        let _one_at_a_time = self.writing.lock().expect("registry write lock");
+        let pushed = Pushed::parse(bytes, content_type)?;
+        let digest = Digest::of(bytes);
+        if reference.starts_with("sha256:") && Digest::parse(reference)? != digest {
+            return Err(RegistryError::DigestInvalid(format!("the manifest's bytes are {digest}, not {reference}")));
+        }
+        let tag = tag_of(repo, reference)?;
+        tag.check_new()?;
+        let mut named = vec![pushed.config.clone()];
+        named.extend(pushed.layers.iter().cloned());
+        let mut blobs = Vec::new();
+        for d in &named {
+            let blob = self.blob(repo, &d.digest).map_err(|e| match e {
+                RegistryError::BlobUnknown(_) => RegistryError::ManifestBlobUnknown(d.digest.to_string()),
+                e => e,
+            })?;
+            if blob.size != d.size {
+                return Err(RegistryError::ManifestInvalid(format!(
+                    "blob {} is {} bytes; the manifest says {}",
+                    d.digest, blob.size, d.size
+                )));
+            }
+            blobs.push((d.digest.clone(), blob));
+        }
+        let store = self.store()?;
+        let served = if pushed.is_checkpoint() {
+            self.put_checkpoint(&store, &tag, &pushed, &blobs)?
+        } else {
+            self.put_layout(&store, &tag, &pushed, bytes, &digest, &blobs)?;
+            digest
+        };
+        self.uploads.taken_in(&named.iter().map(|d| &d.digest).collect::<Vec<_>>());
+        Ok(served)
+    }
+
+    /// Stores a pushed checkpoint image unpacked; returns its served manifest's digest.
+    fn put_checkpoint(&self, store: &Store, tag: &TagRef, pushed: &Pushed, blobs: &[(Digest, Blob)]) -> Result<Digest> {
+        let mut config = Vec::new();
+        self.read_blob(&blobs[0].1.source, &mut |r| {
+            r.read_to_end(&mut config).map_err(|e| RegistryError::io("reading", Path::new("the config"), e)).map(drop)
+        })?;
+        let config = String::from_utf8(config)
+            .map_err(|_| RegistryError::ManifestInvalid("the image's config is not UTF-8 JSON".into()))?;
+        let mut meta = Meta::new();
+        meta.insert(oci::META_KEY.into(), json!({ "config": config, "annotations": pushed.annotations }));
+        let (layer_digest, layer) = &blobs[1];
+        let what = format!("layer {layer_digest}");
+        let mut report = None;
+        self.read_blob(&layer.source, &mut |r| {
+            let (pushed, _) = archive::push_archive(store, r, &what, tag, meta.clone(), &Silent)?;
+            report = Some(pushed);
+            Ok(())
+        })?;
+        let id = ObjectId::from_hex(&report.expect("the push reported").manifest)?;
+        Ok(self.serve(store, id)?.digest)
+    }
+
+    /// Stores a pushed image as an OCI image layout.
+    fn put_layout(
+        &self,
+        store: &Store,
+        tag: &TagRef,
+        pushed: &Pushed,
+        bytes: &[u8],
+        digest: &Digest,
+        blobs: &[(Digest, Blob)],
+    ) -> Result<()> {
+        let index = json!({
+            "schemaVersion": 2,
+            "manifests": [{ "mediaType": pushed.media_type, "digest": digest.to_string(), "size": bytes.len(),
+                            "annotations": { "org.opencontainers.image.ref.name": tag.version } }],
+        });
+        let mut meta = Meta::new();
+        meta.insert("kind".into(), LAYOUT_KIND.into());
+        meta.insert(oci::META_KEY.into(), json!({ "media_type": pushed.media_type, "manifest": digest.to_string() }));
+        let (report, ()) = stream::push_fed(store, tag, PUSH_BUFFER, &Silent, |sink| -> Result<()> {
+            let small = |path: &str, b: &[u8]| sink.file(path, 0o644)?.read_from(&mut &b[..]).map(drop);
+            small("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+            small("index.json", &serde_json::to_vec(&index).expect("JSON values serialize"))?;
+            sink.dir("blobs", 0o755)?;
+            sink.dir("blobs/sha256", 0o755)?;
+            small(&format!("blobs/sha256/{}", digest.hex()), bytes)?;
+            let mut done = HashSet::new();
+            for (d, blob) in blobs {
+                if !done.insert(d) {
+                    continue;
+                }
+                let mut file = sink.file(&format!("blobs/sha256/{}", d.hex()), 0o644)?;
+                self.read_blob(&blob.source, &mut |r| file.read_from(r).map(drop).map_err(Into::into))?;
+            }
+            sink.finish(meta)?;
+            Ok(())
+        })?;
+        let id = ObjectId::from_hex(&report.manifest)?;
+        self.learn_layout(id, &store.get_manifest(&id)?);
+        Ok(())
+    }
+}
+
+/// The media type and digest of a layout image's manifest.
+fn layout_manifest(m: &Manifest) -> Result<(String, Digest)> {
+    let o = m.meta.get(oci::META_KEY);
+    let text = |k: &str| o.and_then(|o| o.get(k)).and_then(Value::as_str);
+    let digest =
+        text("manifest").ok_or_else(|| RegistryError::ManifestInvalid("the image names no manifest".into()))?;
+    Ok((text("media_type").unwrap_or(oci::MANIFEST_V1).to_string(), Digest::parse(digest)?))
+}
