@@ -349,3 +349,187 @@ fn a_store_that_fills_up_mid_checkpoint_gives_the_container_back() {
     c.wait_above(n + 3);
     assert!(!env.ok(&["ls"]).contains("full:1"), "nothing tagged");
 }
+
+/// Registry tokens: one may push, one may only pull.
+const WRITE: &str = "registry-write-token-0001";
+const READ: &str = "registry-read-token-00001";
+
+/// `gstore serve` over the test's store with the two tokens; its `HOST:PORT`.
+fn registry(env: &Env) -> (Server, String) {
+    let tokens = env.path("tokens");
+    std::fs::write(&tokens, format!("{WRITE} write\n{READ} read\n")).unwrap();
+    let server = Server::start(&env.store, &["--tokens", &tokens.to_string_lossy()]);
+    let host = format!("127.0.0.1:{}", server.port);
+    (server, host)
+}
+
+/// podman's registry options with `token` (basic auth, the token as the password).
+fn creds(token: &str) -> [String; 3] {
+    ["--tls-verify=false".into(), "--creds".into(), format!("podman:{token}")]
+}
+
+fn podman_with(storage: Option<&Path>, args: &[&str], token: &str) -> std::process::Output {
+    let c = creds(token);
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(c.iter().map(String::as_str));
+    podman(storage, &all)
+}
+
+/// Images pulled into podman's storage, removed on drop.
+struct Pulled(Vec<String>);
+
+impl Drop for Pulled {
+    fn drop(&mut self) {
+        for i in &self.0 {
+            podman(None, &["rmi", "-f", i]);
+        }
+    }
+}
+
+#[test]
+fn checkpoint_images_go_through_the_registry_and_restore() {
+    let env = Env::new(&[]);
+    let (_server, host) = registry(&env);
+    let c = Counter::start(&env, "rg", 64);
+    let mut pulled = Pulled(vec![]);
+
+    // Made by gstore: checkpointed into the store, pulled as a checkpoint image, restored.
+    json_ok(&env, &["checkpoint", "--container", &c.name, "--tag", "rg:1"]);
+    let at_dump = c.assert_still();
+    c.remove();
+    let image = format!("{host}/rg:1");
+    pulled.0.push(image.clone());
+    let out = podman_with(None, &["pull", &image], READ);
+    assert!(out.status.success(), "pull: {}", String::from_utf8_lossy(&out.stderr));
+    let since = Instant::now();
+    podman_ok(None, &["container", "restore", &image]);
+    c.counts_on_from(at_dump, since);
+
+    // Made by podman and pushed: a read token cannot, a write token can; it is kept unpacked.
+    let local = format!("localhost/gstore-test-rg-ckpt:{}", std::process::id());
+    pulled.0.push(local.clone());
+    podman_ok(None, &["container", "checkpoint", "--create-image", &local, &c.name]);
+    let at_dump = c.assert_still();
+    let target = format!("{host}/rg:2");
+    let refused = podman_with(None, &["push", &local, &target], READ);
+    assert!(!refused.status.success(), "a read token pushed");
+    assert!(env.json(&["ls"]).as_array().unwrap().iter().all(|t| t["tag"] != "rg:2"), "nothing tagged");
+    let out = podman_with(None, &["push", &local, &target], WRITE);
+    assert!(out.status.success(), "push: {}", String::from_utf8_lossy(&out.stderr));
+    let show = env.json(&["show", "rg:2"]);
+    assert_eq!(show["meta"]["kind"], "container-checkpoint");
+    assert!(show["entries"].as_array().unwrap().iter().any(|e| e["path"] == "checkpoint/pages-1.img"), "unpacked");
+
+    // gc keeps what the registry's tags name; the image comes back from the store alone.
+    c.remove();
+    podman_ok(None, &["rmi", "-f", &local]);
+    env.ok(&["gc"]);
+    pulled.0.push(target.clone());
+    let out = podman_with(None, &["pull", &target], READ);
+    assert!(out.status.success(), "pull: {}", String::from_utf8_lossy(&out.stderr));
+    let since = Instant::now();
+    podman_ok(None, &["container", "restore", &target]);
+    c.counts_on_from(at_dump, since);
+}
+
+/// `curl` of the registry: (exit status, HTTP status, headers, body).
+fn curl(host: &str, token: Option<&str>, args: &[&str], path: &str) -> (bool, u16, String, Vec<u8>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (headers, body) = (tmp.path().join("h"), tmp.path().join("b"));
+    let mut c = Command::new("curl");
+    c.args(["-s", "-D"]).arg(&headers).arg("-o").arg(&body).args(["-w", "%{http_code}"]);
+    if let Some(t) = token {
+        c.args(["-u", &format!("podman:{t}")]);
+    }
+    let out = c.args(args).arg(format!("http://{host}{path}")).output().expect("curl runs");
+    let code = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
+    let h = std::fs::read_to_string(&headers).unwrap_or_default().to_lowercase();
+    (out.status.success(), code, h, std::fs::read(&body).unwrap_or_default())
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+#[test]
+fn the_registry_serves_images_byte_for_byte_and_refuses_bad_pushes() {
+    let env = Env::new(&[]);
+    let (_server, host) = registry(&env);
+    counter_image(&env.tmp.path().join("image"));
+    let out = podman_with(None, &["push", IMAGE, &format!("{host}/base:1")], WRITE);
+    assert!(out.status.success(), "push: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(env.json(&["show", "base:1"])["meta"]["kind"], "oci-image");
+
+    // The manifest and every blob come back as their digests say.
+    let (ok, code, headers, manifest) = curl(&host, Some(READ), &[], "/v2/base/manifests/1");
+    assert!(ok && code == 200, "{code}");
+    assert!(headers.contains(&format!("docker-content-digest: {}", sha256(&manifest))), "{headers}");
+    let m: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    let mut blobs = vec![m["config"]["digest"].as_str().unwrap().to_string()];
+    blobs.extend(m["layers"].as_array().unwrap().iter().map(|l| l["digest"].as_str().unwrap().to_string()));
+    for d in &blobs {
+        let (ok, code, _, body) = curl(&host, Some(READ), &[], &format!("/v2/base/blobs/{d}"));
+        assert!(ok && code == 200 && &sha256(&body) == d, "blob {d}: {code}");
+    }
+    assert_eq!(curl(&host, Some(READ), &[], "/v2/base/tags/list").3, br#"{"name":"base","tags":["1"]}"#);
+
+    // A fresh podman storage pulls it and runs it.
+    let storage = tempfile::tempdir().unwrap();
+    let conf = storage.path().join("storage.conf");
+    let graph = format!(
+        "[storage]\ndriver = \"overlay\"\ngraphroot = \"{}/graph\"\nrunroot = \"{}/run\"\n",
+        storage.path().display(),
+        storage.path().display()
+    );
+    std::fs::write(&conf, graph).unwrap();
+    let out = podman_with(Some(&conf), &["pull", &format!("{host}/base:1")], READ);
+    assert!(out.status.success(), "pull: {}", String::from_utf8_lossy(&out.stderr));
+    let id =
+        |storage: Option<&Path>, image: &str| podman_ok(storage, &["image", "inspect", "--format", "{{.Id}}", image]);
+    let pulled_id = id(Some(&conf), &format!("{host}/base:1"));
+    podman(Some(&conf), &["system", "reset", "--force"]);
+    assert_eq!(pulled_id, id(None, IMAGE), "the same image came back");
+
+    // Bad requests: no token, a read token pushing, a nested name, a wrong digest, a manifest
+    // naming a blob nobody uploaded. Nothing is tagged.
+    let (_, code, headers, _) = curl(&host, None, &[], "/v2/");
+    assert!(code == 401 && headers.contains("www-authenticate: basic"), "{code} {headers}");
+    assert_eq!(curl(&host, Some(READ), &["-X", "POST"], "/v2/base/blobs/uploads/").1, 403);
+    let (_, code, _, body) = curl(&host, Some(READ), &[], "/v2/team/base/manifests/1");
+    assert!(code == 400 && String::from_utf8_lossy(&body).contains("NAME_INVALID"), "{code}");
+    let file = env.path("blob");
+    std::fs::write(&file, b"some bytes").unwrap();
+    let data = format!("@{}", file.display());
+    let wrong = sha256(b"other bytes");
+    let (_, code, _, body) = curl(
+        &host,
+        Some(WRITE),
+        &["-X", "POST", "--data-binary", &data],
+        &format!("/v2/base/blobs/uploads/?digest={wrong}"),
+    );
+    assert!(code == 400 && String::from_utf8_lossy(&body).contains("DIGEST_INVALID"), "{code}");
+    let missing = sha256(b"never uploaded");
+    let bad = format!(
+        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{missing}","size":14}},"layers":[]}}"#
+    );
+    std::fs::write(&file, bad).unwrap();
+    let put = ["-X", "PUT", "-H", "Content-Type: application/vnd.oci.image.manifest.v1+json", "--data-binary", &data];
+    let (_, code, _, body) = curl(&host, Some(WRITE), &put, "/v2/base/manifests/2");
+    assert!(code == 400 && String::from_utf8_lossy(&body).contains("MANIFEST_BLOB_UNKNOWN"), "{code}");
+    assert_eq!(curl(&host, Some(READ), &[], "/v2/base/manifests/2").1, 404);
+    assert_eq!(curl(&host, Some(READ), &[], "/v2/nothing/tags/list").1, 404);
+
+    // A damaged chunk: the layer's transfer fails; it never ends as a whole, wrong layer.
+    for pack in env.packs() {
+        let mut bytes = std::fs::read(&pack).unwrap();
+        for at in (4096..bytes.len().saturating_sub(8192)).step_by(50_000) {
+            bytes[at] ^= 0x01;
+        }
+        std::fs::write(&pack, bytes).unwrap();
+    }
+    let layer = &blobs[1];
+    let (ok, code, _, body) = curl(&host, Some(READ), &[], &format!("/v2/base/blobs/{layer}"));
+    assert!(!(ok && &sha256(&body) != layer), "curl took a wrong layer for whole ({code})");
+    assert!(!ok || code != 200, "the damaged layer was served ({code})");
+}
