@@ -6,10 +6,11 @@
 #   gstore    `gstore checkpoint --container` into a local store
 #   archives  `podman container checkpoint --export` (zstd, podman's default), kept on disk
 #   registry  `podman container checkpoint --create-image` pushed to Debian's docker-registry
+#   gstore registry  the same image pushed to `gstore serve` (its registry, another store)
 # then prints the bytes each keeps for all N, as ratios to the registry's, and the time from
 # `restore` to the container's next count: gstore `restore --container` vs `podman container
-# restore --import` of the last archive vs a pull of the last image from the registry and a
-# restore of it. Run as root with podman, runc, docker-registry and CRIU >= 4
+# restore --import` of the last archive vs a pull of the last image from the registry (and
+# from gstore's) and a restore of it. Run as root with podman, runc, docker-registry and CRIU >= 4
 # (scripts/setup.sh, apt-get install docker-registry).
 # Usage: benches/containers.sh [MIB] [N] [SLEEP]
 set -euo pipefail
@@ -23,8 +24,10 @@ G="$GSTORE_BIN"
 work=$(mktemp -d /var/tmp/gstore-containers.XXXXXX)
 name=gstore-bench-$$
 port=5055
+gport=5056
 reg=
-trap '{ podman rm -f $name; [ -n "$reg" ] && kill $reg; podman rmi -f $(podman images -q --filter reference="*ckpt-$$*") ; } >/dev/null 2>&1; rm -rf "$work"' EXIT
+greg=
+trap '{ podman rm -f $name; [ -n "$reg" ] && kill $reg; [ -n "$greg" ] && kill $greg; podman rmi -f $(podman images -q --filter reference="*ckpt-$$*") ; } >/dev/null 2>&1; rm -rf "$work"' EXIT
 
 mkdir -p "$work/rootfs/state" "$work/rootfs/tmp" "$work/state" "$work/archives"
 cc -O2 -static -o "$work/rootfs/counter" tests/containers/counter.c
@@ -35,6 +38,10 @@ printf 'version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  a
 docker-registry serve "$work/registry.yml" > "$work/registry.log" 2>&1 &
 reg=$!
 "$G" --store "$work/store" init >/dev/null
+"$G" --store "$work/gstore-registry" init >/dev/null
+"$G" --store "$work/gstore-registry" serve --listen "127.0.0.1:$gport" > "$work/gstore-registry.log" 2>&1 &
+greg=$!
+while ! curl -sf "http://127.0.0.1:$gport/v2/" >/dev/null; do sleep 0.2; done
 
 count() { cat "$work/state/count" 2>/dev/null || echo 0; }
 podman run -d --name "$name" -v "$work/state:/state" localhost/gstore-bench-counter:1 /counter "$mib" >/dev/null
@@ -49,22 +56,28 @@ for i in $(seq 1 "$n"); do
   podman container checkpoint --leave-running --create-image "localhost/ckpt-$$:$i" "$name" >/dev/null
   podman push -q --tls-verify=false "localhost/ckpt-$$:$i" "127.0.0.1:$port/ckpt:$i" >/dev/null
   t3=$(date +%s.%N)
-  python3 - "$work/ck-$i.json" "$i" "$t0" "$t1" "$t2" "$t3" <<'PY'
+  podman push -q --tls-verify=false "localhost/ckpt-$$:$i" "127.0.0.1:$gport/ckpt:$i" >/dev/null
+  t4=$(date +%s.%N)
+  podman rmi -f "localhost/ckpt-$$:$i" >/dev/null
+  python3 - "$work/ck-$i.json" "$i" "$t0" "$t1" "$t2" "$t3" "$t4" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); t = [float(x) for x in sys.argv[3:]]
 print(f"checkpoint {sys.argv[2]}: gstore {t[1]-t[0]:.1f} s, +{r['push']['new_stored_bytes']/2**20:.1f} MiB "
-      f"of {r['push']['logical_bytes']/2**20:.0f} MiB; archive {t[2]-t[1]:.1f} s; image + push {t[3]-t[2]:.1f} s")
+      f"of {r['push']['logical_bytes']/2**20:.0f} MiB; archive {t[2]-t[1]:.1f} s; image + push {t[3]-t[2]:.1f} s; "
+      f"push to gstore's registry {t[4]-t[3]:.1f} s")
 PY
   sleep "$pause"
 done
 
 bytes() { du -sb "$1" | cut -f1; }
 store=$(bytes "$work/store"); archives=$(bytes "$work/archives"); registry=$(bytes "$work/registry")
-python3 - "$store" "$archives" "$registry" "$n" <<'PY'
+gregistry=$(bytes "$work/gstore-registry")
+python3 - "$store" "$archives" "$registry" "$gregistry" "$n" <<'PY'
 import sys
-s, a, r, n = (int(x) for x in sys.argv[1:])
-print(f"stored for {n} checkpoints: gstore {s/2**20:.1f} MiB, archives {a/2**20:.1f} MiB, registry {r/2**20:.1f} MiB")
-print(f"ratios to the registry: gstore {s/r:.3f}, archives {a/r:.3f}")
+s, a, r, g, n = (int(x) for x in sys.argv[1:])
+print(f"stored for {n} checkpoints: gstore {s/2**20:.1f} MiB, gstore registry {g/2**20:.1f} MiB, "
+      f"archives {a/2**20:.1f} MiB, registry {r/2**20:.1f} MiB")
+print(f"ratios to the registry: gstore {s/r:.3f}, gstore registry {g/r:.3f}, archives {a/r:.3f}")
 PY
 
 # Restore to the next count, three ways, the container removed before each.
@@ -90,8 +103,19 @@ podman container checkpoint "$name" >/dev/null
 podman rm -f "$name" >/dev/null
 sync; echo 3 > /proc/sys/vm/drop_caches
 registry_s=$(first_answer sh -c "podman pull -q --tls-verify=false 127.0.0.1:$port/ckpt:last >/dev/null && podman container restore 127.0.0.1:$port/ckpt:last")
-python3 - "$local_s" "$gstore_s" "$registry_s" <<'PY'
+# From gstore's registry: the image gstore checkpointed (bench:last), pulled as a checkpoint image.
+podman container checkpoint "$name" >/dev/null
+podman rm -f "$name" >/dev/null
+"$G" --store "$work/store" serve --listen "127.0.0.1:5057" > "$work/serve-store.log" 2>&1 &
+sreg=$!
+while ! curl -sf "http://127.0.0.1:5057/v2/" >/dev/null; do sleep 0.2; done
+sync; echo 3 > /proc/sys/vm/drop_caches
+gregistry_s=$(first_answer sh -c "podman pull -q --tls-verify=false 127.0.0.1:5057/bench:last >/dev/null && podman container restore 127.0.0.1:5057/bench:last")
+kill $sreg
+podman rmi -f 127.0.0.1:5057/bench:last "127.0.0.1:$port/ckpt:last" >/dev/null 2>&1 || true
+python3 - "$local_s" "$gstore_s" "$registry_s" "$gregistry_s" <<'PY'
 import sys
-l, g, r = (float(x) for x in sys.argv[1:])
-print(f"restore to the next count: local archive {l:.2f} s, gstore {g:.2f} s ({g/l:.2f}x), registry pull + restore {r:.2f} s ({r/l:.2f}x)")
+l, g, r, gr = (float(x) for x in sys.argv[1:])
+print(f"restore to the next count: local archive {l:.2f} s, gstore {g:.2f} s ({g/l:.2f}x), registry pull + restore "
+      f"{r:.2f} s ({r/l:.2f}x), gstore registry pull + restore {gr:.2f} s ({gr/l:.2f}x)")
 PY
