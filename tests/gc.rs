@@ -191,6 +191,49 @@ fn retention_removes_whole_tags_and_a_removed_tag_can_be_pushed_again() {
     env.ok(&["verify", "--read-data"]);
 }
 
+#[test]
+fn pinned_tags_and_other_names_survive_retention_and_ls_shows_what_history_keeps() {
+    let env = Env::new(&[]);
+    let dirs: Vec<PathBuf> = (1..=3).map(|i| make_image(&env.path(&format!("v{i}")), i)).collect();
+    // run-a:step-1 pinned, then step-2 and step-3; "other" moved twice.
+    for (i, d) in dirs.iter().enumerate() {
+        env.ok(&["-q", "push", d.to_str().unwrap(), "--tag", &format!("run-a:step-{}", i + 1)]);
+        env.ok(&["-q", "push", d.to_str().unwrap(), "--tag", "other"]);
+        if i == 0 {
+            assert_eq!(env.json(&["pin", "run-a:step-1"])["pinned"], serde_json::json!(["run-a:step-1"]));
+        }
+        std::thread::sleep(Duration::from_millis(1100)); // set times are in seconds
+    }
+    let ls = env.json(&["ls"]);
+    let row = |tag: &str| ls.as_array().unwrap().iter().find(|r| r["tag"] == tag).unwrap().clone();
+    assert_eq!((row("run-a:step-1")["pinned"].as_bool(), row("other:latest")["history"].as_u64()), (Some(true), Some(2)));
+    assert!(env.ok(&["ls"]).lines().next().unwrap().contains("HISTORY"));
+
+    // Retention for run-a only: the newest and the pinned one stay, "other" keeps its history.
+    let r = env.json(&["gc", "--keep-last", "1", "--prefix", "run-a"]);
+    assert_eq!(r["tags_removed"], serde_json::json!(["run-a:step-2"]), "{r}");
+    assert_eq!(env.json(&["ls"]).as_array().unwrap().len(), 3);
+    assert_eq!(tags_of(&env), ["other:latest", "run-a:step-1", "run-a:step-3"]);
+    // Unpinned, it goes; "other" is trimmed only when the rule reaches it.
+    env.ok(&["unpin", "run-a:step-1"]);
+    let r = env.json(&["gc", "--keep-last", "1"]);
+    assert_eq!(r["tags_removed"], serde_json::json!(["run-a:step-1"]), "{r}");
+    assert_eq!(r["history_dropped"], 2, "{r}");
+    let out = env.path("out");
+    env.ok(&["restore", "other", "--to", out.to_str().unwrap()]);
+    assert_same_tree(&dirs[2], &out);
+    env.ok(&["gc"]);
+    env.ok(&["verify", "--read-data"]);
+    // Bad arguments.
+    assert!(env.fails(&["pin", "nope"]).contains("not found"));
+    assert!(env.fails(&["gc", "--prefix", "run-a"]).contains("--keep"), "a prefix alone is refused");
+    assert!(env.fails(&["gc", "--keep-daily", "0"]).contains("--keep-daily"));
+}
+
+fn tags_of(env: &Env) -> Vec<String> {
+    env.json(&["ls"]).as_array().unwrap().iter().map(|r| r["tag"].as_str().unwrap().to_string()).collect()
+}
+
 /// The lease objects under `dir`: not the temporary files a writer killed mid-write leaves
 /// beside them (`NAME.lease#N`, which gc sweeps as it does every killed writer's).
 fn lease_objects(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

@@ -369,6 +369,33 @@ class Store:
         """Removes a tag; its chunks stay until ``gstore gc``."""
         self._native.rm(tag)
 
+    def pin(self, tag: str, pinned: bool = True) -> dict:
+        """Pins a tag (``pinned=False`` unpins it): retention never removes a pinned tag or
+        its current image. Returns the tag record."""
+        return json.loads(self._native.pin(tag, pinned))
+
+    def gc(
+        self,
+        keep_last: Optional[int] = None,
+        keep_within_s: Optional[int] = None,
+        keep_daily: Optional[int] = None,
+        keep_weekly: Optional[int] = None,
+        prefix: Optional[str] = None,
+        dry_run: bool = False,
+    ) -> dict:
+        """Retention, then one gc pass (``gstore gc``): keeps, per tag name, the newest
+        ``keep_last`` images, those set within ``keep_within_s`` seconds, and the newest of
+        each of the newest ``keep_daily`` days / ``keep_weekly`` weeks (UTC); with ``prefix``,
+        only names starting with it are trimmed. Pinned tags are always kept. With no rule it
+        only reclaims what no tag keeps. Returns gc's report."""
+        for what, n in (("keep_last", keep_last), ("keep_within_s", keep_within_s),
+                        ("keep_daily", keep_daily), ("keep_weekly", keep_weekly)):
+            if n is not None and n <= 0:
+                raise InvalidError(f"gc({what}={n}): give a positive number, or leave it out")
+        if prefix is not None and all(n is None for n in (keep_last, keep_within_s, keep_daily, keep_weekly)):
+            raise InvalidError("gc(prefix=...) limits retention rules: give keep_last, keep_within_s, keep_daily or keep_weekly")
+        return json.loads(self._native.gc(keep_last, keep_within_s, keep_daily, keep_weekly, prefix, dry_run))
+
 
 def _names(files: List[Tuple[str, Any]]) -> str:
     return ", ".join(p for p, _ in files) or "none"

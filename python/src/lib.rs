@@ -8,7 +8,7 @@ use gstore_gpu_dump::cuda::DeviceBuffer;
 use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
 use gstore_store::manifest::Manifest;
-use gstore_store::{images, push, usage, Store as RustStore, StoreConfig, StoreError, StoreLocation, TagRef};
+use gstore_store::{gc, images, push, usage, Store as RustStore, StoreConfig, StoreError, StoreLocation, TagRef};
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -223,6 +223,32 @@ impl Store {
             store.tag_existing(&target, id)
         });
         to_json(&rec.map_err(py_err)?)
+    }
+
+    /// Pins or unpins a tag (`gstore pin` / `unpin`); returns the tag record as JSON.
+    fn pin(&self, py: Python<'_>, tag: &str, pinned: bool) -> PyResult<String> {
+        let rec = py.detach(|| self.open()?.set_pinned(&TagRef::parse(tag)?, pinned));
+        to_json(&rec.map_err(py_err)?)
+    }
+
+    /// Retention and a gc pass (`gstore gc`); returns the report as JSON.
+    #[pyo3(signature = (keep_last=None, keep_within_s=None, keep_daily=None, keep_weekly=None, prefix=None, dry_run=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn gc(
+        &self,
+        py: Python<'_>,
+        keep_last: Option<usize>,
+        keep_within_s: Option<u64>,
+        keep_daily: Option<usize>,
+        keep_weekly: Option<usize>,
+        prefix: Option<String>,
+        dry_run: bool,
+    ) -> PyResult<String> {
+        let policy =
+            gc::retention::Policy { keep_last, keep_within_secs: keep_within_s, keep_daily, keep_weekly, prefix };
+        let opts = gc::GcOptions { policy, dry_run, ..Default::default() };
+        let report = py.detach(|| gc::gc(&self.open()?, &opts, &gstore_store::progress::Silent));
+        to_json(&report.map_err(py_err)?)
     }
 
     /// Removes a tag (`gstore rm`); its chunks stay until garbage collection.

@@ -314,6 +314,31 @@ def test_latest_is_the_newest_image_of_a_name(store):
         store.latest("run:step-10")
 
 
+def test_retention_per_run_keeps_pinned_checkpoints(store):
+    tiny = {"w": np.zeros(4, np.float32)}
+    for step in (1, 2, 3):
+        store.save({"w": np.full(4, step, np.float32)}, f"run-a:step-{step}")
+        store.save(tiny, f"run-b:step-{step}")
+        time.sleep(1.1)  # set times order the checkpoints; make them differ
+    assert store.pin("run-a:step-1")["pinned"] is True
+    with pytest.raises(gstore.InvalidError, match="keep_last"):
+        store.gc(prefix="run-a")
+    with pytest.raises(gstore.InvalidError, match="positive"):
+        store.gc(keep_last=0)
+    dry = store.gc(keep_last=1, prefix="run-a", dry_run=True)
+    assert dry["tags_removed"] == ["run-a:step-2"]
+    assert len(store.list()) == 6, "a dry run changes nothing"
+    report = store.gc(keep_last=1, prefix="run-a")
+    assert report["tags_removed"] == ["run-a:step-2"]
+    tags = sorted(r["tag"] for r in store.list())
+    assert tags == ["run-a:step-1", "run-a:step-3", "run-b:step-1", "run-b:step-2", "run-b:step-3"]
+    assert [r["pinned"] for r in store.list() if r["tag"] == "run-a:step-1"] == [True]
+    np.testing.assert_array_equal(store.load("run-a:step-1")["w"], np.full(4, 1, np.float32))
+    store.pin("run-a:step-1", pinned=False)
+    assert store.gc(keep_last=1, prefix="run-a")["tags_removed"] == ["run-a:step-1"]
+    assert store.latest("run-a") == "run-a:step-3"
+
+
 class Stateful:
     """An object restored through load_state_dict, as an optimizer or a scheduler is."""
 

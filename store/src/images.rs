@@ -25,6 +25,11 @@ pub struct ImageRow {
     pub logical_bytes: Option<u64>,
     /// Why the tag or its manifest could not be read.
     pub error: Option<String>,
+    /// Older images the tag's history keeps alive (gc keeps them until retention trims the
+    /// history; `gstore log` lists them).
+    pub history: usize,
+    /// Whether the tag is pinned (`gstore pin`): retention never removes it.
+    pub pinned: bool,
 }
 
 /// Every tag, with what its manifest says; unreadable tags and manifests are rows with an
@@ -42,6 +47,8 @@ pub fn list(store: &Store) -> Result<Vec<ImageRow>> {
                     created: m.as_ref().ok().map(|m| rfc3339(m.created_unix)),
                     logical_bytes: m.as_ref().ok().map(|m| m.logical_size()),
                     error: m.err().map(|e| e.to_string()),
+                    history: rec.history.iter().filter(|h| h.manifest != rec.manifest).count(),
+                    pinned: rec.pinned,
                 }
             }
             Err(e) => ImageRow {
@@ -51,6 +58,8 @@ pub fn list(store: &Store) -> Result<Vec<ImageRow>> {
                 created: None,
                 logical_bytes: None,
                 error: Some(e.to_string()),
+                history: 0,
+                pinned: false,
             },
         });
     }

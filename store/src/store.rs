@@ -803,6 +803,24 @@ impl Store {
         Ok(rec)
     }
 
+    /// Pins or unpins `tag` (`gstore pin` / `unpin`): gc's retention never removes a pinned
+    /// tag or its current image. A compare-and-swap write, retried while other writers change
+    /// the record; returns the record written.
+    pub fn set_pinned(&self, tag: &TagRef, pinned: bool) -> Result<TagRecord> {
+        for _ in 0..8 {
+            let (mut rec, version) = self
+                .get_tag_versioned(tag)?
+                .filter(|(r, _)| r.removed_unix.is_none())
+                .ok_or_else(|| self.no_such_tag(tag))?;
+            rec.pinned = pinned;
+            match self.put_tag(&rec, Some(&version)) {
+                Err(StoreError::Conflict(_)) => continue,
+                other => return other.map(|()| rec),
+            }
+        }
+        Err(StoreError::Conflict(format!("tag {tag} keeps changing under this write: retry")))
+    }
+
     /// Removes a tag. Its chunks stay until garbage collection.
     pub fn delete_tag(&self, tag: &TagRef) -> Result<()> {
         if self.get_tag(tag)?.is_none() {

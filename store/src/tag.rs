@@ -186,6 +186,10 @@ pub struct TagRecord {
     /// kept so that the removal was a compare-and-swap, and reads treat the tag as absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub removed_unix: Option<u64>,
+    /// Pinned (`gstore pin`): gc's retention never removes the tag or its current image. A
+    /// pushed or moved tag stays pinned.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pinned: bool,
 }
 
 impl TagRecord {
@@ -195,6 +199,7 @@ impl TagRecord {
     pub fn new(tag: &TagRef, manifest: ObjectId, at: SetTime, previous: Option<TagRecord>) -> TagRecord {
         let mut history = Vec::new();
         let mut at = at;
+        let pinned = previous.as_ref().is_some_and(|p| p.pinned && p.removed_unix.is_none());
         if let Some(p) = previous {
             at = at.max(p.set_time().next());
             // Set again to the image it names: no second row for one value.
@@ -213,6 +218,7 @@ impl TagRecord {
             set_nanos: at.nanos,
             history,
             removed_unix: None,
+            pinned,
         }
     }
 

@@ -43,7 +43,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 pub const DEFAULT_REPACK_BELOW: f64 = 0.9;
 
 /// How gc runs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct GcOptions {
     /// Retention rules.
     pub policy: Policy,

@@ -1,24 +1,66 @@
-//! Retention: which images of each tag name `gstore gc --keep-last N --keep-within DUR` keeps.
+//! Retention: which images of each tag name `gstore gc --keep-last N --keep-within DUR
+//! --keep-daily N --keep-weekly N [--prefix P]` keeps.
 //!
 //! An image of a tag name is the current value or a history entry of any of its versions,
 //! dated by when it was set, to the nanosecond (records of older versions have whole seconds:
 //! they count as set at the start of theirs). Within one name, images are ranked newest
 //! first, and equal times (older records) by each record's own order: its current value
 //! before its history, history newest first. One is kept if
-//! its rank is below `keep_last` or it was set within `keep_within` of now. With neither
-//! rule, everything is kept. A tag record is removed only when none of its images is kept;
-//! otherwise its history is trimmed to the kept entries.
+//! its rank is below `keep_last`, it was set within `keep_within` of now, or it is the newest
+//! of its UTC day (Monday-to-Sunday UTC week) and that day (week) is among the newest
+//! `keep_daily` (`keep_weekly`) days (weeks) that have images of the name. With no rule,
+//! everything is kept. Names outside `prefix` (when given) are left alone, and so is the
+//! current image of a pinned tag (`gstore pin`). A tag record is removed only when none of its
+//! images is kept; otherwise its history is trimmed to the kept entries.
 
 use crate::tag::{SetTime, TagRecord};
 use std::collections::BTreeMap;
 
-/// The retention rules (both optional; an image kept by either rule is kept).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The retention rules (all optional; an image kept by any rule is kept).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
     /// Keep the newest N images of each tag name.
     pub keep_last: Option<usize>,
     /// Keep the images set within this many seconds of now.
     pub keep_within_secs: Option<u64>,
+    /// Keep the newest image of each of the newest N UTC days that have images of the name.
+    pub keep_daily: Option<usize>,
+    /// Keep the newest image of each of the newest N UTC weeks (Monday to Sunday) that have
+    /// images of the name.
+    pub keep_weekly: Option<usize>,
+    /// Apply the rules only to tag names that start with this; others keep everything.
+    pub prefix: Option<String>,
+}
+
+/// Seconds in a day.
+const DAY: u64 = 86_400;
+
+/// The UTC day a time is in.
+fn day(unix: u64) -> u64 {
+    unix / DAY
+}
+
+/// The UTC week (Monday to Sunday) a time is in: 1970-01-01 was a Thursday.
+fn week(unix: u64) -> u64 {
+    (unix / DAY + 3) / 7
+}
+
+/// Flags, in `items`' order (newest first), the newest image of each of the newest `n`
+/// periods that have images.
+fn newest_per_period(items: &[(SetTime, bool, usize, usize)], n: usize, period: fn(u64) -> u64) -> Vec<bool> {
+    let mut seen = Vec::new();
+    items
+        .iter()
+        .map(|(set, ..)| {
+            let p = period(set.unix);
+            if seen.len() < n && !seen.contains(&p) {
+                seen.push(p);
+                true
+            } else {
+                false
+            }
+        })
+        .collect()
 }
 
 /// What retention does to one tag record.
@@ -35,7 +77,10 @@ pub enum Outcome {
 impl Policy {
     /// True when no rule is set (gc keeps every tagged image).
     pub fn is_none(&self) -> bool {
-        self.keep_last.is_none() && self.keep_within_secs.is_none()
+        self.keep_last.is_none()
+            && self.keep_within_secs.is_none()
+            && self.keep_daily.is_none()
+            && self.keep_weekly.is_none()
     }
 
     /// The outcome for each of `records` (same order), at time `now`.
@@ -45,18 +90,26 @@ impl Policy {
         }
         // (set time, is current, record index, history index) per image, grouped by name.
         let mut by_name: BTreeMap<&str, Vec<(SetTime, bool, usize, usize)>> = BTreeMap::new();
+        let mut keep_current = vec![false; records.len()];
         for (i, r) in records.iter().enumerate() {
+            if self.prefix.as_deref().is_some_and(|p| !r.name.starts_with(p)) {
+                continue;
+            }
+            keep_current[i] = r.pinned;
             let items = by_name.entry(&r.name).or_default();
             items.push((r.set_time(), true, i, 0));
             items.extend(r.history.iter().enumerate().map(|(j, h)| (h.set_time(), false, i, j)));
         }
-        let mut keep_current = vec![false; records.len()];
         let mut keep_history: Vec<Vec<bool>> = records.iter().map(|r| vec![false; r.history.len()]).collect();
         for items in by_name.values_mut() {
             items.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
+            let daily = newest_per_period(items, self.keep_daily.unwrap_or(0), day);
+            let weekly = newest_per_period(items, self.keep_weekly.unwrap_or(0), week);
             for (rank, &(set, current, i, j)) in items.iter().enumerate() {
                 let kept = self.keep_last.is_some_and(|n| rank < n)
-                    || self.keep_within_secs.is_some_and(|w| now.saturating_sub(set.unix) <= w);
+                    || self.keep_within_secs.is_some_and(|w| now.saturating_sub(set.unix) <= w)
+                    || daily[rank]
+                    || weekly[rank];
                 if kept && current {
                     keep_current[i] = true;
                 } else if kept {
@@ -68,6 +121,9 @@ impl Policy {
             .iter()
             .enumerate()
             .map(|(i, r)| {
+                if self.prefix.as_deref().is_some_and(|p| !r.name.starts_with(p)) {
+                    return Outcome::Keep;
+                }
                 let kept_history = keep_history[i].iter().filter(|k| **k).count();
                 if !keep_current[i] && kept_history == 0 {
                     Outcome::Remove
@@ -174,9 +230,54 @@ mod tests {
             Outcome::Trim(r, 1) => assert_eq!(r.history.iter().map(|h| h.set_unix).collect::<Vec<_>>(), vec![50]),
             other => panic!("{other:?}"),
         }
-        let both = Policy { keep_last: Some(3), keep_within_secs: Some(1) };
+        let both = Policy { keep_last: Some(3), keep_within_secs: Some(1), ..Default::default() };
         assert_eq!(both.apply(&recs, 100), vec![Outcome::Keep]);
         let none_recent = Policy { keep_within_secs: Some(1), ..Default::default() };
         assert_eq!(none_recent.apply(&recs, 100), vec![Outcome::Remove]);
+    }
+
+    #[test]
+    fn daily_and_weekly_keep_the_newest_of_each_period() {
+        // Images at 01:00 and 23:00 of days 0..10 (1970-01-01 is a Thursday).
+        let times: Vec<u64> = (0..10).flat_map(|d| [d * DAY + 3600, d * DAY + 23 * 3600]).collect();
+        let recs = [record("run", &times)];
+        let now = 10 * DAY;
+        let kept = |p: Policy| -> Vec<u64> {
+            match &p.apply(&recs, now)[0] {
+                Outcome::Trim(r, _) => {
+                    std::iter::once(r.set_unix).chain(r.history.iter().map(|h| h.set_unix)).collect()
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        let daily = kept(Policy { keep_daily: Some(3), ..Default::default() });
+        assert_eq!(
+            daily,
+            [9 * DAY + 23 * 3600, 8 * DAY + 23 * 3600, 7 * DAY + 23 * 3600],
+            "the last of each of 3 days"
+        );
+        // Weeks: days 0-3 (Thu-Sun) are one week, days 4-10 (Mon-...) the next.
+        let weekly = kept(Policy { keep_weekly: Some(2), ..Default::default() });
+        assert_eq!(weekly, [9 * DAY + 23 * 3600, 3 * DAY + 23 * 3600]);
+        let both = kept(Policy { keep_last: Some(1), keep_weekly: Some(2), ..Default::default() });
+        assert_eq!(both, weekly, "the union: the newest is also the newest of its week");
+    }
+
+    #[test]
+    fn pinned_tags_and_names_outside_the_prefix_are_left_alone() {
+        let mut pinned = record("base:v1", &[10]);
+        pinned.pinned = true;
+        let recs = [pinned, record("base:v2", &[20]), record("base:v3", &[30]), record("other", &[1, 2, 3])];
+        let p = Policy { keep_last: Some(1), prefix: Some("base".into()), ..Default::default() };
+        assert_eq!(p.apply(&recs, 100), vec![Outcome::Keep, Outcome::Remove, Outcome::Keep, Outcome::Keep]);
+        // A pinned tag's history is trimmed like any other; its current image stays.
+        let mut moved = record("m", &[10, 20, 30]);
+        moved.pinned = true;
+        let newer = record("m:v2", &[40]);
+        let trimmed = Policy { keep_last: Some(1), ..Default::default() }.apply(&[moved, newer], 100);
+        match &trimmed[0] {
+            Outcome::Trim(r, 2) => assert_eq!(r.set_unix, 30),
+            other => panic!("{other:?}"),
+        }
     }
 }
