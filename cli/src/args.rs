@@ -71,6 +71,10 @@ pub enum Command {
         /// With --container: the restored container's name (default: the checkpointed one).
         #[arg(long, requires = "container", value_name = "NAME")]
         name: Option<String>,
+        /// With --container: the runtime to restore it through, which must be the one it was
+        /// checkpointed through (the default).
+        #[arg(long, value_enum, requires = "container")]
+        runtime: Option<RuntimeArg>,
         /// Restore a process checkpoint (from `gstore checkpoint`) and start it, detached.
         #[arg(long)]
         run: bool,
@@ -108,10 +112,15 @@ pub enum Command {
         /// The process to checkpoint (with its children).
         #[arg(long, required_unless_present = "container")]
         pid: Option<u32>,
-        /// The container to checkpoint (name or id), through podman: its checkpoint archive
-        /// streams into the store entry by entry, never landing on disk.
+        /// The container to checkpoint (name or id), through podman (its checkpoint archive
+        /// streams into the store entry by entry, never landing on disk) or runc (its GPU
+        /// processes checkpointed through the CUDA driver around runc's dump).
         #[arg(long, value_name = "NAME|ID", conflicts_with_all = ["pid", "staging", "shell_job", "criu_opts"])]
         container: Option<String>,
+        /// With --container: the runtime to checkpoint it through. Default: podman where it is
+        /// installed and knows the container, else runc.
+        #[arg(long, value_enum, requires = "container")]
+        runtime: Option<RuntimeArg>,
         /// Tag for the image: NAME or NAME:VERSION.
         #[arg(long, short)]
         tag: String,
@@ -305,6 +314,15 @@ pub enum KeyAction {
         /// The record's id.
         id: String,
     },
+}
+
+/// The container runtime of `--container`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeArg {
+    /// podman.
+    Podman,
+    /// runc itself (containers run by runc, without podman).
+    Runc,
 }
 
 /// How `gstore ls` orders its rows.

@@ -39,15 +39,17 @@ pub fn run(cli: Cli) -> Result<()> {
             };
             restore_run(&location, &image, &criu, to, opts, &out, &bars)
         }
-        Command::Checkpoint { container: Some(name), tag, leave_running, criu, .. } => {
-            containers::checkpoint(&location, &name, &tag, leave_running, criu.criu.as_deref(), &out, &bars)
+        Command::Checkpoint { container: Some(name), tag, leave_running, lock_timeout, runtime, criu, .. } => {
+            let how = containers::How { runtime, lock_timeout, criu: criu.criu.as_deref() };
+            containers::checkpoint(&location, &name, &tag, leave_running, how, &out, &bars)
         }
         Command::Checkpoint { pid, tag, leave_running, lock_timeout, staging, criu, .. } => {
             let pid = pid.expect("clap requires --pid without --container");
             checkpoint(&location, pid, &tag, leave_running, lock_timeout, &criu, staging, &out, &bars)
         }
-        Command::Restore { image, container: true, name, criu, .. } => {
-            containers::restore(&location, &image, name.as_deref(), criu.criu.as_deref(), &out, &bars)
+        Command::Restore { image, container: true, name, runtime, criu, .. } => {
+            let how = containers::How { runtime, lock_timeout: 0, criu: criu.criu.as_deref() };
+            containers::restore(&location, &image, name.as_deref(), how, &out, &bars)
         }
         Command::Restore { image, archive: Some(file), .. } => {
             containers::write_archive(&location, &image, &file, &out, &bars)

@@ -1,9 +1,10 @@
 //! The container commands: `checkpoint --container`, `restore --container`, `restore
 //! --archive` and the push of a checkpoint archive.
 
+use crate::args::RuntimeArg;
 use crate::commands::{open_image, open_indexed, plural, push_summary, Output};
 use anyhow::{Context, Result};
-use gstore_container::{archive, checkpoint, podman::Podman, restore};
+use gstore_container::{archive, checkpoint, podman::Podman, restore, runc, ContainerError, Runtime};
 use gstore_progress::Bars;
 use gstore_store::{StoreLocation, TagRef};
 use indicatif::HumanBytes;
@@ -46,18 +47,71 @@ pub fn push_archive(
     })
 }
 
-/// `gstore checkpoint --container NAME`.
+/// How a container command reaches its runtime.
+pub struct How<'a> {
+    /// `--runtime`, if given.
+    pub runtime: Option<RuntimeArg>,
+    /// `--lock-timeout` (ms) of the GPU lock (runc).
+    pub lock_timeout: u32,
+    /// `--criu`, if given.
+    pub criu: Option<&'a Path>,
+}
+
+fn runtime(arg: Option<RuntimeArg>) -> Option<Runtime> {
+    arg.map(|r| match r {
+        RuntimeArg::Podman => Runtime::Podman,
+        RuntimeArg::Runc => Runtime::Runc,
+    })
+}
+
+/// Seconds for a summary, or "-" for a phase that did not run.
+fn secs(v: Option<f64>) -> String {
+    v.map(|s| format!("{s:.2} s")).unwrap_or_else(|| "-".into())
+}
+
+/// `gstore checkpoint --container NAME [--runtime podman|runc]`.
 pub fn checkpoint(
     location: &StoreLocation,
     name: &str,
     tag: &str,
     leave_running: bool,
-    criu: Option<&Path>,
+    how: How,
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {
     let tag = TagRef::parse_new(tag)?;
-    let podman = Podman::find(criu)?;
+    if Runtime::for_checkpoint(runtime(how.runtime), name) == Runtime::Runc {
+        let runc = runc::Runc::find(how.criu)?;
+        // The store lock is taken before the container is frozen, so it never waits frozen.
+        let store = open_indexed(location)?;
+        let r = runc::checkpoint(&store, &runc, name, &tag, leave_running, how.lock_timeout, bars)?;
+        return out.emit(&r, || {
+            let t = &r.timings;
+            let gpu = if r.gpu_pids.is_empty() {
+                String::new()
+            } else {
+                let pids: Vec<String> = r.gpu_pids.iter().map(u32::to_string).collect();
+                format!(", GPU state of processes {}", pids.join(", "))
+            };
+            format!(
+                "checkpointed container {} through runc{gpu} as {} ({}, {} logical, {} new); the container {}\nphases: GPU lock {}, GPU checkpoint {}, runc checkpoint {:.2} s, GPU resume {}, store {:.2} s, total {:.2} s\nmanifest {}",
+                r.container,
+                r.push.tag,
+                plural(r.push.entries as u64, "entry", "entries"),
+                HumanBytes(r.push.logical_bytes),
+                HumanBytes(r.push.new_stored_bytes),
+                if r.left_running { "runs on" } else { "is stopped (runc deleted it)" },
+                secs(t.lock_s),
+                secs(t.gpu_checkpoint_s),
+                t.criu_dump_s,
+                secs(t.gpu_resume_s),
+                r.push.seconds,
+                r.total_s,
+                r.push.manifest
+            )
+        });
+    }
+    let podman = Podman::find(how.criu)?;
     // The store lock is taken before the container is frozen, so it never waits frozen.
     let store = open_indexed(location)?;
     let r = checkpoint::checkpoint(&store, &podman, name, &tag, leave_running, bars)?;
@@ -77,17 +131,50 @@ pub fn checkpoint(
     })
 }
 
-/// `gstore restore IMAGE --container [--name NAME]`.
+/// `gstore restore IMAGE --container [--name NAME] [--runtime podman|runc]`: through the
+/// runtime the image was checkpointed through.
 pub fn restore(
     location: &StoreLocation,
     image: &str,
     name: Option<&str>,
-    criu: Option<&Path>,
+    how: How,
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {
-    let podman = Podman::find(criu)?;
-    let (store, _, m) = open_image(location, image)?;
+    let (store, id, m) = open_image(location, image)?;
+    let made_by = Runtime::of_image(&m);
+    if let Some(wanted) = runtime(how.runtime).filter(|&w| w != made_by) {
+        return Err(ContainerError::Incompatible {
+            image: image.to_string(),
+            why: format!(
+                "it was checkpointed through {}, and is restored through it (not {}): leave out --runtime",
+                made_by.name(),
+                wanted.name()
+            ),
+        }
+        .into());
+    }
+    if made_by == Runtime::Runc {
+        let runc = runc::Runc::find(how.criu)?;
+        let r = runc::restore(&store, &runc, image, &id, &m, name, bars)?;
+        return out.emit(&r, || {
+            let gpu = if r.gpu_pids.is_empty() {
+                String::new()
+            } else {
+                format!(", GPU restore {}, GPU unlock {}", secs(r.gpu_restore_s), secs(r.gpu_unlock_s))
+            };
+            format!(
+                "restored {image} as runc container {} (pid {}); phases: images {} in {:.2} s, runc restore {:.2} s{gpu}, total {:.2} s",
+                r.container,
+                r.pid,
+                HumanBytes(r.image_bytes),
+                r.write_s,
+                r.runtime_s,
+                r.total_s
+            )
+        });
+    }
+    let podman = Podman::find(how.criu)?;
     let r = restore::restore(&store, &podman, image, &m, name, bars)?;
     out.emit(&r, || {
         format!(

@@ -65,23 +65,45 @@ fn tail(stderr: &[u8]) -> String {
 }
 
 /// The failure of `command`, which ended as `out` says.
-fn failed(command: String, out: &std::process::Output) -> ContainerError {
+pub(crate) fn failed(command: String, out: &std::process::Output) -> ContainerError {
     ContainerError::Runtime { command, status: out.status.to_string(), stderr: tail(&out.stderr) }
 }
 
+/// The first `name` in a `PATH` directory.
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
 impl Podman {
+    /// Whether `podman` is on `PATH`.
+    pub fn installed() -> bool {
+        on_path("podman").is_some()
+    }
+
+    /// Whether podman knows a container `name` (`podman container exists`), without CRIU.
+    pub fn knows(name: &str) -> bool {
+        on_path("podman").is_some_and(|bin| {
+            Command::new(bin)
+                .args(["container", "exists", name])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    }
+
     /// podman from `PATH`, with the CRIU gstore uses (`criu`, else the one it finds) first on
     /// podman's `PATH`.
     pub fn find(criu: Option<&Path>) -> Result<Podman> {
         let path_env = std::env::var_os("PATH").unwrap_or_default();
-        let bin =
-            std::env::split_paths(&path_env).map(|d| d.join("podman")).find(|p| p.is_file()).ok_or_else(|| {
-                ContainerError::NoRuntime(
-                    "podman is not installed (Debian: apt-get install podman runc); gstore checkpoints and restores \
-                 containers through it"
-                        .into(),
-                )
-            })?;
+        let bin = on_path("podman").ok_or_else(|| {
+            ContainerError::NoRuntime(
+                "podman is not installed (Debian: apt-get install podman runc); gstore checkpoints and restores \
+                 containers through it, or through runc where there is no podman (`--runtime runc`)"
+                    .into(),
+            )
+        })?;
         let criu = Criu::find(criu).map_err(|e| ContainerError::NoRuntime(format!("podman needs CRIU >= 4: {e}")))?;
         let criu_dir = criu.path().parent().map(Path::to_path_buf).unwrap_or_default();
         let path_env =

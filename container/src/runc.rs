@@ -1,0 +1,631 @@
+//! Containers run by runc itself (no podman on the machine, or `--runtime runc`), GPU state
+//! included: gstore locks the CUDA processes of the container and moves their GPU memory into
+//! host memory through the driver's checkpoint API before `runc checkpoint` (as it does for bare
+//! processes), so no `cuda-checkpoint` binary and no CRIU CUDA plugin is needed; after the dump
+//! (with `--leave-running`) and after `runc restore` it brings their GPU state back.
+//!
+//! runc writes CRIU's images into a directory (it has no streaming), so the image is staged:
+//! `checkpoint/` (runc's `--image-path`) and the bundle's `config.json`, pushed as one image whose
+//! page images get page-level deltas against earlier checkpoints. A push that fails after runc
+//! stopped the container restores it from the staged images.
+
+use crate::archive::ContainerMeta;
+use crate::checkpoint::kernel;
+use crate::error::{ContainerError, Result};
+use crate::podman::{failed, on_path};
+use gstore_gpu_dump::checkpoint::{
+    CaptureTimings, META_CAPTURE_TIMINGS, META_CRIU_VERSION, META_CUDA_DRIVER_VERSION, META_GPUS, META_GPU_PIDS,
+    META_KIND,
+};
+use gstore_gpu_dump::cuda::{self, ffi::GpuPair};
+use gstore_gpu_dump::{
+    check_compatible, Criu, CudaDriver, GpuDumpError, GpuMap, ImageKind, ImageMeta, MachineInfo, ProcessState,
+};
+use gstore_store::manifest::Manifest;
+use gstore_store::progress::Progress;
+use gstore_store::push::{self, PushReport};
+use gstore_store::stream::Meta;
+use gstore_store::{ObjectId, Store, TagRef};
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// The metadata key of what a runc restore needs (bundle, rootfs).
+pub const META_RUNC: &str = "runc";
+/// Where the image keeps CRIU's images.
+const IMAGES: &str = "checkpoint";
+/// Where the image keeps the bundle's configuration.
+const CONFIG: &str = "config.json";
+
+/// runc on this machine, with the CRIU it runs.
+pub struct Runc {
+    bin: PathBuf,
+    /// `PATH` for runc: CRIU's directory first.
+    path_env: OsString,
+    criu: Criu,
+}
+
+/// A container as `runc state` describes it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct State {
+    /// Its id.
+    pub id: String,
+    /// Its init process (host pid).
+    pub pid: u32,
+    /// "running", "paused", "stopped", "created".
+    pub status: String,
+    /// Its bundle directory.
+    pub bundle: PathBuf,
+    /// Its root filesystem.
+    pub rootfs: PathBuf,
+}
+
+/// What a runc image records for its restore (metadata key [`META_RUNC`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RuncMeta {
+    /// The bundle directory it ran from (and is restored from).
+    pub bundle: PathBuf,
+    /// Its root filesystem.
+    pub rootfs: PathBuf,
+}
+
+impl Runc {
+    /// Whether `runc` is on `PATH`.
+    pub fn installed() -> bool {
+        on_path("runc").is_some()
+    }
+
+    /// Whether runc knows a container `id` (`runc state` answers for it), without CRIU.
+    pub fn knows(id: &str) -> bool {
+        on_path("runc").is_some_and(|bin| {
+            Command::new(bin)
+                .args(["state", id])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    }
+
+    /// runc from `PATH`, with the CRIU gstore uses (`criu`, else the one it finds): passed with
+    /// `--criu` and first on runc's `PATH`.
+    pub fn find(criu: Option<&Path>) -> Result<Runc> {
+        let bin = on_path("runc").ok_or_else(|| {
+            ContainerError::NoRuntime(
+                "runc is not installed (Debian: apt-get install runc; or put its static binary on PATH); gstore \
+                 checkpoints containers without podman through it"
+                    .into(),
+            )
+        })?;
+        let criu = Criu::find(criu).map_err(|e| ContainerError::NoRuntime(format!("runc needs CRIU >= 4: {e}")))?;
+        let path_env = std::env::var_os("PATH").unwrap_or_default();
+        let criu_dir = criu.path().parent().map(Path::to_path_buf).unwrap_or_default();
+        let path_env =
+            std::env::join_paths(std::iter::once(criu_dir).chain(std::env::split_paths(&path_env))).unwrap_or(path_env);
+        Ok(Runc { bin, path_env, criu })
+    }
+
+    /// The CRIU runc uses.
+    pub fn criu(&self) -> &Criu {
+        &self.criu
+    }
+
+    /// `runc --criu CRIU ARGS` with CRIU's directory first on its `PATH`.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--criu").arg(self.criu.path()).args(args).env("PATH", &self.path_env).stdin(Stdio::null());
+        c
+    }
+
+    /// Runs `runc ARGS`; its standard output, or the failure with the end of its stderr.
+    fn run(&self, args: &[&str]) -> Result<String> {
+        let out = self.command(args).output().map_err(|e| ContainerError::io("running", &self.bin, e))?;
+        if !out.status.success() {
+            return Err(failed(format!("runc {}", args.join(" ")), &out));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// runc's version ("runc version 1.1.5" → "1.1.5").
+    pub fn version(&self) -> String {
+        let v = self.run(&["--version"]).unwrap_or_default();
+        v.lines().next().and_then(|l| l.split_whitespace().last()).unwrap_or_default().to_string()
+    }
+
+    /// The container `id`.
+    pub fn state(&self, id: &str) -> Result<State> {
+        let text = self.run(&["state", id])?;
+        serde_json::from_str(&text).map_err(|e| ContainerError::Runtime {
+            command: format!("runc state {id}"),
+            status: "unreadable output".into(),
+            stderr: e.to_string(),
+        })
+    }
+
+    /// The host pids of the container's processes (`runc ps --format json`).
+    pub fn pids(&self, id: &str) -> Result<Vec<u32>> {
+        let text = self.run(&["ps", "--format", "json", id])?;
+        serde_json::from_str(&text).map_err(|e| ContainerError::Runtime {
+            command: format!("runc ps --format json {id}"),
+            status: "unreadable output".into(),
+            stderr: e.to_string(),
+        })
+    }
+
+    /// `runc checkpoint`: CRIU's images into `images`, its log into `work`. Without
+    /// `leave_running` runc ends and deletes the container once the dump is complete.
+    fn checkpoint(&self, id: &str, images: &Path, work: &Path, leave_running: bool) -> Result<()> {
+        let (images, work) = (images.display().to_string(), work.display().to_string());
+        let mut args = vec!["checkpoint", "--image-path", &images, "--work-path", &work];
+        if leave_running {
+            args.push("--leave-running");
+        }
+        args.push(id);
+        self.run(&args).map(drop).map_err(|e| with_criu_log(e, &Path::new(&work).join("dump.log")))
+    }
+
+    /// `runc restore --detach` of container `id` from `images` with the bundle `bundle`. runc's
+    /// standard error goes to a file in `work`, never a pipe: a restored process whose standard
+    /// streams were pipes inherits runc's.
+    fn restore(&self, id: &str, images: &Path, work: &Path, bundle: &Path) -> Result<()> {
+        std::fs::create_dir_all(work).map_err(|e| ContainerError::io("creating", work, e))?;
+        let err_path = work.join("runc-restore.stderr");
+        let err = std::fs::File::create(&err_path).map_err(|e| ContainerError::io("creating", &err_path, e))?;
+        let (images_s, work_s, bundle_s) =
+            (images.display().to_string(), work.display().to_string(), bundle.display().to_string());
+        let args =
+            ["restore", "--image-path", &images_s, "--work-path", &work_s, "--bundle", &bundle_s, "--detach", id];
+        let status = self
+            .command(&args)
+            .stdout(Stdio::null())
+            .stderr(err)
+            .status()
+            .map_err(|e| ContainerError::io("running", &self.bin, e))?;
+        if status.success() {
+            return Ok(());
+        }
+        let stderr = std::fs::read(&err_path).unwrap_or_default();
+        let out = std::process::Output { status, stdout: Vec::new(), stderr };
+        Err(with_criu_log(failed(format!("runc {}", args.join(" ")), &out), &work.join("restore.log")))
+    }
+}
+
+/// `e` (a failed runc command) with the errors of CRIU's log `log` added, which runc only names.
+fn with_criu_log(e: ContainerError, log: &Path) -> ContainerError {
+    let Ok(text) = std::fs::read_to_string(log) else { return e };
+    let errors: Vec<&str> =
+        text.lines().filter(|l| l.contains("Error") && !l.contains("RLIMIT_NOFILE")).map(str::trim).collect();
+    let mut lines = errors[errors.len().saturating_sub(6)..].join("\n");
+    if lines.contains("Can't lookup mount") {
+        lines.push_str(
+            "\n(a file the container's processes hold open lies outside the container's mounts: start it with \
+             its standard streams on /dev/null, or pipes)",
+        );
+    }
+    match e {
+        ContainerError::Runtime { command, status, stderr } if !lines.is_empty() => {
+            ContainerError::Runtime { command, status, stderr: format!("{stderr}\nCRIU's log:\n{lines}") }
+        }
+        e => e,
+    }
+}
+
+/// A failed GPU step of container `id`, after which `after` says what became of it.
+fn gpu_failed(id: &str, step: &str, e: GpuDumpError, after: String) -> ContainerError {
+    ContainerError::Runtime { command: format!("{step} of container {id}"), status: after, stderr: e.to_string() }
+}
+
+/// Runs `step` for every pid of `pids` at once; the first error, in pid order, is the result.
+fn on_each<T: Send>(
+    pids: &[u32],
+    step: impl Fn(u32) -> gstore_gpu_dump::Result<T> + Sync,
+) -> gstore_gpu_dump::Result<Vec<T>> {
+    std::thread::scope(|s| {
+        let step = &step;
+        let running: Vec<_> = pids.iter().map(|&p| s.spawn(move || step(p))).collect();
+        running.into_iter().map(|t| t.join().expect("a GPU step does not panic")).collect()
+    })
+}
+
+/// Brings `pid`'s GPU state back to running from where it stands (checkpointed → restore onto
+/// `pairs`, or where it was → unlock; locked → unlock); the seconds of restore and unlock.
+fn resume(cuda: &CudaDriver, pid: u32, pairs: &[GpuPair]) -> gstore_gpu_dump::Result<(Option<f64>, Option<f64>)> {
+    let mut restore_s = None;
+    match cuda.state(pid)? {
+        ProcessState::Running => return Ok((None, None)),
+        ProcessState::Checkpointed => {
+            let t = Instant::now();
+            cuda.restore(pid, pairs)?;
+            restore_s = Some(t.elapsed().as_secs_f64());
+        }
+        ProcessState::Locked => {}
+        state => return Err(GpuDumpError::GpuState { pid, state, action: "resume it" }),
+    }
+    let t = Instant::now();
+    cuda.unlock(pid)?;
+    Ok((restore_s, Some(t.elapsed().as_secs_f64())))
+}
+
+/// [`resume`] of every pid at once; the longest restore and unlock.
+fn resume_all(
+    cuda: &CudaDriver,
+    pids: &[u32],
+    pairs: &[GpuPair],
+) -> gstore_gpu_dump::Result<(Option<f64>, Option<f64>)> {
+    let times = on_each(pids, |p| resume(cuda, p, pairs))?;
+    let longest = |v: Vec<Option<f64>>| v.into_iter().flatten().reduce(f64::max);
+    let (restores, unlocks): (Vec<_>, Vec<_>) = times.into_iter().unzip();
+    Ok((longest(restores), longest(unlocks)))
+}
+
+/// What became of the container after a failed step, once its GPU processes were resumed.
+fn resumed(cuda: &CudaDriver, pids: &[u32]) -> String {
+    match resume_all(cuda, pids, &[]) {
+        Ok(_) => "the container runs on, its GPU state resumed".into(),
+        Err(e) => format!("resuming its GPU state failed too ({e}); its processes may be lost"),
+    }
+}
+
+/// The container's GPU processes: those mapping libcuda that are its init or have a CUDA
+/// restore thread (a process forked from a CUDA process maps libcuda without a context of its
+/// own: the driver knows no restore thread for it, and CRIU takes it as it is), as gstore
+/// chooses for bare process trees.
+fn gpu_processes(cuda: &CudaDriver, init: u32, pids: &[u32]) -> Vec<u32> {
+    pids.iter()
+        .copied()
+        .filter(|&p| cuda::process_uses_cuda(p) && (p == init || cuda.restore_thread_id(p).is_ok()))
+        .collect()
+}
+
+/// What a runc checkpoint reports.
+#[derive(Serialize)]
+pub struct RuncCheckpointReport {
+    /// The container's id.
+    pub container: String,
+    /// Its init process (host pid).
+    pub pid: u32,
+    /// Its bundle.
+    pub bundle: PathBuf,
+    /// The processes whose GPU state was checkpointed (host pids; empty: a CPU container).
+    pub gpu_pids: Vec<u32>,
+    /// Whether it runs on.
+    pub left_running: bool,
+    /// Phase timings (`criu_dump_s`: `runc checkpoint`).
+    pub timings: CaptureTimings,
+    /// Seconds from the GPU lock (or the dump) until the container ran again (left running).
+    pub paused_s: Option<f64>,
+    /// The push of the staged image into the store.
+    pub push: PushReport,
+    /// Seconds in all.
+    pub total_s: f64,
+}
+
+/// Checkpoints the running container `id` through runc into the store as `tag`: its GPU
+/// processes locked and checkpointed through the driver (all before any is moved), `runc
+/// checkpoint` into a staging directory, their GPU state resumed (with `leave_running`), then
+/// the staged image pushed. Without `leave_running` runc stops the container; if the push
+/// fails, it is restored from the staged image and runs again (the error says so).
+pub fn checkpoint(
+    store: &Store,
+    runc: &Runc,
+    id: &str,
+    tag: &TagRef,
+    leave_running: bool,
+    lock_timeout_ms: u32,
+    progress: &dyn Progress,
+) -> Result<RuncCheckpointReport> {
+    let started = Instant::now();
+    tag.check_new()?;
+    let st = runc.state(id)?;
+    if st.status != "running" {
+        return Err(ContainerError::Runtime {
+            command: format!("runc checkpoint {id}"),
+            status: format!("not started: the container is {}", st.status),
+            stderr: "only a running container can be checkpointed".into(),
+        });
+    }
+    let pids = runc.pids(id)?;
+    let users: Vec<u32> = pids.iter().copied().filter(|&p| cuda::process_uses_cuda(p)).collect();
+    let cuda = match users.first() {
+        None => None,
+        Some(&p) => Some(CudaDriver::load().map_err(|e| {
+            gpu_failed(
+                id,
+                "the GPU checkpoint",
+                e,
+                format!("not started: process {p} uses CUDA (the container runs on)"),
+            )
+        })?),
+    };
+    let mut meta = Meta::new();
+    let mut timings = CaptureTimings::default();
+    let gpu_pids = match &cuda {
+        Some(cuda) => {
+            // Asked before the lock: cuInit can take seconds and must not extend the freeze.
+            let not_started = |e| gpu_failed(id, "the GPU query", e, "not started (the container runs on)".into());
+            let (major, minor) = cuda.driver_version().map_err(not_started)?;
+            let gpus = cuda.devices().map_err(not_started)?;
+            let gpu_pids = gpu_processes(cuda, st.pid, &users);
+            if !gpu_pids.is_empty() {
+                meta.insert(META_CUDA_DRIVER_VERSION.into(), format!("{major}.{minor}").into());
+                meta.insert(META_GPUS.into(), serde_json::json!(gpus));
+                meta.insert(META_GPU_PIDS.into(), serde_json::json!(gpu_pids));
+            }
+            gpu_pids
+        }
+        None => Vec::new(),
+    };
+    let gpu = cuda.as_ref().filter(|_| !gpu_pids.is_empty());
+
+    let staging = tempfile::Builder::new()
+        .prefix("gstore-runc-")
+        .tempdir()
+        .map_err(|e| ContainerError::io("creating", std::env::temp_dir(), e))?;
+    let image = staging.path().join("image");
+    let images = image.join(IMAGES);
+    std::fs::create_dir_all(&images).map_err(|e| ContainerError::io("creating", &images, e))?;
+    let config = st.bundle.join(CONFIG);
+    std::fs::copy(&config, image.join(CONFIG)).map_err(|e| ContainerError::io("copying", &config, e))?;
+
+    let frozen = Instant::now();
+    if let Some(cuda) = gpu {
+        let t = Instant::now();
+        for &p in &gpu_pids {
+            cuda.lock(p, lock_timeout_ms).map_err(|e| gpu_failed(id, "the GPU lock", e, resumed(cuda, &gpu_pids)))?;
+        }
+        timings.lock_s = Some(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        on_each(&gpu_pids, |p| cuda.checkpoint(p))
+            .map_err(|e| gpu_failed(id, "the GPU checkpoint", e, resumed(cuda, &gpu_pids)))?;
+        timings.gpu_checkpoint_s = Some(t.elapsed().as_secs_f64());
+    }
+    let t = Instant::now();
+    let dumped = runc.checkpoint(id, &images, &staging.path().join("work"), leave_running);
+    timings.criu_dump_s = t.elapsed().as_secs_f64();
+    if let Err(e) = dumped {
+        let running = runc.state(id).is_ok_and(|s| s.status == "running");
+        let after = match (running, gpu) {
+            (true, Some(cuda)) => format!(" ({})", resumed(cuda, &gpu_pids)),
+            (true, None) => " (the container runs on)".into(),
+            (false, _) => " (the container is no longer running)".into(),
+        };
+        return Err(match e {
+            ContainerError::Runtime { command, status, stderr } => {
+                ContainerError::Runtime { command, status: format!("{status}{after}"), stderr }
+            }
+            e => e,
+        });
+    }
+    let mut paused_s = None;
+    if let (true, Some(cuda)) = (leave_running, gpu) {
+        let t = Instant::now();
+        resume_all(cuda, &gpu_pids, &[])
+            .map_err(|e| gpu_failed(id, "the GPU resume after the dump", e, "its GPU processes may be lost".into()))?;
+        timings.gpu_resume_s = Some(t.elapsed().as_secs_f64());
+    }
+    if leave_running {
+        paused_s = Some(frozen.elapsed().as_secs_f64());
+    }
+
+    meta.insert(META_KIND.into(), crate::KIND.into());
+    meta.insert("runtime".into(), serde_json::json!({ "engine": "runc", "version": runc.version() }));
+    let container = ContainerMeta { name: id.into(), id: id.into(), runtime: "runc".into(), ..Default::default() };
+    meta.insert("container".into(), serde_json::json!(container));
+    meta.insert(META_RUNC.into(), serde_json::json!(RuncMeta { bundle: st.bundle.clone(), rootfs: st.rootfs.clone() }));
+    meta.insert(META_CRIU_VERSION.into(), runc.criu().version().into());
+    meta.insert("kernel".into(), kernel().into());
+    meta.insert("leave_running".into(), leave_running.into());
+    meta.insert(META_CAPTURE_TIMINGS.into(), serde_json::json!(timings));
+    match push::push(store, &image, tag, meta, progress) {
+        Ok(push) => Ok(RuncCheckpointReport {
+            container: id.into(),
+            pid: st.pid,
+            bundle: st.bundle,
+            gpu_pids,
+            left_running: leave_running,
+            timings,
+            paused_s,
+            push,
+            total_s: started.elapsed().as_secs_f64(),
+        }),
+        Err(source) => {
+            let after = if leave_running {
+                " (the container kept running)".to_string()
+            } else {
+                let back =
+                    runc.restore(id, &images, &staging.path().join("work-restore"), &st.bundle).and_then(
+                        |()| match gpu {
+                            Some(cuda) => resume_restored(runc, cuda, id, &[]).map(drop),
+                            None => Ok(()),
+                        },
+                    );
+                match back {
+                    Ok(()) => "; the container was restored from the staged image and runs again".into(),
+                    Err(e) => {
+                        let kept = staging.keep();
+                        format!(
+                            "; restoring the container from the staged image failed too ({e}); the image is kept at {}",
+                            kept.join("image").display()
+                        )
+                    }
+                }
+            };
+            Err(ContainerError::PushFailed {
+                container: id.into(),
+                after,
+                source: Box::new(ContainerError::Store(source)),
+            })
+        }
+    }
+}
+
+/// Restores and unlocks the GPU state of the restored container `id`'s processes (those the
+/// driver holds checkpointed or locked) onto `pairs`; their pids and the longest restore and
+/// unlock.
+fn resume_restored(
+    runc: &Runc,
+    cuda: &CudaDriver,
+    id: &str,
+    pairs: &[GpuPair],
+) -> Result<(Vec<u32>, Option<f64>, Option<f64>)> {
+    let pids: Vec<u32> = runc
+        .pids(id)?
+        .into_iter()
+        .filter(|&p| matches!(cuda.state(p), Ok(ProcessState::Checkpointed | ProcessState::Locked)))
+        .collect();
+    let (restore_s, unlock_s) = resume_all(cuda, &pids, pairs).map_err(|e| {
+        gpu_failed(
+            id,
+            "the GPU restore",
+            e,
+            format!("the container was restored but not its GPU state: `runc kill {id} KILL` ends it"),
+        )
+    })?;
+    Ok((pids, restore_s, unlock_s))
+}
+
+/// Whether image `m` was checkpointed through runc.
+pub fn is_runc_image(m: &Manifest) -> bool {
+    m.meta.get("runtime").and_then(|r| r.get("engine")).and_then(|e| e.as_str()) == Some("runc")
+}
+
+/// A runc image checked for its restore here.
+pub struct Checked {
+    /// The container id it is restored under.
+    pub id: String,
+    /// Its bundle.
+    pub bundle: PathBuf,
+    /// For a GPU image: the driver, and where its GPUs go.
+    pub gpu: Option<(CudaDriver, Vec<GpuPair>)>,
+}
+
+/// Checks that image `m` (named `image`) is a runc container checkpoint this machine can
+/// restore as `name` (else its checkpointed id): its bundle and root filesystem present, the id
+/// free, and for a GPU image a driver and GPUs that can take it.
+pub fn check(runc: &Runc, image: &str, m: &Manifest, name: Option<&str>) -> Result<Checked> {
+    let incompatible = |why: String| ContainerError::Incompatible { image: image.to_string(), why };
+    let kind = m.meta.get(META_KIND).and_then(|k| k.as_str()).unwrap_or("files");
+    if kind != crate::KIND || !is_runc_image(m) {
+        return Err(ContainerError::NotACheckpoint(format!(
+            "{image} is not a container checkpoint made through runc (its kind is {kind}); `gstore restore {image} \
+             --to DIR` writes its files"
+        )));
+    }
+    let c = ContainerMeta::of(m).unwrap_or_default();
+    let r: RuncMeta = m
+        .meta
+        .get(META_RUNC)
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .ok_or_else(|| incompatible("its metadata names no bundle".into()))?;
+    if !r.bundle.is_dir() {
+        return Err(incompatible(format!(
+            "its bundle {} is not here: runc restores the container from the bundle (and root filesystem) it ran \
+             from",
+            r.bundle.display()
+        )));
+    }
+    if !r.rootfs.is_dir() {
+        return Err(incompatible(format!("its root filesystem {} is not here", r.rootfs.display())));
+    }
+    let id = name.unwrap_or(&c.id).to_string();
+    if id.is_empty() {
+        return Err(incompatible("its metadata names no container id: restore it with --name ID".into()));
+    }
+    if runc.state(&id).is_ok() {
+        return Err(incompatible(format!(
+            "runc has a container {id}: restore under another id with --name, or `runc delete -f {id}`"
+        )));
+    }
+    let gpu = if m.meta.contains_key(META_GPU_PIDS) {
+        let mut as_process = m.meta.clone();
+        as_process.insert(META_KIND.into(), ImageKind::GpuProcess.as_str().into());
+        let wants = ImageMeta::from_metadata(&as_process).map_err(|e| incompatible(e.to_string()))?;
+        let cuda = CudaDriver::load();
+        let machine = MachineInfo::probe(Some(runc.criu()), &cuda);
+        let pairs = check_compatible(&wants, &machine, &GpuMap::default()).map_err(|e| incompatible(e.to_string()))?;
+        Some((cuda.map_err(|e| incompatible(e.to_string()))?, pairs))
+    } else {
+        None
+    };
+    Ok(Checked { id, bundle: r.bundle, gpu })
+}
+
+/// What a runc restore reports.
+#[derive(Serialize)]
+pub struct RuncRestoreReport {
+    /// The image restored.
+    pub image: String,
+    /// The restored container's id.
+    pub container: String,
+    /// Its init process (host pid).
+    pub pid: u32,
+    /// The processes whose GPU state was restored (host pids).
+    pub gpu_pids: Vec<u32>,
+    /// Bytes of image written out for CRIU.
+    pub image_bytes: u64,
+    /// Seconds writing the image from the store.
+    pub write_s: f64,
+    /// Seconds of `runc restore`.
+    pub runtime_s: f64,
+    /// Seconds of the GPU restore (the longest of its processes).
+    pub gpu_restore_s: Option<f64>,
+    /// Seconds of the GPU unlock.
+    pub gpu_unlock_s: Option<f64>,
+    /// Seconds in all.
+    pub total_s: f64,
+}
+
+/// Restores the runc container checkpoint `m` (image `image`, manifest `mid`) as `name` (else
+/// its checkpointed id), after [`check`]: its images written to a temporary directory (in
+/// `$TMPDIR`, removed after), `runc restore --detach` from the bundle it ran from (whose
+/// `config.json` is written from the image where it is missing), then the GPU state of its
+/// processes restored and unlocked.
+pub fn restore(
+    store: &Store,
+    runc: &Runc,
+    image: &str,
+    mid: &ObjectId,
+    m: &Manifest,
+    name: Option<&str>,
+    progress: &dyn Progress,
+) -> Result<RuncRestoreReport> {
+    let started = Instant::now();
+    let c = check(runc, image, m, name)?;
+    if let Some((cuda, _)) = &c.gpu {
+        // cuInit takes seconds on big machines: before the restore, not after it.
+        cuda.init().map_err(|e| gpu_failed(&c.id, "the GPU restore", e, "not started".into()))?;
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("gstore-runc-restore-")
+        .tempdir()
+        .map_err(|e| ContainerError::io("creating", std::env::temp_dir(), e))?;
+    let dest = tmp.path().join("image");
+    let written = gstore_restore::restore_to_dir(store, mid, m, &dest, 1 << 30, progress)?;
+    let config = c.bundle.join(CONFIG);
+    if !config.exists() {
+        std::fs::copy(dest.join(CONFIG), &config).map_err(|e| ContainerError::io("writing", &config, e))?;
+    }
+    let write_s = started.elapsed().as_secs_f64();
+    runc.restore(&c.id, &dest.join(IMAGES), &tmp.path().join("work"), &c.bundle)?;
+    let runtime_s = started.elapsed().as_secs_f64() - write_s;
+    let (gpu_pids, gpu_restore_s, gpu_unlock_s) = match &c.gpu {
+        Some((cuda, pairs)) => resume_restored(runc, cuda, &c.id, pairs)?,
+        None => (Vec::new(), None, None),
+    };
+    let pid = runc.state(&c.id).map(|s| s.pid).unwrap_or_default();
+    Ok(RuncRestoreReport {
+        image: image.to_string(),
+        container: c.id,
+        pid,
+        gpu_pids,
+        image_bytes: written.logical_bytes,
+        write_s,
+        runtime_s,
+        gpu_restore_s,
+        gpu_unlock_s,
+        total_s: started.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,234 @@
+//! Containers run by runc itself (no podman involved) through the real binary, runc and CRIU
+//! (>= 4): `gstore checkpoint --container ID --runtime runc` into the store, the container
+//! gone, `gstore restore TAG --container` back into runc, counting on from its checkpoint; a
+//! checkpoint left running found through runc without `--runtime` and adding little; and the
+//! failures (no runc, no such container, a stopped container, the wrong runtime, a taken id).
+//! The container is the static counter of tests/containers/counter.c in an OCI bundle of its
+//! own, writing its count into a bind-mounted directory. scripts/setup.sh installs runc.
+
+use gstore_tests::*;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `runc ARGS`, its standard streams on /dev/null unless captured (CRIU can dump a container
+/// only when the files its processes hold open are inside it or on /dev/null).
+fn runc(args: &[&str]) -> std::process::Output {
+    Command::new("runc").args(args).stdin(Stdio::null()).output().expect("runc runs (scripts/setup.sh installs it)")
+}
+
+/// A running counter container in a bundle of its own, deleted on drop.
+struct Counter {
+    id: String,
+    /// The bundle (config.json, rootfs/) and the state directory the count is written into.
+    dir: tempfile::TempDir,
+}
+
+impl Counter {
+    /// Builds a bundle holding the static counter (MIB MiB of memory) and starts it with
+    /// `runc run -d` under an id made from `tag`.
+    fn start(tag: &str, mib: u32) -> Counter {
+        let dir = tempfile::tempdir().unwrap();
+        let rootfs = dir.path().join("bundle/rootfs");
+        std::fs::create_dir_all(rootfs.join("state")).unwrap();
+        std::fs::create_dir_all(dir.path().join("state")).unwrap();
+        let source = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo and nextest"))
+            .join("containers/counter.c");
+        let cc = Command::new("cc").args(["-O2", "-static", "-o"]).arg(rootfs.join("counter")).arg(&source).status();
+        assert!(cc.expect("cc").success(), "building {}", source.display());
+        let bundle = dir.path().join("bundle");
+        let spec = Command::new("runc").args(["spec"]).current_dir(&bundle).status().unwrap();
+        assert!(spec.success(), "runc spec");
+        let config = bundle.join("config.json");
+        let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+        c["process"]["terminal"] = false.into();
+        c["process"]["args"] = serde_json::json!(["/counter", mib.to_string()]);
+        c["root"]["readonly"] = true.into();
+        c["mounts"].as_array_mut().unwrap().push(serde_json::json!({
+            "destination": "/state", "type": "bind",
+            "source": dir.path().join("state"), "options": ["rbind", "rw"]
+        }));
+        std::fs::write(&config, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+        let id = format!("gstore-runc-{tag}-{}", std::process::id());
+        runc(&["delete", "-f", &id]);
+        let out = Command::new("runc")
+            .args(["run", "-d", &id])
+            .current_dir(&bundle)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(out.success(), "runc run -d {id}");
+        let c = Counter { id, dir };
+        c.wait_above(2);
+        c
+    }
+
+    /// The count it wrote last (`None` before the first).
+    fn count(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.dir.path().join("state/count")).ok()?;
+        assert!(!text.starts_with("BAD"), "the counter found its memory wrong: {text}");
+        text.trim().parse().ok()
+    }
+
+    /// Waits until the count passes `floor`; returns it.
+    fn wait_above(&self, floor: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(n) = self.count().filter(|&n| n > floor) {
+                return n;
+            }
+            assert!(Instant::now() < deadline, "{} did not count past {floor}", self.id);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the count to pass `at_dump` after a restore begun at `since`, and checks that
+    /// it went on from the checkpoint: it counts at most once per 50 ms, so no more than the
+    /// time since the restore began allows.
+    fn counts_on_from(&self, at_dump: u64, since: Instant) -> u64 {
+        let after = self.wait_above(at_dump);
+        let reachable = at_dump + 2 + since.elapsed().as_millis() as u64 / 50;
+        assert!(after <= reachable, "count jumped from {at_dump} to {after}: not the checkpointed state");
+        after
+    }
+
+    /// runc's status of it, or `None` when runc knows no such container.
+    fn status(&self) -> Option<String> {
+        let out = runc(&["state", &self.id]);
+        out.status.success().then(|| {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            v["status"].as_str().unwrap().to_string()
+        })
+    }
+
+    /// Checks that the count stays put (the container is gone).
+    fn assert_still(&self) -> u64 {
+        let at = self.count().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(self.count(), Some(at), "{} counted on while it should be stopped", self.id);
+        at
+    }
+
+    fn bundle(&self) -> PathBuf {
+        self.dir.path().join("bundle")
+    }
+}
+
+impl Drop for Counter {
+    fn drop(&mut self) {
+        runc(&["delete", "-f", &self.id]);
+        runc(&["delete", "-f", &format!("{}-copy", self.id)]);
+    }
+}
+
+/// gstore with CRIU >= 4 (`--criu`, which runc gets too) after `args`.
+fn gstore(env: &Env, args: &[&str]) -> std::process::Output {
+    let criu = criu_args();
+    env.run(&with_criu(args, &criu))
+}
+
+fn json_ok(env: &Env, args: &[&str]) -> serde_json::Value {
+    let mut full = vec!["--json"];
+    full.extend_from_slice(args);
+    let out = gstore(env, &full);
+    assert!(out.status.success(), "gstore {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn fails(env: &Env, args: &[&str]) -> String {
+    let out = gstore(env, args);
+    assert!(!out.status.success(), "gstore {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_runc_container_checkpointed_into_the_store_is_restored_and_counts_on() {
+    let env = Env::new(&[]);
+    let c = Counter::start("cr", 128);
+    let r = json_ok(&env, &["checkpoint", "--container", &c.id, "--runtime", "runc", "--tag", "rc:1"]);
+    assert_eq!(r["left_running"], false);
+    assert_eq!(r["gpu_pids"], serde_json::json!([]), "a CPU container");
+    assert!(r["push"]["logical_bytes"].as_u64().unwrap() > 128 << 20, "the 128 MiB of memory are in the image");
+    assert_eq!(c.status(), None, "runc's checkpoint ended the container and deleted it");
+    let at_dump = c.assert_still();
+    let show = env.json(&["show", "rc:1"]);
+    assert_eq!(show["meta"]["kind"], "container-checkpoint");
+    assert_eq!(show["meta"]["runtime"]["engine"], "runc");
+    assert_eq!(show["meta"]["container"]["id"], c.id.as_str());
+    assert_eq!(show["meta"]["runc"]["bundle"], c.bundle().to_string_lossy().as_ref());
+    let paths: Vec<&str> = show["entries"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert!(paths.contains(&"config.json") && paths.contains(&"checkpoint/pages-1.img"), "{paths:?}");
+
+    // Through podman it cannot come back; through runc (the image's runtime) it does.
+    let err = fails(&env, &["restore", "rc:1", "--container", "--runtime", "podman"]);
+    assert!(err.contains("checkpointed through runc"), "{err}");
+    let since = Instant::now();
+    let r = json_ok(&env, &["restore", "rc:1", "--container"]);
+    assert_eq!(r["container"], c.id.as_str());
+    assert_eq!(c.status().as_deref(), Some("running"));
+    let after = c.counts_on_from(at_dump, since);
+    // Its full self-check (every 20 ticks) passes on the restored memory.
+    let after = c.wait_above(after + 25);
+
+    // Its id is taken now.
+    let err = fails(&env, &["restore", "rc:1", "--container"]);
+    assert!(err.contains("runc has a container"), "{err}");
+
+    // Left running, without --runtime: podman does not know it, runc does. It adds about what
+    // changed.
+    let r2 = json_ok(&env, &["checkpoint", "--container", &c.id, "--tag", "rc:2", "--leave-running"]);
+    assert_eq!(r2["left_running"], true);
+    assert_eq!(c.status().as_deref(), Some("running"));
+    c.wait_above(after + 5);
+    let logical = r2["push"]["logical_bytes"].as_u64().unwrap();
+    let added = r2["push"]["new_stored_bytes"].as_u64().unwrap();
+    assert!(added * 20 < logical, "the second checkpoint added {added} of {logical} bytes");
+}
+
+#[test]
+fn runc_failures_are_clear_and_tag_nothing() {
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    let err = fails(
+        &env,
+        &["checkpoint", "--container", "gstore-no-such-runc-container", "--runtime", "runc", "--tag", "x:1"],
+    );
+    assert!(err.contains("does not exist"), "{err}");
+
+    // No runc on PATH.
+    let mut no_runc = env.cmd(&["checkpoint", "--container", "any", "--runtime", "runc", "--tag", "x:1"]);
+    no_runc.args(&criu).env("PATH", "/nonexistent");
+    let out = no_runc.output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("runc is not installed"), "{:?}", out);
+
+    // A stopped container cannot be checkpointed.
+    let c = Counter::start("bad", 16);
+    assert!(runc(&["kill", &c.id, "KILL"]).status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.status().as_deref() != Some("stopped") {
+        assert!(Instant::now() < deadline, "{} did not stop", c.id);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let err = fails(&env, &["checkpoint", "--container", &c.id, "--runtime", "runc", "--tag", "x:1"]);
+    assert!(err.contains("only a running container"), "{err}");
+    assert!(env.ok(&["ls"]).lines().all(|l| !l.starts_with("x:1")), "nothing tagged");
+
+    // A runc image whose bundle is gone cannot be restored, and says why.
+    runc(&["delete", "-f", &c.id]);
+    let c = Counter::start("gone", 16);
+    json_ok(&env, &["checkpoint", "--container", &c.id, "--runtime", "runc", "--tag", "gone:1"]);
+    let moved = c.dir.path().join("bundle-moved");
+    std::fs::rename(c.bundle(), &moved).unwrap();
+    let err = fails(&env, &["restore", "gone:1", "--container", "--name", &format!("{}-copy", c.id)]);
+    assert!(err.contains("bundle") && err.contains("is not here"), "{err}");
+    std::fs::rename(&moved, c.bundle()).unwrap();
+    // Restored under another id from the same bundle.
+    let since = Instant::now();
+    let at_dump = c.count().unwrap();
+    let r = json_ok(&env, &["restore", "gone:1", "--container", "--name", &format!("{}-copy", c.id)]);
+    assert_eq!(r["container"], format!("{}-copy", c.id));
+    c.counts_on_from(at_dump, since);
+}
