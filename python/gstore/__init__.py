@@ -143,6 +143,8 @@ class Store:
 
     def __init__(self, path_or_url: Optional[str] = None) -> None:
         self._native = _gstore.Store(path_or_url)
+        self.location = path_or_url
+        """Where the store is, as given (``None``: ``GSTORE_STORE`` or the default)."""
         self._pool = _staging.StagingPool()
         self._saving = threading.Lock()  # one save at a time, from any thread
         self._pending: Optional[SaveHandle] = None

@@ -55,6 +55,8 @@ fn to_json<T: serde::Serialize>(value: &T) -> PyResult<String> {
 #[pyclass(frozen, module = "gstore._gstore")]
 struct Store {
     location: StoreLocation,
+    /// This process's index slot, if it has one (`Store::with_index_slot`).
+    index_slot: Option<u32>,
 }
 
 impl Store {
@@ -63,11 +65,21 @@ impl Store {
     }
 
     fn open_indexed(&self) -> Result<RustStore, StoreError> {
-        RustStore::open_indexed(&self.location, &|msg| eprintln!("gstore: {msg}"))
+        let on_wait = |msg: &str| eprintln!("gstore: {msg}");
+        match self.index_slot {
+            Some(n) => self.open()?.with_index_slot(n).with_index(&on_wait),
+            None => RustStore::open_indexed(&self.location, &on_wait),
+        }
     }
 
-    /// Opens the store with its index and reads the manifest `image` names (the two overlap).
+    /// Opens the store with its index and reads the manifest `image` names (the two overlap
+    /// without an index slot).
     fn open_image(&self, image: &str) -> Result<(RustStore, Manifest), StoreError> {
+        if self.index_slot.is_some() {
+            let store = self.open_indexed()?;
+            let m = store.get_manifest(&store.resolve(image)?)?;
+            return Ok((store, m));
+        }
         let (store, _, m) = RustStore::open_image(&self.location, image, &|msg| eprintln!("gstore: {msg}"))?;
         Ok((store, m))
     }
@@ -82,11 +94,13 @@ fn location_of(location: Option<&str>) -> PyResult<StoreLocation> {
 
 #[pymethods]
 impl Store {
-    /// Opens the store at `location` (see the class); fails if there is none.
+    /// Opens the store at `location` (see the class); fails if there is none. With
+    /// `index_slot`, this process uses its own index of the store on this machine (one per
+    /// rank of a job: ranks push side by side without waiting for each other's index lock).
     #[new]
-    #[pyo3(signature = (location=None))]
-    fn new(location: Option<&str>) -> PyResult<Store> {
-        let s = Store { location: location_of(location)? };
+    #[pyo3(signature = (location=None, index_slot=None))]
+    fn new(location: Option<&str>, index_slot: Option<u32>) -> PyResult<Store> {
+        let s = Store { location: location_of(location)?, index_slot };
         s.open().map_err(py_err)?;
         Ok(s)
     }
@@ -97,7 +111,7 @@ impl Store {
     fn init(location: Option<&str>) -> PyResult<Store> {
         let location = location_of(location)?;
         RustStore::init(&location, &StoreConfig::default()).map_err(py_err)?;
-        Ok(Store { location })
+        Ok(Store { location, index_slot: None })
     }
 
     /// Where the store is, in words.
@@ -143,17 +157,22 @@ impl Store {
     }
 
     /// Loads every file of `image` into host memory: `[(path, HostFile)]` in manifest order,
-    /// each chunk checked against its hash.
-    #[pyo3(signature = (image, memory_budget=1 << 30, progress=true))]
+    /// each chunk checked against its hash; with `paths`, only those files.
+    #[pyo3(signature = (image, memory_budget=1 << 30, progress=true, paths=None))]
     fn load_host(
         &self,
         py: Python<'_>,
         image: &str,
         memory_budget: u64,
         progress: bool,
+        paths: Option<Vec<String>>,
     ) -> PyResult<Vec<(String, HostFile)>> {
         let loaded = py.detach(|| {
             let (store, m) = self.open_image(image)?;
+            let m = match &paths {
+                Some(p) => m.subset(|e| p.contains(&e.path)),
+                None => m,
+            };
             gstore_restore::restore_to_memory(&store, &m, memory_budget, &Bars::new(progress))
         });
         Ok(loaded.map_err(py_err)?.entries.into_iter().map(|e| (e.path, HostFile { data: e.data })).collect())
@@ -221,6 +240,21 @@ impl Store {
             let id = store.resolve(source)?;
             store.get_manifest(&id)?;
             store.tag_existing(&target, id)
+        });
+        to_json(&rec.map_err(py_err)?)
+    }
+
+    /// Tags `tag` with one image holding every entry of the images `parts` (manifest ids),
+    /// their chunks referenced, not stored again; `meta` is a JSON object for its manifest.
+    /// Returns the tag record as JSON.
+    #[pyo3(signature = (tag, parts, meta="{}"))]
+    fn compose(&self, py: Python<'_>, tag: &str, parts: Vec<String>, meta: &str) -> PyResult<String> {
+        let tag = TagRef::parse_new(tag).map_err(py_err)?;
+        let meta: BTreeMap<String, serde_json::Value> = serde_json::from_str(meta)
+            .map_err(|e| InvalidError::new_err(format!("meta must be a JSON object: {e}")))?;
+        let rec = py.detach(|| {
+            let ids = parts.iter().map(|p| gstore_store::ObjectId::from_hex(p)).collect::<Result<Vec<_>, _>>()?;
+            gstore_store::compose::compose(&self.open_indexed()?, &tag, &ids, meta)
         });
         to_json(&rec.map_err(py_err)?)
     }

@@ -12,6 +12,7 @@ mod bases;
 mod cache;
 pub mod chunker;
 pub mod codec;
+pub mod compose;
 mod config;
 pub mod copy;
 pub mod crypto;

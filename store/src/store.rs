@@ -199,6 +199,8 @@ pub struct Store {
     seen_tags: Option<SeenTags>,
     /// How the store names chunks.
     chunk_ids: ChunkIds,
+    /// Which of this machine's indexes of the store to use ([`Store::with_index_slot`]).
+    index_slot: Option<u32>,
 }
 
 /// A pack too short for the bytes a read needs.
@@ -352,6 +354,7 @@ impl Store {
             bases: BaseCache::default(),
             seen_tags,
             chunk_ids,
+            index_slot: None,
         })
     }
 
@@ -479,12 +482,31 @@ impl Store {
     /// Takes the store lock (waiting for another process that holds it); returns it with the
     /// index directory it guards.
     fn lock_index(&self, on_wait: &dyn Fn(&str)) -> Result<(PathBuf, StoreLock)> {
-        let dir = self.location.index_dir();
+        let dir = self.index_dir();
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent).map_err(|e| StoreError::io("creating", parent, e))?;
         }
         let lock = StoreLock::acquire(&dir.with_extension("lock"), on_wait)?;
         Ok((dir, lock))
+    }
+
+    /// Uses this machine's index number `slot` of the store (`index-slot-N` beside the
+    /// default one) instead of the default index: processes on one machine that push at the
+    /// same time (a training job's ranks) each take a slot and do not wait for each other's
+    /// lock. Each slot's index is filled from the pack footers the first time and catches up
+    /// on every open, as any index does; it is only a cache. Call before opening the index.
+    pub fn with_index_slot(mut self, slot: u32) -> Store {
+        self.index_slot = Some(slot);
+        self
+    }
+
+    /// The index directory this store uses.
+    fn index_dir(&self) -> PathBuf {
+        let dir = self.location.index_dir();
+        match self.index_slot {
+            Some(n) => dir.with_file_name(format!("index-slot-{n}")),
+            None => dir,
+        }
     }
 
     /// This machine's directory for the store's gc state (see [`StoreLocation::gc_state_dir`]).
@@ -521,7 +543,7 @@ impl Store {
     /// than [`Store::open_indexed`]).
     pub fn index(&self) -> Result<&Index> {
         self.index.as_ref().ok_or_else(|| StoreError::Index {
-            path: self.location.index_dir(),
+            path: self.index_dir(),
             message: "this store handle was opened without its index (Store::open_indexed opens it)".into(),
         })
     }
@@ -781,26 +803,38 @@ impl Store {
     pub fn tag_existing(&self, tag: &TagRef, id: ObjectId) -> Result<TagRecord> {
         tag.check_new()?;
         let lease = crate::lease::Lease::take(&self.backend, &format!("tag {tag}"))?;
-        lease.protect(&[], &[id])?;
-        let manifest_doomed = crate::lease::has_tombstone(&self.backend, &ObjectKey::Manifest(id))?;
-        let m = self.get_manifest(&id)?;
-        self.sync_index()?;
-        let mut chunks_doomed = false;
-        for c in m.chunks.iter().filter(|c| !c.zero) {
-            if self.index()?.locate_for_dedup(&c.id)?.is_none() {
-                chunks_doomed = true;
-                break;
-            }
-        }
-        if manifest_doomed || chunks_doomed {
-            return Err(StoreError::Invalid(format!(
-                "image {} is being garbage-collected (gc tombstoned part of it): push it again instead of tagging it",
-                id.to_hex()
-            )));
-        }
+        self.hold_images(&lease, &[id])?;
         let rec = self.set_tag(tag, id)?;
         drop(lease);
         Ok(rec)
+    }
+
+    /// Names images `ids` in `lease` so that gc keeps them, and reads their manifests; an
+    /// image gc has begun to remove (its manifest, or a pack its chunks are only in,
+    /// tombstoned) is refused: gc might delete it any moment. Needs the index.
+    pub(crate) fn hold_images(&self, lease: &crate::lease::Lease, ids: &[ObjectId]) -> Result<Vec<Manifest>> {
+        lease.protect(&[], ids)?;
+        self.sync_index()?;
+        let mut manifests = Vec::with_capacity(ids.len());
+        for id in ids {
+            let manifest_doomed = crate::lease::has_tombstone(&self.backend, &ObjectKey::Manifest(*id))?;
+            let m = self.get_manifest(id)?;
+            let mut chunks_doomed = false;
+            for c in m.chunks.iter().filter(|c| !c.zero) {
+                if self.index()?.locate_for_dedup(&c.id)?.is_none() {
+                    chunks_doomed = true;
+                    break;
+                }
+            }
+            if manifest_doomed || chunks_doomed {
+                return Err(StoreError::Invalid(format!(
+                    "image {} is being garbage-collected (gc tombstoned part of it): push it again instead",
+                    id.to_hex()
+                )));
+            }
+            manifests.push(m);
+        }
+        Ok(manifests)
     }
 
     /// Pins or unpins `tag` (`gstore pin` / `unpin`): gc's retention never removes a pinned

@@ -1,0 +1,249 @@
+"""``torch.distributed.checkpoint`` (DCP) into a gstore store: one image per checkpoint, written
+by every rank side by side and tagged once all of it is stored.
+
+    import torch.distributed.checkpoint as dcp
+    import gstore.torch
+
+    dcp.save(state, storage_writer=gstore.torch.Writer("/data/store", "run:step-1000"))
+    dcp.load(state, storage_reader=gstore.torch.Reader("/data/store", "run:step-1000"))
+
+Each rank pushes its own items as one file, ``__R_0.distcp`` (each tensor as ``torch.save``
+writes it, as DCP's own files hold them), under a part tag ``NAME.dcp-part-R:VERSION``, through
+its own index slot (ranks on one machine do not wait for each other's index lock). The
+coordinator then pushes DCP's ``.metadata`` and composes the step's image from the parts (their
+chunks referenced, not stored again), tags it ``NAME:VERSION``, and removes the part tags: the
+tag appears all at once, or, if a rank or the coordinator fails, not at all (part tags may be
+left; ``gstore rm`` them). :class:`Reader` reads the image back on any number of ranks, each
+loading only the rank files its plan names; DCP's planner reshards.
+"""
+
+import dataclasses
+import io
+import json
+import os
+import pickle
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from . import Store, _gstore
+
+__all__ = ["Writer", "Reader"]
+
+METADATA = ".metadata"
+"""The file holding DCP's metadata (pickled), as DCP's file system writer names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """Which rank file a save plan writes."""
+
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredItem:
+    """Where one item's bytes are: file ``path`` of the image, ``length`` bytes at ``offset``;
+    ``part`` is the manifest id of the part image that holds the file (for the commit)."""
+
+    path: str
+    offset: int
+    length: int
+    part: str = ""
+
+
+def _location_of(store: Union[Store, str, None]) -> Optional[str]:
+    return store.location if isinstance(store, Store) else store
+
+
+def _split_tag(tag: str):
+    name, _, version = tag.partition(":")
+    return name, version or "latest"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _slot() -> int:
+    """This process's index slot: its rank on this machine."""
+    return int(os.environ.get("LOCAL_RANK", _rank()))
+
+
+class Writer(StorageWriter):
+    """Saves a DCP checkpoint as image ``tag`` (``NAME:VERSION``) of ``store`` (a
+    :class:`gstore.Store`, or its location). Works with ``dcp.save`` and ``dcp.async_save``."""
+
+    def __init__(self, store: Union[Store, str, None], tag: str) -> None:
+        super().__init__()
+        self.location = _location_of(store)
+        self.tag = tag
+        self._native = None
+        self._is_coordinator = False
+
+    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+        if checkpoint_id is not None:
+            self.tag = str(checkpoint_id)
+        self._native = None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
+        return isinstance(checkpoint_id, str) and ":" in checkpoint_id and "/" not in checkpoint_id
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.tag)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._is_coordinator = is_coordinator
+        self._native = _gstore.Store(self.location, _slot())
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        return [dataclasses.replace(p, storage_data=_Part(i)) for i, p in enumerate(plans)]
+
+    def _part_tag(self, index: Union[int, str]) -> str:
+        name, version = _split_tag(self.tag)
+        return f"{name}.dcp-part-{index}:{version}"
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[WriteResult]]":
+        part: _Part = plan.storage_data
+        path = f"__{part.index}_0.distcp"
+        buffers: List[Any] = []
+        placed = []
+        offset = 0
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+            else:
+                out = io.BytesIO()
+                torch.save(data.detach().cpu().contiguous(), out)
+                raw = out.getvalue()
+            buffers.append(raw)
+            placed.append((item, offset, len(raw)))
+            offset += len(raw)
+        manifest = ""
+        if buffers:
+            report = json.loads(
+                self._native.push_buffers(self._part_tag(part.index), [(path, buffers)], "{}", False)
+            )
+            manifest = report["manifest"]
+        results = [
+            WriteResult(index=item.index, size_in_bytes=n, storage_data=StoredItem(path, at, n, manifest))
+            for item, at, n in placed
+        ]
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        """On the coordinator: pushes the metadata, composes the image from every rank's
+        part and tags it, then removes the part tags."""
+        parts: Dict[str, None] = {}
+        storage: Dict[MetadataIndex, StoredItem] = {}
+        for per_rank in results:
+            for r in per_rank:
+                d: StoredItem = r.storage_data
+                parts[d.part] = None
+                storage[r.index] = dataclasses.replace(d, part="")
+        metadata.storage_data = storage
+        meta_tag = self._part_tag("meta")
+        report = json.loads(
+            self._native.push_buffers(meta_tag, [(METADATA, [pickle.dumps(metadata)])], "{}", False)
+        )
+        ids = [p for p in parts if p] + [report["manifest"]]
+        meta = {"kind": "dcp-checkpoint", "dcp": {"ranks": len(results)}}
+        self._native.compose(self.tag, ids, json.dumps(meta))
+        for t in [self._part_tag(i) for i in range(len(results))] + [meta_tag]:
+            try:
+                self._native.rm(t)
+            except _gstore.NotFoundError:
+                pass  # a rank with nothing to write pushed no part
+
+
+class Reader(StorageReader):
+    """Loads a DCP checkpoint from image ``tag`` of ``store`` (a :class:`gstore.Store`, or
+    its location), on any number of ranks."""
+
+    def __init__(self, store: Union[Store, str, None], tag: str) -> None:
+        super().__init__()
+        self.location = _location_of(store)
+        self.tag = tag
+        self._native = None
+        self._storage: Dict[MetadataIndex, StoredItem] = {}
+
+    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+        if checkpoint_id is not None:
+            self.tag = str(checkpoint_id)
+        self._native = None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
+        return Writer.validate_checkpoint_id(checkpoint_id)
+
+    def _store(self):
+        if self._native is None:
+            self._native = _gstore.Store(self.location, _slot())
+        return self._native
+
+    def _files(self, paths: List[str]) -> Dict[str, np.ndarray]:
+        loaded = self._store().load_host(self.tag, 1 << 30, False, paths)
+        return {p: np.asarray(f) for p, f in loaded}
+
+    def read_metadata(self) -> Metadata:
+        files = self._files([METADATA])
+        if METADATA not in files:
+            raise _gstore.NotFoundError(f"{self.tag} holds no DCP {METADATA}: not a checkpoint gstore.torch.Writer made")
+        return pickle.loads(files[METADATA].tobytes())
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._storage = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
+        wanted = sorted({self._storage[r.storage_index].path for r in plan.items})
+        files = self._files(wanted) if wanted else {}
+        for req in plan.items:
+            loc = self._storage[req.storage_index]
+            raw = files[loc.path][loc.offset : loc.offset + loc.length]
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(raw))
+                continue
+            tensor = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+            tensor = _narrow(tensor, req)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != tensor.size():
+                raise ValueError(f"{req.storage_index}: stored {tuple(tensor.size())}, asked {tuple(target.size())}")
+            target.copy_(tensor)
+            planner.commit_tensor(req, target)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+
+def _narrow(tensor: torch.Tensor, req: ReadItem) -> torch.Tensor:
+    """The part of a stored tensor (chunk) a read asks for."""
+    for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
+        tensor = tensor.narrow(dim, start, length)
+    return tensor

@@ -1,0 +1,84 @@
+"""torch.distributed.checkpoint through gstore.torch: two gloo ranks on the CPU save one
+sharded checkpoint (DTensor shards), which one process loads back whole; and the failures.
+Runs where torch is installed (skipped otherwise)."""
+
+import os
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import gstore  # noqa: E402
+import gstore.torch  # noqa: E402
+
+SHAPES = {"w": (64, 32), "b": (64,), "emb": (128, 16)}
+
+
+def full_state(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(*s, generator=g) * 0.02 for k, s in SHAPES.items()}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_save(rank, world, port, location, tag, fail_rank):
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        state = {k: distribute_tensor(v, mesh, [Shard(0)]) for k, v in full_state().items()}
+        state["step"] = 3
+        writer = gstore.torch.Writer(location, tag)
+        if rank == fail_rank:
+            def broken(plan, planner):
+                raise RuntimeError("this rank's disk failed")
+            writer.write_data = broken
+        dcp.save(state, storage_writer=writer)
+    finally:
+        dist.destroy_process_group()
+
+
+def save_from_two_ranks(location, tag, fail_rank=-1):
+    mp.start_processes(_rank_save, args=(2, free_port(), location, tag, fail_rank), nprocs=2, start_method="spawn")
+
+
+def test_two_ranks_write_one_image_that_one_process_loads_whole(tmp_path):
+    location = str(tmp_path / "store")
+    store = gstore.Store.init(location)
+    save_from_two_ranks(location, "job:step-3")
+    assert [r["tag"] for r in store.list()] == ["job:step-3"], "one tag; the parts' tags are gone"
+    paths = sorted(e["path"] for e in store.show("job:step-3")["entries"])
+    assert paths == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert store.show("job:step-3")["meta"]["dcp"]["ranks"] == 2
+
+    # Resumed on one rank (no process group): the shards come back as whole tensors.
+    loaded = {k: torch.zeros(*s) for k, s in SHAPES.items()}
+    loaded["step"] = 0
+    dcp.load(loaded, storage_reader=gstore.torch.Reader(store, "job:step-3"))
+    for k, v in full_state().items():
+        assert torch.equal(loaded[k], v), k
+    assert loaded["step"] == 3
+
+
+def test_a_failed_rank_tags_nothing_and_a_missing_image_is_named(tmp_path):
+    location = str(tmp_path / "store")
+    store = gstore.Store.init(location)
+    with pytest.raises(mp.ProcessExitedException):
+        save_from_two_ranks(location, "job:step-4", fail_rank=1)
+    assert "job:step-4" not in [r["tag"] for r in store.list()], "no tag for a checkpoint that failed"
+    # DCP reports a rank's error as its own CheckpointException, holding the rank's error.
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException) as missing:
+        dcp.load({"w": torch.zeros(*SHAPES["w"])}, storage_reader=gstore.torch.Reader(store, "job:step-4"))
+    assert "tag not found: job:step-4" in str(missing.value.failures), missing.value.failures
