@@ -240,6 +240,19 @@ pub enum Command {
         /// New NAME[:VERSION] (an existing tag is moved; its old value goes to history).
         target: String,
     },
+    /// Pin tags: gc's retention (--keep-last, --keep-daily, ...) never removes a pinned tag
+    /// or its current image; a push or `gstore tag` that moves it keeps it pinned.
+    Pin {
+        /// NAME[:VERSION] (one or more).
+        #[arg(required = true)]
+        tags: Vec<String>,
+    },
+    /// Unpin tags (`gstore pin`): retention treats them as any other again.
+    Unpin {
+        /// NAME[:VERSION] (one or more).
+        #[arg(required = true)]
+        tags: Vec<String>,
+    },
     /// Remove a tag (its chunks stay until garbage collection).
     Rm {
         /// NAME[:VERSION] (one or more).
@@ -392,15 +405,27 @@ pub struct InitArgs {
 
 /// Arguments of `gstore gc`.
 #[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("retention").multiple(true).args(["keep_last", "keep_within", "keep_daily", "keep_weekly"]))]
 pub struct GcArgs {
     /// Keep the newest N images of each tag name (its versions and their history together);
     /// remove the rest.
     #[arg(long, value_name = "N")]
     pub keep_last: Option<usize>,
-    /// Keep every image set within this long before now, e.g. 7d, 12h, 90min. With
-    /// --keep-last, an image either rule keeps is kept.
+    /// Keep every image set within this long before now, e.g. 7d, 12h, 90min. An image any
+    /// rule keeps is kept.
     #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
     pub keep_within: Option<std::time::Duration>,
+    /// Keep the newest image of each of the newest N UTC days that have images of a name.
+    #[arg(long, value_name = "N")]
+    pub keep_daily: Option<usize>,
+    /// Keep the newest image of each of the newest N UTC weeks (Monday to Sunday) that have
+    /// images of a name.
+    #[arg(long, value_name = "N")]
+    pub keep_weekly: Option<usize>,
+    /// Apply the retention rules only to tag names starting with this (e.g. one training
+    /// run's); other names keep everything. Pinned tags (`gstore pin`) are always kept.
+    #[arg(long, value_name = "PREFIX", requires = "retention")]
+    pub prefix: Option<String>,
     /// Report what would be removed and reclaimed; change nothing.
     #[arg(long)]
     pub dry_run: bool,

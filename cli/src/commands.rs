@@ -78,6 +78,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Show { image } => show(&Store::open(&location)?, &image, &out),
         Command::Du => du(&open_indexed(&location)?, &out),
         Command::Tag { source, target } => tag(&location, &source, &target, &out),
+        Command::Pin { tags } => pin(&location, &tags, true, &out),
+        Command::Unpin { tags } => pin(&location, &tags, false, &out),
         Command::Rm { images } => rm(&location, &images, &out),
         Command::Gc(a) => run_gc(&location, a, &out, &bars),
         Command::Verify { read_data } => run_verify(&location, read_data, &out, &bars),
@@ -276,6 +278,20 @@ fn tag(location: &StoreLocation, source: &str, target: &str, out: &Output) -> Re
     store.get_manifest(&id).with_context(|| format!("{source} does not name a readable image"))?;
     let rec = store.tag_existing(&target, id)?;
     out.emit(&rec, || format!("tagged {} -> {}", rec.tag(), rec.manifest))
+}
+
+/// `gstore pin` / `gstore unpin`.
+fn pin(location: &StoreLocation, tags: &[String], pinned: bool, out: &Output) -> Result<()> {
+    let store = Store::open(location)?;
+    let tags = tags.iter().map(|t| TagRef::parse(t)).collect::<gstore_store::Result<Vec<_>>>()?;
+    for tag in &tags {
+        store.set_pinned(tag, pinned)?;
+    }
+    let names: Vec<String> = tags.iter().map(ToString::to_string).collect();
+    let word = if pinned { "pinned" } else { "unpinned" };
+    out.emit(&serde_json::json!({ word: names }), || {
+        names.iter().map(|t| format!("{word} {t}")).collect::<Vec<_>>().join("\n")
+    })
 }
 
 /// `gstore rm`: every tag named, each checked before any is removed.
@@ -817,17 +833,22 @@ fn ls(store: &Store, name: Option<&str>, sort: Sort, latest: bool, out: &Output)
     }
     out.emit(&rows, || {
         let width = rows.iter().map(|r| r.tag.len()).max().unwrap_or(3).max(3);
-        let mut s = format!("{:<width$}  {:<12}  {:<20}  {:>10}", "TAG", "IMAGE", "CREATED", "SIZE");
+        let mut s =
+            format!("{:<width$}  {:<12}  {:<20}  {:>10}  {:>7}  PINNED", "TAG", "IMAGE", "CREATED", "SIZE", "HISTORY");
         for r in &rows {
             let size = r.logical_bytes.map(|b| HumanBytes(b).to_string()).unwrap_or_else(|| "damaged".into());
             let created = r.created.as_deref().unwrap_or("?");
-            s.push_str(&format!(
-                "\n{:<width$}  {:<12}  {:<20}  {:>10}",
+            let line = format!(
+                "{:<width$}  {:<12}  {:<20}  {:>10}  {:>7}  {}",
                 r.tag,
                 r.manifest.get(..12).unwrap_or(""),
                 created,
-                size
-            ));
+                size,
+                r.history,
+                if r.pinned { "yes" } else { "" }
+            );
+            s.push('\n');
+            s.push_str(line.trim_end());
             if let Some(e) = &r.error {
                 s.push_str(&format!("\n  error: {e}"));
             }
@@ -941,9 +962,18 @@ fn run_gc(location: &StoreLocation, a: GcArgs, out: &Output, bars: &Bars) -> Res
     if a.keep_within.is_some_and(|d| d.is_zero()) {
         return Err(Usage("--keep-within 0 would remove every image; use gstore rm to remove tags".into()).into());
     }
+    if a.keep_daily == Some(0) || a.keep_weekly == Some(0) {
+        return Err(Usage("--keep-daily/--keep-weekly 0 keeps nothing by that rule; leave it out".into()).into());
+    }
     let store = Store::open(location)?;
     let opts = gc::GcOptions {
-        policy: gc::retention::Policy { keep_last: a.keep_last, keep_within_secs: a.keep_within.map(|d| d.as_secs()) },
+        policy: gc::retention::Policy {
+            keep_last: a.keep_last,
+            keep_within_secs: a.keep_within.map(|d| d.as_secs()),
+            keep_daily: a.keep_daily,
+            keep_weekly: a.keep_weekly,
+            prefix: a.prefix,
+        },
         dry_run: a.dry_run,
         repack_below: a.repack_below,
         break_lock: a.break_lock,
