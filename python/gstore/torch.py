@@ -99,6 +99,7 @@ class Writer(StorageWriter):
         if checkpoint_id is not None:
             self.tag = str(checkpoint_id)
         self._native = None
+        self.__dict__.pop("_parent_tag", None)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
@@ -121,6 +122,16 @@ class Writer(StorageWriter):
         name, version = _split_tag(self.tag)
         return f"{name}.dcp-part-{index}:{version}"
 
+    def _parent(self) -> Optional[str]:
+        """The newest earlier checkpoint of this tag's name: each rank's file is stored
+        against its file there (unchanged chunks shared, changed ones as XOR deltas)."""
+        if not hasattr(self, "_parent_tag"):
+            name, _ = _split_tag(self.tag)
+            rows = [r for r in json.loads(self._native.list()) if r["tag"].split(":", 1)[0] == name]
+            rows = [r for r in rows if r["tag"] != self.tag and r.get("created_unix") is not None]
+            self._parent_tag = max(rows, key=lambda r: r["created_unix"])["tag"] if rows else None
+        return self._parent_tag
+
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[WriteResult]]":
         part: _Part = plan.storage_data
         path = f"__{part.index}_0.distcp"
@@ -140,9 +151,8 @@ class Writer(StorageWriter):
             offset += len(raw)
         manifest = ""
         if buffers:
-            report = json.loads(
-                self._native.push_buffers(self._part_tag(part.index), [(path, buffers)], "{}", False)
-            )
+            meta = json.dumps({"parent": self._parent()} if self._parent() else {})
+            report = json.loads(self._native.push_buffers(self._part_tag(part.index), [(path, buffers)], meta, False))
             manifest = report["manifest"]
         results = [
             WriteResult(index=item.index, size_in_bytes=n, storage_data=StoredItem(path, at, n, manifest))

@@ -314,6 +314,19 @@ def test_latest_is_the_newest_image_of_a_name(store):
         store.latest("run:step-10")
 
 
+def test_a_checkpoint_a_few_steps_later_is_stored_against_the_previous_one(store):
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal(1 << 20) * 0.02).astype(np.float32)
+    first = store.save({"w": w}, "train:step-100")
+    later = (w + rng.standard_normal(w.size).astype(np.float32) * 1e-4).astype(np.float32)
+    second = store.save({"w": later}, "train:step-110")
+    assert first["new_stored_bytes"] > 0.8 * w.nbytes, first  # the float codec alone: ~0.85
+    assert second["delta_chunks"] > 0, second
+    assert second["new_stored_bytes"] < 0.8 * first["new_stored_bytes"], (first, second)
+    np.testing.assert_array_equal(store.load("train:step-110")["w"], later)
+    np.testing.assert_array_equal(store.load("train:step-100")["w"], w)
+
+
 def test_retention_per_run_keeps_pinned_checkpoints(store):
     tiny = {"w": np.zeros(4, np.float32)}
     for step in (1, 2, 3):

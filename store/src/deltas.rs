@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::id::ObjectId;
 use crate::key::{Family, ObjectKey};
 use crate::lease::{self, Lease};
+use crate::manifest::{ChunkRef, Manifest};
 use crate::similar::{self, Sketch};
 use crate::store::Store;
 use crate::tag::{TagRecord, TagRef};
@@ -16,6 +17,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// a second read (its base) to restore.
 const DELTA_BELOW: f64 = 0.9;
 
+/// The same for an XOR delta against the parent's chunk at the same place: that base is
+/// the previous checkpoint's, which a restore of this one seldom reads anyway, so a smaller
+/// saving is kept (floats a few steps apart save 5-15 % this way, docs/BENCHMARKS.md).
+const XOR_BELOW: f64 = 0.97;
+
 /// A delta against one base that is at most this (plus a 64th of the chunk's own encoding)
 /// holds about one changed page: no second base is looked for.
 const ONE_PAGE_LEFT: usize = similar::PAGE as usize;
@@ -25,6 +31,9 @@ const SECOND_TRIES: usize = 4;
 
 /// The chunks before and after each chunk of the parent image's page images.
 type Neighbors = HashMap<ObjectId, (Option<ObjectId>, Option<ObjectId>)>;
+
+/// The parent image's files: each file's size and its chunks with where each starts.
+type ParentFiles = HashMap<String, (u64, Vec<(u64, ChunkRef)>)>;
 
 /// Stores a push's new page-image chunks as deltas. A base is always a chunk stored whole,
 /// in a pack the push has named in its lease and found without a tombstone (docs/GC.md, push
@@ -37,16 +46,111 @@ pub(crate) struct Deltas<'a> {
     lease: Option<&'a Lease>,
     /// The tag the push sets: its parent image is the latest image of the same name.
     tag: &'a TagRef,
+    /// The parent image named outright (the push's `parent` metadata), if it was.
+    parent_tag: Option<TagRef>,
+    /// The parent image, read when first needed.
+    parent: OnceLock<Option<Manifest>>,
+    /// The parent image's files, read when first needed.
+    parent_files: OnceLock<ParentFiles>,
     /// Packs checked as homes of bases: true when a base in them may be relied on.
     vetted: Mutex<HashMap<ObjectId, bool>>,
     /// The parent image's neighbors, read when first needed.
     neighbors: OnceLock<Neighbors>,
 }
 
+/// A span of a unit's bytes cut where the parent image's same file was cut, with the parent's
+/// chunk there.
+pub(crate) type AlignedSpan = (std::ops::Range<usize>, ChunkRef);
+
 impl<'a> Deltas<'a> {
-    /// Deltas for a push into `store` under `lease`, setting `tag`.
-    pub(crate) fn new(store: &'a Store, lease: Option<&'a Lease>, tag: &'a TagRef) -> Deltas<'a> {
-        Deltas { store, lease, tag, vetted: Mutex::default(), neighbors: OnceLock::new() }
+    /// Deltas for a push into `store` under `lease`, setting `tag`; its parent image is
+    /// `parent_tag`'s when given, else the latest of `tag`'s name.
+    pub(crate) fn new(
+        store: &'a Store,
+        lease: Option<&'a Lease>,
+        tag: &'a TagRef,
+        parent_tag: Option<TagRef>,
+    ) -> Deltas<'a> {
+        Deltas {
+            store,
+            lease,
+            tag,
+            parent_tag,
+            parent: OnceLock::new(),
+            parent_files: OnceLock::new(),
+            vetted: Mutex::default(),
+            neighbors: OnceLock::new(),
+        }
+    }
+
+    /// The spans of a file's unit (`len` bytes at `offset` of file `path`, `size` bytes in
+    /// all) cut where the parent image's same file was, when it has one of the same size:
+    /// tensors saved again in place then meet their old values chunk for chunk, for
+    /// [`Deltas::encode_aligned`]. `None` when there is no such file, or its chunks do not
+    /// tile the unit (another segment size).
+    pub(crate) fn aligned_spans(&self, path: &str, size: u64, offset: u64, len: u64) -> Option<Vec<AlignedSpan>> {
+        let (parent_size, chunks) = self.parent_files().get(path)?;
+        if *parent_size != size {
+            return None;
+        }
+        let first = chunks.partition_point(|(start, _)| *start < offset);
+        let mut at = offset;
+        let mut spans = Vec::new();
+        for (start, c) in &chunks[first..] {
+            if at == offset + len {
+                break;
+            }
+            let end = start + c.len as u64;
+            if *start != at || end > offset + len {
+                return None;
+            }
+            spans.push(((start - offset) as usize..(end - offset) as usize, *c));
+            at = end;
+        }
+        (at == offset + len).then_some(spans)
+    }
+
+    /// `plain` stored as an XOR delta against `parent`, the parent image's chunk at the same
+    /// place (a chunk of the same length stored whole in a pack [`Deltas::vet`] accepts), when
+    /// that is enough smaller than `whole` bytes (its own encoding).
+    pub(crate) fn encode_aligned(
+        &self,
+        encoder: &mut codec::Encoder,
+        plain: &[u8],
+        parent: &ChunkRef,
+        whole: usize,
+    ) -> Result<Option<(DeltaBases, Vec<u8>)>> {
+        if parent.zero || parent.len as usize != plain.len() {
+            return Ok(None);
+        }
+        let Some(base) = self.usable_base(&parent.id)? else { return Ok(None) };
+        let limit = (whole as f64 * XOR_BELOW) as usize;
+        Ok(encoder.encode_xor_delta(plain, parent.id, &base, limit).map(|d| (DeltaBases::one(parent.id), d)))
+    }
+
+    /// The parent image (read once): `parent_tag`'s, else the latest of the tag's name.
+    fn parent(&self) -> Option<&Manifest> {
+        self.parent.get_or_init(|| parent_manifest(self.store, self.parent_tag.as_ref(), self.tag)).as_ref()
+    }
+
+    /// The parent image's files (read once).
+    fn parent_files(&self) -> &ParentFiles {
+        self.parent_files.get_or_init(|| {
+            let mut out = ParentFiles::new();
+            for (entry, chunks) in self.parent().into_iter().flat_map(Manifest::files) {
+                let mut at = 0u64;
+                let placed = chunks
+                    .iter()
+                    .map(|c| {
+                        let start = at;
+                        at += c.len as u64;
+                        (start, *c)
+                    })
+                    .collect();
+                out.insert(entry.path.clone(), (entry.size, placed));
+            }
+            out
+        })
     }
 
     /// The bases and stored bytes of `plain` (chunk `id` at file offset `at`, after chunk
@@ -172,16 +276,17 @@ impl<'a> Deltas<'a> {
 
     /// The chunks before and after each chunk of the parent image's page images (read once).
     fn neighbors(&self) -> &Neighbors {
-        self.neighbors.get_or_init(|| parent_neighbors(self.store, self.tag).unwrap_or_default())
+        self.neighbors.get_or_init(|| self.parent().map(page_neighbors).unwrap_or_default())
     }
 }
 
-/// The neighbors in the page images of the parent of a push setting `tag`: the image the tag
-/// names now, else the one last set among the tag's name's other versions. Only a hint for
-/// choosing bases, so an unreadable parent gives none.
-fn parent_neighbors(store: &Store, tag: &TagRef) -> Option<Neighbors> {
-    let parent = match store.get_tag(tag).ok()? {
+/// The parent of a push setting `tag`: the image `named` names when given, else the image
+/// the tag names now, else the one last set among the tag's name's other versions. Only a
+/// hint for choosing bases, so an unreadable parent is none.
+fn parent_manifest(store: &Store, named: Option<&TagRef>, tag: &TagRef) -> Option<Manifest> {
+    let parent = match store.get_tag(named.unwrap_or(tag)).ok()? {
         Some(rec) => rec,
+        None if named.is_some() => return None,
         None => {
             let prefix = format!("{}/{}/", Family::Tags.prefix(), tag.name);
             let mut latest: Option<TagRecord> = None;
@@ -195,7 +300,11 @@ fn parent_neighbors(store: &Store, tag: &TagRef) -> Option<Neighbors> {
             latest?
         }
     };
-    let manifest = store.get_manifest(&parent.manifest_id().ok()?).ok()?;
+    store.get_manifest(&parent.manifest_id().ok()?).ok()
+}
+
+/// The chunks before and after each chunk of `manifest`'s page images.
+fn page_neighbors(manifest: &Manifest) -> Neighbors {
     let mut out = Neighbors::new();
     for (entry, chunks) in manifest.files() {
         if !similar::is_page_image_path(&entry.path) {
@@ -207,5 +316,5 @@ fn parent_neighbors(store: &Store, tag: &TagRef) -> Option<Neighbors> {
             out.entry(c.id).or_insert((before, after));
         }
     }
-    Some(out)
+    out
 }

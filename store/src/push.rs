@@ -375,7 +375,8 @@ fn push_entries(
             })
             .collect();
         let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
-        let deltas = Deltas::new(store, lease.as_ref(), tag);
+        let parent = meta.get("parent").and_then(|p| p.as_str()).and_then(|p| TagRef::parse(p).ok());
+        let deltas = Deltas::new(store, lease.as_ref(), tag, parent);
         let work = Work { deltas: &deltas, reader: reader.as_ref(), vet_found };
         let appended = append_all(&work, batches, &mut out, &queue, progress);
         drop(queue);
@@ -835,9 +836,19 @@ fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
         // The chunk before, in this segment: in the parent image, what followed it is a
         // likely base for a changed chunk.
         let mut before: Option<ObjectId> = None;
-        chunker::cut_segment(data, cfg)
+        // A file the parent image holds at the same size is cut where it was cut there, each
+        // chunk then tried as an XOR delta against the parent's chunk at the same place.
+        let aligned = work.reader.and_then(|r| {
+            let e = &r.entries[u.file];
+            deltas.aligned_spans(&e.rel, e.size, u.offset, u.len)
+        });
+        let spans: Vec<(chunker::Span, Option<ChunkRef>)> = match aligned {
+            Some(spans) => spans.into_iter().map(|(span, c)| (span, Some(c))).collect(),
+            None => chunker::cut_segment(data, cfg).into_iter().map(|span| (span, None)).collect(),
+        };
+        spans
             .into_iter()
-            .map(|span| {
+            .map(|(span, parent)| {
                 let at = u.offset + span.start as u64;
                 let plain = &data[span];
                 let id = store.chunk_ids().id(plain);
@@ -858,9 +869,14 @@ fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
                 }
                 let (codec, stored) = encoder.encode(plain);
                 let sketch = if u.page_image { similar::sketch(plain, at) } else { None };
-                let delta = match &sketch {
-                    Some(sketch) => deltas.encode(encoder, &id, plain, at, before, sketch, stored.len())?,
+                let aligned = match &parent {
+                    Some(p) => deltas.encode_aligned(encoder, plain, p, stored.len())?,
                     None => None,
+                };
+                let delta = match (&sketch, aligned) {
+                    (_, Some(d)) => Some(d),
+                    (Some(sketch), None) => deltas.encode(encoder, &id, plain, at, before, sketch, stored.len())?,
+                    (None, None) => None,
                 };
                 match delta {
                     Some((bases, delta)) => {
