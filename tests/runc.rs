@@ -191,11 +191,11 @@ fn a_runc_container_checkpointed_into_the_store_is_restored_and_counts_on() {
 fn runc_failures_are_clear_and_tag_nothing() {
     let env = Env::new(&[]);
     let criu = criu_args();
-    let err = fails(
-        &env,
-        &["checkpoint", "--container", "gstore-no-such-runc-container", "--runtime", "runc", "--tag", "x:1"],
-    );
-    assert!(err.contains("does not exist"), "{err}");
+    let args = ["checkpoint", "--container", "gstore-no-such-runc-container", "--runtime", "runc", "--tag", "x:1"];
+    let out = gstore(&env, &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "a container runc does not know is not found: {err}");
+    assert!(err.contains("no container \"gstore-no-such-runc-container\""), "{err}");
 
     // No runc on PATH.
     let mut no_runc = env.cmd(&["checkpoint", "--container", "any", "--runtime", "runc", "--tag", "x:1"]);

@@ -13,7 +13,7 @@ pub enum ContainerError {
     #[error("no container runtime: {0}")]
     NoRuntime(String),
     /// The runtime knows no such container.
-    #[error("no container {0:?} (`podman ps -a` lists them)")]
+    #[error("no container {0:?} (`podman ps -a` or `runc list` lists them)")]
     NoSuchContainer(String),
     /// A runtime command failed.
     #[error("`{command}` failed ({status}): {stderr}")]

@@ -135,9 +135,14 @@ impl Runc {
         v.lines().next().and_then(|l| l.split_whitespace().last()).unwrap_or_default().to_string()
     }
 
-    /// The container `id`.
+    /// The container `id` ([`ContainerError::NoSuchContainer`] when runc knows none).
     pub fn state(&self, id: &str) -> Result<State> {
-        let text = self.run(&["state", id])?;
+        let text = self.run(&["state", id]).map_err(|e| match e {
+            ContainerError::Runtime { stderr, .. } if stderr.contains("does not exist") => {
+                ContainerError::NoSuchContainer(id.to_string())
+            }
+            e => e,
+        })?;
         serde_json::from_str(&text).map_err(|e| ContainerError::Runtime {
             command: format!("runc state {id}"),
             status: "unreadable output".into(),
