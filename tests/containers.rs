@@ -319,7 +319,7 @@ fn bad_containers_runtimes_and_archives_fail_clearly_and_tag_nothing() {
     assert!(err.contains("cut short") || err.contains("damaged"), "{err}");
     let garbage = env
         .cmd(&["push", "-", "--tag", "x:1"])
-        .stdin(std::fs::File::open(&source_text(&env)).unwrap())
+        .stdin(std::fs::File::open(source_text(&env)).unwrap())
         .output()
         .unwrap();
     assert_eq!(garbage.status.code(), Some(2), "{}", String::from_utf8_lossy(&garbage.stderr));

@@ -234,7 +234,7 @@ fn run_seed(seed: u64) -> Vec<(usize, &'static str, String)> {
             let _finish = Finish(&world_ref.sched, 3);
             let store = world_ref.machine("gc", Some(3), seed);
             for policy in &policies {
-                let opts = GcOptions { policy: *policy, ..Default::default() };
+                let opts = GcOptions { policy: policy.clone(), ..Default::default() };
                 gc::gc(&store, &opts, &Silent).unwrap();
             }
         });
