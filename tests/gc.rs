@@ -206,7 +206,10 @@ fn pinned_tags_and_other_names_survive_retention_and_ls_shows_what_history_keeps
     }
     let ls = env.json(&["ls"]);
     let row = |tag: &str| ls.as_array().unwrap().iter().find(|r| r["tag"] == tag).unwrap().clone();
-    assert_eq!((row("run-a:step-1")["pinned"].as_bool(), row("other:latest")["history"].as_u64()), (Some(true), Some(2)));
+    assert_eq!(
+        (row("run-a:step-1")["pinned"].as_bool(), row("other:latest")["history"].as_u64()),
+        (Some(true), Some(2))
+    );
     assert!(env.ok(&["ls"]).lines().next().unwrap().contains("HISTORY"));
 
     // Retention for run-a only: the newest and the pinned one stay, "other" keeps its history.
