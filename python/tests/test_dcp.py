@@ -82,3 +82,17 @@ def test_a_failed_rank_tags_nothing_and_a_missing_image_is_named(tmp_path):
     with pytest.raises(CheckpointException) as missing:
         dcp.load({"w": torch.zeros(*SHAPES["w"])}, storage_reader=gstore.torch.Reader(store, "job:step-4"))
     assert "tag not found: job:step-4" in str(missing.value.failures), missing.value.failures
+
+
+def test_async_save_writes_the_same_image(tmp_path):
+    store = gstore.Store.init(str(tmp_path / "store"))
+    state = {**full_state(3), "step": 9}
+    future = dcp.async_save(state, storage_writer=gstore.torch.Writer(store, "job:step-9"))
+    future.result()
+    loaded = {k: torch.zeros(*s) for k, s in SHAPES.items()}
+    loaded["step"] = 0
+    dcp.load(loaded, storage_reader=gstore.torch.Reader(store, "job:step-9"))
+    for k, v in full_state(3).items():
+        assert torch.equal(loaded[k], v), k
+    assert loaded["step"] == 9
+    assert [r["tag"] for r in store.list()] == ["job:step-9"]
