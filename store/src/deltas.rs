@@ -62,6 +62,16 @@ pub(crate) struct Deltas<'a> {
 /// chunk there.
 pub(crate) type AlignedSpan = (std::ops::Range<usize>, ChunkRef);
 
+/// File names of tensors saved in place, checkpoint after checkpoint: cut where the parent's
+/// same file was cut ([`Deltas::aligned_spans`]). Other files keep content-defined cuts, which
+/// survive insertions.
+const TENSOR_FILES: [&str; 7] = [".safetensors", ".distcp", ".pt", ".pth", ".bin", ".npy", ".gguf"];
+
+/// Whether `path` names a file of tensors ([`TENSOR_FILES`]).
+pub(crate) fn is_tensor_file(path: &str) -> bool {
+    TENSOR_FILES.iter().any(|ext| path.ends_with(ext))
+}
+
 impl<'a> Deltas<'a> {
     /// Deltas for a push into `store` under `lease`, setting `tag`; its parent image is
     /// `parent_tag`'s when given, else the latest of `tag`'s name.
@@ -89,6 +99,9 @@ impl<'a> Deltas<'a> {
     /// [`Deltas::encode_aligned`]. `None` when there is no such file, or its chunks do not
     /// tile the unit (another segment size).
     pub(crate) fn aligned_spans(&self, path: &str, size: u64, offset: u64, len: u64) -> Option<Vec<AlignedSpan>> {
+        if !is_tensor_file(path) {
+            return None;
+        }
         let (parent_size, chunks) = self.parent_files().get(path)?;
         if *parent_size != size {
             return None;
@@ -133,8 +146,9 @@ impl<'a> Deltas<'a> {
         self.parent.get_or_init(|| parent_manifest(self.store, self.parent_tag.as_ref(), self.tag)).as_ref()
     }
 
-    /// The parent image's files (read once).
-    fn parent_files(&self) -> &ParentFiles {
+    /// The parent image's files (read once; a push of tensor files reads them before its
+    /// workers start, so that they are not read from many threads at once).
+    pub(crate) fn parent_files(&self) -> &ParentFiles {
         self.parent_files.get_or_init(|| {
             let mut out = ParentFiles::new();
             for (entry, chunks) in self.parent().into_iter().flat_map(Manifest::files) {

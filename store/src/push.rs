@@ -377,6 +377,9 @@ fn push_entries(
         let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
         let parent = meta.get("parent").and_then(|p| p.as_str()).and_then(|p| TagRef::parse(p).ok());
         let deltas = Deltas::new(store, lease.as_ref(), tag, parent);
+        if reader.as_ref().is_some_and(|r| r.entries.iter().any(|e| crate::deltas::is_tensor_file(&e.rel))) {
+            deltas.parent_files();
+        }
         let work = Work { deltas: &deltas, reader: reader.as_ref(), vet_found };
         let appended = append_all(&work, batches, &mut out, &queue, progress);
         drop(queue);
@@ -836,7 +839,7 @@ fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
         // The chunk before, in this segment: in the parent image, what followed it is a
         // likely base for a changed chunk.
         let mut before: Option<ObjectId> = None;
-        // A file the parent image holds at the same size is cut where it was cut there, each
+        // A tensor file the parent image holds at the same size is cut where it was cut there, each
         // chunk then tried as an XOR delta against the parent's chunk at the same place.
         let aligned = work.reader.and_then(|r| {
             let e = &r.entries[u.file];
