@@ -473,6 +473,15 @@ fn the_registry_serves_images_byte_for_byte_and_refuses_bad_pushes() {
         assert!(ok && code == 200 && &sha256(&body) == d, "blob {d}: {code}");
     }
     assert_eq!(curl(&host, Some(READ), &[], "/v2/base/tags/list").3, br#"{"name":"base","tags":["1"]}"#);
+    // Ranges of a blob, as a resumed pull asks; one past its end is refused.
+    let layer_path = format!("/v2/base/blobs/{}", blobs[1]);
+    let whole = curl(&host, Some(READ), &[], &layer_path).3;
+    let (_, code, headers, part) = curl(&host, Some(READ), &["-r", "100-1123"], &layer_path);
+    assert!(code == 206 && part[..] == whole[100..1124], "{code}");
+    assert!(headers.contains(&format!("content-range: bytes 100-1123/{}", whole.len())), "{headers}");
+    let (_, code, _, tail) = curl(&host, Some(READ), &["-r", "5000-"], &layer_path);
+    assert!(code == 206 && tail[..] == whole[5000..], "{code}");
+    assert_eq!(curl(&host, Some(READ), &["-r", &format!("{}-", whole.len())], &layer_path).1, 416);
 
     // A fresh podman storage pulls it and runs it.
     let storage = tempfile::tempdir().unwrap();

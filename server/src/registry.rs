@@ -206,20 +206,40 @@ async fn get_blob(
     let (n, d) = (name.to_string(), digest.clone());
     let r = reg.clone();
     let blob = blocking(move || r.blob(&n, &d)).await?;
+    // One range (`bytes=A-B` / `bytes=A-`), as a client resuming a pull asks.
+    let range = match headers.get(header::RANGE).map(|v| v.to_str().ok().and_then(crate::routes::parse_range)) {
+        None => 0..blob.size,
+        Some(Some(object_store::GetRange::Bounded(r))) if r.start < blob.size => r.start..r.end.min(blob.size),
+        Some(Some(object_store::GetRange::Offset(start))) if start < blob.size => start..blob.size,
+        Some(_) => {
+            let mut r =
+                failure(StatusCode::RANGE_NOT_SATISFIABLE, "BLOB_UNKNOWN", "unsatisfiable or unsupported Range");
+            set(r.headers_mut(), "content-range", format!("bytes */{}", blob.size));
+            return Err(r);
+        }
+    };
+    let partial = range.start > 0 || range.end < blob.size;
     let mut h = HeaderMap::new();
     set(&mut h, "content-type", "application/octet-stream");
     set(&mut h, "docker-content-digest", &digest);
-    set(&mut h, "content-length", blob.size);
+    set(&mut h, "accept-ranges", "bytes");
+    set(&mut h, "content-length", range.end - range.start);
+    let status = if partial {
+        set(&mut h, "content-range", format!("bytes {}-{}/{}", range.start, range.end - 1, blob.size));
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
     if head {
-        return Ok((StatusCode::OK, h).into_response());
+        return Ok((status, h).into_response());
     }
     // Written on a blocking thread into a bounded channel; a failure (a damaged chunk) ends
     // the body with an error, which cuts the connection short of its length: the client
     // never takes a partial blob for the whole.
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
-    state.metrics.bytes_out.inc_by(blob.size);
+    state.metrics.bytes_out.inc_by(range.end - range.start);
     tokio::task::spawn_blocking(move || {
-        let mut w = Sending { tx: tx.clone(), piece: Vec::new() };
+        let mut w = Sending { tx: tx.clone(), piece: Vec::new(), skip: range.start, left: range.end - range.start };
         let wrote = reg
             .write_blob(&blob, &mut w)
             .and_then(|()| w.flush().map_err(|e| RegistryError::io("sending", std::path::Path::new("a blob"), e)));
@@ -229,13 +249,17 @@ async fn get_blob(
         }
     });
     let body = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) });
-    Ok((StatusCode::OK, h, Body::from_stream(body)).into_response())
+    Ok((status, h, Body::from_stream(body)).into_response())
 }
 
-/// A writer handing its bytes to a response body, a piece at a time.
+/// A writer handing the bytes of a window of what is written to it (`skip` bytes passed
+/// over, then `left` bytes) to a response body, a piece at a time; once the window is sent
+/// it says the client went away, which stops the blob's writer.
 struct Sending {
     tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
     piece: Vec<u8>,
+    skip: u64,
+    left: u64,
 }
 
 /// Bytes handed to the body at once.
@@ -243,9 +267,19 @@ const PIECE: usize = 1 << 20;
 
 impl Write for Sending {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = buf.len().min(PIECE - self.piece.len());
+        let skipped = buf.len().min(self.skip.min(usize::MAX as u64) as usize);
+        if skipped > 0 {
+            self.skip -= skipped as u64;
+            return Ok(skipped);
+        }
+        if self.left == 0 {
+            self.flush()?;
+            return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the range is sent"));
+        }
+        let n = buf.len().min(PIECE - self.piece.len()).min(self.left.min(usize::MAX as u64) as usize);
         self.piece.extend_from_slice(&buf[..n]);
-        if self.piece.len() == PIECE {
+        self.left -= n as u64;
+        if self.piece.len() == PIECE || self.left == 0 {
             self.flush()?;
         }
         Ok(n)

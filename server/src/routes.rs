@@ -113,7 +113,7 @@ fn store_error(e: object_store::Error) -> Response {
 }
 
 /// Parses `bytes=A-B` / `bytes=A-` (one range).
-fn parse_range(v: &str) -> Option<GetRange> {
+pub(crate) fn parse_range(v: &str) -> Option<GetRange> {
     let (a, b) = v.strip_prefix("bytes=")?.split_once('-')?;
     let start: u64 = a.parse().ok()?;
     if b.is_empty() {
