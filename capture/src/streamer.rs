@@ -103,12 +103,7 @@ impl Gate {
 
 /// Makes a FIFO at `path` and opens it read-write.
 fn fifo(path: &Path) -> Result<File> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| os("making a FIFO", std::io::ErrorKind::InvalidInput.into()))?;
-    // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-        return Err(CaptureError::Staging { path: path.to_path_buf(), source: std::io::Error::last_os_error() });
-    }
+    gstore_gpu_dump::fifo::make(path).map_err(|source| CaptureError::Staging { path: path.to_path_buf(), source })?;
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)

@@ -11,8 +11,6 @@ use gstore_store::push::PushReport;
 use gstore_store::stream::Meta;
 use gstore_store::{Store, TagRef};
 use serde::Serialize;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -33,16 +31,6 @@ pub struct ContainerCheckpointReport {
     pub push: PushReport,
     /// Seconds in all.
     pub total_s: f64,
-}
-
-/// Makes a FIFO at `path`.
-fn mkfifo(path: &Path) -> Result<()> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("a temporary path has no NUL");
-    // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-        return Err(ContainerError::io("creating FIFO", path, std::io::Error::last_os_error()));
-    }
-    Ok(())
 }
 
 /// Checkpoints the running container `name` into the store as `tag`. Without
@@ -71,7 +59,7 @@ pub fn checkpoint(
         .tempdir()
         .map_err(|e| ContainerError::io("creating", std::env::temp_dir(), e))?;
     let fifo = dir.path().join("checkpoint.tar");
-    mkfifo(&fifo)?;
+    gstore_gpu_dump::fifo::make(&fifo).map_err(|e| ContainerError::io("creating FIFO", &fifo, e))?;
     let mut meta = Meta::new();
     meta.insert("runtime".into(), serde_json::json!({ "engine": "podman", "version": podman.version() }));
     meta.insert("criu_version".into(), podman.criu().version().into());

@@ -20,6 +20,7 @@ pub mod compat;
 pub mod criu;
 pub mod cuda;
 pub mod error;
+pub mod fifo;
 pub mod gpumap;
 pub mod images;
 pub mod procfs;
