@@ -74,6 +74,27 @@ pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
+/// Whether `name ARGS` (found on `PATH`) runs and succeeds, its output discarded.
+pub(crate) fn succeeds(name: &str, args: &[&str]) -> bool {
+    on_path(name).is_some_and(|bin| {
+        Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// This process's `PATH` with `criu`'s directory first: a runtime running `criu` from its
+/// `PATH` runs gstore's.
+pub(crate) fn path_with_criu_first(criu: &Criu) -> OsString {
+    let path_env = std::env::var_os("PATH").unwrap_or_default();
+    let criu_dir = criu.path().parent().map(Path::to_path_buf).unwrap_or_default();
+    std::env::join_paths(std::iter::once(criu_dir).chain(std::env::split_paths(&path_env))).unwrap_or(path_env)
+}
+
 impl Podman {
     /// Whether `podman` is on `PATH`.
     pub fn installed() -> bool {
@@ -82,21 +103,12 @@ impl Podman {
 
     /// Whether podman knows a container `name` (`podman container exists`), without CRIU.
     pub fn knows(name: &str) -> bool {
-        on_path("podman").is_some_and(|bin| {
-            Command::new(bin)
-                .args(["container", "exists", name])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+        succeeds("podman", &["container", "exists", name])
     }
 
     /// podman from `PATH`, with the CRIU gstore uses (`criu`, else the one it finds) first on
     /// podman's `PATH`.
     pub fn find(criu: Option<&Path>) -> Result<Podman> {
-        let path_env = std::env::var_os("PATH").unwrap_or_default();
         let bin = on_path("podman").ok_or_else(|| {
             ContainerError::NoRuntime(
                 "podman is not installed (Debian: apt-get install podman runc); gstore checkpoints and restores \
@@ -105,10 +117,7 @@ impl Podman {
             )
         })?;
         let criu = Criu::find(criu).map_err(|e| ContainerError::NoRuntime(format!("podman needs CRIU >= 4: {e}")))?;
-        let criu_dir = criu.path().parent().map(Path::to_path_buf).unwrap_or_default();
-        let path_env =
-            std::env::join_paths(std::iter::once(criu_dir).chain(std::env::split_paths(&path_env))).unwrap_or(path_env);
-        Ok(Podman { bin, path_env, criu })
+        Ok(Podman { bin, path_env: path_with_criu_first(&criu), criu })
     }
 
     /// The CRIU podman's runtime uses.

@@ -12,10 +12,10 @@
 use crate::archive::ContainerMeta;
 use crate::checkpoint::kernel;
 use crate::error::{ContainerError, Result};
-use crate::podman::{failed, on_path};
+use crate::podman::{failed, on_path, path_with_criu_first, succeeds};
 use gstore_gpu_dump::checkpoint::{
-    CaptureTimings, META_CAPTURE_TIMINGS, META_CRIU_VERSION, META_CUDA_DRIVER_VERSION, META_GPUS, META_GPU_PIDS,
-    META_KIND,
+    gpu_processes, on_each, resume_all, CaptureTimings, META_CAPTURE_TIMINGS, META_CRIU_VERSION,
+    META_CUDA_DRIVER_VERSION, META_GPUS, META_GPU_PIDS, META_KIND,
 };
 use gstore_gpu_dump::cuda::{self, ffi::GpuPair};
 use gstore_gpu_dump::{
@@ -79,15 +79,7 @@ impl Runc {
 
     /// Whether runc knows a container `id` (`runc state` answers for it), without CRIU.
     pub fn knows(id: &str) -> bool {
-        on_path("runc").is_some_and(|bin| {
-            Command::new(bin)
-                .args(["state", id])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+        succeeds("runc", &["state", id])
     }
 
     /// runc from `PATH`, with the CRIU gstore uses (`criu`, else the one it finds): passed with
@@ -101,11 +93,7 @@ impl Runc {
             )
         })?;
         let criu = Criu::find(criu).map_err(|e| ContainerError::NoRuntime(format!("runc needs CRIU >= 4: {e}")))?;
-        let path_env = std::env::var_os("PATH").unwrap_or_default();
-        let criu_dir = criu.path().parent().map(Path::to_path_buf).unwrap_or_default();
-        let path_env =
-            std::env::join_paths(std::iter::once(criu_dir).chain(std::env::split_paths(&path_env))).unwrap_or(path_env);
-        Ok(Runc { bin, path_env, criu })
+        Ok(Runc { bin, path_env: path_with_criu_first(&criu), criu })
     }
 
     /// The CRIU runc uses.
@@ -223,66 +211,12 @@ fn gpu_failed(id: &str, step: &str, e: GpuDumpError, after: String) -> Container
     ContainerError::Runtime { command: format!("{step} of container {id}"), status: after, stderr: e.to_string() }
 }
 
-/// Runs `step` for every pid of `pids` at once; the first error, in pid order, is the result.
-fn on_each<T: Send>(
-    pids: &[u32],
-    step: impl Fn(u32) -> gstore_gpu_dump::Result<T> + Sync,
-) -> gstore_gpu_dump::Result<Vec<T>> {
-    std::thread::scope(|s| {
-        let step = &step;
-        let running: Vec<_> = pids.iter().map(|&p| s.spawn(move || step(p))).collect();
-        running.into_iter().map(|t| t.join().expect("a GPU step does not panic")).collect()
-    })
-}
-
-/// Brings `pid`'s GPU state back to running from where it stands (checkpointed → restore onto
-/// `pairs`, or where it was → unlock; locked → unlock); the seconds of restore and unlock.
-fn resume(cuda: &CudaDriver, pid: u32, pairs: &[GpuPair]) -> gstore_gpu_dump::Result<(Option<f64>, Option<f64>)> {
-    let mut restore_s = None;
-    match cuda.state(pid)? {
-        ProcessState::Running => return Ok((None, None)),
-        ProcessState::Checkpointed => {
-            let t = Instant::now();
-            cuda.restore(pid, pairs)?;
-            restore_s = Some(t.elapsed().as_secs_f64());
-        }
-        ProcessState::Locked => {}
-        state => return Err(GpuDumpError::GpuState { pid, state, action: "resume it" }),
-    }
-    let t = Instant::now();
-    cuda.unlock(pid)?;
-    Ok((restore_s, Some(t.elapsed().as_secs_f64())))
-}
-
-/// [`resume`] of every pid at once; the longest restore and unlock.
-fn resume_all(
-    cuda: &CudaDriver,
-    pids: &[u32],
-    pairs: &[GpuPair],
-) -> gstore_gpu_dump::Result<(Option<f64>, Option<f64>)> {
-    let times = on_each(pids, |p| resume(cuda, p, pairs))?;
-    let longest = |v: Vec<Option<f64>>| v.into_iter().flatten().reduce(f64::max);
-    let (restores, unlocks): (Vec<_>, Vec<_>) = times.into_iter().unzip();
-    Ok((longest(restores), longest(unlocks)))
-}
-
 /// What became of the container after a failed step, once its GPU processes were resumed.
 fn resumed(cuda: &CudaDriver, pids: &[u32]) -> String {
     match resume_all(cuda, pids, &[]) {
         Ok(_) => "the container runs on, its GPU state resumed".into(),
         Err(e) => format!("resuming its GPU state failed too ({e}); its processes may be lost"),
     }
-}
-
-/// The container's GPU processes: those mapping libcuda that are its init or have a CUDA
-/// restore thread (a process forked from a CUDA process maps libcuda without a context of its
-/// own: the driver knows no restore thread for it, and CRIU takes it as it is), as gstore
-/// chooses for bare process trees.
-fn gpu_processes(cuda: &CudaDriver, init: u32, pids: &[u32]) -> Vec<u32> {
-    pids.iter()
-        .copied()
-        .filter(|&p| cuda::process_uses_cuda(p) && (p == init || cuda.restore_thread_id(p).is_ok()))
-        .collect()
 }
 
 /// What a runc checkpoint reports.

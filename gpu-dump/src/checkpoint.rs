@@ -382,13 +382,13 @@ pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
 /// a CUDA restore thread. A process forked from a CUDA process maps libcuda without a context
 /// of its own (a data loader worker), and a short-lived one may be gone already: the driver
 /// knows no restore thread for either, so they are left to CRIU, as its CUDA plugin does.
-fn gpu_processes(cuda: &CudaDriver, root: u32, cuda_users: &[u32]) -> Vec<u32> {
+pub fn gpu_processes(cuda: &CudaDriver, root: u32, cuda_users: &[u32]) -> Vec<u32> {
     cuda_users.iter().copied().filter(|&p| p == root || cuda.restore_thread_id(p).is_ok()).collect()
 }
 
 /// Runs `step` for every pid of `pids` at once (one thread each beyond the first); the first
 /// error, in pid order, is the result.
-fn on_each<T: Send>(pids: &[u32], step: impl Fn(u32) -> Result<T> + Sync) -> Result<Vec<T>> {
+pub fn on_each<T: Send>(pids: &[u32], step: impl Fn(u32) -> Result<T> + Sync) -> Result<Vec<T>> {
     match pids {
         [] => Ok(Vec::new()),
         [only] => Ok(vec![step(*only)?]),
@@ -403,7 +403,7 @@ fn on_each<T: Send>(pids: &[u32], step: impl Fn(u32) -> Result<T> + Sync) -> Res
 /// Brings the GPU state of every pid of `pids` back to running ([`resume`]), side by side;
 /// returns the longest restore and unlock any of them took. A failure names its pid
 /// ([`GpuDumpError::GpuRestore`]).
-fn resume_all(cuda: &CudaDriver, pids: &[u32], pairs: &[GpuPair]) -> Result<(Option<f64>, Option<f64>)> {
+pub fn resume_all(cuda: &CudaDriver, pids: &[u32], pairs: &[GpuPair]) -> Result<(Option<f64>, Option<f64>)> {
     let times = on_each(pids, |p| {
         resume(cuda, p, pairs).map_err(|e| GpuDumpError::GpuRestore { pid: p, source: Box::new(e) })
     })?;
