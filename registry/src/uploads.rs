@@ -7,7 +7,6 @@
 use crate::digest::{Digest, Hashing};
 use crate::error::{RegistryError, Result};
 use std::fs;
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -96,22 +95,6 @@ impl Uploads {
         }
     }
 
-    /// Stages a blob whose bytes are all at hand (a monolithic upload).
-    pub fn put(&self, digest: &Digest, bytes: &[u8]) -> Result<()> {
-        let got = Digest::of(bytes);
-        if &got != digest {
-            return Err(RegistryError::DigestInvalid(format!("the uploaded bytes are {got}, not {digest}")));
-        }
-        let staged = self.staged_path(digest);
-        let tmp = staged.with_extension("part");
-        let write = || -> std::io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(bytes)?;
-            fs::rename(&tmp, &staged)
-        };
-        write().map_err(|e| RegistryError::io("keeping", &staged, e))
-    }
-
     fn upload_path(&self, id: &str) -> PathBuf {
         self.dir.join("uploads").join(id)
     }
@@ -124,6 +107,7 @@ impl Uploads {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn uploads_are_checked_against_their_digest() {
