@@ -8,7 +8,7 @@
 use gstore_tests::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The counter's image, made once per test process from tests/containers/counter.c.
 const IMAGE: &str = "localhost/gstore-test-counter:1";
@@ -61,11 +61,19 @@ fn counter_image(scratch: &Path) {
     });
 }
 
-/// A running counter container, removed on drop.
+/// A running counter container, removed on drop; its count file through [`CountFile`].
 struct Counter {
     name: String,
-    state: tempfile::TempDir,
+    _state: tempfile::TempDir,
     storage: Option<PathBuf>,
+    counted: CountFile,
+}
+
+impl std::ops::Deref for Counter {
+    type Target = CountFile;
+    fn deref(&self) -> &CountFile {
+        &self.counted
+    }
 }
 
 impl Counter {
@@ -77,38 +85,10 @@ impl Counter {
         let state = tempfile::tempdir().unwrap();
         let volume = format!("{}:/state", state.path().display());
         podman_ok(None, &["run", "-d", "--name", &name, "-v", &volume, IMAGE, "/counter", &mib.to_string()]);
-        let c = Counter { name, state, storage: None };
+        let counted = CountFile::new(state.path().join("count"), &name);
+        let c = Counter { name, _state: state, storage: None, counted };
         c.wait_above(2);
         c
-    }
-
-    /// The count it wrote last (`None` before the first).
-    fn count(&self) -> Option<u64> {
-        let text = std::fs::read_to_string(self.state.path().join("count")).ok()?;
-        assert!(!text.starts_with("BAD"), "the counter found its memory wrong: {text}");
-        text.trim().parse().ok()
-    }
-
-    /// Waits until the count passes `floor`; returns it.
-    fn wait_above(&self, floor: u64) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(n) = self.count().filter(|&n| n > floor) {
-                return n;
-            }
-            assert!(Instant::now() < deadline, "{} did not count past {floor}", self.name);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Waits for the count to pass `at_dump` after a restore begun at `since`, and checks that
-    /// it went on from the checkpoint: it counts at most once per 50 ms, so no more than the
-    /// time since the restore began allows (however long this thread was kept from looking).
-    fn counts_on_from(&self, at_dump: u64, since: Instant) -> u64 {
-        let after = self.wait_above(at_dump);
-        let reachable = at_dump + 2 + since.elapsed().as_millis() as u64 / 50;
-        assert!(after <= reachable, "count jumped from {at_dump} to {after}: not the checkpointed state");
-        after
     }
 
     /// podman's status of it ("running", "exited", ...).
@@ -116,14 +96,6 @@ impl Counter {
         let out =
             podman(self.storage.as_deref(), &["container", "inspect", "--format", "{{.State.Status}}", &self.name]);
         String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    /// Checks that the count stays put (the container is stopped).
-    fn assert_still(&self) -> u64 {
-        let at = self.count().unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(self.count(), Some(at), "{} counted on while it should be stopped", self.name);
-        at
     }
 
     /// Removes the container from podman.
@@ -267,7 +239,9 @@ fn a_fresh_podman_storage_needs_the_base_image_then_restores() {
     let since = Instant::now();
     let out = fresh.output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let restored = Counter { name: c.name.clone(), state: tempfile::tempdir().unwrap(), storage: Some(conf.clone()) };
+    let state = tempfile::tempdir().unwrap();
+    let counted = CountFile::new(state.path().join("count"), &c.name);
+    let restored = Counter { name: c.name.clone(), _state: state, storage: Some(conf.clone()), counted };
     assert_eq!(restored.status(), "running");
     c.counts_on_from(at_dump, since); // in the bind mount
     drop(restored);

@@ -22,6 +22,14 @@ struct Counter {
     id: String,
     /// The bundle (config.json, rootfs/) and the state directory the count is written into.
     dir: tempfile::TempDir,
+    counted: CountFile,
+}
+
+impl std::ops::Deref for Counter {
+    type Target = CountFile;
+    fn deref(&self) -> &CountFile {
+        &self.counted
+    }
 }
 
 impl Counter {
@@ -60,38 +68,10 @@ impl Counter {
             .status()
             .unwrap();
         assert!(out.success(), "runc run -d {id}");
-        let c = Counter { id, dir };
+        let counted = CountFile::new(dir.path().join("state/count"), &id);
+        let c = Counter { id, dir, counted };
         c.wait_above(2);
         c
-    }
-
-    /// The count it wrote last (`None` before the first).
-    fn count(&self) -> Option<u64> {
-        let text = std::fs::read_to_string(self.dir.path().join("state/count")).ok()?;
-        assert!(!text.starts_with("BAD"), "the counter found its memory wrong: {text}");
-        text.trim().parse().ok()
-    }
-
-    /// Waits until the count passes `floor`; returns it.
-    fn wait_above(&self, floor: u64) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(n) = self.count().filter(|&n| n > floor) {
-                return n;
-            }
-            assert!(Instant::now() < deadline, "{} did not count past {floor}", self.id);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Waits for the count to pass `at_dump` after a restore begun at `since`, and checks that
-    /// it went on from the checkpoint: it counts at most once per 50 ms, so no more than the
-    /// time since the restore began allows.
-    fn counts_on_from(&self, at_dump: u64, since: Instant) -> u64 {
-        let after = self.wait_above(at_dump);
-        let reachable = at_dump + 2 + since.elapsed().as_millis() as u64 / 50;
-        assert!(after <= reachable, "count jumped from {at_dump} to {after}: not the checkpointed state");
-        after
     }
 
     /// runc's status of it, or `None` when runc knows no such container.
@@ -101,14 +81,6 @@ impl Counter {
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
             v["status"].as_str().unwrap().to_string()
         })
-    }
-
-    /// Checks that the count stays put (the container is gone).
-    fn assert_still(&self) -> u64 {
-        let at = self.count().unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(self.count(), Some(at), "{} counted on while it should be stopped", self.id);
-        at
     }
 
     fn bundle(&self) -> PathBuf {

@@ -251,6 +251,59 @@ impl Drop for SmallDisk {
     }
 }
 
+/// The count file tests/containers/counter.c writes (in a container's bind-mounted state
+/// directory): what it counted, waited for, and checked against a checkpoint.
+pub struct CountFile {
+    path: PathBuf,
+    /// The container, for messages.
+    name: String,
+}
+
+impl CountFile {
+    /// The count file at `path` of container `name`.
+    pub fn new(path: PathBuf, name: &str) -> CountFile {
+        CountFile { path, name: name.to_string() }
+    }
+
+    /// The count it wrote last (`None` before the first); a counter that found its memory
+    /// wrong fails the test.
+    pub fn count(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        assert!(!text.starts_with("BAD"), "the counter found its memory wrong: {text}");
+        text.trim().parse().ok()
+    }
+
+    /// Waits until the count passes `floor`; returns it.
+    pub fn wait_above(&self, floor: u64) -> u64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Some(n) = self.count().filter(|&n| n > floor) {
+                return n;
+            }
+            assert!(std::time::Instant::now() < deadline, "{} did not count past {floor}", self.name);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the count to pass `at_dump` after a restore begun at `since`, and checks that
+    /// it went on from the checkpoint: it counts at most once per 50 ms, so no more than the
+    /// time since the restore began allows (however long this thread was kept from looking).
+    pub fn counts_on_from(&self, at_dump: u64, since: std::time::Instant) -> u64 {
+        let after = self.wait_above(at_dump);
+        let reachable = at_dump + 2 + since.elapsed().as_millis() as u64 / 50;
+        assert!(after <= reachable, "count jumped from {at_dump} to {after}: not the checkpointed state");
+        after
+    }
+
+    /// Checks that the count stays put (the container is stopped); returns it.
+    pub fn assert_still(&self) -> u64 {
+        let at = self.count().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(self.count(), Some(at), "{} counted on while it should be stopped", self.name);
+        at
+    }
+}
+
 /// A CPU process for checkpoint tests: a Python counter holding a seeded blob (24 MiB unless
 /// asked otherwise; like
 /// a loaded model) that writes its count to a file via rename (so it keeps no growing file
