@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use gstore_gpu_dump::cuda::Context as CudaContext;
 use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
-use gstore_restore::{DeviceImage, Spread};
+use gstore_restore::{DeviceImage, Spread, TransferWaits};
 use gstore_store::manifest::Manifest;
 use gstore_store::{Store, StoreError};
 use serde::Serialize;
@@ -34,6 +34,9 @@ pub struct LoadReport {
     /// Device loads: where chunks were checked and decoded, and why there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// Device loads: where the transfer's workers spent their time (the slowest device's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waits: Option<TransferWaits>,
     /// Loads onto several devices: the bytes each holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_device: Option<Vec<DeviceShare>>,
@@ -126,6 +129,7 @@ pub fn load(
     let slowest = |f: fn(&DeviceImage) -> f64| images.iter().map(f).fold(0.0, f64::max);
     r.phases = Some([slowest(|i| i.plan_s), slowest(|i| i.alloc_s), slowest(|i| i.transfer_s)]);
     r.path = images.first().map(|i| i.path.clone());
+    r.waits = images.iter().max_by(|a, b| a.transfer_s.total_cmp(&b.transfer_s)).map(|i| i.waits);
     if images.len() > 1 {
         r.device = devices.iter().map(|d| format!("cuda:{d}")).collect::<Vec<_>>().join(",");
         r.per_device = Some(
@@ -179,6 +183,7 @@ fn report(image: &str, device: &str, bytes: u64, seconds: f64) -> LoadReport {
         checked: false,
         phases: None,
         path: None,
+        waits: None,
         per_device: None,
     }
 }

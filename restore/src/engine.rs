@@ -129,7 +129,9 @@ fn fetch_decode_write(
     let _bases = store.prefetch_bases(read.chunks.iter().filter_map(|c| c.loc.bases))?;
     // Every chunk is checked before the range counts as good (and may be cached).
     let (data, sources) = store.read_checked_range(&read.pack, read.start..read.end, |data| {
-        arena.clear();
+        // The arena keeps its length from read to read (decoding writes every byte it hands
+        // out), so its memory is zeroed once, not for every chunk.
+        let mut used = 0;
         let mut sources = Vec::with_capacity(read.chunks.len());
         for c in &read.chunks {
             let at = (c.loc.offset - read.start) as usize;
@@ -139,11 +141,15 @@ fn fetch_decode_write(
                 codec::verify(stored, plain_len, &c.id, &store.chunk_ids()).map_err(|e| in_pack(e, &read.pack))?;
                 Source::Fetched(at..at + plain_len)
             } else {
-                let start = arena.len();
+                let place = used..used + plain_len;
+                if arena.len() < place.end {
+                    arena.resize(place.end, 0);
+                }
                 decoder
-                    .decode_append(c.loc.codec, stored, plain_len, &c.id, arena)
+                    .decode_into(c.loc.codec, stored, &c.id, &mut arena[place.clone()])
                     .map_err(|e| in_pack(e, &read.pack))?;
-                Source::Arena(start..arena.len())
+                used = place.end;
+                Source::Arena(place)
             };
             sources.push(src);
         }

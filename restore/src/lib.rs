@@ -29,7 +29,7 @@ pub mod plan;
 
 pub use device::{
     bind_hold_socket, load_held, restore_to_device, restore_to_device_with, restore_to_devices, DeviceImage, Holder,
-    Spread,
+    Spread, TransferWaits,
 };
 pub use dir::{restore_to_dir, RestoreReport};
 pub use host::{restore_to_memory, HostImage};

@@ -387,7 +387,8 @@ pub fn decode(
     id: &ObjectId,
 ) -> Result<()> {
     let Layout { width: w, words: n, lanes, tail } = layout(stored, out.len(), id)?;
-    scratch.lanes.clear();
+    // Every lane is written whole below (or the chunk fails): the buffer is zeroed only where
+    // it grows, never cleared.
     scratch.lanes.resize(n * w, 0);
     for (i, l) in lanes.iter().enumerate() {
         let body = &stored[l.stored.clone()];

@@ -11,7 +11,7 @@
 //! A failing chunk lowers one device word to its number; the load reads that word once every
 //! stream is done and fails naming the chunk and its pack, so nothing unchecked is returned.
 
-use super::{cuda_err, HeldAt, Planned, PlannedRead, Pool};
+use super::{cuda_err, HeldAt, Planned, PlannedRead, Pool, TransferWaits};
 use crate::engine::Buffers;
 use crate::plan::{RangeRead, MAX_CHUNKS_PER_READ};
 use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
@@ -23,6 +23,7 @@ use gstore_store::progress::{Progress, Unit};
 use gstore_store::{Result, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// nVCOMP frames a read may need per chunk: a float-coded chunk has up to four zstd lanes.
 const FRAMES_PER_CHUNK: usize = 4;
@@ -176,7 +177,7 @@ impl GpuLoad {
     /// `buffers` with `workers` threads, waits for every queued copy, decode and check, and
     /// fails if any chunk did not match its id. Reads whose bytes are `held` in pinned memory
     /// are copied from there; the others are read from `store` into the staging slots. The
-    /// load may run again (its slots are kept).
+    /// load may run again (its slots are kept). Returns where the workers' time went.
     pub(super) fn run(
         &mut self,
         store: &Store,
@@ -185,7 +186,7 @@ impl GpuLoad {
         buffers: &Buffers,
         workers: usize,
         progress: &dyn Progress,
-    ) -> Result<()> {
+    ) -> Result<TransferWaits> {
         let Planned { reads, zeros, total } = planned;
         let failed = self.ctx.alloc(4).map_err(cuda_err)?;
         {
@@ -221,7 +222,9 @@ impl GpuLoad {
                 .map(|_| {
                     s.spawn(|| {
                         let mut decoder = store.decoder();
+                        let mut waits = TransferWaits::default();
                         while !stop.load(Ordering::Relaxed) {
+                            let asked = Instant::now();
                             let next = {
                                 let mut q = queue.lock().expect("queue lock");
                                 q.reads.recv().ok().map(|planned| {
@@ -231,12 +234,13 @@ impl GpuLoad {
                                     (tag, planned)
                                 })
                             };
-                            let Some((tag, PlannedRead { read, held })) = next else { return Ok(()) };
+                            waits.planner_s += asked.elapsed().as_secs_f64();
+                            let Some((tag, PlannedRead { read, held })) = next else { return Ok(waits) };
                             let mut slot = pool.take();
                             // Delta chunks decode on the host: their bases are read first.
                             let r = store
                                 .prefetch_bases(read.chunks.iter().filter_map(|c| c.loc.bases))
-                                .and_then(|_bases| loader.queue(&mut slot, &read, held, tag, &mut decoder));
+                                .and_then(|_bases| loader.queue(&mut slot, &read, held, tag, &mut decoder, &mut waits));
                             pool.give(slot);
                             match r {
                                 Ok(n) => progress.advance(n),
@@ -246,11 +250,14 @@ impl GpuLoad {
                                 }
                             }
                         }
-                        Ok(())
+                        Ok(waits)
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().expect("load workers do not panic")).collect::<Result<Vec<()>>>()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("load workers do not panic"))
+                .collect::<Result<Vec<TransferWaits>>>()
         });
         progress.finish();
         // Every queued step finishes before any buffer it touches can be freed.
@@ -259,12 +266,12 @@ impl GpuLoad {
         for slot in &self.slots {
             drained = drained.and(slot.stream.synchronize().map_err(cuda_err));
         }
-        r.and(drained)?;
+        let waits = TransferWaits::mean(&r.and_then(|w| drained.map(|()| w))?);
         let mut word = [0u8; 4];
         self.ctx.copy_to_host(&mut word, failed.ptr()).map_err(cuda_err)?;
         let tag = u32::from_le_bytes(word);
         if tag == NO_FAILURE {
-            return Ok(());
+            return Ok(waits);
         }
         let taken = queue.into_inner().expect("queue lock").taken;
         let (first, read) =
@@ -310,9 +317,12 @@ impl Loader<'_> {
         held: Option<HeldAt>,
         first_tag: u32,
         decoder: &mut Decoder<'_>,
+        waits: &mut TransferWaits,
     ) -> Result<u64> {
         if slot.in_flight {
+            let t = Instant::now();
             slot.done.synchronize().map_err(cuda_err)?;
+            waits.gpu_s += t.elapsed().as_secs_f64();
             slot.in_flight = false;
         }
         let len = (read.end - read.start) as usize;
@@ -326,7 +336,9 @@ impl Loader<'_> {
         let (src, src_at): (&PinnedBuffer, usize) = match held {
             Some(h) => (&self.held[h.buffer], h.offset),
             None => {
+                let t = Instant::now();
                 self.store.read_pack_range_into(&read.pack, read.start..read.end, &mut pinned.as_mut_slice()[..len])?;
+                waits.reading_s += t.elapsed().as_secs_f64();
                 (pinned, 0)
             }
         };

@@ -16,7 +16,7 @@
 //!    `{"error": TEXT}`.
 
 use super::gpu_check::GpuLoad;
-use super::{check_room, cuda_err, DeviceEntry, DeviceImage, HeldAt, Planned, PlannedRead, PLAN_BATCH};
+use super::{check_room, cuda_err, DeviceEntry, DeviceImage, HeldAt, Planned, PlannedRead, TransferWaits, PLAN_BATCH};
 use crate::engine::{self, Buffers};
 use crate::plan::{self, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, HostMemory, IpcBuffer, IpcHandle, PinnedBuffer};
@@ -388,6 +388,7 @@ pub fn load_held(socket: &Path, reference: &str, ctx: &Context) -> Result<Device
         alloc_s,
         transfer_s: t.elapsed().as_secs_f64() - alloc_s,
         path: format!("held by gstore hold at {}: {path}", socket.display()),
+        waits: TransferWaits::default(),
     })
 }
 

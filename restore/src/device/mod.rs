@@ -46,6 +46,30 @@ pub struct DeviceImage {
     pub transfer_s: f64,
     /// Where chunks were checked and decoded, and why there.
     pub path: String,
+    /// Where the transfer's workers spent their time (GPU-checked loads; zero otherwise).
+    pub waits: TransferWaits,
+}
+
+/// Where a GPU-checked load's workers spent the transfer phase: seconds per worker, averaged
+/// over the workers. The rest of their time went to queueing work (decoding on the host where
+/// the GPU cannot).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct TransferWaits {
+    /// Reading stored bytes from the store into pinned staging.
+    pub reading_s: f64,
+    /// Waiting for a staging slot's previous read to finish on the GPU.
+    pub gpu_s: f64,
+    /// Waiting for the planner to send the next read.
+    pub planner_s: f64,
+}
+
+impl TransferWaits {
+    /// The workers' mean.
+    fn mean(each: &[TransferWaits]) -> TransferWaits {
+        let n = each.len().max(1) as f64;
+        let sum = |f: fn(&TransferWaits) -> f64| each.iter().map(f).sum::<f64>() / n;
+        TransferWaits { reading_s: sum(|w| w.reading_s), gpu_s: sum(|w| w.gpu_s), planner_s: sum(|w| w.planner_s) }
+    }
 }
 
 impl DeviceImage {
@@ -242,29 +266,30 @@ pub fn restore_to_device_with(
         })();
         let alloc_s = t.elapsed().as_secs_f64();
         let loaded = prepared.and_then(|(owned, buffers, checker)| {
-            let path = match checker {
+            let (path, waits) = match checker {
                 Checker::Gpu(mut g) => {
                     let path = g.describe();
-                    g.run(store, Planned { reads, zeros, total }, &[], &buffers, threads as usize, progress)?;
-                    path
+                    let waits =
+                        g.run(store, Planned { reads, zeros, total }, &[], &buffers, threads as usize, progress)?;
+                    (path, waits)
                 }
                 Checker::Host(ring, why) => {
                     let plan = Plan { reads: reads.iter().map(|p| Arc::unwrap_or_clone(p.read)).collect(), zeros };
                     ring.run(store, &plan, buffers, progress)?;
-                    format!("chunks checked and decoded on the host ({why})")
+                    (format!("chunks checked and decoded on the host ({why})"), TransferWaits::default())
                 }
             };
-            Ok((owned, path))
+            Ok((owned, path, waits))
         });
         // A load error comes first (the planner then only saw the load stop); a plan that
         // failed fails the load even though every read it did send was loaded.
         let planned = planner.join().expect("the planner does not panic");
-        let ((owned, path), plan_s) = match (loaded, planned) {
+        let ((owned, path, waits), plan_s) = match (loaded, planned) {
             (Ok(done), Ok(plan_s)) => (done, plan_s),
             (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
         };
         let entries = owned.into_iter().map(|(path, buffer)| DeviceEntry { path, buffer }).collect();
-        Ok(DeviceImage { entries, plan_s, alloc_s, transfer_s: t.elapsed().as_secs_f64() - alloc_s, path })
+        Ok(DeviceImage { entries, plan_s, alloc_s, transfer_s: t.elapsed().as_secs_f64() - alloc_s, path, waits })
     })
 }
 
