@@ -402,3 +402,74 @@ fn a_retried_create_that_had_landed_is_its_writers_own() {
     }
     env.ok(&["show", "x"]);
 }
+
+/// The value of counter `gstore_tier_reads_total{result="RESULT"}` in a metrics page.
+fn tier_reads(metrics: &str, result: &str) -> u64 {
+    let prefix = format!("gstore_tier_reads_total{{result=\"{result}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[test]
+fn a_caching_tier_reads_each_range_once_and_never_keeps_damage() {
+    let env = Env::new(&[]);
+    let tokens = token_file(&env);
+    let src = env.path("src");
+    make_tree(&src, 3, 6_000_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    let tier = env.path("tier");
+    let args = ["--tokens", tokens.to_str().unwrap(), "--cache", tier.to_str().unwrap(), "--cache-bytes", "1GiB"];
+    let server = Server::start(&env.store, &args);
+    // Four machines restore the image at once through the tier.
+    let restore = |server: &Server, machine: &str| {
+        let out = env.path(&format!("out-{machine}"));
+        let child = server.cmd(machine, READ, &["-q", "restore", "app:v1", "--to", out.to_str().unwrap()]).spawn();
+        (out, child.unwrap())
+    };
+    let running: Vec<_> = ["m0", "m1", "m2", "m3"].into_iter().map(|m| restore(&server, m)).collect();
+    for (out, mut child) in running {
+        assert!(child.wait().unwrap().success(), "a restore through the tier failed");
+        assert_same_tree(&src, &out);
+    }
+    let (status, metrics) = server.curl("GET", "/metrics", Some(READ), &[], None);
+    assert_eq!(status, 200, "{metrics}");
+    let (misses, served) = (tier_reads(&metrics, "miss"), tier_reads(&metrics, "hit") + tier_reads(&metrics, "joined"));
+    assert!(misses > 0, "nothing went through the tier: {metrics}");
+    // Each range was read from the store once; the three other machines got it from the tier.
+    assert_eq!(served, 3 * misses, "{metrics}");
+    assert!(tier.read_dir().unwrap().count() as u64 >= misses, "the tier kept what it read");
+
+    // A damaged pack in the store: the tier checks what it reads and keeps none of it, the
+    // restore fails on the damage (never a wrong file), and once the pack is whole again a
+    // restore through the tier succeeds.
+    drop(server);
+    fs::remove_dir_all(&tier).unwrap();
+    let pack = env.files_under("packs").into_iter().max_by_key(|p| fs::metadata(p).unwrap().len()).unwrap();
+    let whole = fs::read(&pack).unwrap();
+    let mut bad = whole.clone();
+    bad[whole.len() / 3] ^= 0x40;
+    fs::write(&pack, &bad).unwrap();
+    let server = Server::start(&env.store, &args);
+    let (out, mut child) = restore(&server, "m4");
+    assert!(!child.wait().unwrap().success(), "a restore of a damaged pack succeeded");
+    let (_, metrics) = server.curl("GET", "/metrics", Some(READ), &[], None);
+    assert!(tier_reads(&metrics, "passed") > 0, "the damaged range was not passed through: {metrics}");
+    fs::write(&pack, &whole).unwrap();
+    // Every range kept (named PACK-START-END-HASH) is that range of its pack as it should be.
+    let kept_ranges = || -> usize {
+        let entries: Vec<_> = fs::read_dir(&tier).unwrap().flatten().collect();
+        for e in &entries {
+            let name = e.file_name().to_string_lossy().to_string();
+            let parts: Vec<&str> = name.split('-').collect();
+            let file = env.packs().into_iter().find(|p| p.file_stem().unwrap().to_string_lossy() == parts[0]).unwrap();
+            let (start, end): (usize, usize) = (parts[1].parse().unwrap(), parts[2].parse().unwrap());
+            assert_eq!(fs::read(e.path()).unwrap(), fs::read(&file).unwrap()[start..end], "{name} was kept damaged");
+        }
+        entries.len()
+    };
+    let before = kept_ranges();
+    let _ = fs::remove_dir_all(&out);
+    let (out, mut child) = restore(&server, "m5");
+    assert!(child.wait().unwrap().success(), "the restore after the repair failed");
+    assert_same_tree(&src, &out);
+    assert!(kept_ranges() > before, "the repaired ranges were not kept");
+}

@@ -468,4 +468,12 @@ pub struct ServeArgs {
     /// The certificate's private key (PEM).
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Serve as a caching tier: keep the pack ranges clients read in this directory (each
+    /// read from the store once, checked chunk by chunk, and served from here after), for
+    /// many restore nodes reading one image from a remote store at once.
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+    /// The most bytes of pack ranges --cache keeps (least recently used go first).
+    #[arg(long, default_value = "8GiB", value_name = "SIZE", value_parser = units::size, requires = "cache")]
+    pub cache_bytes: u64,
 }

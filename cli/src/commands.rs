@@ -576,8 +576,19 @@ fn run_verify(location: &StoreLocation, read_data: bool, out: &Output, bars: &Ba
 
 /// `gstore serve`: until Ctrl-C or SIGTERM.
 fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
-    let ServeArgs { listen, tokens, insecure, max_body, timeout, header_timeout, max_concurrent, tls_cert, tls_key } =
-        a;
+    let ServeArgs {
+        listen,
+        tokens,
+        insecure,
+        max_body,
+        timeout,
+        header_timeout,
+        max_concurrent,
+        tls_cert,
+        tls_key,
+        cache,
+        cache_bytes,
+    } = a;
     // A server needs no key: it keeps an encrypted store's objects as they come, sealed.
     let backend = location.backend()?;
     let config = Store::read_config(&backend, location)?;
@@ -603,6 +614,7 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
         chunk_max: config.chunk_max,
         sealed: config.encryption.is_some(),
         location: Some(location.clone()),
+        cache: cache.map(|dir| (dir, cache_bytes)),
     };
     gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
     gstore_server::servable(&backend).map_err(anyhow::Error::msg)?;

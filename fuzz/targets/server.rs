@@ -20,7 +20,7 @@ struct Fixture {
 }
 
 /// A store with one small pushed image, served with two tokens (`reader`, `writer` limited to
-/// tags starting with `ci/`).
+/// tags starting with `ci/`) and a caching tier.
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
@@ -47,6 +47,7 @@ fn fixture() -> &'static Fixture {
             chunk_max: StoreConfig::default().chunk_max,
             sealed: false,
             location: None,
+            cache: None,
         };
         let state = AppState {
             backend,
@@ -57,6 +58,8 @@ fn fixture() -> &'static Fixture {
             chunk_max: settings.chunk_max,
             sealed: settings.sealed,
             registry: None,
+            // Range reads of packs go through the caching tier, as with `serve --cache`.
+            tier: gstore_server::tier::Tier::new(dir.path().join("tier"), 64 << 20).unwrap().map(Arc::new),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let router = runtime.block_on(async { routes::router(state, &settings) });

@@ -7,6 +7,7 @@ pub mod chunks;
 pub mod metrics;
 pub mod registry;
 pub mod routes;
+pub mod tier;
 pub mod verify;
 
 use auth::Tokens;
@@ -45,6 +46,9 @@ pub struct Settings {
     /// Where the store is, for the OCI registry under `/v2/` (it opens the store with its
     /// index on this machine); `None`, or an encrypted store, serves no registry.
     pub location: Option<gstore_store::StoreLocation>,
+    /// The caching tier: a directory and the most bytes of pack ranges it keeps there
+    /// ([`tier`]); `None` reads every range from the store.
+    pub cache: Option<(std::path::PathBuf, u64)>,
 }
 
 /// What the handlers share.
@@ -66,6 +70,8 @@ pub struct AppState {
     pub sealed: bool,
     /// The OCI registry, where the server has one.
     pub registry: Option<Arc<gstore_registry::Registry>>,
+    /// The caching tier, where the server has one.
+    pub tier: Option<Arc<tier::Tier>>,
 }
 
 /// Refuses an exposed address without authentication unless `insecure` is set.
@@ -118,6 +124,16 @@ pub async fn serve(
         }
         _ => None,
     };
+    let tier = match (&s.cache, s.sealed) {
+        (None, _) => None,
+        (Some(_), true) => {
+            return Err(
+                "--cache: the server of an encrypted store holds no key and cannot check the chunks it would keep"
+                    .into(),
+            )
+        }
+        (Some((dir, limit)), false) => tier::Tier::new(dir.clone(), *limit)?.map(Arc::new),
+    };
     let state = AppState {
         backend,
         objects,
@@ -127,6 +143,7 @@ pub async fn serve(
         chunk_max: s.chunk_max,
         sealed: s.sealed,
         registry,
+        tier,
     };
     let app = routes::router(state, &s).into_make_service();
     let handle = axum_server::Handle::new();

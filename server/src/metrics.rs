@@ -15,6 +15,10 @@ pub struct Metrics {
     pub latency: HistogramVec,
     /// Chunk-map lookups: `hit`, or `miss` (which reads new pack footers).
     pub chunk_lookups: IntCounterVec,
+    /// Pack range reads through the caching tier (`--cache`): `hit` (from its disk), `miss`
+    /// (read from the store, checked and kept), `joined` (waited on another client's read of
+    /// the same range), `passed` (not whole chunks, or unreadable: read through).
+    pub tier_reads: IntCounterVec,
 }
 
 impl Metrics {
@@ -37,16 +41,22 @@ impl Metrics {
             &["result"],
         )
         .expect("metric");
+        let tier_reads = IntCounterVec::new(
+            Opts::new("gstore_tier_reads_total", "pack range reads through the caching tier"),
+            &["result"],
+        )
+        .expect("metric");
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(bytes_out.clone()),
             Box::new(bytes_in.clone()),
             Box::new(latency.clone()),
             Box::new(chunk_lookups.clone()),
+            Box::new(tier_reads.clone()),
         ] {
             registry.register(m).expect("unique metric names");
         }
-        Metrics { registry, requests, bytes_out, bytes_in, latency, chunk_lookups }
+        Metrics { registry, requests, bytes_out, bytes_in, latency, chunk_lookups, tier_reads }
     }
 
     /// The text exposition format.

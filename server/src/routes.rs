@@ -4,6 +4,7 @@
 
 use crate::auth::{Denied, Scope};
 use crate::chunks::ChunkMap;
+use crate::tier::Served;
 use crate::{verify, AppState, Settings};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
@@ -133,14 +134,29 @@ async fn get_object(
     if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
         return r;
     }
-    if let Err(r) = parse_key(&key) {
-        return r;
-    }
+    let parsed = match parse_key(&key) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
     let range = match headers.get(header::RANGE).map(|v| v.to_str().ok().and_then(parse_range)) {
         Some(None) => return error(StatusCode::RANGE_NOT_SATISFIABLE, "unsupported Range header"),
         Some(r) => r,
         None => None,
     };
+    if let (Some(tier), Key::Pack(pack), Some(GetRange::Bounded(r)), false) =
+        (&state.tier, &parsed, &range, method == Method::HEAD)
+    {
+        if let Served::Checked(bytes, len) = tier.get(&state, *pack, r.clone()).await {
+            state.metrics.bytes_out.inc_by(bytes.len() as u64);
+            let content_range = format!("bytes {}-{}/{len}", r.start, r.end.saturating_sub(1));
+            let h = [
+                (header::ACCEPT_RANGES, "bytes".to_string()),
+                (header::CONTENT_RANGE, content_range),
+                (header::CONTENT_LENGTH, bytes.len().to_string()),
+            ];
+            return (StatusCode::PARTIAL_CONTENT, h, bytes).into_response();
+        }
+    }
     let opts = GetOptions { range: range.clone(), head: method == Method::HEAD, ..Default::default() };
     let got = match state.objects.get_opts(&ObjPath::from(key.as_str()), opts).await {
         Ok(g) => g,
@@ -442,7 +458,7 @@ async fn get_chunk(
 }
 
 /// Why a delta base could not be read from the store.
-enum StoredBase {
+pub(crate) enum StoredBase {
     /// No pack holds it whole.
     Missing(ObjectId),
     /// The request failed: the answer to give.
@@ -451,7 +467,7 @@ enum StoredBase {
 
 /// The stored bytes of delta bases `ids`, each from a pack holding it whole (a base is never
 /// a delta), for [`known_bases`] to decode on a blocking thread.
-async fn stored_bases(
+pub(crate) async fn stored_bases(
     state: &AppState,
     ids: Vec<ObjectId>,
 ) -> Result<Vec<(ObjectId, ChunkLocation, Bytes)>, StoredBase> {
@@ -471,7 +487,10 @@ async fn stored_bases(
 
 /// Decodes and checks the bases [`stored_bases`] read. Chunk routes and delta checks serve
 /// unencrypted stores only (an encrypted one answers 409 or is not decoded): plain ids.
-fn known_bases(bases: Vec<(ObjectId, ChunkLocation, Bytes)>, chunk_max: u32) -> gstore_store::Result<KnownBases> {
+pub(crate) fn known_bases(
+    bases: Vec<(ObjectId, ChunkLocation, Bytes)>,
+    chunk_max: u32,
+) -> gstore_store::Result<KnownBases> {
     let mut known = KnownBases(Vec::with_capacity(bases.len()));
     for (b, l, bytes) in bases {
         let plain = decode_base(l.codec, &bytes, l.plain_len as usize, &b, chunk_max, ChunkIds::Plain)?;

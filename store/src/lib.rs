@@ -9,7 +9,7 @@
 
 pub mod backend;
 mod bases;
-mod cache;
+pub mod cache;
 pub mod chunker;
 pub mod codec;
 pub mod compose;

@@ -1,0 +1,226 @@
+//! The caching tier (`gstore serve --cache DIR`): a server in front of a store many restore
+//! nodes read at once. A pack range a client asks for is read from the store once, checked
+//! chunk by chunk, kept on this machine's disk within a budget and served to every client that
+//! asks for it again; clients asking for the same range at the same time wait for that one
+//! read. Packs never change once written (they are named by their contents), so a kept range
+//! is never stale; tags, manifests and every other object are read through each time.
+//!
+//! Only ranges made of whole chunks are kept (what restores ask for): each chunk is decoded
+//! (a delta against its bases, read from the store) and hashed against the id the pack's footer
+//! gives it, so a damaged object in the store never enters the cache. Any other range (a
+//! footer read, part of a chunk) is passed through.
+
+use crate::routes::{stored_bases, StoredBase};
+use crate::AppState;
+use bytes::Bytes;
+use gstore_store::cache::RangeCache;
+use gstore_store::codec::{Codec, Decoder, KnownBases};
+use gstore_store::key::ObjectKey;
+use gstore_store::pack::{self, PackEntry};
+use gstore_store::{ObjectId, StoreError};
+use object_store::ObjectStoreExt;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tokio::sync::OnceCell;
+
+/// Pack footers kept in memory: past this many packs the map starts again.
+const FOOTERS_KEPT: usize = 4096;
+
+/// What a read through the tier gives.
+pub enum Served {
+    /// The range, checked (from the cache, or read once from the store and kept), and the
+    /// pack's length.
+    Checked(Bytes, u64),
+    /// The range cannot be checked here (not whole chunks, or the read failed): the caller
+    /// reads it from the store itself and the client checks it.
+    PassThrough,
+}
+
+/// A range being read from the store: everyone asking for it meanwhile waits on the one read.
+type InFlight = Arc<OnceCell<Option<Bytes>>>;
+
+/// The cache of checked pack ranges and the reads in flight.
+pub struct Tier {
+    cache: RangeCache,
+    in_flight: Mutex<HashMap<(ObjectId, u64, u64), InFlight>>,
+    footers: Mutex<HashMap<ObjectId, Arc<Footer>>>,
+}
+
+/// A pack's length and footer entries, read from the store and checked.
+struct Footer {
+    len: u64,
+    entries: Vec<PackEntry>,
+}
+
+impl Tier {
+    /// A tier keeping at most `limit` bytes of pack ranges in `dir` (created); `None` when
+    /// `limit` is 0.
+    pub fn new(dir: PathBuf, limit: u64) -> Result<Option<Tier>, String> {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cache directory {}: {e}", dir.display()))?;
+        Ok(RangeCache::new(dir, limit).map(|cache| Tier {
+            cache,
+            in_flight: Mutex::default(),
+            footers: Mutex::default(),
+        }))
+    }
+
+    /// Range `range` of pack `pack`: from the cache, or read from the store once for every
+    /// client asking for it now, checked and kept.
+    pub async fn get(self: &Arc<Self>, state: &AppState, pack: ObjectId, range: Range<u64>) -> Served {
+        let Some(footer) = self.footer(state, pack).await else { return Served::PassThrough };
+        let Some(chunks) = whole_chunks(&footer.entries, &range) else {
+            state.metrics.tier_reads.with_label_values(&["passed"]).inc();
+            return Served::PassThrough;
+        };
+        let tier = Arc::clone(self);
+        let hit = {
+            let range = range.clone();
+            tokio::task::spawn_blocking(move || tier.cache.get(&pack, &range)).await.ok().flatten()
+        };
+        if let Some(bytes) = hit {
+            state.metrics.tier_reads.with_label_values(&["hit"]).inc();
+            return Served::Checked(bytes, footer.len);
+        }
+        let key = (pack, range.start, range.end);
+        let cell = Arc::clone(self.in_flight.lock().expect("in-flight lock").entry(key).or_default());
+        let mut led = false;
+        let got = cell
+            .get_or_init(|| {
+                led = true;
+                self.read_and_keep(state, pack, range, chunks)
+            })
+            .await
+            .clone();
+        if led {
+            self.in_flight.lock().expect("in-flight lock").remove(&key);
+        }
+        let outcome = match (&got, led) {
+            (None, _) => "passed",
+            (Some(_), true) => "miss",
+            (Some(_), false) => "joined",
+        };
+        state.metrics.tier_reads.with_label_values(&[outcome]).inc();
+        got.map_or(Served::PassThrough, |bytes| Served::Checked(bytes, footer.len))
+    }
+
+    /// Reads `range` of `pack` (the chunks `chunks`) from the store, checks every chunk in it
+    /// and keeps it; `None` when it cannot be read or checked (the caller then reads it itself,
+    /// and answers the store's error where there is one).
+    async fn read_and_keep(
+        self: &Arc<Self>,
+        state: &AppState,
+        pack: ObjectId,
+        range: Range<u64>,
+        chunks: Vec<PackEntry>,
+    ) -> Option<Bytes> {
+        let path = object_store::path::Path::from(ObjectKey::Pack(pack).to_string().as_str());
+        let bytes = state.objects.get_range(&path, range.clone()).await.ok()?;
+        let base_ids: Vec<ObjectId> = chunks.iter().flat_map(|e| e.bases.iter().flat_map(|b| b.iter())).collect();
+        let bases = match stored_bases(state, base_ids).await {
+            Ok(b) => b,
+            Err(StoredBase::Missing(_) | StoredBase::Failed(_)) => return None,
+        };
+        let (tier, chunk_max, kept) = (Arc::clone(self), state.chunk_max, bytes.clone());
+        let checked = tokio::task::spawn_blocking(move || {
+            let known = crate::routes::known_bases(bases, chunk_max)?;
+            check_chunks(&kept, range.start, &chunks, &known, chunk_max)?;
+            tier.cache.put(&pack, &range, &kept);
+            Ok::<(), StoreError>(())
+        })
+        .await;
+        matches!(checked, Ok(Ok(()))).then_some(bytes)
+    }
+
+    /// The length and footer entries of `pack`, read from the store (and checked) once.
+    async fn footer(&self, state: &AppState, pack: ObjectId) -> Option<Arc<Footer>> {
+        if let Some(f) = self.footers.lock().expect("footer lock").get(&pack) {
+            return Some(Arc::clone(f));
+        }
+        let (backend, chunk_max) = (state.backend.clone(), state.chunk_max);
+        let read = tokio::task::spawn_blocking(move || {
+            let size = backend
+                .size(&ObjectKey::Pack(pack).to_string())?
+                .ok_or(StoreError::NotFound { what: "pack", key: pack.to_hex() })?;
+            pack::read_tail(&backend, &pack, size, chunk_max).map(|(entries, _)| Footer { len: size, entries })
+        })
+        .await
+        .ok()?
+        .ok()?;
+        let read = Arc::new(read);
+        let mut footers = self.footers.lock().expect("footer lock");
+        if footers.len() >= FOOTERS_KEPT {
+            footers.clear();
+        }
+        footers.insert(pack, Arc::clone(&read));
+        Some(read)
+    }
+}
+
+/// The footer entries that tile `range` exactly, in offset order; `None` unless the range
+/// starts at a chunk and ends at the end of one, with every byte between in some chunk.
+fn whole_chunks(entries: &[PackEntry], range: &Range<u64>) -> Option<Vec<PackEntry>> {
+    let mut inside: Vec<PackEntry> =
+        entries.iter().filter(|e| e.offset >= range.start && e.offset < range.end).cloned().collect();
+    inside.sort_by_key(|e| e.offset);
+    let mut at = range.start;
+    for e in &inside {
+        if e.offset != at {
+            return None;
+        }
+        at += e.stored_len as u64;
+    }
+    (at == range.end && !inside.is_empty()).then_some(inside)
+}
+
+/// Decodes every chunk of `chunks` (at their offsets in a range read from `start`) and checks
+/// it against its id.
+fn check_chunks(
+    bytes: &[u8],
+    start: u64,
+    chunks: &[PackEntry],
+    bases: &KnownBases,
+    chunk_max: u32,
+) -> gstore_store::Result<()> {
+    let mut decoder = Decoder::with_bases(chunk_max, bases);
+    let mut plain = Vec::new();
+    for e in chunks {
+        let at = (e.offset - start) as usize;
+        let stored = &bytes[at..at + e.stored_len as usize];
+        if e.codec == Codec::Delta && e.bases.is_none() {
+            return Err(StoreError::corrupt("chunk", e.id.to_hex(), "a delta whose footer names no bases"));
+        }
+        plain.clear();
+        decoder.decode_append(e.codec, stored, e.plain_len as usize, &e.id, &mut plain)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(offset: u64, stored_len: u32) -> PackEntry {
+        PackEntry {
+            id: ObjectId::of(&offset.to_le_bytes()),
+            offset,
+            stored_len,
+            plain_len: stored_len,
+            codec: Codec::Raw,
+            bases: None,
+        }
+    }
+
+    #[test]
+    fn only_ranges_of_whole_chunks_are_kept() {
+        let entries = [entry(24, 100), entry(124, 50), entry(174, 10)];
+        assert_eq!(whole_chunks(&entries, &(24..174)).map(|c| c.len()), Some(2));
+        assert_eq!(whole_chunks(&entries, &(124..184)).map(|c| c.len()), Some(2));
+        assert!(whole_chunks(&entries, &(25..174)).is_none(), "starts inside a chunk");
+        assert!(whole_chunks(&entries, &(24..170)).is_none(), "ends inside a chunk");
+        assert!(whole_chunks(&entries, &(0..124)).is_none(), "holds the header");
+        assert!(whole_chunks(&entries, &(174..250)).is_none(), "runs past the last chunk");
+        assert!(whole_chunks(&entries, &(300..400)).is_none(), "no chunk");
+    }
+}
