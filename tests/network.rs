@@ -280,3 +280,73 @@ fn a_push_cut_off_runs_again_without_uploading_what_landed() {
     assert_same_tree(&src, &out);
     s3.ok("b", &["verify", "--read-data"]);
 }
+
+/// A process killed when this is dropped (a failing test leaves no server behind).
+struct Killed(std::process::Child);
+
+impl Killed {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Restores `app:v1` of `s3` on machine `machine` with `GSTORE_TIERS=tiers`, checks it against
+/// `src`, and returns its stderr.
+fn restore_through_tiers(s3: &S3, tiers: &str, src: &Path, machine: &str) -> String {
+    let out = s3.tmp.path().join(format!("out-{machine}"));
+    let o = s3.cmd(machine, &["restore", "app:v1", "--to", out.to_str().unwrap()]).env("GSTORE_TIERS", tiers).output();
+    let o = o.unwrap();
+    succeeded(&o, "restore through the tier");
+    assert_same_tree(src, &out);
+    String::from_utf8(o.stderr).unwrap()
+}
+
+#[test]
+fn restore_nodes_read_packs_through_a_tier_and_go_around_it_when_it_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path(), 7, 8_000_000);
+    let s3 = S3::start();
+    s3.ok("pusher", &["init"]);
+    s3.ok("pusher", &["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    // The tier serves the bucket with a cache; restore nodes reach it through a proxy.
+    let port = free_port();
+    let cache = tmp.path().join("tier");
+    let mut tier = Killed(
+        s3.cmd("tier", &["serve", "--listen", &format!("127.0.0.1:{port}"), "--cache", cache.to_str().unwrap()])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_port(port, "the tier");
+    let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], port)), Link::default()).unwrap();
+    let tiers = format!("http://{}", proxy.addr());
+
+    // Through the tier: the packs come from it, and it kept them.
+    let err = restore_through_tiers(&s3, &tiers, &src, "a");
+    assert!(!err.contains("failed"), "{err}");
+    let packs: u64 = pack_files(&s3.bucket_dir()).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    let through = proxy.stats().bytes_down;
+    assert!(through > packs * 9 / 10, "{through} bytes came through the tier, the packs hold {packs}");
+    assert!(cache.read_dir().unwrap().count() > 0, "the tier kept nothing");
+
+    // The tier's answers cut mid-body, every one, over and over (a tier dying): once a read
+    // has failed its attempts, the node reads past the tier, from the bucket, and says so.
+    for _ in 0..64 {
+        proxy.arm(Fault::Reset { dir: Dir::Down, after: 1000 });
+    }
+    let err = restore_through_tiers(&s3, &tiers, &src, "b");
+    assert!(proxy.stats().resets >= 4, "{:?}", proxy.stats());
+    assert!(err.contains("tier") && err.contains("failed"), "{err}");
+
+    // The tier gone: the restore reads everything from the bucket.
+    tier.kill();
+    let err = restore_through_tiers(&s3, &tiers, &src, "c");
+    assert!(err.contains("failed"), "{err}");
+}

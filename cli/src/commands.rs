@@ -589,6 +589,11 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
         cache,
         cache_bytes,
     } = a;
+    if let Some(own) = gstore_store::backend::tiers_from_env()?.iter().find(|u| names_listener(u, listen)) {
+        return Err(
+            Usage(format!("GSTORE_TIERS names this server itself ({own}): its reads would come back to it")).into()
+        );
+    }
     // A server needs no key: it keeps an encrypted store's objects as they come, sealed.
     let backend = location.backend()?;
     let config = Store::read_config(&backend, location)?;
@@ -622,6 +627,17 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
     eprintln!("gstore: serving {} on {scheme}://{listen}", backend.description());
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(gstore_server::serve(backend, settings, listener, shutdown_signal())).map_err(anyhow::Error::msg)
+}
+
+/// Whether tier URL `url` names the address `listen`: the same port, on its IP, on loopback
+/// (when it listens on loopback or every address), or on `localhost`.
+fn names_listener(url: &str, listen: std::net::SocketAddr) -> bool {
+    let host_port = url.split("://").nth(1).unwrap_or(url).split('/').next().unwrap_or("");
+    let Some((host, port)) = host_port.rsplit_once(':') else { return false };
+    let local = listen.ip().is_loopback() || listen.ip().is_unspecified();
+    port.parse() == Ok(listen.port())
+        && (host.trim_matches(['[', ']']) == listen.ip().to_string()
+            || (local && (host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))))
 }
 
 /// `gstore index rebuild`.

@@ -8,7 +8,9 @@
 //! Only ranges made of whole chunks are kept (what restores ask for): each chunk is decoded
 //! (a delta against its bases, read from the store) and hashed against the id the pack's footer
 //! gives it, so a damaged object in the store never enters the cache. Any other range (a
-//! footer read, part of a chunk) is passed through.
+//! footer read, part of a chunk) is passed through. Tiers compose: a tier whose own
+//! `GSTORE_TIERS` names a tier nearer the store (a rack's, a region's) reads its misses through
+//! that one, and from the store when it is down.
 
 use crate::routes::{stored_bases, StoredBase};
 use crate::AppState;
@@ -18,7 +20,6 @@ use gstore_store::codec::{Codec, Decoder, KnownBases};
 use gstore_store::key::ObjectKey;
 use gstore_store::pack::{self, PackEntry};
 use gstore_store::{ObjectId, StoreError};
-use object_store::ObjectStoreExt;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -115,8 +116,13 @@ impl Tier {
         range: Range<u64>,
         chunks: Vec<PackEntry>,
     ) -> Option<Bytes> {
-        let path = object_store::path::Path::from(ObjectKey::Pack(pack).to_string().as_str());
-        let bytes = state.objects.get_range(&path, range.clone()).await.ok()?;
+        // Through the backend: a tier given tiers of its own (`GSTORE_TIERS`) reads through
+        // them, nearest first, and from the store when none answers.
+        let (backend, r) = (state.backend.clone(), range.clone());
+        let bytes = tokio::task::spawn_blocking(move || backend.get_range(&ObjectKey::Pack(pack).to_string(), r))
+            .await
+            .ok()?
+            .ok()?;
         let base_ids: Vec<ObjectId> = chunks.iter().flat_map(|e| e.bases.iter().flat_map(|b| b.iter())).collect();
         let bases = match stored_bases(state, base_ids).await {
             Ok(b) => b,

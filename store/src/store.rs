@@ -108,11 +108,14 @@ impl StoreLocation {
         StoreLocation::Local(base.join("gstore"))
     }
 
-    /// The backend this location names, as it is: an encrypted store's objects sealed.
+    /// The backend this location names, as it is: an encrypted store's objects sealed. An S3
+    /// store's pack reads go through the caching tiers `GSTORE_TIERS` names, if any.
     pub fn backend(&self) -> Result<Backend> {
         match self {
             StoreLocation::Local(p) => Backend::local(p),
-            StoreLocation::S3 { bucket, prefix } => Backend::s3(bucket, prefix),
+            StoreLocation::S3 { bucket, prefix } => {
+                Backend::s3(bucket, prefix)?.through_tiers(&crate::backend::tiers_from_env()?)
+            }
             StoreLocation::Http { url } => Backend::http(url),
             StoreLocation::Custom { description, .. } => {
                 Err(StoreError::Invalid(format!("{description}: a custom backend is opened with Store::open_backend")))

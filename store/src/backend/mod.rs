@@ -12,6 +12,7 @@ mod objects;
 mod retry;
 mod s3;
 mod sealed;
+mod tiered;
 
 use crate::error::{Result, StoreError};
 use bytes::Bytes;
@@ -23,6 +24,7 @@ use std::sync::{Arc, OnceLock};
 
 pub use local::CAS_LOCK_FILE;
 pub use retry::Patience;
+pub use tiered::tiers_from_env;
 
 /// Part size of multipart uploads (S3 requires at least 5 MiB but the last).
 pub const MULTIPART_PART: usize = 8 << 20;
@@ -163,6 +165,18 @@ impl Backend {
         let patience = Patience::from_env()?;
         let objects = retry::Retrying::new(Box::new(http::HttpObjects::new(url, patience)?), patience);
         Ok(Self::wrap(Arc::new(objects), url.to_string()))
+    }
+
+    /// This store with its pack reads going first through the caching tiers at `urls`
+    /// (`gstore serve --cache`), nearest first, and to this store when none answers; every
+    /// other request goes to this store. No tiers: the store as it is.
+    pub fn through_tiers(self, urls: &[String]) -> Result<Backend> {
+        if urls.is_empty() {
+            return Ok(self);
+        }
+        let tiered = tiered::Tiered::new(self.objects.clone(), urls, Patience::from_env()?)?;
+        let description = format!("{} (through {})", self.description, urls.join(", "));
+        Ok(Backend { objects: Arc::new(tiered), description, ..self })
     }
 
     fn wrap(objects: Arc<dyn Objects>, description: String) -> Backend {

@@ -1,0 +1,144 @@
+//! Pack reads through caching tiers (`gstore serve --cache`, docs/HTTP.md) with the store
+//! behind them: a restore node given tiers (`GSTORE_TIERS`) reads every pack range from the
+//! first tier that answers, and from the store itself when none does, so a tier that is down
+//! or dies mid-restore costs time, never the restore. A tier that fails is left alone for
+//! [`REST`]. Everything else (tags, manifests, listings, writes) goes to the store: tiers keep
+//! only packs, which never change.
+
+use super::http::HttpObjects;
+use super::{Listed, Objects, Patience, Put, Version};
+use crate::error::{Result, StoreError};
+use bytes::Bytes;
+use object_store::{ObjectStore, PutPayload};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a tier that failed is not asked again.
+const REST: Duration = Duration::from_secs(30);
+/// The longest a tier may stay silent on a request before the store is asked instead.
+const TIER_STALL: Duration = Duration::from_secs(10);
+
+/// The tiers named in `GSTORE_TIERS` (comma-separated `http://HOST:PORT` or `https://…`
+/// URLs, nearest first); none when it is unset or empty.
+pub fn tiers_from_env() -> Result<Vec<String>> {
+    let Ok(list) = std::env::var("GSTORE_TIERS") else { return Ok(Vec::new()) };
+    list.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            if u.starts_with("http://") || u.starts_with("https://") {
+                Ok(u.trim_end_matches('/').to_string())
+            } else {
+                Err(StoreError::Invalid(format!(
+                    "GSTORE_TIERS: {u:?} is not a tier's URL (http://HOST:PORT or https://HOST:PORT)"
+                )))
+            }
+        })
+        .collect()
+}
+
+/// One tier and when it may be asked again.
+struct Tier {
+    url: String,
+    objects: HttpObjects,
+    resting_until: Mutex<Option<Instant>>,
+}
+
+impl Tier {
+    fn resting(&self) -> bool {
+        self.resting_until.lock().expect("tier lock").is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Leaves the tier alone for [`REST`], saying so the first time it fails.
+    fn rest(&self, why: &StoreError) {
+        let mut until = self.resting_until.lock().expect("tier lock");
+        if until.is_none_or(|t| Instant::now() >= t) {
+            eprintln!("gstore: tier {} failed ({why}); reading packs past it for {} s", self.url, REST.as_secs());
+        }
+        *until = Some(Instant::now() + REST);
+    }
+}
+
+/// A store's objects with its pack reads going through tiers first.
+pub(super) struct Tiered {
+    origin: Arc<dyn Objects>,
+    tiers: Vec<Tier>,
+}
+
+impl Tiered {
+    /// `origin` behind the tiers at `urls`, nearest first.
+    pub(super) fn new(origin: Arc<dyn Objects>, urls: &[String], patience: Patience) -> Result<Tiered> {
+        let patience = Patience { stall: patience.stall.min(TIER_STALL), retry_for: Duration::ZERO };
+        let tiers = urls
+            .iter()
+            .map(|url| {
+                let objects = HttpObjects::new(url, patience)?;
+                Ok(Tier { url: url.clone(), objects, resting_until: Mutex::new(None) })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Tiered { origin, tiers })
+    }
+
+    /// `read` on the first tier that answers, for a pack; else (and for any other object) on
+    /// the store.
+    fn read<T>(&self, key: &str, read: impl Fn(&dyn Objects) -> Result<T>) -> Result<T> {
+        if key.starts_with("packs/") {
+            for t in self.tiers.iter().filter(|t| !t.resting()) {
+                match read(&t.objects) {
+                    Ok(v) => return Ok(v),
+                    Err(e) => t.rest(&e),
+                }
+            }
+        }
+        read(&*self.origin)
+    }
+}
+
+impl Objects for Tiered {
+    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
+        self.origin.put(key, bytes, mode)
+    }
+
+    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
+        self.origin.put_large(key, bytes)
+    }
+
+    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+        self.origin.get(key)
+    }
+
+    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        self.read(key, |o| o.get_range(key, range.clone()))
+    }
+
+    fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+        let out = Mutex::new(out);
+        self.read(key, |o| o.get_range_into(key, range.clone(), &mut out.lock().expect("buffer lock")))
+    }
+
+    fn size(&self, key: &str) -> Result<Option<u64>> {
+        self.origin.size(key)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.origin.list(prefix)
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        self.origin.delete(key)
+    }
+
+    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
+        self.origin.object_store()
+    }
+
+    fn local_root(&self) -> Option<&Path> {
+        self.origin.local_root()
+    }
+
+    fn check_tag_write(&self, name: &str) -> Result<()> {
+        self.origin.check_tag_write(name)
+    }
+}
