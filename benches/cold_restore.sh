@@ -17,38 +17,14 @@ work=$(mktemp -d /var/tmp/gstore-cold.XXXXXX)
 G="$GSTORE_BIN"
 pid=
 trap '{ [ -n "$pid" ] && kill -9 "$pid" && wait; } 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-cat >"$work/holder.py" <<'PY'
-import os, random, signal, struct, sys, time
-work, mib = sys.argv[1], int(sys.argv[2])
-rng = random.Random(5)
-table = bytes(struct.unpack("<I", struct.pack("<f", rng.gauss(0, 0.02)))[0] >> 24 for _ in range(256))
-def weights(words):
-    w = bytearray(2 * words)
-    w[0::2] = os.urandom(words)
-    w[1::2] = os.urandom(words).translate(table)
-    return w
-mem = bytearray(mib << 20)
-for i in range(mib):
-    mem[i << 20:(i + 1) << 20] = weights(1 << 19)
-def change(signum, frame):
-    pct = float(open(os.path.join(work, "pct")).read())
-    pages = len(mem) // 4096
-    for p in rng.sample(range(pages), int(pages * pct / 100)):
-        mem[p * 4096:(p + 1) * 4096] = weights(2048)
-    open(os.path.join(work, "changed"), "w").write("1")
-signal.signal(signal.SIGUSR1, change)
-open(os.path.join(work, "ready"), "w").write(str(os.getpid()))
-while True:
-    time.sleep(0.05)
-PY
-setsid python3 "$work/holder.py" "$work" "$mib" </dev/null >/dev/null 2>&1 &
+setsid python3 benches/page_holder.py "$work" "$mib" "$pct" </dev/null >/dev/null 2>&1 &
 until [ -s "$work/ready" ]; do sleep 0.1; done
 pid=$(cat "$work/ready")
 S="$work/store"
 "$G" --store "$S" -q init >/dev/null
 "$G" --store "$S" -q checkpoint --pid "$pid" --leave-running --criu "$criu" --tag proc:1 >/dev/null
-echo "$pct" >"$work/pct"; kill -USR1 "$pid"
-until [ -s "$work/changed" ]; do sleep 0.1; done
+kill -USR1 "$pid"
+until [ -s "$work/changed.done" ]; do sleep 0.1; done
 "$G" --store "$S" -q checkpoint --pid "$pid" --leave-running --criu "$criu" --tag proc:2 >/dev/null
 kill -9 "$pid"; wait 2>/dev/null || true; pid=
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }

@@ -16,35 +16,7 @@ work=$(mktemp -d /var/tmp/gstore-criu-pages.XXXXXX)
 G="$GSTORE_BIN"
 pid=
 trap '{ [ -n "$pid" ] && kill -9 "$pid" && wait; } 2>/dev/null; rm -rf "$work"' EXIT
-cat > "$work/holder.py" <<'PY'
-import os, random, signal, struct, sys, time
-work, mib, pct = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-rng = random.Random(5)
-table = bytes(struct.unpack("<I", struct.pack("<f", rng.gauss(0, 0.02)))[0] >> 24 for _ in range(256))
-def weights(words):
-    w = bytearray(2 * words)
-    w[0::2] = os.urandom(words)
-    w[1::2] = os.urandom(words).translate(table)
-    return w
-mem = bytearray(mib << 20)
-for i in range(mib):
-    mem[i << 20:(i + 1) << 20] = weights(1 << 19)
-def change(signum, frame):
-    # Each new page goes to the file as it is made: the process keeps no second copy of them.
-    pages = len(mem) // 4096
-    picked = sorted(rng.sample(range(pages), int(pages * pct / 100)))
-    with open(os.path.join(work, "changed"), "wb") as out:
-        for p in picked:
-            page = weights(2048)
-            mem[p * 4096:(p + 1) * 4096] = page
-            out.write(page)
-    open(os.path.join(work, "changed.done"), "w").write(str(len(picked)))
-signal.signal(signal.SIGUSR1, change)
-open(os.path.join(work, "ready"), "w").write(str(os.getpid()))
-while True:
-    time.sleep(0.05)
-PY
-setsid python3 "$work/holder.py" "$work" "$mib" "$pct" </dev/null >/dev/null 2>&1 &
+setsid python3 benches/page_holder.py "$work" "$mib" "$pct" </dev/null >/dev/null 2>&1 &
 until [ -s "$work/ready" ]; do sleep 0.1; done
 pid=$(cat "$work/ready")
 "$G" --store "$work/store" init >/dev/null
