@@ -272,11 +272,7 @@ fn load_text(r: &load::LoadReport) -> String {
 
 /// `gstore tag`.
 fn tag(location: &StoreLocation, source: &str, target: &str, out: &Output) -> Result<()> {
-    let target = TagRef::parse_new(target)?;
-    let store = open_indexed(location)?;
-    let id = store.resolve(source)?;
-    store.get_manifest(&id).with_context(|| format!("{source} does not name a readable image"))?;
-    let rec = store.tag_existing(&target, id)?;
+    let rec = images::tag(&open_indexed(location)?, source, target)?;
     out.emit(&rec, || format!("tagged {} -> {}", rec.tag(), rec.manifest))
 }
 
@@ -296,24 +292,8 @@ fn pin(location: &StoreLocation, tags: &[String], pinned: bool, out: &Output) ->
 
 /// `gstore rm`: every tag named, each checked before any is removed.
 fn rm(location: &StoreLocation, images: &[String], out: &Output) -> Result<()> {
-    let store = Store::open(location)?;
-    let mut tags = Vec::with_capacity(images.len());
-    for image in images {
-        let tag = TagRef::parse(image)?;
-        let id_like = image.len() >= gstore_store::tag::ID_LIKE_MIN_LEN && image.bytes().all(|b| b.is_ascii_hexdigit());
-        // An id-like name is a tag only when an older gstore wrote one so named.
-        if id_like && store.get_tag(&tag)?.is_none() {
-            return Err(Usage(format!(
-                "{image} is an image id: rm removes tags (NAME[:VERSION]); `gstore ls` shows the tags pointing at it"
-            ))
-            .into());
-        }
-        store.resolve(&tag.to_string())?;
-        tags.push(tag);
-    }
-    for tag in &tags {
-        store.delete_tag(tag)?;
-    }
+    let names: Vec<&str> = images.iter().map(String::as_str).collect();
+    let tags = images::remove_tags(&Store::open(location)?, &names)?;
     let removed: Vec<String> = tags.iter().map(ToString::to_string).collect();
     out.emit(&serde_json::json!({ "removed": removed }), || {
         removed.iter().map(|t| format!("removed tag {t}")).collect::<Vec<_>>().join("\n")

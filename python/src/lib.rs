@@ -234,13 +234,7 @@ impl Store {
     /// Points the new tag `target` at the image `source` names (`gstore tag`); returns the
     /// tag record as JSON.
     fn tag(&self, py: Python<'_>, source: &str, target: &str) -> PyResult<String> {
-        let rec = py.detach(|| {
-            let target = TagRef::parse_new(target)?;
-            let store = self.open_indexed()?;
-            let id = store.resolve(source)?;
-            store.get_manifest(&id)?;
-            store.tag_existing(&target, id)
-        });
+        let rec = py.detach(|| images::tag(&self.open_indexed()?, source, target));
         to_json(&rec.map_err(py_err)?)
     }
 
@@ -285,9 +279,10 @@ impl Store {
         to_json(&report.map_err(py_err)?)
     }
 
-    /// Removes a tag (`gstore rm`); its chunks stay until garbage collection.
+    /// Removes a tag (`gstore rm`: a name that looks like an image id is refused); its chunks
+    /// stay until garbage collection.
     fn rm(&self, py: Python<'_>, image: &str) -> PyResult<()> {
-        py.detach(|| self.open()?.delete_tag(&TagRef::parse(image)?)).map_err(py_err)
+        py.detach(|| images::remove_tags(&self.open()?, &[image]).map(drop)).map_err(py_err)
     }
 }
 

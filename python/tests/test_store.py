@@ -113,6 +113,9 @@ def test_everyday_calls(store):
     assert rec["manifest"] == rows[0]["manifest"]
     usage = store.du()
     assert {i["tag"] for i in usage["images"]} == {"model:v1", "model:stable"}
+    # rm removes tags, never an image by its id (as the CLI refuses it too).
+    with pytest.raises(gstore.InvalidError, match="is an image id"):
+        store.rm(rows[0]["manifest"][:12])
     store.rm("model:v1")
     assert [r["tag"] for r in store.list()] == ["model:stable"]
     # The CLI sees the same store.

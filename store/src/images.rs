@@ -276,3 +276,34 @@ pub fn diff(store: &Store, a: &str, b: &str) -> Result<Diff> {
         only_in_b_bytes: only(&cb, &ca),
     })
 }
+
+/// Points the new tag `target` (`NAME:VERSION`, which must not exist) at the image `source`
+/// names, after checking its manifest reads (`gstore tag`, `Store.tag` in Python).
+pub fn tag(store: &Store, source: &str, target: &str) -> Result<TagRecord> {
+    let target = TagRef::parse_new(target)?;
+    let id = store.resolve(source)?;
+    store.get_manifest(&id)?;
+    store.tag_existing(&target, id)
+}
+
+/// Removes the tags `names` (`gstore rm`, `Store.rm` in Python), each checked before any is
+/// removed; returns them. A name that looks like an image id (hex digits) is refused unless a
+/// tag is so named (older versions allowed such names): rm removes tags, not images.
+pub fn remove_tags(store: &Store, names: &[&str]) -> Result<Vec<TagRef>> {
+    let mut tags = Vec::with_capacity(names.len());
+    for name in names {
+        let tag = TagRef::parse(name)?;
+        let id_like = name.len() >= crate::tag::ID_LIKE_MIN_LEN && name.bytes().all(|b| b.is_ascii_hexdigit());
+        if id_like && store.get_tag(&tag)?.is_none() {
+            return Err(crate::StoreError::Invalid(format!(
+                "{name} is an image id: rm removes tags (NAME[:VERSION]); `gstore ls` shows the tags pointing at it"
+            )));
+        }
+        store.resolve(&tag.to_string())?;
+        tags.push(tag);
+    }
+    for tag in &tags {
+        store.delete_tag(tag)?;
+    }
+    Ok(tags)
+}

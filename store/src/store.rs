@@ -100,12 +100,7 @@ impl StoreLocation {
 
     /// The default store: `$XDG_DATA_HOME/gstore`, else `~/.local/share/gstore`.
     pub fn default_local() -> StoreLocation {
-        let base = std::env::var_os("XDG_DATA_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-            .unwrap_or_else(|| PathBuf::from("."));
-        StoreLocation::Local(base.join("gstore"))
+        StoreLocation::Local(xdg_dir("XDG_DATA_HOME", ".local/share").join("gstore"))
     }
 
     /// The backend this location names, as it is: an encrypted store's objects sealed. An S3
@@ -132,11 +127,7 @@ impl StoreLocation {
             StoreLocation::Http { url } => url.replace("://", "-"),
             StoreLocation::Custom { dir, .. } => return Some(dir.clone()),
         };
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .unwrap_or_else(|| PathBuf::from("."));
+        let base = xdg_dir("XDG_CACHE_HOME", ".cache");
         let name: String =
             name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
         Some(base.join("gstore").join(name))
@@ -167,6 +158,15 @@ impl StoreLocation {
     pub fn gc_state_dir(&self) -> PathBuf {
         self.index_dir().with_file_name("gc-state")
     }
+}
+
+/// The XDG base directory `var` names, else `$HOME/<home_rel>`, else the current directory.
+fn xdg_dir(var: &str, home_rel: &str) -> PathBuf {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(home_rel)))
+        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// True for a relative path that reads like `HOST:PORT` (a server meant without `http://`).
