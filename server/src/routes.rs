@@ -13,7 +13,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use gstore_store::backend::Listed;
 use gstore_store::backend::Version;
 use gstore_store::codec::{decode_base, Decoder, KnownBases};
@@ -146,7 +146,7 @@ async fn get_object(
     if let (Some(tier), Key::Pack(pack), Some(GetRange::Bounded(r)), false) =
         (&state.tier, &parsed, &range, method == Method::HEAD)
     {
-        if let Served::Checked(bytes, len) = tier.get(&state, *pack, r.clone()).await {
+        if let Served::Checked(bytes, len, held) = tier.get(&state, *pack, r.clone()).await {
             state.metrics.bytes_out.inc_by(bytes.len() as u64);
             let content_range = format!("bytes {}-{}/{len}", r.start, r.end.saturating_sub(1));
             let h = [
@@ -154,7 +154,12 @@ async fn get_object(
                 (header::CONTENT_RANGE, content_range),
                 (header::CONTENT_LENGTH, bytes.len().to_string()),
             ];
-            return (StatusCode::PARTIAL_CONTENT, h, bytes).into_response();
+            // The tier's share of memory is held until the body is sent (the stream dropped).
+            let body = futures::stream::iter([Ok::<_, std::convert::Infallible>(bytes)]).map(move |b| {
+                let _held = &held;
+                b
+            });
+            return (StatusCode::PARTIAL_CONTENT, h, axum::body::Body::from_stream(body)).into_response();
         }
     }
     let opts = GetOptions { range: range.clone(), head: method == Method::HEAD, ..Default::default() };

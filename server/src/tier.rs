@@ -23,17 +23,22 @@ use gstore_store::{ObjectId, StoreError};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
 /// Pack footers kept in memory: past this many packs the map starts again.
 const FOOTERS_KEPT: usize = 4096;
+/// Bytes of ranges the tier holds in memory at once (read, or being sent), in MiB: a client
+/// asking past it waits. Sixty-four clients with sixteen 16 MiB reads in flight each would
+/// otherwise hold 16 GiB.
+const MEMORY_MIB: u32 = 1024;
 
 /// What a read through the tier gives.
 pub enum Served {
-    /// The range, checked (from the cache, or read once from the store and kept), and the
-    /// pack's length.
-    Checked(Bytes, u64),
+    /// The range, checked (from the cache, or read once from the store and kept), the pack's
+    /// length, and the share of the tier's memory it holds until it is sent (drop it then).
+    Checked(Bytes, u64, OwnedSemaphorePermit),
     /// The range cannot be checked here (not whole chunks, or the read failed): the caller
     /// reads it from the store itself and the client checks it.
     PassThrough,
@@ -47,6 +52,8 @@ pub struct Tier {
     cache: RangeCache,
     in_flight: Mutex<HashMap<(ObjectId, u64, u64), InFlight>>,
     footers: Mutex<HashMap<ObjectId, Arc<Footer>>>,
+    /// [`MEMORY_MIB`] permits of a MiB each.
+    memory: Arc<Semaphore>,
 }
 
 /// A pack's length and footer entries, read from the store and checked.
@@ -64,6 +71,7 @@ impl Tier {
             cache,
             in_flight: Mutex::default(),
             footers: Mutex::default(),
+            memory: Arc::new(Semaphore::new(MEMORY_MIB as usize)),
         }))
     }
 
@@ -75,35 +83,46 @@ impl Tier {
             state.metrics.tier_reads.with_label_values(&["passed"]).inc();
             return Served::PassThrough;
         };
-        let tier = Arc::clone(self);
-        let hit = {
-            let range = range.clone();
-            tokio::task::spawn_blocking(move || tier.cache.get(&pack, &range)).await.ok().flatten()
-        };
-        if let Some(bytes) = hit {
+        let mib = ((range.end - range.start).div_ceil(1 << 20) as u32).clamp(1, MEMORY_MIB);
+        let held = Arc::clone(&self.memory).acquire_many_owned(mib).await.expect("the tier's memory is never closed");
+        if let Some(bytes) = self.kept(pack, &range).await {
             state.metrics.tier_reads.with_label_values(&["hit"]).inc();
-            return Served::Checked(bytes, footer.len);
+            return Served::Checked(bytes, footer.len, held);
         }
         let key = (pack, range.start, range.end);
         let cell = Arc::clone(self.in_flight.lock().expect("in-flight lock").entry(key).or_default());
-        let mut led = false;
+        let (led, kept_meanwhile) = (AtomicBool::new(false), AtomicBool::new(false));
         let got = cell
-            .get_or_init(|| {
-                led = true;
-                self.read_and_keep(state, pack, range, chunks)
+            .get_or_init(|| async {
+                led.store(true, Ordering::Relaxed);
+                // Another client's read of this range may have been kept since the look
+                // above (it leaves the in-flight map once kept): never read it twice.
+                if let Some(bytes) = self.kept(pack, &range).await {
+                    kept_meanwhile.store(true, Ordering::Relaxed);
+                    return Some(bytes);
+                }
+                self.read_and_keep(state, pack, range, chunks).await
             })
             .await
             .clone();
+        let led = led.load(Ordering::Relaxed);
         if led {
             self.in_flight.lock().expect("in-flight lock").remove(&key);
         }
-        let outcome = match (&got, led) {
-            (None, _) => "passed",
-            (Some(_), true) => "miss",
-            (Some(_), false) => "joined",
+        let outcome = match (&got, led, kept_meanwhile.load(Ordering::Relaxed)) {
+            (None, _, _) => "passed",
+            (Some(_), true, true) => "hit",
+            (Some(_), true, false) => "miss",
+            (Some(_), false, _) => "joined",
         };
         state.metrics.tier_reads.with_label_values(&[outcome]).inc();
-        got.map_or(Served::PassThrough, |bytes| Served::Checked(bytes, footer.len))
+        got.map_or(Served::PassThrough, |bytes| Served::Checked(bytes, footer.len, held))
+    }
+
+    /// The kept copy of `range` of `pack`, if there is one and it is intact.
+    async fn kept(self: &Arc<Self>, pack: ObjectId, range: &Range<u64>) -> Option<Bytes> {
+        let (tier, range) = (Arc::clone(self), range.clone());
+        tokio::task::spawn_blocking(move || tier.cache.get(&pack, &range)).await.ok().flatten()
     }
 
     /// Reads `range` of `pack` (the chunks `chunks`) from the store, checks every chunk in it
