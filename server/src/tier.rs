@@ -5,10 +5,12 @@
 //! read. Packs never change once written (they are named by their contents), so a kept range
 //! is never stale; tags, manifests and every other object are read through each time.
 //!
-//! Only ranges made of whole chunks are kept (what restores ask for): each chunk is decoded
-//! (a delta against its bases, read from the store) and hashed against the id the pack's footer
-//! gives it, so a damaged object in the store never enters the cache. Any other range (a
-//! footer read, part of a chunk) is passed through. Tiers compose: a tier whose own
+//! Only ranges the tier can check are kept: ranges of whole chunks (what restores ask for),
+//! and reads of a pack's tail (what index syncs ask for), read from the start of the chunk
+//! holding their first byte. Each chunk is decoded (a delta against its bases, read from the
+//! store) and hashed against the id the pack's footer gives it, and a tail must be the one the
+//! tier read and checked itself, so a damaged object in the store never enters the cache. Any
+//! other range (part of a chunk) is passed through. Tiers compose: a tier whose own
 //! `GSTORE_TIERS` names a tier nearer the store (a rack's, a region's) reads its misses through
 //! that one, and from the store when it is down.
 
@@ -56,10 +58,46 @@ pub struct Tier {
     memory: Arc<Semaphore>,
 }
 
-/// A pack's length and footer entries, read from the store and checked.
+/// A pack's length, footer entries and tail (footer and trailer, as stored), read from the
+/// store and checked.
 struct Footer {
     len: u64,
     entries: Vec<PackEntry>,
+    tail: Vec<u8>,
+}
+
+impl Footer {
+    /// Where the tail starts.
+    fn tail_at(&self) -> u64 {
+        self.len - self.tail.len() as u64
+    }
+}
+
+/// How a range is checked before it is kept: the whole chunks read for it, from `from` (the
+/// start of the chunk holding its first byte), and whether it ends with the pack's tail.
+struct Check {
+    from: u64,
+    chunks: Vec<PackEntry>,
+    tail: bool,
+}
+
+impl Check {
+    /// How `range` of the pack `footer` describes is checked: whole chunks, or (an index
+    /// sync's read of a pack's tail, which starts inside a chunk) the chunks from the one
+    /// holding its first byte, then the tail; `None` for any other range.
+    fn of(footer: &Footer, range: &Range<u64>) -> Option<Check> {
+        if let Some(chunks) = whole_chunks(&footer.entries, range) {
+            return Some(Check { from: range.start, chunks, tail: false });
+        }
+        let tail_at = footer.tail_at();
+        if range.end != footer.len || range.start >= tail_at {
+            return None;
+        }
+        let first =
+            footer.entries.iter().find(|e| e.offset <= range.start && range.start < e.offset + e.stored_len as u64)?;
+        let chunks = whole_chunks(&footer.entries, &(first.offset..tail_at))?;
+        Some(Check { from: first.offset, chunks, tail: true })
+    }
 }
 
 impl Tier {
@@ -79,12 +117,19 @@ impl Tier {
     /// client asking for it now, checked and kept.
     pub async fn get(self: &Arc<Self>, state: &AppState, pack: ObjectId, range: Range<u64>) -> Served {
         let Some(footer) = self.footer(state, pack).await else { return Served::PassThrough };
-        let Some(chunks) = whole_chunks(&footer.entries, &range) else {
+        let mib = ((range.end - range.start).div_ceil(1 << 20) as u32).clamp(1, MEMORY_MIB);
+        let held = Arc::clone(&self.memory).acquire_many_owned(mib).await.expect("the tier's memory is never closed");
+        let tail_at = footer.tail_at();
+        if range.start >= tail_at && range.end <= footer.len && range.start < range.end {
+            // Inside the tail the tier read and checked itself.
+            state.metrics.tier_reads.with_label_values(&["hit"]).inc();
+            let tail = &footer.tail[(range.start - tail_at) as usize..(range.end - tail_at) as usize];
+            return Served::Checked(Bytes::copy_from_slice(tail), footer.len, held);
+        }
+        let Some(check) = Check::of(&footer, &range) else {
             state.metrics.tier_reads.with_label_values(&["passed"]).inc();
             return Served::PassThrough;
         };
-        let mib = ((range.end - range.start).div_ceil(1 << 20) as u32).clamp(1, MEMORY_MIB);
-        let held = Arc::clone(&self.memory).acquire_many_owned(mib).await.expect("the tier's memory is never closed");
         if let Some(bytes) = self.kept(pack, &range).await {
             state.metrics.tier_reads.with_label_values(&["hit"]).inc();
             return Served::Checked(bytes, footer.len, held);
@@ -101,7 +146,7 @@ impl Tier {
                     kept_meanwhile.store(true, Ordering::Relaxed);
                     return Some(bytes);
                 }
-                self.read_and_keep(state, pack, range, chunks).await
+                self.read_and_keep(state, pack, range, check, &footer).await
             })
             .await
             .clone();
@@ -125,37 +170,43 @@ impl Tier {
         tokio::task::spawn_blocking(move || tier.cache.get(&pack, &range)).await.ok().flatten()
     }
 
-    /// Reads `range` of `pack` (the chunks `chunks`) from the store, checks every chunk in it
-    /// and keeps it; `None` when it cannot be read or checked (the caller then reads it itself,
-    /// and answers the store's error where there is one).
+    /// Reads `range` of `pack` from the store (from `check.from` on), checks it as `check` says
+    /// (each chunk decoded and hashed; a tail against the one `footer` holds) and keeps it;
+    /// `None` when it cannot be read or checked (the caller then reads it itself, and answers
+    /// the store's error where there is one).
     async fn read_and_keep(
         self: &Arc<Self>,
         state: &AppState,
         pack: ObjectId,
         range: Range<u64>,
-        chunks: Vec<PackEntry>,
+        check: Check,
+        footer: &Footer,
     ) -> Option<Bytes> {
         // Through the backend: a tier given tiers of its own (`GSTORE_TIERS`) reads through
         // them, nearest first, and from the store when none answers.
-        let (backend, r) = (state.backend.clone(), range.clone());
-        let bytes = tokio::task::spawn_blocking(move || backend.get_range(&ObjectKey::Pack(pack).to_string(), r))
+        let (backend, read) = (state.backend.clone(), check.from..range.end);
+        let bytes = tokio::task::spawn_blocking(move || backend.get_range(&ObjectKey::Pack(pack).to_string(), read))
             .await
             .ok()?
             .ok()?;
-        let base_ids: Vec<ObjectId> = chunks.iter().flat_map(|e| e.bases.iter().flat_map(|b| b.iter())).collect();
+        if check.tail && bytes.get((footer.tail_at() - check.from) as usize..) != Some(&footer.tail[..]) {
+            return None;
+        }
+        let base_ids: Vec<ObjectId> = check.chunks.iter().flat_map(|e| e.bases.iter().flat_map(|b| b.iter())).collect();
         let bases = match stored_bases(state, base_ids).await {
             Ok(b) => b,
             Err(StoredBase::Missing(_) | StoredBase::Failed(_)) => return None,
         };
-        let (tier, chunk_max, kept) = (Arc::clone(self), state.chunk_max, bytes.clone());
+        let asked = bytes.slice((range.start - check.from) as usize..);
+        let (tier, chunk_max, kept) = (Arc::clone(self), state.chunk_max, asked.clone());
         let checked = tokio::task::spawn_blocking(move || {
             let known = crate::routes::known_bases(bases, chunk_max)?;
-            check_chunks(&kept, range.start, &chunks, &known, chunk_max)?;
+            check_chunks(&bytes, check.from, &check.chunks, &known, chunk_max)?;
             tier.cache.put(&pack, &range, &kept);
             Ok::<(), StoreError>(())
         })
         .await;
-        matches!(checked, Ok(Ok(()))).then_some(bytes)
+        matches!(checked, Ok(Ok(()))).then_some(asked)
     }
 
     /// The length and footer entries of `pack`, read from the store (and checked) once.
@@ -168,7 +219,7 @@ impl Tier {
             let size = backend
                 .size(&ObjectKey::Pack(pack).to_string())?
                 .ok_or(StoreError::NotFound { what: "pack", key: pack.to_hex() })?;
-            pack::read_tail(&backend, &pack, size, chunk_max).map(|(entries, _)| Footer { len: size, entries })
+            pack::read_tail(&backend, &pack, size, chunk_max).map(|(entries, tail)| Footer { len: size, entries, tail })
         })
         .await
         .ok()?
@@ -247,5 +298,17 @@ mod tests {
         assert!(whole_chunks(&entries, &(0..124)).is_none(), "holds the header");
         assert!(whole_chunks(&entries, &(174..250)).is_none(), "runs past the last chunk");
         assert!(whole_chunks(&entries, &(300..400)).is_none(), "no chunk");
+    }
+
+    #[test]
+    fn a_tail_read_is_checked_from_the_chunk_holding_its_first_byte() {
+        let footer =
+            Footer { len: 250, entries: vec![entry(24, 100), entry(124, 50), entry(174, 10)], tail: vec![7; 66] };
+        let tail = Check::of(&footer, &(130..250)).expect("a tail read starting inside a chunk");
+        assert!(tail.tail && tail.from == 124 && tail.chunks.len() == 2);
+        assert!(Check::of(&footer, &(130..240)).is_none(), "part of a chunk and part of the tail");
+        assert!(Check::of(&footer, &(20..250)).is_none(), "starts in the header");
+        let whole = Check::of(&footer, &(24..174)).expect("whole chunks");
+        assert!(!whole.tail && whole.from == 24);
     }
 }
