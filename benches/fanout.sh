@@ -10,7 +10,7 @@
 #   tier-killed  as `tier`, the tier killed KILL_AFTER seconds (default 0.5) into the restores
 # The bucket sits behind the fault proxy (RATE, RTT), which counts the bytes it sends: printed
 # as a multiple of the image's stored bytes, with the time until the last restore finished
-# (every restore is checked byte for byte), and the tiers' peak RSS. Clients reach the
+# (every restore is checked byte for byte), and the servers' peak RSS and CPU seconds. Clients reach the
 # servers directly. PATHS defaults to all of them.
 # Usage: benches/fanout.sh [MIB] [NS] [RATE (bits/s, default 2g)] [RTT (default 10ms)]
 set -euo pipefail
@@ -33,7 +33,7 @@ stored=$(du -sb "$work/s3data/bench/store/packs" | cut -f1)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.1; done; }
 echo "image $mib MiB, stored $stored bytes in packs; bucket behind a $rate bit/s link, RTT $rtt"
-printf "%-12s %4s %10s %14s %14s\n" path N seconds bucket_bytes server_rss_MB
+printf "%-12s %4s %10s %14s %14s %14s\n" path N seconds bucket_bytes server_rss_MB server_cpu_s
 # stop SIGNAL: the servers (each runs under /usr/bin/time, which then reports and exits).
 stop() { for p in "${pids[@]}"; do pkill "-$1" -P "$p" 2>/dev/null || true; done; }
 # start_tier NAME [UPSTREAM_URL]: a caching tier of the bucket (reading through UPSTREAM_URL
@@ -41,7 +41,7 @@ stop() { for p in "${pids[@]}"; do pkill "-$1" -P "$p" 2>/dev/null || true; done
 start_tier() {
   local p; p=$(free_port)
   rm -rf "$work/cache-$1"
-  AWS_ENDPOINT="http://$paddr" XDG_CACHE_HOME="$work/$1" GSTORE_TIERS="${2:-}" /usr/bin/time -f %M -o "$work/rss-$1" \
+  AWS_ENDPOINT="http://$paddr" XDG_CACHE_HOME="$work/$1" GSTORE_TIERS="${2:-}" /usr/bin/time -f "%M %U %S" -o "$work/rss-$1" \
     "$G" serve --store s3://bench/store --listen "127.0.0.1:$p" --cache "$work/cache-$1" --cache-bytes 4GiB 2>/dev/null &
   pids+=($!)
   wait_port "$p"
@@ -57,7 +57,7 @@ for n in $ns; do
     case $path in
       serve)
         sport=$(free_port)
-        AWS_ENDPOINT="http://$paddr" XDG_CACHE_HOME="$work/server" /usr/bin/time -f %M -o "$work/rss-server" \
+        AWS_ENDPOINT="http://$paddr" XDG_CACHE_HOME="$work/server" /usr/bin/time -f "%M %U %S" -o "$work/rss-server" \
           "$G" serve --store s3://bench/store --listen "127.0.0.1:$sport" 2>/dev/null &
         pids+=($!); wait_port "$sport"; url="http://127.0.0.1:$sport" ;;
       serve-cache) start_tier node; url=$tier_url ;;
@@ -82,7 +82,8 @@ for n in $ns; do
     kill -TERM $proxy; wait $proxy 2>/dev/null || true
     down=$(tail -1 "$work/proxy.out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes_down"])')
     rss=$(cat "$work"/rss-* 2>/dev/null | awk '{printf "%s%.0f", (NR > 1 ? "+" : ""), $1 / 1024}' || true)
-    awk -v p="$path" -v n="$n" -v a="$t0" -v b="$t1" -v d="$down" -v s="$stored" -v r="${rss:--}" \
-      'BEGIN{printf "%-12s %4d %10.2f %13.2fx %14s\n", p, n, b - a, d / s, r}'
+    cpu=$(cat "$work"/rss-* 2>/dev/null | awk '{printf "%s%.1f", (NR > 1 ? "+" : ""), $2 + $3}' || true)
+    awk -v p="$path" -v n="$n" -v a="$t0" -v b="$t1" -v d="$down" -v s="$stored" -v r="${rss:--}" -v c="${cpu:--}" \
+      'BEGIN{printf "%-12s %4d %10.2f %13.2fx %14s %14s\n", p, n, b - a, d / s, r, c}'
   done
 done
