@@ -148,12 +148,7 @@ async fn get_object(
     {
         if let Served::Checked(bytes, len, held) = tier.get(&state, *pack, r.clone()).await {
             state.metrics.bytes_out.inc_by(bytes.len() as u64);
-            let content_range = format!("bytes {}-{}/{len}", r.start, r.end.saturating_sub(1));
-            let h = [
-                (header::ACCEPT_RANGES, "bytes".to_string()),
-                (header::CONTENT_RANGE, content_range),
-                (header::CONTENT_LENGTH, bytes.len().to_string()),
-            ];
+            let h = range_headers(r, len, true);
             // The tier's share of memory is held until the body is sent (the stream dropped).
             let body = futures::stream::iter([Ok::<_, std::convert::Infallible>(bytes)]).map(move |b| {
                 let _held = &held;
@@ -170,22 +165,11 @@ async fn get_object(
         }
         Err(e) => return store_error(e),
     };
-    let (size, served, etag) = (got.meta.size, got.range.clone(), got.meta.e_tag.clone());
-    let mut h = HeaderMap::new();
-    h.insert(header::ACCEPT_RANGES, "bytes".parse().expect("header"));
-    if let Some(e) = etag.and_then(|e| e.parse().ok()) {
+    let mut h = range_headers(&got.range, got.meta.size, range.is_some());
+    if let Some(e) = got.meta.e_tag.as_ref().and_then(|e| e.parse().ok()) {
         h.insert(header::ETAG, e);
     }
-    let status = if range.is_some() {
-        h.insert(
-            header::CONTENT_RANGE,
-            format!("bytes {}-{}/{size}", served.start, served.end.saturating_sub(1)).parse().expect("header"),
-        );
-        StatusCode::PARTIAL_CONTENT
-    } else {
-        StatusCode::OK
-    };
-    h.insert(header::CONTENT_LENGTH, (served.end - served.start).into());
+    let status = if range.is_some() { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK };
     if method == Method::HEAD {
         return (status, h).into_response();
     }
@@ -196,6 +180,19 @@ async fn get_object(
         }
         Err(e) => store_error(e),
     }
+}
+
+/// The headers of an answer holding `served` of an object of `size` bytes: `Accept-Ranges`,
+/// `Content-Length`, and `Content-Range` when it answers a range request (`partial`).
+fn range_headers(served: &std::ops::Range<u64>, size: u64, partial: bool) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(header::ACCEPT_RANGES, "bytes".parse().expect("header"));
+    if partial {
+        let content_range = format!("bytes {}-{}/{size}", served.start, served.end.saturating_sub(1));
+        h.insert(header::CONTENT_RANGE, content_range.parse().expect("header"));
+    }
+    h.insert(header::CONTENT_LENGTH, (served.end - served.start).into());
+    h
 }
 
 /// The write a PUT asks for: `If-None-Match: *` creates, `If-Match: ETAG` updates that

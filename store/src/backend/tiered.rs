@@ -83,7 +83,7 @@ impl Tiered {
 
     /// `read` on the first tier that answers, for a pack; else (and for any other object) on
     /// the store.
-    fn read<T>(&self, key: &str, read: impl Fn(&dyn Objects) -> Result<T>) -> Result<T> {
+    fn read<T>(&self, key: &str, mut read: impl FnMut(&dyn Objects) -> Result<T>) -> Result<T> {
         if key.starts_with("packs/") {
             for t in self.tiers.iter().filter(|t| !t.resting()) {
                 match read(&t.objects) {
@@ -114,8 +114,7 @@ impl Objects for Tiered {
     }
 
     fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
-        let out = Mutex::new(out);
-        self.read(key, |o| o.get_range_into(key, range.clone(), &mut out.lock().expect("buffer lock")))
+        self.read(key, |o| o.get_range_into(key, range.clone(), out))
     }
 
     fn size(&self, key: &str) -> Result<Option<u64>> {
