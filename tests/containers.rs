@@ -314,7 +314,9 @@ fn a_store_that_fills_up_mid_checkpoint_gives_the_container_back() {
     let env = Env { store: small.join("store"), tmp };
     let _disk = SmallDisk::mount(&small, "24m");
     env.ok(&["init"]);
-    let c = Counter::start(&env, "full", 256);
+    // 1 GiB of memory, four times what a streamed push buffers: the store fills while podman
+    // is still writing its archive (podman blocks for ever on a reader that went away).
+    let c = Counter::start(&env, "full", 1024);
     let (code, err) = fails(&env, &with_criu(&["checkpoint", "--container", &c.name, "--tag", "full:1"], &criu_args()));
     assert_ne!(code, 0);
     assert!(err.contains("runs again"), "{err}");

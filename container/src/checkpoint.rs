@@ -11,7 +11,6 @@ use gstore_store::push::PushReport;
 use gstore_store::stream::Meta;
 use gstore_store::{Store, TagRef};
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// What a container checkpoint reports.
@@ -64,19 +63,22 @@ pub fn checkpoint(
     meta.insert("runtime".into(), serde_json::json!({ "engine": "podman", "version": podman.version() }));
     meta.insert("criu_version".into(), podman.criu().version().into());
     meta.insert("kernel".into(), kernel().into());
-    let opened = AtomicBool::new(false);
+    let (mut reader, held) =
+        gstore_gpu_dump::fifo::open_held(&fifo).map_err(|e| ContainerError::io("opening FIFO", &fifo, e))?;
     let (child, command) = podman.start_checkpoint(&c.name, &fifo, leave_running)?;
     let (pushed, dumped) = std::thread::scope(|s| {
         let pushing = s.spawn(|| {
-            let reader = std::fs::File::open(&fifo).map_err(|e| ContainerError::io("opening", &fifo, e))?;
-            opened.store(true, Ordering::SeqCst);
-            archive::push_archive(store, reader, "podman's checkpoint archive", tag, meta, progress)
+            let pushed = archive::push_archive(store, &mut reader, "podman's checkpoint archive", tag, meta, progress);
+            if pushed.is_err() {
+                // podman blocks for ever on an export whose reader went away: the rest of the
+                // archive is read and dropped, so podman ends (and keeps its checkpoint).
+                let _ = std::io::copy(&mut reader, &mut std::io::sink());
+            }
+            pushed
         });
         let dumped = Podman::wait(child, command);
-        if !opened.load(Ordering::SeqCst) {
-            // podman ended without opening the FIFO: let the reader see an empty archive.
-            drop(std::fs::OpenOptions::new().write(true).open(&fifo));
-        }
+        // podman is done writing: the archive ends (also when podman never opened the FIFO).
+        drop(held);
         (pushing.join().expect("the container's push does not panic"), dumped)
     });
     match (pushed, dumped) {
