@@ -323,3 +323,94 @@ fn a_restore_records_its_plan_and_the_next_restore_of_the_image_reads_it() {
     env.ok(&["restore", "a", "--to", env.path("two").to_str().unwrap()]);
     assert_same_tree(&src, &env.path("two"));
 }
+
+#[test]
+fn a_restore_seeded_by_an_earlier_one_fetches_only_what_changed_and_is_exact() {
+    let env = Env::new(&[]);
+    let (v1, v2) = (env.path("v1"), env.path("v2"));
+    fs::create_dir_all(&v1).unwrap();
+    write_bf16_weights(&v1.join("pages-1.img"), 3_000_000, 11);
+    write_mixed_file(&v1.join("core.img"), 3_000_000, 12);
+    env.ok(&["push", v1.to_str().unwrap(), "--tag", "m:1"]);
+    let first = env.path("first");
+    env.ok(&["restore", "m:1", "--to", first.to_str().unwrap()]);
+
+    // The next version: 1 % of the weights' pages rewritten (a page image: the changed
+    // chunks are stored as deltas against v1's), the weights moved to another path, and 10 KiB inserted at the head of the other file (every offset after it shifts).
+    fs::create_dir_all(v2.join("model")).unwrap();
+    let mut weights = fs::read(v1.join("pages-1.img")).unwrap();
+    for page in (0..weights.len() / 4096).step_by(100) {
+        weights[page * 4096..page * 4096 + 4096].copy_from_slice(&random_bytes(4096, page as u64));
+    }
+    fs::write(v2.join("model/pages-1.img"), &weights).unwrap();
+    let mut core = random_bytes(10 * 1024, 13);
+    core.extend(fs::read(v1.join("core.img")).unwrap());
+    fs::write(v2.join("core.img"), &core).unwrap();
+    let v1_packs = env.packs();
+    let pushed = env.json(&["push", v2.to_str().unwrap(), "--tag", "m:2"]);
+    assert!(pushed["delta_chunks"].as_u64().unwrap() > 0, "the changed pages are deltas against v1");
+
+    let unseeded = env.json(&["restore", "m:2", "--to", env.path("plain").to_str().unwrap()]);
+    assert_eq!(unseeded["seeded_chunks"], 0);
+    let seeded_to = env.path("seeded");
+    let seeded = env.json(&["restore", "m:2", "--to", seeded_to.to_str().unwrap(), "--seed", first.to_str().unwrap()]);
+    assert_same_tree(&v2, &seeded_to);
+    let logical = seeded["logical_bytes"].as_u64().unwrap();
+    let copied = seeded["seeded_bytes"].as_u64().unwrap();
+    let (fetched, fetched_alone) =
+        (seeded["fetched_bytes"].as_u64().unwrap(), unseeded["fetched_bytes"].as_u64().unwrap());
+    // About a third of core.img is zero runs (never fetched) and a sixth of the weights'
+    // chunks hold a rewritten page: about three quarters of the image is there to copy.
+    assert!(copied * 10 > logical * 7, "{copied} of {logical} bytes copied from the seed");
+    assert!(fetched * 4 < fetched_alone, "fetched {fetched} bytes seeded, {fetched_alone} without");
+
+    // Everything v1's packs hold that v2 needs (its unchanged chunks, and the bases of v2's
+    // deltas against v1) comes from the seed: with those packs damaged, only the seeded
+    // restore succeeds.
+    let kept: Vec<Vec<u8>> = v1_packs.iter().map(|p| fs::read(p).unwrap()).collect();
+    for (p, bytes) in v1_packs.iter().zip(&kept) {
+        let mut bad = bytes.clone();
+        for i in (0..bad.len() * 9 / 10).step_by(16 << 10) {
+            bad[i] ^= 0x10;
+        }
+        fs::write(p, bad).unwrap();
+    }
+    let err = env.fails(&["restore", "m:2", "--to", env.path("without").to_str().unwrap()]);
+    assert!(err.contains("corrupt"), "{err}");
+    let only_new = env.path("only-new");
+    env.ok(&["restore", "m:2", "--to", only_new.to_str().unwrap(), "--seed", first.to_str().unwrap()]);
+    assert_same_tree(&v2, &only_new);
+    for (p, bytes) in v1_packs.iter().zip(&kept) {
+        fs::write(p, bytes).unwrap();
+    }
+
+    // A seed is read, never trusted: damaged where it matters, the restore is still exact.
+    let damaged = env.path("damaged");
+    fs::create_dir_all(damaged.join("model")).unwrap();
+    let mut bad = weights.clone();
+    for i in (0..bad.len()).step_by(50_000) {
+        bad[i] ^= 0x40;
+    }
+    fs::write(damaged.join("model/pages-1.img"), &bad).unwrap();
+    fs::write(damaged.join("core.img"), &core[..core.len() / 2]).unwrap();
+    let out = env.path("from-damaged");
+    let r = env.json(&["restore", "m:2", "--to", out.to_str().unwrap(), "--seed", damaged.to_str().unwrap()]);
+    assert_same_tree(&v2, &out);
+    assert!(r["seeded_chunks"].as_u64().unwrap() > 0, "the undamaged chunks were copied");
+    assert!(r["fetched_bytes"].as_u64().unwrap() > fetched, "the damaged ones were fetched");
+
+    // A seed that is not a directory is refused before anything is written.
+    let none = env.path("no-such-dir");
+    let err = env.fails(&["restore", "m:2", "--to", env.path("x").to_str().unwrap(), "--seed", none.to_str().unwrap()]);
+    assert!(err.contains("seed") && err.contains("no-such-dir"), "{err}");
+    let err = env.fails(&[
+        "restore",
+        "m:2",
+        "--to",
+        env.path("x").to_str().unwrap(),
+        "--seed",
+        v2.join("core.img").to_str().unwrap(),
+    ]);
+    assert!(err.contains("is not a directory"), "{err}");
+    assert!(!env.path("x").exists(), "nothing restored");
+}

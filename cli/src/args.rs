@@ -85,6 +85,12 @@ pub enum Command {
         /// Leave out the entries matching this glob (repeatable), after --include.
         #[arg(long, value_name = "GLOB", conflicts_with = "run")]
         exclude: Vec<String>,
+        /// With --to: a directory this machine already holds, e.g. an earlier restore of the
+        /// same model or checkpoint (repeatable). Its files are cut and hashed as a push would,
+        /// and every chunk of the image found there (any file, any offset) is copied from it,
+        /// checked against its id, instead of fetched; the seed is only read.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["run", "container", "archive"])]
+        seed: Vec<PathBuf>,
         /// With --run: seconds to wait for the image's pid to be free.
         #[arg(long, default_value_t = 10, requires = "run")]
         pid_wait: u64,

@@ -54,10 +54,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Restore { image, archive: Some(file), .. } => {
             containers::write_archive(&location, &image, &file, &out, &bars)
         }
-        Command::Restore { image, to, memory_budget, include, exclude, .. } => {
+        Command::Restore { image, to, memory_budget, include, exclude, seed, .. } => {
             let to = to.expect("clap requires --to without --run");
             let select = Selection::new(&include, &exclude)?;
-            restore_to(&location, &image, &to, &select, memory_budget, &out, &bars)
+            restore_to(&location, &image, &to, &select, &seed, memory_budget, &out, &bars)
         }
         Command::Load { image, device, check, replicate, memory_budget, held } => {
             let open = || open_image(&location, &image).map(|(s, _, m)| (s, m));
@@ -229,13 +229,19 @@ fn restore_to(
     image: &str,
     to: &std::path::Path,
     select: &Selection,
+    seeds: &[std::path::PathBuf],
     memory_budget: u64,
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {
     let (store, id, m) = open_image(location, image)?;
     let m = select.apply(m)?;
-    let r = gstore_restore::restore_to_dir(&store, &id, &m, to, memory_budget, bars)
+    let seed = if seeds.is_empty() {
+        None
+    } else {
+        Some(gstore_restore::seed::Seed::index(seeds, store.config(), &store.chunk_ids(), bars)?)
+    };
+    let r = gstore_restore::restore_to_dir_seeded(&store, &id, &m, to, memory_budget, seed.as_ref(), bars)
         .with_context(|| format!("restore of {image} failed"))?;
     out.emit(&r, || {
         let resumed = if r.resumed_chunks > 0 {
@@ -243,8 +249,17 @@ fn restore_to(
         } else {
             String::new()
         };
+        let seeded = match &seed {
+            Some(s) => format!(
+                ", {} of it copied from the seed ({} indexed), {} fetched",
+                HumanBytes(r.seeded_bytes),
+                HumanBytes(s.indexed_bytes()),
+                HumanBytes(r.fetched_bytes)
+            ),
+            None => String::new(),
+        };
         format!(
-            "restored {image} into {} ({}, {}, {}{resumed})",
+            "restored {image} into {} ({}, {}, {}{resumed}{seeded})",
             r.destination,
             plural(r.entries as u64, "entry", "entries"),
             HumanBytes(r.logical_bytes),

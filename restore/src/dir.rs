@@ -15,7 +15,8 @@
 //! only when it holds nothing but what this restore itself would have made there.
 
 use crate::engine::{self, Piece, Sink};
-use crate::plan::{self, PlannedChunk};
+use crate::plan::{self, PlannedChunk, Target};
+use crate::seed::Seed;
 use gstore_store::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::{ChunkIds, ObjectId, Result, Store, StoreError};
@@ -44,6 +45,11 @@ pub struct RestoreReport {
     pub reads: usize,
     /// Chunks found already in place in an interrupted restore's staging directory.
     pub resumed_chunks: usize,
+    /// Chunks copied from a seed instead of fetched.
+    pub seeded_chunks: usize,
+    /// Plain bytes of the chunks copied from a seed (each counted once, however often the
+    /// image holds it).
+    pub seeded_bytes: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
 }
@@ -58,12 +64,7 @@ struct DirSink {
 
 impl Sink for DirSink {
     fn write_batch(&self, pieces: &[Piece<'_>]) -> Result<()> {
-        for p in pieces {
-            let f = self.files[p.entry].as_ref().expect("chunk targets are files");
-            f.write_all_at(p.data, p.offset)
-                .map_err(|e| StoreError::io("writing", self.dirs.root.join(&self.m.entries[p.entry].path), e))?;
-        }
-        Ok(())
+        pieces.iter().try_for_each(|p| self.write_at((p.entry, p.offset), p.data))
     }
 }
 
@@ -95,6 +96,13 @@ impl DirSink {
             });
         }
         Ok(DirSink { dirs, files, m: m.clone() })
+    }
+
+    /// Writes `data` at target `t`.
+    fn write_at(&self, (entry, offset): Target, data: &[u8]) -> Result<()> {
+        let f = self.files[entry].as_ref().expect("chunk targets are files");
+        f.write_all_at(data, offset)
+            .map_err(|e| StoreError::io("writing", self.dirs.root.join(&self.m.entries[entry].path), e))
     }
 
     /// True when every target of `c` already holds its bytes (chunks named by `ids`).
@@ -186,6 +194,19 @@ pub fn restore_to_dir(
     memory_budget: u64,
     progress: &dyn Progress,
 ) -> Result<RestoreReport> {
+    restore_to_dir_seeded(store, id, m, dest, memory_budget, None, progress)
+}
+
+/// [`restore_to_dir`], copying the chunks `seed` holds from there instead of fetching them.
+pub fn restore_to_dir_seeded(
+    store: &Store,
+    id: &ObjectId,
+    m: &Manifest,
+    dest: &Path,
+    memory_budget: u64,
+    seed: Option<&Seed>,
+    progress: &dyn Progress,
+) -> Result<RestoreReport> {
     let started = std::time::Instant::now();
     check_destination(dest)?;
     let mut plan = plan::plan(store, m, engine::max_read_for(memory_budget))?;
@@ -196,21 +217,28 @@ pub fn restore_to_dir(
     }
     let result = (|| {
         let sink = DirSink::open(&staging, m, resume)?;
+        let ids = store.chunk_ids();
         let before = plan.chunk_count();
         if resume {
-            let ids = store.chunk_ids();
             plan.retain_missing(|c| sink.has(c, &ids));
         }
-        engine::run(store, &plan, &sink, progress)?;
+        let resumed = before - plan.chunk_count();
+        let mut seeded = (0, 0);
+        if let Some(seed) = seed {
+            let (chunks, bytes) = (plan.chunk_count(), plan.plain_bytes());
+            plan.retain_missing(|c| seed.copy(c, &ids, |t, data| sink.write_at(t, data)));
+            seeded = (chunks - plan.chunk_count(), bytes - plan.plain_bytes());
+        }
+        engine::run_seeded(store, &plan, &sink, seed, progress)?;
         sink.finish()?;
         fs::remove_file(staging.join(MARKER)).map_err(|e| StoreError::io("removing", staging.join(MARKER), e))?;
         let mode = 0o777 & !umask();
         fs::set_permissions(&staging, fs::Permissions::from_mode(mode))
             .map_err(|e| StoreError::io("setting mode of", &staging, e))?;
         publish(&staging, dest)?;
-        Ok(before - plan.chunk_count())
+        Ok((resumed, seeded))
     })();
-    let resumed_chunks = match result {
+    let (resumed_chunks, (seeded_chunks, seeded_bytes)) = match result {
         Ok(n) => n,
         Err(e) if keep_for_resume(&e) => return Err(with_resume_note(e, &staging)),
         Err(e) => {
@@ -225,6 +253,8 @@ pub fn restore_to_dir(
         fetched_bytes: plan.fetch_bytes(),
         reads: plan.reads.len(),
         resumed_chunks,
+        seeded_chunks,
+        seeded_bytes,
         seconds: started.elapsed().as_secs_f64(),
     })
 }

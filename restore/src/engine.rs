@@ -3,6 +3,7 @@
 //! as one batch.
 
 use crate::plan::{Plan, RangeRead};
+use crate::seed::Seed;
 use gstore_store::codec::{self, Codec};
 use gstore_store::manifest::{Entry, EntryKind, Manifest};
 use gstore_store::progress::{Progress, Unit};
@@ -84,17 +85,28 @@ const REMOTE_READS_IN_FLIGHT: usize = 16;
 
 /// Runs every read of `plan` into `sink`, reporting plain bytes written to `progress`.
 pub fn run(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress) -> Result<()> {
+    run_seeded(store, plan, sink, None, progress)
+}
+
+/// [`run`], taking the delta bases `seed` holds from there instead of the store.
+pub fn run_seeded(
+    store: &Store,
+    plan: &Plan,
+    sink: &dyn Sink,
+    seed: Option<&Seed>,
+    progress: &dyn Progress,
+) -> Result<()> {
     if store.is_remote() && rayon::current_num_threads() < REMOTE_READS_IN_FLIGHT {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(REMOTE_READS_IN_FLIGHT)
             .build()
             .map_err(|e| StoreError::Internal(format!("starting restore threads: {e}")))?;
-        return pool.install(|| run_here(store, plan, sink, progress));
+        return pool.install(|| run_here(store, plan, sink, seed, progress));
     }
-    run_here(store, plan, sink, progress)
+    run_here(store, plan, sink, seed, progress)
 }
 
-fn run_here(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress) -> Result<()> {
+fn run_here(store: &Store, plan: &Plan, sink: &dyn Sink, seed: Option<&Seed>, progress: &dyn Progress) -> Result<()> {
     // Zero runs are counted at once: they are never fetched (holes, or zeroed by the sink), so
     // the bar ends at the image's size, as the summary says it.
     let zeros: u64 = plan.zeros.iter().map(|z| z.len).sum();
@@ -103,7 +115,7 @@ fn run_here(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress
     let r = plan.reads.par_iter().try_for_each_init(
         || (store.decoder(), Vec::new()),
         |(decoder, arena), read| {
-            let written = fetch_decode_write(store, read, decoder, arena, sink)?;
+            let written = fetch_decode_write(store, read, decoder, arena, sink, seed)?;
             progress.advance(written);
             Ok::<(), StoreError>(())
         },
@@ -124,8 +136,11 @@ fn fetch_decode_write(
     decoder: &mut codec::Decoder<'_>,
     arena: &mut Vec<u8>,
     sink: &dyn Sink,
+    seed: Option<&Seed>,
 ) -> Result<u64> {
-    // The bases of the read's delta chunks, read side by side before any is decoded.
+    // The bases of the read's delta chunks: those the seed holds from there, the others read
+    // side by side before any is decoded.
+    let _seeded = seed.map(|s| store.offer_bases(s.bases_of(read)));
     let _bases = store.prefetch_bases(read.chunks.iter().filter_map(|c| c.loc.bases))?;
     // Every chunk is checked before the range counts as good (and may be cached).
     let (data, sources) = store.read_checked_range(&read.pack, read.start..read.end, |data| {

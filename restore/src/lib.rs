@@ -1,6 +1,6 @@
 //! gstore's restore engine: plans which pack ranges an image needs, fetches them in parallel,
 //! verifies every chunk against its BLAKE3 id, decodes it and hands it to a sink: a directory
-//! tree ([`restore_to_dir`]), host memory ([`restore_to_memory`]) or device memory
+//! tree ([`restore_to_dir`], copying what a [`seed::Seed`] directory already holds), host memory ([`restore_to_memory`]) or device memory
 //! ([`restore_to_device`], through pinned staging buffers on several CUDA streams).
 //!
 //! Memory stays under a budget whatever the image size: each worker thread holds one range
@@ -26,10 +26,11 @@ pub mod dir;
 pub mod engine;
 pub mod host;
 pub mod plan;
+pub mod seed;
 
 pub use device::{
     bind_hold_socket, load_held, restore_to_device, restore_to_device_with, restore_to_devices, DeviceImage, Holder,
     Spread, TransferWaits,
 };
-pub use dir::{restore_to_dir, RestoreReport};
+pub use dir::{restore_to_dir, restore_to_dir_seeded, RestoreReport};
 pub use host::{restore_to_memory, HostImage};

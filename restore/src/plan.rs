@@ -78,6 +78,11 @@ impl Plan {
         self.reads.iter().map(|r| r.end - r.start).sum()
     }
 
+    /// Plain bytes of the distinct chunks to fetch.
+    pub fn plain_bytes(&self) -> u64 {
+        self.reads.iter().map(RangeRead::plain_bytes).sum()
+    }
+
     /// Number of distinct chunks to fetch.
     pub fn chunk_count(&self) -> usize {
         self.reads.iter().map(|r| r.chunks.len()).sum()

@@ -1166,6 +1166,18 @@ impl Store {
         Ok(HeldBases { _held: held })
     }
 
+    /// Puts delta bases a caller read from elsewhere (a restore's seed) into the base cache,
+    /// each checked against its id first (one that does not match is dropped, and read from
+    /// the store when a delta needs it). They stay cached while the result is held.
+    pub fn offer_bases(&self, bases: impl IntoIterator<Item = (ObjectId, Vec<u8>)>) -> HeldBases {
+        let held = bases
+            .into_iter()
+            .filter(|(id, plain)| self.chunk_ids.id(plain) == *id)
+            .map(|(id, plain)| self.keep_base(&id, plain))
+            .collect();
+        HeldBases { _held: held }
+    }
+
     /// Reads, checks and caches base `id`, found at `loc`.
     fn read_base(&self, id: &ObjectId, loc: Option<ChunkLocation>) -> Result<std::sync::Arc<Vec<u8>>> {
         let loc = loc.ok_or_else(|| base_not_found(id))?;
