@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A restore node that already holds an earlier version (issue #48): MIB MiB (default 512) of
-# N(0, 0.02) bf16 weights in four shards, pushed to S3 (s3s-fs on loopback) as v1; the node
-# restores v1. Then two next versions, each restored with and without `--seed` (the v1
+# N(0, 0.02) bf16 weights in four files named as CRIU page images (pages-N.img, so changed
+# chunks are stored as deltas against v1's), pushed to S3 (s3s-fs on loopback) as v1; the
+# node restores v1. Then two next versions, each restored with and without `--seed` (the v1
 # restore) through the fault proxy (RATE bits/s, default 1g; RTT, default 20ms):
 #   pages     1 % of every shard's 4 KiB pages rewritten (a process or training state moving
 #             page by page)
@@ -38,16 +39,16 @@ def write(version, files):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(data)
-write("v1", {f"model-{i}.safetensors": d for i, d in enumerate(v1)})
+write("v1", {f"pages-{i}.img": d for i, d in enumerate(v1)})
 pages = []
 for d in v1:
     b = bytearray(d)
     for p in range(0, len(b) // 4096, 100):
         b[p * 4096:(p + 1) * 4096] = weights(4096)
     pages.append(bytes(b))
-write("pages", {f"model-{i}.safetensors": d for i, d in enumerate(pages)})
-write("shard", {"model-0.safetensors": weights(shard), **{f"layers/model-{i}.safetensors": v1[i] for i in range(1, 4)}})
-write("same", {f"model-{i}.safetensors": d for i, d in enumerate(v1)})
+write("pages", {f"pages-{i}.img": d for i, d in enumerate(pages)})
+write("shard", {"pages-0.img": weights(shard), **{f"layers/pages-{i}.img": v1[i] for i in range(1, 4)}})
+write("same", {f"pages-{i}.img": d for i, d in enumerate(v1)})
 EOF
 # proxied CMD...: runs CMD with the bucket behind a fresh fault proxy; sets $down to the bytes
 # the proxy carried to the client.
