@@ -30,7 +30,12 @@ class Store:
     def push_buffers(
         self, tag: str, files: Sequence[Tuple[str, Sequence[Any]]], meta: str = "{}", progress: bool = True
     ) -> str: ...
-    def load_host(self, image: str, memory_budget: int = ..., progress: bool = True) -> List[Tuple[str, HostFile]]: ...
+    def load_host(
+        self, image: str, memory_budget: int = ..., progress: bool = True, paths: Optional[List[str]] = None
+    ) -> List[Tuple[str, HostFile]]: ...
+    def load_ranges(
+        self, image: str, ranges: Sequence[Tuple[str, int, int]], memory_budget: int = ..., progress: bool = False
+    ) -> List[Tuple[HostFile, int]]: ...
     def load_cuda(
         self,
         image: str,

@@ -231,12 +231,31 @@ class Reader(StorageReader):
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         return plans
 
+    def _ranges(self, items: List[StoredItem]) -> List[np.ndarray]:
+        """The bytes of each item, read as few ranges: items that touch in one file share one
+        range, and only the chunks covering the ranges are read (a rank resharding, or reading
+        a few items another rank wrote, does not read whole files)."""
+        spans: List[List[Any]] = []  # [path, start, end, [item indices]]
+        for i in sorted(range(len(items)), key=lambda i: (items[i].path, items[i].offset)):
+            it = items[i]
+            last = spans[-1] if spans else None
+            if last is not None and last[0] == it.path and it.offset <= last[2]:
+                last[2] = max(last[2], it.offset + it.length)
+                last[3].append(i)
+            else:
+                spans.append([it.path, it.offset, it.offset + it.length, [i]])
+        loaded = self._store().load_ranges(self.tag, [(p, a, b - a) for p, a, b, _ in spans])
+        out: List[Any] = [None] * len(items)
+        for (path, start, _, members), (buf, skip) in zip(spans, loaded):
+            data = np.asarray(buf)
+            for i in members:
+                at = skip + items[i].offset - start
+                out[i] = data[at : at + items[i].length]
+        return out
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
-        wanted = sorted({self._storage[r.storage_index].path for r in plan.items})
-        files = self._files(wanted) if wanted else {}
-        for req in plan.items:
-            loc = self._storage[req.storage_index]
-            raw = files[loc.path][loc.offset : loc.offset + loc.length]
+        stored = [self._storage[r.storage_index] for r in plan.items]
+        for req, raw in zip(plan.items, self._ranges(stored) if stored else []):
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(raw))
                 continue

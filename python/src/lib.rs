@@ -178,6 +178,28 @@ impl Store {
         Ok(loaded.map_err(py_err)?.entries.into_iter().map(|e| (e.path, HostFile { data: e.data })).collect())
     }
 
+    /// Loads byte ranges of `image`'s files into host memory, `ranges` as `(path, offset,
+    /// len)`: for each, a `HostFile` holding the whole chunks that cover it and where the
+    /// range starts in it. Only those chunks are read (a chunk two ranges share, once), each
+    /// checked against its hash.
+    #[pyo3(signature = (image, ranges, memory_budget=1 << 30, progress=false))]
+    fn load_ranges(
+        &self,
+        py: Python<'_>,
+        image: &str,
+        ranges: Vec<(String, u64, u64)>,
+        memory_budget: u64,
+        progress: bool,
+    ) -> PyResult<Vec<(HostFile, u64)>> {
+        let loaded = py.detach(|| {
+            let (store, m) = self.open_image(image)?;
+            let (pieces, skips) = m.pieces(&ranges)?;
+            let image = gstore_restore::restore_to_memory(&store, &pieces, memory_budget, &Bars::new(progress))?;
+            Ok::<_, StoreError>(image.entries.into_iter().map(|e| HostFile { data: e.data }).zip(skips).collect())
+        });
+        loaded.map_err(py_err)
+    }
+
     /// Loads every file of `image` into the memory of GPU `device` (CUDA): `[(path,
     /// CudaFile)]` in manifest order, and the phases' seconds (`plan_s`, `alloc_s`,
     /// `transfer_s`) as JSON. Every chunk is checked before the call returns. With `held`,

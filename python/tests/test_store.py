@@ -197,3 +197,22 @@ def test_a_store_named_by_gstore_store_is_the_default(tmp_path, monkeypatch):
     s = gstore.Store()
     s.save(weights(3, {"w": (64, 64)}), "model:v1")
     assert "model:v1" in gstore_cli(path, "ls").stdout
+
+
+def test_byte_ranges_load_only_the_chunks_that_cover_them(store):
+    rng = np.random.default_rng(3)
+    a, b = rng.bytes(3 << 20), rng.bytes(100_000)
+    native = store._native
+    native.push_buffers("parts:1", [("a", [a]), ("b", [b])], "{}", False)
+    ranges = [("a", 1_000_000, 5_000), ("a", 0, 3 << 20), ("b", 99_000, 1_000), ("a", 17, 0)]
+    loaded = native.load_ranges("parts:1", ranges)
+    whole = {"a": a, "b": b}
+    for (path, offset, length), (buf, skip) in zip(ranges, loaded):
+        data = np.asarray(buf)
+        assert data[skip : skip + length].tobytes() == whole[path][offset : offset + length]
+    # A short range reads the chunks around it, not the file.
+    assert len(loaded[0][0]) < 1 << 20 and len(loaded[1][0]) == 3 << 20
+    with pytest.raises(gstore.NotFoundError, match="nope"):
+        native.load_ranges("parts:1", [("nope", 0, 1)])
+    with pytest.raises(gstore.InvalidError, match="run past the end of b"):
+        native.load_ranges("parts:1", [("b", 99_999, 2)])

@@ -5,7 +5,7 @@
 use crate::error::{Result, StoreError};
 use crate::id::ObjectId;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Magic bytes at the start of every manifest.
 pub const MANIFEST_MAGIC: &[u8; 8] = b"GSMANIF1";
@@ -124,6 +124,54 @@ impl Manifest {
         out
     }
 
+    /// An image of one entry per byte range of `ranges` (`(path, offset, len)`, files of this
+    /// image): each entry holds the whole chunks that cover its range, and is paired with
+    /// where the range starts in it. Restoring it reads those chunks only (a chunk in two
+    /// ranges once). A path that is no file here, or a range past its file's end, is refused.
+    pub fn pieces(&self, ranges: &[(String, u64, u64)]) -> Result<(Manifest, Vec<u64>)> {
+        let files: HashMap<&str, (&Entry, &[ChunkRef])> =
+            self.files().filter(|(e, _)| e.kind == EntryKind::File).map(|(e, c)| (e.path.as_str(), (e, c))).collect();
+        let mut out = Manifest {
+            created_unix: self.created_unix,
+            meta: BTreeMap::new(),
+            entries: Vec::new(),
+            chunks: Vec::new(),
+        };
+        let mut skips = Vec::with_capacity(ranges.len());
+        for (i, (path, offset, len)) in ranges.iter().enumerate() {
+            let (entry, chunks) = files
+                .get(path.as_str())
+                .ok_or_else(|| StoreError::NotFound { what: "file in the image", key: path.clone() })?;
+            let end = offset.checked_add(*len).filter(|&end| end <= entry.size).ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "{len} bytes at {offset} run past the end of {path} ({} bytes)",
+                    entry.size
+                ))
+            })?;
+            let (mut at, mut first, mut picked) = (0u64, None, Vec::new());
+            for c in chunks.iter() {
+                let next = at + c.len as u64;
+                if next > *offset && at < end {
+                    first.get_or_insert(at);
+                    picked.push(*c);
+                }
+                at = next;
+            }
+            let start = first.unwrap_or(*offset);
+            out.entries.push(Entry {
+                path: format!("{i}"),
+                kind: EntryKind::File,
+                mode: 0o600,
+                size: picked.iter().map(|c| c.len as u64).sum(),
+                target: None,
+                chunks: picked.len() as u64,
+            });
+            out.chunks.extend(picked);
+            skips.push(offset - start);
+        }
+        Ok((out, skips))
+    }
+
     /// Serializes to the on-store byte form.
     pub fn encode(&self) -> Vec<u8> {
         let header = Header {
@@ -236,6 +284,38 @@ pub fn check_relative_path(p: &str) -> std::result::Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn pieces_hold_the_chunks_covering_each_range() {
+        let chunk = |n: u8, len: u32| ChunkRef { id: ObjectId::of(&[n]), len, zero: false };
+        let file = |path: &str, size: u64, chunks: u64| Entry {
+            path: path.into(),
+            kind: EntryKind::File,
+            mode: 0o644,
+            size,
+            target: None,
+            chunks,
+        };
+        let m = Manifest {
+            created_unix: 1,
+            meta: BTreeMap::new(),
+            entries: vec![file("a", 60, 3), file("b", 5, 1)],
+            chunks: vec![chunk(1, 10), chunk(2, 20), chunk(3, 30), chunk(4, 5)],
+        };
+        let ranges =
+            [("a".to_string(), 12, 10), ("a".to_string(), 5, 30), ("a".to_string(), 60, 0), ("b".to_string(), 0, 5)];
+        let (p, skips) = m.pieces(&ranges).unwrap();
+        let ids = |i: usize| p.files().nth(i).unwrap().1.iter().map(|c| c.id).collect::<Vec<_>>();
+        assert_eq!(ids(0), vec![ObjectId::of(&[2])]);
+        assert_eq!(ids(1), vec![ObjectId::of(&[1]), ObjectId::of(&[2]), ObjectId::of(&[3])]);
+        assert!(ids(2).is_empty());
+        assert_eq!(ids(3), vec![ObjectId::of(&[4])]);
+        assert_eq!(skips, vec![2, 5, 0, 0]);
+        assert_eq!(p.entries.iter().map(|e| e.size).collect::<Vec<_>>(), vec![20, 60, 0, 5]);
+        assert!(m.pieces(&[("a".to_string(), 50, 11)]).unwrap_err().to_string().contains("run past the end of a"));
+        assert!(matches!(m.pieces(&[("c".to_string(), 0, 1)]), Err(StoreError::NotFound { .. })));
+    }
+
     use super::*;
 
     fn sample() -> Manifest {
