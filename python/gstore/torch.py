@@ -14,7 +14,7 @@ coordinator then pushes DCP's ``.metadata`` and composes the step's image from t
 chunks referenced, not stored again), tags it ``NAME:VERSION``, and removes the part tags: the
 tag appears all at once, or, if a rank or the coordinator fails, not at all (part tags may be
 left; ``gstore rm`` them). :class:`Reader` reads the image back on any number of ranks, each
-loading only the rank files its plan names; DCP's planner reshards.
+loading only the byte ranges its plan names; DCP's planner reshards.
 """
 
 import dataclasses
