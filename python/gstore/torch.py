@@ -7,8 +7,9 @@ by every rank side by side and tagged once all of it is stored.
     dcp.save(state, storage_writer=gstore.torch.Writer("/data/store", "run:step-1000"))
     dcp.load(state, storage_reader=gstore.torch.Reader("/data/store", "run:step-1000"))
 
-Each rank pushes its own items as one file, ``__R_0.distcp`` (each tensor as ``torch.save``
-writes it, as DCP's own files hold them), under a part tag ``NAME.dcp-part-R:VERSION``, through
+Each rank pushes its own items as one file, ``__R_0.distcp`` (each tensor's raw bytes, its
+dtype and shape in DCP's metadata, every item starting at a multiple of 64 bytes, so that a
+load uses the bytes where they lie), under a part tag ``NAME.dcp-part-R:VERSION``, through
 its own index slot (ranks on one machine do not wait for each other's index lock). The
 coordinator then pushes DCP's ``.metadata`` and composes the step's image from the parts (their
 chunks referenced, not stored again), tags it ``NAME:VERSION``, and removes the part tags: the
@@ -22,7 +23,7 @@ import io
 import json
 import os
 import pickle
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -58,12 +59,31 @@ class _Part:
 @dataclasses.dataclass(frozen=True)
 class StoredItem:
     """Where one item's bytes are: file ``path`` of the image, ``length`` bytes at ``offset``;
-    ``part`` is the manifest id of the part image that holds the file (for the commit)."""
+    ``part`` is the manifest id of the part image that holds the file (for the commit). A
+    tensor is stored as its raw bytes, ``dtype`` (a ``torch`` dtype's name) and ``shape``
+    saying what they are; one stored with ``dtype`` empty is in ``torch.save``'s form (as
+    checkpoints before the raw form, and tensors whose dtype has no byte view, are)."""
 
     path: str
     offset: int
     length: int
     part: str = ""
+    dtype: str = ""
+    shape: Tuple[int, ...] = ()
+
+
+ALIGN = 64
+"""Items start at multiples of this many bytes of their rank file, so a loaded tensor's bytes
+are aligned for any dtype and are used where they lie."""
+
+
+def _byte_view(t: torch.Tensor) -> Optional[np.ndarray]:
+    """A contiguous CPU tensor's bytes as a flat ``uint8`` array sharing its memory, or
+    ``None`` where its dtype has no byte view."""
+    try:
+        return t.reshape(-1).view(torch.uint8).numpy()
+    except (RuntimeError, TypeError):
+        return None
 
 
 def _location_of(store: Union[Store, str, None]) -> Optional[str]:
@@ -140,14 +160,23 @@ class Writer(StorageWriter):
         offset = 0
         for item in plan.items:
             data = planner.resolve_data(item)
+            dtype, shape = "", ()
             if item.type == WriteItemType.BYTE_IO:
                 raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
             else:
-                out = io.BytesIO()
-                torch.save(data.detach().cpu().contiguous(), out)
-                raw = out.getvalue()
+                tensor = data.detach().cpu().contiguous()
+                raw = _byte_view(tensor)
+                if raw is None:
+                    out = io.BytesIO()
+                    torch.save(tensor, out)
+                    raw = out.getvalue()
+                else:
+                    dtype, shape = str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)
+            if offset % ALIGN:
+                buffers.append(bytes(ALIGN - offset % ALIGN))
+                offset += ALIGN - offset % ALIGN
             buffers.append(raw)
-            placed.append((item, offset, len(raw)))
+            placed.append((item, StoredItem(path, offset, len(raw), dtype=dtype, shape=shape)))
             offset += len(raw)
         manifest = ""
         if buffers:
@@ -155,8 +184,8 @@ class Writer(StorageWriter):
             report = json.loads(self._native.push_buffers(self._part_tag(part.index), [(path, buffers)], meta, False))
             manifest = report["manifest"]
         results = [
-            WriteResult(index=item.index, size_in_bytes=n, storage_data=StoredItem(path, at, n, manifest))
-            for item, at, n in placed
+            WriteResult(index=item.index, size_in_bytes=d.length, storage_data=dataclasses.replace(d, part=manifest))
+            for item, d in placed
         ]
         fut: Future = Future()
         fut.set_result(results)
@@ -255,12 +284,11 @@ class Reader(StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
         stored = [self._storage[r.storage_index] for r in plan.items]
-        for req, raw in zip(plan.items, self._ranges(stored) if stored else []):
+        for req, loc, raw in zip(plan.items, stored, self._ranges(stored) if stored else []):
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(raw))
                 continue
-            tensor = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-            tensor = _narrow(tensor, req)
+            tensor = _narrow(_tensor(loc, raw), req)
             target = planner.resolve_tensor(req).detach()
             if target.size() != tensor.size():
                 raise ValueError(f"{req.storage_index}: stored {tuple(tensor.size())}, asked {tuple(target.size())}")
@@ -269,6 +297,18 @@ class Reader(StorageReader):
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+
+def _tensor(loc: StoredItem, raw: np.ndarray) -> torch.Tensor:
+    """The tensor stored at ``loc``, whose bytes are ``raw``: a view of them in the raw form."""
+    if not loc.dtype:
+        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    dtype = getattr(torch, loc.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{loc.path} at {loc.offset}: {loc.dtype!r} is no torch dtype")
+    if not len(raw):
+        return torch.empty(loc.shape, dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(loc.shape)
 
 
 def _narrow(tensor: torch.Tensor, req: ReadItem) -> torch.Tensor:

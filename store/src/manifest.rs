@@ -14,6 +14,9 @@ pub const CHUNK_REF_LEN: usize = 37;
 /// Flag bit: the chunk is all zero bytes and is not stored in any pack.
 pub const FLAG_ZERO: u8 = 1;
 
+/// [`Manifest::pieces`] starts each piece at a multiple of this many bytes of its file.
+const PIECE_ALIGN: u64 = 4096;
+
 /// One chunk of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkRef {
@@ -125,8 +128,9 @@ impl Manifest {
     }
 
     /// An image of one entry per byte range of `ranges` (`(path, offset, len)`, files of this
-    /// image): each entry holds the whole chunks that cover its range, and is paired with
-    /// where the range starts in it. Restoring it reads those chunks only (a chunk in two
+    /// image): each entry holds the whole chunks that cover its range (after zeros up to the
+    /// 4 KiB boundary of the file before them: a byte keeps its file offset's alignment), and
+    /// is paired with where the range starts in it. Restoring it reads those chunks only (a chunk in two
     /// ranges once). A path that is no file here, or a range past its file's end, is refused.
     pub fn pieces(&self, ranges: &[(String, u64, u64)]) -> Result<(Manifest, Vec<u64>)> {
         let files: HashMap<&str, (&Entry, &[ChunkRef])> =
@@ -157,7 +161,15 @@ impl Manifest {
                 }
                 at = next;
             }
-            let start = first.unwrap_or(*offset);
+            // Led by zeros to the page the first chunk starts in, so that the bytes keep their
+            // file offset's alignment in a page-aligned buffer.
+            let mut start = first.unwrap_or(*offset);
+            let lead = start % PIECE_ALIGN;
+            if lead > 0 && !picked.is_empty() {
+                picked
+                    .insert(0, ChunkRef { id: ObjectId::of(&vec![0u8; lead as usize]), len: lead as u32, zero: true });
+                start -= lead;
+            }
             out.entries.push(Entry {
                 path: format!("{i}"),
                 kind: EntryKind::File,
@@ -305,13 +317,16 @@ mod tests {
         let ranges =
             [("a".to_string(), 12, 10), ("a".to_string(), 5, 30), ("a".to_string(), 60, 0), ("b".to_string(), 0, 5)];
         let (p, skips) = m.pieces(&ranges).unwrap();
-        let ids = |i: usize| p.files().nth(i).unwrap().1.iter().map(|c| c.id).collect::<Vec<_>>();
-        assert_eq!(ids(0), vec![ObjectId::of(&[2])]);
-        assert_eq!(ids(1), vec![ObjectId::of(&[1]), ObjectId::of(&[2]), ObjectId::of(&[3])]);
+        let ids = |i: usize| {
+            p.files().nth(i).unwrap().1.iter().map(|c| if c.zero { None } else { Some(c.id) }).collect::<Vec<_>>()
+        };
+        // The first piece starts at byte 0 of its file: zeros up to the chunk it needs.
+        assert_eq!(ids(0), vec![None, Some(ObjectId::of(&[2]))]);
+        assert_eq!(ids(1), vec![Some(ObjectId::of(&[1])), Some(ObjectId::of(&[2])), Some(ObjectId::of(&[3]))]);
         assert!(ids(2).is_empty());
-        assert_eq!(ids(3), vec![ObjectId::of(&[4])]);
-        assert_eq!(skips, vec![2, 5, 0, 0]);
-        assert_eq!(p.entries.iter().map(|e| e.size).collect::<Vec<_>>(), vec![20, 60, 0, 5]);
+        assert_eq!(ids(3), vec![Some(ObjectId::of(&[4]))]);
+        assert_eq!(skips, vec![12, 5, 0, 0]);
+        assert_eq!(p.entries.iter().map(|e| e.size).collect::<Vec<_>>(), vec![30, 60, 0, 5]);
         assert!(m.pieces(&[("a".to_string(), 50, 11)]).unwrap_err().to_string().contains("run past the end of a"));
         assert!(matches!(m.pieces(&[("c".to_string(), 0, 1)]), Err(StoreError::NotFound { .. })));
     }
