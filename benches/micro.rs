@@ -8,7 +8,7 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gstore_benches::{fill_region, Region};
 use gstore_store::crypto::sealed::{Header, Sealer};
-use gstore_store::{chunker, codec, similar, ObjectId, StoreConfig};
+use gstore_store::{codec, dedup::chunker, dedup::similar, ObjectId, StoreConfig};
 use rand::SeedableRng;
 use std::hint::black_box;
 
@@ -152,8 +152,8 @@ fn bench_sealed(c: &mut Criterion) {
 /// up 20 k at a time in the order a plan asks for them.
 fn bench_index(c: &mut Criterion) {
     use gstore_store::codec::Codec;
-    use gstore_store::index::Index;
-    use gstore_store::pack::PackEntry;
+    use gstore_store::format::pack::PackEntry;
+    use gstore_store::repo::index::Index;
     let dir = tempfile::tempdir().expect("temporary directory");
     let index = Index::open(dir.path()).expect("index opens");
     let mut ids = Vec::new();

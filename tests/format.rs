@@ -17,8 +17,8 @@ fn the_documented_chunker_cuts_where_gstore_does() {
     env.ok(&["push", src.to_str().unwrap(), "--tag", "f"]);
     let m = env.json(&["ls"])[0]["manifest"].as_str().unwrap().to_string();
     let id = gstore_store::ObjectId::from_hex(&m).unwrap();
-    let bytes = fs::read(env.store.join(gstore_store::key::ObjectKey::Manifest(id).to_string())).unwrap();
-    let manifest = gstore_store::manifest::Manifest::decode(&bytes, &id).unwrap();
+    let bytes = fs::read(env.store.join(gstore_store::format::key::ObjectKey::Manifest(id).to_string())).unwrap();
+    let manifest = gstore_store::format::manifest::Manifest::decode(&bytes, &id).unwrap();
     let gstore: Vec<u32> = manifest.chunks.iter().map(|c| c.len).collect();
     let out = std::process::Command::new("python3")
         .arg(

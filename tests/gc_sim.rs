@@ -9,10 +9,10 @@
 //! passes leave no pack without live data, no unreferenced manifest and no tombstone.
 
 use gstore_store::backend::Backend;
-use gstore_store::gc::{self, retention::Policy, GcOptions};
-use gstore_store::key::{Family, ObjectKey};
+use gstore_store::commands::gc::{self, retention::Policy, GcOptions};
+use gstore_store::format::key::{Family, ObjectKey};
 use gstore_store::progress::Silent;
-use gstore_store::{verify, ObjectId, Store, StoreConfig, StoreError, StoreLocation, TagRef};
+use gstore_store::{commands::verify, ObjectId, Store, StoreConfig, StoreError, StoreLocation, TagRef};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeSet, HashMap};
@@ -133,7 +133,7 @@ fn push_image(store: &Store, dir: &std::path::Path, tag: &str, data: &[u8], push
     let src = dir.join(tag);
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("data"), data).unwrap();
-    let r = gstore_store::push::push(store, &src, &TagRef::parse(tag)?, Default::default(), &Silent)?;
+    let r = gstore_store::commands::push::push(store, &src, &TagRef::parse(tag)?, Default::default(), &Silent)?;
     pushed.lock().unwrap().insert(ObjectId::from_hex(&r.manifest)?, data.to_vec());
     Ok(())
 }

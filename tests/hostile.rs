@@ -1,8 +1,8 @@
 //! Hostile images and careless use: crafted manifests, planted staging directories, symlinked
 //! sources, permanent restore errors and closed pipes (issue 11). Each test failed before its fix.
 
-use gstore_store::key::ObjectKey;
-use gstore_store::manifest::{ChunkRef, Entry, EntryKind, Manifest};
+use gstore_store::format::key::ObjectKey;
+use gstore_store::format::manifest::{ChunkRef, Entry, EntryKind, Manifest};
 use gstore_store::{ObjectId, Store, StoreLocation, TagRef};
 use gstore_tests::*;
 use std::collections::BTreeMap;

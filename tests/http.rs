@@ -246,7 +246,8 @@ fn chunks_by_id_and_the_missing_query() {
     let m = env.json(&["ls"])[0]["manifest"].as_str().unwrap().to_string();
     let bytes = fs::read(env.store.join(format!("manifests/{}/{m}.manifest", &m[..2]))).unwrap();
     let manifest =
-        gstore_store::manifest::Manifest::decode(&bytes, &gstore_store::ObjectId::from_hex(&m).unwrap()).unwrap();
+        gstore_store::format::manifest::Manifest::decode(&bytes, &gstore_store::ObjectId::from_hex(&m).unwrap())
+            .unwrap();
     let chunk = manifest.chunks.iter().find(|c| !c.zero).unwrap();
     let out = env.path("chunk");
     let (code, _) = server.curl("GET", &format!("/v1/chunks/{}", chunk.id.to_hex()), None, &[], None);

@@ -3,8 +3,8 @@
 //! `/metrics` needs a token, and a pack claiming a huge chunk is corrupt, not an allocation.
 
 use gstore_store::codec::Codec;
-use gstore_store::key::ObjectKey;
-use gstore_store::pack::{PackBuilder, PackIds};
+use gstore_store::format::key::ObjectKey;
+use gstore_store::format::pack::{PackBuilder, PackIds};
 use gstore_store::ObjectId;
 use gstore_tests::*;
 use std::fs;

@@ -219,7 +219,7 @@ fn server_failures_give_clear_errors_and_lose_nothing() {
 
 #[test]
 fn racing_tag_updates_conflict_instead_of_losing_one() {
-    use gstore_store::tag::{SetTime, TagRecord};
+    use gstore_store::format::tag::{SetTime, TagRecord};
     use gstore_store::{ObjectId, Store, StoreError, StoreLocation, TagRef};
     let s3 = S3::start();
     s3.ok("a", &["init"]);

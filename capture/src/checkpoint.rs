@@ -7,10 +7,10 @@ use gstore_gpu_dump::checkpoint::{self, CaptureReport, CheckpointOptions, ImageK
 use gstore_gpu_dump::criu::DUMP_LOG;
 use gstore_gpu_dump::GpuDumpError;
 use gstore_gpu_dump::{Criu, CudaDriver};
+use gstore_store::commands::stream::{self, StreamSink};
 use gstore_store::progress::Progress;
-use gstore_store::stream::{self, StreamSink};
 use gstore_store::StoreError;
-use gstore_store::{push, Store, TagRef};
+use gstore_store::{commands::push, Store, TagRef};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;

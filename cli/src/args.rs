@@ -436,7 +436,7 @@ pub struct GcArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// Rewrite packs whose live data is below this fraction of their chunk data (0: never).
-    #[arg(long, default_value_t = gstore_store::gc::DEFAULT_REPACK_BELOW, value_name = "FRACTION")]
+    #[arg(long, default_value_t = gstore_store::commands::gc::DEFAULT_REPACK_BELOW, value_name = "FRACTION")]
     pub repack_below: f64,
     /// Take the gc lock from a gc this machine cannot prove dead. Only when it is dead.
     #[arg(long)]

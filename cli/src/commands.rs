@@ -8,8 +8,11 @@ use clap::CommandFactory;
 use gstore_capture as capture;
 use gstore_progress::Bars;
 use gstore_store::crypto::{keyring, Secret};
-use gstore_store::manifest::Manifest;
-use gstore_store::{gc, images, push, usage, verify, ObjectId, Store, StoreConfig, StoreLocation, TagRef};
+use gstore_store::format::manifest::Manifest;
+use gstore_store::{
+    commands::gc, commands::images, commands::push, commands::usage, commands::verify, ObjectId, Store, StoreConfig,
+    StoreLocation, TagRef,
+};
 use indicatif::HumanBytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -362,7 +365,9 @@ fn copy(location: &StoreLocation, images: &[String], to: &str, out: &Output, bar
     let dst = open_indexed(&target).with_context(|| format!("opening the target store {to}"))?;
     let mut reports = Vec::new();
     for t in &tags {
-        reports.push(gstore_store::copy::copy(&src, &dst, t, bars).with_context(|| format!("copy of {t} failed"))?);
+        reports.push(
+            gstore_store::commands::copy::copy(&src, &dst, t, bars).with_context(|| format!("copy of {t} failed"))?,
+        );
     }
     out.emit(&reports, || {
         reports
@@ -469,7 +474,7 @@ impl Selection {
     }
 
     /// The image with only the selected entries and the directories above them.
-    fn apply(&self, m: gstore_store::manifest::Manifest) -> Result<gstore_store::manifest::Manifest> {
+    fn apply(&self, m: gstore_store::format::manifest::Manifest) -> Result<gstore_store::format::manifest::Manifest> {
         if self.is_everything() {
             return Ok(m);
         }

@@ -37,7 +37,7 @@ pub fn push_archive(
     #[derive(serde::Serialize)]
     struct Report<'a> {
         #[serde(flatten)]
-        push: &'a gstore_store::push::PushReport,
+        push: &'a gstore_store::commands::push::PushReport,
         archive: &'a archive::ArchiveInfo,
     }
     out.emit(&Report { push: &r, archive: &info }, || {

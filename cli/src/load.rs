@@ -7,7 +7,7 @@ use gstore_gpu_dump::cuda::Context as CudaContext;
 use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
 use gstore_restore::{DeviceImage, Spread, TransferWaits};
-use gstore_store::manifest::Manifest;
+use gstore_store::format::manifest::Manifest;
 use gstore_store::{Store, StoreError};
 use serde::Serialize;
 use std::path::Path;

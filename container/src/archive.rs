@@ -9,10 +9,10 @@
 
 use crate::error::{ContainerError, Result};
 use gstore_restore::cat::FileReader;
-use gstore_store::manifest::{EntryKind, Manifest};
+use gstore_store::commands::push::PushReport;
+use gstore_store::commands::stream::{self, Meta, StreamSink};
+use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::{Progress, Unit};
-use gstore_store::push::PushReport;
-use gstore_store::stream::{self, Meta, StreamSink};
 use gstore_store::{Store, StoreError, TagRef};
 use serde::Serialize;
 use std::io::{Read, Write};

@@ -59,7 +59,7 @@ impl Runtime {
     }
 
     /// The runtime image `m` was checkpointed through (podman unless it records runc).
-    pub fn of_image(m: &gstore_store::manifest::Manifest) -> Runtime {
+    pub fn of_image(m: &gstore_store::format::manifest::Manifest) -> Runtime {
         if runc::is_runc_image(m) {
             Runtime::Runc
         } else {

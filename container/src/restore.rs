@@ -5,7 +5,7 @@
 use crate::archive::{self, ContainerMeta};
 use crate::error::{ContainerError, Result};
 use crate::podman::Podman;
-use gstore_store::manifest::Manifest;
+use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
 use gstore_store::Store;
 use serde::Serialize;

@@ -1,7 +1,8 @@
 //! The small records a store holds and the names it parses, chosen by the first byte: tag
 //! records, leases, restore profiles, the store config, object keys and tag names.
 use gstore_store::{
-    key::ObjectKey, lease::LeaseRecord, profile::Profile, tag::TagRecord, ObjectId, StoreConfig, TagRef,
+    format::key::ObjectKey, format::lease::LeaseRecord, format::profile::Profile, format::tag::TagRecord, ObjectId,
+    StoreConfig, TagRef,
 };
 
 /// Runs one input; panics on a bug.

@@ -32,7 +32,14 @@ fn fixture() -> &'static Fixture {
         std::fs::create_dir_all(&src).unwrap();
         std::fs::write(src.join("a.bin"), (0..300_000u32).map(|i| (i * 31 / 7) as u8).collect::<Vec<u8>>()).unwrap();
         let store = Store::open_indexed(&location, &|_| ()).unwrap();
-        gstore_store::push::push(&store, &src, &TagRef::parse("app:v1").unwrap(), Default::default(), &Silent).unwrap();
+        gstore_store::commands::push::push(
+            &store,
+            &src,
+            &TagRef::parse("app:v1").unwrap(),
+            Default::default(),
+            &Silent,
+        )
+        .unwrap();
         let backend = Backend::local(&root).unwrap();
         let objects = gstore_server::servable(&backend).unwrap();
         let settings = Settings {

@@ -67,7 +67,7 @@ fn huffman_lanes() -> Vec<Vec<u8>> {
 
 #[test]
 fn the_huffman_decode_accepts_what_the_host_accepts_and_decodes_it_alike() {
-    use gstore_store::huffman;
+    use gstore_store::codec::huffman;
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "huffman_kernel_host");
     let mut cases: Vec<(Vec<u8>, usize)> = Vec::new();

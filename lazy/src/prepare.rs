@@ -5,9 +5,9 @@
 use crate::error::{LazyError, Result};
 use crate::fetch::FileChunks;
 use crate::layout::Layout;
-use gstore_store::manifest::Manifest;
+use gstore_store::dedup::similar::is_page_image;
+use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
-use gstore_store::similar::is_page_image;
 use gstore_store::{ObjectId, Store};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! largest memory areas (they hold the bulk of the data, e.g. a GPU driver's host copy of
 //! VRAM).
 
-pub use gstore_store::profile::Profile;
+pub use gstore_store::format::profile::Profile;
 
 /// Segment indices in fill order: those `profile` names for `pid` first (in its order), then
 /// the rest by area size (largest first), then address. `starts[i]` is segment `i`'s offset in

@@ -7,8 +7,11 @@
 use gstore_gpu_dump::cuda::DeviceBuffer;
 use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
-use gstore_store::manifest::Manifest;
-use gstore_store::{gc, images, push, usage, Store as RustStore, StoreConfig, StoreError, StoreLocation, TagRef};
+use gstore_store::format::manifest::Manifest;
+use gstore_store::{
+    commands::gc, commands::images, commands::push, commands::usage, Store as RustStore, StoreConfig, StoreError,
+    StoreLocation, TagRef,
+};
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -270,7 +273,7 @@ impl Store {
             .map_err(|e| InvalidError::new_err(format!("meta must be a JSON object: {e}")))?;
         let rec = py.detach(|| {
             let ids = parts.iter().map(|p| gstore_store::ObjectId::from_hex(p)).collect::<Result<Vec<_>, _>>()?;
-            gstore_store::compose::compose(&self.open_indexed()?, &tag, &ids, meta)
+            gstore_store::commands::compose::compose(&self.open_indexed()?, &tag, &ids, meta)
         });
         to_json(&rec.map_err(py_err)?)
     }

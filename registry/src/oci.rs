@@ -4,7 +4,7 @@
 use crate::digest::Digest;
 use crate::error::{RegistryError, Result};
 use gstore_container::archive::ContainerMeta;
-use gstore_store::manifest::Manifest;
+use gstore_store::format::manifest::Manifest;
 use serde_json::{json, Map, Value};
 
 /// An OCI image manifest.

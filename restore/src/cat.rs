@@ -3,7 +3,7 @@
 //! order, so memory stays bounded by the batch whatever the file's size.
 
 use crate::plan::locate_chunk;
-use gstore_store::manifest::{ChunkRef, EntryKind, Manifest};
+use gstore_store::format::manifest::{ChunkRef, EntryKind, Manifest};
 use gstore_store::{Result, Store, StoreError};
 use rayon::prelude::*;
 use std::io::{Read, Write};

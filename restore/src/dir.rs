@@ -17,7 +17,7 @@
 use crate::engine::{self, Piece, Sink};
 use crate::plan::{self, PlannedChunk, Target};
 use crate::seed::Seed;
-use gstore_store::manifest::{EntryKind, Manifest};
+use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::{ChunkIds, ObjectId, Result, Store, StoreError};
 use serde::Serialize;

@@ -5,7 +5,7 @@
 use crate::plan::{Plan, RangeRead};
 use crate::seed::Seed;
 use gstore_store::codec::{self, Codec};
-use gstore_store::manifest::{Entry, EntryKind, Manifest};
+use gstore_store::format::manifest::{Entry, EntryKind, Manifest};
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use rayon::prelude::*;

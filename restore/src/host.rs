@@ -2,7 +2,7 @@
 
 use crate::engine::{self, Buffers, Piece, Sink};
 use crate::plan;
-use gstore_store::manifest::Manifest;
+use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
 use gstore_store::{Result, Store, StoreError};
 

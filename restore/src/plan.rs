@@ -2,8 +2,8 @@
 //! grouped into coalesced pack range reads, ordered by first use in the manifest (or by an
 //! explicit access order when the image carries one).
 
-use gstore_store::index::{ChunkLocation, PlanRecord};
-use gstore_store::manifest::Manifest;
+use gstore_store::format::manifest::Manifest;
+use gstore_store::repo::index::{ChunkLocation, PlanRecord};
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use std::collections::HashMap;
 

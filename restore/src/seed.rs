@@ -12,7 +12,7 @@
 //! never a wrong byte.
 
 use crate::plan::{PlannedChunk, RangeRead, Target};
-use gstore_store::chunker;
+use gstore_store::dedup::chunker;
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::{ChunkIds, ObjectId, Result, StoreConfig, StoreError};
 use rayon::prelude::*;
@@ -144,8 +144,8 @@ fn collect_files(dir: &Path, files: &mut Vec<(File, u64)>) -> Result<()> {
 mod tests {
     use super::*;
     use gstore_store::codec::Codec;
-    use gstore_store::index::ChunkLocation;
     use gstore_store::progress::Silent;
+    use gstore_store::repo::index::ChunkLocation;
     use std::sync::Mutex;
 
     fn noise(n: usize, seed: u8) -> Vec<u8> {

@@ -2,7 +2,7 @@
 //! that directory — also when a staging directory full of symlinks was planted beside it.
 
 use gstore_restore::restore_to_dir;
-use gstore_store::manifest::{ChunkRef, Entry, EntryKind, Manifest};
+use gstore_store::format::manifest::{ChunkRef, Entry, EntryKind, Manifest};
 use gstore_store::progress::Silent;
 use gstore_store::{ObjectId, Store, StoreConfig, StoreLocation, TagRef};
 use proptest::prelude::*;
@@ -68,7 +68,8 @@ fn world() -> World {
     let src = base.join("data.bin");
     fs::write(&src, b"stored chunk bytes ".repeat(300)).unwrap();
     let pushed =
-        gstore_store::push::push(&store, &src, &TagRef::parse("data").unwrap(), Default::default(), &Silent).unwrap();
+        gstore_store::commands::push::push(&store, &src, &TagRef::parse("data").unwrap(), Default::default(), &Silent)
+            .unwrap();
     let id = ObjectId::from_hex(&pushed.manifest).unwrap();
     let stored = store.get_manifest(&id).unwrap().chunks[0];
     World { _tmp: tmp, base, store, stored }

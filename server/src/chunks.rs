@@ -7,10 +7,10 @@
 //! `Store::sync_index` uses); they block, so callers run refreshes on blocking threads.
 
 use gstore_store::backend::Backend;
-use gstore_store::index::ChunkLocation;
-use gstore_store::key::ObjectKey;
-use gstore_store::pack;
-use gstore_store::{lease, ObjectId, Result};
+use gstore_store::format::key::ObjectKey;
+use gstore_store::format::pack;
+use gstore_store::repo::index::ChunkLocation;
+use gstore_store::{format::lease, ObjectId, Result};
 use std::collections::{HashMap, HashSet};
 use std::sync::RwLock;
 

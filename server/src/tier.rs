@@ -17,10 +17,10 @@
 use crate::routes::{stored_bases, StoredBase};
 use crate::AppState;
 use bytes::Bytes;
-use gstore_store::cache::RangeCache;
 use gstore_store::codec::{Codec, Decoder, KnownBases};
-use gstore_store::key::ObjectKey;
-use gstore_store::pack::{self, PackEntry};
+use gstore_store::format::key::ObjectKey;
+use gstore_store::format::pack::{self, PackEntry};
+use gstore_store::repo::cache::RangeCache;
 use gstore_store::{ObjectId, StoreError};
 use std::collections::HashMap;
 use std::ops::Range;

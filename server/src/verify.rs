@@ -7,13 +7,13 @@
 use gstore_store::codec::{check_zstd_frame, split_delta, Codec, Decoder, KnownBases};
 use gstore_store::crypto::keyring::{KeyRecord, RetiredKeys};
 use gstore_store::crypto::sealed::Header;
-use gstore_store::damage;
-use gstore_store::key::ObjectKey as Key;
-use gstore_store::lease::{LeaseRecord, Owner};
-use gstore_store::manifest::Manifest;
-use gstore_store::profile::Profile;
-use gstore_store::tag::TagRecord;
-use gstore_store::{pack, ObjectId, StoreConfig};
+use gstore_store::format::damage;
+use gstore_store::format::key::ObjectKey as Key;
+use gstore_store::format::lease::{LeaseRecord, Owner};
+use gstore_store::format::manifest::Manifest;
+use gstore_store::format::profile::Profile;
+use gstore_store::format::tag::TagRecord;
+use gstore_store::{format::pack, ObjectId, StoreConfig};
 use std::collections::HashSet;
 
 /// Checks a delta chunk's stored bytes without its bases: they name the bases the footer

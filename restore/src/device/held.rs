@@ -20,7 +20,7 @@ use super::{check_room, cuda_err, DeviceEntry, DeviceImage, HeldAt, Planned, Pla
 use crate::engine::{self, Buffers};
 use crate::plan::{self, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, HostMemory, IpcBuffer, IpcHandle, PinnedBuffer};
-use gstore_store::manifest::Manifest;
+use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::{Progress, Silent, Unit};
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use rayon::prelude::*;

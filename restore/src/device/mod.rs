@@ -20,7 +20,7 @@ pub use spread::{parts, restore_to_devices, Spread};
 use crate::engine::{self, Buffers};
 use crate::plan::{self, Plan, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, HostMemory};
-use gstore_store::manifest::{EntryKind, Manifest};
+use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::{ChunkIds, Result, Store, StoreError};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
@@ -87,7 +87,7 @@ impl DeviceImage {
     /// against the entry of the same path in `m`: an end-to-end check of what landed in VRAM,
     /// independent of how the load checked it.
     pub fn read_back_and_check(&self, m: &Manifest, ids: &ChunkIds) -> Result<()> {
-        let chunks: std::collections::HashMap<&str, &[gstore_store::manifest::ChunkRef]> =
+        let chunks: std::collections::HashMap<&str, &[gstore_store::format::manifest::ChunkRef]> =
             m.files().map(|(e, c)| (e.path.as_str(), c)).collect();
         for dev in &self.entries {
             let wrong = |detail: String| StoreError::corrupt("device buffer", dev.path.clone(), detail);

@@ -4,7 +4,7 @@
 
 use super::{restore_to_device_with, DeviceImage};
 use gstore_gpu_dump::cuda::Context;
-use gstore_store::manifest::Manifest;
+use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::{Result, Store};
 
@@ -99,7 +99,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gstore_store::manifest::{ChunkRef, Entry, EntryKind};
+    use gstore_store::format::manifest::{ChunkRef, Entry, EntryKind};
     use gstore_store::ObjectId;
 
     fn image(sizes: &[u64]) -> Manifest {

@@ -1,8 +1,8 @@
-//! [`Objects`] on a gstore HTTP chunk server (docs/HTTP.md), through [`crate::http`]'s client.
+//! [`Objects`] on a gstore HTTP chunk server (docs/HTTP.md), through [`crate::backend::http_client`]'s client.
 
 use super::{runtime, Listed, Objects, Patience, Put, Version};
+use crate::backend::http_client::{Answer, HttpClient};
 use crate::error::{Result, StoreError};
-use crate::http::{Answer, HttpClient};
 use bytes::Bytes;
 use object_store::PutPayload;
 use reqwest::header::{HeaderName, IF_MATCH, IF_NONE_MATCH, RANGE};

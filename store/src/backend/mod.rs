@@ -4,7 +4,9 @@
 //! [`http`] (a gstore chunk server), one wrapper, [`sealed`] (encrypted stores) — and
 //! [`Backend`], the blocking facade every store uses, which counts requests, passes the test gate, and turns a retried conditional write that had
 //! landed into the success it was. Every implementation runs on one shared tokio runtime.
-//! Keys are built and parsed by [`crate::key`] alone.
+//! Keys are built and parsed by [`crate::format::key`] alone.
+
+pub(crate) mod http_client;
 
 mod http;
 mod local;

@@ -4,10 +4,10 @@
 
 use super::{MasterKey, Secret};
 use crate::backend::Backend;
-use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
-use crate::key::ObjectKey;
-use crate::store::{Store, StoreLocation};
+use crate::format::config::StoreConfig;
+use crate::format::key::ObjectKey;
+use crate::repo::store::{Store, StoreLocation};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
@@ -125,7 +125,7 @@ impl KeyRecord {
             kdf,
             salt: hex::encode(salt),
             wrapped: String::new(),
-            created_unix: crate::store::now_unix(),
+            created_unix: crate::repo::store::now_unix(),
             label,
             check: Some(master.record_check(id).to_hex().to_string()),
         };
@@ -165,7 +165,7 @@ fn this_user_at_host() -> String {
 /// Every key record of the store in `backend`, by id; unreadable ones as errors.
 pub fn list(backend: &Backend) -> Result<Vec<(String, Result<KeyRecord>)>> {
     let mut out = Vec::new();
-    for l in backend.list(crate::key::Family::Keys.prefix())? {
+    for l in backend.list(crate::format::key::Family::Keys.prefix())? {
         let Ok(ObjectKey::KeyRecord(id)) = ObjectKey::parse(&l.key) else { continue };
         let rec = backend.get(&l.key).and_then(|b| KeyRecord::from_json(&b, &id));
         out.push((id, rec));

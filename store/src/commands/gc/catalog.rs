@@ -1,0 +1,95 @@
+//! gc's reads of immutable objects — pack footers and manifests — cached on this machine for
+//! remote stores, so that a later gc reads only what is new (footers and manifests never
+//! change under their ids). Cached bytes are checked again on every use.
+
+use crate::error::{Result, StoreError};
+use crate::format::id::ObjectId;
+use crate::format::key::ObjectKey;
+use crate::format::manifest::Manifest;
+use crate::format::pack::{self, PackEntry, TRAILER_LEN};
+use crate::repo::store::Store;
+use bytes::Bytes;
+use std::path::PathBuf;
+
+/// Cached reads for one gc run.
+pub struct Catalog<'a> {
+    store: &'a Store,
+    /// Cache directory; `None` for local stores (reading the store is as cheap).
+    dir: Option<PathBuf>,
+}
+
+impl<'a> Catalog<'a> {
+    /// A catalog for `store`.
+    pub fn new(store: &'a Store) -> Catalog<'a> {
+        let dir = store.is_remote().then(|| store.gc_state_dir().join("cache"));
+        Catalog { store, dir }
+    }
+
+    fn cached(&self, kind: &str, id: &ObjectId) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| d.join(kind).join(id.to_hex()))
+    }
+
+    /// Writes a cache file atomically (a crash leaves the old one or none).
+    fn save(path: &std::path::Path, bytes: &[u8]) {
+        let Some(parent) = path.parent() else { return };
+        let tmp = path.with_extension("tmp");
+        let _ = std::fs::create_dir_all(parent)
+            .and_then(|_| std::fs::write(&tmp, bytes))
+            .and_then(|_| std::fs::rename(&tmp, path));
+    }
+
+    /// A pack's chunk list, checked, from the cache or the pack's tail (`size` as listed).
+    pub fn footer(&self, id: &ObjectId, size: u64) -> Result<Vec<PackEntry>> {
+        let key = ObjectKey::Pack(*id).to_string();
+        let cache = self.cached("footers", id);
+        if let Some(tail) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
+            if let Ok(entries) = parse_tail(&tail, size, &key, self.store.config().chunk_max) {
+                return Ok(entries);
+            }
+        }
+        let (entries, tail) = self.store.read_pack_tail(id, size)?;
+        if let Some(p) = cache {
+            Self::save(&p, &tail);
+        }
+        Ok(entries)
+    }
+
+    /// A manifest, checked against its id, from the cache or the store.
+    pub fn manifest(&self, id: &ObjectId) -> Result<Manifest> {
+        let cache = self.cached("manifests", id);
+        if let Some(bytes) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
+            if let Ok(m) = Manifest::decode(&bytes, id) {
+                return Ok(m);
+            }
+        }
+        let key = ObjectKey::Manifest(*id).to_string();
+        let bytes: Bytes = match self.store.backend().get(&key) {
+            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "manifest", key }),
+            other => other?,
+        };
+        let m = Manifest::decode(&bytes, id)?;
+        if let Some(p) = cache {
+            Self::save(&p, &bytes);
+        }
+        Ok(m)
+    }
+
+    /// Drops what is cached for an object gc deleted.
+    pub fn forget(&self, kind: &str, id: &ObjectId) {
+        if let Some(p) = self.cached(kind, id) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Parses a cached pack tail (footer then trailer) of a pack `size` bytes long, of a store
+/// whose chunks are at most `chunk_max` bytes.
+fn parse_tail(tail: &[u8], size: u64, key: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
+    let bad = || StoreError::corrupt("pack", key, "cached footer does not fit");
+    let split = tail.len().checked_sub(TRAILER_LEN).ok_or_else(bad)?;
+    let t = pack::parse_trailer(&tail[split..], size, key)?;
+    if size - t.footer_offset != tail.len() as u64 {
+        return Err(bad());
+    }
+    pack::parse_footer(&tail[..split], &t, key, chunk_max)
+}

@@ -1,0 +1,821 @@
+//! Garbage collection: retention, then one mark-and-sweep pass that is safe while other
+//! processes and machines push. docs/GC.md gives the protocol and its invariants.
+//!
+//! A pass, in this order:
+//! 1. take the gc lock (one gc at a time; pushes never take it);
+//! 2. list tombstones — only objects tombstoned *before* this point may be deleted now;
+//! 3. list leases: their packs and manifests are kept; leases of provably dead owners go;
+//!    so do temporary files of killed writers in a local store (listed before the leases);
+//! 4. apply retention to the tags (compare-and-swap writes), then read every tag: the roots
+//!    are every manifest a tag names (current value and history) plus leased manifests;
+//! 5. mark: the chunks the roots name are live; each live chunk gets one home pack;
+//! 6. list packs and manifests and decide: objects still needed lose their tombstone;
+//!    tombstoned objects still not needed are deleted; other unneeded objects get a
+//!    tombstone; packs holding little live data are rewritten (live chunks copied into a new
+//!    pack, then the old one tombstoned), so their space comes back on the next pass;
+//!    a deleted manifest's restore profile is deleted with it.
+
+mod catalog;
+mod lock;
+pub mod retention;
+mod temps;
+
+use crate::backend::{self, Backend};
+use crate::codec::{decode_base, BaseSource, Decoder};
+use crate::error::{Result, StoreError};
+use crate::format::damage::{self, DamagedCopy};
+use crate::format::id::ObjectId;
+use crate::format::key::{Family, ObjectKey};
+use crate::format::lease::LeaseRecord;
+use crate::format::pack::{PackBuilder, PackEntry};
+use crate::format::tag::{TagRecord, TagRef};
+use crate::progress::{Progress, Unit};
+use crate::repo::store::{now_unix, Store};
+use catalog::Catalog;
+use rayon::prelude::*;
+use retention::{Outcome, Policy};
+use serde::Serialize;
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// Default of [`GcOptions::repack_below`]: packs with 10 % or more dead data are rewritten,
+/// so that after two passes the space of removed images is back even where their chunks
+/// shared a pack with live ones (a push's first pack holds whatever it found new).
+pub const DEFAULT_REPACK_BELOW: f64 = 0.9;
+
+/// How gc runs.
+#[derive(Debug, Clone)]
+pub struct GcOptions {
+    /// Retention rules.
+    pub policy: Policy,
+    /// Decide and report, but write and delete nothing.
+    pub dry_run: bool,
+    /// Packs whose live data is below this fraction of their chunk data are rewritten.
+    pub repack_below: f64,
+    /// Take the gc lock even from a holder this machine cannot prove dead.
+    pub break_lock: bool,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions { policy: Policy::default(), dry_run: false, repack_below: DEFAULT_REPACK_BELOW, break_lock: false }
+    }
+}
+
+/// What a gc pass did (or, with `dry_run`, would do).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GcReport {
+    /// Nothing was written or deleted.
+    pub dry_run: bool,
+    /// Tags retention removed.
+    pub tags_removed: Vec<String>,
+    /// History entries retention dropped.
+    pub history_dropped: u64,
+    /// Tags retention left alone because another writer changed them meanwhile.
+    pub tags_changed_meanwhile: Vec<String>,
+    /// Images (manifests) the tags name, current values and history, all kept.
+    pub images_kept: usize,
+    /// Leases of running pushes (their packs and manifests were kept).
+    pub leases_live: usize,
+    /// Leases whose owner is provably dead here, dropped.
+    pub leases_dropped: Vec<String>,
+    /// Packs in the store when listed.
+    pub packs: usize,
+    /// Bytes of those packs.
+    pub pack_bytes: u64,
+    /// Packs tombstoned by this pass (deleted by the next one unless needed again).
+    pub packs_tombstoned: usize,
+    /// Bytes of those packs.
+    pub bytes_tombstoned: u64,
+    /// Packs deleted by this pass (tombstoned by an earlier one, still unneeded).
+    pub packs_deleted: usize,
+    /// Bytes of those packs: space reclaimed.
+    pub bytes_reclaimed: u64,
+    /// Tombstoned packs that were needed again and kept.
+    pub packs_revived: usize,
+    /// Mostly-dead packs rewritten.
+    pub packs_repacked: usize,
+    /// Bytes written into new packs by rewriting (with `dry_run`: the chunk bytes a rewrite
+    /// would write).
+    pub bytes_repacked: u64,
+    /// Manifests tombstoned, deleted and revived.
+    pub manifests_tombstoned: usize,
+    /// Manifests deleted.
+    pub manifests_deleted: usize,
+    /// Manifests revived.
+    pub manifests_revived: usize,
+    /// Damaged packs (left untouched; `gstore verify` names the images they break).
+    pub damaged_packs: Vec<String>,
+    /// Manifests tags name that are missing.
+    pub missing_manifests: Vec<String>,
+    /// Temporary files of killed writers removed from a local store's directory.
+    pub temp_files_swept: usize,
+    /// Bytes of those files.
+    pub temp_bytes_swept: u64,
+    /// Requests sent to the store.
+    pub requests: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// One listed pack with what the mark found in it.
+struct PackInfo {
+    id: ObjectId,
+    size: u64,
+    entries: Vec<PackEntry>,
+    tombstoned: bool,
+    protected: bool,
+    /// Stored bytes of live chunks in it (whether or not it is their home), live delta bases
+    /// included.
+    live_bytes: u64,
+}
+
+impl PackInfo {
+    /// Order of preference as a home for a live chunk: leased, staying (needed and not to be
+    /// rewritten), not tombstoned, fuller, lower id.
+    fn rank(&self, staying: &HashSet<ObjectId>) -> (bool, bool, bool, u64, std::cmp::Reverse<ObjectId>) {
+        let fill = self.live_bytes * 1_000_000 / self.data_bytes().max(1);
+        let stays = staying.contains(&self.id);
+        // A tombstoned pack that stays is revived: it ranks as if it had no tombstone, so the
+        // next pass, seeing no tombstone, chooses the same homes.
+        (self.protected, stays, stays || !self.tombstoned, fill, std::cmp::Reverse(self.id))
+    }
+
+    /// Stored bytes of all its chunks (the pack without header, footer and trailer).
+    fn data_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.stored_len as u64).sum()
+    }
+}
+
+/// Runs retention and one gc pass over `store` (opened without its index).
+pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<GcReport> {
+    let started = std::time::Instant::now();
+    let b = store.backend();
+    let requests_before = b.requests();
+    let _lock = if opts.dry_run { None } else { Some(lock::GcLock::take(b, opts.break_lock)?) };
+    let mut report = GcReport { dry_run: opts.dry_run, ..Default::default() };
+    let catalog = Catalog::new(store);
+    // Temporary files of a local store, listed before leases are read (temps.rs).
+    let temp_files = temps::list(b)?;
+
+    // 2. Tombstones first: only these may be deleted by this pass.
+    let tombstones: BTreeSet<ObjectKey> = b
+        .list(Family::Tombstones.prefix())?
+        .iter()
+        .filter_map(|l| Some(ObjectKey::parse(&l.key).ok()?.tombstoned()?.clone()))
+        .collect();
+
+    // 3. Leases; then the temporary files no live lease covers go.
+    let (leased_packs, leased_manifests) = read_leases(b, opts.dry_run, &mut report)?;
+    temps::sweep(temp_files, &leased_packs, &leased_manifests, opts.dry_run, &mut report)?;
+
+    // 4. Retention, then the roots.
+    let mut tagged: BTreeSet<ObjectId> = BTreeSet::new();
+    for rec in apply_retention(store, opts, &mut report)? {
+        tagged.insert(rec.manifest_id()?);
+        for h in &rec.history {
+            // A history entry with a damaged id names nothing gc could keep.
+            tagged.extend(ObjectId::from_hex(&h.manifest).ok());
+        }
+    }
+    report.images_kept = tagged.len();
+    let roots: BTreeSet<ObjectId> = tagged.iter().chain(&leased_manifests).copied().collect();
+
+    // 5. Mark, then read the packs and settle each live chunk's home.
+    let mut live = mark(store, &catalog, &roots, &tagged, progress, &mut report)?;
+    let listed = b.list(Family::Packs.prefix())?;
+    let (damaged, damage_records) = damage::read_all(b)?;
+    let mut packs = read_packs(store, &catalog, &listed, &tombstones, &leased_packs, progress, &mut report)?;
+    // The bases of live delta chunks are live too (one step: a base is never a delta).
+    let copies = Copies::of(&packs, &live, damaged);
+    live.extend(copies.bases.iter().copied());
+    for p in &mut packs {
+        p.live_bytes =
+            p.entries.iter().filter(|e| live.contains(&e.id) && copies.may_home(e)).map(|e| e.stored_len as u64).sum();
+    }
+    let rewrite = Rewrite { below: opts.repack_below, min_dead: (store.config().pack_target / 4).min(64 << 10) };
+    let (homes, home_bytes) = settle_homes(&packs, &live, &copies, &rewrite);
+
+    // 6. Decide.
+    let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run, damage_records: &damage_records };
+    sweep_packs(&sweep, &packs, &homes, &home_bytes, &copies, &rewrite, progress, &mut report)?;
+    let manifests = b.list(Family::Manifests.prefix())?;
+    for l in &manifests {
+        let Some(id) = ObjectKey::parse(&l.key).ok().and_then(|k| k.manifest()) else { continue };
+        let key = ObjectKey::Manifest(id);
+        match sweep.settle(&key, "manifests", &id, roots.contains(&id), tombstones.contains(&key))? {
+            Settled::Revived => report.manifests_revived += 1,
+            Settled::Deleted => {
+                report.manifests_deleted += 1;
+                // The image's restore profile (if it has one) goes with it.
+                if !opts.dry_run {
+                    b.delete(&ObjectKey::Profile(id).to_string())?;
+                }
+            }
+            Settled::Tombstoned => report.manifests_tombstoned += 1,
+            Settled::Kept => {}
+        }
+    }
+
+    // Tombstones of objects that were already gone when listed (a gc stopped between the
+    // two deletes), and damage records of packs that are gone.
+    if !opts.dry_run {
+        let present: HashSet<&str> = listed.iter().chain(&manifests).map(|l| l.key.as_str()).collect();
+        for t in tombstones.iter().filter(|t| !present.contains(t.to_string().as_str())) {
+            b.delete(&t.tombstone().to_string())?;
+        }
+        for p in damage_records.iter().filter(|p| !present.contains(ObjectKey::Pack(**p).to_string().as_str())) {
+            b.delete(&ObjectKey::Damage(*p).to_string())?;
+        }
+    }
+    report.tags_removed.sort();
+    report.requests = b.requests() - requests_before;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The non-zero chunks of every root manifest. A tagged manifest that is missing is
+/// reported; a leased one may not be written yet. One that cannot be read stops gc.
+fn mark(
+    store: &Store,
+    catalog: &Catalog,
+    roots: &BTreeSet<ObjectId>,
+    tagged: &BTreeSet<ObjectId>,
+    progress: &dyn Progress,
+    report: &mut GcReport,
+) -> Result<HashSet<ObjectId>> {
+    progress.start("gc: reading manifests", roots.len() as u64, Unit::Items);
+    let roots: Vec<ObjectId> = roots.iter().copied().collect();
+    // Chunks go into the set as each manifest arrives, so manifests are not all held at once.
+    let live = std::sync::Mutex::new(HashSet::new());
+    let reads = in_flight(store, &roots, |id| {
+        let read = catalog
+            .manifest(id)
+            .map(|m| live.lock().expect("live set lock").extend(m.chunks.iter().filter(|c| !c.zero).map(|c| c.id)));
+        progress.advance(1);
+        read
+    })?;
+    progress.finish();
+    for (id, read) in roots.iter().zip(reads) {
+        match read {
+            Ok(()) => {}
+            // A leased manifest may not be written yet: its push is still running.
+            Err(StoreError::NotFound { .. }) if !tagged.contains(id) => {}
+            Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
+            Err(e) => {
+                return Err(StoreError::Invalid(format!(
+                    "gc stopped before deleting anything: manifest {} cannot be read ({e}); run gstore verify",
+                    id.to_hex()
+                )))
+            }
+        }
+    }
+    Ok(live.into_inner().expect("live set lock"))
+}
+
+/// Reads the footer of every listed pack (cached for a remote store); the caller counts the
+/// live bytes in each. Damaged packs are reported and left out: nothing is decided about them.
+#[allow(clippy::too_many_arguments)]
+fn read_packs(
+    store: &Store,
+    catalog: &Catalog,
+    listed: &[backend::Listed],
+    tombstones: &BTreeSet<ObjectKey>,
+    leased: &HashSet<ObjectId>,
+    progress: &dyn Progress,
+    report: &mut GcReport,
+) -> Result<Vec<PackInfo>> {
+    let pack_list: Vec<(ObjectId, &backend::Listed)> =
+        listed.iter().filter_map(|l| Some((ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())?, l))).collect();
+    progress.start("gc: reading pack footers", pack_list.len() as u64, Unit::Items);
+    let footers = in_flight(store, &pack_list, |(id, l)| {
+        let f = catalog.footer(id, l.size);
+        progress.advance(1);
+        f
+    })?;
+    progress.finish();
+    let mut packs = Vec::new();
+    for ((id, l), footer) in pack_list.into_iter().zip(footers) {
+        report.packs += 1;
+        report.pack_bytes += l.size;
+        match footer {
+            Ok(entries) => {
+                packs.push(PackInfo {
+                    id,
+                    size: l.size,
+                    entries,
+                    tombstoned: tombstones.contains(&ObjectKey::Pack(id)),
+                    protected: leased.contains(&id),
+                    live_bytes: 0,
+                });
+            }
+            Err(e) if e.is_damage() => report.damaged_packs.push(id.to_hex()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(packs)
+}
+
+/// Which stored entries are copies a live chunk may be kept in. A delta is a copy only while
+/// each of its bases is stored whole in some listed pack: a pack that stays for its other
+/// chunks keeps dead deltas whose bases an earlier pass deleted, and such an orphan must never
+/// become a chunk's home (docs/GC.md). A chunk that is a base of a live delta is kept whole. A
+/// copy a damage record names is a home only where the chunk has no other copy.
+struct Copies {
+    /// Chunks stored whole (not as a delta) in some listed pack.
+    whole: HashSet<ObjectId>,
+    /// The bases of live delta chunks that are copies.
+    bases: HashSet<ObjectId>,
+    /// Copies damage records name.
+    damaged: HashSet<DamagedCopy>,
+}
+
+impl Copies {
+    fn of(packs: &[PackInfo], live: &HashSet<ObjectId>, damaged: HashSet<DamagedCopy>) -> Copies {
+        let entries = || packs.iter().flat_map(|p| &p.entries);
+        let whole: HashSet<ObjectId> = entries().filter(|e| e.bases.is_none()).map(|e| e.id).collect();
+        let mut copies = Copies { whole, bases: HashSet::new(), damaged };
+        let bases: HashSet<ObjectId> = entries()
+            .filter(|e| live.contains(&e.id) && copies.bases_whole(e))
+            .flat_map(|e| e.bases)
+            .flat_map(|b| b.iter())
+            .collect();
+        copies.bases = bases;
+        copies
+    }
+
+    /// True when every base of `e` (none unless it is a delta) is stored whole.
+    fn bases_whole(&self, e: &PackEntry) -> bool {
+        e.bases.iter().flat_map(|b| b.iter()).all(|b| self.whole.contains(&b))
+    }
+
+    /// True when `e` may be the home of its chunk: stored whole, or a delta whose bases are
+    /// stored whole and that no live delta needs as a base.
+    fn may_home(&self, e: &PackEntry) -> bool {
+        e.bases.is_none() || (self.bases_whole(e) && !self.bases.contains(&e.id))
+    }
+
+    /// True when a damage record names the copy of `e` in `pack`.
+    fn is_damaged(&self, e: &PackEntry, pack: &ObjectId) -> bool {
+        self.damaged.contains(&(e.id, *pack))
+    }
+
+    /// True when `p` holds a damaged copy that is not its chunk's home (so another copy, or
+    /// none, is kept): rewriting `p` drops it.
+    fn drops_damage(&self, p: &PackInfo, homes: &HashMap<ObjectId, ObjectId>) -> bool {
+        p.entries.iter().any(|e| self.is_damaged(e, &p.id) && homes.get(&e.id) != Some(&p.id))
+    }
+}
+
+/// When a pack is worth rewriting.
+struct Rewrite {
+    /// `--repack-below`: live data below this fraction of the chunk data.
+    below: f64,
+    /// ...and at least this many dead bytes to free.
+    min_dead: u64,
+}
+
+impl Rewrite {
+    /// True when `p`, home to `home` live bytes, stays as it is: leased, or home to enough.
+    fn stays(&self, p: &PackInfo, home: u64) -> bool {
+        let data = p.data_bytes();
+        p.protected || (home > 0 && ((home as f64) >= self.below * data as f64 || data - home < self.min_dead))
+    }
+}
+
+/// Each live chunk's home pack, and the stored bytes each pack is home to.
+///
+/// Which packs stay: start from every pack without a tombstone; add tombstoned packs that
+/// are the best home left for some chunk (they will be revived) and drop packs that would be
+/// home to too little, until the set settles. Staying packs are preferred as homes, so a
+/// chunk a staying pack holds is kept there and rewriting copies only what lives nowhere
+/// else. The next pass starts from the same set (none of it tombstoned then) and settles on
+/// the same homes: it rewrites nothing more.
+fn settle_homes(
+    packs: &[PackInfo],
+    live: &HashSet<ObjectId>,
+    copies: &Copies,
+    rewrite: &Rewrite,
+) -> (HashMap<ObjectId, ObjectId>, HashMap<ObjectId, u64>) {
+    let mut staying: HashSet<ObjectId> = packs.iter().filter(|p| p.protected || !p.tombstoned).map(|p| p.id).collect();
+    let (mut homes, mut home_bytes) = pick_homes(packs, live, copies, &staying);
+    for _ in 0..16 {
+        let next: HashSet<ObjectId> = packs
+            .iter()
+            .filter(|p| {
+                let home = home_bytes.get(&p.id).copied().unwrap_or(0);
+                (staying.contains(&p.id) || p.tombstoned) && rewrite.stays(p, home)
+            })
+            .map(|p| p.id)
+            .collect();
+        if next == staying {
+            break;
+        }
+        staying = next;
+        (homes, home_bytes) = pick_homes(packs, live, copies, &staying);
+    }
+    (homes, home_bytes)
+}
+
+/// Decides every pack: needed ones keep (or lose) their tombstone, unneeded ones are
+/// tombstoned or, if tombstoned before, deleted; packs home to too little, or holding a
+/// damaged copy that another copy (or none) replaces, are rewritten, then tombstoned.
+#[allow(clippy::too_many_arguments)]
+fn sweep_packs(
+    sweep: &Sweep,
+    packs: &[PackInfo],
+    homes: &HashMap<ObjectId, ObjectId>,
+    home_bytes: &HashMap<ObjectId, u64>,
+    copies: &Copies,
+    rewrite: &Rewrite,
+    progress: &dyn Progress,
+    report: &mut GcReport,
+) -> Result<()> {
+    let mut to_repack = Vec::new();
+    for p in packs {
+        let home = home_bytes.get(&p.id).copied().unwrap_or(0);
+        let needed = p.protected || home > 0;
+        if needed && !p.protected && (!rewrite.stays(p, home) || copies.drops_damage(p, homes)) {
+            // Rewritten, then tombstoned (a tombstone it already has stays).
+            to_repack.push(p);
+            continue;
+        }
+        match sweep.settle(&ObjectKey::Pack(p.id), "footers", &p.id, needed, p.tombstoned)? {
+            Settled::Revived => report.packs_revived += 1,
+            Settled::Deleted => {
+                report.packs_deleted += 1;
+                report.bytes_reclaimed += p.size;
+            }
+            Settled::Tombstoned => {
+                report.packs_tombstoned += 1;
+                report.bytes_tombstoned += p.size;
+            }
+            Settled::Kept => {}
+        }
+    }
+    let repacked = sweep.repack(&to_repack, packs, homes, progress, report)?;
+    for p in to_repack {
+        let key = ObjectKey::Pack(p.id);
+        if !repacked.iter().any(|r| r.id == p.id) {
+            // Could not be rewritten (damaged): still needed.
+            if p.tombstoned {
+                sweep.revive(&key)?;
+                report.packs_revived += 1;
+            }
+        } else if !p.tombstoned {
+            sweep.tombstone(&key)?;
+            report.packs_tombstoned += 1;
+            report.bytes_tombstoned += p.size;
+        }
+    }
+    Ok(())
+}
+
+/// Maps `f` over `items` with [`Store::reads_in_flight`] calls at once, keeping the order.
+fn in_flight<T: Sync, R: Send>(store: &Store, items: &[T], f: impl Fn(&T) -> R + Sync) -> Result<Vec<R>> {
+    let n = store.reads_in_flight();
+    if n <= 1 {
+        return Ok(items.iter().map(f).collect());
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .map_err(|e| StoreError::Internal(format!("starting gc read threads: {e}")))?;
+    Ok(pool.install(|| items.par_iter().map(&f).collect()))
+}
+
+/// Reads every lease: returns the packs and manifests live leases protect. Leases whose owner
+/// is provably dead here are deleted (unless `dry_run`). A damaged lease stops gc: what it
+/// protects is unknown.
+fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
+    let mut packs = HashSet::new();
+    let mut manifests = HashSet::new();
+    for l in b.list(Family::Leases.prefix())? {
+        let Some(bytes) = b.get_opt(&l.key)? else { continue };
+        let rec = LeaseRecord::from_json(&bytes, &l.key).map_err(|e| {
+            StoreError::Invalid(format!(
+                "gc stopped before deleting anything: {e}; delete {} if no push is running",
+                l.key
+            ))
+        })?;
+        if rec.owner.is_dead_here() {
+            report.leases_dropped.push(format!("{} ({})", rec.purpose, rec.owner.describe()));
+            if !dry_run {
+                b.delete(&l.key)?;
+            }
+            continue;
+        }
+        report.leases_live += 1;
+        packs.extend(rec.pack_ids());
+        manifests.extend(rec.manifest_ids());
+    }
+    Ok((packs, manifests))
+}
+
+/// Applies retention to every tag (compare-and-swap writes) and returns the records that
+/// remain. A tag another writer changed meanwhile is kept whole, as re-read.
+fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Result<Vec<TagRecord>> {
+    let b = store.backend();
+    // Keys under tags/ that are no tag gstore could write name nothing.
+    let tags: Vec<TagRef> = b
+        .list(Family::Tags.prefix())?
+        .iter()
+        .filter_map(|l| match ObjectKey::parse(&l.key) {
+            Ok(ObjectKey::Tag(t)) => Some(t),
+            _ => None,
+        })
+        .collect();
+    let mut records = Vec::new();
+    for (tag, read) in tags.iter().zip(in_flight(store, &tags, |t| store.get_tag_versioned(t))?) {
+        let read = read.map_err(|e| {
+            StoreError::Invalid(format!("gc stopped before deleting anything: {e}; fix or remove tag {tag}"))
+        })?;
+        if let Some((rec, v)) = read.filter(|(r, _)| r.removed_unix.is_none()) {
+            records.push((rec, v));
+        }
+    }
+    let outcomes = opts.policy.apply(&records.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(), now_unix());
+    let mut kept = Vec::new();
+    for ((rec, version), outcome) in records.into_iter().zip(outcomes) {
+        let new = match outcome {
+            Outcome::Keep => {
+                kept.push(rec);
+                continue;
+            }
+            Outcome::Trim(trimmed, dropped) => {
+                report.history_dropped += dropped as u64;
+                Some(trimmed)
+            }
+            Outcome::Remove => {
+                report.tags_removed.push(rec.tag().to_string());
+                None
+            }
+        };
+        if opts.dry_run {
+            kept.extend(new);
+            continue;
+        }
+        let write = new.clone().unwrap_or_else(|| TagRecord { removed_unix: Some(now_unix()), ..rec.clone() });
+        match store.put_tag(&write, Some(&version)) {
+            Ok(()) => kept.extend(new),
+            Err(StoreError::Conflict(_)) => {
+                report.tags_changed_meanwhile.push(rec.tag().to_string());
+                if new.is_none() {
+                    report.tags_removed.pop();
+                }
+                // Keep whatever it names now (it may be gone again: then nothing).
+                kept.extend(store.get_tag(&rec.tag())?);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(kept)
+}
+
+/// For each live chunk, the one pack gc keeps it in (the best-ranked holder of a copy), and
+/// the stored bytes each pack is home to.
+fn pick_homes(
+    packs: &[PackInfo],
+    live: &HashSet<ObjectId>,
+    copies: &Copies,
+    staying: &HashSet<ObjectId>,
+) -> (HashMap<ObjectId, ObjectId>, HashMap<ObjectId, u64>) {
+    // Per chunk: the best holder so far, its stored length and whether it is undamaged.
+    let mut best: HashMap<ObjectId, (usize, u32, bool)> = HashMap::new();
+    for (i, p) in packs.iter().enumerate() {
+        for e in p.entries.iter().filter(|e| live.contains(&e.id) && copies.may_home(e)) {
+            let sound = !copies.is_damaged(e, &p.id);
+            let slot = best.entry(e.id).or_insert((i, e.stored_len, sound));
+            if (slot.2, packs[slot.0].rank(staying)) < (sound, p.rank(staying)) {
+                *slot = (i, e.stored_len, sound);
+            }
+        }
+    }
+    let mut bytes: HashMap<ObjectId, u64> = HashMap::new();
+    for &(i, len, _) in best.values() {
+        *bytes.entry(packs[i].id).or_default() += len as u64;
+    }
+    (best.into_iter().map(|(c, (i, _, _))| (c, packs[i].id)).collect(), bytes)
+}
+
+/// The writes of a pass (none with `dry_run`).
+struct Sweep<'a> {
+    store: &'a Store,
+    catalog: &'a Catalog<'a>,
+    dry_run: bool,
+    /// Packs that have a damage record, which goes with the pack.
+    damage_records: &'a HashSet<ObjectId>,
+}
+
+/// What a pass did with one pack or manifest.
+enum Settled {
+    /// Needed, and had no tombstone: nothing to do.
+    Kept,
+    /// Needed again: its tombstone was removed.
+    Revived,
+    /// Tombstoned by an earlier pass and still unneeded: deleted.
+    Deleted,
+    /// Unneeded: tombstoned, for a later pass to delete.
+    Tombstoned,
+}
+
+impl Sweep<'_> {
+    /// Settles the object under `key` (cached as `kind`/`id`) by whether it is needed and
+    /// whether it had a tombstone when this pass began.
+    fn settle(&self, key: &ObjectKey, kind: &str, id: &ObjectId, needed: bool, tombstoned: bool) -> Result<Settled> {
+        Ok(match (needed, tombstoned) {
+            (true, false) => Settled::Kept,
+            (true, true) => {
+                self.revive(key)?;
+                Settled::Revived
+            }
+            (false, true) => {
+                self.delete(key, kind, id)?;
+                Settled::Deleted
+            }
+            (false, false) => {
+                self.tombstone(key)?;
+                Settled::Tombstoned
+            }
+        })
+    }
+
+    /// Marks the object under `key` for deletion by a later pass.
+    fn tombstone(&self, key: &ObjectKey) -> Result<()> {
+        if self.dry_run {
+            return Ok(());
+        }
+        let body = serde_json::to_vec(&serde_json::json!({ "format": 1, "object": key.to_string() })).expect("json");
+        match self.store.backend().put_new(&key.tombstone().to_string(), body) {
+            Ok(()) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the tombstone of an object that is needed again.
+    fn revive(&self, key: &ObjectKey) -> Result<()> {
+        if self.dry_run {
+            return Ok(());
+        }
+        self.store.backend().delete(&key.tombstone().to_string())
+    }
+
+    /// Deletes a tombstoned object, then its tombstone (and a pack's damage record, if any).
+    fn delete(&self, key: &ObjectKey, kind: &str, id: &ObjectId) -> Result<()> {
+        if self.dry_run {
+            return Ok(());
+        }
+        let b = self.store.backend();
+        b.delete(&key.to_string())?;
+        self.catalog.forget(kind, id);
+        b.delete(&key.tombstone().to_string())?;
+        if let Some(pack) = key.pack().filter(|p| self.damage_records.contains(p)) {
+            b.delete(&ObjectKey::Damage(pack).to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Copies the chunks each of `packs` is home to into new packs, checking every one, and
+    /// returns the packs that were copied out (to be tombstoned). A pack with a damaged chunk
+    /// is left as it is.
+    fn repack<'p>(
+        &self,
+        packs: &[&'p PackInfo],
+        all: &[PackInfo],
+        homes: &HashMap<ObjectId, ObjectId>,
+        progress: &dyn Progress,
+        report: &mut GcReport,
+    ) -> Result<Vec<&'p PackInfo>> {
+        if packs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let target = self.store.config().pack_target;
+        let mut out = self.store.new_pack();
+        let mut copied = Vec::new();
+        let bases = FooterBases { store: self.store, homes, packs: all.iter().map(|p| (p.id, p)).collect() };
+        let mut decoder = Decoder::with_bases(self.store.config().chunk_max, &bases).with_ids(self.store.chunk_ids());
+        let mut scratch = Vec::new();
+        progress.start("gc: rewriting mostly-dead packs", packs.len() as u64, Unit::Items);
+        for p in packs {
+            progress.advance(1);
+            let keep: Vec<&PackEntry> = p.entries.iter().filter(|e| homes.get(&e.id) == Some(&p.id)).collect();
+            let bytes = match self.store.read_pack_range(&p.id, 0..p.size) {
+                Ok(b) => b,
+                Err(e) if e.is_damage() || matches!(e, StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let ok = keep.iter().all(|e| {
+                scratch.clear();
+                let stored = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
+                decoder.decode_append(e.codec, stored, e.plain_len as usize, &e.id, &mut scratch).is_ok()
+            });
+            if !ok {
+                report.damaged_packs.push(p.id.to_hex());
+                continue;
+            }
+            if self.dry_run {
+                // What the rewrite would write: the chunks' stored bytes (a pack adds a few
+                // bytes of header and footer per chunk).
+                report.bytes_repacked += keep.iter().map(|e| e.stored_len as u64).sum::<u64>();
+                copied.push(*p);
+                continue;
+            }
+            for e in keep {
+                let stored = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
+                out.push_entry(e, stored);
+            }
+            copied.push(*p);
+            if out.len() >= target {
+                self.put_new_pack(std::mem::replace(&mut out, self.store.new_pack()), report)?;
+            }
+        }
+        if !out.is_empty() {
+            self.put_new_pack(out, report)?;
+        }
+        progress.finish();
+        report.packs_repacked += copied.len();
+        Ok(copied)
+    }
+
+    fn put_new_pack(&self, p: PackBuilder, report: &mut GcReport) -> Result<()> {
+        let p = p.finish();
+        report.bytes_repacked += p.size();
+        self.store.backend().put(&ObjectKey::Pack(p.id).to_string(), p.pieces)
+    }
+}
+
+/// Delta bases as gc finds them: in their home pack, per the footers it read (gc runs without
+/// the index). Checked like any chunk; never cached (a repack reads few).
+struct FooterBases<'a> {
+    store: &'a Store,
+    homes: &'a HashMap<ObjectId, ObjectId>,
+    /// Every pack read, by id.
+    packs: HashMap<ObjectId, &'a PackInfo>,
+}
+
+impl BaseSource for FooterBases<'_> {
+    fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
+        let missing = || StoreError::NotFound { what: "delta base chunk", key: id.to_hex() };
+        let pack = self.homes.get(id).and_then(|home| self.packs.get(home)).ok_or_else(missing)?;
+        let e = pack.entries.iter().find(|e| e.id == *id && e.bases.is_none()).ok_or_else(missing)?;
+        let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
+        let plain = decode_base(
+            e.codec,
+            &stored,
+            e.plain_len as usize,
+            id,
+            self.store.config().chunk_max,
+            self.store.chunk_ids(),
+        )?;
+        Ok(std::sync::Arc::new(plain))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{Codec, DeltaBases};
+
+    fn entry(name: &[u8], bases: Option<DeltaBases>) -> PackEntry {
+        let codec = if bases.is_some() { Codec::Delta } else { Codec::Zstd };
+        PackEntry { id: ObjectId::of(name), offset: 24, stored_len: 1000, plain_len: 4000, codec, bases }
+    }
+
+    fn pack(id: u8, entries: Vec<PackEntry>) -> PackInfo {
+        let live_bytes = entries.iter().map(|e| e.stored_len as u64).sum();
+        PackInfo { id: ObjectId([id; 32]), size: 1 << 20, entries, tombstoned: false, protected: false, live_bytes }
+    }
+
+    #[test]
+    fn an_orphan_delta_is_never_a_home() {
+        // Pack 1 stays for chunk "kept" and still holds a dead delta of "chunk" whose base an
+        // earlier pass deleted; pack 2 holds "chunk" whole. Pack 1 ranks first (lower id).
+        let orphan = entry(b"chunk", Some(DeltaBases::one(ObjectId::of(b"gone"))));
+        let packs = vec![pack(1, vec![entry(b"kept", None), orphan]), pack(2, vec![entry(b"chunk", None)])];
+        let live: HashSet<ObjectId> = [ObjectId::of(b"kept"), ObjectId::of(b"chunk")].into();
+        let copies = Copies::of(&packs, &live, HashSet::new());
+        assert!(copies.bases.is_empty(), "an orphan's bases are not made live");
+        let rewrite = Rewrite { below: 0.0, min_dead: 0 };
+        let (homes, _) = settle_homes(&packs, &live, &copies, &rewrite);
+        assert_eq!(homes[&ObjectId::of(b"chunk")], ObjectId([2; 32]));
+        assert_eq!(homes[&ObjectId::of(b"kept")], ObjectId([1; 32]));
+    }
+
+    #[test]
+    fn a_live_deltas_base_is_kept_whole_and_the_delta_may_be_home() {
+        let base = ObjectId::of(b"base");
+        // "base" is stored whole in pack 3 and as a delta (of something else) in pack 1; the
+        // live delta of "chunk" in pack 2 needs it.
+        let packs = vec![
+            pack(1, vec![entry(b"base", Some(DeltaBases::one(ObjectId::of(b"other")))), entry(b"other", None)]),
+            pack(2, vec![entry(b"chunk", Some(DeltaBases::one(base)))]),
+            pack(3, vec![entry(b"base", None)]),
+        ];
+        let live: HashSet<ObjectId> = [ObjectId::of(b"chunk")].into();
+        let copies = Copies::of(&packs, &live, HashSet::new());
+        let mut live = live;
+        live.extend(copies.bases.iter().copied());
+        let (homes, _) = settle_homes(&packs, &live, &copies, &Rewrite { below: 0.0, min_dead: 0 });
+        assert_eq!(homes[&ObjectId::of(b"chunk")], ObjectId([2; 32]));
+        assert_eq!(homes[&base], ObjectId([3; 32]), "a base is homed where it is whole");
+    }
+}

@@ -1,0 +1,283 @@
+//! Retention: which images of each tag name `gstore gc --keep-last N --keep-within DUR
+//! --keep-daily N --keep-weekly N [--prefix P]` keeps.
+//!
+//! An image of a tag name is the current value or a history entry of any of its versions,
+//! dated by when it was set, to the nanosecond (records of older versions have whole seconds:
+//! they count as set at the start of theirs). Within one name, images are ranked newest
+//! first, and equal times (older records) by each record's own order: its current value
+//! before its history, history newest first. One is kept if
+//! its rank is below `keep_last`, it was set within `keep_within` of now, or it is the newest
+//! of its UTC day (Monday-to-Sunday UTC week) and that day (week) is among the newest
+//! `keep_daily` (`keep_weekly`) days (weeks) that have images of the name. With no rule,
+//! everything is kept. Names outside `prefix` (when given) are left alone, and so is the
+//! current image of a pinned tag (`gstore pin`). A tag record is removed only when none of its
+//! images is kept; otherwise its history is trimmed to the kept entries.
+
+use crate::format::tag::{SetTime, TagRecord};
+use std::collections::BTreeMap;
+
+/// The retention rules (all optional; an image kept by any rule is kept).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Keep the newest N images of each tag name.
+    pub keep_last: Option<usize>,
+    /// Keep the images set within this many seconds of now.
+    pub keep_within_secs: Option<u64>,
+    /// Keep the newest image of each of the newest N UTC days that have images of the name.
+    pub keep_daily: Option<usize>,
+    /// Keep the newest image of each of the newest N UTC weeks (Monday to Sunday) that have
+    /// images of the name.
+    pub keep_weekly: Option<usize>,
+    /// Apply the rules only to tag names that start with this; others keep everything.
+    pub prefix: Option<String>,
+}
+
+/// Seconds in a day.
+const DAY: u64 = 86_400;
+
+/// The UTC day a time is in.
+fn day(unix: u64) -> u64 {
+    unix / DAY
+}
+
+/// The UTC week (Monday to Sunday) a time is in: 1970-01-01 was a Thursday.
+fn week(unix: u64) -> u64 {
+    (unix / DAY + 3) / 7
+}
+
+/// Flags, in `items`' order (newest first), the newest image of each of the newest `n`
+/// periods that have images.
+fn newest_per_period(items: &[(SetTime, bool, usize, usize)], n: usize, period: fn(u64) -> u64) -> Vec<bool> {
+    let mut seen = Vec::new();
+    items
+        .iter()
+        .map(|(set, ..)| {
+            let p = period(set.unix);
+            if seen.len() < n && !seen.contains(&p) {
+                seen.push(p);
+                true
+            } else {
+                false
+            }
+        })
+        .collect()
+}
+
+/// What retention does to one tag record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Left as it is.
+    Keep,
+    /// History trimmed: the new record, and how many entries it lost.
+    Trim(TagRecord, usize),
+    /// Every image it names goes: the tag is removed.
+    Remove,
+}
+
+impl Policy {
+    /// True when no rule is set (gc keeps every tagged image).
+    pub fn is_none(&self) -> bool {
+        self.keep_last.is_none()
+            && self.keep_within_secs.is_none()
+            && self.keep_daily.is_none()
+            && self.keep_weekly.is_none()
+    }
+
+    /// The outcome for each of `records` (same order), at time `now`.
+    pub fn apply(&self, records: &[TagRecord], now: u64) -> Vec<Outcome> {
+        if self.is_none() {
+            return vec![Outcome::Keep; records.len()];
+        }
+        // (set time, is current, record index, history index) per image, grouped by name.
+        let mut by_name: BTreeMap<&str, Vec<(SetTime, bool, usize, usize)>> = BTreeMap::new();
+        let mut keep_current = vec![false; records.len()];
+        for (i, r) in records.iter().enumerate() {
+            if self.prefix.as_deref().is_some_and(|p| !r.name.starts_with(p)) {
+                continue;
+            }
+            keep_current[i] = r.pinned;
+            let items = by_name.entry(&r.name).or_default();
+            items.push((r.set_time(), true, i, 0));
+            items.extend(r.history.iter().enumerate().map(|(j, h)| (h.set_time(), false, i, j)));
+        }
+        let mut keep_history: Vec<Vec<bool>> = records.iter().map(|r| vec![false; r.history.len()]).collect();
+        for items in by_name.values_mut() {
+            items.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
+            let daily = newest_per_period(items, self.keep_daily.unwrap_or(0), day);
+            let weekly = newest_per_period(items, self.keep_weekly.unwrap_or(0), week);
+            for (rank, &(set, current, i, j)) in items.iter().enumerate() {
+                let kept = self.keep_last.is_some_and(|n| rank < n)
+                    || self.keep_within_secs.is_some_and(|w| now.saturating_sub(set.unix) <= w)
+                    || daily[rank]
+                    || weekly[rank];
+                if kept && current {
+                    keep_current[i] = true;
+                } else if kept {
+                    keep_history[i][j] = true;
+                }
+            }
+        }
+        records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if self.prefix.as_deref().is_some_and(|p| !r.name.starts_with(p)) {
+                    return Outcome::Keep;
+                }
+                let kept_history = keep_history[i].iter().filter(|k| **k).count();
+                if !keep_current[i] && kept_history == 0 {
+                    Outcome::Remove
+                } else if kept_history == r.history.len() {
+                    Outcome::Keep
+                } else {
+                    let mut trimmed = r.clone();
+                    let mut keep = keep_history[i].iter();
+                    trimmed.history.retain(|_| *keep.next().expect("one flag per entry"));
+                    Outcome::Trim(trimmed, r.history.len() - kept_history)
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::id::ObjectId;
+    use crate::format::tag::TagRef;
+
+    /// A record for `tag` whose values were set at `times` (oldest first, whole seconds).
+    fn record(tag: &str, times: &[u64]) -> TagRecord {
+        let times: Vec<SetTime> = times.iter().map(|&unix| SetTime { unix, nanos: 0 }).collect();
+        record_at(tag, &times)
+    }
+
+    /// A record for `tag` whose values, each another image, were set at `times` (oldest first).
+    fn record_at(tag: &str, times: &[SetTime]) -> TagRecord {
+        let t = TagRef::parse(tag).unwrap();
+        let mut r: Option<TagRecord> = None;
+        for (i, &at) in times.iter().enumerate() {
+            let id =
+                ObjectId::of(&[tag.as_bytes(), &at.unix.to_le_bytes(), &at.nanos.to_le_bytes(), &[i as u8]].concat());
+            r = Some(TagRecord::new(&t, id, at, r));
+        }
+        r.unwrap()
+    }
+
+    /// Drops the nanoseconds, as a record written by an older version has none.
+    fn without_nanos(mut r: TagRecord) -> TagRecord {
+        r.set_nanos = 0;
+        for h in &mut r.history {
+            h.set_nanos = 0;
+        }
+        r
+    }
+
+    #[test]
+    fn pushes_within_one_second_rank_by_their_nanoseconds() {
+        // fast:v1 .. fast:v6 set in the same second, in that order; records list v1 first.
+        let recs: Vec<TagRecord> =
+            (1..=6u32).map(|i| record_at(&format!("fast:v{i}"), &[SetTime { unix: 100, nanos: i * 1000 }])).collect();
+        let out = Policy { keep_last: Some(2), ..Default::default() }.apply(&recs, 100);
+        let kept: Vec<&str> =
+            recs.iter().zip(&out).filter(|(_, o)| **o != Outcome::Remove).map(|(r, _)| r.version.as_str()).collect();
+        assert_eq!(kept, ["v5", "v6"]);
+    }
+
+    #[test]
+    fn older_records_without_nanoseconds_rank_by_their_own_order() {
+        // One tag moved three times within a second by an older version: history order says
+        // which is newest.
+        let moved = without_nanos(record("a", &[100, 100, 100]));
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(std::slice::from_ref(&moved), 100);
+        match &out[0] {
+            Outcome::Trim(r, 2) => assert_eq!(r.manifest, moved.manifest),
+            other => panic!("{other:?}"),
+        }
+        // A value set later in the same second by this version ranks before the older record's.
+        let old = without_nanos(record("b:old", &[100]));
+        let new = record_at("b:new", &[SetTime { unix: 100, nanos: 1 }]);
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&[new, old], 100);
+        assert_eq!(out, vec![Outcome::Keep, Outcome::Remove]);
+    }
+
+    #[test]
+    fn no_rule_keeps_everything() {
+        let recs = [record("a", &[1, 2, 3])];
+        assert_eq!(Policy::default().apply(&recs, 100), vec![Outcome::Keep]);
+    }
+
+    #[test]
+    fn keep_last_counts_versions_and_history_per_name() {
+        // a:v1 set at 10, a:v2 set at 20 and 30 (history 20), b:latest at 5.
+        let recs = [record("a:v1", &[10]), record("a:v2", &[20, 30]), record("b", &[5])];
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&recs, 100);
+        assert_eq!(out[0], Outcome::Remove);
+        match &out[1] {
+            Outcome::Trim(r, 1) => assert!(r.history.is_empty() && r.set_unix == 30),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(out[2], Outcome::Keep, "each name keeps its own newest");
+        let out = Policy { keep_last: Some(2), ..Default::default() }.apply(&recs, 100);
+        assert_eq!(out, vec![Outcome::Remove, Outcome::Keep, Outcome::Keep]);
+    }
+
+    #[test]
+    fn keep_within_and_union_of_rules() {
+        let recs = [record("a", &[10, 50, 90])];
+        let within = Policy { keep_within_secs: Some(50), ..Default::default() };
+        match &within.apply(&recs, 100)[0] {
+            Outcome::Trim(r, 1) => assert_eq!(r.history.iter().map(|h| h.set_unix).collect::<Vec<_>>(), vec![50]),
+            other => panic!("{other:?}"),
+        }
+        let both = Policy { keep_last: Some(3), keep_within_secs: Some(1), ..Default::default() };
+        assert_eq!(both.apply(&recs, 100), vec![Outcome::Keep]);
+        let none_recent = Policy { keep_within_secs: Some(1), ..Default::default() };
+        assert_eq!(none_recent.apply(&recs, 100), vec![Outcome::Remove]);
+    }
+
+    #[test]
+    fn daily_and_weekly_keep_the_newest_of_each_period() {
+        // Images at 01:00 and 23:00 of days 0..10 (1970-01-01 is a Thursday).
+        let times: Vec<u64> = (0..10).flat_map(|d| [d * DAY + 3600, d * DAY + 23 * 3600]).collect();
+        let recs = [record("run", &times)];
+        let now = 10 * DAY;
+        let kept = |p: Policy| -> Vec<u64> {
+            match &p.apply(&recs, now)[0] {
+                Outcome::Trim(r, _) => {
+                    std::iter::once(r.set_unix).chain(r.history.iter().map(|h| h.set_unix)).collect()
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        let daily = kept(Policy { keep_daily: Some(3), ..Default::default() });
+        assert_eq!(
+            daily,
+            [9 * DAY + 23 * 3600, 8 * DAY + 23 * 3600, 7 * DAY + 23 * 3600],
+            "the last of each of 3 days"
+        );
+        // Weeks: days 0-3 (Thu-Sun) are one week, days 4-10 (Mon-...) the next.
+        let weekly = kept(Policy { keep_weekly: Some(2), ..Default::default() });
+        assert_eq!(weekly, [9 * DAY + 23 * 3600, 3 * DAY + 23 * 3600]);
+        let both = kept(Policy { keep_last: Some(1), keep_weekly: Some(2), ..Default::default() });
+        assert_eq!(both, weekly, "the union: the newest is also the newest of its week");
+    }
+
+    #[test]
+    fn pinned_tags_and_names_outside_the_prefix_are_left_alone() {
+        let mut pinned = record("base:v1", &[10]);
+        pinned.pinned = true;
+        let recs = [pinned, record("base:v2", &[20]), record("base:v3", &[30]), record("other", &[1, 2, 3])];
+        let p = Policy { keep_last: Some(1), prefix: Some("base".into()), ..Default::default() };
+        assert_eq!(p.apply(&recs, 100), vec![Outcome::Keep, Outcome::Remove, Outcome::Keep, Outcome::Keep]);
+        // A pinned tag's history is trimmed like any other; its current image stays.
+        let mut moved = record("m", &[10, 20, 30]);
+        moved.pinned = true;
+        let newer = record("m:v2", &[40]);
+        let trimmed = Policy { keep_last: Some(1), ..Default::default() }.apply(&[moved, newer], 100);
+        match &trimmed[0] {
+            Outcome::Trim(r, 2) => assert_eq!(r.set_unix, 30),
+            other => panic!("{other:?}"),
+        }
+    }
+}

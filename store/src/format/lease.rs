@@ -1,0 +1,233 @@
+//! Leases: objects a push (or a tag copy) holds while it relies on packs and manifests that no
+//! tag names yet, so that gc keeps them. docs/GC.md gives the protocol; docs/FORMAT.md the
+//! record layout.
+//!
+//! A lease names its owner by machine boot, pid namespace, pid and process start time. Only a
+//! gstore on the same boot and pid namespace can tell that the owner died (the pid is gone
+//! or belongs to a later process), and only then is a lease dropped without the operator's
+//! word: no clock is trusted.
+
+use crate::backend::{self, Backend};
+use crate::error::{Result, StoreError};
+use crate::format::id::ObjectId;
+use crate::format::key::{Family, ObjectKey};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Mutex;
+
+/// Which process holds a lease (or the gc lock).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    /// Host name, for messages.
+    pub host: String,
+    /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`).
+    pub boot_id: String,
+    /// The pid namespace (`/proc/self/ns/pid` link text).
+    pub pid_ns: String,
+    /// Process id.
+    pub pid: u32,
+    /// Process start time in clock ticks after boot (`/proc/PID/stat` field 22).
+    pub start_ticks: u64,
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// Start time (field 22) of a process, from `/proc/PID/stat`.
+fn start_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: fields after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+impl Owner {
+    /// The calling process.
+    pub fn current() -> Owner {
+        Owner {
+            host: read_trimmed("/proc/sys/kernel/hostname"),
+            boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+            pid_ns: std::fs::read_link("/proc/self/ns/pid").map(|p| p.display().to_string()).unwrap_or_default(),
+            pid: std::process::id(),
+            start_ticks: start_ticks("self").unwrap_or(0),
+        }
+    }
+
+    /// True only when this process can prove the owner is gone: same boot and pid namespace,
+    /// and the pid no longer exists or now belongs to a process started at another time.
+    pub fn is_dead_here(&self) -> bool {
+        let me = Owner::current();
+        if self.boot_id.is_empty() || self.boot_id != me.boot_id || self.pid_ns != me.pid_ns {
+            return false;
+        }
+        start_ticks(&self.pid.to_string()) != Some(self.start_ticks)
+    }
+
+    /// `pid P on HOST`, for messages.
+    pub fn describe(&self) -> String {
+        format!("pid {} on {}", self.pid, self.host)
+    }
+}
+
+/// The stored form of a lease (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// Format version (1).
+    pub format: u32,
+    /// Who holds it.
+    pub owner: Owner,
+    /// What it is for, e.g. `push app:latest`.
+    pub purpose: String,
+    /// Packs gc must keep whole (hex ids): those the holder wrote or deduplicated against.
+    #[serde(default)]
+    pub packs: BTreeSet<String>,
+    /// Manifests gc must keep, with every chunk they name (hex ids).
+    #[serde(default)]
+    pub manifests: BTreeSet<String>,
+}
+
+impl LeaseRecord {
+    /// Parses a stored lease.
+    pub fn from_json(bytes: &[u8], key: &str) -> Result<LeaseRecord> {
+        let r: LeaseRecord =
+            serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt("lease", key, e.to_string()))?;
+        if r.format != 1 {
+            return Err(StoreError::corrupt("lease", key, format!("unknown format {}", r.format)));
+        }
+        Ok(r)
+    }
+
+    /// The packs it protects.
+    pub fn pack_ids(&self) -> impl Iterator<Item = ObjectId> + '_ {
+        self.packs.iter().filter_map(|h| ObjectId::from_hex(h).ok())
+    }
+
+    /// The manifests it protects.
+    pub fn manifest_ids(&self) -> impl Iterator<Item = ObjectId> + '_ {
+        self.manifests.iter().filter_map(|h| ObjectId::from_hex(h).ok())
+    }
+}
+
+/// A held lease. It is rewritten whenever it protects more; dropping it deletes it (best
+/// effort), so it must be dropped only once the tag naming what it protects is written, or
+/// when the work it protected is abandoned.
+pub struct Lease {
+    backend: Backend,
+    key: String,
+    record: Mutex<LeaseRecord>,
+}
+
+impl Lease {
+    /// Takes a new lease (create-only write).
+    pub fn take(backend: &Backend, purpose: &str) -> Result<Lease> {
+        let owner = Owner::current();
+        let key = ObjectKey::Lease(ObjectId::unique().to_hex()[..32].to_string()).to_string();
+        let record = LeaseRecord {
+            format: 1,
+            owner,
+            purpose: purpose.to_string(),
+            packs: BTreeSet::new(),
+            manifests: BTreeSet::new(),
+        };
+        backend.create_record(&key, serde_json::to_vec_pretty(&record).expect("lease serializes"))?;
+        Ok(Lease { backend: backend.clone(), key, record: Mutex::new(record) })
+    }
+
+    /// Adds packs and manifests to what the lease protects and writes it, before the caller
+    /// writes or relies on them. Nothing is written when they were protected already.
+    pub fn protect(&self, packs: &[ObjectId], manifests: &[ObjectId]) -> Result<()> {
+        let mut r = self.record.lock().expect("lease lock");
+        let before = (r.packs.len(), r.manifests.len());
+        r.packs.extend(packs.iter().map(ObjectId::to_hex));
+        r.manifests.extend(manifests.iter().map(ObjectId::to_hex));
+        if before == (r.packs.len(), r.manifests.len()) {
+            return Ok(());
+        }
+        self.backend.put_volatile(&self.key, serde_json::to_vec_pretty(&*r).expect("lease serializes"))
+    }
+
+    /// The lease's key, for messages.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let _ = self.backend.delete(&self.key);
+    }
+}
+
+/// Which of `relied` — packs a lease already protects — may have been deleted or be about to
+/// be: those with a tombstone and those no longer listed. Also returns the packs that have a
+/// tombstone.
+pub fn unreliable_packs(
+    backend: &Backend,
+    relied: &HashSet<ObjectId>,
+) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
+    let (doomed, listed) = doomed_then_listed(backend)?;
+    let present: HashSet<ObjectId> =
+        listed.iter().filter_map(|l| ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())).collect();
+    let bad = relied.iter().filter(|p| doomed.contains(p) || !present.contains(p)).copied().collect();
+    Ok((bad, doomed))
+}
+
+/// The packs that have a tombstone, then the listing of `packs/`: listed in that order, so
+/// that a pack gc tombstones and deletes meanwhile is in one list or missing from the
+/// second (docs/GC.md, push step 4).
+pub fn doomed_then_listed(backend: &Backend) -> Result<(HashSet<ObjectId>, Vec<backend::Listed>)> {
+    let doomed = tombstoned_packs(backend)?;
+    Ok((doomed, backend.list(Family::Packs.prefix())?))
+}
+
+/// The packs that have a gc tombstone now: nothing may deduplicate against them.
+pub fn tombstoned_packs(backend: &Backend) -> Result<HashSet<ObjectId>> {
+    Ok(backend
+        .list(Family::Tombstones.prefix())?
+        .iter()
+        .filter_map(|l| ObjectKey::parse(&l.key).ok()?.tombstoned()?.pack())
+        .collect())
+}
+
+/// True when the object under `key` has a gc tombstone.
+pub fn has_tombstone(backend: &Backend, key: &ObjectKey) -> Result<bool> {
+    Ok(backend.size(&key.tombstone().to_string())?.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_is_alive_here_and_a_gone_pid_is_dead() {
+        let me = Owner::current();
+        assert!(me.start_ticks > 0 && !me.boot_id.is_empty());
+        assert!(!me.is_dead_here());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(Owner { pid, ..me.clone() }.is_dead_here());
+        // Another boot cannot be judged from here.
+        assert!(!Owner { pid, boot_id: "other".into(), ..me.clone() }.is_dead_here());
+        // Same pid, other start time: a later process reused the pid.
+        assert!(Owner { start_ticks: me.start_ticks + 1, ..me }.is_dead_here());
+    }
+
+    #[test]
+    fn lease_is_written_grows_and_goes_away_on_drop() {
+        let b = Backend::memory();
+        let lease = Lease::take(&b, "push t:latest").unwrap();
+        let key = lease.key().to_string();
+        let p = ObjectId::of(b"p");
+        lease.protect(&[p], &[]).unwrap();
+        let before = b.requests();
+        lease.protect(&[p], &[]).unwrap();
+        assert_eq!(b.requests(), before, "nothing new, nothing written");
+        let rec = LeaseRecord::from_json(&b.get(&key).unwrap(), &key).unwrap();
+        assert_eq!(rec.pack_ids().collect::<Vec<_>>(), vec![p]);
+        drop(lease);
+        assert!(b.get_opt(&key).unwrap().is_none());
+        assert!(LeaseRecord::from_json(b"{", "k").unwrap_err().is_damage());
+    }
+}

@@ -1,0 +1,11 @@
+//! What the store holds, object by object (docs/FORMAT.md): the configuration, ids, object keys, manifests, packs, tags, leases, restore profiles and damage records.
+
+pub(crate) mod config;
+pub mod damage;
+pub(crate) mod id;
+pub mod key;
+pub mod lease;
+pub mod manifest;
+pub mod pack;
+pub mod profile;
+pub mod tag;
