@@ -350,3 +350,51 @@ fn restore_nodes_read_packs_through_a_tier_and_go_around_it_when_it_fails() {
     let err = restore_through_tiers(&s3, &tiers, &src, "c");
     assert!(err.contains("failed"), "{err}");
 }
+
+#[test]
+fn a_tier_serving_damaged_bytes_is_gone_around_and_the_restore_is_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path(), 8, 6_000_000);
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    write_mixed_file(&other.join("f"), 1_000_000, 9);
+    let s3 = S3::start();
+    s3.ok("pusher", &["init"]);
+    s3.ok("pusher", &["push", other.to_str().unwrap(), "--tag", "other:v1"]);
+    let earlier = pack_files(&s3.bucket_dir());
+    s3.ok("pusher", &["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    // The tier serves a copy of the bucket whose packs get damaged: first the image's in
+    // its chunks, then also the other image's in its trailer (a node reads every pack's tail
+    // through the tier when it syncs its index).
+    let mirror = tmp.path().join("mirror");
+    assert!(Command::new("cp").arg("-r").arg(s3.bucket_dir().join("images")).arg(&mirror).status().unwrap().success());
+    let damage = |tails: bool| {
+        for p in pack_files(&mirror) {
+            let mut bytes = std::fs::read(&p).unwrap();
+            let len = bytes.len();
+            match earlier.iter().any(|e| e.file_name() == p.file_name()) {
+                true if tails => bytes[len - 1] ^= 0x20,
+                true => continue,
+                false if tails => continue,
+                false => (0..len * 3 / 4).step_by(4096).for_each(|at| bytes[at] ^= 0x20),
+            }
+            std::fs::write(&p, bytes).unwrap();
+        }
+    };
+    let port = free_port();
+    let _tier = Killed(
+        gstore_in(tmp.path())
+            .args(["--store", mirror.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}")])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_port(port, "the damaged tier");
+    let tier = format!("http://127.0.0.1:{port}");
+    damage(false);
+    let err = restore_through_tiers(&s3, &tier, &src, "a");
+    assert!(err.contains("failed their check"), "{err}");
+    damage(true);
+    let err = restore_through_tiers(&s3, &tier, &src, "b");
+    assert!(err.contains("failed their check"), "{err}");
+}

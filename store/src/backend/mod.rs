@@ -107,6 +107,13 @@ pub(crate) trait Objects: Send + Sync {
     fn check_tag_write(&self, _name: &str) -> Result<()> {
         Ok(())
     }
+    /// Says that bytes just read of `key` failed their check. A wrapper that may have read them
+    /// from elsewhere than the store itself (a caching tier) reads `key` from the store from
+    /// now on and returns true: reading it again may give good bytes. False (the default):
+    /// the same bytes would come again.
+    fn distrust(&self, _key: &str) -> bool {
+        false
+    }
 }
 
 /// The tokio runtime every backend runs its requests on (two workers: the requests are
@@ -227,6 +234,12 @@ impl Backend {
     pub fn check_tag_write(&self, name: &str) -> Result<()> {
         self.before("check_tag_write", name);
         self.objects.check_tag_write(name)
+    }
+
+    /// Says that bytes just read of `key` failed their check; true when reading `key` again
+    /// may give other bytes (they came through a caching tier, which `key` now goes past).
+    pub fn distrust(&self, key: &str) -> bool {
+        self.objects.distrust(key)
     }
 
     /// Where this backend points, for messages.

@@ -145,6 +145,10 @@ impl Objects for Retrying {
     fn check_tag_write(&self, name: &str) -> Result<()> {
         self.inner.check_tag_write(name)
     }
+
+    fn distrust(&self, key: &str) -> bool {
+        self.inner.distrust(key)
+    }
 }
 
 #[cfg(test)]

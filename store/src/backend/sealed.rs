@@ -197,4 +197,8 @@ impl Objects for SealedObjects {
     fn check_tag_write(&self, name: &str) -> Result<()> {
         self.inner.check_tag_write(name)
     }
+
+    fn distrust(&self, key: &str) -> bool {
+        self.inner.distrust(key)
+    }
 }

@@ -2,14 +2,16 @@
 //! behind them: a restore node given tiers (`GSTORE_TIERS`) reads every pack range from the
 //! first tier that answers, and from the store itself when none does, so a tier that is down
 //! or dies mid-restore costs time, never the restore. A tier that fails is left alone for
-//! [`REST`]. Everything else (tags, manifests, listings, writes) goes to the store: tiers keep
-//! only packs, which never change.
+//! [`REST`], and so is one that served bytes failing their check: the store reads that pack
+//! again itself. Everything else (tags, manifests, listings, writes) goes to the store: tiers
+//! keep only packs, which never change.
 
 use super::http::HttpObjects;
 use super::{Listed, Objects, Patience, Put, Version};
 use crate::error::{Result, StoreError};
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -65,7 +67,16 @@ impl Tier {
 pub(super) struct Tiered {
     origin: Arc<dyn Objects>,
     tiers: Vec<Tier>,
+    /// Which tier served each pack read last (so a pack whose bytes failed their check names
+    /// the tier that served them); forgotten past [`SERVED_KEPT`] packs.
+    served: Mutex<HashMap<String, usize>>,
+    /// Packs read from the store itself from now on: bytes a tier served of them failed their
+    /// check.
+    distrusted: Mutex<HashSet<String>>,
 }
+
+/// Packs whose serving tier is remembered, at most.
+const SERVED_KEPT: usize = 100_000;
 
 impl Tiered {
     /// `origin` behind the tiers at `urls`, nearest first.
@@ -78,20 +89,28 @@ impl Tiered {
                 Ok(Tier { url: url.clone(), objects, resting_until: Mutex::new(None) })
             })
             .collect::<Result<_>>()?;
-        Ok(Tiered { origin, tiers })
+        Ok(Tiered { origin, tiers, served: Mutex::default(), distrusted: Mutex::default() })
     }
 
     /// `read` on the first tier that answers, for a pack; else (and for any other object) on
     /// the store.
     fn read<T>(&self, key: &str, mut read: impl FnMut(&dyn Objects) -> Result<T>) -> Result<T> {
-        if key.starts_with("packs/") {
-            for t in self.tiers.iter().filter(|t| !t.resting()) {
+        if key.starts_with("packs/") && !self.distrusted.lock().expect("tier lock").contains(key) {
+            for (i, t) in self.tiers.iter().enumerate().filter(|(_, t)| !t.resting()) {
                 match read(&t.objects) {
-                    Ok(v) => return Ok(v),
+                    Ok(v) => {
+                        let mut served = self.served.lock().expect("tier lock");
+                        if served.len() >= SERVED_KEPT {
+                            served.clear();
+                        }
+                        served.insert(key.to_string(), i);
+                        return Ok(v);
+                    }
                     Err(e) => t.rest(&e),
                 }
             }
         }
+        self.served.lock().expect("tier lock").remove(key);
         read(&*self.origin)
     }
 }
@@ -139,5 +158,15 @@ impl Objects for Tiered {
 
     fn check_tag_write(&self, name: &str) -> Result<()> {
         self.origin.check_tag_write(name)
+    }
+
+    /// The tier that served `key` rests, and `key` is read from the store from now on (the
+    /// damage may be in every tier, each reading through the next).
+    fn distrust(&self, key: &str) -> bool {
+        let Some(i) = self.served.lock().expect("tier lock").remove(key) else { return false };
+        let why = StoreError::corrupt("pack", key, "its bytes from this tier failed their check");
+        self.tiers[i].rest(&why);
+        self.distrusted.lock().expect("tier lock").insert(key.to_string());
+        true
     }
 }

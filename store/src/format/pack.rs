@@ -357,22 +357,30 @@ pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str, chunk_max: u32) -> R
 /// from (footer entries, then trailer). Two range reads; the chunk data is not read.
 pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) -> Result<(Vec<PackEntry>, Vec<u8>)> {
     let key = ObjectKey::Pack(*pack).to_string();
+    match read_tail_once(backend, &key, size, chunk_max) {
+        // Bytes that came through a caching tier are read once more, past it.
+        Err(e) if e.is_damage() && backend.distrust(&key) => read_tail_once(backend, &key, size, chunk_max),
+        other => other,
+    }
+}
+
+fn read_tail_once(backend: &Backend, key: &str, size: u64, chunk_max: u32) -> Result<(Vec<PackEntry>, Vec<u8>)> {
     if size < TRAILER_LEN as u64 + 8 {
         return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
     }
     // One read fetches the trailer with the footer of a pack of up to TAIL_GUESS / ENTRY_LEN
     // chunks; a longer footer takes a second read for the rest.
     let start = size.saturating_sub(TAIL_GUESS);
-    let guess = backend.get_range(&key, start..size)?;
+    let guess = backend.get_range(key, start..size)?;
     let footer_end = guess.len() - TRAILER_LEN;
-    let t = parse_trailer(&guess[footer_end..], size, &key)?;
+    let t = parse_trailer(&guess[footer_end..], size, key)?;
     let footer = if t.footer_offset >= start {
         guess.slice((t.footer_offset - start) as usize..footer_end)
     } else {
-        let head = backend.get_range(&key, t.footer_offset..start)?;
+        let head = backend.get_range(key, t.footer_offset..start)?;
         [&head[..], &guess[..footer_end]].concat().into()
     };
-    let entries = parse_footer(&footer, &t, &key, chunk_max)?;
+    let entries = parse_footer(&footer, &t, key, chunk_max)?;
     Ok((entries, [&footer[..], &guess[footer_end..]].concat()))
 }
 

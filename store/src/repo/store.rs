@@ -617,7 +617,7 @@ impl Store {
         mut check: impl FnMut(&Bytes) -> Result<T>,
     ) -> Result<T> {
         let Some(cache) = &self.cache else {
-            return check(&self.read_pack_range(pack, range)?);
+            return self.checked(pack, range, &mut check).map(|(checked, _)| checked);
         };
         if let Some(hit) = cache.get(pack, &range) {
             match check(&hit) {
@@ -625,10 +625,29 @@ impl Store {
                 other => return other,
             }
         }
-        let bytes = self.read_pack_range(pack, range.clone())?;
-        let checked = check(&bytes)?;
+        let (checked, bytes) = self.checked(pack, range.clone(), &mut check)?;
         cache.put(pack, &range, &bytes);
         Ok(checked)
+    }
+
+    /// Reads a pack range and checks it; bytes that fail the check are read once more where
+    /// they may come out differently (they came through a caching tier, which the pack now
+    /// goes past), and checked again.
+    fn checked<T>(
+        &self,
+        pack: &ObjectId,
+        range: std::ops::Range<u64>,
+        check: &mut impl FnMut(&Bytes) -> Result<T>,
+    ) -> Result<(T, Bytes)> {
+        let bytes = self.read_pack_range(pack, range.clone())?;
+        match check(&bytes) {
+            Ok(checked) => Ok((checked, bytes)),
+            Err(e) if e.is_damage() && self.backend.distrust(&ObjectKey::Pack(*pack).to_string()) => {
+                let bytes = self.read_pack_range(pack, range)?;
+                Ok((check(&bytes)?, bytes))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A chunk decoder for this store: it reads the bases of delta chunks from it.
