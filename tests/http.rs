@@ -474,3 +474,24 @@ fn a_caching_tier_reads_each_range_once_and_never_keeps_damage() {
     assert_same_tree(&src, &out);
     assert!(kept_ranges() > before, "the repaired ranges were not kept");
 }
+
+#[test]
+fn restore_nodes_of_an_http_store_read_packs_through_a_tier() {
+    let env = Env::new(&[]);
+    let tokens = token_file(&env);
+    let src = env.path("src");
+    make_tree(&src, 4, 3_000_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    let origin = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    // A caching tier of the store behind the origin server (a server is never served again).
+    let tier_cache = env.path("tier");
+    let tier_args = ["--tokens", tokens.to_str().unwrap(), "--cache", tier_cache.to_str().unwrap()];
+    let tier = Server::start(&env.store, &tier_args);
+    let out = env.path("out");
+    let node = origin.cmd("node", READ, &["-q", "restore", "app:v1", "--to", out.to_str().unwrap()]);
+    let o = { node }.env("GSTORE_TIERS", tier.url()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_same_tree(&src, &out);
+    let (_, metrics) = tier.curl("GET", "/metrics", Some(READ), &[], None);
+    assert!(tier_reads(&metrics, "miss") > 0, "the node's packs did not come through the tier: {metrics}");
+}

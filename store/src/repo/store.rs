@@ -103,15 +103,15 @@ impl StoreLocation {
         StoreLocation::Local(xdg_dir("XDG_DATA_HOME", ".local/share").join("gstore"))
     }
 
-    /// The backend this location names, as it is: an encrypted store's objects sealed. An S3
-    /// store's pack reads go through the caching tiers `GSTORE_TIERS` names, if any.
+    /// The backend this location names, as it is: an encrypted store's objects sealed. A
+    /// remote store's (S3 or HTTP) pack reads go through the caching tiers `GSTORE_TIERS`
+    /// names, if any.
     pub fn backend(&self) -> Result<Backend> {
+        let tiers = crate::backend::tiers_from_env;
         match self {
             StoreLocation::Local(p) => Backend::local(p),
-            StoreLocation::S3 { bucket, prefix } => {
-                Backend::s3(bucket, prefix)?.through_tiers(&crate::backend::tiers_from_env()?)
-            }
-            StoreLocation::Http { url } => Backend::http(url),
+            StoreLocation::S3 { bucket, prefix } => Backend::s3(bucket, prefix)?.through_tiers(&tiers()?),
+            StoreLocation::Http { url } => Backend::http(url)?.through_tiers(&tiers()?),
             StoreLocation::Custom { description, .. } => {
                 Err(StoreError::Invalid(format!("{description}: a custom backend is opened with Store::open_backend")))
             }
