@@ -7,7 +7,7 @@ use gstore_gpu_dump::checkpoint::{self, CaptureReport, CheckpointOptions, ImageK
 use gstore_gpu_dump::criu::DUMP_LOG;
 use gstore_gpu_dump::GpuDumpError;
 use gstore_gpu_dump::{Criu, CudaDriver};
-use gstore_store::commands::stream::{self, StreamSink};
+use gstore_store::commands::push::stream::{self, StreamSink};
 use gstore_store::progress::Progress;
 use gstore_store::StoreError;
 use gstore_store::{commands::push, Store, TagRef};

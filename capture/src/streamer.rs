@@ -15,7 +15,7 @@
 
 use crate::error::{CaptureError, Result};
 use gstore_lazy::socket::{bind_in, recv_exact};
-use gstore_store::commands::stream::StreamSink;
+use gstore_store::commands::push::stream::StreamSink;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -247,7 +247,7 @@ fn os(what: &str, e: std::io::Error) -> CaptureError {
 mod tests {
     use super::*;
     use gstore_store::progress::Silent;
-    use gstore_store::{commands::push, commands::stream, ObjectId, Store, StoreLocation, TagRef};
+    use gstore_store::{commands::push, commands::push::stream, ObjectId, Store, StoreLocation, TagRef};
     use std::os::fd::{FromRawFd, OwnedFd};
 
     /// What CRIU sends for one file: the request, then one byte carrying `fd`. Fails once the

@@ -9,8 +9,8 @@
 
 use crate::error::{ContainerError, Result};
 use gstore_restore::cat::FileReader;
+use gstore_store::commands::push::stream::{self, Meta, StreamSink};
 use gstore_store::commands::push::PushReport;
-use gstore_store::commands::stream::{self, Meta, StreamSink};
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::{Store, StoreError, TagRef};

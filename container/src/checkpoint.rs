@@ -6,8 +6,8 @@
 use crate::archive::{self, ArchiveInfo};
 use crate::error::{ContainerError, Result};
 use crate::podman::Podman;
+use gstore_store::commands::push::stream::Meta;
 use gstore_store::commands::push::PushReport;
-use gstore_store::commands::stream::Meta;
 use gstore_store::progress::Progress;
 use gstore_store::{Store, TagRef};
 use serde::Serialize;

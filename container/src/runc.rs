@@ -21,8 +21,8 @@ use gstore_gpu_dump::cuda::{self, ffi::GpuPair};
 use gstore_gpu_dump::{
     check_compatible, Criu, CudaDriver, GpuDumpError, GpuMap, ImageKind, ImageMeta, MachineInfo, ProcessState,
 };
+use gstore_store::commands::push::stream::Meta;
 use gstore_store::commands::push::{self, PushReport};
-use gstore_store::commands::stream::Meta;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
 use gstore_store::{ObjectId, Store, TagRef};

@@ -26,7 +26,7 @@ pub use error::{RegistryError, Result};
 use digest::{Digest, Hashing};
 use gstore_container::archive;
 use gstore_restore::cat::FileReader;
-use gstore_store::commands::stream::{self, Meta};
+use gstore_store::commands::push::stream::{self, Meta};
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Silent;
 use gstore_store::{ObjectId, Store, StoreLocation, TagRef};

@@ -1,7 +1,7 @@
 //! [`Objects`] over any `object_store` implementation: an S3 bucket (see [`super::s3`]), the
 //! local directory's file store (wrapped by [`super::local`]), memory for unit tests.
 
-use super::{runtime, s3, Listed, Objects, Put, Version};
+use super::{runtime, Listed, Objects, Put, Version};
 use crate::error::{Result, StoreError};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -128,7 +128,7 @@ pub(super) fn err(action: &'static str, key: &str, e: object_store::Error) -> St
         other => {
             let transit = in_transit(&other);
             let message = innermost(&other);
-            let message = match s3::hint(&message) {
+            let message = match hint(&message) {
                 Some(h) => format!("{h} ({message})"),
                 None => message,
             };
@@ -180,5 +180,55 @@ pub(super) fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
         outer
     } else {
         format!("{outer}: {inner}")
+    }
+}
+
+/// A one-line explanation of the common S3 failures.
+pub(super) fn hint(message: &str) -> Option<&'static str> {
+    let m = message.to_ascii_lowercase();
+    if m.contains("connection refused")
+        || m.contains("dns error")
+        || m.contains("timed out")
+        || m.contains("error sending request")
+    {
+        Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up")
+    } else if m.contains("nosuchbucket") || m.contains("bucket does not exist") {
+        Some("no such bucket")
+    } else if m.contains("169.254.169.254") {
+        // object_store asks the cloud's metadata service when no credentials are set.
+        Some("no S3 credentials set: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or put them in $GSTORE_S3_CONFIG / ~/.config/gstore/s3.env); none came from an instance metadata service either")
+    } else if m.contains("url scheme is not allowed") || m.contains("http scheme is not allowed") {
+        Some("the endpoint is plain http://: set AWS_ALLOW_HTTP=true to allow it (or use https://)")
+    } else if m.contains("invalidaccesskeyid")
+        || m.contains("signaturedoesnotmatch")
+        || m.contains("403 forbidden")
+        || m.contains("accessdenied")
+    {
+        Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_name_the_common_s3_failures() {
+        assert_eq!(
+            hint("HEAD in 403.4ms - HTTP error: error sending request: Connection refused"),
+            Some("cannot reach the S3 endpoint: check AWS_ENDPOINT and that the server is up")
+        );
+        assert_eq!(
+            hint("Client error with status 403 Forbidden: SignatureDoesNotMatch"),
+            Some("access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+        );
+        assert_eq!(hint("404 Not Found: NoSuchBucket"), Some("no such bucket"));
+        assert!(hint("Error performing PUT http://169.254.169.254/latest/api/token: 403 Forbidden")
+            .unwrap()
+            .starts_with("no S3 credentials set"));
+        assert!(hint("Generic HTTP client error: URL scheme is not allowed").unwrap().contains("AWS_ALLOW_HTTP=true"));
+        assert_eq!(hint("something else"), None);
     }
 }

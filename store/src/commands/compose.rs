@@ -4,7 +4,7 @@
 //! once every part is stored: the tag appears all at once or not at all.
 
 use crate::commands::push::protect_manifest;
-use crate::commands::stream::Meta;
+use crate::commands::push::stream::Meta;
 use crate::error::{Result, StoreError};
 use crate::format::lease::Lease;
 use crate::format::manifest::{Entry, EntryKind, Manifest};
@@ -54,7 +54,7 @@ pub fn compose(store: &Store, tag: &TagRef, parts: &[ObjectId], meta: Meta) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::stream::push_fed;
+    use crate::commands::push::stream::push_fed;
     use crate::progress::Silent;
     use crate::repo::store::StoreLocation;
 

@@ -14,8 +14,10 @@
 //! a gc tombstone or is gone; chunks it relied on in such packs are read again from the
 //! source and uploaded anew. The lease goes away after the tag is written.
 
+pub(crate) mod source;
+pub mod stream;
+
 use crate::codec::{self, Codec, DeltaBases};
-use crate::commands::source::{self, SourceEntry};
 use crate::dedup::chunker;
 use crate::dedup::deltas::Deltas;
 use crate::dedup::similar::{self, Sketch};
@@ -31,6 +33,7 @@ use crate::repo::memory::KEPT;
 use crate::repo::store::{now_unix, Store};
 use bytes::Bytes;
 use serde::Serialize;
+use source::SourceEntry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -209,9 +212,9 @@ pub fn push_pieces(
 }
 
 /// Pushes the files fed through `source` while the push runs (a CRIU dump streaming its image,
-/// say: [`crate::commands::stream`]) as a new image tagged `tag`. Pieces are chunked, stored and indexed
+/// say: [`stream`]) as a new image tagged `tag`. Pieces are chunked, stored and indexed
 /// as they arrive; the image is written and tagged only once the feeder has said it is
-/// complete ([`crate::commands::stream::StreamSink::finish`], which also gives the manifest's
+/// complete ([`stream::StreamSink::finish`], which also gives the manifest's
 /// metadata). A feeder that stops without finishing fails the push: nothing is tagged.
 ///
 /// A streamed byte is read once, so the push cannot read a chunk again later: before it
@@ -220,7 +223,7 @@ pub fn push_pieces(
 /// pack that fails the check is stored anew.
 pub fn push_stream(
     store: &Store,
-    source: crate::commands::stream::StreamSource,
+    source: stream::StreamSource,
     tag: &TagRef,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
@@ -238,7 +241,7 @@ enum Input<'a> {
         contents: &'a [Option<Content<'a>>],
     },
     /// Files fed while the push runs.
-    Stream(crate::commands::stream::StreamSource),
+    Stream(stream::StreamSource),
 }
 
 /// The bytes of one file being pushed.
@@ -304,7 +307,7 @@ fn push_entries(
     }
     let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * store.config().segment_size);
     // A stream's files and metadata are known once it ends.
-    let streamed = crate::commands::stream::Received::default();
+    let streamed = stream::Received::default();
     let (batches, total, reader): (Batches<'_>, u64, _) = match input {
         Input::Files { entries, contents } => {
             let units = plan_units(entries, store.config());
