@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use clap::CommandFactory;
 use gstore_capture as capture;
 use gstore_progress::Bars;
-use gstore_store::crypto::{keyring, Secret};
+use gstore_store::commands::keys;
+use gstore_store::crypto::Secret;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::{
     commands::gc, commands::images, commands::push, commands::usage, commands::verify, ObjectId, Store, StoreConfig,
@@ -810,7 +811,7 @@ fn key(location: &StoreLocation, action: KeyAction, out: &Output) -> Result<()> 
             })
         }
         KeyAction::List => {
-            let keys = keyring::records(location)?;
+            let keys = keys::records(location)?;
             out.emit(&keys, || {
                 let mut s = format!("{:<16}  {:<10}  {:<20}  LABEL", "ID", "KIND", "ADDED");
                 for k in &keys {
@@ -830,11 +831,11 @@ fn key(location: &StoreLocation, action: KeyAction, out: &Output) -> Result<()> 
                     _ => new_passphrase("GSTORE_NEW_PASSPHRASE")?,
                 },
             };
-            let id = keyring::add_key(location, &new)?;
+            let id = keys::add_key(location, &new)?;
             out.emit(&serde_json::json!({ "added": id }), || format!("added key {id}"))
         }
         KeyAction::Remove { id } => {
-            keyring::remove_key(location, &id)?;
+            keys::remove_key(location, &id)?;
             out.emit(&serde_json::json!({ "removed": id }), || format!("removed key {id}"))
         }
     }

@@ -14,6 +14,7 @@ pub mod crypto;
 pub mod dedup;
 mod error;
 pub mod format;
+mod memory;
 pub mod progress;
 pub mod repo;
 

@@ -7,7 +7,7 @@ use super::{Listed, Objects, Put, Version};
 use crate::crypto::sealed::{self, Header, Sealer};
 use crate::error::{Result, StoreError};
 use crate::format::key::ObjectKey;
-use crate::repo::memory::KEPT;
+use crate::memory::KEPT;
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
 use std::collections::HashMap;

@@ -39,7 +39,7 @@ pub fn compose(store: &Store, tag: &TagRef, parts: &[ObjectId], meta: Meta) -> R
         }
     }
     let mut manifest = Manifest {
-        created_unix: crate::repo::store::now_unix(),
+        created_unix: crate::format::now_unix(),
         meta,
         entries: by_path.values().map(|(e, _)| (*e).clone()).collect(),
         chunks: by_path.values().flat_map(|(_, c)| c.iter().copied()).collect(),

@@ -17,7 +17,7 @@
 //! every block.
 
 use crate::error::{Result, StoreError};
-use crate::repo::memory::KEPT;
+use crate::memory::KEPT;
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use bytes::Bytes;
 use std::ops::Range;

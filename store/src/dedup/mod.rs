@@ -1,4 +1,5 @@
-//! Deduplication: content-defined chunking, similarity sketches of page-image chunks, and the deltas a push stores against similar chunks.
+//! Deduplication: content-defined chunking, similarity sketches of page-image chunks, and the
+//! deltas a push stores against similar chunks.
 
 pub mod chunker;
 pub(crate) mod deltas;

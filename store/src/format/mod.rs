@@ -1,4 +1,5 @@
-//! What the store holds, object by object (docs/FORMAT.md): the configuration, ids, object keys, manifests, packs, tags, leases, restore profiles and damage records.
+//! What the store holds, object by object (docs/FORMAT.md): the configuration, ids, object keys,
+//! manifests, packs, tags, leases, restore profiles and damage records.
 
 pub(crate) mod config;
 pub mod damage;
@@ -9,3 +10,8 @@ pub mod manifest;
 pub mod pack;
 pub mod profile;
 pub mod tag;
+
+/// Seconds since the Unix epoch (the times objects record).
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

@@ -241,11 +241,6 @@ fn probe_conditional_writes(backend: &Backend) -> Result<()> {
     r
 }
 
-/// Seconds since the Unix epoch.
-pub fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
 impl Store {
     /// Creates a new store at `location` with `config`. Fails if one is already there.
     pub fn init(location: &StoreLocation, config: &StoreConfig) -> Result<()> {

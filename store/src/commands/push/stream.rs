@@ -129,7 +129,7 @@ impl StreamedFile<'_> {
     pub fn read_from(&mut self, r: &mut dyn Read) -> Result<u64> {
         let mut total = 0;
         loop {
-            let mut data = crate::repo::memory::fresh_buffer(self.sink.segment);
+            let mut data = crate::memory::fresh_buffer(self.sink.segment);
             let n = r
                 .take(self.sink.segment as u64)
                 .read_to_end(&mut data)
