@@ -239,13 +239,13 @@ fn run_lazy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gstore_gpu_dump::GpuDumpError;
+    use gstore_gpu_dump::{CriuCause, GpuDumpError};
 
-    fn criu_failed(hint: &'static str) -> CaptureError {
+    fn criu_failed(cause: CriuCause) -> CaptureError {
         CaptureError::Gpu(GpuDumpError::CriuFailed {
             action: "restore",
             status: "exit status: 1".into(),
-            hint,
+            cause,
             details: String::new(),
         })
     }
@@ -256,7 +256,7 @@ mod tests {
         let r = retrying_pid_races(|| {
             tries += 1;
             if tries < PID_RACE_ATTEMPTS {
-                Err(criu_failed(gstore_gpu_dump::criu::PID_TAKEN_HINT))
+                Err(criu_failed(CriuCause::PidTaken))
             } else {
                 Ok(tries)
             }
@@ -265,14 +265,14 @@ mod tests {
         let mut tries = 0;
         let r: Result<()> = retrying_pid_races(|| {
             tries += 1;
-            Err(criu_failed(gstore_gpu_dump::criu::PID_TAKEN_HINT))
+            Err(criu_failed(CriuCause::PidTaken))
         });
         assert!(r.unwrap_err().is_pid_taken());
         assert_eq!(tries, PID_RACE_ATTEMPTS);
         let mut tries = 0;
         let r: Result<()> = retrying_pid_races(|| {
             tries += 1;
-            Err(criu_failed(""))
+            Err(criu_failed(CriuCause::Unknown))
         });
         assert!(r.is_err());
         assert_eq!(tries, 1, "other CRIU failures are not tried again");

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::error::{GpuDumpError, Result};
+use crate::error::{CriuCause, GpuDumpError, Result};
 use crate::{images, procfs};
 
 /// Where [`Criu::find`] looks when no path is given and `criu` is not on `PATH`
@@ -25,20 +25,6 @@ const LOG_TAIL_LINES: usize = 15;
 const HARMLESS_LINE: &str = "RLIMIT_NOFILE";
 /// CRIU's message when an open file's size differs from the dump.
 const BAD_SIZE: &str = "has bad size";
-const BAD_SIZE_HINT: &str = "; a file the process had open changed size after the dump (e.g. it kept \
-     appending after a --leave-running checkpoint); CRIU cannot restore it";
-/// The hint of a [`crate::GpuDumpError::CriuFailed`] restore that found a pid the image needs
-/// taken by another process.
-pub const PID_TAKEN_HINT: &str = "; a pid the image needs is taken by another process (the original \
-     process may not have been reaped yet); wait until it is gone and retry";
-
-/// The hint for a process attached to a terminal, which CRIU dumps only as a shell job.
-const TTY_HINT: &str = "; the process is attached to a terminal: checkpoint and restore it with --shell-job \
-     (it then needs a terminal again when restored)";
-/// The hint for a process in a container, whose mounts CRIU cannot dump from outside it.
-const CONTAINER_HINT: &str = "; the process runs in a container (its mounts belong to another mount \
-     namespace): checkpoint the container through its runtime (e.g. podman container checkpoint), \
-     not its pid";
 
 /// Options of `criu dump`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -204,7 +190,7 @@ impl Criu {
         Err(GpuDumpError::CriuFailed {
             action,
             status: status.to_string(),
-            hint: hint_for(log_text.as_deref().unwrap_or(""), &output),
+            cause: cause_of(log_text.as_deref().unwrap_or(""), &output),
             details: failure_details(&output, &log, log_text.as_deref()),
         })
     }
@@ -228,19 +214,19 @@ fn remove_if_present(path: &Path) -> Result<()> {
     }
 }
 
-/// Explanation for failures recognised in CRIU's log or output.
-fn hint_for(log: &str, output: &str) -> &'static str {
+/// The failure CRIU's log or output shows, where it is recognised.
+fn cause_of(log: &str, output: &str) -> CriuCause {
     let either = |needle: &str| log.contains(needle) || output.contains(needle);
     if either(BAD_SIZE) {
-        BAD_SIZE_HINT
+        CriuCause::FileChangedSize
     } else if either("Can't fork for") && either("File exists") {
-        PID_TAKEN_HINT
+        CriuCause::PidTaken
     } else if either("Found dangling tty") {
-        TTY_HINT
+        CriuCause::Terminal
     } else if either("doesn't have a proper root mount") {
-        CONTAINER_HINT
+        CriuCause::Container
     } else {
-        ""
+        CriuCause::Unknown
     }
 }
 
@@ -371,15 +357,16 @@ mod tests {
     #[test]
     fn bad_size_and_pid_collisions_are_explained() {
         let log = "Error (criu/files-reg.c:2179): File tmp/out.txt has bad size 182 (expect 152)\n";
-        assert_eq!(hint_for(log, ""), BAD_SIZE_HINT);
-        assert!(BAD_SIZE_HINT.contains("changed size after the dump"));
+        assert_eq!(cause_of(log, ""), CriuCause::FileChangedSize);
+        assert!(CriuCause::FileChangedSize.to_string().contains("changed size after the dump"));
         let log = "Error (criu/cr-restore.c:1460): Can't fork for 4242: File exists\n";
-        assert_eq!(hint_for(log, ""), PID_TAKEN_HINT);
-        assert_eq!(hint_for("Error: something else", ""), "");
+        assert_eq!(cause_of(log, ""), CriuCause::PidTaken);
+        assert_eq!(cause_of("Error: something else", ""), CriuCause::Unknown);
+        assert_eq!(CriuCause::Unknown.to_string(), "");
         let log = "Error (criu/tty.c:2115): tty: Found dangling tty with sid 1 pgid 2 (pts) on peer fd 0.\n";
-        assert!(hint_for(log, "").contains("--shell-job"));
+        assert!(cause_of(log, "").to_string().contains("--shell-job"));
         let log = "Error (criu/mount.c:1009): mnt: ./sys/fs/cgroup/systemd doesn't have a proper root mount\n";
-        assert!(hint_for(log, "").contains("container"));
+        assert!(cause_of(log, "").to_string().contains("container"));
         let details = failure_details("criu: unrecognized option '--x'\n", Path::new("/img/dump.log"), None);
         assert!(details.contains("unrecognized option") && details.contains("no log at /img/dump.log"), "{details}");
     }

@@ -133,14 +133,14 @@ pub enum GpuDumpError {
     },
 
     /// `criu dump` or `criu restore` exited with an error.
-    #[error("criu {action} exited with {status}{hint}\n{details}")]
+    #[error("criu {action} exited with {status}{cause}\n{details}")]
     CriuFailed {
         /// `dump` or `restore`.
         action: &'static str,
         /// The exit status.
         status: String,
-        /// An explanation of a recognised failure (starts with "; "), else empty.
-        hint: &'static str,
+        /// What CRIU's log or output says went wrong, where it is recognised.
+        cause: CriuCause,
         /// CRIU's stderr and the last lines of its log, each labelled.
         details: String,
     },
@@ -271,11 +271,52 @@ pub enum GpuDumpError {
     },
 }
 
+/// Why CRIU failed, as far as its log or output says; shown as an explanation (starting with
+/// "; ") after CRIU's exit status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CriuCause {
+    /// A file the process had open changed size after the dump.
+    FileChangedSize,
+    /// A pid the image needs is taken by another process: waiting and trying again can
+    /// succeed.
+    PidTaken,
+    /// The process is attached to a terminal and was not dumped as a shell job.
+    Terminal,
+    /// The process runs in a container, whose mounts CRIU cannot dump from outside it.
+    Container,
+    /// Nothing recognised.
+    Unknown,
+}
+
+impl std::fmt::Display for CriuCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CriuCause::FileChangedSize => {
+                "; a file the process had open changed size after the dump (e.g. it kept appending after a \
+                 --leave-running checkpoint); CRIU cannot restore it"
+            }
+            CriuCause::PidTaken => {
+                "; a pid the image needs is taken by another process (the original process may not have \
+                 been reaped yet); wait until it is gone and retry"
+            }
+            CriuCause::Terminal => {
+                "; the process is attached to a terminal: checkpoint and restore it with --shell-job (it \
+                 then needs a terminal again when restored)"
+            }
+            CriuCause::Container => {
+                "; the process runs in a container (its mounts belong to another mount namespace): \
+                 checkpoint the container through its runtime (e.g. podman container checkpoint), not its pid"
+            }
+            CriuCause::Unknown => "",
+        })
+    }
+}
+
 impl GpuDumpError {
     /// Whether CRIU failed because a pid the image needs was taken: by a process that got it
     /// after the restore saw it free, on a busy machine. Waiting and trying again can succeed.
     pub fn is_pid_taken(&self) -> bool {
-        matches!(self, GpuDumpError::CriuFailed { hint, .. } if *hint == crate::criu::PID_TAKEN_HINT)
+        matches!(self, GpuDumpError::CriuFailed { cause: CriuCause::PidTaken, .. })
     }
 
     /// An [`GpuDumpError::Io`] with context.

@@ -31,5 +31,5 @@ pub use checkpoint::{CaptureReport, CheckpointOptions, ImageKind, RestoreReport}
 pub use compat::{check_compatible, ImageMeta, MachineInfo};
 pub use criu::Criu;
 pub use cuda::{CudaDriver, GpuInfo, ProcessState};
-pub use error::{GpuDumpError, Phase, Result};
+pub use error::{CriuCause, GpuDumpError, Phase, Result};
 pub use gpumap::GpuMap;
