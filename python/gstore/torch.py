@@ -261,14 +261,15 @@ class Reader(StorageReader):
         return plans
 
     def _ranges(self, items: List[StoredItem]) -> List[np.ndarray]:
-        """The bytes of each item, read as few ranges: items that touch in one file share one
-        range, and only the chunks covering the ranges are read (a rank resharding, or reading
-        a few items another rank wrote, does not read whole files)."""
+        """The bytes of each item, read as few ranges: items of one file that touch (or lie
+        only alignment padding apart) share one range, and only the chunks covering the ranges
+        are read (a rank resharding, or reading a few items another rank wrote, does not read
+        whole files)."""
         spans: List[List[Any]] = []  # [path, start, end, [item indices]]
         for i in sorted(range(len(items)), key=lambda i: (items[i].path, items[i].offset)):
             it = items[i]
             last = spans[-1] if spans else None
-            if last is not None and last[0] == it.path and it.offset <= last[2]:
+            if last is not None and last[0] == it.path and it.offset <= last[2] + ALIGN:
                 last[2] = max(last[2], it.offset + it.length)
                 last[3].append(i)
             else:
