@@ -92,12 +92,12 @@ impl Seed {
     /// it (checked against its id as it is read). False when it does not, or when reading or
     /// writing failed: the chunk is then fetched (and a failing write reported) as any other.
     pub fn copy(&self, c: &PlannedChunk, ids: &ChunkIds, write: impl Fn(Target, &[u8]) -> Result<()>) -> bool {
-        let Some(place) = self.chunks.get(&c.id).filter(|p| p.len == c.loc.plain_len) else { return false };
-        let mut buf = vec![0u8; place.len as usize];
-        if self.files[place.file as usize].read_exact_at(&mut buf, place.offset).is_err() || ids.id(&buf) != c.id {
-            return false;
+        match self.read(&c.id) {
+            Some(buf) if buf.len() == c.loc.plain_len as usize && ids.id(&buf) == c.id => {
+                c.targets.iter().all(|&t| write(t, &buf).is_ok())
+            }
+            _ => false,
         }
-        c.targets.iter().all(|&t| write(t, &buf).is_ok())
     }
 
     /// The delta bases of `read`'s chunks that the seed holds, with their bytes as read (the
@@ -106,14 +106,16 @@ impl Seed {
         let mut ids: Vec<ObjectId> = read.chunks.iter().filter_map(|c| c.loc.bases).flat_map(|b| b.iter()).collect();
         ids.sort_unstable();
         ids.dedup();
-        ids.into_iter()
-            .filter_map(|id| {
-                let place = self.chunks.get(&id)?;
-                let mut buf = vec![0u8; place.len as usize];
-                self.files[place.file as usize].read_exact_at(&mut buf, place.offset).ok()?;
-                Some((id, buf))
-            })
-            .collect()
+        ids.into_iter().filter_map(|id| Some((id, self.read(&id)?))).collect()
+    }
+
+    /// The bytes where the seed held chunk `id` when it was indexed (unchecked), if it did and
+    /// they can still be read.
+    fn read(&self, id: &ObjectId) -> Option<Vec<u8>> {
+        let place = self.chunks.get(id)?;
+        let mut buf = vec![0u8; place.len as usize];
+        self.files[place.file as usize].read_exact_at(&mut buf, place.offset).ok()?;
+        Some(buf)
     }
 }
 

@@ -95,22 +95,25 @@ impl Tiered {
     /// `read` on the first tier that answers, for a pack; else (and for any other object) on
     /// the store.
     fn read<T>(&self, key: &str, mut read: impl FnMut(&dyn Objects) -> Result<T>) -> Result<T> {
-        if key.starts_with("packs/") && !self.distrusted.lock().expect("tier lock").contains(key) {
-            for (i, t) in self.tiers.iter().enumerate().filter(|(_, t)| !t.resting()) {
-                match read(&t.objects) {
-                    Ok(v) => {
-                        let mut served = self.served.lock().expect("tier lock");
-                        if served.len() >= SERVED_KEPT {
-                            served.clear();
+        if key.starts_with("packs/") {
+            if !self.distrusted.lock().expect("tier lock").contains(key) {
+                for (i, t) in self.tiers.iter().enumerate().filter(|(_, t)| !t.resting()) {
+                    match read(&t.objects) {
+                        Ok(v) => {
+                            let mut served = self.served.lock().expect("tier lock");
+                            if served.len() >= SERVED_KEPT {
+                                served.clear();
+                            }
+                            served.insert(key.to_string(), i);
+                            return Ok(v);
                         }
-                        served.insert(key.to_string(), i);
-                        return Ok(v);
+                        Err(e) => t.rest(&e),
                     }
-                    Err(e) => t.rest(&e),
                 }
             }
+            // Read from the store: no tier is to blame for these bytes.
+            self.served.lock().expect("tier lock").remove(key);
         }
-        self.served.lock().expect("tier lock").remove(key);
         read(&*self.origin)
     }
 }
