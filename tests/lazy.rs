@@ -346,16 +346,8 @@ fn a_store_server_killed_mid_fill_kills_the_restored_tree_and_says_what_failed()
 /// fill done (the tree's pages compress well) before the test acted, and a test asserting that
 /// a killed fill kills the tree then failed, as the tree rightly ran on (a fill stopped 3 s
 /// after the parent appeared is still midway at this rate).
-struct SlowLink {
-    url: String,
-    _proxy: gstore_faultnet::Proxy,
-}
-
 fn slow_link(server: &Server) -> SlowLink {
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port));
-    let link = gstore_faultnet::Link { rate: Some(1_000_000), ..gstore_faultnet::Link::default() };
-    let proxy = gstore_faultnet::Proxy::start(upstream, link).unwrap();
-    SlowLink { url: format!("http://{}", proxy.addr()), _proxy: proxy }
+    server.slow_link(1_000_000)
 }
 
 /// Waits until the restored parent exists (CRIU is still restoring it: no lazy page has been
@@ -367,19 +359,7 @@ fn freeze_the_store_once_restoring(tree: &Tree, server: &Server, restore: &mut s
         assert!(restore.try_wait().unwrap().is_none(), "gstore ended before the tree was restored");
         std::thread::sleep(Duration::from_millis(1));
     }
-    let server_pid = server_pid(server);
+    let server_pid = server.pid().to_string();
     Command::new("kill").args(["-STOP", &server_pid]).status().unwrap();
     server_pid
-}
-
-/// The pid of the `gstore serve` listening on the server's port.
-fn server_pid(server: &Server) -> String {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!("ss -Hltnp 'sport = :{}' | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2", server.port))
-        .output()
-        .unwrap();
-    let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(!pid.is_empty(), "no process listens on port {}", server.port);
-    pid
 }

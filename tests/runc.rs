@@ -139,6 +139,10 @@ fn a_runc_container_checkpointed_into_the_store_is_restored_and_counts_on() {
     let since = Instant::now();
     let r = json_ok(&env, &["restore", "rc:1", "--container"]);
     assert_eq!(r["container"], c.id.as_str());
+    // Served lazily: CRIU's page images were not written out; the fill brought the memory.
+    assert_eq!(r["mode"], "lazy", "{r}");
+    assert!(r["fill"]["lazy_bytes"].as_u64().unwrap() > 120 << 20, "{r}");
+    assert!(r["image_bytes"].as_u64().unwrap() < 16 << 20, "{r}");
     assert_eq!(c.status().as_deref(), Some("running"));
     let after = c.counts_on_from(at_dump, since);
     // Its full self-check (every 20 ticks) passes on the restored memory.
@@ -200,7 +204,60 @@ fn runc_failures_are_clear_and_tag_nothing() {
     // Restored under another id from the same bundle.
     let since = Instant::now();
     let at_dump = c.count().unwrap();
-    let r = json_ok(&env, &["restore", "gone:1", "--container", "--name", &format!("{}-copy", c.id)]);
-    assert_eq!(r["container"], format!("{}-copy", c.id));
+    let copy = format!("{}-copy", c.id);
+    let r = json_ok(&env, &["restore", "gone:1", "--container", "--name", &copy, "--no-lazy"]);
+    assert_eq!(r["container"], copy.as_str());
+    assert_eq!(r["mode"], "eager", "--no-lazy writes the whole image out first: {r}");
+    assert!(r["fill"].is_null(), "{r}");
     c.counts_on_from(at_dump, since);
+    // --no-lazy restarts something: alone it is refused.
+    let err = fails(&env, &["restore", "gone:1", "--to", &env.path("x").to_string_lossy(), "--no-lazy"]);
+    assert!(err.contains("--no-lazy"), "{err}");
+}
+
+#[test]
+fn a_runc_container_whose_lazy_restore_is_killed_mid_fill_never_runs_on_missing_memory() {
+    let env = Env::new(&[]);
+    let c = Counter::start("kill", 256);
+    json_ok(&env, &["checkpoint", "--container", &c.id, "--runtime", "runc", "--tag", "rk:1"]);
+    c.assert_still();
+    // Through a 1 MB/s link the fill of 256 MiB takes minutes: it is midway when runc is done.
+    let server = Server::start(&env.store, &[]);
+    let slow = server.slow_link(1_000_000);
+    let criu = criu_args();
+    let args = with_criu(&["--json", "restore", "rk:1", "--container"], &criu);
+    let mut restore = server.cmd_via(&slow.url, "node", "", &args).stdout(Stdio::null()).spawn().unwrap();
+    // runc records the container once CRIU released its processes; they run on lazy memory.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        let out = runc(&["state", &c.id]);
+        if out.status.success() {
+            let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if st["status"] == "running" {
+                break st["pid"].as_u64().unwrap();
+            }
+        }
+        assert!(Instant::now() < deadline, "the container was never restored");
+        assert!(restore.try_wait().unwrap().is_none(), "gstore ended before the container was restored");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let finished = restore.try_wait().unwrap();
+    restore.kill().unwrap();
+    restore.wait().unwrap();
+    assert!(finished.is_none(), "the fill of 256 MiB through 1 MB/s ended before runc did");
+    // Its processes are killed (its host pids came with the records CRIU's tasks sent), and
+    // none of them ever saw a missing page as zeros (the counter would have written BAD).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+    {
+        assert!(Instant::now() < deadline, "the restored container's init (pid {pid}) runs on without its memory");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.count();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runc(&["state", &c.id]).stdout.windows(9).all(|w| w != b"\"stopped\"") {
+        assert!(Instant::now() < deadline, "runc still counts {} as running", c.id);
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -550,6 +550,13 @@ impl Drop for S3 {
     }
 }
 
+/// A rate-limited proxy in front of a [`Server`] (see [`Server::slow_link`]).
+pub struct SlowLink {
+    /// The store URL through the proxy.
+    pub url: String,
+    _proxy: gstore_faultnet::Proxy,
+}
+
 /// A `gstore serve` process in front of a local store, on a free loopback port; killed on drop.
 pub struct Server {
     /// The port.
@@ -592,6 +599,20 @@ impl Server {
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         self.child.wait().unwrap()
+    }
+
+    /// The server's pid (the shell of [`Server::start_with_fd_limit`] execs it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A proxy in front of the server moving `bytes_per_s`: a restore through it is still
+    /// midway seconds after it began, on any machine.
+    pub fn slow_link(&self, bytes_per_s: u64) -> SlowLink {
+        let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let link = gstore_faultnet::Link { rate: Some(bytes_per_s), ..gstore_faultnet::Link::default() };
+        let proxy = gstore_faultnet::Proxy::start(upstream, link).unwrap();
+        SlowLink { url: format!("http://{}", proxy.addr()), _proxy: proxy }
     }
 
     /// The store URL clients use.

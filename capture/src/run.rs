@@ -175,65 +175,13 @@ fn run_lazy(
     prepared: &gstore_lazy::Prepared,
     ropts: &RestoreOptions<'_>,
 ) -> Result<(RestoreReport, gstore_lazy::FillReport, String)> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let socket = gstore_lazy::socket::LazySocket::bind(dir)?;
-    let workers = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let (profile, unreadable) = match store.profile(id) {
-        Ok(p) => (p, None),
-        Err(e) => (None, Some(e)),
-    };
-    let fill_opts =
-        gstore_lazy::FillOptions { workers: if store.is_remote() { workers.max(16) } else { workers }, profile };
-    let abort = AtomicBool::new(false);
-    let (layout, chunks) = (&prepared.layout, prepared.chunks.clone());
-    // Started before CRIU runs: CRIU releases the tasks without waiting for the daemon, so a
-    // gstore killed before it holds their userfaultfds must still take the tasks with it.
-    let pids: Vec<i32> = layout.processes.iter().map(|p| p.pid as i32).collect();
-    let guard = gstore_lazy::guard::Guard::start(&pids)?;
-    let (restored, filled) = std::thread::scope(|scope| {
-        let daemon = scope.spawn(|| {
-            let conn = socket.accept(&abort)?;
-            gstore_lazy::serve(store, layout, chunks, conn, &guard, &fill_opts, &abort)
-        });
-        let restored = checkpoint::restore(dir, ropts);
-        if restored.is_err() {
-            abort.store(true, Ordering::Release);
-        }
-        let filled =
-            daemon.join().unwrap_or(Err(gstore_lazy::LazyError::Protocol("the daemon thread panicked".into())));
-        (restored, filled)
-    });
-    // The daemon released or killed the guard unless it stopped before the tasks arrived:
-    // then a failed CRIU removed what it restored, and a CRIU that succeeded left tasks
-    // nobody fills.
-    match (&restored, &filled) {
-        (_, Ok(_)) => {}
-        (Err(_), Err(_)) => guard.release(),
-        (Ok(_), Err(_)) => guard.kill(),
-    }
-    // A failed fill killed the restored tree: it is the cause of whatever else failed. A
-    // daemon that only saw CRIU hang up (or was called off) did not cause CRIU's failure.
-    let (restore, fill) = match (restored, filled) {
-        (Err(e), Err(gstore_lazy::LazyError::Protocol(_) | gstore_lazy::LazyError::Aborted)) => return Err(e.into()),
-        (_, Err(e)) if !matches!(e, gstore_lazy::LazyError::Aborted) => return Err(e.into()),
-        (Err(e), _) => return Err(e.into()),
-        (Ok(_), Err(e)) => return Err(e.into()),
-        (Ok(r), Ok(f)) => (r, f),
-    };
-    let note = match (fill.used_profile, unreadable) {
-        (true, _) => "followed the stored profile".to_string(),
-        (false, why) => {
-            let recorded = match store.put_profile(id, &fill.profile) {
-                Ok(()) => "recorded a profile for the next restore".to_string(),
-                Err(e) => format!("could not store a profile for the next restore ({e})"),
-            };
-            match why {
-                Some(e) => format!("the stored profile is unreadable ({e}); {recorded}"),
-                None => recorded,
-            }
-        }
-    };
-    Ok((restore, fill, note))
+    let pids: Vec<i32> = prepared.layout.processes.iter().map(|p| p.pid as i32).collect();
+    gstore_lazy::during::serve_during(store, id, dir, prepared, &pids, || checkpoint::restore(dir, ropts)).map_err(
+        |e| match e {
+            gstore_lazy::during::Failed::Restore(e) => e.into(),
+            gstore_lazy::during::Failed::Fill(e) => e.into(),
+        },
+    )
 }
 
 #[cfg(test)]

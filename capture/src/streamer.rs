@@ -201,7 +201,7 @@ fn next_file(conn: &UnixStream) -> Result<Option<(String, std::os::fd::OwnedFd)>
     let mut msg = vec![0u8; len];
     recv_exact(conn, &mut msg)?;
     let name = request_filename(&msg)?;
-    let mut fds = recv_exact(conn, &mut [0u8; 1])?;
+    let mut fds = recv_exact(conn, &mut [0u8; 1])?.fds;
     if fds.len() != 1 {
         return Err(protocol(format!("{name} came with {} descriptors, expected one pipe", fds.len())));
     }

@@ -51,6 +51,7 @@ pub enum Command {
     },
     /// Restore an image (by tag or manifest id) into a new or empty directory, or with --run
     /// restore a checkpointed process and start it.
+    #[command(group(clap::ArgGroup::new("starts").args(["run", "container"])))]
     Restore {
         /// NAME[:VERSION], or an image id (8 or more of its hex digits, as `gstore ls` shows them).
         image: String,
@@ -94,10 +95,10 @@ pub enum Command {
         /// With --run: seconds to wait for the image's pid to be free.
         #[arg(long, default_value_t = 10, requires = "run")]
         pid_wait: u64,
-        /// With --run: write the whole image out before CRIU starts instead of serving the
-        /// process's memory from the store while it runs (the default where this machine's
-        /// userfaultfd allows it).
-        #[arg(long, requires = "run")]
+        /// With --run (or --container, for a runc container): write the whole image out before
+        /// CRIU starts instead of serving the process's memory from the store while it runs
+        /// (the default where this machine's userfaultfd allows it; podman restores eagerly).
+        #[arg(long, requires = "starts")]
         no_lazy: bool,
         /// With --run: restore the image's GPUs onto these, OLD=NEW[,OLD=NEW...], each an index
         /// or a UUID (GPU-…, as `nvidia-smi -L` shows it); only the GPUs named are restored.

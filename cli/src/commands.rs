@@ -51,9 +51,9 @@ pub fn run(cli: Cli) -> Result<()> {
             let pid = pid.expect("clap requires --pid without --container");
             checkpoint(&location, pid, &tag, leave_running, lock_timeout, &criu, staging, &out, &bars)
         }
-        Command::Restore { image, container: true, name, runtime, criu, .. } => {
+        Command::Restore { image, container: true, name, runtime, criu, no_lazy, .. } => {
             let how = containers::How { runtime, lock_timeout: 0, criu: criu.criu.as_deref() };
-            containers::restore(&location, &image, name.as_deref(), how, &out, &bars)
+            containers::restore(&location, &image, name.as_deref(), how, no_lazy, &out, &bars)
         }
         Command::Restore { image, archive: Some(file), .. } => {
             containers::write_archive(&location, &image, &file, &out, &bars)

@@ -138,6 +138,7 @@ pub fn restore(
     image: &str,
     name: Option<&str>,
     how: How,
+    eager: bool,
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {
@@ -156,17 +157,29 @@ pub fn restore(
     }
     if made_by == Runtime::Runc {
         let runc = runc::Runc::find(how.criu)?;
-        let r = runc::restore(&store, &runc, image, &id, &m, name, bars)?;
+        let r = runc::restore(&store, &runc, image, &id, &m, name, eager, bars)?;
         return out.emit(&r, || {
             let gpu = if r.gpu_pids.is_empty() {
                 String::new()
             } else {
                 format!(", GPU restore {}, GPU unlock {}", secs(r.gpu_restore_s), secs(r.gpu_unlock_s))
             };
+            let fill = match &r.fill {
+                Some(f) => format!(
+                    ", memory filled from the store {:.2} s after ({} lazy, {} faults; {})",
+                    f.fill_s,
+                    HumanBytes(f.lazy_bytes),
+                    f.faults,
+                    r.profile.as_deref().unwrap_or_default()
+                ),
+                None => String::new(),
+            };
+            let why = r.eager_reason.as_deref().map(|w| format!(" (eager: {w})")).unwrap_or_default();
             format!(
-                "restored {image} as runc container {} (pid {}); phases: images {} in {:.2} s, runc restore {:.2} s{gpu}, total {:.2} s",
+                "restored {image} as runc container {} (pid {}), {}{why}; phases: images {} in {:.2} s, runc restore {:.2} s{gpu}{fill}, total {:.2} s",
                 r.container,
                 r.pid,
+                r.mode,
                 HumanBytes(r.image_bytes),
                 r.write_s,
                 r.runtime_s,

@@ -58,6 +58,16 @@ pub enum ContainerError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Serving the restored container's memory from the store failed: its processes were
+    /// killed (none runs on missing memory).
+    #[error("filling the memory of the restored container {container} from the store failed, and its processes were killed: {source}")]
+    Fill {
+        /// The container.
+        container: String,
+        /// The cause.
+        #[source]
+        source: gstore_lazy::LazyError,
+    },
     /// Storing the checkpoint failed after the runtime dumped the container; `after` says what
     /// became of the container.
     #[error("storing the checkpoint of container {container} failed{after}: {source}")]
@@ -83,6 +93,7 @@ impl ContainerError {
         match self {
             ContainerError::Store(e) => Some(e),
             ContainerError::PushFailed { source, .. } => source.store_error(),
+            ContainerError::Fill { source, .. } => source.store_error(),
             _ => None,
         }
     }

@@ -160,17 +160,22 @@ impl Runc {
         self.run(&args).map(drop).map_err(|e| with_criu_log(e, &Path::new(&work).join("dump.log")))
     }
 
-    /// `runc restore --detach` of container `id` from `images` with the bundle `bundle`. runc's
-    /// standard error goes to a file in `work`, never a pipe: a restored process whose standard
-    /// streams were pipes inherits runc's.
-    fn restore(&self, id: &str, images: &Path, work: &Path, bundle: &Path) -> Result<()> {
+    /// `runc restore --detach` of container `id` from `images` with the bundle `bundle`; with
+    /// `lazy`, CRIU's `--lazy-pages` (its lazy-pages daemon listens in `work`). runc's standard
+    /// error goes to a file in `work`, never a pipe: a restored process whose standard streams
+    /// were pipes inherits runc's.
+    fn restore(&self, id: &str, images: &Path, work: &Path, bundle: &Path, lazy: bool) -> Result<()> {
         std::fs::create_dir_all(work).map_err(|e| ContainerError::io("creating", work, e))?;
         let err_path = work.join("runc-restore.stderr");
         let err = std::fs::File::create(&err_path).map_err(|e| ContainerError::io("creating", &err_path, e))?;
         let (images_s, work_s, bundle_s) =
             (images.display().to_string(), work.display().to_string(), bundle.display().to_string());
-        let args =
-            ["restore", "--image-path", &images_s, "--work-path", &work_s, "--bundle", &bundle_s, "--detach", id];
+        let mut args =
+            vec!["restore", "--image-path", &images_s, "--work-path", &work_s, "--bundle", &bundle_s, "--detach"];
+        if lazy {
+            args.push("--lazy-pages");
+        }
+        args.push(id);
         let status = self
             .command(&args)
             .stdout(Stdio::null())
@@ -375,12 +380,12 @@ pub fn checkpoint(
                 " (the container kept running)".to_string()
             } else {
                 let back =
-                    runc.restore(id, &images, &staging.path().join("work-restore"), &st.bundle).and_then(
-                        |()| match gpu {
+                    runc.restore(id, &images, &staging.path().join("work-restore"), &st.bundle, false).and_then(|()| {
+                        match gpu {
                             Some(cuda) => resume_restored(runc, cuda, id, &[]).map(drop),
                             None => Ok(()),
-                        },
-                    );
+                        }
+                    });
                 match back {
                     Ok(()) => "; the container was restored from the staged image and runs again".into(),
                     Err(e) => {
@@ -501,9 +506,14 @@ pub struct RuncRestoreReport {
     pub container: String,
     /// Its init process (host pid).
     pub pid: u32,
+    /// How memory came back: "lazy" (served from the store while the container runs) or
+    /// "eager" (CRIU's images written out whole first).
+    pub mode: &'static str,
+    /// Why the eager path was taken although it was not asked for.
+    pub eager_reason: Option<String>,
     /// The processes whose GPU state was restored (host pids).
     pub gpu_pids: Vec<u32>,
-    /// Bytes of image written out for CRIU.
+    /// Bytes of image written out for CRIU (lazy: only what CRIU reads itself).
     pub image_bytes: u64,
     /// Seconds writing the image from the store.
     pub write_s: f64,
@@ -513,15 +523,30 @@ pub struct RuncRestoreReport {
     pub gpu_restore_s: Option<f64>,
     /// Seconds of the GPU unlock.
     pub gpu_unlock_s: Option<f64>,
+    /// The lazy fill (lazy mode only).
+    pub fill: Option<gstore_lazy::FillReport>,
+    /// What became of the restore profile (lazy mode only): followed, recorded, or why not.
+    pub profile: Option<String>,
     /// Seconds in all.
     pub total_s: f64,
+}
+
+/// What the runtime part of a runc restore did: runc's seconds and the GPU restore.
+struct Resumed {
+    runtime_s: f64,
+    gpu_pids: Vec<u32>,
+    gpu_restore_s: Option<f64>,
+    gpu_unlock_s: Option<f64>,
 }
 
 /// Restores the runc container checkpoint `m` (image `image`, manifest `mid`) as `name` (else
 /// its checkpointed id), after [`check`]: its images written to a temporary directory (in
 /// `$TMPDIR`, removed after), `runc restore --detach` from the bundle it ran from (whose
 /// `config.json` is written from the image where it is missing), then the GPU state of its
-/// processes restored and unlocked.
+/// processes restored and unlocked. Unless `eager` (or this machine's userfaultfd cannot),
+/// the memory CRIU would read from the page images is served from the store while the
+/// container runs (gstore is CRIU's lazy-pages daemon): only the rest is written out, and the
+/// restore returns once every page is in place.
 pub fn restore(
     store: &Store,
     runc: &Runc,
@@ -529,6 +554,7 @@ pub fn restore(
     mid: &ObjectId,
     m: &Manifest,
     name: Option<&str>,
+    eager: bool,
     progress: &dyn Progress,
 ) -> Result<RuncRestoreReport> {
     let started = Instant::now();
@@ -541,30 +567,75 @@ pub fn restore(
         .prefix("gstore-runc-restore-")
         .tempdir()
         .map_err(|e| ContainerError::io("creating", std::env::temp_dir(), e))?;
-    let dest = tmp.path().join("image");
-    let written = gstore_restore::restore_to_dir(store, mid, m, &dest, 1 << 30, progress)?;
+    let (dest, work) = (tmp.path().join("image"), tmp.path().join("work"));
+    std::fs::create_dir_all(&work).map_err(|e| ContainerError::io("creating", &work, e))?;
+    let images = dest.join(IMAGES);
+    let mut eager_reason = None;
+    let lazy = !eager && gstore_lazy::uffd::check_support().map_err(|why| eager_reason = Some(why)).is_ok();
+    let prepared = if lazy {
+        // Everything but CRIU's images in full; of those, what CRIU reads itself.
+        let rest = m.subset(|e| e.path != IMAGES && !e.path.starts_with(&format!("{IMAGES}/")));
+        let written = gstore_restore::restore_to_dir(store, mid, &rest, &dest, 1 << 30, progress)?;
+        match gstore_lazy::prepare(store, mid, &m.within(IMAGES), &images, 1 << 30, progress) {
+            Ok(p) => Some((written.logical_bytes + p.written_bytes, p)),
+            Err(gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. }) => {
+                eager_reason = Some(why);
+                std::fs::remove_dir_all(&dest).map_err(|e| ContainerError::io("removing", &dest, e))?;
+                None
+            }
+            Err(source) => return Err(ContainerError::Fill { container: c.id.clone(), source }),
+        }
+    } else {
+        None
+    };
+    let image_bytes = match &prepared {
+        Some((bytes, _)) => *bytes,
+        None => gstore_restore::restore_to_dir(store, mid, m, &dest, 1 << 30, progress)?.logical_bytes,
+    };
     let config = c.bundle.join(CONFIG);
     if !config.exists() {
         std::fs::copy(dest.join(CONFIG), &config).map_err(|e| ContainerError::io("writing", &config, e))?;
     }
     let write_s = started.elapsed().as_secs_f64();
-    runc.restore(&c.id, &dest.join(IMAGES), &tmp.path().join("work"), &c.bundle)?;
-    let runtime_s = started.elapsed().as_secs_f64() - write_s;
-    let (gpu_pids, gpu_restore_s, gpu_unlock_s) = match &c.gpu {
-        Some((cuda, pairs)) => resume_restored(runc, cuda, &c.id, pairs)?,
-        None => (Vec::new(), None, None),
+    // runc, then the GPU state of the container's processes (while the fill goes on).
+    let resume = || -> Result<Resumed> {
+        let t = Instant::now();
+        runc.restore(&c.id, &images, &work, &c.bundle, prepared.is_some())?;
+        let runtime_s = t.elapsed().as_secs_f64();
+        let (gpu_pids, gpu_restore_s, gpu_unlock_s) = match &c.gpu {
+            Some((cuda, pairs)) => resume_restored(runc, cuda, &c.id, pairs)?,
+            None => (Vec::new(), None, None),
+        };
+        Ok(Resumed { runtime_s, gpu_pids, gpu_restore_s, gpu_unlock_s })
+    };
+    let (resumed, fill, profile) = match &prepared {
+        // A container's tasks come back under pids of its own namespace: the guard learns
+        // their host pids as they announce themselves.
+        Some((_, p)) => match gstore_lazy::during::serve_during(store, mid, &work, p, &[], resume) {
+            Ok((r, fill, note)) => (r, Some(fill), Some(note)),
+            Err(gstore_lazy::during::Failed::Restore(e)) => return Err(e),
+            Err(gstore_lazy::during::Failed::Fill(source)) => {
+                let _ = runc.run(&["delete", "--force", &c.id]);
+                return Err(ContainerError::Fill { container: c.id, source });
+            }
+        },
+        None => (resume()?, None, None),
     };
     let pid = runc.state(&c.id).map(|s| s.pid).unwrap_or_default();
     Ok(RuncRestoreReport {
         image: image.to_string(),
         container: c.id,
         pid,
-        gpu_pids,
-        image_bytes: written.logical_bytes,
+        mode: if prepared.is_some() { "lazy" } else { "eager" },
+        eager_reason,
+        gpu_pids: resumed.gpu_pids,
+        image_bytes,
         write_s,
-        runtime_s,
-        gpu_restore_s,
-        gpu_unlock_s,
+        runtime_s: resumed.runtime_s,
+        gpu_restore_s: resumed.gpu_restore_s,
+        gpu_unlock_s: resumed.gpu_unlock_s,
+        fill,
+        profile,
         total_s: started.elapsed().as_secs_f64(),
     })
 }

@@ -416,12 +416,24 @@ pub fn serve(
     // The guard holds the connection too: userfaultfds CRIU has sent but this daemon has not
     // received yet stay open in its queue if the daemon dies now, so a task CRIU releases
     // waits on a missing page instead of reading zeros until the guard kills it.
-    guard.hold(conn.as_raw_fd())?;
-    let announced = socket::receive_tasks(&conn, layout.tasks)?;
+    guard.hold_connection(conn.as_raw_fd())?;
+    let mut senders = Vec::new();
+    let announced = socket::receive_tasks(&conn, layout.tasks, &mut |host_pid| {
+        senders.push(host_pid);
+        guard.add(host_pid, None)
+    });
+    let announced = match announced {
+        Ok(a) => a,
+        Err(e) => {
+            kill_tree(&senders);
+            guard.kill();
+            return Err(e);
+        }
+    };
     for a in &announced {
         if let Some(uffd) = &a.uffd {
-            if let Err(e) = guard.add(a.pid, Some(uffd.raw())) {
-                kill_tree(&announced.iter().map(|a| a.pid).filter(|&p| p > 0).collect::<Vec<_>>());
+            if let Err(e) = guard.hold(uffd.raw()) {
+                kill_tree(&senders);
                 guard.kill();
                 return Err(e);
             }
@@ -434,13 +446,13 @@ pub fn serve(
     }
     let mut tasks = Vec::new();
     let mut remaining = 0;
-    for Announced { pid, uffd } in announced {
+    for Announced { pid, host_pid, uffd } in announced {
         let (Some(uffd), Some(image)) = (uffd, images.iter().position(|i| i.pid as i32 == pid)) else { continue };
         let n = images[image].segments.len();
         remaining += n;
         tasks.push(Arc::new(Task {
-            pid: AtomicI32::new(pid),
-            parent: pid,
+            pid: AtomicI32::new(host_pid),
+            parent: host_pid,
             image,
             uffd,
             state: (0..n).map(|_| AtomicU8::new(PENDING)).collect(),

@@ -1,12 +1,14 @@
 //! The guard: a small process forked before CRIU restores anything, knowing the pids the image
-//! will come back with, and holding a copy of CRIU's connection once the daemon accepts it
-//! (userfaultfds sent on it and not yet received stay open in its queue) and of every
-//! restored task's userfaultfd once the daemon receives it. While any copy of a userfaultfd
+//! will come back with (where they are this machine's: not for a container, whose tasks it
+//! learns as they announce themselves), and holding a copy of CRIU's connection once the
+//! daemon accepts it (userfaultfds sent on it and not yet received stay open in its queue) and
+//! of every restored task's userfaultfd once the daemon receives it. While any copy of a userfaultfd
 //! is open, a missing page makes the touching thread wait instead of reading zeros. If the
 //! daemon dies before it says the memory is complete (its end of the control socket closes) —
 //! even before it has received the userfaultfds, when CRIU may already release the tasks — the
 //! guard kills every restored process it knows and exits, so that none ever runs on missing
-//! memory. A pid is killed only if its process started no earlier than the guard (one that
+//! memory; the records still queued on CRIU's connection name the rest (each carries its
+//! sender's pid, see [`crate::socket`]). A pid is killed only if its process started no earlier than the guard (one that
 //! held the pid before the restore began is not the restored one).
 //!
 //! The guard leaves the terminal's session and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT, so
@@ -23,6 +25,7 @@ const MAX_PIDS: usize = 4096;
 /// Control messages: a tag byte and a native pid.
 const TAG_PID: u8 = b'P';
 const TAG_HOLD: u8 = b'H';
+const TAG_CONN: u8 = b'C';
 const TAG_RELEASE: u8 = b'R';
 const TAG_KILL: u8 = b'K';
 
@@ -68,10 +71,17 @@ impl Guard {
     }
 
     /// Gives the guard a copy of descriptor `fd` to keep open until it exits: a process's
-    /// userfaultfd before its pid is known, or the connection CRIU sends the userfaultfds on
-    /// (those sent but not yet received stay open in its queue while the guard holds it).
+    /// userfaultfd before its pid is known.
     pub fn hold(&self, fd: RawFd) -> Result<()> {
         send(&self.ctl, TAG_HOLD, 0, Some(fd)).map_err(|e| LazyError::os("handing the restore guard a descriptor", e))
+    }
+
+    /// Gives the guard a copy of CRIU's connection (passing credentials): the userfaultfds sent
+    /// on it but not yet received stay open in its queue while the guard holds it, and if the
+    /// guard must kill, the senders of the records still queued are killed too.
+    pub fn hold_connection(&self, conn: RawFd) -> Result<()> {
+        send(&self.ctl, TAG_CONN, 0, Some(conn))
+            .map_err(|e| LazyError::os("handing the restore guard CRIU's connection", e))
     }
 
     /// The memory is complete (or CRIU failed, and removed what it restored): the guard exits,
@@ -119,6 +129,7 @@ fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! 
         }
         libc::syscall(libc::SYS_close_range, (ctl + 1) as u32, u32::MAX, 0u32);
         let since = start_time(0);
+        let mut conn: RawFd = -1;
         loop {
             let mut payload = [0u8; 5];
             let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
@@ -142,9 +153,13 @@ fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! 
                 }
                 // The received descriptor stays open.
                 (5, TAG_HOLD) => {}
+                (5, TAG_CONN) => conn = received_fd(&msg).unwrap_or(conn),
                 (5, TAG_RELEASE) => libc::_exit(0),
                 _ => {
                     // Told to, or the daemon is gone: nobody may run on missing memory.
+                    if conn >= 0 {
+                        n = drain_senders(conn, &mut pids, n);
+                    }
                     for &pid in &pids[..n] {
                         // Without /proc to tell, every known pid is killed.
                         let restored = match since {
@@ -157,6 +172,47 @@ fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! 
                     }
                     libc::_exit(0);
                 }
+            }
+        }
+    }
+}
+
+/// The descriptor a control message brought (SCM_RIGHTS). Async-signal-safe.
+///
+/// # Safety
+/// `msg` is a message `recvmsg` just filled.
+unsafe fn received_fd(msg: &libc::msghdr) -> Option<RawFd> {
+    let c = libc::CMSG_FIRSTHDR(msg);
+    (!c.is_null() && (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS)
+        .then(|| libc::CMSG_DATA(c).cast::<i32>().read_unaligned())
+}
+
+/// Reads what is still queued on CRIU's connection `conn` without waiting and adds the pid of
+/// every sender to `pids[..n]`; the new count. Descriptors that come along stay open until the
+/// guard exits. Async-signal-safe: stack buffers and plain system calls only.
+fn drain_senders(conn: RawFd, pids: &mut [libc::pid_t; MAX_PIDS], mut n: usize) -> usize {
+    // SAFETY: plain system calls on stack buffers of the stated sizes.
+    unsafe {
+        loop {
+            let mut payload = [0u8; 64];
+            let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+            let mut cmsg = [0u64; 16];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&cmsg);
+            let r = libc::recvmsg(conn, &mut msg, libc::MSG_DONTWAIT);
+            if r <= 0 {
+                return n;
+            }
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS && n < MAX_PIDS {
+                    pids[n] = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned().pid;
+                    n += 1;
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
             }
         }
     }
@@ -232,6 +288,51 @@ mod tests {
         assert!(!hung_up(read.as_raw_fd(), 200), "the queued descriptor closed with the daemon's end");
         guard.release();
         assert!(hung_up(read.as_raw_fd(), 5000), "the queued descriptor outlived the guard");
+    }
+
+    #[test]
+    fn a_guard_told_to_kill_kills_the_senders_of_records_still_queued_on_the_connection() {
+        let (daemon, criu) = std::os::unix::net::UnixStream::pair().unwrap();
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt reads one int from a live local.
+        let r = unsafe {
+            libc::setsockopt(
+                daemon.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PASSCRED,
+                (&on as *const libc::c_int).cast(),
+                4,
+            )
+        };
+        assert_eq!(r, 0);
+        let guard = Guard::start(&[]).unwrap();
+        guard.hold_connection(daemon.as_raw_fd()).unwrap();
+        // A task (a child forked after the guard) sends its record, then waits.
+        // SAFETY: the child makes async-signal-safe calls only.
+        let task = match unsafe { libc::fork() } {
+            0 => unsafe {
+                let pid = 7i32.to_ne_bytes();
+                libc::send(criu.as_raw_fd(), pid.as_ptr().cast(), 4, 0);
+                loop {
+                    libc::pause();
+                }
+            },
+            pid => pid,
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        guard.kill();
+        let mut status = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        // SAFETY: reaping our own child.
+        while unsafe { libc::waitpid(task, &mut status, libc::WNOHANG) } == 0 {
+            if std::time::Instant::now() > deadline {
+                // SAFETY: ending our own child.
+                unsafe { libc::kill(task, libc::SIGKILL) };
+                panic!("the guard left the sender of a queued record running");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL, "status {status:#x}");
     }
 
     #[test]

@@ -12,12 +12,14 @@
 //!   lazy page from many threads with large `UFFDIO_COPY`s ([`uffd`]), decoding chunks
 //!   straight from the store ([`fetch`]), reading ahead behind faults ([`ahead`]), otherwise in
 //!   profile order ([`profile`]), then closes the userfaultfds so that the kernel handles everything that is left (holes) itself.
+//! - [`during`] runs it all around a caller's restore (gstore's CRIU, or runc's).
 //! - [`guard`] keeps a restored process from ever running on missing memory: a small forked
 //!   process holds the userfaultfds too and kills the restored tree if the daemon dies first.
 
 #![deny(missing_docs)]
 
 pub mod ahead;
+pub mod during;
 pub mod error;
 pub mod fetch;
 pub mod fill;

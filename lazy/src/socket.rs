@@ -2,6 +2,11 @@
 //! `<work dir>/lazy-pages.socket`, sends one record per process of the image (a native `int`
 //! pid, then a one-byte message carrying the task's userfaultfd as SCM_RIGHTS; a zombie sends
 //! its pid negated and no descriptor) and, once every task is restored, the u32 `RSTF`.
+//!
+//! Each task sends its own record, so the socket listens with `SO_PASSCRED`: the kernel
+//! attaches the sender's credentials to every message, its pid as this process sees it. In a
+//! container that is the task's host pid, where the record carries its pid inside the
+//! container's pid namespace (the image's pid).
 
 use crate::error::{LazyError, Result};
 use crate::uffd::Uffd;
@@ -20,8 +25,10 @@ pub const RESTORE_FINISHED: u32 = 0x5253_5446;
 /// A restored task as CRIU announced it.
 #[derive(Debug)]
 pub struct Announced {
-    /// Its pid.
+    /// Its pid in the image (in a container: inside the container's pid namespace).
     pub pid: i32,
+    /// Its pid as this process sees it (the sender's credentials).
+    pub host_pid: i32,
     /// Its userfaultfd (`None` for a zombie).
     pub uffd: Option<Uffd>,
 }
@@ -37,6 +44,7 @@ impl LazySocket {
     /// socket address).
     pub fn bind(dir: &Path) -> Result<LazySocket> {
         let (listener, path) = bind_in(dir, SOCKET_NAME)?;
+        pass_credentials(listener.as_raw_fd())?;
         listener.set_nonblocking(true).map_err(|e| LazyError::os("making the lazy-pages socket non-blocking", e))?;
         Ok(LazySocket { listener, path })
     }
@@ -47,6 +55,7 @@ impl LazySocket {
             match self.listener.accept() {
                 Ok((conn, _)) => {
                     conn.set_nonblocking(false).map_err(|e| LazyError::os("setting up the CRIU connection", e))?;
+                    pass_credentials(conn.as_raw_fd())?;
                     return Ok(conn);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -82,24 +91,55 @@ pub fn bind_in(dir: &Path, name: &str) -> Result<(UnixListener, PathBuf)> {
     Ok((listener, path))
 }
 
-/// Receives the `tasks` records CRIU sends, in any order.
-pub fn receive_tasks(conn: &UnixStream, tasks: usize) -> Result<Vec<Announced>> {
+/// Receives the `tasks` records CRIU sends, in any order. `sender` learns each task's pid as
+/// this process sees it between the record's pid and its userfaultfd: a daemon that dies in
+/// between leaves the userfaultfd queued on the connection (the guard holds it), so the task
+/// waits instead of reading zeros, and the guard already knows whom to kill.
+pub fn receive_tasks(
+    conn: &UnixStream,
+    tasks: usize,
+    sender: &mut dyn FnMut(i32) -> Result<()>,
+) -> Result<Vec<Announced>> {
     let mut out = Vec::with_capacity(tasks);
     for _ in 0..tasks {
         let mut pid = [0u8; 4];
-        let fds = recv_exact(conn, &mut pid)?;
+        let got = recv_exact(conn, &mut pid)?;
         let pid = i32::from_ne_bytes(pid);
+        let host_pid = got.sender.ok_or_else(|| {
+            LazyError::Protocol(format!("the record of pid {pid} came without its sender's credentials"))
+        })?;
         if pid <= 0 {
-            out.push(Announced { pid: -pid, uffd: None });
+            out.push(Announced { pid: -pid, host_pid, uffd: None });
             continue;
         }
-        let mut fds = if fds.is_empty() { recv_exact(conn, &mut [0u8; 1])? } else { fds };
+        sender(host_pid)?;
+        let mut fds = if got.fds.is_empty() { recv_exact(conn, &mut [0u8; 1])?.fds } else { got.fds };
         if fds.len() != 1 {
             return Err(LazyError::Protocol(format!("pid {pid} came with {} descriptors, expected one", fds.len())));
         }
-        out.push(Announced { pid, uffd: Some(Uffd::new(fds.remove(0))) });
+        out.push(Announced { pid, host_pid, uffd: Some(Uffd::new(fds.remove(0))) });
     }
     Ok(out)
+}
+
+/// Asks the kernel to attach the sender's credentials to every message `sock` receives (a
+/// listener's connections inherit it).
+fn pass_credentials(sock: RawFd) -> Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt reads one int from a live local.
+    let r = unsafe {
+        libc::setsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(LazyError::os("asking for CRIU's credentials (SO_PASSCRED)", io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// Waits for the end-of-restore word. `false` if CRIU closed the connection first (it failed).
@@ -140,14 +180,22 @@ pub fn send_with_fd(sock: RawFd, payload: &[u8], fd: Option<RawFd>) -> io::Resul
     Ok(())
 }
 
-/// Fills `buf` from `conn`, collecting any descriptors that come along (SCM_RIGHTS). A
-/// connection closed before `buf` is full is a [`LazyError::Protocol`] error.
-pub fn recv_exact(conn: &UnixStream, buf: &mut [u8]) -> Result<Vec<OwnedFd>> {
-    let mut fds = Vec::new();
+/// What [`recv_exact`] received besides the bytes.
+pub struct Received {
+    /// Descriptors that came along (SCM_RIGHTS).
+    pub fds: Vec<OwnedFd>,
+    /// The sending process's pid, where the socket passes credentials (SCM_CREDENTIALS).
+    pub sender: Option<i32>,
+}
+
+/// Fills `buf` from `conn`, collecting any descriptors that come along (SCM_RIGHTS) and the
+/// sender's pid. A connection closed before `buf` is full is a [`LazyError::Protocol`] error.
+pub fn recv_exact(conn: &UnixStream, buf: &mut [u8]) -> Result<Received> {
+    let mut got_msg = Received { fds: Vec::new(), sender: None };
     let mut got = 0;
     while got < buf.len() {
         let mut iov = libc::iovec { iov_base: buf[got..].as_mut_ptr().cast(), iov_len: buf.len() - got };
-        let mut cmsg = [0u64; 8];
+        let mut cmsg = [0u64; 12];
         // SAFETY: msghdr points at live local buffers of the stated sizes.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = &mut iov;
@@ -175,12 +223,15 @@ pub fn recv_exact(conn: &UnixStream, buf: &mut [u8]) -> Result<Vec<OwnedFd>> {
                     let data = libc::CMSG_DATA(c).cast::<i32>();
                     let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
                     for i in 0..count {
-                        fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                        got_msg.fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
                     }
+                } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                    let creds = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned();
+                    got_msg.sender.get_or_insert(creds.pid);
                 }
                 c = libc::CMSG_NXTHDR(&msg, c);
             }
         }
     }
-    Ok(fds)
+    Ok(got_msg)
 }

@@ -127,6 +127,17 @@ impl Manifest {
         out
     }
 
+    /// The entries below directory `dir` (a relative path), as an image of their own: their
+    /// paths lose the `dir/` before them; metadata and creation time stay.
+    pub fn within(&self, dir: &str) -> Manifest {
+        let prefix = format!("{}/", dir.trim_end_matches('/'));
+        let mut out = self.subset(|e| e.path.starts_with(&prefix) && e.path.len() > prefix.len());
+        for e in &mut out.entries {
+            e.path.drain(..prefix.len());
+        }
+        out
+    }
+
     /// An image of one entry per byte range of `ranges` (`(path, offset, len)`, files of this
     /// image): each entry holds the whole chunks that cover its range (after zeros up to the
     /// 4 KiB boundary of the file before them: a byte keeps its file offset's alignment), and
@@ -345,6 +356,16 @@ mod tests {
             ],
             chunks: vec![a, z],
         }
+    }
+
+    #[test]
+    fn the_entries_within_a_directory_lose_its_name_and_keep_their_chunks() {
+        let m = sample();
+        let w = m.within("d");
+        assert_eq!(w.entries.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), vec!["f"]);
+        assert_eq!(w.chunks, m.chunks);
+        assert_eq!(m.within("d/").entries.len(), 1);
+        assert!(m.within("f").entries.is_empty() && m.within("f").chunks.is_empty());
     }
 
     #[test]
