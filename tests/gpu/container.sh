@@ -20,7 +20,8 @@
 #
 # Steps: a probe container (torch sees the GPU); the model container; raw path (lock+checkpoint
 # via the driver, runc checkpoint, runc restore, restore+unlock via the driver, answer); gstore
-# (checkpoint --container --runtime runc, restore --container, answer); a second gstore
+# (checkpoint --container --runtime runc, restore --container (lazy), answer; the same restore
+# with --no-lazy, answer); a second gstore
 # checkpoint --leave-running (what it adds, the pause). Prints the times and ratios, exits
 # non-zero if a check fails.
 # Usage: tests/gpu/container.sh [CARRY_DIR] [SIZE]
@@ -194,9 +195,19 @@ t3=$(now)
 wait_answer
 t4=$(now)
 G_ANS_S=$(dt "$t2" "$t4")
-say "gstore restore: answer $G_ANS_S s (command $(dt "$t2" "$t3") s: $(js "$W/g-rest.json" "'images %.2f GB written in %.2f + runc restore %.2f + gpu restore %.2f + unlock %.2f' % (d['image_bytes']/1e9, d['write_s'], d['runtime_s'], d['gpu_restore_s'] or 0, d['gpu_unlock_s'] or 0)"))"
+say "gstore restore ($(js "$W/g-rest.json" "d['mode']")): answer $G_ANS_S s (command $(dt "$t2" "$t3") s: $(js "$W/g-rest.json" "'images %.2f GB written in %.2f + runc restore %.2f + gpu restore %.2f + unlock %.2f; fill %s' % (d['image_bytes']/1e9, d['write_s'], d['runtime_s'], d['gpu_restore_s'] or 0, d['gpu_unlock_s'] or 0, d['fill'] and '%.2f GB lazy, %.2f s after runc, %d faults' % (d['fill']['lazy_bytes']/1e9, d['fill']['fill_s'], d['fill']['faults']))"))"
 check "verified answer after the gstore restore" "answer_ok"
 check "computes on after the gstore restore" "progressing"
+# The same image restored eagerly (CRIU's images written out first), for comparison.
+runc delete -f "$ID" >/dev/null 2>&1
+ask
+t2=$(now)
+"$G" --json restore ctr:full --container --no-lazy --criu "$W/bin/criu" >"$W/g-rest-eager.json" 2>"$W/g-rest-eager.err" || { say "FAIL  gstore restore --container --no-lazy"; cat "$W/g-rest-eager.err" | tee -a "$OUTFILE"; exit 1; }
+wait_answer
+t4=$(now)
+G_EAGER_S=$(dt "$t2" "$t4")
+say "gstore restore (eager): answer $G_EAGER_S s ($(js "$W/g-rest-eager.json" "'images %.2f GB written in %.2f + runc restore %.2f + gpu restore %.2f + unlock %.2f' % (d['image_bytes']/1e9, d['write_s'], d['runtime_s'], d['gpu_restore_s'] or 0, d['gpu_unlock_s'] or 0)"))"
+check "verified answer after the eager gstore restore" "answer_ok"
 
 # A second checkpoint, left running: what it adds, and how long the model paused.
 "$G" --json checkpoint --container "$ID" --runtime runc --tag ctr:live --leave-running --criu "$W/bin/criu" >"$W/g-live.json" 2>"$W/g-live.err" || { say "FAIL  gstore checkpoint --leave-running"; cat "$W/g-live.err" | tee -a "$OUTFILE"; }
@@ -209,7 +220,7 @@ fi
 say ""
 say "container ($SIZE)         raw        gstore     ratio"
 say "checkpoint (s)          $RAW_CKPT_S       $G_CKPT_S       $(ratio "$G_CKPT_S" "$RAW_CKPT_S") x raw"
-say "restore to answer (s)   $RAW_ANS_S       $G_ANS_S       $(ratio "$G_ANS_S" "$RAW_ANS_S") x raw"
+say "restore to answer (s)   $RAW_ANS_S       $G_ANS_S       $(ratio "$G_ANS_S" "$RAW_ANS_S") x raw (eager: $G_EAGER_S s, $(ratio "$G_EAGER_S" "$RAW_ANS_S") x raw)"
 runc delete -f "$ID" >/dev/null 2>&1
 umount "$B/rootfs"
 check "store verifies clean" "'$G' -q verify --read-data >/dev/null"
