@@ -826,9 +826,9 @@ fn key(location: &StoreLocation, action: KeyAction, out: &Output) -> Result<()> 
         KeyAction::Add { new_key_file } => {
             let new = match new_key_file {
                 Some(f) => Secret::from_file(&f)?,
-                None => match std::env::var("GSTORE_NEW_PASSPHRASE") {
-                    Ok(p) if !p.is_empty() => Secret::Passphrase(p.into()),
-                    _ => new_passphrase("GSTORE_NEW_PASSPHRASE")?,
+                None => match gstore_store::environment::Keys::read().new_passphrase {
+                    Some(p) => Secret::Passphrase(p.into()),
+                    None => new_passphrase(gstore_store::environment::GSTORE_NEW_PASSPHRASE)?,
                 },
             };
             let id = keys::add_key(location, &new)?;

@@ -12,6 +12,7 @@ pub mod codec;
 pub mod commands;
 pub mod crypto;
 pub mod dedup;
+pub mod environment;
 mod error;
 pub mod format;
 mod memory;

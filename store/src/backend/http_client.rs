@@ -39,7 +39,8 @@ impl HttpClient {
             .connect_timeout(Duration::from_secs(5))
             .read_timeout(stall)
             .timeout(Duration::from_secs(3600));
-        if let Some(path) = std::env::var_os("GSTORE_CA_CERT").filter(|v| !v.is_empty()) {
+        let env = crate::environment::Http::read();
+        if let Some(path) = env.ca_cert {
             let pem = std::fs::read(&path)
                 .map_err(|e| StoreError::io("reading GSTORE_CA_CERT", std::path::PathBuf::from(&path), e))?;
             let cert = reqwest::Certificate::from_pem(&pem)
@@ -47,7 +48,7 @@ impl HttpClient {
             builder = builder.add_root_certificate(cert);
         }
         let client = builder.build().map_err(|e| StoreError::Internal(format!("HTTP client: {e}")))?;
-        let token = std::env::var("GSTORE_TOKEN").ok().filter(|t| !t.is_empty());
+        let token = env.token;
         Ok(HttpClient { base: base.trim_end_matches('/').to_string(), token, client })
     }
 

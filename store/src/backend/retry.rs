@@ -7,6 +7,7 @@
 //! instead of failing a long restore or push near its end.
 
 use super::{Listed, Objects, Put, Version};
+use crate::environment;
 use crate::error::{Result, StoreError};
 use bytes::Bytes;
 use object_store::PutPayload;
@@ -31,17 +32,9 @@ impl Patience {
     /// `30s`, `2m`, `500ms`).
     pub fn from_env() -> Result<Patience> {
         Ok(Patience {
-            stall: duration_var("GSTORE_IO_TIMEOUT", Duration::from_secs(30))?,
-            retry_for: duration_var("GSTORE_RETRY_TIMEOUT", Duration::from_secs(60))?,
+            stall: environment::duration(environment::GSTORE_IO_TIMEOUT, Duration::from_secs(30))?,
+            retry_for: environment::duration(environment::GSTORE_RETRY_TIMEOUT, Duration::from_secs(60))?,
         })
-    }
-}
-
-fn duration_var(name: &str, default: Duration) -> Result<Duration> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => humantime::parse_duration(v.trim())
-            .map_err(|e| StoreError::Invalid(format!("{name}={v}: not a duration such as 30s or 2m ({e})"))),
-        _ => Ok(default),
     }
 }
 
@@ -256,15 +249,5 @@ mod tests {
     fn other_failures_are_not_retried() {
         let (r, _) = flaky(0, false, Duration::from_secs(10));
         assert!(r.get_range("k", 0..1).unwrap_err().is_damage());
-    }
-
-    #[test]
-    fn durations_come_from_the_environment_or_are_refused() {
-        assert_eq!(duration_var("GSTORE_TEST_UNSET_DURATION", Duration::from_secs(3)).unwrap(), Duration::from_secs(3));
-        std::env::set_var("GSTORE_TEST_BAD_DURATION", "soon");
-        let e = duration_var("GSTORE_TEST_BAD_DURATION", Duration::ZERO).unwrap_err().to_string();
-        assert!(e.contains("GSTORE_TEST_BAD_DURATION=soon"), "{e}");
-        std::env::set_var("GSTORE_TEST_GOOD_DURATION", "1m 30s");
-        assert_eq!(duration_var("GSTORE_TEST_GOOD_DURATION", Duration::ZERO).unwrap(), Duration::from_secs(90));
     }
 }

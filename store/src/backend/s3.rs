@@ -4,8 +4,8 @@
 
 use super::objects::{innermost, ObjectStoreObjects};
 use super::Patience;
+use crate::environment;
 use crate::error::{Result, StoreError};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The bucket, under `prefix` when it is not empty (see [`super::Backend::s3`]). A request
@@ -25,7 +25,8 @@ pub(super) fn open(bucket: &str, prefix: &str, patience: Patience) -> Result<Obj
             .map_err(|_| StoreError::Invalid(format!("S3 config file: unknown setting {key}")))?;
         b = b.with_config(parsed, value);
     }
-    let setting = |k: &str| std::env::var(k).ok().or_else(|| file.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone()));
+    let setting =
+        |k: &str| environment::S3::var(k).or_else(|| file.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone()));
     if setting("AWS_REGION").is_none() && setting("AWS_DEFAULT_REGION").is_none() {
         b = b.with_region("us-east-1");
     }
@@ -61,19 +62,13 @@ pub(super) fn open(bucket: &str, prefix: &str, patience: Patience) -> Result<Obj
 /// `$XDG_CONFIG_HOME/gstore/s3.env` (else `~/.config/gstore/s3.env`): `AWS_NAME=value` lines,
 /// `#` comments. A variable set in the environment wins over the file.
 fn config_file() -> Vec<(String, String)> {
-    let path = std::env::var_os("GSTORE_S3_CONFIG").map(PathBuf::from).or_else(|| {
-        let base = std::env::var_os("XDG_CONFIG_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
-        Some(base.join("gstore/s3.env"))
-    });
+    let path = environment::S3::read().config_file;
     let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else { return Vec::new() };
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .filter(|(k, _)| k.starts_with("AWS_") && std::env::var_os(k).is_none())
+        .filter(|(k, _)| k.starts_with("AWS_") && environment::S3::var(k).is_none())
         .collect()
 }

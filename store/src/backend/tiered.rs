@@ -25,7 +25,7 @@ const TIER_STALL: Duration = Duration::from_secs(10);
 /// The tiers named in `GSTORE_TIERS` (comma-separated `http://HOST:PORT` or `https://…`
 /// URLs, nearest first); none when it is unset or empty.
 pub fn tiers_from_env() -> Result<Vec<String>> {
-    let Ok(list) = std::env::var("GSTORE_TIERS") else { return Ok(Vec::new()) };
+    let Some(list) = crate::environment::tiers() else { return Ok(Vec::new()) };
     list.split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())

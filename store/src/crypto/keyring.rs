@@ -156,7 +156,7 @@ impl KeyRecord {
 
 /// `user@host` of this process, for a new record's label.
 fn this_user_at_host() -> String {
-    let user = std::env::var("USER").unwrap_or_else(|_| "?".into());
+    let user = crate::environment::user();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
     format!("{user}@{host}")
 }

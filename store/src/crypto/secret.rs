@@ -40,19 +40,17 @@ impl Secret {
     /// The secret the environment gives: `GSTORE_KEY_FILE`, else `GSTORE_PASSPHRASE`; `None`
     /// when neither is set.
     pub fn from_env() -> Result<Option<Secret>> {
-        if let Some(p) = std::env::var_os("GSTORE_KEY_FILE").filter(|p| !p.is_empty()) {
-            return Secret::from_file(Path::new(&p)).map(Some);
+        let env = crate::environment::Keys::read();
+        if let Some(p) = env.key_file {
+            return Secret::from_file(&p).map(Some);
         }
-        match std::env::var("GSTORE_PASSPHRASE") {
-            Ok(p) if !p.is_empty() => Ok(Some(Secret::Passphrase(Zeroizing::new(p)))),
-            _ => Ok(None),
-        }
+        Ok(env.passphrase.map(|p| Secret::Passphrase(Zeroizing::new(p))))
     }
 
     /// Whether the environment names a secret (so the user expects an encrypted store).
     pub fn in_env() -> bool {
-        std::env::var_os("GSTORE_KEY_FILE").is_some_and(|p| !p.is_empty())
-            || std::env::var_os("GSTORE_PASSPHRASE").is_some_and(|p| !p.is_empty())
+        let env = crate::environment::Keys::read();
+        env.key_file.is_some() || env.passphrase.is_some()
     }
 
     /// The secret for the store `store`: from the environment, else asked for on the terminal

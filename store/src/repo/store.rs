@@ -3,6 +3,7 @@
 use crate::backend::{self, Backend};
 use crate::codec::{decode_base, BaseSource, Decoder, DeltaBases};
 use crate::crypto::{keyring, MasterKey, Secret};
+use crate::environment;
 use crate::error::{Result, StoreError};
 use crate::format::config::StoreConfig;
 use crate::format::id::{ChunkIds, ObjectId};
@@ -92,15 +93,15 @@ impl StoreLocation {
     /// The store a caller that names none uses: `$GSTORE_STORE` when set and not empty (the
     /// CLI's `--store` reads the same variable), else [`StoreLocation::default_local`].
     pub fn from_env() -> Result<StoreLocation> {
-        match std::env::var("GSTORE_STORE") {
-            Ok(s) if !s.is_empty() => StoreLocation::parse(&s),
-            _ => Ok(StoreLocation::default_local()),
+        match environment::store() {
+            Some(s) => StoreLocation::parse(&s),
+            None => Ok(StoreLocation::default_local()),
         }
     }
 
     /// The default store: `$XDG_DATA_HOME/gstore`, else `~/.local/share/gstore`.
     pub fn default_local() -> StoreLocation {
-        StoreLocation::Local(xdg_dir("XDG_DATA_HOME", ".local/share").join("gstore"))
+        StoreLocation::Local(environment::Dirs::data_home().join("gstore"))
     }
 
     /// The backend this location names, as it is: an encrypted store's objects sealed. A
@@ -127,7 +128,7 @@ impl StoreLocation {
             StoreLocation::Http { url } => url.replace("://", "-"),
             StoreLocation::Custom { dir, .. } => return Some(dir.clone()),
         };
-        let base = xdg_dir("XDG_CACHE_HOME", ".cache");
+        let base = environment::Dirs::cache_home();
         let name: String =
             name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
         Some(base.join("gstore").join(name))
@@ -158,15 +159,6 @@ impl StoreLocation {
     pub fn gc_state_dir(&self) -> PathBuf {
         self.index_dir().with_file_name("gc-state")
     }
-}
-
-/// The XDG base directory `var` names, else `$HOME/<home_rel>`, else the current directory.
-fn xdg_dir(var: &str, home_rel: &str) -> PathBuf {
-    std::env::var_os(var)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(home_rel)))
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// True for a relative path that reads like `HOST:PORT` (a server meant without `http://`).
@@ -334,13 +326,11 @@ impl Store {
             .filter(|_| config.encryption.is_some())
             .map(|d| SeenTags::at(d.join("seen-tags.json")));
         // Ranges are cached as read, in plain bytes: never for an encrypted store.
-        let cache = location.local_dir().filter(|_| config.encryption.is_none()).and_then(|d| {
-            let limit = std::env::var("GSTORE_CACHE_BYTES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(crate::repo::cache::DEFAULT_LIMIT);
-            RangeCache::new(d.join("ranges"), limit)
-        });
+        let limit = environment::cache_bytes()?.unwrap_or(crate::repo::cache::DEFAULT_LIMIT);
+        let cache = location
+            .local_dir()
+            .filter(|_| config.encryption.is_none())
+            .and_then(|d| RangeCache::new(d.join("ranges"), limit));
         Ok(Store {
             backend,
             config,

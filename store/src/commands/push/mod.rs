@@ -466,7 +466,7 @@ fn push_entries(
 /// The creation time a push records: `SOURCE_DATE_EPOCH` (seconds) when set, for reproducible
 /// images (the same tree pushed twice gets the same manifest id), else now.
 fn creation_time() -> u64 {
-    std::env::var("SOURCE_DATE_EPOCH").ok().and_then(|v| v.trim().parse().ok()).unwrap_or_else(now_unix)
+    crate::environment::source_date_epoch().unwrap_or_else(now_unix)
 }
 
 /// Every file's segments (chunker::segments), as units of work.
