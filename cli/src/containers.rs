@@ -157,7 +157,7 @@ pub fn restore(
     }
     if made_by == Runtime::Runc {
         let runc = runc::Runc::find(how.criu)?;
-        let r = runc::restore(&store, &runc, image, &id, &m, name, eager, bars)?;
+        let r = runc::restore(&store, &runc, image, &id, &m, runc::RestoreAs { name, eager }, bars)?;
         return out.emit(&r, || {
             let gpu = if r.gpu_pids.is_empty() {
                 String::new()

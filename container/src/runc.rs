@@ -539,11 +539,20 @@ struct Resumed {
     gpu_unlock_s: Option<f64>,
 }
 
-/// Restores the runc container checkpoint `m` (image `image`, manifest `mid`) as `name` (else
-/// its checkpointed id), after [`check`]: its images written to a temporary directory (in
+/// How a runc container comes back.
+#[derive(Clone, Copy, Default)]
+pub struct RestoreAs<'a> {
+    /// Its id (else the one it was checkpointed under).
+    pub name: Option<&'a str>,
+    /// Write CRIU's images out whole before runc runs (no lazy pages).
+    pub eager: bool,
+}
+
+/// Restores the runc container checkpoint `m` (image `image`, manifest `mid`) as `how.name`
+/// (else its checkpointed id), after [`check`]: its images written to a temporary directory (in
 /// `$TMPDIR`, removed after), `runc restore --detach` from the bundle it ran from (whose
 /// `config.json` is written from the image where it is missing), then the GPU state of its
-/// processes restored and unlocked. Unless `eager` (or this machine's userfaultfd cannot),
+/// processes restored and unlocked. Unless `how.eager` (or this machine's userfaultfd cannot),
 /// the memory CRIU would read from the page images is served from the store while the
 /// container runs (gstore is CRIU's lazy-pages daemon): only the rest is written out, and the
 /// restore returns once every page is in place.
@@ -553,12 +562,11 @@ pub fn restore(
     image: &str,
     mid: &ObjectId,
     m: &Manifest,
-    name: Option<&str>,
-    eager: bool,
+    how: RestoreAs<'_>,
     progress: &dyn Progress,
 ) -> Result<RuncRestoreReport> {
     let started = Instant::now();
-    let c = check(runc, image, m, name)?;
+    let c = check(runc, image, m, how.name)?;
     if let Some((cuda, _)) = &c.gpu {
         // cuInit takes seconds on big machines: before the restore, not after it.
         cuda.init().map_err(|e| gpu_failed(&c.id, "the GPU restore", e, "not started".into()))?;
@@ -571,7 +579,7 @@ pub fn restore(
     std::fs::create_dir_all(&work).map_err(|e| ContainerError::io("creating", &work, e))?;
     let images = dest.join(IMAGES);
     let mut eager_reason = None;
-    let lazy = !eager && gstore_lazy::uffd::check_support().map_err(|why| eager_reason = Some(why)).is_ok();
+    let lazy = !how.eager && gstore_lazy::uffd::check_support().map_err(|why| eager_reason = Some(why)).is_ok();
     let prepared = if lazy {
         // Everything but CRIU's images in full; of those, what CRIU reads itself.
         let rest = m.subset(|e| e.path != IMAGES && !e.path.starts_with(&format!("{IMAGES}/")));
