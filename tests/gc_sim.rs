@@ -2,17 +2,25 @@
 //!
 //! Every actor — two pushing machines, one that removes and copies tags, one running gc
 //! passes — works on its own `Store` over one shared in-memory backend, each machine with its
-//! own RocksDB index. Every request passes a gate; a seeded scheduler lets exactly one actor
-//! run from one request to its next, so each seed is one interleaving of the real code at
+//! own RocksDB index. Every request passes a gate (an `object_store` wrapper around the
+//! shared in-memory store, as object_store's own limit and throttle wrappers are); a seeded
+//! scheduler lets exactly one actor run from one request to its next, so each seed is one interleaving of the real code at
 //! request granularity. After every seed: every image a tag names (current value and history)
 //! restores byte-exact from a fresh machine, `verify --read-data` is clean, and two quiet gc
 //! passes leave no pack without live data, no unreferenced manifest and no tombstone.
 
+use futures::stream::{BoxStream, StreamExt};
 use gstore_store::backend::Backend;
 use gstore_store::commands::gc::{self, retention::Policy, GcOptions};
 use gstore_store::format::key::{Family, ObjectKey};
 use gstore_store::progress::Silent;
 use gstore_store::{commands::verify, ObjectId, Store, StoreConfig, StoreError, StoreLocation, TagRef};
+use object_store::memory::InMemory;
+use object_store::path::Path as ObjPath;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions,
+    PutOptions, PutPayload, PutResult,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeSet, HashMap};
@@ -103,7 +111,85 @@ fn config() -> StoreConfig {
 /// What the pushes produced: the bytes of every image pushed, by manifest id.
 type Pushed = Arc<Mutex<HashMap<ObjectId, Vec<u8>>>>;
 
+/// An object store whose every request first waits at its actor's gate.
+struct Gated {
+    inner: Arc<InMemory>,
+    actor: usize,
+    sched: Arc<Scheduler>,
+}
+
+impl std::fmt::Debug for Gated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gated {{ actor: {} }}", self.actor)
+    }
+}
+
+impl std::fmt::Display for Gated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "gated({}, actor {})", self.inner, self.actor)
+    }
+}
+
+impl Gated {
+    fn pass(&self, op: &'static str, key: &str) {
+        self.sched.gate(self.actor, op, key);
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Gated {
+    async fn put_opts(&self, at: &ObjPath, payload: PutPayload, opts: PutOptions) -> object_store::Result<PutResult> {
+        self.pass("put", at.as_ref());
+        self.inner.put_opts(at, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        at: &ObjPath,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.pass("put_multipart", at.as_ref());
+        self.inner.put_multipart_opts(at, opts).await
+    }
+
+    async fn get_opts(&self, at: &ObjPath, options: GetOptions) -> object_store::Result<GetResult> {
+        self.pass("get", at.as_ref());
+        self.inner.get_opts(at, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        paths: BoxStream<'static, object_store::Result<ObjPath>>,
+    ) -> BoxStream<'static, object_store::Result<ObjPath>> {
+        let (actor, sched) = (self.actor, self.sched.clone());
+        let gated = paths.map(move |p| {
+            if let Ok(p) = &p {
+                sched.gate(actor, "delete", p.as_ref());
+            }
+            p
+        });
+        self.inner.delete_stream(gated.boxed())
+    }
+
+    fn list(&self, prefix: Option<&ObjPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.pass("list", prefix.map_or("", |p| p.as_ref()));
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&ObjPath>) -> object_store::Result<ListResult> {
+        self.pass("list_with_delimiter", prefix.map_or("", |p| p.as_ref()));
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &ObjPath, to: &ObjPath, options: CopyOptions) -> object_store::Result<()> {
+        self.pass("copy", to.as_ref());
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
 struct World {
+    /// The store every machine shares.
+    objects: Arc<InMemory>,
     backend: Backend,
     dir: tempfile::TempDir,
     sched: Arc<Scheduler>,
@@ -113,10 +199,10 @@ impl World {
     /// A machine's view of the store, gated as `actor` (`None`: not gated).
     fn machine(&self, name: &str, actor: Option<usize>, seed: u64) -> Store {
         let backend = match actor {
-            Some(a) => {
-                let s = self.sched.clone();
-                self.backend.with_gate(Arc::new(move |op, key| s.gate(a, op, key)))
-            }
+            Some(actor) => Backend::from_object_store(
+                Arc::new(Gated { inner: self.objects.clone(), actor, sched: self.sched.clone() }),
+                format!("memory (actor {actor})"),
+            ),
             None => self.backend.clone(),
         };
         let loc = StoreLocation::Custom { description: format!("memory ({name})"), dir: self.dir.path().join(name) };
@@ -170,7 +256,9 @@ fn scratch_dir() -> tempfile::TempDir {
 fn run_seed(seed: u64) -> Vec<(usize, &'static str, String)> {
     fixed_clock();
     let mut rng = StdRng::seed_from_u64(seed);
-    let world = World { backend: Backend::memory(), dir: scratch_dir(), sched: Arc::default() };
+    let objects = Arc::new(InMemory::new());
+    let backend = Backend::from_object_store(objects.clone(), "memory");
+    let world = World { objects, backend, dir: scratch_dir(), sched: Arc::default() };
     let loc = StoreLocation::Custom { description: "memory".into(), dir: world.dir.path().join("init") };
     Store::init_backend(&world.backend, &loc, &config()).unwrap();
     let pool: Vec<Vec<u8>> = (0..10).map(|_| (0..3000).map(|_| rng.random::<u8>()).collect()).collect();

@@ -1,9 +1,10 @@
 //! The object backend: one small trait, [`Objects`] (get / get_range / put with a condition /
 //! delete / list / size), with one module per implementation — [`local`] (a directory on
-//! local disk), [`objects`] (any `object_store`: S3 through [`s3`], memory for unit tests) and
-//! [`http`] (a gstore chunk server), one wrapper, [`sealed`] (encrypted stores) — and
-//! [`Backend`], the blocking facade every store uses, which counts requests, passes the test gate, and turns a retried conditional write that had
-//! landed into the success it was. Every implementation runs on one shared tokio runtime.
+//! local disk), [`objects`] (any `object_store`: S3 through [`s3`], or one the caller builds,
+//! [`Backend::from_object_store`]) and [`http`] (a gstore chunk server), wrappers ([`sealed`]
+//! for encrypted stores, [`retry`], [`tiered`]) — and [`Backend`], the blocking facade every
+//! store uses, which counts requests and turns a retried conditional write that had landed
+//! into the success it was. Every implementation runs on one shared tokio runtime.
 //! Keys are built and parsed by [`crate::format::key`] alone.
 
 pub(crate) mod http_client;
@@ -130,17 +131,13 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Called before every request with the operation's name and key (see [`Backend::with_gate`]).
-pub type Gate = Arc<dyn Fn(&'static str, &str) + Send + Sync>;
-
-/// A blocking handle on an object store. Cheap to clone (clones share the store, the request
-/// count and the gate); safe to use from many threads.
+/// A blocking handle on an object store. Cheap to clone (clones share the store and the
+/// request count); safe to use from many threads.
 #[derive(Clone)]
 pub struct Backend {
     objects: Arc<dyn Objects>,
     description: String,
     requests: Arc<AtomicU64>,
-    gate: Option<Gate>,
 }
 
 impl Backend {
@@ -162,10 +159,18 @@ impl Backend {
         Ok(Self::wrap(Arc::new(objects), format!("s3://{bucket}/{prefix}")))
     }
 
-    /// An in-memory store, for unit tests only.
-    pub fn memory() -> Backend {
-        let objects = objects::ObjectStoreObjects::new(Arc::new(object_store::memory::InMemory::new()));
-        Self::wrap(Arc::new(objects), "memory".into())
+    /// Any `object_store` the caller builds (another cloud, an in-memory store, a wrapper of
+    /// its own), described as `description` in messages. Open it with
+    /// [`crate::Store::open_backend`] and a [`crate::StoreLocation::Custom`] naming where this
+    /// machine keeps its index.
+    pub fn from_object_store(store: Arc<dyn ObjectStore>, description: impl Into<String>) -> Backend {
+        Self::wrap(Arc::new(objects::ObjectStoreObjects::new(store)), description.into())
+    }
+
+    /// An in-memory store, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn memory() -> Backend {
+        Self::from_object_store(Arc::new(object_store::memory::InMemory::new()), "memory")
     }
 
     /// A gstore HTTP chunk server at `url` (`http://host:port`); the token comes from
@@ -189,7 +194,7 @@ impl Backend {
     }
 
     fn wrap(objects: Arc<dyn Objects>, description: String) -> Backend {
-        Backend { objects, description, requests: Arc::default(), gate: None }
+        Backend { objects, description, requests: Arc::default() }
     }
 
     /// This backend as an encrypted store sees it: objects that hold data sealed with
@@ -198,23 +203,14 @@ impl Backend {
         Backend { objects: Arc::new(sealed::SealedObjects::new(self.objects.clone(), sealer)), ..self.clone() }
     }
 
-    /// This backend with `gate` called before every request, sharing the same objects: a
-    /// test scheduler can hold a request until it is that actor's turn.
-    pub fn with_gate(&self, gate: Gate) -> Backend {
-        Backend { gate: Some(gate), ..self.clone() }
-    }
-
     /// Requests sent so far through this backend and its clones.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Counts a request and passes the gate, if any.
-    fn before(&self, op: &'static str, key: &str) {
+    /// Counts a request.
+    fn count(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        if let Some(g) = &self.gate {
-            g(op, key);
-        }
     }
 
     /// The `object_store` this backend reads and writes (for serving it over HTTP); `None` for
@@ -232,7 +228,7 @@ impl Backend {
     /// Fails when this client may not write tags named `name` (a server token limited to other
     /// tags): asked before a push or copy uploads anything, so a refused tag costs no upload.
     pub fn check_tag_write(&self, name: &str) -> Result<()> {
-        self.before("check_tag_write", name);
+        self.count();
         self.objects.check_tag_write(name)
     }
 
@@ -250,7 +246,7 @@ impl Backend {
     /// Writes an object (in one piece, or in pieces written one after the other), replacing
     /// any existing one.
     pub fn put(&self, key: &str, bytes: impl Into<PutPayload>) -> Result<()> {
-        self.before("put", key);
+        self.count();
         self.objects.put(key, bytes.into(), Put::Replace)
     }
 
@@ -258,20 +254,20 @@ impl Backend {
     /// dies with the machine), replacing any existing one: like [`Backend::put`], but without
     /// fsync on a local store. Readers still see the old or the new object whole.
     pub fn put_volatile(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
-        self.before("put", key);
+        self.count();
         self.objects.put(key, bytes.into(), Put::ReplaceVolatile)
     }
 
     /// Writes a large object in parts uploaded concurrently (S3 multipart upload), for
     /// remote backends; a failed upload is aborted and leaves no object.
     pub fn put_multipart(&self, key: &str, bytes: impl Into<PutPayload>) -> Result<()> {
-        self.before("put_multipart", key);
+        self.count();
         self.objects.put_large(key, bytes.into())
     }
 
     /// Writes an object only if none exists under `key` ([`StoreError::AlreadyExists`] otherwise).
     pub fn put_new(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
-        self.before("put_new", key);
+        self.count();
         self.objects.put(key, bytes.into(), Put::Create)
     }
 
@@ -292,7 +288,7 @@ impl Backend {
     /// Reads a whole object with the version a later [`Backend::put_if`] can require, or
     /// `None` if it does not exist.
     pub fn get_versioned(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
-        self.before("get_versioned", key);
+        self.count();
         self.objects.get(key)
     }
 
@@ -306,7 +302,7 @@ impl Backend {
     /// retry of a request whose answer was lost after it landed: it counts as written (had
     /// another writer put the same bytes, the object holds what this writer wanted anyway).
     pub fn put_if(&self, key: &str, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
-        self.before("put_if", key);
+        self.count();
         let mode = match expected {
             None => Put::Create,
             Some(v) => Put::Update(v),
@@ -343,7 +339,7 @@ impl Backend {
     /// always [`StoreError::Conflict`], even when the object holds these bytes already: the
     /// client, not the server, decides whether that was its own earlier write.
     pub fn put_if_unchanged(&self, key: &str, bytes: Vec<u8>, expected: &Version) -> Result<()> {
-        self.before("put_if", key);
+        self.count();
         self.objects.put(key, bytes.into(), Put::Update(expected))
     }
 
@@ -354,14 +350,14 @@ impl Backend {
 
     /// Reads a whole object, or `None` if it does not exist.
     pub fn get_opt(&self, key: &str) -> Result<Option<Bytes>> {
-        self.before("get", key);
+        self.count();
         Ok(self.objects.get(key)?.map(|(bytes, _)| bytes))
     }
 
     /// Reads a byte range of an object (a local store maps it: a view of the page cache, not
     /// a copy).
     pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
-        self.before("get_range", key);
+        self.count();
         let b = self.objects.get_range(key, range.clone())?;
         if b.len() as u64 != range.end - range.start {
             return Err(short_range(key, &range, b.len()));
@@ -376,25 +372,25 @@ impl Backend {
         if out.len() != want {
             return Err(StoreError::Internal(format!("a {want}-byte range read into a {}-byte buffer", out.len())));
         }
-        self.before("get_range", key);
+        self.count();
         self.objects.get_range_into(key, range, out)
     }
 
     /// The size of an object, or `None` if it does not exist.
     pub fn size(&self, key: &str) -> Result<Option<u64>> {
-        self.before("size", key);
+        self.count();
         self.objects.size(key)
     }
 
     /// Lists every object under `prefix`.
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-        self.before("list", prefix);
+        self.count();
         self.objects.list(prefix)
     }
 
     /// Deletes an object; deleting a missing object is not an error.
     pub fn delete(&self, key: &str) -> Result<()> {
-        self.before("delete", key);
+        self.count();
         self.objects.delete(key)
     }
 }
