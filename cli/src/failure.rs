@@ -3,7 +3,7 @@
 
 use gstore_capture::CaptureError;
 use gstore_container::ContainerError;
-use gstore_store::StoreError;
+use gstore_store::{ErrorKind, StoreError};
 use serde::Serialize;
 
 /// A command line gstore refuses beyond what the argument parser checks.
@@ -85,15 +85,15 @@ pub fn classify(e: &anyhow::Error) -> Code {
     Code::Failed
 }
 
-/// The kind of a store failure.
+/// The exit status of a store failure, by its kind.
 fn store_code(s: &StoreError) -> Code {
-    match s {
-        StoreError::NotFound { .. } | StoreError::NotInitialized(_) => Code::NotFound,
-        StoreError::Corrupt { .. } => Code::Damaged,
-        StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => Code::Conflict,
-        StoreError::Invalid(_) | StoreError::KeyRequired(_) | StoreError::KeyRejected(_) => Code::Usage,
-        StoreError::Unavailable { .. } => Code::Unavailable,
-        _ => Code::Failed,
+    match s.kind() {
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::Damage => Code::Damaged,
+        ErrorKind::Conflict => Code::Conflict,
+        ErrorKind::Usage => Code::Usage,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Failure => Code::Failed,
     }
 }
 

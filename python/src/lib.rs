@@ -9,8 +9,8 @@ use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::{
-    commands::gc, commands::images, commands::push, commands::usage, Store as RustStore, StoreConfig, StoreError,
-    StoreLocation, TagRef,
+    commands::gc, commands::images, commands::push, commands::usage, ErrorKind, Store as RustStore, StoreConfig,
+    StoreError, StoreLocation, TagRef,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -33,17 +33,22 @@ create_exception!(
     GstoreError,
     "Another writer changed the object first, or it exists already."
 );
-create_exception!(_gstore, InvalidError, GstoreError, "The caller's input was refused (a tag name, a path, a size).");
+create_exception!(
+    _gstore,
+    InvalidError,
+    GstoreError,
+    "The caller's input was refused (a tag name, a path, a size, a missing or wrong key)."
+);
 
 /// The Python exception for a store error, with the CLI's message.
 fn py_err(e: StoreError) -> PyErr {
     let msg = e.to_string();
-    match e {
-        StoreError::NotFound { .. } | StoreError::NotInitialized(_) => NotFoundError::new_err(msg),
-        StoreError::Corrupt { .. } => CorruptError::new_err(msg),
-        StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => ConflictError::new_err(msg),
-        StoreError::Invalid(_) => InvalidError::new_err(msg),
-        _ => GstoreError::new_err(msg),
+    match e.kind() {
+        ErrorKind::NotFound => NotFoundError::new_err(msg),
+        ErrorKind::Damage => CorruptError::new_err(msg),
+        ErrorKind::Conflict => ConflictError::new_err(msg),
+        ErrorKind::Usage => InvalidError::new_err(msg),
+        ErrorKind::Unavailable | ErrorKind::Failure => GstoreError::new_err(msg),
     }
 }
 

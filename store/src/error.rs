@@ -5,6 +5,25 @@ use std::path::PathBuf;
 /// Result alias for store operations.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// What sort of failure an error is: what callers decide by (the CLI's exit status, the
+/// Python exception), never its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The caller's input or request is wrong (a bad name, option or key): the same call fails
+    /// again.
+    Usage,
+    /// Something named does not exist (a tag, an image, a store).
+    NotFound,
+    /// Stored bytes are damaged, or an object they need is missing.
+    Damage,
+    /// Another writer (or gc) changed something first; nothing was overwritten: try again.
+    Conflict,
+    /// The store did not answer or failed in transit: try again later; nothing was damaged.
+    Unavailable,
+    /// Local I/O, the index, a device or gstore itself failed.
+    Failure,
+}
+
 /// Everything that can go wrong inside the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -127,6 +146,23 @@ impl StoreError {
         StoreError::Corrupt { what, key: key.into(), detail: detail.into() }
     }
 
+    /// What sort of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            StoreError::NotFound { .. } | StoreError::NotInitialized(_) => ErrorKind::NotFound,
+            StoreError::Corrupt { .. } => ErrorKind::Damage,
+            StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => ErrorKind::Conflict,
+            StoreError::Invalid(_) | StoreError::KeyRequired(_) | StoreError::KeyRejected(_) => ErrorKind::Usage,
+            StoreError::Unavailable { .. } => ErrorKind::Unavailable,
+            StoreError::Io { .. }
+            | StoreError::Backend { .. }
+            | StoreError::Device(_)
+            | StoreError::Internal(_)
+            | StoreError::StreamStopped
+            | StoreError::Index { .. } => ErrorKind::Failure,
+        }
+    }
+
     /// True when the store failed in transit ([`StoreError::Unavailable`]): the same request
     /// may well succeed later.
     pub fn is_transient(&self) -> bool {
@@ -136,5 +172,23 @@ impl StoreError {
     /// True when the error means an object is damaged or missing (as opposed to a usage error).
     pub fn is_damage(&self) -> bool {
         matches!(self, StoreError::Corrupt { .. } | StoreError::NotFound { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_follow_what_went_wrong_not_the_words() {
+        assert_eq!(StoreError::lost_race("tag a:b").kind(), ErrorKind::Conflict);
+        assert_eq!(StoreError::corrupt("chunk", "ab", "hash").kind(), ErrorKind::Damage);
+        assert_eq!(StoreError::NotFound { what: "tag", key: "a".into() }.kind(), ErrorKind::NotFound);
+        assert_eq!(StoreError::Invalid("bad".into()).kind(), ErrorKind::Usage);
+        assert_eq!(StoreError::KeyRequired("s".into()).kind(), ErrorKind::Usage);
+        let gone =
+            StoreError::Unavailable { action: "reading", key: "k".into(), message: "reset".into(), reached: true };
+        assert!(gone.is_transient() && gone.kind() == ErrorKind::Unavailable);
+        assert_eq!(StoreError::Internal("x".into()).kind(), ErrorKind::Failure);
     }
 }

@@ -835,7 +835,7 @@ impl Store {
                 }
             }
             if manifest_doomed || chunks_doomed {
-                return Err(StoreError::Invalid(format!(
+                return Err(StoreError::Conflict(format!(
                     "image {} is being garbage-collected (gc tombstoned part of it): push it again instead",
                     id.to_hex()
                 )));
