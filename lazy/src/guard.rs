@@ -131,15 +131,8 @@ fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! 
         let since = start_time(0);
         let mut conn: RawFd = -1;
         loop {
-            let mut payload = [0u8; 5];
-            let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
-            let mut cmsg = [0u64; 4];
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cmsg.as_mut_ptr().cast();
-            msg.msg_controllen = std::mem::size_of_val(&cmsg);
-            let r = libc::recvmsg(ctl, &mut msg, 0);
+            let (mut payload, mut cmsg) = ([0u8; 5], [0u64; 4]);
+            let (r, msg) = receive(ctl, &mut payload, &mut cmsg, 0);
             if r < 0 && *libc::__errno_location() == libc::EINTR {
                 continue;
             }
@@ -177,6 +170,25 @@ fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! 
     }
 }
 
+/// One `recvmsg` of `fd` into `payload`, control messages into `control`: its result, and the
+/// header, whose control fields describe what arrived (its data pointers are cleared).
+/// Async-signal-safe.
+///
+/// # Safety
+/// A plain system call on the buffers given.
+unsafe fn receive(fd: RawFd, payload: &mut [u8], control: &mut [u64], flags: libc::c_int) -> (isize, libc::msghdr) {
+    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(control);
+    let r = libc::recvmsg(fd, &mut msg, flags);
+    msg.msg_iov = std::ptr::null_mut();
+    msg.msg_iovlen = 0;
+    (r, msg)
+}
+
 /// The descriptor a control message brought (SCM_RIGHTS). Async-signal-safe.
 ///
 /// # Safety
@@ -194,15 +206,8 @@ fn drain_senders(conn: RawFd, pids: &mut [libc::pid_t; MAX_PIDS], mut n: usize) 
     // SAFETY: plain system calls on stack buffers of the stated sizes.
     unsafe {
         loop {
-            let mut payload = [0u8; 64];
-            let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
-            let mut cmsg = [0u64; 16];
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cmsg.as_mut_ptr().cast();
-            msg.msg_controllen = std::mem::size_of_val(&cmsg);
-            let r = libc::recvmsg(conn, &mut msg, libc::MSG_DONTWAIT);
+            let (mut payload, mut cmsg) = ([0u8; 64], [0u64; 16]);
+            let (r, msg) = receive(conn, &mut payload, &mut cmsg, libc::MSG_DONTWAIT);
             if r <= 0 {
                 return n;
             }
