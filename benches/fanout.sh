@@ -8,6 +8,9 @@
 #   tier         `--store s3://…` with `GSTORE_TIERS=http://TIER`
 #   two-tiers    the same through a node tier whose own GSTORE_TIERS names a region tier
 #   tier-killed  as `tier`, the tier killed KILL_AFTER seconds (default 0.5) into the restores
+#   node-killed  as `two-tiers`, the clients naming both tiers (GSTORE_TIERS=NODE,REGION), the
+#                node tier killed KILL_AFTER seconds into the restores (they go on through the
+#                region tier)
 # The bucket sits behind the fault proxy (RATE, RTT), which counts the bytes it sends: printed
 # as a multiple of the image's stored bytes, with the time until the last restore finished
 # (every restore is checked byte for byte), and the servers' peak RSS and CPU seconds. Clients reach the
@@ -48,7 +51,7 @@ start_tier() {
   tier_url="http://127.0.0.1:$p"
 }
 for n in $ns; do
-  for path in ${PATHS:-s3 serve serve-cache tier two-tiers tier-killed}; do
+  for path in ${PATHS:-s3 serve serve-cache tier two-tiers tier-killed node-killed}; do
     "$FN" --to "127.0.0.1:$port" --rtt "$rtt" --rate "$rate" >"$work/proxy.out" &
     proxy=$!
     for _ in $(seq 100); do grep -q listening "$work/proxy.out" 2>/dev/null && break; sleep 0.05; done
@@ -63,6 +66,7 @@ for n in $ns; do
       serve-cache) start_tier node; url=$tier_url ;;
       tier | tier-killed) start_tier node; tiers=$tier_url ;;
       two-tiers) start_tier region; start_tier node "$tier_url"; tiers=$tier_url ;;
+      node-killed) start_tier region; region_url=$tier_url; start_tier node "$region_url"; tiers="$tier_url,$region_url" ;;
     esac
     t0=$(date +%s.%N)
     clients=()
@@ -72,6 +76,8 @@ for n in $ns; do
       clients+=($!)
     done
     if [ "$path" = tier-killed ]; then sleep "${KILL_AFTER:-0.5}"; stop KILL; fi
+    # The node tier, started last.
+    if [ "$path" = node-killed ]; then sleep "${KILL_AFTER:-0.5}"; pkill -KILL -P "${pids[-1]}" 2>/dev/null || true; fi
     for c in "${clients[@]}"; do wait "$c" || { echo "restore failed ($path, N=$n): $(cat "$work"/client*.err)"; exit 1; }; done
     t1=$(date +%s.%N)
     for i in $(seq "$n"); do
