@@ -306,7 +306,7 @@ fn run_seed(seed: u64) -> Vec<(usize, &'static str, String)> {
                     let target = TagRef::parse(&format!("copy-{n}")).unwrap();
                     if let Ok(Some(rec)) = store.get_tag(&tag) {
                         match store.tag_existing(&target, rec.manifest_id().unwrap()) {
-                            Ok(_) | Err(StoreError::Invalid(_)) | Err(StoreError::NotFound { .. }) => {}
+                            Ok(_) | Err(StoreError::Conflict(_)) | Err(StoreError::NotFound { .. }) => {}
                             Err(e) => panic!("tag copy: {e}"),
                         }
                     }
