@@ -260,4 +260,50 @@ fn a_runc_container_whose_lazy_restore_is_killed_mid_fill_never_runs_on_missing_
         assert!(Instant::now() < deadline, "runc still counts {} as running", c.id);
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Nor is `runc restore` (or its CRIU, which waits for ever once its tasks die before it
+    // has finished) left behind.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = restoring(&c.id);
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left running after gstore died: {left:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_damaged_chunk_mid_fill_ends_the_runc_container_and_names_the_chunk() {
+    let env = Env::new(&[]);
+    let c = Counter::start("dmg", 128);
+    json_ok(&env, &["checkpoint", "--container", &c.id, "--runtime", "runc", "--tag", "rd:1"]);
+    c.assert_still();
+    let chunk = damage_a_chunk(&env, "rd:1", |path| path.starts_with("checkpoint/pages-"));
+    let out = gstore(&env, &["restore", "rd:1", "--container"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "damage exits 4: {err}");
+    assert!(err.contains(&chunk) && err.contains("corrupt chunk"), "{err}");
+    assert!(err.contains("processes were killed"), "{err}");
+    // Nothing of it runs on: not the container (deleted), not runc or its CRIU.
+    assert_eq!(c.status(), None, "runc still knows {}", c.id);
+    assert!(restoring(&c.id).is_empty(), "left running: {:?}", restoring(&c.id));
+    c.count();
+}
+
+/// The command lines of processes restoring container `id` (`runc … restore … ID`, CRIU's
+/// `restore --rpc` in runc's work directory for it).
+fn restoring(id: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> = cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let runc_restore = args.iter().any(|a| a == "restore") && args.last().is_some_and(|a| a == id);
+        let criu_restore = args.first().is_some_and(|a| a.starts_with("criu: restore"))
+            || (args.iter().any(|a| a == "--rpc") && args.iter().any(|a| a == "restore"));
+        if runc_restore || (criu_restore && args.iter().any(|a| a.contains("gstore-runc-restore-"))) {
+            out.push(args.join(" "));
+        }
+    }
+    out
 }

@@ -785,3 +785,19 @@ impl LostAnswers {
         LostAnswers { port, lost }
     }
 }
+
+/// Damages one stored chunk in the middle of the largest file of image `tag` whose path
+/// `wanted` accepts (a byte of its pack flipped); returns the chunk's id.
+pub fn damage_a_chunk(env: &Env, tag: &str, wanted: impl Fn(&str) -> bool) -> String {
+    use gstore_store::{Store, StoreLocation};
+    let store = Store::open_indexed(&StoreLocation::Local(env.store.clone()), &|_| {}).unwrap();
+    let m = store.get_manifest(&store.resolve(tag).unwrap()).unwrap();
+    let (_, chunks) = m.files().filter(|(e, _)| wanted(&e.path)).max_by_key(|(e, _)| e.size).expect("a wanted file");
+    let c = chunks.iter().skip(chunks.len() / 2).find(|c| !c.zero).expect("a stored chunk");
+    let loc = store.locate(&c.id).unwrap().expect("indexed");
+    let pack = env.packs().into_iter().find(|p| p.to_string_lossy().contains(&loc.pack.to_hex())).expect("its pack");
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[(loc.offset + loc.stored_len as u64 / 2) as usize] ^= 0x55;
+    std::fs::write(&pack, bytes).unwrap();
+    c.id.to_hex()
+}

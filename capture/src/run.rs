@@ -176,7 +176,7 @@ fn run_lazy(
     ropts: &RestoreOptions<'_>,
 ) -> Result<(RestoreReport, gstore_lazy::FillReport, String)> {
     let pids: Vec<i32> = prepared.layout.processes.iter().map(|p| p.pid as i32).collect();
-    gstore_lazy::during::serve_during(store, id, dir, prepared, &pids, || checkpoint::restore(dir, ropts)).map_err(
+    gstore_lazy::during::serve_during(store, id, dir, prepared, &pids, |_| checkpoint::restore(dir, ropts)).map_err(
         |e| match e {
             gstore_lazy::during::Failed::Restore(e) => e.into(),
             gstore_lazy::during::Failed::Fill(e) => e.into(),

@@ -28,6 +28,7 @@ use gstore_store::progress::Progress;
 use gstore_store::{ObjectId, Store, TagRef};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -161,10 +162,17 @@ impl Runc {
     }
 
     /// `runc restore --detach` of container `id` from `images` with the bundle `bundle`; with
-    /// `lazy`, CRIU's `--lazy-pages` (its lazy-pages daemon listens in `work`). runc's standard
+    /// `lazy`, CRIU's `--lazy-pages` (its lazy-pages daemon listens in `work`). runc runs in a
+    /// process group of its own (CRIU with it), told to `started` once it runs. runc's standard
     /// error goes to a file in `work`, never a pipe: a restored process whose standard streams
     /// were pipes inherits runc's.
-    fn restore(&self, id: &str, images: &Path, work: &Path, bundle: &Path, lazy: bool) -> Result<()> {
+    fn restore(
+        &self,
+        id: &str,
+        (images, work, bundle): (&Path, &Path, &Path),
+        lazy: bool,
+        started: &dyn Fn(u32) -> Result<()>,
+    ) -> Result<()> {
         std::fs::create_dir_all(work).map_err(|e| ContainerError::io("creating", work, e))?;
         let err_path = work.join("runc-restore.stderr");
         let err = std::fs::File::create(&err_path).map_err(|e| ContainerError::io("creating", &err_path, e))?;
@@ -176,12 +184,23 @@ impl Runc {
             args.push("--lazy-pages");
         }
         args.push(id);
-        let status = self
+        let mut child = self
             .command(&args)
             .stdout(Stdio::null())
             .stderr(err)
-            .status()
+            .process_group(0)
+            .spawn()
             .map_err(|e| ContainerError::io("running", &self.bin, e))?;
+        let status = started(child.id())
+            .and_then(|()| child.wait().map_err(|e| ContainerError::io("waiting for", &self.bin, e)));
+        let status = match status {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
         if status.success() {
             return Ok(());
         }
@@ -379,12 +398,11 @@ pub fn checkpoint(
             let after = if leave_running {
                 " (the container kept running)".to_string()
             } else {
+                let work = staging.path().join("work-restore");
                 let back =
-                    runc.restore(id, &images, &staging.path().join("work-restore"), &st.bundle, false).and_then(|()| {
-                        match gpu {
-                            Some(cuda) => resume_restored(runc, cuda, id, &[]).map(drop),
-                            None => Ok(()),
-                        }
+                    runc.restore(id, (&images, &work, &st.bundle), false, &|_| Ok(())).and_then(|()| match gpu {
+                        Some(cuda) => resume_restored(runc, cuda, id, &[]).map(drop),
+                        None => Ok(()),
                     });
                 match back {
                     Ok(()) => "; the container was restored from the staged image and runs again".into(),
@@ -606,9 +624,9 @@ pub fn restore(
     }
     let write_s = started.elapsed().as_secs_f64();
     // runc, then the GPU state of the container's processes (while the fill goes on).
-    let resume = || -> Result<Resumed> {
+    let resume = |started: &dyn Fn(u32) -> Result<()>| -> Result<Resumed> {
         let t = Instant::now();
-        runc.restore(&c.id, &images, &work, &c.bundle, prepared.is_some())?;
+        runc.restore(&c.id, (&images, &work, &c.bundle), prepared.is_some(), started)?;
         let runtime_s = t.elapsed().as_secs_f64();
         let (gpu_pids, gpu_restore_s, gpu_unlock_s) = match &c.gpu {
             Some((cuda, pairs)) => resume_restored(runc, cuda, &c.id, pairs)?,
@@ -618,8 +636,15 @@ pub fn restore(
     };
     let (resumed, fill, profile) = match &prepared {
         // A container's tasks come back under pids of its own namespace: the guard learns
-        // their host pids as they announce themselves.
-        Some((_, p)) => match gstore_lazy::during::serve_during(store, mid, &work, p, &[], resume) {
+        // their host pids as they announce themselves, and runc's group (its CRIU waits for
+        // ever if the tasks die before it has finished) from here.
+        Some((_, p)) => match gstore_lazy::during::serve_during(store, mid, &work, p, &[], |guard| {
+            resume(&|pid| {
+                guard
+                    .add_runtime_group(pid as i32)
+                    .map_err(|source| ContainerError::Fill { container: c.id.clone(), source })
+            })
+        }) {
             Ok((r, fill, note)) => (r, Some(fill), Some(note)),
             Err(gstore_lazy::during::Failed::Restore(e)) => return Err(e),
             Err(gstore_lazy::during::Failed::Fill(source)) => {
@@ -627,7 +652,7 @@ pub fn restore(
                 return Err(ContainerError::Fill { container: c.id, source });
             }
         },
-        None => (resume()?, None, None),
+        None => (resume(&|_| Ok(()))?, None, None),
     };
     let pid = runc.state(&c.id).map(|s| s.pid).unwrap_or_default();
     Ok(RuncRestoreReport {

@@ -26,7 +26,8 @@ pub enum Failed<E> {
 pub type Served<R> = (R, FillReport, String);
 
 /// Serves the memory of image `id` (prepared in `prepared`) to the CRIU that `restore` starts,
-/// which connects to `socket_dir/lazy-pages.socket`. `known_pids` are the pids the image
+/// which connects to `socket_dir/lazy-pages.socket`; `restore` gets the guard, to name the
+/// process group of a runtime it starts ([`Guard::add_runtime_group`]). `known_pids` are the pids the image
 /// comes back with where they are this machine's (a process restored by gstore's CRIU); a
 /// container's tasks are learned as they announce themselves. Returns once every page is in
 /// place; a fill that fails kills the restored processes, and its error is the one reported.
@@ -36,7 +37,7 @@ pub fn serve_during<R, E>(
     socket_dir: &Path,
     prepared: &Prepared,
     known_pids: &[i32],
-    restore: impl FnOnce() -> std::result::Result<R, E>,
+    restore: impl FnOnce(&Guard) -> std::result::Result<R, E>,
 ) -> std::result::Result<Served<R>, Failed<E>> {
     let socket = LazySocket::bind(socket_dir).map_err(Failed::Fill)?;
     let workers = std::thread::available_parallelism().map_or(4, |n| n.get());
@@ -55,7 +56,7 @@ pub fn serve_during<R, E>(
             let conn = socket.accept(&abort)?;
             serve(store, layout, chunks, conn, &guard, &fill_opts, &abort)
         });
-        let restored = restore();
+        let restored = restore(&guard);
         if restored.is_err() {
             abort.store(true, Ordering::Release);
         }

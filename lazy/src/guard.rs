@@ -26,6 +26,7 @@ const MAX_PIDS: usize = 4096;
 const TAG_PID: u8 = b'P';
 const TAG_HOLD: u8 = b'H';
 const TAG_CONN: u8 = b'C';
+const TAG_GROUP: u8 = b'G';
 const TAG_RELEASE: u8 = b'R';
 const TAG_KILL: u8 = b'K';
 
@@ -84,6 +85,14 @@ impl Guard {
             .map_err(|e| LazyError::os("handing the restore guard CRIU's connection", e))
     }
 
+    /// Names the process group of the runtime restoring the tasks (runc and its CRIU): killed
+    /// after the tasks when the guard must kill, since a CRIU whose tasks die before it has
+    /// finished waits for ever, and so does the runtime waiting for it.
+    pub fn add_runtime_group(&self, pgid: i32) -> Result<()> {
+        send(&self.ctl, TAG_GROUP, pgid, None)
+            .map_err(|e| LazyError::os("telling the restore guard the runtime's process group", e))
+    }
+
     /// The memory is complete (or CRIU failed, and removed what it restored): the guard exits,
     /// closing its copies of the userfaultfds. The first of `release` and `kill` counts.
     pub fn release(&self) {
@@ -130,6 +139,7 @@ fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! 
         libc::syscall(libc::SYS_close_range, (ctl + 1) as u32, u32::MAX, 0u32);
         let since = start_time(0);
         let mut conn: RawFd = -1;
+        let mut group: libc::pid_t = 0;
         loop {
             let (mut payload, mut cmsg) = ([0u8; 5], [0u64; 4]);
             let (r, msg) = receive(ctl, &mut payload, &mut cmsg, 0);
@@ -147,6 +157,7 @@ fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! 
                 // The received descriptor stays open.
                 (5, TAG_HOLD) => {}
                 (5, TAG_CONN) => conn = received_fd(&msg).unwrap_or(conn),
+                (5, TAG_GROUP) => group = i32::from_ne_bytes([payload[1], payload[2], payload[3], payload[4]]),
                 (5, TAG_RELEASE) => libc::_exit(0),
                 _ => {
                     // Told to, or the daemon is gone: nobody may run on missing memory.
@@ -162,6 +173,10 @@ fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! 
                         if pid > 0 && restored {
                             libc::kill(pid, libc::SIGKILL);
                         }
+                    }
+                    // Then the runtime (runc and its CRIU), which would wait for ever.
+                    if group > 1 {
+                        libc::kill(-group, libc::SIGKILL);
                     }
                     libc::_exit(0);
                 }
