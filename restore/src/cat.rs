@@ -1,41 +1,56 @@
-//! One file of an image read as a stream (`gstore cat`, archives written from images): its
-//! chunks located, read, checked and decoded a batch at a time on every core, and handed out in
-//! order, so memory stays bounded by the batch whatever the file's size.
+//! One file of an image read as a stream (`gstore cat`, archives and registry blobs written
+//! from images): a window of the file at a time restored into memory by the restore engine
+//! (chunks read as merged ranges from many threads, checked and decoded, as a restore does),
+//! and handed out in order, so memory stays bounded by the window whatever the file's size.
 
-use crate::plan::locate_chunk;
-use gstore_store::format::manifest::{ChunkRef, EntryKind, Manifest};
+use crate::host::restore_to_memory;
+use gstore_store::format::manifest::{EntryKind, Manifest};
+use gstore_store::progress::Silent;
 use gstore_store::{Result, Store, StoreError};
-use rayon::prelude::*;
 use std::io::{Read, Write};
 
-/// Chunks decoded at once (at most this many times `chunk_max` bytes held).
-const BATCH: usize = 64;
+/// Bytes of the file restored at a time, and the restore engine's memory budget for them: a
+/// remote store's reads wait on the network, so its windows are larger (each starts its reads
+/// anew; at 1 Gbit/s and 20 ms a 256 MiB file streamed in 4.4 s in 64 MiB windows and 3.1 s
+/// in one of 256 MiB, against 2.8 s for a restore to disk; it took ~40 s chunk by chunk).
+fn window(store: &Store) -> (u64, u64) {
+    if store.is_remote() {
+        (256 << 20, 256 << 20)
+    } else {
+        (32 << 20, 64 << 20)
+    }
+}
 
 /// The bytes of one file of an image, as a [`Read`]. Every chunk is checked against its id
 /// before any of its bytes are handed out; a failure is an [`std::io::Error`] wrapping the
 /// [`StoreError`] (see [`FileReader::store_error`]).
 pub struct FileReader<'a> {
     store: &'a Store,
+    m: &'a Manifest,
     path: String,
-    chunks: &'a [ChunkRef],
-    /// The next chunk to decode.
-    next: usize,
-    /// Decoded bytes not yet handed out, and how far into them the reader is.
-    ready: Vec<u8>,
+    size: u64,
+    /// Where in the file the next window starts.
+    next: u64,
+    /// The current window (its chunks whole), and the part of it not yet handed out.
+    ready: memmap2::MmapMut,
     at: usize,
+    end: usize,
 }
 
 impl<'a> FileReader<'a> {
     /// A reader of the file at `path` in image `m`, and its size.
     pub fn open(store: &'a Store, m: &'a Manifest, path: &str) -> Result<(FileReader<'a>, u64)> {
-        let (entry, chunks) = m.files().find(|(e, _)| e.path == path).ok_or_else(|| StoreError::NotFound {
+        let entry = m.entries.iter().find(|e| e.path == path).ok_or_else(|| StoreError::NotFound {
             what: "file in the image",
             key: format!("{path} (`gstore show` lists the image's files)"),
         })?;
         if entry.kind != EntryKind::File {
             return Err(StoreError::Invalid(format!("{path} is a {}, not a file", entry.kind.name())));
         }
-        let reader = FileReader { store, path: path.to_string(), chunks, next: 0, ready: Vec::new(), at: 0 };
+        let empty = memmap2::MmapMut::map_anon(0)
+            .map_err(|e| StoreError::Internal(format!("an empty mapping for {path}: {e}")))?;
+        let reader =
+            FileReader { store, m, path: path.to_string(), size: entry.size, next: 0, ready: empty, at: 0, end: 0 };
         Ok((reader, entry.size))
     }
 
@@ -47,45 +62,30 @@ impl<'a> FileReader<'a> {
         }
     }
 
-    /// Decodes the next batch of chunks into `ready`.
+    /// Restores the next window of the file into `ready`.
     fn fill(&mut self) -> Result<()> {
-        let end = (self.next + BATCH).min(self.chunks.len());
-        let batch = &self.chunks[self.next..end];
-        let path = &self.path;
-        let store = self.store;
-        let plain: Vec<Result<Vec<u8>>> = batch
-            .par_iter()
-            .map(|c| {
-                if c.zero {
-                    return Ok(vec![0; c.len as usize]);
-                }
-                let loc = locate_chunk(store, &c.id, c.len, path)?;
-                store.read_checked_range(&loc.pack, loc.range(), |stored| {
-                    let mut plain = Vec::with_capacity(c.len as usize);
-                    store.decoder().decode_append(loc.codec, stored, c.len as usize, &c.id, &mut plain)?;
-                    Ok(plain)
-                })
-            })
-            .collect();
-        self.ready.clear();
-        self.at = 0;
-        for p in plain {
-            self.ready.extend_from_slice(&p?);
-        }
-        self.next = end;
+        let (window, budget) = window(self.store);
+        let len = window.min(self.size - self.next);
+        let (pieces, skips) = self.m.pieces(&[(self.path.clone(), self.next, len)])?;
+        let mut window = restore_to_memory(self.store, &pieces, budget, &Silent)?;
+        let entry = window.entries.pop().ok_or_else(|| StoreError::Internal("a window restored nothing".into()))?;
+        self.ready = entry.data;
+        self.at = skips[0] as usize;
+        self.end = self.at + len as usize;
+        self.next += len;
         Ok(())
     }
 }
 
 impl Read for FileReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.at == self.ready.len() {
-            if self.next == self.chunks.len() {
+        if self.at == self.end {
+            if self.next == self.size {
                 return Ok(0);
             }
             self.fill().map_err(std::io::Error::other)?;
         }
-        let n = buf.len().min(self.ready.len() - self.at);
+        let n = buf.len().min(self.end - self.at);
         buf[..n].copy_from_slice(&self.ready[self.at..self.at + n]);
         self.at += n;
         Ok(n)
