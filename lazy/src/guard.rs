@@ -16,6 +16,7 @@
 //! but async-signal-safe system calls, with buffers allocated before the fork.
 
 use crate::error::{LazyError, Result};
+use crate::socket::{receive, sender_of};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -185,25 +186,6 @@ fn guard_main(ctl: RawFd, mut pids: [libc::pid_t; MAX_PIDS], mut n: usize) -> ! 
     }
 }
 
-/// One `recvmsg` of `fd` into `payload`, control messages into `control`: its result, and the
-/// header, whose control fields describe what arrived (its data pointers are cleared).
-/// Async-signal-safe.
-///
-/// # Safety
-/// A plain system call on the buffers given.
-unsafe fn receive(fd: RawFd, payload: &mut [u8], control: &mut [u64], flags: libc::c_int) -> (isize, libc::msghdr) {
-    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
-    let mut msg: libc::msghdr = std::mem::zeroed();
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(control);
-    let r = libc::recvmsg(fd, &mut msg, flags);
-    msg.msg_iov = std::ptr::null_mut();
-    msg.msg_iovlen = 0;
-    (r, msg)
-}
-
 /// The descriptor a control message brought (SCM_RIGHTS). Async-signal-safe.
 ///
 /// # Safety
@@ -226,13 +208,9 @@ fn drain_senders(conn: RawFd, pids: &mut [libc::pid_t; MAX_PIDS], mut n: usize) 
             if r <= 0 {
                 return n;
             }
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS && n < MAX_PIDS {
-                    pids[n] = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned().pid;
-                    n += 1;
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
+            if let Some(pid) = sender_of(&msg).filter(|_| n < MAX_PIDS) {
+                pids[n] = pid;
+                n += 1;
             }
         }
     }

@@ -194,16 +194,9 @@ pub fn recv_exact(conn: &UnixStream, buf: &mut [u8]) -> Result<Received> {
     let mut got_msg = Received { fds: Vec::new(), sender: None };
     let mut got = 0;
     while got < buf.len() {
-        let mut iov = libc::iovec { iov_base: buf[got..].as_mut_ptr().cast(), iov_len: buf.len() - got };
         let mut cmsg = [0u64; 12];
-        // SAFETY: msghdr points at live local buffers of the stated sizes.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cmsg.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&cmsg);
-        // SAFETY: as above.
-        let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        // SAFETY: one recvmsg into live local buffers.
+        let (n, msg) = unsafe { receive(conn.as_raw_fd(), &mut buf[got..], &mut cmsg, libc::MSG_CMSG_CLOEXEC) };
         if n < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
@@ -225,13 +218,53 @@ pub fn recv_exact(conn: &UnixStream, buf: &mut [u8]) -> Result<Received> {
                     for i in 0..count {
                         got_msg.fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
                     }
-                } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
-                    let creds = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned();
-                    got_msg.sender.get_or_insert(creds.pid);
                 }
                 c = libc::CMSG_NXTHDR(&msg, c);
+            }
+            if got_msg.sender.is_none() {
+                got_msg.sender = sender_of(&msg);
             }
         }
     }
     Ok(got_msg)
+}
+
+/// One `recvmsg` of `fd` into `payload`, control messages into `control`: its result, and the
+/// header, whose control fields describe what arrived (its data pointers are cleared).
+/// Async-signal-safe (the restore guard uses it after its fork).
+///
+/// # Safety
+/// A plain system call on the buffers given.
+pub(crate) unsafe fn receive(
+    fd: RawFd,
+    payload: &mut [u8],
+    control: &mut [u64],
+    flags: libc::c_int,
+) -> (isize, libc::msghdr) {
+    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(control);
+    let r = libc::recvmsg(fd, &mut msg, flags);
+    msg.msg_iov = std::ptr::null_mut();
+    msg.msg_iovlen = 0;
+    (r, msg)
+}
+
+/// The sender's pid a message [`receive`] just got carries (SCM_CREDENTIALS, on a socket that
+/// passes credentials). Async-signal-safe.
+///
+/// # Safety
+/// `msg` is a header [`receive`] returned, its control buffer still alive.
+pub(crate) unsafe fn sender_of(msg: &libc::msghdr) -> Option<i32> {
+    let mut c = libc::CMSG_FIRSTHDR(msg);
+    while !c.is_null() {
+        if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+            return Some(libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned().pid);
+        }
+        c = libc::CMSG_NXTHDR(msg, c);
+    }
+    None
 }
