@@ -7,6 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gstore_benches::{fill_region, Region};
+use gstore_store::codec::huffman;
 use gstore_store::crypto::sealed::{Header, Sealer};
 use gstore_store::{codec, dedup::chunker, dedup::similar, ObjectId, StoreConfig};
 use rand::SeedableRng;
@@ -101,6 +102,25 @@ fn bench(c: &mut Criterion) {
     bench_codec(&mut g, "floats", &bf16, &spans, default);
     let zstd_lanes = || codec::Encoder::new(1, true).unwrap().lane_coding(codec::LaneCoding::Zstd);
     bench_codec(&mut g, "floats-zstd-lanes", &bf16, &spans, zstd_lanes);
+    // The Huffman lane alone: the high bytes (sign and exponent) of each ~64 KiB chunk.
+    let lanes: Vec<Vec<u8>> =
+        spans.iter().map(|s| bf16[s.clone()].iter().skip(1).step_by(2).copied().collect()).collect();
+    let coded: Vec<Vec<u8>> = lanes
+        .iter()
+        .map(|l| {
+            let mut out = Vec::new();
+            huffman::Code::for_counts(&huffman::counts(l)).encode(l, &mut out);
+            out
+        })
+        .collect();
+    g.bench_function("huffman-lane-decode", |b| {
+        let mut out = vec![0u8; 1 << 20];
+        b.iter(|| {
+            for (l, c) in lanes.iter().zip(&coded) {
+                huffman::decode(c, &mut out[..l.len()]).unwrap();
+            }
+        })
+    });
     // What a push of a page image adds for each new chunk (its resemblance sketch).
     g.bench_function("sketch", |b| {
         b.iter(|| {

@@ -208,23 +208,43 @@ fn split(plain: &[u8], w: usize, lanes: &mut [u8]) {
     }
 }
 
-/// Interleaves `lanes` back into whole words of `out`.
-fn join(lanes: &[u8], w: usize, out: &mut [u8]) {
-    let n = lanes.len() / w;
-    match w {
-        2 => {
-            let (l0, l1) = lanes.split_at(n);
-            for ((word, a), b) in out.chunks_exact_mut(2).zip(l0).zip(l1) {
-                (word[0], word[1]) = (*a, *b);
+/// Interleaves `lanes` (`w` lanes of the same length) back into whole words of `out`, eight
+/// bytes at a time where it can, as [`split`] does the other way (a byte at a time, this loop
+/// was a tenth of a lazy fill of fp32 weights).
+fn join(lanes: &[&[u8]], w: usize, out: &mut [u8]) {
+    // Spreads the four bytes of `x` to bytes 0, 2, 4, 6.
+    let spread = |x: u32| {
+        let t = x as u64;
+        let t = (t | t << 16) & 0x0000_ffff_0000_ffff;
+        (t | t << 8) & 0x00ff_00ff_00ff_00ff
+    };
+    let four = |l: &[u8]| u32::from_le_bytes(l.try_into().expect("4 bytes"));
+    match (w, lanes) {
+        (2, [l0, l1]) => {
+            let n = l0.len();
+            for ((eight, a), b) in out.chunks_exact_mut(8).zip(l0.chunks_exact(4)).zip(l1.chunks_exact(4)) {
+                eight.copy_from_slice(&(spread(four(a)) | spread(four(b)) << 8).to_le_bytes());
+            }
+            for i in n / 4 * 4..n {
+                (out[2 * i], out[2 * i + 1]) = (l0[i], l1[i]);
             }
         }
-        _ => {
-            let (l01, l23) = lanes.split_at(2 * n);
-            let ((l0, l1), (l2, l3)) = (l01.split_at(n), l23.split_at(n));
-            for ((((word, a), b), c), d) in out.chunks_exact_mut(4).zip(l0).zip(l1).zip(l2).zip(l3) {
-                (word[0], word[1], word[2], word[3]) = (*a, *b, *c, *d);
+        (4, [l0, l1, l2, l3]) => {
+            let n = l0.len();
+            let lanes4 = l0.chunks_exact(4).zip(l1.chunks_exact(4)).zip(l2.chunks_exact(4)).zip(l3.chunks_exact(4));
+            for (sixteen, (((a, b), c), d)) in out.chunks_exact_mut(16).zip(lanes4) {
+                // Bytes 0 and 2 of four words, and bytes 1 and 3, then those pairs interleaved.
+                let ac = spread(four(a)) | spread(four(c)) << 8;
+                let bd = spread(four(b)) | spread(four(d)) << 8;
+                sixteen[..8].copy_from_slice(&(spread(ac as u32) | spread(bd as u32) << 8).to_le_bytes());
+                sixteen[8..]
+                    .copy_from_slice(&(spread((ac >> 32) as u32) | spread((bd >> 32) as u32) << 8).to_le_bytes());
+            }
+            for i in n / 4 * 4..n {
+                (out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]) = (l0[i], l1[i], l2[i], l3[i]);
             }
         }
+        _ => unreachable!("{} lanes of width {w}", lanes.len()),
     }
 }
 
@@ -387,8 +407,8 @@ pub fn decode(
     id: &ObjectId,
 ) -> Result<()> {
     let Layout { width: w, words: n, lanes, tail } = layout(stored, out.len(), id)?;
-    // Every lane is written whole below (or the chunk fails): the buffer is zeroed only where
-    // it grows, never cleared.
+    // Every coded lane is written whole below (or the chunk fails): the buffer is zeroed only
+    // where it grows, never cleared. Raw lanes are joined from the stored bytes.
     scratch.lanes.resize(n * w, 0);
     for (i, l) in lanes.iter().enumerate() {
         let body = &stored[l.stored.clone()];
@@ -404,10 +424,18 @@ pub fn decode(
             LaneCodec::Huffman => {
                 crate::codec::huffman::decode(body, lane).map_err(|e| corrupt(id, format!("lane {i}: Huffman: {e}")))?
             }
-            LaneCodec::Raw => lane.copy_from_slice(body),
+            LaneCodec::Raw => {}
         }
     }
-    join(&scratch.lanes, w, out);
+    let joined: Vec<&[u8]> = lanes
+        .iter()
+        .enumerate()
+        .map(|(i, l)| match l.codec {
+            LaneCodec::Raw => &stored[l.stored.clone()],
+            _ => &scratch.lanes[i * n..(i + 1) * n],
+        })
+        .collect();
+    join(&joined, w, out);
     out[n * w..].copy_from_slice(&stored[tail]);
     Ok(())
 }
@@ -465,7 +493,8 @@ mod tests {
                     }
                 }
                 let mut back = vec![0u8; words * w];
-                join(&lanes, w, &mut back);
+                let each: Vec<&[u8]> = (0..w).map(|b| &lanes[b * words..(b + 1) * words]).collect();
+                join(&each, w, &mut back);
                 assert_eq!(back, plain[..words * w]);
             }
         }

@@ -257,6 +257,8 @@ impl Table {
         let k = *stored.first().ok_or("empty")? as usize + 1;
         let pairs = stored.get(1..1 + 2 * k).ok_or("the code table is cut short")?;
         let mut entries = Box::new([NO_CODE << 8; 1 << MAX_LEN]);
+        // (symbol, length, code) in canonical order: lengths never decrease.
+        let mut codes = Vec::with_capacity(k);
         let (mut code, mut prev) = (0u32, 0u32);
         for (i, p) in pairs.chunks_exact(2).enumerate() {
             let (s, l) = (p[0], p[1] as u32);
@@ -274,27 +276,24 @@ impl Table {
             let span = 1usize << (MAX_LEN - l);
             let first = (code as usize) << (MAX_LEN - l);
             entries[first..first + span].fill((l as u16) << 8 | s as u16);
+            codes.push((s as u32, l, code as usize));
         }
-        let mask = (1usize << MAX_LEN) - 1;
-        let runs = Box::new(std::array::from_fn(|v| {
-            let (mut symbols, mut len, mut count) = (0u32, 0u32, 0u32);
-            while count < 3 {
-                let e = entries[(v << len) & mask] as u32;
-                let l = e >> 8;
-                // A code is whole when all its bits lie in the window; the first always counts
-                // (bits that start no code then take their poison length).
-                if count > 0 && len + l > MAX_LEN {
-                    break;
-                }
-                symbols |= (e & 0xff) << (8 * count);
-                len += l;
-                count += 1;
-                if len > MAX_LEN {
-                    break;
+        // Each run of whole codes fills the entries its bits begin: a first code's range, then
+        // within it each second code that fits, then each third. Bits that start no code
+        // decode as one symbol of the poison length.
+        let mut runs = Box::new([(NO_CODE as u32) << 24 | 1 << 30; 1 << MAX_LEN]);
+        for &(s1, l1, c1) in &codes {
+            let (at1, room1) = (c1 << (MAX_LEN - l1), MAX_LEN - l1);
+            runs[at1..at1 + (1 << room1)].fill(s1 | l1 << 24 | 1 << 30);
+            for &(s2, l2, c2) in codes.iter().take_while(|c| c.1 <= room1) {
+                let (at2, room2) = (at1 + (c2 << (room1 - l2)), room1 - l2);
+                runs[at2..at2 + (1 << room2)].fill(s1 | s2 << 8 | (l1 + l2) << 24 | 2 << 30);
+                for &(s3, l3, c3) in codes.iter().take_while(|c| c.1 <= room2) {
+                    let at3 = at2 + (c3 << (room2 - l3));
+                    runs[at3..at3 + (1 << (room2 - l3))].fill(s1 | s2 << 8 | s3 << 16 | (l1 + l2 + l3) << 24 | 3 << 30);
                 }
             }
-            symbols | len << 24 | count << 30
-        }));
+        }
         Ok((Table { entries, runs }, 1 + 2 * k))
     }
 
@@ -398,12 +397,7 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
         let mut outs: Vec<&mut [u8]> = os.chunks_mut(SUBSTREAM).collect();
         let mut ats = [0usize; SIDE_BY_SIDE];
         if let ([sa, sb], [a, b]) = (ss, &mut outs[..]) {
-            // Two at a time while both have room: their decode chains overlap.
-            let ([bit_a, bit_b], [at_a, at_b]) = (&mut bits, &mut ats);
-            while *at_a + RUN_ROOM <= a.len() && *at_b + RUN_ROOM <= b.len() {
-                table.decode_runs(sa, bit_a, a, at_a);
-                table.decode_runs(sb, bit_b, b, at_b);
-            }
+            (bits, ats) = decode_two(&table.runs, [sa, sb], [a, b]);
         }
         for (((s, o), bit), at) in ss.iter().zip(outs).zip(&mut bits).zip(ats) {
             decode_rest(&table, s, o, bit, at);
@@ -413,6 +407,44 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Decodes two substreams side by side, several symbols a lookup, while both have a whole
+/// window of bits and [`RUN_ROOM`] bytes of output left: their decode chains overlap. Returns
+/// the bits read and the bytes written of each.
+fn decode_two(runs: &[u32; 1 << MAX_LEN], [sa, sb]: [&[u8]; 2], [a, b]: [&mut [u8]; 2]) -> ([usize; 2], [usize; 2]) {
+    let (mut pa, mut pb, mut oa, mut ob) = (0usize, 0usize, 0usize, 0usize);
+    if sa.len() < 8 || sb.len() < 8 {
+        return ([0; 2], [0; 2]);
+    }
+    // A window is eight whole bytes from the byte holding the next bit.
+    let (ea, eb) = (sa.len() - 8, sb.len() - 8);
+    while pa / 8 <= ea && pb / 8 <= eb && oa + RUN_ROOM <= a.len() && ob + RUN_ROOM <= b.len() {
+        let mut wa = u64::from_be_bytes(sa[pa / 8..pa / 8 + 8].try_into().expect("8 bytes")) << (pa % 8);
+        let mut wb = u64::from_be_bytes(sb[pb / 8..pb / 8 + 8].try_into().expect("8 bytes")) << (pb % 8);
+        // Four lookups take at most 44 of the window's 57 or more bits, and write at most
+        // twelve symbols (a 4-byte store at most 9 bytes in).
+        let (da, db): (&mut [u8; RUN_ROOM], &mut [u8; RUN_ROOM]) = (
+            (&mut a[oa..oa + RUN_ROOM]).try_into().expect("room"),
+            (&mut b[ob..ob + RUN_ROOM]).try_into().expect("room"),
+        );
+        let (mut ka, mut kb) = (0usize, 0usize);
+        for _ in 0..4 {
+            let (x, y) = (runs[(wa >> (64 - MAX_LEN)) as usize], runs[(wb >> (64 - MAX_LEN)) as usize]);
+            da[ka..ka + 4].copy_from_slice(&x.to_le_bytes());
+            db[kb..kb + 4].copy_from_slice(&y.to_le_bytes());
+            ka += (x >> 30) as usize;
+            kb += (y >> 30) as usize;
+            let (lx, ly) = ((x >> 24) & 0x3f, (y >> 24) & 0x3f);
+            wa <<= lx;
+            wb <<= ly;
+            pa += lx as usize;
+            pb += ly as usize;
+        }
+        oa += ka;
+        ob += kb;
+    }
+    ([pa, pb], [oa, ob])
 }
 
 /// Decodes the symbols of substream `s` from output byte `at` and bit `*bit` on into `o`:
@@ -506,6 +538,45 @@ mod tests {
             }
         }
         lengths
+    }
+
+    /// Entry `v` of the runs table, found by decoding one code at a time from the entries.
+    fn run_by_entries(entries: &[u16; 1 << MAX_LEN], v: usize) -> u32 {
+        let mask = (1usize << MAX_LEN) - 1;
+        let (mut symbols, mut len, mut count) = (0u32, 0u32, 0u32);
+        while count < 3 {
+            let e = entries[(v << len) & mask] as u32;
+            let l = e >> 8;
+            if count > 0 && len + l > MAX_LEN {
+                break;
+            }
+            symbols |= (e & 0xff) << (8 * count);
+            len += l;
+            count += 1;
+            if len > MAX_LEN {
+                break;
+            }
+        }
+        symbols | len << 24 | count << 30
+    }
+
+    #[test]
+    fn the_runs_table_holds_what_decoding_one_code_at_a_time_gives() {
+        let mut lanes = vec![vec![7u8; 100], vec![1, 2], (0..=255).collect::<Vec<u8>>()];
+        lanes.extend((1..20).map(|seed| skewed(5000, seed)));
+        for lane in lanes {
+            let mut stored = Vec::new();
+            Code::for_counts(&counts(&lane)).encode(&lane, &mut stored);
+            let (table, _) = Table::read(&stored).unwrap();
+            for v in 0..1 << MAX_LEN {
+                assert_eq!(table.runs[v], run_by_entries(&table.entries, v), "entry {v}");
+            }
+        }
+        // An incomplete code (one symbol of length 2): bits that start no code are poison.
+        let (table, _) = Table::read(&[0, 9, 2]).unwrap();
+        for v in 0..1 << MAX_LEN {
+            assert_eq!(table.runs[v], run_by_entries(&table.entries, v), "entry {v}");
+        }
     }
 
     #[test]

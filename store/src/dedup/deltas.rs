@@ -1,5 +1,5 @@
 //! How a push stores new chunks of page images as deltas against stored chunks like them
-//! (docs/FORMAT.md, codec 4; docs/ARCHITECTURE.md, "Page images").
+//! (docs/FORMAT.md, codec 4; docs/INTERNALS.md, "Page images").
 
 use crate::codec::{self, BaseSource, Codec, DeltaBases};
 use crate::dedup::similar::{self, Sketch};
