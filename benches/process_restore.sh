@@ -14,6 +14,7 @@
 # restore. Prints each round and the medians, with ratios against raw.
 # HOLDER=benches/readall_holder.py PYTHON=(a python with NumPy) holds float and integer arrays and
 # reads all its memory before it answers (issue #48), so its first answer needs every page.
+# INIT_ARGS are passed to `gstore init` (e.g. "--min-saving 30").
 # Usage: benches/process_restore.sh [GIB (default 2)] [ROUNDS (default 3)] [WORKDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ G="$GSTORE_BIN"
 CRIU=$(command -v criu || echo /opt/criu/sbin/criu)
 mkdir -p "$work"
 export GSTORE_STORE="$work/store"
-"$G" -q init >/dev/null
+"$G" -q init ${INIT_ARGS:-} >/dev/null
 pid=""
 trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
 

@@ -359,3 +359,41 @@ fn a_copy_writes_only_codecs_the_target_store_allows() {
         assert_same_tree(&src, &out);
     }
 }
+
+#[test]
+fn a_store_made_with_min_saving_keeps_raw_what_compresses_less_and_restores_it() {
+    use gstore_store::codec::Codec;
+    // fp32 weights of ~16 random mantissa bits: the float codec saves 10-25 % of them. Text
+    // compresses far more.
+    let mut x: u64 = 7;
+    let weights: Vec<u8> = (0..400_000)
+        .flat_map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            (u * 0.04f32).to_le_bytes()
+        })
+        .collect();
+    let text: Vec<u8> = (0..200_000u32).flat_map(|i| format!("line {i} of the log\n").into_bytes()).collect();
+    let codecs_for = |min_saving: &str| {
+        let env = Env::new(&["--min-saving", min_saving]);
+        let src = env.path("src");
+        fs::create_dir_all(&src).unwrap();
+        fs::write(src.join("model.bin"), &weights).unwrap();
+        fs::write(src.join("log.txt"), &text).unwrap();
+        env.ok(&["-q", "push", src.to_str().unwrap(), "--tag", "m:1"]);
+        let out = env.path("out");
+        env.ok(&["restore", "m:1", "--to", out.to_str().unwrap()]);
+        assert_same_tree(&src, &out);
+        env.ok(&["verify", "--read-data"]);
+        stored_codecs(&env).into_iter().map(|(c, _)| c).collect::<Vec<_>>()
+    };
+    let default = codecs_for("3");
+    assert!(default.contains(&Codec::Floats), "by default the weights take the float codec: {default:?}");
+    let raw = codecs_for("30");
+    assert!(!raw.contains(&Codec::Floats), "with --min-saving 30 no weights are float-coded: {raw:?}");
+    assert!(raw.contains(&Codec::Raw) && raw.contains(&Codec::Zstd), "weights raw, text still zstd: {raw:?}");
+    let env = Env::uninitialized();
+    let o = env.cmd(&["init", "--min-saving", "101"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("101"), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -404,6 +404,12 @@ pub struct InitArgs {
     /// loads then decode those lanes on the host (or with nvCOMP when GSTORE_NVCOMP names it).
     #[arg(long)]
     pub zstd_lanes: bool,
+    /// Keep a chunk compressed only when that saves at least PERCENT of its bytes; store it
+    /// raw otherwise. Restores and lazy fills copy raw chunks instead of decoding them: a higher
+    /// value trades stored bytes for restores that cost less CPU (docs/BENCHMARKS.md, "Fills
+    /// that copy").
+    #[arg(long, default_value_t = 3, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub min_saving: u8,
     /// Encrypt the store (docs/SECURITY.md): its first key comes from GSTORE_KEY_FILE or
     /// GSTORE_PASSPHRASE, else a passphrase asked for twice.
     #[arg(long)]

@@ -737,6 +737,7 @@ fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
         pack_target: a.pack_size,
         float_codec: !a.no_float_codec,
         huffman_lanes: !a.zstd_lanes,
+        min_saving: a.min_saving,
         ..StoreConfig::default()
     };
     let key = if a.encrypt {

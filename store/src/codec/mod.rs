@@ -53,9 +53,6 @@ impl Codec {
     }
 }
 
-/// zstd output is kept only when it is smaller than this fraction of the plain bytes.
-const KEEP_ZSTD_BELOW: f64 = 0.97;
-
 /// The first byte of an XOR frame in a delta chunk ([`Encoder::encode_xor_delta`]); a zstd
 /// frame, the other kind, starts with 0x28.
 const XOR_FRAME: u8 = 0x01;
@@ -99,6 +96,8 @@ pub struct Encoder {
     level: i32,
     /// The context for delta frames, made when the first is.
     deltas: Option<PrefixCompressor>,
+    /// The percentage of its bytes an encoding must save to be kept.
+    min_saving: u8,
 }
 
 impl Encoder {
@@ -122,13 +121,18 @@ impl Encoder {
             scratch: floats::Scratch::default(),
             level,
             deltas: None,
+            min_saving: crate::format::config::MIN_SAVING_DEFAULT,
         })
     }
 
-    /// An encoder for the store `cfg` describes: its zstd level, float codec and lane coding.
+    /// An encoder for the store `cfg` describes: its zstd level, float codec, lane coding and
+    /// the saving a chunk's encoding must reach.
     pub fn for_config(cfg: &crate::StoreConfig) -> Result<Encoder> {
         let coding = if cfg.huffman_lanes { LaneCoding::Huffman } else { LaneCoding::Zstd };
-        Ok(Encoder::new(cfg.zstd_level, cfg.float_codec)?.lane_coding(coding))
+        Ok(Encoder {
+            min_saving: cfg.min_saving.min(100),
+            ..Encoder::new(cfg.zstd_level, cfg.float_codec)?.lane_coding(coding)
+        })
     }
 
     /// This encoder, coding float lanes worth compressing as `coding` says (Huffman unless
@@ -139,10 +143,11 @@ impl Encoder {
     }
 
     /// Chooses a codec for a non-zero chunk and returns its stored bytes: the float codec for
-    /// a chunk whose sample looks like floats, else zstd, each only when it saves at least
-    /// ~3 %; raw otherwise, and at once for a chunk whose sample looks random.
+    /// a chunk whose sample looks like floats, else zstd, each only when it saves at least the
+    /// store's `min_saving` (3 % unless set); raw otherwise, and at once for a chunk whose
+    /// sample looks random.
     pub fn encode(&mut self, plain: &[u8]) -> (Codec, Vec<u8>) {
-        let limit = (plain.len() as f64 * KEEP_ZSTD_BELOW) as usize;
+        let limit = plain.len() * (100 - self.min_saving as usize) / 100;
         match floats::survey(plain) {
             floats::Survey::Random => return (Codec::Raw, plain.to_vec()),
             floats::Survey::Floats(plan) if self.floats => {

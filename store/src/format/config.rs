@@ -58,9 +58,27 @@ pub struct StoreConfig {
     /// (and so not written then, like `huffman_lanes`).
     #[serde(default = "PackIds::whole", skip_serializing_if = "PackIds::is_whole")]
     pub pack_ids: PackIds,
+    /// A chunk is kept compressed only when its encoding saves at least this percentage of its
+    /// bytes (`gstore init --min-saving`), else stored raw: restores and lazy fills copy raw
+    /// chunks instead of decoding them. Absent: [`MIN_SAVING_DEFAULT`] (and written only when
+    /// another value, like `huffman_lanes`).
+    #[serde(default = "min_saving_default", skip_serializing_if = "is_min_saving_default")]
+    pub min_saving: u8,
     /// How the store is encrypted (format 2); absent in an unencrypted store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Encryption>,
+}
+
+/// The percentage of its bytes a chunk's encoding must save to be kept, unless a store says
+/// otherwise.
+pub const MIN_SAVING_DEFAULT: u8 = 3;
+
+fn min_saving_default() -> u8 {
+    MIN_SAVING_DEFAULT
+}
+
+fn is_min_saving_default(percent: &u8) -> bool {
+    *percent == MIN_SAVING_DEFAULT
 }
 
 fn float_codec_default() -> bool {
@@ -84,6 +102,7 @@ impl Default for StoreConfig {
             float_codec: true,
             huffman_lanes: true,
             pack_ids: PackIds::HeaderFooter,
+            min_saving: MIN_SAVING_DEFAULT,
             encryption: None,
         }
     }
@@ -93,6 +112,9 @@ impl StoreConfig {
     /// Checks the parameters against FastCDC's limits and each other.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(StoreError::Invalid(m));
+        if self.min_saving > 100 {
+            return bad(format!("min_saving is {} %: at most 100", self.min_saving));
+        }
         match (self.format, &self.encryption) {
             (FORMAT_VERSION, None) => {}
             (FORMAT_ENCRYPTED, Some(e)) if e.objects == SEALING && e.chunk_ids == CHUNK_IDS => {}

@@ -723,7 +723,7 @@ impl Started {
 /// What each thread working on a push keeps between units.
 struct Worker {
     /// The settings `encoder` was made for.
-    settings: (i32, bool, bool),
+    settings: (i32, bool, bool, u8),
     encoder: codec::Encoder,
     /// A unit the page cache held, read by this worker.
     data: Vec<u8>,
@@ -824,7 +824,7 @@ fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
     let deltas = work.deltas;
     let store = deltas.store;
     let cfg = store.config();
-    let settings = (cfg.zstd_level, cfg.float_codec, cfg.huffman_lanes);
+    let settings = (cfg.zstd_level, cfg.float_codec, cfg.huffman_lanes, cfg.min_saving);
     WORKER.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.as_ref().is_none_or(|w| w.settings != settings) {
