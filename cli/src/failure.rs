@@ -3,6 +3,7 @@
 
 use gstore_capture::CaptureError;
 use gstore_container::ContainerError;
+use gstore_store::ObjectKind;
 use gstore_store::{ErrorKind, StoreError};
 use serde::Serialize;
 
@@ -111,7 +112,10 @@ pub fn message(e: &anyhow::Error, code: Code) -> String {
     let stored_data = |c: &(dyn std::error::Error + 'static)| {
         matches!(
             c.downcast_ref::<StoreError>(),
-            Some(StoreError::Corrupt { what: "chunk" | "pack" | "manifest" | "sealed object", .. })
+            Some(StoreError::Corrupt {
+                what: ObjectKind::Chunk | ObjectKind::Pack | ObjectKind::Manifest | ObjectKind::SealedObject,
+                ..
+            })
         )
     };
     if code == Code::Damaged && e.chain().any(stored_data) {
@@ -159,9 +163,10 @@ mod tests {
 
     #[test]
     fn store_errors_keep_their_kind_under_context() {
-        let e = anyhow::Error::new(StoreError::NotFound { what: "tag", key: "a:b".into() }).context("restore failed");
+        let e = anyhow::Error::new(StoreError::NotFound { what: ObjectKind::Tag, key: "a:b".into() })
+            .context("restore failed");
         assert_eq!(classify(&e), Code::NotFound);
-        let e = anyhow::Error::new(StoreError::corrupt("chunk", "ab", "hash")).context("restore failed");
+        let e = anyhow::Error::new(StoreError::corrupt(ObjectKind::Chunk, "ab", "hash")).context("restore failed");
         assert_eq!(classify(&e), Code::Damaged);
         assert!(message(&e, Code::Damaged).contains("gstore verify --read-data"));
         assert_eq!(classify(&anyhow::Error::new(Usage("bad".into()))).exit_status(), 2);

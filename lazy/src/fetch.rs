@@ -8,6 +8,7 @@ use gstore_restore::plan::{locate_chunk, MAX_GAP};
 use gstore_store::codec;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::repo::index::ChunkLocation;
+use gstore_store::ObjectKind;
 use gstore_store::{ObjectId, Store, StoreError};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -40,7 +41,7 @@ impl FileChunks {
     /// Locates every chunk of the file `path` of `m` (index lookups in parallel).
     pub fn locate(store: &Store, m: &Manifest, path: &str) -> Result<FileChunks> {
         let (entry, refs) = m.files().find(|(e, _)| e.path == path).ok_or_else(|| StoreError::NotFound {
-            what: "image file",
+            what: ObjectKind::ImageFile,
             key: format!("{path} (the image's page map names it, its manifest does not have it)"),
         })?;
         let mut offsets = Vec::with_capacity(refs.len());
@@ -84,7 +85,7 @@ impl FileChunks {
     ) -> Result<usize> {
         if range.end > self.size {
             return Err(StoreError::corrupt(
-                "image file",
+                ObjectKind::ImageFile,
                 self.path.clone(),
                 format!("the page map needs {} bytes, the file has {}", range.end, self.size),
             )
@@ -132,7 +133,7 @@ impl FileChunks {
             });
             read.map_err(|e| match e {
                 // A damaged chunk names itself, its pack and file.
-                e @ StoreError::Corrupt { what: "chunk", .. } => LazyError::Store(e),
+                e @ StoreError::Corrupt { what: ObjectKind::Chunk, .. } => LazyError::Store(e),
                 e => LazyError::Fetch {
                     chunk: chunks[i].id.to_hex(),
                     more: j - i - 1,

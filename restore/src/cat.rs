@@ -6,6 +6,7 @@
 use crate::host::restore_to_memory;
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Silent;
+use gstore_store::ObjectKind;
 use gstore_store::{Result, Store, StoreError};
 use std::io::{Read, Write};
 
@@ -43,7 +44,7 @@ impl<'a> FileReader<'a> {
     /// A reader of the file at `path` in image `m`, and its size.
     pub fn open(store: &'a Store, m: &'a Manifest, path: &str) -> Result<(FileReader<'a>, u64)> {
         let entry = m.entries.iter().find(|e| e.path == path).ok_or_else(|| StoreError::NotFound {
-            what: "file in the image",
+            what: ObjectKind::ImageFile,
             key: format!("{path} (`gstore show` lists the image's files)"),
         })?;
         if entry.kind != EntryKind::File {

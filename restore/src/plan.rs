@@ -4,6 +4,7 @@
 
 use gstore_store::format::manifest::Manifest;
 use gstore_store::repo::index::{ChunkLocation, PlanRecord};
+use gstore_store::ObjectKind;
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use std::collections::HashMap;
 
@@ -128,14 +129,14 @@ pub fn locate_chunk(store: &Store, id: &ObjectId, len: u32, path: &str) -> Resul
 /// as [`locate_chunk`] does.
 fn check_location(found: Option<ChunkLocation>, id: &ObjectId, len: u32, path: &str) -> Result<ChunkLocation> {
     let loc = found.ok_or_else(|| StoreError::NotFound {
-        what: "chunk",
+        what: ObjectKind::Chunk,
         key: format!(
             "{id} of {path:?} (in no pack of the store: a pack is missing or damaged; gstore verify names the images it breaks)"
         ),
     })?;
     if loc.plain_len != len {
         return Err(StoreError::corrupt(
-            "chunk",
+            ObjectKind::Chunk,
             id.to_hex(),
             format!("index says {} bytes, manifest says {len}", loc.plain_len),
         ));

@@ -21,6 +21,7 @@ use gstore_store::codec::{Codec, Decoder, KnownBases};
 use gstore_store::format::key::ObjectKey;
 use gstore_store::format::pack::{self, PackEntry};
 use gstore_store::repo::cache::RangeCache;
+use gstore_store::ObjectKind;
 use gstore_store::{ObjectId, StoreError};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -218,7 +219,7 @@ impl Tier {
         let read = tokio::task::spawn_blocking(move || {
             let size = backend
                 .size(&ObjectKey::Pack(pack).to_string())?
-                .ok_or(StoreError::NotFound { what: "pack", key: pack.to_hex() })?;
+                .ok_or(StoreError::NotFound { what: ObjectKind::Pack, key: pack.to_hex() })?;
             pack::read_tail(&backend, &pack, size, chunk_max).map(|(entries, tail)| Footer { len: size, entries, tail })
         })
         .await
@@ -265,7 +266,7 @@ fn check_chunks(
         let at = (e.offset - start) as usize;
         let stored = &bytes[at..at + e.stored_len as usize];
         if e.codec == Codec::Delta && e.bases.is_none() {
-            return Err(StoreError::corrupt("chunk", e.id.to_hex(), "a delta whose footer names no bases"));
+            return Err(StoreError::corrupt(ObjectKind::Chunk, e.id.to_hex(), "a delta whose footer names no bases"));
         }
         plain.clear();
         decoder.decode_append(e.codec, stored, e.plain_len as usize, &e.id, &mut plain)?;

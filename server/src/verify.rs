@@ -13,13 +13,14 @@ use gstore_store::format::lease::{LeaseRecord, Owner};
 use gstore_store::format::manifest::Manifest;
 use gstore_store::format::profile::Profile;
 use gstore_store::format::tag::TagRecord;
+use gstore_store::ObjectKind;
 use gstore_store::{format::pack, ObjectId, StoreConfig};
 use std::collections::HashSet;
 
 /// Checks a delta chunk's stored bytes without its bases: they name the bases the footer
 /// names, then hold one whole zstd frame declaring the chunk's plain length.
 fn check_delta(stored: &[u8], e: &pack::PackEntry) -> gstore_store::Result<()> {
-    let bad = |why: &str| gstore_store::StoreError::corrupt("chunk", e.id.to_hex(), why);
+    let bad = |why: &str| gstore_store::StoreError::corrupt(ObjectKind::Chunk, e.id.to_hex(), why);
     let (bases, frame) = split_delta(stored).ok_or_else(|| bad("a delta that names no bases"))?;
     if Some(bases) != e.bases {
         return Err(bad("its stored base ids differ from its footer's"));

@@ -24,6 +24,79 @@ pub enum ErrorKind {
     Failure,
 }
 
+/// What kind of object an error is about: what callers match on (the CLI's advice to run
+/// `verify` after damage in stored data), and the first word of the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    /// A chunk of an image.
+    Chunk,
+    /// A chunk a delta chunk is stored against.
+    DeltaBase,
+    /// A pack object.
+    Pack,
+    /// An image's manifest.
+    Manifest,
+    /// A tag record.
+    Tag,
+    /// A tag's name (every version of it).
+    TagName,
+    /// A push's or tag copy's lease.
+    Lease,
+    /// The store's `config.json`.
+    Config,
+    /// An image's restore profile.
+    Profile,
+    /// A record of damage `verify` found.
+    DamageRecord,
+    /// A key record of an encrypted store.
+    KeyRecord,
+    /// The retired keys of an encrypted store.
+    RetiredKeys,
+    /// A key of an encrypted store.
+    Key,
+    /// A sealed object of an encrypted store.
+    SealedObject,
+    /// A store.
+    Store,
+    /// A backend object of any kind.
+    Object,
+    /// A file in an image.
+    ImageFile,
+    /// An image named by its id.
+    ImageId,
+    /// An image a `gstore hold` process holds.
+    HeldImage,
+    /// A device buffer read back.
+    DeviceBuffer,
+}
+
+impl std::fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ObjectKind::Chunk => "chunk",
+            ObjectKind::DeltaBase => "delta base chunk",
+            ObjectKind::Pack => "pack",
+            ObjectKind::Manifest => "manifest",
+            ObjectKind::Tag => "tag",
+            ObjectKind::TagName => "tag name",
+            ObjectKind::Lease => "lease",
+            ObjectKind::Config => "config",
+            ObjectKind::Profile => "profile",
+            ObjectKind::DamageRecord => "damage record",
+            ObjectKind::KeyRecord => "key record",
+            ObjectKind::RetiredKeys => "retired keys",
+            ObjectKind::Key => "key",
+            ObjectKind::SealedObject => "sealed object",
+            ObjectKind::Store => "store",
+            ObjectKind::Object => "object",
+            ObjectKind::ImageFile => "file in the image",
+            ObjectKind::ImageId => "image id",
+            ObjectKind::HeldImage => "held image",
+            ObjectKind::DeviceBuffer => "device buffer",
+        })
+    }
+}
+
 /// Everything that can go wrong inside the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -66,8 +139,8 @@ pub enum StoreError {
     /// An object that must exist does not.
     #[error("{what} not found: {key}")]
     NotFound {
-        /// What kind of object ("pack", "manifest", ...).
-        what: &'static str,
+        /// What kind of object.
+        what: ObjectKind,
         /// Its key or name.
         key: String,
     },
@@ -75,15 +148,15 @@ pub enum StoreError {
     #[error("{what} already exists: {key}")]
     AlreadyExists {
         /// What kind of object.
-        what: &'static str,
+        what: ObjectKind,
         /// Its key or name.
         key: String,
     },
     /// Stored bytes failed a check: wrong hash, bad magic, truncated, unparsable.
     #[error("corrupt {what} {key}: {detail}")]
     Corrupt {
-        /// What kind of object ("pack", "chunk", "manifest", "tag").
-        what: &'static str,
+        /// What kind of object.
+        what: ObjectKind,
         /// Its key or id.
         key: String,
         /// What exactly is wrong.
@@ -142,7 +215,7 @@ impl StoreError {
     }
 
     /// Builds a [`StoreError::Corrupt`].
-    pub fn corrupt(what: &'static str, key: impl Into<String>, detail: impl Into<String>) -> Self {
+    pub fn corrupt(what: ObjectKind, key: impl Into<String>, detail: impl Into<String>) -> Self {
         StoreError::Corrupt { what, key: key.into(), detail: detail.into() }
     }
 
@@ -182,8 +255,8 @@ mod tests {
     #[test]
     fn kinds_follow_what_went_wrong_not_the_words() {
         assert_eq!(StoreError::lost_race("tag a:b").kind(), ErrorKind::Conflict);
-        assert_eq!(StoreError::corrupt("chunk", "ab", "hash").kind(), ErrorKind::Damage);
-        assert_eq!(StoreError::NotFound { what: "tag", key: "a".into() }.kind(), ErrorKind::NotFound);
+        assert_eq!(StoreError::corrupt(ObjectKind::Chunk, "ab", "hash").kind(), ErrorKind::Damage);
+        assert_eq!(StoreError::NotFound { what: ObjectKind::Tag, key: "a".into() }.kind(), ErrorKind::NotFound);
         assert_eq!(StoreError::Invalid("bad".into()).kind(), ErrorKind::Usage);
         assert_eq!(StoreError::KeyRequired("s".into()).kind(), ErrorKind::Usage);
         let gone =

@@ -19,7 +19,7 @@ mod memory;
 pub mod progress;
 pub mod repo;
 
-pub use error::{ErrorKind, Result, StoreError};
+pub use error::{ErrorKind, ObjectKind, Result, StoreError};
 pub use format::config::{StoreConfig, FORMAT_VERSION};
 pub use format::id::{ChunkIds, ObjectId};
 pub use format::tag::TagRef;

@@ -20,6 +20,7 @@ use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, HostMemory, PinnedBuffer, Stream};
 use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder, FloatLaneCodec};
 use gstore_store::progress::{Progress, Unit};
+use gstore_store::ObjectKind;
 use gstore_store::{Result, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -278,7 +279,7 @@ impl GpuLoad {
             taken.iter().filter(|(t, _)| *t <= tag).max_by_key(|(t, _)| *t).expect("a failing chunk was queued");
         let c = &read.chunks[(tag - first) as usize];
         Err(StoreError::corrupt(
-            "chunk",
+            ObjectKind::Chunk,
             c.id.to_hex(),
             format!(
                 "its {} bytes in VRAM do not hash to its id (or did not decode to that length) (in pack {})",
@@ -454,7 +455,7 @@ impl Loader<'_> {
                         if n != plain {
                             return Err(in_pack(
                                 StoreError::corrupt(
-                                    "chunk",
+                                    ObjectKind::Chunk,
                                     c.id.to_hex(),
                                     format!("decodes to {n} bytes, not {plain}"),
                                 ),

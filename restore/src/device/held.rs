@@ -22,6 +22,7 @@ use crate::plan::{self, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, HostMemory, IpcBuffer, IpcHandle, PinnedBuffer};
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::{Progress, Silent, Unit};
+use gstore_store::ObjectKind;
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -296,7 +297,7 @@ impl Holder {
         images.iter().position(|i| i.name == reference).or_else(|| images.iter().position(by_id)).ok_or_else(|| {
             let names: Vec<&str> = images.iter().map(|i| i.name.as_str()).collect();
             StoreError::NotFound {
-                what: "held image",
+                what: ObjectKind::HeldImage,
                 key: format!("{reference} (this gstore hold holds {})", names.join(", ")),
             }
         })

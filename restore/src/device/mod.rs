@@ -22,6 +22,7 @@ use crate::plan::{self, Plan, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, HostMemory};
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
+use gstore_store::ObjectKind;
 use gstore_store::{ChunkIds, Result, Store, StoreError};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 
@@ -90,7 +91,7 @@ impl DeviceImage {
         let chunks: std::collections::HashMap<&str, &[gstore_store::format::manifest::ChunkRef]> =
             m.files().map(|(e, c)| (e.path.as_str(), c)).collect();
         for dev in &self.entries {
-            let wrong = |detail: String| StoreError::corrupt("device buffer", dev.path.clone(), detail);
+            let wrong = |detail: String| StoreError::corrupt(ObjectKind::DeviceBuffer, dev.path.clone(), detail);
             let list = chunks.get(dev.path.as_str()).ok_or_else(|| wrong("not in the image".into()))?;
             let mut host = vec![0u8; dev.buffer.len()];
             dev.buffer.context().copy_to_host(&mut host, dev.buffer.ptr()).map_err(cuda_err)?;

@@ -3,6 +3,7 @@
 use super::{runtime, Listed, Objects, Patience, Put, Version};
 use crate::backend::http_client::{Answer, HttpClient};
 use crate::error::{Result, StoreError};
+use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::PutPayload;
 use reqwest::header::{HeaderName, IF_MATCH, IF_NONE_MATCH, RANGE};
@@ -38,7 +39,7 @@ impl Objects for HttpObjects {
         // One body: the pieces joined (a copy only for an object given in several).
         match self.call(Method::PUT, key, cond.as_slice(), Some(Bytes::from(bytes))) {
             Err(StoreError::Conflict(_)) if matches!(mode, Put::Create) => {
-                Err(StoreError::AlreadyExists { what: "object", key: key.to_string() })
+                Err(StoreError::AlreadyExists { what: ObjectKind::Object, key: key.to_string() })
             }
             other => other.map(|_| ()),
         }

@@ -3,6 +3,7 @@
 //! backoff on 5xx answers and lost connections.
 
 use crate::error::{Result, StoreError};
+use crate::ObjectKind;
 use bytes::Bytes;
 use reqwest::{header, Method, StatusCode};
 use std::ops::Range;
@@ -124,7 +125,7 @@ impl HttpClient {
         let path = Self::object_path(key);
         match a.status {
             s if s.is_success() => Ok(()),
-            StatusCode::NOT_FOUND => Err(StoreError::NotFound { what: "object", key: key.to_string() }),
+            StatusCode::NOT_FOUND => Err(StoreError::NotFound { what: ObjectKind::Object, key: key.to_string() }),
             StatusCode::PRECONDITION_FAILED => Err(StoreError::lost_race(key)),
             StatusCode::UNAUTHORIZED => {
                 Err(self.err(&path, "access denied: missing or unknown token (set GSTORE_TOKEN)".into()))

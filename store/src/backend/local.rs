@@ -6,6 +6,7 @@
 use super::objects::ObjectStoreObjects;
 use super::{Listed, Objects, Put, Version};
 use crate::error::{Result, StoreError};
+use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
 use std::fs::File;
@@ -72,7 +73,7 @@ impl LocalDir {
         let path = self.root.join(key);
         let file = match File::open(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(StoreError::NotFound { what: "object", key: key.to_string() })
+                return Err(StoreError::NotFound { what: ObjectKind::Object, key: key.to_string() })
             }
             other => other.map_err(|e| StoreError::io("opening", &path, e))?,
         };
@@ -83,7 +84,11 @@ impl LocalDir {
 
 /// A read past the end of an object.
 fn truncated(key: &str, size: u64, needed: u64) -> StoreError {
-    StoreError::corrupt("object", key, format!("{size} bytes long but bytes up to {needed} are needed: truncated"))
+    StoreError::corrupt(
+        ObjectKind::Object,
+        key,
+        format!("{size} bytes long but bytes up to {needed} are needed: truncated"),
+    )
 }
 
 impl Objects for LocalDir {

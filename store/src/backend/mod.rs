@@ -18,6 +18,7 @@ mod sealed;
 mod tiered;
 
 use crate::error::{Result, StoreError};
+use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
 use std::ops::Range;
@@ -345,7 +346,7 @@ impl Backend {
 
     /// Reads a whole object.
     pub fn get(&self, key: &str) -> Result<Bytes> {
-        self.get_opt(key)?.ok_or_else(|| StoreError::NotFound { what: "object", key: key.to_string() })
+        self.get_opt(key)?.ok_or_else(|| StoreError::NotFound { what: ObjectKind::Object, key: key.to_string() })
     }
 
     /// Reads a whole object, or `None` if it does not exist.
@@ -397,7 +398,7 @@ impl Backend {
 
 /// A range read that returned fewer bytes than asked for.
 pub(crate) fn short_range(key: &str, range: &Range<u64>, got: usize) -> StoreError {
-    StoreError::corrupt("object", key, format!("range {range:?} returned {got} bytes: truncated"))
+    StoreError::corrupt(ObjectKind::Object, key, format!("range {range:?} returned {got} bytes: truncated"))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use super::{runtime, Listed, Objects, Put, Version};
 use crate::error::{Result, StoreError};
+use crate::ObjectKind;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjPath;
@@ -121,9 +122,9 @@ impl Objects for ObjectStoreObjects {
 /// The store's error for an `object_store` failure, with a hint for the common S3 ones.
 pub(super) fn err(action: &'static str, key: &str, e: object_store::Error) -> StoreError {
     match e {
-        object_store::Error::NotFound { .. } => StoreError::NotFound { what: "object", key: key.to_string() },
+        object_store::Error::NotFound { .. } => StoreError::NotFound { what: ObjectKind::Object, key: key.to_string() },
         object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
-            StoreError::AlreadyExists { what: "object", key: key.to_string() }
+            StoreError::AlreadyExists { what: ObjectKind::Object, key: key.to_string() }
         }
         other => {
             let transit = in_transit(&other);

@@ -179,7 +179,7 @@ mod tests {
             Ok(None)
         }
         fn get_range(&self, key: &str, _: Range<u64>) -> Result<Bytes> {
-            Err(StoreError::corrupt("object", key, "short"))
+            Err(StoreError::corrupt(crate::ObjectKind::Object, key, "short"))
         }
         fn size(&self, _: &str) -> Result<Option<u64>> {
             Ok(None)

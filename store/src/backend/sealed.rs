@@ -8,6 +8,7 @@ use crate::crypto::sealed::{self, Header, Sealer};
 use crate::error::{Result, StoreError};
 use crate::format::key::ObjectKey;
 use crate::memory::KEPT;
+use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
 use std::collections::HashMap;
@@ -166,7 +167,7 @@ impl Objects for SealedObjects {
     fn size(&self, key: &str) -> Result<Option<u64>> {
         match self.inner.size(key)? {
             Some(n) if is_sealed(key) => sealed::plain_len(n).map(Some).ok_or_else(|| {
-                StoreError::corrupt("sealed object", key, format!("{n} bytes is no sealed object's length"))
+                StoreError::corrupt(ObjectKind::SealedObject, key, format!("{n} bytes is no sealed object's length"))
             }),
             other => Ok(other),
         }

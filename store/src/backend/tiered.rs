@@ -9,6 +9,7 @@
 use super::http::HttpObjects;
 use super::{Listed, Objects, Patience, Put, Version};
 use crate::error::{Result, StoreError};
+use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
 use std::collections::{HashMap, HashSet};
@@ -167,7 +168,7 @@ impl Objects for Tiered {
     /// damage may be in every tier, each reading through the next).
     fn distrust(&self, key: &str) -> bool {
         let Some(i) = self.served.lock().expect("tier lock").remove(key) else { return false };
-        let why = StoreError::corrupt("pack", key, "its bytes from this tier failed their check");
+        let why = StoreError::corrupt(ObjectKind::Pack, key, "its bytes from this tier failed their check");
         self.tiers[i].rest(&why);
         self.distrusted.lock().expect("tier lock").insert(key.to_string());
         true

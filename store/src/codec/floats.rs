@@ -12,6 +12,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
+use crate::ObjectKind;
 
 /// Lane codec byte: the lane's bytes as they are.
 const LANE_RAW: u8 = 0;
@@ -326,7 +327,7 @@ pub fn encode(
 
 /// The error for float-coded chunk `id` whose lanes are inconsistent.
 fn corrupt(id: &ObjectId, detail: String) -> StoreError {
-    StoreError::corrupt("chunk", id.to_hex(), format!("float lanes: {detail}"))
+    StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), format!("float lanes: {detail}"))
 }
 
 /// How one lane of a float-coded chunk is stored.

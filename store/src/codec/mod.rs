@@ -10,6 +10,7 @@ pub use crate::codec::floats::{
 use crate::codec::prefix_zstd::PrefixCompressor;
 use crate::error::{Result, StoreError};
 use crate::format::id::{ChunkIds, ObjectId};
+use crate::ObjectKind;
 
 /// How a chunk is stored. The numeric value is the codec byte in pack footers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,7 +300,7 @@ pub fn decode_base(
     ids: ChunkIds,
 ) -> Result<Vec<u8>> {
     if codec == Codec::Delta {
-        return Err(StoreError::corrupt("chunk", id.to_hex(), "a delta base is itself stored as a delta"));
+        return Err(StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), "a delta base is itself stored as a delta"));
     }
     thread_local! {
         /// One decoder per thread for bases (a zstd context is costly to make per chunk).
@@ -333,7 +334,7 @@ impl BaseSource for KnownBases {
             .iter()
             .find(|(b, _)| b == id)
             .map(|(_, plain)| plain.clone())
-            .ok_or_else(|| StoreError::NotFound { what: "delta base chunk", key: id.to_hex() })
+            .ok_or_else(|| StoreError::NotFound { what: ObjectKind::DeltaBase, key: id.to_hex() })
     }
 }
 
@@ -358,7 +359,7 @@ const ZSTD_DICT_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
 pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId, ids: &ChunkIds) -> Result<()> {
     if plain.len() != plain_len {
         return Err(StoreError::corrupt(
-            "chunk",
+            ObjectKind::Chunk,
             id.to_hex(),
             format!("decoded to {} bytes, expected {plain_len}", plain.len()),
         ));
@@ -366,7 +367,7 @@ pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId, ids: &ChunkIds) -> 
     let got = ids.id(plain);
     if &got != id {
         return Err(StoreError::corrupt(
-            "chunk",
+            ObjectKind::Chunk,
             id.to_hex(),
             format!("BLAKE3 mismatch: content hashes to {}", got.short()),
         ));
@@ -384,7 +385,7 @@ pub fn check_zstd_frame(frame: &[u8], plain_len: usize, id: &ObjectId) -> Result
     match (declared, walked) {
         (Ok(Some(n)), Ok(len)) if n == plain_len as u64 && len == frame.len() => Ok(()),
         (declared, walked) => Err(StoreError::corrupt(
-            "chunk",
+            ObjectKind::Chunk,
             id.to_hex(),
             format!(
                 "its zstd frame of {} bytes is damaged (declares {declared:?} bytes of content for {plain_len}, \
@@ -425,7 +426,7 @@ impl<'s> Decoder<'s> {
     /// Decodes a delta chunk into `out` (its plain length): looks up its bases, then decodes
     /// the frame with their plain bytes as its prefix. Returns the decoded length.
     fn expand_delta(&mut self, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<usize> {
-        let corrupt = |why: String| StoreError::corrupt("chunk", id.to_hex(), why);
+        let corrupt = |why: String| StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), why);
         let (bases, frame) =
             split_delta(stored).ok_or_else(|| corrupt(format!("a delta of {} bytes names no bases", stored.len())))?;
         if bases.contains(id) {
@@ -485,7 +486,7 @@ impl<'s> Decoder<'s> {
     ) -> Result<()> {
         if plain_len > self.chunk_max as usize {
             return Err(StoreError::corrupt(
-                "chunk",
+                ObjectKind::Chunk,
                 id.to_hex(),
                 format!("plain length {plain_len} exceeds the store's chunk max {}", self.chunk_max),
             ));
@@ -516,7 +517,7 @@ impl<'s> Decoder<'s> {
                         out.truncate(start + n);
                         Ok(())
                     }
-                    Err(e) => Err(StoreError::corrupt("chunk", id.to_hex(), format!("zstd: {e}"))),
+                    Err(e) => Err(StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), format!("zstd: {e}"))),
                 }
             }
         };
@@ -543,7 +544,7 @@ impl Decoder<'_> {
         let plain_len = out.len();
         if plain_len > self.chunk_max as usize {
             return Err(StoreError::corrupt(
-                "chunk",
+                ObjectKind::Chunk,
                 id.to_hex(),
                 format!("plain length {plain_len} exceeds the store's chunk max {}", self.chunk_max),
             ));
@@ -566,7 +567,7 @@ impl Decoder<'_> {
             Codec::Zstd => self
                 .zstd
                 .decompress_to_buffer(stored, out)
-                .map_err(|e| StoreError::corrupt("chunk", id.to_hex(), format!("zstd: {e}")))?,
+                .map_err(|e| StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), format!("zstd: {e}")))?,
         })
     }
 }

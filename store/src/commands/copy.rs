@@ -14,6 +14,7 @@ use crate::format::tag::TagRef;
 use crate::progress::{Progress, Unit};
 use crate::repo::index::Index;
 use crate::repo::store::Store;
+use crate::ObjectKind;
 use crate::StoreConfig;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -157,7 +158,7 @@ fn transfer(
         }
         let len = sizes[c];
         let loc = loc.ok_or_else(|| StoreError::NotFound {
-            what: "chunk",
+            what: ObjectKind::Chunk,
             key: format!("{c} (in no pack of the source store; gstore verify names the images it breaks)"),
         })?;
         let stored = src.read_checked_range(&loc.pack, loc.range(), |stored| {

@@ -7,6 +7,7 @@ use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use crate::format::config::StoreConfig;
 use crate::format::key::ObjectKey;
+use crate::ObjectKind;
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
@@ -64,7 +65,7 @@ pub struct KeyRecord {
 impl KeyRecord {
     /// Parses and checks a key record read from `keys/<id>.key`.
     pub fn from_json(bytes: &[u8], id: &str) -> Result<KeyRecord> {
-        let bad = |d: String| StoreError::corrupt("key record", id, d);
+        let bad = |d: String| StoreError::corrupt(ObjectKind::KeyRecord, id, d);
         let r: KeyRecord = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
         if r.format != 1 {
             return Err(bad(format!("record format {} is not supported", r.format)));
@@ -178,7 +179,7 @@ pub fn list(backend: &Backend) -> Result<Vec<(String, Result<KeyRecord>)>> {
 pub fn unlock(backend: &Backend, secret: &Secret, store: &str, config: &StoreConfig) -> Result<MasterKey> {
     let records = list(backend)?;
     if records.is_empty() {
-        return Err(StoreError::corrupt("store", store, "it is encrypted but holds no key records (keys/)"));
+        return Err(StoreError::corrupt(ObjectKind::Store, store, "it is encrypted but holds no key records (keys/)"));
     }
     let mut opened = None;
     for (id, rec) in &records {
@@ -218,7 +219,7 @@ pub struct RetiredKeys {
 impl RetiredKeys {
     /// Parses and checks the object read from `keys/retired.json`.
     pub fn from_json(bytes: &[u8]) -> Result<RetiredKeys> {
-        let bad = |d: String| StoreError::corrupt("retired keys", "keys/retired.json", d);
+        let bad = |d: String| StoreError::corrupt(ObjectKind::RetiredKeys, "keys/retired.json", d);
         let r: RetiredKeys = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
         if r.format != 1 {
             return Err(bad(format!("format {} is not supported", r.format)));
@@ -238,7 +239,7 @@ pub fn remove(backend: &Backend, master: &MasterKey, id: &str) -> Result<()> {
         };
         let records = list(backend)?;
         if !records.iter().any(|(r, _)| r == id) {
-            return Err(StoreError::NotFound { what: "key", key: id.to_string() });
+            return Err(StoreError::NotFound { what: ObjectKind::Key, key: id.to_string() });
         }
         let others = records.iter().filter(|(r, rec)| {
             r != id && !retired.retired.contains(r) && rec.as_ref().is_ok_and(|rec| rec.is_key_of(r, master))

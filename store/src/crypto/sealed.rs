@@ -18,6 +18,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::memory::KEPT;
+use crate::ObjectKind;
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use bytes::Bytes;
 use std::ops::Range;
@@ -97,7 +98,7 @@ pub fn plain_len(sealed_len: u64) -> Option<u64> {
 }
 
 fn corrupt(key: &str, detail: &str) -> StoreError {
-    StoreError::corrupt("sealed object", key, detail)
+    StoreError::corrupt(ObjectKind::SealedObject, key, detail)
 }
 
 /// Block `i` of object `key` failed its check.

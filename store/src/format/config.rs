@@ -2,6 +2,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::format::pack::PackIds;
+use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 
 /// The store format version of an unencrypted store.
@@ -177,7 +178,7 @@ impl StoreConfig {
         // blake3::Hash compares in constant time.
         if blake3::Hash::from_hex(&e.check).ok() != Some(want) {
             return Err(StoreError::corrupt(
-                "config",
+                ObjectKind::Config,
                 store,
                 "its check does not match the store's key: config.json was changed by someone without the key",
             ));
@@ -187,8 +188,8 @@ impl StoreConfig {
 
     /// Parses and validates `config.json`.
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        let cfg: StoreConfig =
-            serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt("config", "config.json", e.to_string()))?;
+        let cfg: StoreConfig = serde_json::from_slice(bytes)
+            .map_err(|e| StoreError::corrupt(ObjectKind::Config, "config.json", e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }

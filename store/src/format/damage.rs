@@ -9,6 +9,7 @@ use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
+use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
 
@@ -32,7 +33,7 @@ const MAX_RECORD: usize = 1 << 20;
 impl DamageRecord {
     /// Parses and checks a record read from the key of pack `pack`.
     fn from_json(bytes: &[u8], pack: &ObjectId) -> Result<DamageRecord> {
-        let bad = |d: String| StoreError::corrupt("damage record", pack.to_hex(), d);
+        let bad = |d: String| StoreError::corrupt(ObjectKind::DamageRecord, pack.to_hex(), d);
         if bytes.len() > MAX_RECORD {
             return Err(bad(format!("{} bytes, more than {MAX_RECORD}", bytes.len())));
         }

@@ -11,6 +11,7 @@ use crate::backend::{self, Backend};
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
+use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Mutex;
@@ -91,9 +92,9 @@ impl LeaseRecord {
     /// Parses a stored lease.
     pub fn from_json(bytes: &[u8], key: &str) -> Result<LeaseRecord> {
         let r: LeaseRecord =
-            serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt("lease", key, e.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt(ObjectKind::Lease, key, e.to_string()))?;
         if r.format != 1 {
-            return Err(StoreError::corrupt("lease", key, format!("unknown format {}", r.format)));
+            return Err(StoreError::corrupt(ObjectKind::Lease, key, format!("unknown format {}", r.format)));
         }
         Ok(r)
     }

@@ -4,6 +4,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
+use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
@@ -156,7 +157,7 @@ impl Manifest {
         for (i, (path, offset, len)) in ranges.iter().enumerate() {
             let (entry, chunks) = files
                 .get(path.as_str())
-                .ok_or_else(|| StoreError::NotFound { what: "file in the image", key: path.clone() })?;
+                .ok_or_else(|| StoreError::NotFound { what: ObjectKind::ImageFile, key: path.clone() })?;
             let end = offset.checked_add(*len).filter(|&end| end <= entry.size).ok_or_else(|| {
                 StoreError::Invalid(format!(
                     "{len} bytes at {offset} run past the end of {path} ({} bytes)",
@@ -218,7 +219,7 @@ impl Manifest {
 
     /// Parses and checks a manifest: its hash must equal `id`, and every entry must be sane.
     pub fn decode(bytes: &[u8], id: &ObjectId) -> Result<Manifest> {
-        let bad = |d: String| StoreError::corrupt("manifest", id.to_hex(), d);
+        let bad = |d: String| StoreError::corrupt(ObjectKind::Manifest, id.to_hex(), d);
         if &ObjectId::of(bytes) != id {
             return Err(bad("content does not match its id (BLAKE3 mismatch)".into()));
         }

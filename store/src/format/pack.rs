@@ -7,6 +7,7 @@ use crate::dedup::similar::Sketch;
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::ObjectKey;
+use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::PutPayload;
 use serde::{Deserialize, Serialize};
@@ -97,7 +98,7 @@ impl PackEntry {
     }
 
     fn read_from(b: &[u8], pack: &str) -> Result<Self> {
-        let bad = |why: String| StoreError::corrupt("pack", pack, why);
+        let bad = |why: String| StoreError::corrupt(ObjectKind::Pack, pack, why);
         let codec = Codec::from_byte(b[48]).ok_or_else(|| bad(format!("unknown codec byte {}", b[48])))?;
         let id = ObjectId::from_slice(&b[..32]).expect("32 bytes");
         // Only a version 2 entry has base fields; all zeros is none.
@@ -300,7 +301,7 @@ pub struct Trailer {
 
 /// Parses the last [`TRAILER_LEN`] bytes of a pack of `pack_len` bytes.
 pub fn parse_trailer(tail: &[u8], pack_len: u64, pack: &str) -> Result<Trailer> {
-    let bad = |d: String| StoreError::corrupt("pack", pack, d);
+    let bad = |d: String| StoreError::corrupt(ObjectKind::Pack, pack, d);
     if pack_len < (PACK_MAGIC.len() + TRAILER_LEN) as u64 || tail.len() != TRAILER_LEN {
         return Err(bad(format!("only {pack_len} bytes long: truncated")));
     }
@@ -331,7 +332,7 @@ pub fn parse_trailer(tail: &[u8], pack_len: u64, pack: &str) -> Result<Trailer> 
 /// lengths that fit a store whose chunks are at most `chunk_max` bytes (its config's).
 pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
     if blake3::hash(footer).as_bytes() != &t.footer_hash {
-        return Err(StoreError::corrupt("pack", pack, "footer checksum mismatch"));
+        return Err(StoreError::corrupt(ObjectKind::Pack, pack, "footer checksum mismatch"));
     }
     let mut entries = Vec::with_capacity(t.count as usize);
     for raw in footer.chunks_exact(entry_len(t.version)) {
@@ -339,13 +340,13 @@ pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str, chunk_max: u32) -> R
         let end = e.offset + e.stored_len as u64;
         if e.offset < PACK_MAGIC.len() as u64 || end > t.footer_offset {
             return Err(StoreError::corrupt(
-                "pack",
+                ObjectKind::Pack,
                 pack,
                 format!("chunk {} lies outside the data area", e.id.short()),
             ));
         }
         if let Some(why) = e.bad_lengths(chunk_max) {
-            return Err(StoreError::corrupt("pack", pack, format!("chunk {}: {why}", e.id.short())));
+            return Err(StoreError::corrupt(ObjectKind::Pack, pack, format!("chunk {}: {why}", e.id.short())));
         }
         entries.push(e);
     }
@@ -366,7 +367,7 @@ pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) 
 
 fn read_tail_once(backend: &Backend, key: &str, size: u64, chunk_max: u32) -> Result<(Vec<PackEntry>, Vec<u8>)> {
     if size < TRAILER_LEN as u64 + 8 {
-        return Err(StoreError::corrupt("pack", key, format!("only {size} bytes long: truncated")));
+        return Err(StoreError::corrupt(ObjectKind::Pack, key, format!("only {size} bytes long: truncated")));
     }
     // One read fetches the trailer with the footer of a pack of up to TAIL_GUESS / ENTRY_LEN
     // chunks; a longer footer takes a second read for the rest.
@@ -403,7 +404,7 @@ pub fn is_named(bytes: &[u8], id: &ObjectId) -> bool {
 /// Parses a whole pack held in memory: header, trailer, footer (see [`parse_footer`]).
 pub fn parse_pack(bytes: &[u8], pack: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
     if bytes.len() < PACK_MAGIC.len() || &bytes[..8] != PACK_MAGIC {
-        return Err(StoreError::corrupt("pack", pack, "header magic missing"));
+        return Err(StoreError::corrupt(ObjectKind::Pack, pack, "header magic missing"));
     }
     let len = bytes.len() as u64;
     let t = parse_trailer(&bytes[bytes.len().saturating_sub(TRAILER_LEN)..], len, pack)?;

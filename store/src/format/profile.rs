@@ -7,6 +7,7 @@ use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::ObjectKey;
 use crate::repo::store::Store;
+use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 
 /// Format version of a stored profile.
@@ -34,7 +35,7 @@ impl Profile {
 
     /// Parses a stored profile of the image `id`.
     pub fn from_json(bytes: &[u8], id: &ObjectId) -> Result<Profile> {
-        let corrupt = |detail: String| StoreError::Corrupt { what: "profile", key: id.to_hex(), detail };
+        let corrupt = |detail: String| StoreError::Corrupt { what: ObjectKind::Profile, key: id.to_hex(), detail };
         if bytes.len() > MAX_PROFILE_BYTES {
             return Err(corrupt(format!("{} bytes, more than the {MAX_PROFILE_BYTES} allowed", bytes.len())));
         }

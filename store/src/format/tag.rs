@@ -2,6 +2,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
+use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -230,7 +231,7 @@ impl TagRecord {
     /// The current manifest id.
     pub fn manifest_id(&self) -> Result<ObjectId> {
         ObjectId::from_hex(&self.manifest)
-            .map_err(|_| StoreError::corrupt("tag", self.tag().to_string(), "bad manifest id"))
+            .map_err(|_| StoreError::corrupt(ObjectKind::Tag, self.tag().to_string(), "bad manifest id"))
     }
 
     /// The tag this record is for.
@@ -240,10 +241,14 @@ impl TagRecord {
 
     /// Parses a stored record and checks it belongs to `tag`.
     pub fn from_json(bytes: &[u8], tag: &TagRef) -> Result<TagRecord> {
-        let r: TagRecord =
-            serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt("tag", tag.to_string(), e.to_string()))?;
+        let r: TagRecord = serde_json::from_slice(bytes)
+            .map_err(|e| StoreError::corrupt(ObjectKind::Tag, tag.to_string(), e.to_string()))?;
         if r.format != 1 || &r.tag() != tag {
-            return Err(StoreError::corrupt("tag", tag.to_string(), "record names another tag or an unknown format"));
+            return Err(StoreError::corrupt(
+                ObjectKind::Tag,
+                tag.to_string(),
+                "record names another tag or an unknown format",
+            ));
         }
         r.manifest_id()?;
         Ok(r)

@@ -6,6 +6,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::format::tag::{SetTime, TagRecord};
+use crate::ObjectKind;
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, Write};
@@ -51,7 +52,7 @@ impl SeenTags {
             match seen.get(&name).map(|&(unix, nanos)| SetTime { unix, nanos }) {
                 Some(newest) if at < newest => {
                     return Err(StoreError::corrupt(
-                        "tag",
+                        ObjectKind::Tag,
                         name,
                         format!(
                             "it reads as set at {} s, but this machine saw it set later, at {} s: the store's record was rolled back to an earlier value",

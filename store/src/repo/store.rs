@@ -16,6 +16,7 @@ use crate::repo::cache::RangeCache;
 use crate::repo::index::{ChunkLocation, Index};
 use crate::repo::lock::StoreLock;
 use crate::repo::seen::SeenTags;
+use crate::ObjectKind;
 use bytes::Bytes;
 use rayon::prelude::*;
 use std::collections::HashSet;
@@ -201,7 +202,11 @@ pub struct Store {
 
 /// A pack too short for the bytes a read needs.
 fn truncated(key: String, size: u64, needed: u64) -> StoreError {
-    StoreError::corrupt("pack", key, format!("{size} bytes long but bytes up to {needed} are needed: truncated"))
+    StoreError::corrupt(
+        ObjectKind::Pack,
+        key,
+        format!("{size} bytes long but bytes up to {needed} are needed: truncated"),
+    )
 }
 
 /// Checks that a remote store honours conditional writes (If-None-Match and If-Match), which
@@ -255,7 +260,7 @@ impl Store {
     pub fn init_encrypted(location: &StoreLocation, config: &StoreConfig, secret: &Secret) -> Result<String> {
         let backend = Self::backend_to_init(location, config)?;
         if backend.get_opt(&ObjectKey::Config.to_string())?.is_some() {
-            return Err(StoreError::AlreadyExists { what: "store", key: location.describe() });
+            return Err(StoreError::AlreadyExists { what: ObjectKind::Store, key: location.describe() });
         }
         let master = MasterKey::generate();
         let config = config.clone().encrypted(&master);
@@ -278,7 +283,7 @@ impl Store {
         let json = serde_json::to_vec_pretty(config).expect("config serializes");
         match backend.put_new(&ObjectKey::Config.to_string(), json) {
             Err(StoreError::AlreadyExists { .. }) => {
-                Err(StoreError::AlreadyExists { what: "store", key: location.describe() })
+                Err(StoreError::AlreadyExists { what: ObjectKind::Store, key: location.describe() })
             }
             other => other,
         }
@@ -380,7 +385,7 @@ impl Store {
     fn refuse_downgrade(backend: &Backend, config: &StoreConfig, location: &StoreLocation) -> Result<()> {
         if config.encryption.is_none() && !keyring::list(backend)?.is_empty() {
             return Err(StoreError::corrupt(
-                "config",
+                ObjectKind::Config,
                 location.describe(),
                 "the store holds key records (keys/) but its config.json says it is not encrypted: the config was replaced",
             ));
@@ -581,9 +586,9 @@ impl Store {
     /// A failed range read of a pack, said as a missing or truncated pack where it is one.
     fn pack_read_failure(&self, key: String, range: &std::ops::Range<u64>, e: StoreError) -> StoreError {
         match e {
-            StoreError::NotFound { .. } => StoreError::NotFound { what: "pack", key },
+            StoreError::NotFound { .. } => StoreError::NotFound { what: ObjectKind::Pack, key },
             e => match self.backend.size(&key) {
-                Ok(None) => StoreError::NotFound { what: "pack", key },
+                Ok(None) => StoreError::NotFound { what: ObjectKind::Pack, key },
                 Ok(Some(size)) if size < range.end => truncated(key, size, range.end),
                 _ => e,
             },
@@ -643,7 +648,10 @@ impl Store {
     /// Reads and checks a pack's footer (without reading its chunk data).
     pub fn read_pack_footer(&self, pack: &ObjectId) -> Result<Vec<PackEntry>> {
         let key = ObjectKey::Pack(*pack).to_string();
-        let size = self.backend.size(&key)?.ok_or_else(|| StoreError::NotFound { what: "pack", key: key.clone() })?;
+        let size = self
+            .backend
+            .size(&key)?
+            .ok_or_else(|| StoreError::NotFound { what: ObjectKind::Pack, key: key.clone() })?;
         Ok(self.read_pack_tail(pack, size)?.0)
     }
 
@@ -721,7 +729,7 @@ impl Store {
     pub fn get_manifest(&self, id: &ObjectId) -> Result<Manifest> {
         let key = ObjectKey::Manifest(*id).to_string();
         let bytes = match self.backend.get(&key) {
-            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "manifest", key }),
+            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: ObjectKind::Manifest, key }),
             other => other?,
         };
         Manifest::decode(&bytes, id)
@@ -920,9 +928,10 @@ impl Store {
             .collect();
         found.sort();
         match found.len() {
-            0 => {
-                Err(StoreError::NotFound { what: "image id", key: format!("{prefix} (no image's id starts with it)") })
-            }
+            0 => Err(StoreError::NotFound {
+                what: ObjectKind::ImageId,
+                key: format!("{prefix} (no image's id starts with it)"),
+            }),
             1 => Ok(found[0]),
             n => Err(StoreError::Invalid(format!(
                 "{prefix} is ambiguous: {n} image ids start with it ({}{}); give more digits",
@@ -936,7 +945,7 @@ impl Store {
     /// whose names are spelled alike.
     fn no_such_tag(&self, tag: &TagRef) -> StoreError {
         StoreError::NotFound {
-            what: "tag",
+            what: ObjectKind::Tag,
             key: format!("{tag}{}", self.missing_tag_hint(&tag.name, Some(&tag.version))),
         }
     }
@@ -944,7 +953,7 @@ impl Store {
     /// The error for a tag name none of whose versions exists (`gstore log NAME`), naming tags
     /// spelled alike.
     pub fn no_such_tag_name(&self, name: &str) -> StoreError {
-        StoreError::NotFound { what: "tag name", key: format!("{name}{}", self.missing_tag_hint(name, None)) }
+        StoreError::NotFound { what: ObjectKind::TagName, key: format!("{name}{}", self.missing_tag_hint(name, None)) }
     }
 
     /// What to say after a missing tag `name[:version]`: the versions the name has, tags
@@ -1245,7 +1254,7 @@ const BASE_READ_SPAN: u64 = 4 << 20;
 
 /// The error for a delta base the index does not know.
 fn base_not_found(id: &ObjectId) -> StoreError {
-    StoreError::NotFound { what: "delta base chunk", key: id.to_hex() }
+    StoreError::NotFound { what: ObjectKind::DeltaBase, key: id.to_hex() }
 }
 
 /// The threads [`Store::prefetch_bases`] reads on, started once.

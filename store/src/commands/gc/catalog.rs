@@ -8,6 +8,7 @@ use crate::format::key::ObjectKey;
 use crate::format::manifest::Manifest;
 use crate::format::pack::{self, PackEntry, TRAILER_LEN};
 use crate::repo::store::Store;
+use crate::ObjectKind;
 use bytes::Bytes;
 use std::path::PathBuf;
 
@@ -64,7 +65,7 @@ impl<'a> Catalog<'a> {
         }
         let key = ObjectKey::Manifest(*id).to_string();
         let bytes: Bytes = match self.store.backend().get(&key) {
-            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: "manifest", key }),
+            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: ObjectKind::Manifest, key }),
             other => other?,
         };
         let m = Manifest::decode(&bytes, id)?;
@@ -85,7 +86,7 @@ impl<'a> Catalog<'a> {
 /// Parses a cached pack tail (footer then trailer) of a pack `size` bytes long, of a store
 /// whose chunks are at most `chunk_max` bytes.
 fn parse_tail(tail: &[u8], size: u64, key: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
-    let bad = || StoreError::corrupt("pack", key, "cached footer does not fit");
+    let bad = || StoreError::corrupt(ObjectKind::Pack, key, "cached footer does not fit");
     let split = tail.len().checked_sub(TRAILER_LEN).ok_or_else(bad)?;
     let t = pack::parse_trailer(&tail[split..], size, key)?;
     if size - t.footer_offset != tail.len() as u64 {

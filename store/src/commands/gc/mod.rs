@@ -32,6 +32,7 @@ use crate::format::pack::{PackBuilder, PackEntry};
 use crate::format::tag::{TagRecord, TagRef};
 use crate::progress::{Progress, Unit};
 use crate::repo::store::Store;
+use crate::ObjectKind;
 use catalog::Catalog;
 use rayon::prelude::*;
 use retention::{Outcome, Policy};
@@ -755,7 +756,7 @@ struct FooterBases<'a> {
 
 impl BaseSource for FooterBases<'_> {
     fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
-        let missing = || StoreError::NotFound { what: "delta base chunk", key: id.to_hex() };
+        let missing = || StoreError::NotFound { what: ObjectKind::DeltaBase, key: id.to_hex() };
         let pack = self.homes.get(id).and_then(|home| self.packs.get(home)).ok_or_else(missing)?;
         let e = pack.entries.iter().find(|e| e.id == *id && e.bases.is_none()).ok_or_else(missing)?;
         let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
