@@ -127,7 +127,7 @@ impl FileChunks {
                     let at = (c.offset - base) as usize;
                     decoder
                         .decode_into(loc.codec, stored, &c.id, &mut buf[at..at + c.len as usize])
-                        .map_err(|e| in_pack(e, &loc.pack, &self.path))?;
+                        .map_err(|e| e.found_in(format_args!("pack {}, file {}", loc.pack.to_hex(), self.path)))?;
                 }
                 Ok(())
             });
@@ -144,15 +144,5 @@ impl FileChunks {
             i = j;
         }
         Ok((range.start - base) as usize)
-    }
-}
-
-/// Names the pack and file a damaged chunk was found in.
-fn in_pack(e: StoreError, pack: &ObjectId, path: &str) -> StoreError {
-    match e {
-        StoreError::Corrupt { what, key, detail } => {
-            StoreError::Corrupt { what, key, detail: format!("{detail} (in pack {}, file {path})", pack.to_hex()) }
-        }
-        other => other,
     }
 }

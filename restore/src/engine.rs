@@ -188,10 +188,5 @@ fn fetch_decode_write(
 
 /// Adds the pack to a chunk error so the user learns which object is damaged.
 pub(crate) fn in_pack(e: StoreError, pack: &ObjectId) -> StoreError {
-    match e {
-        StoreError::Corrupt { what, key, detail } => {
-            StoreError::Corrupt { what, key, detail: format!("{detail} (in pack {})", pack.to_hex()) }
-        }
-        other => other,
-    }
+    e.found_in(format_args!("pack {}", pack.to_hex()))
 }

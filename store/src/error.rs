@@ -219,6 +219,18 @@ impl StoreError {
         StoreError::Corrupt { what, key: key.into(), detail: detail.into() }
     }
 
+    /// This error with where the damaged object was found (`pack P, file F`) added to a
+    /// [`StoreError::Corrupt`]'s detail, so the user learns which stored object is damaged;
+    /// other errors unchanged.
+    pub fn found_in(self, place: impl std::fmt::Display) -> Self {
+        match self {
+            StoreError::Corrupt { what, key, detail } => {
+                StoreError::Corrupt { what, key, detail: format!("{detail} (in {place})") }
+            }
+            other => other,
+        }
+    }
+
     /// What sort of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {

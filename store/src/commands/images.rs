@@ -189,14 +189,38 @@ fn entry(tag: &str, manifest: &str, unix: u64, nanos: u32, current: bool) -> (Lo
     (e, (unix, nanos))
 }
 
+/// How a path differs between two images (serialized in lowercase: `added`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Change {
+    /// Only in the second image.
+    Added,
+    /// Only in the first image.
+    Removed,
+    /// In both, with other contents.
+    Changed,
+    /// A file in one, a directory or symlink in the other.
+    Kind,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            Change::Added => "added",
+            Change::Removed => "removed",
+            Change::Changed => "changed",
+            Change::Kind => "kind",
+        })
+    }
+}
+
 /// How one path differs between two images.
 #[derive(Debug, Clone, Serialize)]
 pub struct FileChange {
     /// Path in the images.
     pub path: String,
-    /// `added` (only in the second), `removed` (only in the first), `changed` or `kind` (a
-    /// file in one, a directory or symlink in the other).
-    pub change: &'static str,
+    /// How it differs.
+    pub change: Change,
     /// Its size in the first image (files), if there.
     pub size_a: Option<u64>,
     /// Its size in the second image (files), if there.
@@ -254,10 +278,10 @@ pub fn diff(store: &Store, a: &str, b: &str) -> Result<Diff> {
     for path in paths {
         let change = match (ea.get(path), eb.get(path)) {
             (Some(x), Some(y)) if x == y => continue,
-            (Some(x), Some(y)) if x.0 != y.0 => "kind",
-            (Some(_), Some(_)) => "changed",
-            (Some(_), None) => "removed",
-            (None, Some(_)) => "added",
+            (Some(x), Some(y)) if x.0 != y.0 => Change::Kind,
+            (Some(_), Some(_)) => Change::Changed,
+            (Some(_), None) => Change::Removed,
+            (None, Some(_)) => Change::Added,
             (None, None) => continue,
         };
         changes.push(FileChange {

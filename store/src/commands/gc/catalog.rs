@@ -26,7 +26,14 @@ impl<'a> Catalog<'a> {
         Catalog { store, dir }
     }
 
-    fn cached(&self, kind: &str, id: &ObjectId) -> Option<PathBuf> {
+    /// Where the cached copy of a pack's footer or a manifest lies (`footers/` or
+    /// `manifests/`, then the id); `None` for other objects, or when nothing is cached.
+    fn cached(&self, key: &ObjectKey) -> Option<PathBuf> {
+        let (kind, id) = match key {
+            ObjectKey::Pack(id) => ("footers", id),
+            ObjectKey::Manifest(id) => ("manifests", id),
+            _ => return None,
+        };
         self.dir.as_ref().map(|d| d.join(kind).join(id.to_hex()))
     }
 
@@ -41,8 +48,8 @@ impl<'a> Catalog<'a> {
 
     /// A pack's chunk list, checked, from the cache or the pack's tail (`size` as listed).
     pub fn footer(&self, id: &ObjectId, size: u64) -> Result<Vec<PackEntry>> {
+        let cache = self.cached(&ObjectKey::Pack(*id));
         let key = ObjectKey::Pack(*id).to_string();
-        let cache = self.cached("footers", id);
         if let Some(tail) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
             if let Ok(entries) = parse_tail(&tail, size, &key, self.store.config().chunk_max) {
                 return Ok(entries);
@@ -57,7 +64,7 @@ impl<'a> Catalog<'a> {
 
     /// A manifest, checked against its id, from the cache or the store.
     pub fn manifest(&self, id: &ObjectId) -> Result<Manifest> {
-        let cache = self.cached("manifests", id);
+        let cache = self.cached(&ObjectKey::Manifest(*id));
         if let Some(bytes) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
             if let Ok(m) = Manifest::decode(&bytes, id) {
                 return Ok(m);
@@ -76,8 +83,8 @@ impl<'a> Catalog<'a> {
     }
 
     /// Drops what is cached for an object gc deleted.
-    pub fn forget(&self, kind: &str, id: &ObjectId) {
-        if let Some(p) = self.cached(kind, id) {
+    pub fn forget(&self, key: &ObjectKey) {
+        if let Some(p) = self.cached(key) {
             let _ = std::fs::remove_file(p);
         }
     }

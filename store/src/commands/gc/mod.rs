@@ -204,7 +204,7 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     for l in &manifests {
         let Some(id) = ObjectKey::parse(&l.key).ok().and_then(|k| k.manifest()) else { continue };
         let key = ObjectKey::Manifest(id);
-        match sweep.settle(&key, "manifests", &id, roots.contains(&id), tombstones.contains(&key))? {
+        match sweep.settle(&key, roots.contains(&id), tombstones.contains(&key))? {
             Settled::Revived => report.manifests_revived += 1,
             Settled::Deleted => {
                 report.manifests_deleted += 1;
@@ -441,7 +441,7 @@ fn sweep_packs(
             to_repack.push(p);
             continue;
         }
-        match sweep.settle(&ObjectKey::Pack(p.id), "footers", &p.id, needed, p.tombstoned)? {
+        match sweep.settle(&ObjectKey::Pack(p.id), needed, p.tombstoned)? {
             Settled::Revived => report.packs_revived += 1,
             Settled::Deleted => {
                 report.packs_deleted += 1;
@@ -621,9 +621,9 @@ enum Settled {
 }
 
 impl Sweep<'_> {
-    /// Settles the object under `key` (cached as `kind`/`id`) by whether it is needed and
-    /// whether it had a tombstone when this pass began.
-    fn settle(&self, key: &ObjectKey, kind: &str, id: &ObjectId, needed: bool, tombstoned: bool) -> Result<Settled> {
+    /// Settles the object under `key` by whether it is needed and whether it had a tombstone
+    /// when this pass began.
+    fn settle(&self, key: &ObjectKey, needed: bool, tombstoned: bool) -> Result<Settled> {
         Ok(match (needed, tombstoned) {
             (true, false) => Settled::Kept,
             (true, true) => {
@@ -631,7 +631,7 @@ impl Sweep<'_> {
                 Settled::Revived
             }
             (false, true) => {
-                self.delete(key, kind, id)?;
+                self.delete(key)?;
                 Settled::Deleted
             }
             (false, false) => {
@@ -662,13 +662,13 @@ impl Sweep<'_> {
     }
 
     /// Deletes a tombstoned object, then its tombstone (and a pack's damage record, if any).
-    fn delete(&self, key: &ObjectKey, kind: &str, id: &ObjectId) -> Result<()> {
+    fn delete(&self, key: &ObjectKey) -> Result<()> {
         if self.dry_run {
             return Ok(());
         }
         let b = self.store.backend();
         b.delete(&key.to_string())?;
-        self.catalog.forget(kind, id);
+        self.catalog.forget(key);
         b.delete(&key.tombstone().to_string())?;
         if let Some(pack) = key.pack().filter(|p| self.damage_records.contains(p)) {
             b.delete(&ObjectKey::Damage(pack).to_string())?;
