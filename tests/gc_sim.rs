@@ -372,7 +372,7 @@ fn check_images(world: &World, pushed: &Pushed, seed: u64, ctx: &str) {
         for id in ids {
             let id = ObjectId::from_hex(&id).unwrap();
             let m = store.get_manifest(&id).unwrap_or_else(|e| panic!("{ctx}: {} names {id:?}: {e}", rec.tag()));
-            let img = gstore_restore::host::restore_to_memory(&store, &m, 1 << 20, &Silent)
+            let img = gstore_restore::host::restore_to_memory(&store, &m, gstore_restore::Budget::of(1 << 20), &Silent)
                 .unwrap_or_else(|e| panic!("{ctx}: restoring {}: {e}", rec.tag()));
             assert_eq!(img.get("data"), pushed.get(&id).map(|v| &v[..]), "{ctx}: {} restored other bytes", rec.tag());
         }

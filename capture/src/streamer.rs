@@ -330,7 +330,7 @@ mod tests {
         assert_eq!(got, [("pagemap-7.img".to_string(), 3), ("pages-1.img".to_string(), pages.len() as u64)]);
         let out = dir.path().join("out");
         let id = ObjectId::from_hex(&pushed.manifest).unwrap();
-        gstore_restore::restore_to_dir(&store, &id, &m, &out, 256 << 20, &Silent).unwrap();
+        gstore_restore::restore_to_dir(&store, &id, &m, &out, gstore_restore::Budget::of(256 << 20), &Silent).unwrap();
         assert!(std::fs::read(out.join("pages-1.img")).unwrap() == pages, "the pages come back exact");
     }
 

@@ -38,7 +38,7 @@ pub fn run(cli: Cli) -> Result<()> {
             let opts = capture::RunOptions {
                 eager: no_lazy,
                 pid_wait: Duration::from_secs(pid_wait),
-                memory_budget,
+                memory_budget: gstore_restore::Budget::of(memory_budget),
                 gpu_map: gpu_map.unwrap_or_default(),
             };
             restore_run(&location, &image, &criu, to, opts, &out, &bars)
@@ -245,8 +245,16 @@ fn restore_to(
     } else {
         Some(gstore_restore::seed::Seed::index(seeds, store.config(), &store.chunk_ids(), bars)?)
     };
-    let r = gstore_restore::restore_to_dir_seeded(&store, &id, &m, to, memory_budget, seed.as_ref(), bars)
-        .with_context(|| format!("restore of {image} failed"))?;
+    let r = gstore_restore::restore_to_dir_seeded(
+        &store,
+        &id,
+        &m,
+        to,
+        gstore_restore::Budget::of(memory_budget),
+        seed.as_ref(),
+        bars,
+    )
+    .with_context(|| format!("restore of {image} failed"))?;
     out.emit(&r, || {
         let resumed = if r.resumed_chunks > 0 {
             format!(", resumed: {} chunks were already in place", r.resumed_chunks)

@@ -39,7 +39,7 @@ pub fn hold(
         list.push((reference.clone(), id, store.get_manifest(&id)?));
     }
     let ctx = started.join().expect("CUDA start does not panic").context("starting CUDA")?;
-    let mut holder = Holder::new(&ctx, memory_budget, store.config().chunk_max as usize)?;
+    let mut holder = Holder::new(&ctx, gstore_restore::Budget::of(memory_budget), store.config().chunk_max as usize)?;
     holder.hold(&store, list, bars)?;
     // Loads need no index: other gstore commands may lock it meanwhile.
     drop(store);

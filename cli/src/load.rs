@@ -99,7 +99,8 @@ pub fn load(
                 bail!("--check reads device memory back; host loads are verified chunk by chunk already");
             }
             let (store, m) = open()?;
-            let bytes = gstore_restore::restore_to_memory(&store, &m, memory_budget, bars)?.len();
+            let bytes =
+                gstore_restore::restore_to_memory(&store, &m, gstore_restore::Budget::of(memory_budget), bars)?.len();
             return Ok(report(reference, device, bytes, started.elapsed().as_secs_f64()));
         }
         Target::Cuda(list) => list,
@@ -123,7 +124,14 @@ pub fn load(
         })
         .collect();
     let spread = if replicate { Spread::Replicate } else { Spread::Split };
-    let images = gstore_restore::restore_to_devices(&store, &m, open_contexts, spread, memory_budget, bars)?;
+    let images = gstore_restore::restore_to_devices(
+        &store,
+        &m,
+        open_contexts,
+        spread,
+        gstore_restore::Budget::of(memory_budget),
+        bars,
+    )?;
     let bytes = images.iter().map(DeviceImage::len).sum();
     let mut r = report(reference, device, bytes, started.elapsed().as_secs_f64());
     let slowest = |f: fn(&DeviceImage) -> f64| images.iter().map(f).fold(0.0, f64::max);

@@ -601,8 +601,9 @@ pub fn restore(
     let prepared = if lazy {
         // Everything but CRIU's images in full; of those, what CRIU reads itself.
         let rest = m.subset(|e| e.path != IMAGES && !e.path.starts_with(&format!("{IMAGES}/")));
-        let written = gstore_restore::restore_to_dir(store, mid, &rest, &dest, 1 << 30, progress)?;
-        match gstore_lazy::prepare(store, mid, &m.within(IMAGES), &images, 1 << 30, progress) {
+        let written =
+            gstore_restore::restore_to_dir(store, mid, &rest, &dest, gstore_restore::Budget::DEFAULT, progress)?;
+        match gstore_lazy::prepare(store, mid, &m.within(IMAGES), &images, gstore_restore::Budget::DEFAULT, progress) {
             Ok(p) => Some((written.logical_bytes + p.written_bytes, p)),
             Err(gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. }) => {
                 eager_reason = Some(why);
@@ -616,7 +617,10 @@ pub fn restore(
     };
     let image_bytes = match &prepared {
         Some((bytes, _)) => *bytes,
-        None => gstore_restore::restore_to_dir(store, mid, m, &dest, 1 << 30, progress)?.logical_bytes,
+        None => {
+            gstore_restore::restore_to_dir(store, mid, m, &dest, gstore_restore::Budget::DEFAULT, progress)?
+                .logical_bytes
+        }
     };
     let config = c.bundle.join(CONFIG);
     if !config.exists() {

@@ -31,13 +31,13 @@ pub fn prepare(
     id: &ObjectId,
     m: &Manifest,
     dir: &Path,
-    memory_budget: u64,
+    budget: gstore_restore::Budget,
     progress: &dyn Progress,
 ) -> Result<Prepared> {
     // Pages files sit at the top of a CRIU image: a path with a directory part is not one.
     let small = m.subset(|e| !is_page_image(&e.path));
     let mut chunks = Vec::new();
-    let report = gstore_restore::restore_to_dir(store, id, &small, dir, memory_budget, progress)?;
+    let report = gstore_restore::restore_to_dir(store, id, &small, dir, budget, progress)?;
     let mut written = report.logical_bytes;
     let layout = Layout::read(dir)?;
     let mut decoder = store.decoder();

@@ -181,7 +181,12 @@ impl Store {
                 Some(p) => m.subset(|e| p.contains(&e.path)),
                 None => m,
             };
-            gstore_restore::restore_to_memory(&store, &m, memory_budget, &Bars::new(progress))
+            gstore_restore::restore_to_memory(
+                &store,
+                &m,
+                gstore_restore::Budget::of(memory_budget),
+                &Bars::new(progress),
+            )
         });
         Ok(loaded.map_err(py_err)?.entries.into_iter().map(|e| (e.path, HostFile { data: e.data })).collect())
     }
@@ -202,7 +207,12 @@ impl Store {
         let loaded = py.detach(|| {
             let (store, m) = self.open_image(image)?;
             let (pieces, skips) = m.pieces(&ranges)?;
-            let image = gstore_restore::restore_to_memory(&store, &pieces, memory_budget, &Bars::new(progress))?;
+            let image = gstore_restore::restore_to_memory(
+                &store,
+                &pieces,
+                gstore_restore::Budget::of(memory_budget),
+                &Bars::new(progress),
+            )?;
             Ok::<_, StoreError>(image.entries.into_iter().map(|e| HostFile { data: e.data }).zip(skips).collect())
         });
         loaded.map_err(py_err)
@@ -233,7 +243,13 @@ impl Store {
             let (store, m) = self.open_image(image)?;
             let open =
                 || started.join().expect("CUDA start does not panic").map_err(|e| StoreError::Device(e.to_string()));
-            gstore_restore::restore_to_device_with(&store, &m, open, memory_budget, &Bars::new(progress))
+            gstore_restore::restore_to_device_with(
+                &store,
+                &m,
+                open,
+                gstore_restore::Budget::of(memory_budget),
+                &Bars::new(progress),
+            )
         });
         let image = loaded.map_err(py_err)?;
         let phases = serde_json::json!({

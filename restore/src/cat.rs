@@ -3,6 +3,7 @@
 //! (chunks read as merged ranges from many threads, checked and decoded, as a restore does),
 //! and handed out in order, so memory stays bounded by the window whatever the file's size.
 
+use crate::budget::Budget;
 use crate::host::restore_to_memory;
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Silent;
@@ -16,11 +17,11 @@ use std::io::{Read, Write};
 /// in one of 256 MiB, against 2.8 s for a restore to disk (~40 s chunk by chunk, as before);
 /// but 32 streams at once of 256 MiB windows (~650 MB each) ran this 24 GiB machine out of
 /// memory, so windows stay at 64 MiB.
-fn window(store: &Store) -> (u64, u64) {
+fn window(store: &Store) -> (u64, Budget) {
     if store.is_remote() {
-        (64 << 20, 128 << 20)
+        (64 << 20, Budget::of(128 << 20))
     } else {
-        (32 << 20, 64 << 20)
+        (32 << 20, Budget::of(64 << 20))
     }
 }
 

@@ -14,6 +14,7 @@
 //! opened with `O_NOFOLLOW`, symlinks are created last, and a staging directory is resumed
 //! only when it holds nothing but what this restore itself would have made there.
 
+use crate::budget::Budget;
 use crate::engine::{self, Piece, Sink};
 use crate::plan::{self, PlannedChunk, Target};
 use crate::seed::Seed;
@@ -191,10 +192,10 @@ pub fn restore_to_dir(
     id: &ObjectId,
     m: &Manifest,
     dest: &Path,
-    memory_budget: u64,
+    budget: Budget,
     progress: &dyn Progress,
 ) -> Result<RestoreReport> {
-    restore_to_dir_seeded(store, id, m, dest, memory_budget, None, progress)
+    restore_to_dir_seeded(store, id, m, dest, budget, None, progress)
 }
 
 /// [`restore_to_dir`], copying the chunks `seed` holds from there instead of fetching them.
@@ -203,13 +204,13 @@ pub fn restore_to_dir_seeded(
     id: &ObjectId,
     m: &Manifest,
     dest: &Path,
-    memory_budget: u64,
+    budget: Budget,
     seed: Option<&Seed>,
     progress: &dyn Progress,
 ) -> Result<RestoreReport> {
     let started = std::time::Instant::now();
     check_destination(dest)?;
-    let mut plan = plan::plan(store, m, engine::max_read_for(memory_budget))?;
+    let mut plan = plan::plan(store, m, budget.max_read())?;
     let staging = staging_path(dest)?;
     let resume = resumable(&staging, id, m);
     if !resume {

@@ -10,20 +10,6 @@ use gstore_store::progress::{Progress, Unit};
 use gstore_store::{ObjectId, Result, Store, StoreError};
 use rayon::prelude::*;
 
-/// Default memory budget of a restore: 1 GiB.
-pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
-/// Largest range read, whatever the budget.
-const MAX_READ_CEILING: u64 = 16 << 20;
-/// Smallest range read (a chunk may be up to 16 MiB in a custom store; reads never split one).
-const MAX_READ_FLOOR: u64 = 1 << 20;
-
-/// The largest range read a budget allows: each worker thread holds one fetched range and
-/// its decoded bytes, and sinks may take up to a quarter of the budget for staging.
-pub fn max_read_for(budget: u64) -> u64 {
-    let threads = rayon::current_num_threads().max(1) as u64;
-    (budget * 3 / 4 / (2 * threads)).clamp(MAX_READ_FLOOR, MAX_READ_CEILING)
-}
-
 /// One piece of restored data: plain bytes for `offset` of entry `entry`.
 #[derive(Debug, Clone, Copy)]
 pub struct Piece<'a> {

@@ -1,5 +1,6 @@
 //! The host memory sink: restores every file of an image into its own page-aligned buffer.
 
+use crate::budget::Budget;
 use crate::engine::{self, Buffers, Piece, Sink};
 use crate::plan;
 use gstore_store::format::manifest::Manifest;
@@ -56,13 +57,8 @@ impl Sink for HostSink {
 
 /// Restores every file of `m` into page-aligned host memory (zero chunks cost nothing: the
 /// mappings start zeroed).
-pub fn restore_to_memory(
-    store: &Store,
-    m: &Manifest,
-    memory_budget: u64,
-    progress: &dyn Progress,
-) -> Result<HostImage> {
-    let plan = plan::plan(store, m, engine::max_read_for(memory_budget))?;
+pub fn restore_to_memory(store: &Store, m: &Manifest, budget: Budget, progress: &dyn Progress) -> Result<HostImage> {
+    let plan = plan::plan(store, m, budget.max_read())?;
     let (owned, buffers) = Buffers::allocate(m, |e| {
         let mut data = memmap2::MmapMut::map_anon(e.size as usize)
             .map_err(|err| StoreError::Internal(format!("allocating {} bytes for {}: {err}", e.size, e.path)))?;

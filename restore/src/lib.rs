@@ -20,6 +20,7 @@
 //! # Ok::<(), gstore_store::StoreError>(())
 //! ```
 
+pub mod budget;
 pub mod cat;
 pub mod device;
 pub mod dir;
@@ -28,6 +29,7 @@ pub mod host;
 pub mod plan;
 pub mod seed;
 
+pub use budget::Budget;
 pub use device::{
     bind_hold_socket, load_held, restore_to_device, restore_to_device_with, restore_to_devices, DeviceImage, Holder,
     Spread, TransferWaits,

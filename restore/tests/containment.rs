@@ -155,7 +155,7 @@ proptest! {
                 plant(&parent.join(".dest.gstore-partial"), &id, p, &outside);
             }
             let dest = parent.join("dest");
-            let restored = restore_to_dir(&w.store, &id, &m, &dest, 1 << 24, &Silent);
+            let restored = restore_to_dir(&w.store, &id, &m, &dest, gstore_restore::Budget::of(1 << 24), &Silent);
 
             prop_assert_eq!(snapshot(&outside), before, "the outside directory changed");
             let left: Vec<_> = fs::read_dir(&parent).unwrap().map(|e| e.unwrap().file_name()).collect();

@@ -17,7 +17,8 @@
 
 use super::gpu_check::GpuLoad;
 use super::{check_room, cuda_err, DeviceEntry, DeviceImage, HeldAt, Planned, PlannedRead, TransferWaits, PLAN_BATCH};
-use crate::engine::{self, Buffers};
+use crate::budget::Budget;
+use crate::engine::Buffers;
 use crate::plan::{self, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, HostMemory, IpcBuffer, IpcHandle, PinnedBuffer};
 use gstore_store::format::manifest::Manifest;
@@ -63,8 +64,8 @@ impl Holder {
     /// Prepares loads on `ctx`'s device, in range reads sized for `memory_budget`, of chunks
     /// of at most `chunk_max` bytes: the check and decode kernels, and a staging slot (device
     /// memory for three reads) per worker. Fails when this GPU cannot check chunks itself.
-    pub fn new(ctx: &Context, memory_budget: u64, chunk_max: usize) -> Result<Holder> {
-        let read_cap = engine::max_read_for(memory_budget) as usize;
+    pub fn new(ctx: &Context, budget: Budget, chunk_max: usize) -> Result<Holder> {
+        let read_cap = budget.max_read() as usize;
         let workers = rayon::current_num_threads().max(2);
         let mut staging: Vec<HostMemory> =
             (0..workers + 4).map(|_| HostMemory::map(0).map_err(cuda_err)).collect::<Result<_>>()?;

@@ -17,7 +17,8 @@ mod spread;
 pub use held::{bind_hold_socket, load_held, Holder};
 pub use spread::{parts, restore_to_devices, Spread};
 
-use crate::engine::{self, Buffers};
+use crate::budget::Budget;
+use crate::engine::Buffers;
 use crate::plan::{self, Plan, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, HostMemory};
 use gstore_store::format::manifest::{EntryKind, Manifest};
@@ -183,15 +184,15 @@ const PLAN_BATCH: usize = 8192;
 
 /// Restores every file of `m` into VRAM on `ctx`'s device, staging through at most a quarter
 /// (host checks) or half (GPU checks, which hold no decoded copies on the host) of
-/// `memory_budget` in pinned memory.
+/// `budget` in pinned memory.
 pub fn restore_to_device(
     store: &Store,
     m: &Manifest,
     ctx: &Context,
-    memory_budget: u64,
+    budget: Budget,
     progress: &dyn Progress,
 ) -> Result<DeviceImage> {
-    restore_to_device_with(store, m, || Ok(ctx.clone()), memory_budget, progress)
+    restore_to_device_with(store, m, || Ok(ctx.clone()), budget, progress)
 }
 
 /// [`restore_to_device`] onto the context `open_context` gives, which is called once the
@@ -202,23 +203,18 @@ pub fn restore_to_device_with(
     store: &Store,
     m: &Manifest,
     open_context: impl FnOnce() -> Result<Context>,
-    memory_budget: u64,
+    budget: Budget,
     progress: &dyn Progress,
 ) -> Result<DeviceImage> {
     let t = std::time::Instant::now();
-    let max_read = engine::max_read_for(memory_budget);
+    let max_read = budget.max_read();
     let threads = rayon::current_num_threads().max(2) as u64;
     let needs = plan::Needs::of(m);
     let zeros = needs.zeros.clone();
     let total = m.files().map(|(e, _)| e.size).sum::<u64>() - zeros.iter().map(|z| z.len).sum::<u64>();
     let (sender, reads) = mpsc::channel();
-    // Local stores check on the GPU, with two slots' worth of budget per slot (device staging
-    // beside the pinned range); remote ones on the host, with a quarter of the budget.
-    let (gpu_slots, host_slots) = (
-        ((memory_budget / 2) / (2 * max_read)).clamp(2, threads + 4),
-        ((memory_budget / 4) / max_read).clamp(2, 2 * threads),
-    );
-    let staging_slots = if store.is_remote() { host_slots } else { gpu_slots };
+    // Local stores check on the GPU, remote ones on the host.
+    let staging_slots = budget.staging_slots(!store.is_remote());
     // The planner looks chunks up batch by batch while the device buffers, the staging and
     // the check kernel are made ready; the GPU path then loads each read as it arrives. The
     // staging's host memory is mapped meanwhile too, before the CUDA context is up, which
@@ -259,9 +255,10 @@ pub fn restore_to_device_with(
             };
             let checker = match gpu {
                 Ok(g) => Checker::Gpu(g),
-                Err(why) => {
-                    Checker::Host(host_check::Ring::allocate(ctx, staging, host_slots, max_read as usize)?, why)
-                }
+                Err(why) => Checker::Host(
+                    host_check::Ring::allocate(ctx, staging, budget.staging_slots(false), max_read as usize)?,
+                    why,
+                ),
             };
             Ok::<_, StoreError>((owned, buffers, checker))
         })();

@@ -3,6 +3,7 @@
 //! replicated on every one.
 
 use super::{restore_to_device_with, DeviceImage};
+use crate::budget::Budget;
 use gstore_gpu_dump::cuda::Context;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::{Progress, Unit};
@@ -66,14 +67,14 @@ impl Progress for Share<'_> {
 
 /// Restores `m` onto one device per entry of `open_contexts` (each a function giving that
 /// device's context, called once its planner runs), placed as `spread` says, all devices at
-/// once; `memory_budget` is shared among them. Returns one image per device, in order; fails
+/// once; `budget` is shared among them. Returns one image per device, in order; fails
 /// if any device fails (every buffer is then freed).
 pub fn restore_to_devices<F>(
     store: &Store,
     m: &Manifest,
     open_contexts: Vec<F>,
     spread: Spread,
-    memory_budget: u64,
+    budget: Budget,
     progress: &dyn Progress,
 ) -> Result<Vec<DeviceImage>>
 where
@@ -81,7 +82,7 @@ where
 {
     let parts = parts(m, open_contexts.len(), spread);
     let total = parts.iter().flat_map(|p| &p.chunks).filter(|c| !c.zero).map(|c| c.len as u64).sum();
-    let budget = memory_budget / parts.len().max(1) as u64;
+    let budget = budget.share(parts.len());
     progress.start("loading", total, Unit::Bytes);
     let share = Share(progress);
     let loaded: Vec<Result<DeviceImage>> = std::thread::scope(|s| {
