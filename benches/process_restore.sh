@@ -12,7 +12,7 @@
 # starts), and until all its memory is back (eager paths: when the restore command returns;
 # lazy: when the daemon exits, or gstore returns); the memory's checksum is checked after every
 # restore. Prints each round and the medians, with ratios against raw.
-# HOLDER=benches/readall_holder.py PYTHON=(a python with NumPy) holds float and integer arrays and
+# HOLDER_ARGS=arrays PYTHON=(a python with NumPy): the holder keeps float and integer arrays and
 # reads all its memory before it answers (issue #48), so its first answer needs every page.
 # INIT_ARGS are passed to `gstore init` (e.g. "--min-saving 30").
 # Usage: benches/process_restore.sh [GIB (default 2)] [ROUNDS (default 3)] [WORKDIR]
@@ -47,8 +47,8 @@ intact() {
 mkdir -p "$work/app"
 # Started through a shell that exits at once, so the holder is re-parented to PID 1 (as a
 # daemon would be) and is gone, not a zombie of ours, once a dump ends it.
-sh -c 'setsid "$0" "$1" "$2" "$3" </dev/null >"$4" 2>&1 & echo $! >"$5"' \
-  "${PYTHON:-python3}" "${HOLDER:-benches/cpu_holder.py}" "$gib" "$work/app" "$work/app.log" "$work/pid"
+sh -c 'setsid "$0" "$1" "$2" "$3" ${6:+"$6"} </dev/null >"$4" 2>&1 & echo $! >"$5"' \
+  "${PYTHON:-python3}" benches/cpu_holder.py "$gib" "$work/app" "$work/app.log" "$work/pid" "${HOLDER_ARGS:-}"
 pid=$(cat "$work/pid")
 wait_file "$work/app/ready"
 echo "holder: pid $pid, $(awk -v k="$(grep VmRSS /proc/$pid/status | awk '{print $2}')" 'BEGIN{printf "%.2f GB", k*1024/1e9}') resident"

@@ -332,14 +332,7 @@ fn a_copy_writes_only_codecs_the_target_store_allows() {
     let src = env.path("weights");
     fs::create_dir_all(&src).unwrap();
     // Small-magnitude float32 weights: stored with the float codec here.
-    let mut x: u64 = 45;
-    let weights: Vec<u8> = (0..600_000)
-        .flat_map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            (u * 0.04f32).to_le_bytes()
-        })
-        .collect();
+    let weights = fp32_weights(600_000, 45);
     fs::write(src.join("model.bin"), &weights).unwrap();
     env.ok(&["-q", "push", src.to_str().unwrap(), "--tag", "w:v1"]);
     let huffman = |codecs: &[(Codec, Vec<u8>)]| codecs.iter().any(|(_, lanes)| lanes.contains(&2));
@@ -363,16 +356,8 @@ fn a_copy_writes_only_codecs_the_target_store_allows() {
 #[test]
 fn a_store_made_with_min_saving_keeps_raw_what_compresses_less_and_restores_it() {
     use gstore_store::codec::Codec;
-    // fp32 weights of ~16 random mantissa bits: the float codec saves 10-25 % of them. Text
-    // compresses far more.
-    let mut x: u64 = 7;
-    let weights: Vec<u8> = (0..400_000)
-        .flat_map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            (u * 0.04f32).to_le_bytes()
-        })
-        .collect();
+    // fp32 weights: the float codec saves 10-25 % of them. Text compresses far more.
+    let weights = fp32_weights(400_000, 7);
     let text: Vec<u8> = (0..200_000u32).flat_map(|i| format!("line {i} of the log\n").into_bytes()).collect();
     let codecs_for = |min_saving: &str| {
         let env = Env::new(&["--min-saving", min_saving]);
@@ -396,4 +381,17 @@ fn a_store_made_with_min_saving_keeps_raw_what_compresses_less_and_restores_it()
     let o = env.cmd(&["init", "--min-saving", "101"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stderr).contains("101"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `n` small-magnitude float32 weights (uniform in ±0.02, random mantissas), as bytes, from
+/// `seed`.
+fn fp32_weights(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    (0..n)
+        .flat_map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            (u * 0.04f32).to_le_bytes()
+        })
+        .collect()
 }
