@@ -131,18 +131,55 @@ impl FileChunks {
                 }
                 Ok(())
             });
-            read.map_err(|e| match e {
-                // A damaged chunk names itself, its pack and file.
-                e @ StoreError::Corrupt { what: ObjectKind::Chunk, .. } => LazyError::Store(e),
-                e => LazyError::Fetch {
-                    chunk: chunks[i].id.to_hex(),
-                    more: j - i - 1,
-                    file: self.path.clone(),
-                    source: Box::new(e),
-                },
-            })?;
+            read.map_err(|e| self.fetch_error(e, &chunks[i..j]))?;
             i = j;
         }
         Ok((range.start - base) as usize)
+    }
+
+    /// The bytes of `range` (page-aligned) from `range.start` on, straight from the store's
+    /// range read (a local store's mapping) without a copy, when every chunk covering it is
+    /// stored raw, one after the other in one pack: each is checked against its id in place.
+    /// `None` when the range is stored otherwise ([`FileChunks::read_into`] then decodes it).
+    pub fn raw_view(&self, store: &Store, range: &Range<u64>) -> Option<Result<impl std::ops::Deref<Target = [u8]>>> {
+        let chunks = self.covering(range);
+        let (first, last) = (chunks.first()?, chunks.last()?);
+        let start = first.loc?;
+        if range.end > self.size || first.offset > range.start || last.offset + (last.len as u64) < range.end {
+            return None;
+        }
+        let mut end = start.offset;
+        for c in chunks {
+            let l = c.loc?;
+            if l.codec != codec::Codec::Raw || l.pack != start.pack || l.offset != end || l.stored_len != c.len {
+                return None;
+            }
+            end += l.stored_len as u64;
+        }
+        let ids = store.chunk_ids();
+        let from = (range.start - first.offset) as usize;
+        let read = store.read_checked_range(&start.pack, start.offset..end, |data| {
+            for c in chunks {
+                let at = (c.offset - first.offset) as usize;
+                codec::verify(&data[at..at + c.len as usize], c.len as usize, &c.id, &ids)
+                    .map_err(|e| e.found_in(format_args!("pack {}, file {}", start.pack.to_hex(), self.path)))?;
+            }
+            Ok(data.slice(from..))
+        });
+        Some(read.map_err(|e| self.fetch_error(e, chunks)))
+    }
+
+    /// The error of a failed read of `group`, chunks stored one after another in one pack: a
+    /// damaged chunk names itself, its pack and file; anything else names the group.
+    fn fetch_error(&self, e: StoreError, group: &[Located]) -> LazyError {
+        match e {
+            e @ StoreError::Corrupt { what: ObjectKind::Chunk, .. } => LazyError::Store(e),
+            e => LazyError::Fetch {
+                chunk: group[0].id.to_hex(),
+                more: group.len() - 1,
+                file: self.path.clone(),
+                source: Box::new(e),
+            },
+        }
     }
 }

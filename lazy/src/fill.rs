@@ -343,10 +343,19 @@ fn worker(sh: &Shared<'_>) {
 fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decoder: &mut Decoder<'_>) -> Result<()> {
     let image = &sh.images[task.image];
     let s = &image.segments[seg];
-    let at = image.chunks.read_into(sh.store, s.file.clone(), buf, decoder)?;
+    // Raw chunks one after another in a pack are copied in straight from the pack's range
+    // read; anything else is decoded into `buf` first.
+    let view = image.chunks.raw_view(sh.store, &s.file).transpose()?;
+    let (src, at): (&[u8], usize) = match &view {
+        Some(v) => (v, 0),
+        None => {
+            let at = image.chunks.read_into(sh.store, s.file.clone(), buf, decoder)?;
+            (buf, at)
+        }
+    };
     let mut ops = task.gate.read().expect("gate");
     for &(vaddr, file_off, len) in &s.pieces {
-        let src = at + (file_off - s.file.start) as usize;
+        let from = at + (file_off - s.file.start) as usize;
         let mut pos = 0;
         while pos < len {
             let (dst, run) = translate(vaddr + pos, len - pos, &ops);
@@ -356,7 +365,7 @@ fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decode
             };
             let copied = task
                 .uffd
-                .copy(dst, buf[src + pos as usize..].as_ptr(), run)
+                .copy(dst, src[from + pos as usize..].as_ptr(), run)
                 .map_err(|e| LazyError::os(format!("copying {run} bytes to {dst:#x}"), e))?;
             match copied {
                 Copied::Done => pos += run,
