@@ -269,7 +269,29 @@ fn damage_a_lazy_chunk(env: &Env, tag: &str) -> String {
 
 #[test]
 fn a_damaged_chunk_mid_fill_kills_the_restored_tree_and_names_the_chunk() {
-    let env = Env::new(&[]);
+    damaged_chunk_mid_fill(&[]);
+}
+
+/// In a store of raw chunks (`--min-saving 100`) the fill copies them into the process
+/// straight from the packs, checked in place: the tree comes back whole, and a damaged chunk
+/// is caught there too.
+#[test]
+fn a_store_of_raw_chunks_fills_straight_from_its_packs_and_catches_damage_there() {
+    let env = Env::new(&["--min-saving", "100"]);
+    let tree = Tree::start(200);
+    tree.checkpoint(&env, "tree:1");
+    let r = env.json(&["restore", "tree:1", "--run", "--criu", CRIU]);
+    assert_eq!(r["mode"], "lazy", "{r}");
+    tree.assert_intact("parent");
+    tree.assert_intact("child");
+    tree.kill();
+    damaged_chunk_mid_fill(&["--min-saving", "100"]);
+}
+
+/// A tree checkpointed into a store made with `init` and restored after a chunk of its
+/// largest pages file was damaged: the restore fails naming the chunk and kills the tree.
+fn damaged_chunk_mid_fill(init: &[&str]) {
+    let env = Env::new(init);
     let tree = Tree::start(200);
     tree.checkpoint(&env, "tree:1");
     let chunk = damage_a_lazy_chunk(&env, "tree:1");
