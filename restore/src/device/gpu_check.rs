@@ -13,15 +13,16 @@
 
 use super::{cuda_err, HeldAt, Planned, PlannedRead, Pool, TransferWaits};
 use crate::engine::Buffers;
-use crate::plan::{RangeRead, MAX_CHUNKS_PER_READ};
+use crate::plan::{PlannedChunk, RangeRead, MAX_CHUNKS_PER_READ};
 use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
 use gstore_gpu_dump::cuda::join::{FloatLanes, HuffJob, LaneJob};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, HostMemory, PinnedBuffer, Stream};
-use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder, FloatLaneCodec};
+use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder, FloatLaneCodec, FloatLayout};
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::ObjectKind;
 use gstore_store::{Result, Store, StoreError};
+use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -50,10 +51,10 @@ struct Slot {
 }
 
 /// Where each array lives in a slot's metadata area, for up to `chunks` chunks and `frames`
-/// nvCOMP frames per read: check jobs (80 bytes each), five u64 nvCOMP arrays (frame address
-/// and length, output capacity, decoded length, output address) and i32 statuses per frame,
-/// then lane jobs (128 bytes) and joined lengths (u64) per float-coded chunk, then Huffman
-/// lane jobs (32 bytes), up to four per chunk.
+/// nvCOMP frames per read: check jobs, five u64 nvCOMP arrays (frame address and length,
+/// output capacity, decoded length, output address) and i32 statuses per frame, then lane jobs
+/// and joined lengths (u64) per float-coded chunk, then Huffman lane jobs, up to four per
+/// chunk.
 #[derive(Clone, Copy)]
 struct MetaLayout {
     chunks: usize,
@@ -65,24 +66,24 @@ impl MetaLayout {
         self.huff_job(4 * self.chunks)
     }
     fn job(self, k: usize) -> usize {
-        80 * k
+        size_of::<CheckJob>() * k
     }
     /// nVCOMP array `array` (0 frame addresses, 1 frame lengths, 2 capacities, 3 decoded
     /// lengths, 4 output addresses), entry `k`.
     fn array(self, array: usize, k: usize) -> usize {
-        80 * self.chunks + 8 * (array * self.frames + k)
+        self.job(self.chunks) + 8 * (array * self.frames + k)
     }
     fn status(self, k: usize) -> usize {
-        80 * self.chunks + 40 * self.frames + 4 * k
+        self.array(5, 0) + 4 * k
     }
     fn lane_job(self, k: usize) -> usize {
-        80 * self.chunks + 44 * self.frames + 128 * k
+        self.status(self.frames) + size_of::<LaneJob>() * k
     }
     fn joined_len(self, k: usize) -> usize {
         self.lane_job(self.chunks) + 8 * k
     }
     fn huff_job(self, k: usize) -> usize {
-        self.joined_len(self.chunks) + 32 * k
+        self.joined_len(self.chunks) + size_of::<HuffJob>() * k
     }
 }
 
@@ -308,6 +309,55 @@ fn put_u64(buf: &mut [u8], at: usize, v: u64) {
     buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
+/// Where a slot's areas start on the device: the range as stored, chunks decoded (by nvCOMP,
+/// or on the host and moved over), decoded float lanes, and the metadata.
+#[derive(Clone, Copy)]
+struct Areas {
+    range: u64,
+    decoded: u64,
+    lanes: u64,
+    meta: u64,
+}
+
+/// What one read queues on its slot, gathered chunk by chunk.
+#[derive(Default)]
+struct Queued {
+    /// Bytes of the decoded area given out.
+    decoded: usize,
+    /// Bytes of them decoded on the host, to be moved over.
+    host_decoded: usize,
+    /// nvCOMP frames.
+    frames: usize,
+    /// Float-coded chunks to join, and Huffman lanes to decode.
+    joins: usize,
+    huffs: usize,
+    /// Bytes of the lane area given out.
+    lanes_used: u64,
+    /// Zero chunks, filled in place (address, length).
+    fills: Vec<(u64, usize)>,
+    /// Other places of repeated chunks, copied once the first is checked (to, from, length).
+    repeats: Vec<(u64, u64, usize)>,
+    /// Plain bytes placed.
+    written: u64,
+}
+
+/// A read's bytes as staged for the DMA: the pinned buffer holding the range from `src_at`
+/// (`len` bytes), chunks decoded on the host, the metadata, nvCOMP's scratch.
+#[derive(Clone, Copy)]
+struct Staged<'a> {
+    src: &'a PinnedBuffer,
+    src_at: usize,
+    len: usize,
+    host_decoded: Option<&'a PinnedBuffer>,
+    meta: &'a PinnedBuffer,
+    temp: Option<&'a DeviceBuffer>,
+}
+
+/// Copies a job's bytes into the metadata area at `at`.
+fn put_job(meta: &mut [u8], at: usize, job: &[u8]) {
+    meta[at..at + job.len()].copy_from_slice(job);
+}
+
 impl Loader<'_> {
     /// Reads `read` into `slot` (or takes its bytes where they are held) and queues its DMA,
     /// decode, check and placement; returns the plain bytes it places.
@@ -344,142 +394,81 @@ impl Loader<'_> {
             }
         };
         let range = &src.as_slice()[src_at..src_at + len];
-        let (base, decoded_base, meta_base) = (device.ptr(), device.ptr() + self.read_cap as u64, meta_device.ptr());
-        let lanes_base = decoded_base + self.read_cap as u64;
+        let a = Areas {
+            range: device.ptr(),
+            decoded: device.ptr() + self.read_cap as u64,
+            lanes: device.ptr() + 2 * self.read_cap as u64,
+            meta: meta_device.ptr(),
+        };
         let meta = meta_host.as_mut_slice();
-        let (mut decoded, mut frames, mut host_decoded, mut written) = (0usize, 0usize, 0usize, 0u64);
-        let (mut joins, mut lanes_used, mut huffs) = (0usize, 0u64, 0usize);
-        let mut fills = Vec::new();
-        let mut repeats = Vec::new();
+        let mut q = Queued::default();
         for (k, c) in read.chunks.iter().enumerate() {
             let at = (c.loc.offset - read.start) as usize;
-            let stored_len = c.loc.stored_len as usize;
+            let stored = &range[at..at + c.loc.stored_len as usize];
             let plain = c.loc.plain_len as usize;
             let (entry, offset) = c.targets[0];
             let dst = self.buffers.address(entry, offset, plain)?;
-            let mut job = CheckJob::new(base + at as u64, dst, c.loc.plain_len, first_tag + k as u32, &c.id.0);
-            // A float-coded chunk decodes on the GPU when each of its lanes does there: raw
-            // and Huffman lanes always, zstd lanes with nvCOMP.
-            let gpu_floats = match (self.lanes, c.loc.codec) {
-                (Some(_), Codec::Floats) => {
-                    let stored = &range[at..at + stored_len];
-                    let f = float_layout(stored, plain, &c.id).map_err(|e| in_pack(e, read))?;
-                    f.lanes.iter().all(|l| l.codec != FloatLaneCodec::Zstd || self.nvcomp.is_some()).then_some(f)
-                }
-                _ => None,
-            };
+            let mut job = CheckJob::new(a.range + at as u64, dst, c.loc.plain_len, first_tag + k as u32, &c.id.0);
             match c.loc.codec {
                 Codec::Raw => {}
                 Codec::Zero => {
                     // Filled in place, then hashed there.
-                    fills.push((dst, plain));
+                    q.fills.push((dst, plain));
                     (job.src, job.dst) = (dst, 0);
                 }
                 // Deltas are decoded on the host (their bases come from the store).
                 Codec::Zstd | Codec::Floats | Codec::Delta => {
-                    job.src = decoded_base + decoded as u64;
-                    let l = self.layout;
-                    // Queues one nvCOMP frame; returns the device addresses of its decoded
-                    // length and status.
-                    let mut frame = |meta: &mut [u8], src: u64, len: usize, capacity: usize, out: u64| {
-                        put_u64(meta, l.array(0, frames), src);
-                        put_u64(meta, l.array(1, frames), len as u64);
-                        put_u64(meta, l.array(2, frames), capacity as u64);
-                        put_u64(meta, l.array(4, frames), out);
-                        let at = (meta_base + l.array(3, frames) as u64, meta_base + l.status(frames) as u64);
-                        frames += 1;
-                        at
-                    };
-                    // nvCOMP is not trusted to stay within its output on a damaged frame:
-                    // every frame it gets has its header and block headers checked here.
-                    let whole =
-                        |frame: &[u8], len: usize| check_zstd_frame(frame, len, &c.id).map_err(|e| in_pack(e, read));
+                    job.src = a.decoded + q.decoded as u64;
+                    let stored_at = a.range + at as u64;
                     if let (Some(_), Codec::Zstd) = (self.nvcomp, c.loc.codec) {
-                        whole(&range[at..at + stored_len], plain)?;
-                        (job.actual_len, job.status) = frame(meta, base + at as u64, stored_len, plain, job.src);
-                    } else if let Some(f) = gpu_floats {
-                        let stored = &range[at..at + stored_len];
-                        let mut lane_job = LaneJob {
-                            tail: base + (at + f.tail.start) as u64,
-                            dst: job.src,
-                            joined_len: meta_base + l.joined_len(joins) as u64,
-                            words: f.words as u32,
-                            width: f.width as u16,
-                            tail_len: f.tail.len() as u16,
-                            ..LaneJob::default()
-                        };
-                        for (i, lane) in f.lanes.iter().enumerate() {
-                            let src = base + (at + lane.stored.start) as u64;
-                            let out = lanes_base + lanes_used;
-                            match lane.codec {
-                                FloatLaneCodec::Zstd => {
-                                    whole(&stored[lane.stored.clone()], f.words)?;
-                                    (lane_job.lane_len[i], lane_job.lane_status[i]) =
-                                        frame(meta, src, lane.stored.len(), f.words, out);
-                                }
-                                FloatLaneCodec::Huffman => {
-                                    let h = HuffJob {
-                                        src,
-                                        out,
-                                        words: f.words as u64,
-                                        stored_len: lane.stored.len() as u32,
-                                        status: 0,
-                                    };
-                                    let at = l.huff_job(huffs);
-                                    meta[at..at + 32].copy_from_slice(h.as_bytes());
-                                    let job_at = meta_base + at as u64;
-                                    (lane_job.lane_len[i], lane_job.lane_status[i]) =
-                                        (job_at + HuffJob::WORDS_AT, job_at + HuffJob::STATUS_AT);
-                                    huffs += 1;
-                                }
-                                FloatLaneCodec::Raw => {
-                                    lane_job.lane[i] = src;
-                                    continue;
-                                }
-                            }
-                            lane_job.lane[i] = out;
-                            lanes_used += f.words as u64;
-                        }
-                        meta[l.lane_job(joins)..][..128].copy_from_slice(lane_job.as_bytes());
-                        job.actual_len = lane_job.joined_len;
-                        joins += 1;
+                        self.whole_frame(stored, plain, c, read)?;
+                        (job.actual_len, job.status) =
+                            self.frame(&mut q, meta, a, stored_at, stored.len(), plain, job.src);
+                    } else if let Some(f) = self.gpu_floats(stored, plain, c, read)? {
+                        job.actual_len = self.queue_lanes(&mut q, meta, a, &f, stored, stored_at, job.src, c, read)?;
                     } else {
-                        // Decoded here without hashing; the kernel checks the bytes.
-                        if decoded_area.is_none() {
-                            *decoded_area = Some(src.context().alloc_pinned(self.read_cap).map_err(cuda_err)?);
-                        }
-                        let area = decoded_area.as_mut().expect("allocated above");
-                        let stored = &range[at..at + stored_len];
-                        let out = &mut area.as_mut_slice()[decoded..][..plain];
-                        let n = decoder.expand_into(c.loc.codec, stored, &c.id, out).map_err(|e| in_pack(e, read))?;
-                        if n != plain {
-                            return Err(in_pack(
-                                StoreError::corrupt(
-                                    ObjectKind::Chunk,
-                                    c.id.to_hex(),
-                                    format!("decodes to {n} bytes, not {plain}"),
-                                ),
-                                read,
-                            ));
-                        }
-                        host_decoded = decoded + plain;
+                        let area = match decoded_area {
+                            Some(area) => area,
+                            None => decoded_area.insert(src.context().alloc_pinned(self.read_cap).map_err(cuda_err)?),
+                        };
+                        let out = &mut area.as_mut_slice()[q.decoded..][..plain];
+                        self.decode_on_host(decoder, stored, out, c, read)?;
+                        q.host_decoded = q.decoded + plain;
                     }
-                    decoded += plain;
+                    q.decoded += plain;
                 }
             }
-            meta[self.layout.job(k)..][..80].copy_from_slice(job.as_bytes());
+            put_job(meta, self.layout.job(k), job.as_bytes());
             for &(e, o) in &c.targets[1..] {
-                repeats.push((self.buffers.address(e, o, plain)?, dst, plain));
+                q.repeats.push((self.buffers.address(e, o, plain)?, dst, plain));
             }
-            written += (plain * c.targets.len()) as u64;
+            q.written += (plain * c.targets.len()) as u64;
         }
+        let written = q.written;
+        let staged =
+            Staged { src, src_at, len, host_decoded: decoded_area.as_ref(), meta: meta_host, temp: temp.as_ref() };
+        self.launch(stream, &staged, a, q, read.chunks.len() as u32)?;
+        done.record(stream).map_err(cuda_err)?;
+        slot.in_flight = true;
+        Ok(written)
+    }
+}
+
+impl Loader<'_> {
+    /// Queues what `q` gathered for a read of `chunks` chunks staged in `staged` on `stream`:
+    /// the DMA of the range (and of chunks decoded on the host) and the metadata, zero fills,
+    /// nvCOMP, the Huffman and join kernels, the check, then the copies of repeated chunks.
+    fn launch(&self, stream: &Stream, staged: &Staged<'_>, a: Areas, q: Queued, chunks: u32) -> Result<()> {
+        let Queued { host_decoded, frames, huffs, joins, fills, repeats, .. } = q;
+        let (base, decoded_base, meta_base) = (a.range, a.decoded, a.meta);
+        let Staged { src, src_at, len, host_decoded: decoded_area, meta: meta_host, temp } = *staged;
         // SAFETY (the copies and fills below): this slot's pinned buffers are not written again
         // before its event (recorded last) is waited on, held bytes never are, its device buffers are its own, and
         // every destination lies in a file's buffer (checked by `address`) that no other read
         // writes.
         unsafe {
             stream.copy_to_device_async(base, src, src_at, len).map_err(cuda_err)?;
-            if let (Some(area), true) = (decoded_area.as_ref(), host_decoded > 0) {
+            if let (Some(area), true) = (decoded_area, host_decoded > 0) {
                 stream.copy_to_device_async(decoded_base, area, 0, host_decoded).map_err(cuda_err)?;
             }
             stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(cuda_err)?;
@@ -498,7 +487,7 @@ impl Loader<'_> {
                 out_bytes: at(3),
                 out_ptrs: at(4),
                 statuses: meta_base + l.status(0) as u64,
-                temp: temp.as_ref().map_or(0, |t| t.ptr()),
+                temp: temp.map_or(0, |t| t.ptr()),
                 temp_bytes: self.temp_bytes,
             };
             // SAFETY: every address lies in this slot's staging and metadata buffers, written
@@ -519,18 +508,133 @@ impl Loader<'_> {
         }
         // SAFETY: the jobs (copied above) point into this slot's buffers and into the image's
         // buffers, all alive until the load drains every stream.
-        unsafe {
-            self.check.launch(stream, meta_base, read.chunks.len() as u32, self.failed, self.store.chunk_ids().key())
-        }
-        .map_err(cuda_err)?;
+        unsafe { self.check.launch(stream, meta_base, chunks, self.failed, self.store.chunk_ids().key()) }
+            .map_err(cuda_err)?;
         for (dst, src, len) in repeats {
             // SAFETY: `src` was placed by the kernel queued before on this stream; `dst` is
             // another place of the same chunk in a file's buffer.
             unsafe { stream.copy_on_device_async(dst, src, len) }.map_err(cuda_err)?;
         }
-        done.record(stream).map_err(cuda_err)?;
-        slot.in_flight = true;
-        Ok(written)
+        Ok(())
+    }
+
+    /// The lane layout of float-coded chunk `c` when the GPU decodes every lane of it: raw and
+    /// Huffman lanes always, zstd lanes with nvCOMP.
+    fn gpu_floats(
+        &self,
+        stored: &[u8],
+        plain: usize,
+        c: &PlannedChunk,
+        read: &RangeRead,
+    ) -> Result<Option<FloatLayout>> {
+        if self.lanes.is_none() || c.loc.codec != Codec::Floats {
+            return Ok(None);
+        }
+        let f = float_layout(stored, plain, &c.id).map_err(|e| in_pack(e, read))?;
+        Ok(f.lanes.iter().all(|l| l.codec != FloatLaneCodec::Zstd || self.nvcomp.is_some()).then_some(f))
+    }
+
+    /// Checks a zstd frame's header and block headers before nvCOMP gets it: nvCOMP is not
+    /// trusted to stay within its output on a damaged frame.
+    fn whole_frame(&self, frame: &[u8], len: usize, c: &PlannedChunk, read: &RangeRead) -> Result<()> {
+        check_zstd_frame(frame, len, &c.id).map_err(|e| in_pack(e, read))
+    }
+
+    /// Queues one nvCOMP frame; returns the device addresses of its decoded length and status.
+    #[allow(clippy::too_many_arguments)]
+    fn frame(
+        &self,
+        q: &mut Queued,
+        meta: &mut [u8],
+        a: Areas,
+        src: u64,
+        len: usize,
+        capacity: usize,
+        out: u64,
+    ) -> (u64, u64) {
+        let (l, n) = (self.layout, q.frames);
+        put_u64(meta, l.array(0, n), src);
+        put_u64(meta, l.array(1, n), len as u64);
+        put_u64(meta, l.array(2, n), capacity as u64);
+        put_u64(meta, l.array(4, n), out);
+        q.frames += 1;
+        (a.meta + l.array(3, n) as u64, a.meta + l.status(n) as u64)
+    }
+
+    /// Queues the lanes of float-coded chunk `c` (stored at `stored_at` on the device) for
+    /// decoding into the lane area and joining into `dst`; returns the device address of the
+    /// joined length the check job compares.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_lanes(
+        &self,
+        q: &mut Queued,
+        meta: &mut [u8],
+        a: Areas,
+        f: &FloatLayout,
+        stored: &[u8],
+        stored_at: u64,
+        dst: u64,
+        c: &PlannedChunk,
+        read: &RangeRead,
+    ) -> Result<u64> {
+        let l = self.layout;
+        let mut lane_job = LaneJob {
+            tail: stored_at + f.tail.start as u64,
+            dst,
+            joined_len: a.meta + l.joined_len(q.joins) as u64,
+            words: f.words as u32,
+            width: f.width as u16,
+            tail_len: f.tail.len() as u16,
+            ..LaneJob::default()
+        };
+        for (i, lane) in f.lanes.iter().enumerate() {
+            let src = stored_at + lane.stored.start as u64;
+            let out = a.lanes + q.lanes_used;
+            match lane.codec {
+                FloatLaneCodec::Zstd => {
+                    self.whole_frame(&stored[lane.stored.clone()], f.words, c, read)?;
+                    (lane_job.lane_len[i], lane_job.lane_status[i]) =
+                        self.frame(q, meta, a, src, lane.stored.len(), f.words, out);
+                }
+                FloatLaneCodec::Huffman => {
+                    let h =
+                        HuffJob { src, out, words: f.words as u64, stored_len: lane.stored.len() as u32, status: 0 };
+                    let at = l.huff_job(q.huffs);
+                    put_job(meta, at, h.as_bytes());
+                    let job_at = a.meta + at as u64;
+                    (lane_job.lane_len[i], lane_job.lane_status[i]) =
+                        (job_at + HuffJob::WORDS_AT, job_at + HuffJob::STATUS_AT);
+                    q.huffs += 1;
+                }
+                FloatLaneCodec::Raw => {
+                    lane_job.lane[i] = src;
+                    continue;
+                }
+            }
+            lane_job.lane[i] = out;
+            q.lanes_used += f.words as u64;
+        }
+        put_job(meta, l.lane_job(q.joins), lane_job.as_bytes());
+        q.joins += 1;
+        Ok(lane_job.joined_len)
+    }
+
+    /// Decodes chunk `c` on the host into `out` (its plain length), without hashing: the
+    /// kernel checks the bytes.
+    fn decode_on_host(
+        &self,
+        decoder: &mut Decoder<'_>,
+        stored: &[u8],
+        out: &mut [u8],
+        c: &PlannedChunk,
+        read: &RangeRead,
+    ) -> Result<()> {
+        let n = decoder.expand_into(c.loc.codec, stored, &c.id, out).map_err(|e| in_pack(e, read))?;
+        if n != out.len() {
+            let detail = format!("decodes to {n} bytes, not {}", out.len());
+            return Err(in_pack(StoreError::corrupt(ObjectKind::Chunk, c.id.to_hex(), detail), read));
+        }
+        Ok(())
     }
 }
 
