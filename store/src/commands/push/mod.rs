@@ -81,6 +81,30 @@ pub struct PushReport {
     pub stages: PushStages,
 }
 
+impl PushReport {
+    /// The report of a push to `tag` of `total` bytes (0 for a stream, counted as it comes)
+    /// that has not begun.
+    fn starting(tag: &TagRef, total: u64, dry_run: bool) -> PushReport {
+        PushReport {
+            manifest: String::new(),
+            tag: tag.to_string(),
+            entries: 0,
+            logical_bytes: total,
+            chunks: 0,
+            new_chunks: 0,
+            new_plain_bytes: 0,
+            new_stored_bytes: 0,
+            zero_bytes: 0,
+            packs: 0,
+            delta_chunks: 0,
+            reuploaded_chunks: 0,
+            seconds: 0.0,
+            dry_run,
+            stages: PushStages::default(),
+        }
+    }
+}
+
 /// Seconds each stage of a push's pipeline was busy or waiting: segments are read, chunked,
 /// hashed, looked up and compressed on every core (`process`), appended in order into packs
 /// (`append`), and packs named and stored by the writers (`write`). The stage that waits least
@@ -321,23 +345,7 @@ fn push_entries(
     let vet_found = reader.is_none();
     progress.start("pushing", total, crate::progress::Unit::Bytes);
 
-    let mut report = PushReport {
-        manifest: String::new(),
-        tag: tag.to_string(),
-        entries: 0,
-        logical_bytes: total,
-        chunks: 0,
-        new_chunks: 0,
-        new_plain_bytes: 0,
-        new_stored_bytes: 0,
-        zero_bytes: 0,
-        packs: 0,
-        delta_chunks: 0,
-        reuploaded_chunks: 0,
-        seconds: 0.0,
-        dry_run,
-        stages: PushStages::default(),
-    };
+    let mut report = PushReport::starting(tag, total, dry_run);
     let lease = if dry_run { None } else { Some(Lease::take(store.backend(), &format!("push {tag}"))?) };
     let mut relied: HashMap<ObjectId, Vec<Relied>> = HashMap::new();
     let mut file_chunks: Vec<Vec<ChunkRef>> = Vec::new();
@@ -351,31 +359,7 @@ fn push_entries(
         let handles: Vec<_> = (0..writers)
             .map(|_| {
                 let (rx, lease, failed) = (&rx, lease.as_ref(), &writer_failed);
-                scope.spawn(move || -> Result<(Vec<ObjectId>, f64)> {
-                    let mut written = Vec::new();
-                    let mut busy = 0.0;
-                    loop {
-                        // The guard is released before the upload: other writers take the next pack.
-                        let next = rx.lock().expect("pack queue lock").recv();
-                        let Ok(builder) = next else { return Ok((written, busy)) };
-                        let t = std::time::Instant::now();
-                        // Naming the pack hashes all of it: done here, on the writers, not on
-                        // the thread that appends chunks in order.
-                        let p = builder.finish();
-                        written.push(p.id);
-                        // A dry run counts its packs and drops them.
-                        let Some(lease) = lease else { continue };
-                        let stored = write_pack(store, lease, p);
-                        busy += t.elapsed().as_secs_f64();
-                        if let Err(e) = stored {
-                            // Stop the producer, and take what it already queued so it never
-                            // waits on a queue nobody empties.
-                            failed.store(true, Ordering::SeqCst);
-                            while rx.lock().expect("pack queue lock").recv().is_ok() {}
-                            return Err(e);
-                        }
-                    }
-                })
+                scope.spawn(move || pack_writer(store, rx, lease, failed))
             })
             .collect();
         let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
@@ -432,7 +416,63 @@ fn push_entries(
     report.entries = entries.len();
     report.logical_bytes = file_chunks.iter().flatten().map(|c| c.len as u64).sum();
 
-    let mut manifest = Manifest {
+    let mut manifest = manifest_of(&entries, file_chunks, meta);
+    let id = match lease {
+        Some(lease) => {
+            let (id, bytes) = protect_manifest(store, &lease, &mut manifest)?;
+            store.put_manifest(&id, bytes)?;
+            let _: TagRecord = store.set_tag(tag, id)?;
+            id
+        }
+        None => ObjectId::of(&manifest.encode()),
+    };
+    report.manifest = id.to_hex();
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// A pack writer: takes built packs from `rx`, names them and (unless a dry run, without a
+/// `lease`) stores them; returns the packs it wrote and the seconds it was busy. A failed
+/// write sets `failed`, so the producer stops, and drains the queue before it returns.
+fn pack_writer(
+    store: &Store,
+    rx: &std::sync::Mutex<mpsc::Receiver<PackBuilder>>,
+    lease: Option<&Lease>,
+    failed: &AtomicBool,
+) -> Result<(Vec<ObjectId>, f64)> {
+    let mut written = Vec::new();
+    let mut busy = 0.0;
+    loop {
+        // The guard is released before the upload: other writers take the next pack.
+        let next = rx.lock().expect("pack queue lock").recv();
+        let Ok(builder) = next else { return Ok((written, busy)) };
+        let t = std::time::Instant::now();
+        // Naming the pack hashes all of it: done here, on the writers, not on the thread that
+        // appends chunks in order.
+        let p = builder.finish();
+        written.push(p.id);
+        // A dry run counts its packs and drops them.
+        let Some(lease) = lease else { continue };
+        let stored = write_pack(store, lease, p);
+        busy += t.elapsed().as_secs_f64();
+        if let Err(e) = stored {
+            // Stop the producer, and take what it already queued so it never waits on a queue
+            // nobody empties.
+            failed.store(true, Ordering::SeqCst);
+            while rx.lock().expect("pack queue lock").recv().is_ok() {}
+            return Err(e);
+        }
+    }
+}
+
+/// The manifest of a push of `entries`, whose chunks are `file_chunks` (one list per entry),
+/// with metadata `meta`, created now (or at `SOURCE_DATE_EPOCH`).
+fn manifest_of(
+    entries: &[SourceEntry],
+    file_chunks: Vec<Vec<ChunkRef>>,
+    meta: BTreeMap<String, serde_json::Value>,
+) -> Manifest {
+    Manifest {
         created_unix: creation_time(),
         meta,
         entries: entries
@@ -448,19 +488,7 @@ fn push_entries(
             })
             .collect(),
         chunks: file_chunks.into_iter().flatten().collect(),
-    };
-    let id = match lease {
-        Some(lease) => {
-            let (id, bytes) = protect_manifest(store, &lease, &mut manifest)?;
-            store.put_manifest(&id, bytes)?;
-            let _: TagRecord = store.set_tag(tag, id)?;
-            id
-        }
-        None => ObjectId::of(&manifest.encode()),
-    };
-    report.manifest = id.to_hex();
-    report.seconds = started.elapsed().as_secs_f64();
-    Ok(report)
+    }
 }
 
 /// The creation time a push records: `SOURCE_DATE_EPOCH` (seconds) when set, for reproducible
