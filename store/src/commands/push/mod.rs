@@ -32,9 +32,8 @@ use crate::format::tag::{TagRecord, TagRef};
 use crate::memory::KEPT;
 use crate::progress::Progress;
 use crate::repo::store::Store;
-use bytes::Bytes;
 use serde::Serialize;
-use source::SourceEntry;
+use source::{SourceEntry, Unit};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -123,18 +122,6 @@ pub struct PushStages {
     pub append_blocked_s: f64,
     /// Seconds the writers spent naming and storing packs, summed over writers.
     pub write_s: f64,
-}
-
-/// One piece of one file, processed as a whole on one core.
-pub(crate) struct Unit {
-    pub(crate) file: usize,
-    pub(crate) offset: u64,
-    pub(crate) len: u64,
-    /// A piece of a page image: its changed chunks are worth storing as deltas.
-    pub(crate) page_image: bool,
-    /// The unit's bytes: a streamed piece's as they came, a file's if read ahead of
-    /// processing ([`read_ahead`]; else the worker reads it).
-    pub(crate) data: Option<Bytes>,
 }
 
 /// A chunk after the parallel stage.

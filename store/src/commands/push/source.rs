@@ -2,6 +2,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::format::manifest::EntryKind;
+use bytes::Bytes;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -99,6 +100,18 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<SourceEntry>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One piece of one file, processed as a whole on one core.
+pub(crate) struct Unit {
+    pub(crate) file: usize,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    /// A piece of a page image: its changed chunks are worth storing as deltas.
+    pub(crate) page_image: bool,
+    /// The unit's bytes: a streamed piece's as they came, a file's if read ahead of
+    /// processing (`push::read_ahead`; else the worker reads it).
+    pub(crate) data: Option<Bytes>,
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! the push; past that a feeder waits.
 
 use crate::commands::push::source::SourceEntry;
-use crate::commands::push::Unit;
+use crate::commands::push::source::Unit;
 use crate::dedup::similar;
 use crate::error::{Result, StoreError};
 use crate::format::manifest::EntryKind;
