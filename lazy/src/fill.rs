@@ -389,6 +389,55 @@ fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decode
     Ok(())
 }
 
+/// Receives every restored task's record from CRIU's connection `conn`, each task's host pid
+/// told to the guard before its userfaultfd is taken, and every userfaultfd handed to the
+/// guard too. The guard holds the connection first: userfaultfds CRIU has sent but this daemon
+/// has not received yet stay open in its queue if the daemon dies now, so a task CRIU releases
+/// waits on a missing page instead of reading zeros until the guard kills it. On failure the
+/// tasks seen so far are killed.
+fn receive_tasks(conn: &UnixStream, layout: &Layout, guard: &Guard) -> Result<Vec<Announced>> {
+    guard.hold_connection(conn.as_raw_fd())?;
+    let mut senders = Vec::new();
+    let announced = socket::receive_tasks(conn, layout.tasks, &mut |host_pid| {
+        senders.push(host_pid);
+        guard.add(host_pid, None)
+    })
+    .and_then(|announced| {
+        for uffd in announced.iter().filter_map(|a| a.uffd.as_ref()) {
+            guard.hold(uffd.raw())?;
+        }
+        Ok(announced)
+    });
+    if announced.is_err() {
+        kill_tree(&senders);
+        guard.kill();
+    }
+    announced
+}
+
+/// The tasks to fill: each announced task with a userfaultfd whose image pid the layout
+/// has, with every segment of its image pending; and how many segments that makes.
+fn tasks_of(announced: Vec<Announced>, images: &[Image]) -> (Vec<Arc<Task>>, usize) {
+    let mut tasks = Vec::new();
+    let mut remaining = 0;
+    for Announced { pid, host_pid, uffd } in announced {
+        let (Some(uffd), Some(image)) = (uffd, images.iter().position(|i| i.pid as i32 == pid)) else { continue };
+        let n = images[image].segments.len();
+        remaining += n;
+        tasks.push(Arc::new(Task {
+            pid: AtomicI32::new(host_pid),
+            parent: host_pid,
+            image,
+            uffd,
+            state: (0..n).map(|_| AtomicU8::new(PENDING)).collect(),
+            gate: RwLock::new(Vec::new()),
+            cursor: AtomicUsize::new(0),
+            gone: AtomicBool::new(false),
+        }));
+    }
+    (tasks, remaining)
+}
+
 /// Whether the page at `addr` of `pid` is in memory (present or swapped), from
 /// `/proc/PID/pagemap`. `None` if that cannot be read.
 fn page_present(pid: i32, addr: u64) -> Option<bool> {
@@ -422,54 +471,10 @@ pub fn serve(
     abort: &AtomicBool,
 ) -> Result<FillReport> {
     let connected = Instant::now();
-    // The guard holds the connection too: userfaultfds CRIU has sent but this daemon has not
-    // received yet stay open in its queue if the daemon dies now, so a task CRIU releases
-    // waits on a missing page instead of reading zeros until the guard kills it.
-    guard.hold_connection(conn.as_raw_fd())?;
-    let mut senders = Vec::new();
-    let announced = socket::receive_tasks(&conn, layout.tasks, &mut |host_pid| {
-        senders.push(host_pid);
-        guard.add(host_pid, None)
-    });
-    let announced = match announced {
-        Ok(a) => a,
-        Err(e) => {
-            kill_tree(&senders);
-            guard.kill();
-            return Err(e);
-        }
-    };
-    for a in &announced {
-        if let Some(uffd) = &a.uffd {
-            if let Err(e) = guard.hold(uffd.raw()) {
-                kill_tree(&senders);
-                guard.kill();
-                return Err(e);
-            }
-        }
-    }
+    let announced = receive_tasks(&conn, layout, guard)?;
     let profile = opts.profile.as_ref().filter(|p| p.segment_bytes == SEGMENT);
-    let mut images = Vec::new();
-    for (p, c) in layout.processes.iter().zip(chunks) {
-        images.push(Image::new(p, c, profile));
-    }
-    let mut tasks = Vec::new();
-    let mut remaining = 0;
-    for Announced { pid, host_pid, uffd } in announced {
-        let (Some(uffd), Some(image)) = (uffd, images.iter().position(|i| i.pid as i32 == pid)) else { continue };
-        let n = images[image].segments.len();
-        remaining += n;
-        tasks.push(Arc::new(Task {
-            pid: AtomicI32::new(host_pid),
-            parent: host_pid,
-            image,
-            uffd,
-            state: (0..n).map(|_| AtomicU8::new(PENDING)).collect(),
-            gate: RwLock::new(Vec::new()),
-            cursor: AtomicUsize::new(0),
-            gone: AtomicBool::new(false),
-        }));
-    }
+    let images: Vec<Image> = layout.processes.iter().zip(chunks).map(|(p, c)| Image::new(p, c, profile)).collect();
+    let (tasks, remaining) = tasks_of(announced, &images);
     let sh = Shared {
         store,
         guard,
