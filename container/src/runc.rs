@@ -290,37 +290,9 @@ pub fn checkpoint(
             stderr: "only a running container can be checkpointed".into(),
         });
     }
-    let pids = runc.pids(id)?;
-    let users: Vec<u32> = pids.iter().copied().filter(|&p| cuda::process_uses_cuda(p)).collect();
-    let cuda = match users.first() {
-        None => None,
-        Some(&p) => Some(CudaDriver::load().map_err(|e| {
-            gpu_failed(
-                id,
-                "the GPU checkpoint",
-                e,
-                format!("not started: process {p} uses CUDA (the container runs on)"),
-            )
-        })?),
-    };
     let mut meta = Meta::new();
     let mut timings = CaptureTimings::default();
-    let gpu_pids = match &cuda {
-        Some(cuda) => {
-            // Asked before the lock: cuInit can take seconds and must not extend the freeze.
-            let not_started = |e| gpu_failed(id, "the GPU query", e, "not started (the container runs on)".into());
-            let (major, minor) = cuda.driver_version().map_err(not_started)?;
-            let gpus = cuda.devices().map_err(not_started)?;
-            let gpu_pids = gpu_processes(cuda, st.pid, &users);
-            if !gpu_pids.is_empty() {
-                meta.insert(META_CUDA_DRIVER_VERSION.into(), format!("{major}.{minor}").into());
-                meta.insert(META_GPUS.into(), serde_json::json!(gpus));
-                meta.insert(META_GPU_PIDS.into(), serde_json::json!(gpu_pids));
-            }
-            gpu_pids
-        }
-        None => Vec::new(),
-    };
+    let (cuda, gpu_pids) = gpu_state(runc, id, &st, &mut meta)?;
     let gpu = cuda.as_ref().filter(|_| !gpu_pids.is_empty());
 
     let staging = tempfile::Builder::new()
@@ -349,18 +321,7 @@ pub fn checkpoint(
     let dumped = runc.checkpoint(id, &images, &staging.path().join("work"), leave_running);
     timings.criu_dump_s = t.elapsed().as_secs_f64();
     if let Err(e) = dumped {
-        let running = runc.state(id).is_ok_and(|s| s.status == "running");
-        let after = match (running, gpu) {
-            (true, Some(cuda)) => format!(" ({})", resumed(cuda, &gpu_pids)),
-            (true, None) => " (the container runs on)".into(),
-            (false, _) => " (the container is no longer running)".into(),
-        };
-        return Err(match e {
-            ContainerError::Runtime { command, status, stderr } => {
-                ContainerError::Runtime { command, status: format!("{status}{after}"), stderr }
-            }
-            e => e,
-        });
+        return Err(dump_failed(runc, id, gpu, &gpu_pids, e));
     }
     let mut paused_s = None;
     if let (true, Some(cuda)) = (leave_running, gpu) {
@@ -373,15 +334,7 @@ pub fn checkpoint(
         paused_s = Some(frozen.elapsed().as_secs_f64());
     }
 
-    meta.insert(META_KIND.into(), crate::KIND.into());
-    meta.insert("runtime".into(), serde_json::json!({ "engine": "runc", "version": runc.version() }));
-    let container = ContainerMeta { name: id.into(), id: id.into(), runtime: "runc".into(), ..Default::default() };
-    meta.insert("container".into(), serde_json::json!(container));
-    meta.insert(META_RUNC.into(), serde_json::json!(RuncMeta { bundle: st.bundle.clone(), rootfs: st.rootfs.clone() }));
-    meta.insert(META_CRIU_VERSION.into(), runc.criu().version().into());
-    meta.insert("kernel".into(), kernel().into());
-    meta.insert("leave_running".into(), leave_running.into());
-    meta.insert(META_CAPTURE_TIMINGS.into(), serde_json::json!(timings));
+    describe(&mut meta, runc, id, &st, leave_running, &timings);
     match push::push(store, &image, tag, meta, progress) {
         Ok(push) => Ok(RuncCheckpointReport {
             container: id.into(),
@@ -398,28 +351,87 @@ pub fn checkpoint(
             let after = if leave_running {
                 " (the container kept running)".to_string()
             } else {
-                let work = staging.path().join("work-restore");
-                let back =
-                    runc.restore(id, (&images, &work, &st.bundle), false, &|_| Ok(())).and_then(|()| match gpu {
-                        Some(cuda) => resume_restored(runc, cuda, id, &[]).map(drop),
-                        None => Ok(()),
-                    });
-                match back {
-                    Ok(()) => "; the container was restored from the staged image and runs again".into(),
-                    Err(e) => {
-                        let kept = staging.keep();
-                        format!(
-                            "; restoring the container from the staged image failed too ({e}); the image is kept at {}",
-                            kept.join("image").display()
-                        )
-                    }
-                }
+                restore_staged(runc, id, &st, gpu, staging)
             };
             Err(ContainerError::PushFailed {
                 container: id.into(),
                 after,
                 source: Box::new(ContainerError::Store(source)),
             })
+        }
+    }
+}
+
+/// The CUDA driver and the container's GPU processes (its processes that use CUDA and have a
+/// context), and their metadata in `meta`; none when no process uses CUDA. The driver is
+/// asked before any lock: cuInit can take seconds and must not extend the freeze.
+fn gpu_state(runc: &Runc, id: &str, st: &State, meta: &mut Meta) -> Result<(Option<CudaDriver>, Vec<u32>)> {
+    let users: Vec<u32> = runc.pids(id)?.into_iter().filter(|&p| cuda::process_uses_cuda(p)).collect();
+    let Some(&first) = users.first() else { return Ok((None, Vec::new())) };
+    let cuda = CudaDriver::load().map_err(|e| {
+        let after = format!("not started: process {first} uses CUDA (the container runs on)");
+        gpu_failed(id, "the GPU checkpoint", e, after)
+    })?;
+    let not_started = |e| gpu_failed(id, "the GPU query", e, "not started (the container runs on)".into());
+    let (major, minor) = cuda.driver_version().map_err(not_started)?;
+    let gpus = cuda.devices().map_err(not_started)?;
+    let gpu_pids = gpu_processes(&cuda, st.pid, &users);
+    if !gpu_pids.is_empty() {
+        meta.insert(META_CUDA_DRIVER_VERSION.into(), format!("{major}.{minor}").into());
+        meta.insert(META_GPUS.into(), serde_json::json!(gpus));
+        meta.insert(META_GPU_PIDS.into(), serde_json::json!(gpu_pids));
+    }
+    Ok((Some(cuda), gpu_pids))
+}
+
+/// The error of a failed `runc checkpoint`, saying whether the container runs on (with its
+/// GPU processes resumed) or is gone.
+fn dump_failed(runc: &Runc, id: &str, gpu: Option<&CudaDriver>, gpu_pids: &[u32], e: ContainerError) -> ContainerError {
+    let running = runc.state(id).is_ok_and(|s| s.status == "running");
+    let after = match (running, gpu) {
+        (true, Some(cuda)) => format!(" ({})", resumed(cuda, gpu_pids)),
+        (true, None) => " (the container runs on)".into(),
+        (false, _) => " (the container is no longer running)".into(),
+    };
+    match e {
+        ContainerError::Runtime { command, status, stderr } => {
+            ContainerError::Runtime { command, status: format!("{status}{after}"), stderr }
+        }
+        e => e,
+    }
+}
+
+/// The metadata of a runc checkpoint image of container `id`.
+fn describe(meta: &mut Meta, runc: &Runc, id: &str, st: &State, leave_running: bool, timings: &CaptureTimings) {
+    meta.insert(META_KIND.into(), crate::KIND.into());
+    meta.insert("runtime".into(), serde_json::json!({ "engine": "runc", "version": runc.version() }));
+    let container = ContainerMeta { name: id.into(), id: id.into(), runtime: "runc".into(), ..Default::default() };
+    meta.insert("container".into(), serde_json::json!(container));
+    meta.insert(META_RUNC.into(), serde_json::json!(RuncMeta { bundle: st.bundle.clone(), rootfs: st.rootfs.clone() }));
+    meta.insert(META_CRIU_VERSION.into(), runc.criu().version().into());
+    meta.insert("kernel".into(), kernel().into());
+    meta.insert("leave_running".into(), leave_running.into());
+    meta.insert(META_CAPTURE_TIMINGS.into(), serde_json::json!(timings));
+}
+
+/// After a failed push of a dump that ended container `id`: restores it from the image staged
+/// in `staging` (and its GPU processes), and says how that went; the staged image is kept
+/// when the restore fails too.
+fn restore_staged(runc: &Runc, id: &str, st: &State, gpu: Option<&CudaDriver>, staging: tempfile::TempDir) -> String {
+    let images = staging.path().join("image").join(IMAGES);
+    let work = staging.path().join("work-restore");
+    let back = runc.restore(id, (&images, &work, &st.bundle), false, &|_| Ok(())).and_then(|()| match gpu {
+        Some(cuda) => resume_restored(runc, cuda, id, &[]).map(drop),
+        None => Ok(()),
+    });
+    match back {
+        Ok(()) => "; the container was restored from the staged image and runs again".into(),
+        Err(e) => {
+            let kept = staging.keep();
+            format!(
+                "; restoring the container from the staged image failed too ({e}); the image is kept at {}",
+                kept.join("image").display()
+            )
         }
     }
 }
