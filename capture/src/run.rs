@@ -39,7 +39,7 @@ pub struct RunOptions {
     pub eager: bool,
     /// How long to wait for the image's pids to be free.
     pub pid_wait: Duration,
-    /// Bytes the restore may hold in flight.
+    /// The memory the restore may hold in flight.
     pub memory_budget: gstore_restore::Budget,
     /// Where the image's GPUs go (`--gpu-map`); empty: by the rule in `gstore_gpu_dump::gpumap`.
     pub gpu_map: GpuMap,

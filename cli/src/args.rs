@@ -406,8 +406,8 @@ pub struct InitArgs {
     pub zstd_lanes: bool,
     /// Keep a chunk compressed only when that saves at least PERCENT of its bytes; store it
     /// raw otherwise. Restores and lazy fills copy raw chunks instead of decoding them: a higher
-    /// value trades stored bytes for restores that cost less CPU (docs/BENCHMARKS.md, "Fills
-    /// that copy").
+    /// value trades stored bytes for restores that cost less CPU (docs/BENCHMARKS.md, "Cheaper
+    /// fills").
     #[arg(long, default_value_t = 3, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(0..=100))]
     pub min_saving: u8,
     /// Encrypt the store (docs/SECURITY.md): its first key comes from GSTORE_KEY_FILE or

@@ -127,7 +127,7 @@ impl FileChunks {
                     let at = (c.offset - base) as usize;
                     decoder
                         .decode_into(loc.codec, stored, &c.id, &mut buf[at..at + c.len as usize])
-                        .map_err(|e| e.found_in(format_args!("pack {}, file {}", loc.pack.to_hex(), self.path)))?;
+                        .map_err(|e| self.in_pack(e, &loc.pack))?;
                 }
                 Ok(())
             });
@@ -162,11 +162,16 @@ impl FileChunks {
             for c in chunks {
                 let at = (c.offset - first.offset) as usize;
                 codec::verify(&data[at..at + c.len as usize], c.len as usize, &c.id, &ids)
-                    .map_err(|e| e.found_in(format_args!("pack {}, file {}", start.pack.to_hex(), self.path)))?;
+                    .map_err(|e| self.in_pack(e, &start.pack))?;
             }
             Ok(data.slice(from..))
         });
         Some(read.map_err(|e| self.fetch_error(e, chunks)))
+    }
+
+    /// `e` with the pack and this file named, for damage found in a chunk of it.
+    fn in_pack(&self, e: StoreError, pack: &ObjectId) -> StoreError {
+        e.found_in(format_args!("pack {}, file {}", pack.to_hex(), self.path))
     }
 
     /// The error of a failed read of `group`, chunks stored one after another in one pack: a

@@ -20,11 +20,6 @@ impl Budget {
         Budget(bytes)
     }
 
-    /// Its bytes.
-    pub fn bytes(self) -> u64 {
-        self.0
-    }
-
     /// An equal share of it for each of `parts` restores that run at once.
     pub fn share(self, parts: usize) -> Budget {
         Budget(self.0 / parts.max(1) as u64)
@@ -46,12 +41,6 @@ impl Budget {
         } else {
             ((self.0 / 4) / max_read).clamp(2, 2 * threads)
         }
-    }
-}
-
-impl Default for Budget {
-    fn default() -> Budget {
-        Budget::DEFAULT
     }
 }
 

@@ -428,15 +428,14 @@ pub fn decode(
             LaneCodec::Raw => {}
         }
     }
-    let joined: Vec<&[u8]> = lanes
-        .iter()
-        .enumerate()
-        .map(|(i, l)| match l.codec {
+    let mut joined: [&[u8]; 4] = [&[]; 4];
+    for (i, l) in lanes.iter().enumerate() {
+        joined[i] = match l.codec {
             LaneCodec::Raw => &stored[l.stored.clone()],
             _ => &scratch.lanes[i * n..(i + 1) * n],
-        })
-        .collect();
-    join(&joined, w, out);
+        };
+    }
+    join(&joined[..w], w, out);
     out[n * w..].copy_from_slice(&stored[tail]);
     Ok(())
 }
