@@ -215,7 +215,13 @@ fn image(pool: &[Vec<u8>], rng: &mut StdRng) -> Vec<u8> {
     (0..rng.random_range(2..7)).flat_map(|_| pool[rng.random_range(0..pool.len())].clone()).collect()
 }
 
-fn push_image(store: &Store, dir: &std::path::Path, tag: &str, data: &[u8], pushed: &Pushed) -> Result<(), StoreError> {
+fn push_image(
+    store: &gstore_store::IndexedStore,
+    dir: &std::path::Path,
+    tag: &str,
+    data: &[u8],
+    pushed: &Pushed,
+) -> Result<(), StoreError> {
     let src = dir.join(tag);
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("data"), data).unwrap();

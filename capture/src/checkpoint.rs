@@ -10,7 +10,7 @@ use gstore_gpu_dump::{Criu, CudaDriver};
 use gstore_store::commands::push::stream::{self, StreamSink};
 use gstore_store::progress::Progress;
 use gstore_store::StoreError;
-use gstore_store::{commands::push, Store, TagRef};
+use gstore_store::{commands::push, IndexedStore, TagRef};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -47,7 +47,7 @@ pub struct CheckpointReport {
 /// from the staged image.
 #[allow(clippy::too_many_arguments)]
 pub fn checkpoint(
-    store: &Store,
+    store: &IndexedStore,
     pid: u32,
     tag: &TagRef,
     leave_running: bool,
@@ -81,7 +81,7 @@ fn paused_s(capture: &CaptureReport) -> Option<f64> {
 
 /// The checkpoint through a staging directory: dump, then push the directory.
 fn staged(
-    store: &Store,
+    store: &IndexedStore,
     pid: u32,
     tag: &TagRef,
     opts: CheckpointOptions<'_>,
@@ -128,7 +128,7 @@ fn staged(
 
 /// The checkpoint streamed into the store while CRIU dumps (`criu dump --stream`).
 fn streamed(
-    store: &Store,
+    store: &IndexedStore,
     pid: u32,
     tag: &TagRef,
     opts: CheckpointOptions<'_>,
@@ -160,7 +160,7 @@ fn keep_criu_log(e: CaptureError, staged: &Staged) -> CaptureError {
 
 /// [`streamed`], with `dir` for CRIU's socket, the gate and CRIU's log.
 fn streamed_via(
-    store: &Store,
+    store: &IndexedStore,
     pid: u32,
     tag: &TagRef,
     mut opts: CheckpointOptions<'_>,

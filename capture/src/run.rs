@@ -6,7 +6,7 @@ use crate::staging::Staged;
 use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_PID};
 use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuMap, ImageMeta, MachineInfo};
 use gstore_store::progress::Progress;
-use gstore_store::{ObjectId, Store};
+use gstore_store::{IndexedStore, ObjectId};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -49,7 +49,7 @@ pub struct RunOptions {
 /// (kept) or a staging directory (removed). Memory is served lazily from the store unless
 /// `opts.eager` is set or this machine cannot (then the report says why).
 pub fn run(
-    store: &Store,
+    store: &IndexedStore,
     reference: &str,
     criu: CriuChoice,
     keep_at: Option<PathBuf>,
@@ -169,7 +169,7 @@ fn retrying_pid_races<T>(mut restore: impl FnMut() -> Result<T>) -> Result<T> {
 /// every page is in place. A fill that fails kills the restored tree, and its error is the
 /// one reported.
 fn run_lazy(
-    store: &Store,
+    store: &IndexedStore,
     id: &ObjectId,
     dir: &Path,
     prepared: &gstore_lazy::Prepared,

@@ -247,7 +247,7 @@ fn os(what: &str, e: std::io::Error) -> CaptureError {
 mod tests {
     use super::*;
     use gstore_store::progress::Silent;
-    use gstore_store::{commands::push, commands::push::stream, ObjectId, Store, StoreLocation, TagRef};
+    use gstore_store::{commands::push, commands::push::stream, IndexedStore, ObjectId, Store, StoreLocation, TagRef};
     use std::os::fd::{FromRawFd, OwnedFd};
 
     /// What CRIU sends for one file: the request, then one byte carrying `fd`. Fails once the
@@ -267,7 +267,7 @@ mod tests {
     }
 
     /// A new local store in `dir`.
-    fn new_store(dir: &Path) -> Store {
+    fn new_store(dir: &Path) -> IndexedStore {
         let loc = StoreLocation::Local(dir.join("store"));
         Store::init(&loc, &gstore_store::StoreConfig::default()).unwrap();
         Store::open_indexed(&loc, &|_| {}).unwrap()

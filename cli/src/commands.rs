@@ -11,8 +11,8 @@ use gstore_store::commands::keys;
 use gstore_store::crypto::Secret;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::{
-    commands::gc, commands::images, commands::push, commands::usage, commands::verify, ObjectId, Store, StoreConfig,
-    StoreLocation, TagRef,
+    commands::gc, commands::images, commands::push, commands::usage, commands::verify, IndexedStore, ObjectId, Store,
+    StoreConfig, StoreLocation, TagRef,
 };
 use indicatif::HumanBytes;
 use serde::Serialize;
@@ -716,12 +716,12 @@ impl Output {
     }
 }
 
-pub(crate) fn open_indexed(location: &StoreLocation) -> Result<Store> {
+pub(crate) fn open_indexed(location: &StoreLocation) -> Result<IndexedStore> {
     Ok(Store::open_indexed(location, &|msg| eprintln!("gstore: {msg}"))?)
 }
 
 /// Opens the store with its index and reads the manifest `image` names (the two overlap).
-pub(crate) fn open_image(location: &StoreLocation, image: &str) -> Result<(Store, ObjectId, Manifest)> {
+pub(crate) fn open_image(location: &StoreLocation, image: &str) -> Result<(IndexedStore, ObjectId, Manifest)> {
     Ok(Store::open_image(location, image, &|msg| eprintln!("gstore: {msg}"))?)
 }
 
@@ -928,7 +928,7 @@ fn show(store: &Store, image: &str, out: &Output) -> Result<()> {
     })
 }
 
-fn du(store: &Store, out: &Output) -> Result<()> {
+fn du(store: &IndexedStore, out: &Output) -> Result<()> {
     let u = usage::usage(store)?;
     out.emit(&u, || {
         let mut s = format!(

@@ -45,10 +45,14 @@ pub fn hold(
     drop(store);
     let store = Store::open(location)?;
     eprintln!(
-        "gstore: holding {} ({} of files, {} pinned) for loads into {device} at {}; {}",
+        "gstore: holding {} ({} of files, {} pinned{}) for loads into {device} at {}; {}",
         images.join(", "),
         HumanBytes(holder.image_bytes()),
         HumanBytes(holder.pinned_bytes()),
+        match holder.base_bytes() {
+            0 => String::new(),
+            n => format!(", {} of delta bases", HumanBytes(n)),
+        },
         socket.display(),
         holder.describe()
     );

@@ -8,7 +8,7 @@ use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
 use gstore_restore::{DeviceImage, Spread, TransferWaits};
 use gstore_store::format::manifest::Manifest;
-use gstore_store::{Store, StoreError};
+use gstore_store::{IndexedStore, StoreError};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
@@ -84,7 +84,7 @@ pub fn single_device(device: &str) -> Result<u32> {
 /// `replicate`, whole on each. The CUDA driver and contexts start while the store opens and
 /// the image is planned; the time reported runs from the call to the last byte checked.
 pub fn load(
-    open: impl FnOnce() -> Result<(Store, Manifest)>,
+    open: impl FnOnce() -> Result<(IndexedStore, Manifest)>,
     reference: &str,
     device: &str,
     check: bool,
@@ -161,7 +161,7 @@ pub fn load(
 /// and checks the buffers this process allocates. With `check`, `open` gives the store and
 /// manifest to read the buffers back against.
 pub fn load_held(
-    open: impl FnOnce() -> Result<(Store, Manifest)>,
+    open: impl FnOnce() -> Result<(IndexedStore, Manifest)>,
     reference: &str,
     device: &str,
     check: bool,

@@ -13,7 +13,7 @@ use gstore_store::commands::push::stream::{self, Meta, StreamSink};
 use gstore_store::commands::push::PushReport;
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::{Progress, Unit};
-use gstore_store::{Store, StoreError, TagRef};
+use gstore_store::{IndexedStore, StoreError, TagRef};
 use serde::Serialize;
 use std::io::{Read, Write};
 
@@ -247,7 +247,7 @@ pub fn feed(sink: StreamSink, input: impl Read, what: &str, mut meta: Meta) -> R
 /// entry by entry while it is read. A container checkpoint archive gets `kind`
 /// `container-checkpoint` and its container's description in the image's metadata.
 pub fn push_archive(
-    store: &Store,
+    store: &IndexedStore,
     input: impl Read,
     what: &str,
     tag: &TagRef,
@@ -290,7 +290,7 @@ impl<W: Write> Write for Counting<W> {
 /// image's order, owner 0:0, modification time 0, so the same image always gives the same
 /// bytes. Every chunk is checked against its id before any of its bytes are written.
 pub fn write_archive(
-    store: &Store,
+    store: &IndexedStore,
     m: &Manifest,
     out: impl Write,
     what: &str,

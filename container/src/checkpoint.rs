@@ -9,7 +9,7 @@ use crate::podman::Podman;
 use gstore_store::commands::push::stream::Meta;
 use gstore_store::commands::push::PushReport;
 use gstore_store::progress::Progress;
-use gstore_store::{Store, TagRef};
+use gstore_store::{IndexedStore, TagRef};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -36,7 +36,7 @@ pub struct ContainerCheckpointReport {
 /// `leave_running` the container stops (podman's checkpoint); if storing its archive fails,
 /// it is restored from the checkpoint podman kept and runs again (the error says so).
 pub fn checkpoint(
-    store: &Store,
+    store: &IndexedStore,
     podman: &Podman,
     name: &str,
     tag: &TagRef,

@@ -7,7 +7,7 @@ use crate::error::{ContainerError, Result};
 use crate::podman::Podman;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
-use gstore_store::Store;
+use gstore_store::IndexedStore;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -66,7 +66,7 @@ pub fn check(podman: &Podman, image: &str, m: &Manifest, name: Option<&str>) -> 
 /// its checkpointed name), after [`check`]. podman reads the archive twice, so it is written
 /// to a temporary file first (in `$TMPDIR`) and removed after.
 pub fn restore(
-    store: &Store,
+    store: &IndexedStore,
     podman: &Podman,
     image: &str,
     m: &Manifest,

@@ -25,7 +25,7 @@ use gstore_store::commands::push::stream::Meta;
 use gstore_store::commands::push::{self, PushReport};
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
-use gstore_store::{ObjectId, Store, TagRef};
+use gstore_store::{IndexedStore, ObjectId, TagRef};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -272,7 +272,7 @@ pub struct RuncCheckpointReport {
 /// the staged image pushed. Without `leave_running` runc stops the container; if the push
 /// fails, it is restored from the staged image and runs again (the error says so).
 pub fn checkpoint(
-    store: &Store,
+    store: &IndexedStore,
     runc: &Runc,
     id: &str,
     tag: &TagRef,
@@ -587,7 +587,7 @@ pub struct RestoreAs<'a> {
 /// container runs (gstore is CRIU's lazy-pages daemon): only the rest is written out, and the
 /// restore returns once every page is in place.
 pub fn restore(
-    store: &Store,
+    store: &IndexedStore,
     runc: &Runc,
     image: &str,
     mid: &ObjectId,

@@ -8,7 +8,7 @@ use crate::fill::{serve, FillOptions, FillReport};
 use crate::guard::Guard;
 use crate::prepare::Prepared;
 use crate::socket::LazySocket;
-use gstore_store::{ObjectId, Store};
+use gstore_store::{IndexedStore, ObjectId};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -32,7 +32,7 @@ pub type Served<R> = (R, FillReport, String);
 /// container's tasks are learned as they announce themselves. Returns once every page is in
 /// place; a fill that fails kills the restored processes, and its error is the one reported.
 pub fn serve_during<R, E>(
-    store: &Store,
+    store: &IndexedStore,
     id: &ObjectId,
     socket_dir: &Path,
     prepared: &Prepared,

@@ -9,7 +9,7 @@ use gstore_store::codec;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::repo::index::ChunkLocation;
 use gstore_store::ObjectKind;
-use gstore_store::{ObjectId, Store, StoreError};
+use gstore_store::{IndexedStore, ObjectId, StoreError};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -39,7 +39,7 @@ pub struct FileChunks {
 
 impl FileChunks {
     /// Locates every chunk of the file `path` of `m` (index lookups in parallel).
-    pub fn locate(store: &Store, m: &Manifest, path: &str) -> Result<FileChunks> {
+    pub fn locate(store: &IndexedStore, m: &Manifest, path: &str) -> Result<FileChunks> {
         let (entry, refs) = m.files().find(|(e, _)| e.path == path).ok_or_else(|| StoreError::NotFound {
             what: ObjectKind::ImageFile,
             key: format!("{path} (the image's page map names it, its manifest does not have it)"),
@@ -78,7 +78,7 @@ impl FileChunks {
     /// Returns where `range.start` landed in `buf` (page-aligned, since `buf` is).
     pub fn read_into(
         &self,
-        store: &Store,
+        store: &IndexedStore,
         range: Range<u64>,
         buf: &mut [u8],
         decoder: &mut codec::Decoder<'_>,
@@ -141,7 +141,11 @@ impl FileChunks {
     /// range read (a local store's mapping) without a copy, when every chunk covering it is
     /// stored raw, one after the other in one pack: each is checked against its id in place.
     /// `None` when the range is stored otherwise ([`FileChunks::read_into`] then decodes it).
-    pub fn raw_view(&self, store: &Store, range: &Range<u64>) -> Option<Result<impl std::ops::Deref<Target = [u8]>>> {
+    pub fn raw_view(
+        &self,
+        store: &IndexedStore,
+        range: &Range<u64>,
+    ) -> Option<Result<impl std::ops::Deref<Target = [u8]>>> {
         let chunks = self.covering(range);
         let (first, last) = (chunks.first()?, chunks.last()?);
         let start = first.loc?;

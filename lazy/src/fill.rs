@@ -27,7 +27,7 @@ use crate::socket::{self, Announced};
 use crate::uffd::{Copied, Event, Uffd};
 use gstore_gpu_dump::images::PAGE_SIZE;
 use gstore_store::codec::Decoder;
-use gstore_store::Store;
+use gstore_store::IndexedStore;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsRawFd;
@@ -212,7 +212,7 @@ struct FirstNeed {
 
 /// State shared by the event thread and the workers.
 struct Shared<'a> {
-    store: &'a Store,
+    store: &'a IndexedStore,
     guard: &'a Guard,
     images: Vec<Image>,
     tasks: RwLock<Vec<Arc<Task>>>,
@@ -462,7 +462,7 @@ fn kill_tree(roots: &[i32]) {
 /// released then. `abort` calls it off (CRIU failed). Once the tasks are received, a failure
 /// kills the restored processes (and the guard) before this returns.
 pub fn serve(
-    store: &Store,
+    store: &IndexedStore,
     layout: &Layout,
     chunks: Vec<FileChunks>,
     conn: UnixStream,

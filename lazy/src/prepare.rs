@@ -8,7 +8,7 @@ use crate::layout::Layout;
 use gstore_store::dedup::similar::is_page_image;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
-use gstore_store::{ObjectId, Store};
+use gstore_store::{IndexedStore, ObjectId};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -27,7 +27,7 @@ pub struct Prepared {
 
 /// Writes image `id` (manifest `m`) out to the new directory `dir` for a lazy restore.
 pub fn prepare(
-    store: &Store,
+    store: &IndexedStore,
     id: &ObjectId,
     m: &Manifest,
     dir: &Path,

@@ -9,8 +9,8 @@ use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::{
-    commands::gc, commands::images, commands::push, commands::usage, ErrorKind, Store as RustStore, StoreConfig,
-    StoreError, StoreLocation, TagRef,
+    commands::gc, commands::images, commands::push, commands::usage, ErrorKind, IndexedStore, Store as RustStore,
+    StoreConfig, StoreError, StoreLocation, TagRef,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -72,7 +72,7 @@ impl Store {
         RustStore::open(&self.location)
     }
 
-    fn open_indexed(&self) -> Result<RustStore, StoreError> {
+    fn open_indexed(&self) -> Result<IndexedStore, StoreError> {
         let on_wait = |msg: &str| eprintln!("gstore: {msg}");
         match self.index_slot {
             Some(n) => self.open()?.with_index_slot(n).with_index(&on_wait),
@@ -82,7 +82,7 @@ impl Store {
 
     /// Opens the store with its index and reads the manifest `image` names (the two overlap
     /// without an index slot).
-    fn open_image(&self, image: &str) -> Result<(RustStore, Manifest), StoreError> {
+    fn open_image(&self, image: &str) -> Result<(IndexedStore, Manifest), StoreError> {
         if self.index_slot.is_some() {
             let store = self.open_indexed()?;
             let m = store.get_manifest(&store.resolve(image)?)?;

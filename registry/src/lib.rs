@@ -29,7 +29,7 @@ use gstore_restore::cat::FileReader;
 use gstore_store::commands::push::stream::{self, Meta};
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Silent;
-use gstore_store::{ObjectId, Store, StoreLocation, TagRef};
+use gstore_store::{IndexedStore, ObjectId, Store, StoreLocation, TagRef};
 use oci::{CheckpointImage, Descriptor, Pushed};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -96,7 +96,7 @@ pub struct Registry {
     uploads: Uploads,
     /// The store, open with its index while requests use it; the index lock is let go
     /// when none does, so gstore commands on this machine can run between them.
-    open: Mutex<Weak<Store>>,
+    open: Mutex<Weak<IndexedStore>>,
     known: Mutex<Known>,
     /// Manifest pushes, one at a time.
     writing: Mutex<()>,
@@ -162,7 +162,7 @@ impl Registry {
     }
 
     /// The store with its index, shared by the requests in flight.
-    fn store(&self) -> Result<Arc<Store>> {
+    fn store(&self) -> Result<Arc<IndexedStore>> {
         let mut open = self.open.lock().expect("registry store lock");
         if let Some(s) = open.upgrade() {
             return Ok(s);
@@ -221,7 +221,7 @@ impl Registry {
     }
 
     /// The manifest of image `id` as served.
-    fn serve(&self, store: &Store, id: ObjectId) -> Result<ServedManifest> {
+    fn serve(&self, store: &IndexedStore, id: ObjectId) -> Result<ServedManifest> {
         let m = store.get_manifest(&id)?;
         match kind_of(&m) {
             ImageKind::Unpacked => {
@@ -253,7 +253,7 @@ impl Registry {
 
     /// A checkpoint image's documents: its layer's digest is computed from the image's files
     /// the first time (reading them all once) and kept.
-    fn checkpoint(&self, store: &Store, id: ObjectId, m: &Manifest) -> Result<Arc<CheckpointImage>> {
+    fn checkpoint(&self, store: &IndexedStore, id: ObjectId, m: &Manifest) -> Result<Arc<CheckpointImage>> {
         if let Some(c) = self.known().checkpoints.get(&id) {
             return Ok(c.clone());
         }
@@ -290,7 +290,7 @@ impl Registry {
 
     /// Learns the blobs of every layout image, and the documents of `repo`'s checkpoint
     /// images (reading each such image once, the first time).
-    fn learn(&self, store: &Store, repo: &str) -> Result<()> {
+    fn learn(&self, store: &IndexedStore, repo: &str) -> Result<()> {
         for rec in store.list_tags()?.into_iter().flatten() {
             let id = rec.manifest_id()?;
             let known = {
@@ -421,7 +421,13 @@ impl Registry {
     }
 
     /// Stores a pushed checkpoint image unpacked; returns its served manifest's digest.
-    fn put_checkpoint(&self, store: &Store, tag: &TagRef, pushed: &Pushed, blobs: &[(Digest, Blob)]) -> Result<Digest> {
+    fn put_checkpoint(
+        &self,
+        store: &IndexedStore,
+        tag: &TagRef,
+        pushed: &Pushed,
+        blobs: &[(Digest, Blob)],
+    ) -> Result<Digest> {
         let mut config = Vec::new();
         self.read_blob(&blobs[0].1.source, &mut |r| {
             r.read_to_end(&mut config).map_err(|e| RegistryError::io("reading", Path::new("the config"), e)).map(drop)
@@ -445,7 +451,7 @@ impl Registry {
     /// Stores a pushed image as an OCI image layout.
     fn put_layout(
         &self,
-        store: &Store,
+        store: &IndexedStore,
         tag: &TagRef,
         pushed: &Pushed,
         bytes: &[u8],

@@ -8,7 +8,7 @@ use crate::host::restore_to_memory;
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Silent;
 use gstore_store::ObjectKind;
-use gstore_store::{Result, Store, StoreError};
+use gstore_store::{IndexedStore, Result, StoreError};
 use std::io::{Read, Write};
 
 /// Bytes of the file restored at a time, and the restore engine's memory budget for them: a
@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 /// in one of 256 MiB, against 2.8 s for a restore to disk (~40 s chunk by chunk, as before);
 /// but 32 streams at once of 256 MiB windows (~650 MB each) ran this 24 GiB machine out of
 /// memory, so windows stay at 64 MiB.
-fn window(store: &Store) -> (u64, Budget) {
+fn window(store: &IndexedStore) -> (u64, Budget) {
     if store.is_remote() {
         (64 << 20, Budget::of(128 << 20))
     } else {
@@ -29,7 +29,7 @@ fn window(store: &Store) -> (u64, Budget) {
 /// before any of its bytes are handed out; a failure is an [`std::io::Error`] wrapping the
 /// [`StoreError`] (see [`FileReader::store_error`]).
 pub struct FileReader<'a> {
-    store: &'a Store,
+    store: &'a IndexedStore,
     m: &'a Manifest,
     path: String,
     size: u64,
@@ -43,7 +43,7 @@ pub struct FileReader<'a> {
 
 impl<'a> FileReader<'a> {
     /// A reader of the file at `path` in image `m`, and its size.
-    pub fn open(store: &'a Store, m: &'a Manifest, path: &str) -> Result<(FileReader<'a>, u64)> {
+    pub fn open(store: &'a IndexedStore, m: &'a Manifest, path: &str) -> Result<(FileReader<'a>, u64)> {
         let entry = m.entries.iter().find(|e| e.path == path).ok_or_else(|| StoreError::NotFound {
             what: ObjectKind::ImageFile,
             key: format!("{path} (`gstore show` lists the image's files)"),
@@ -98,7 +98,7 @@ impl Read for FileReader<'_> {
 
 /// Writes the file at `path` in image `m` to `out`; returns its size. Every chunk is checked
 /// against its id before any of its bytes are written.
-pub fn write_file(store: &Store, m: &Manifest, path: &str, out: &mut dyn Write) -> Result<u64> {
+pub fn write_file(store: &IndexedStore, m: &Manifest, path: &str, out: &mut dyn Write) -> Result<u64> {
     let (mut reader, _) = FileReader::open(store, m, path)?;
     let mut written = 0u64;
     let mut buf = vec![0u8; 1 << 20];

@@ -20,7 +20,7 @@ use crate::plan::{self, PlannedChunk, Target};
 use crate::seed::Seed;
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
-use gstore_store::{ChunkIds, ObjectId, Result, Store, StoreError};
+use gstore_store::{ChunkIds, IndexedStore, ObjectId, Result, StoreError};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -188,7 +188,7 @@ impl Dirs {
 /// Restores image `id` (manifest `m`) into `dest`, which must not exist or be an empty
 /// directory, holding at most about `memory_budget` bytes in flight.
 pub fn restore_to_dir(
-    store: &Store,
+    store: &IndexedStore,
     id: &ObjectId,
     m: &Manifest,
     dest: &Path,
@@ -200,7 +200,7 @@ pub fn restore_to_dir(
 
 /// [`restore_to_dir`], copying the chunks `seed` holds from there instead of fetching them.
 pub fn restore_to_dir_seeded(
-    store: &Store,
+    store: &IndexedStore,
     id: &ObjectId,
     m: &Manifest,
     dest: &Path,

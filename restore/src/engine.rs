@@ -7,7 +7,7 @@ use crate::seed::Seed;
 use gstore_store::codec::{self, Codec};
 use gstore_store::format::manifest::{Entry, EntryKind, Manifest};
 use gstore_store::progress::{Progress, Unit};
-use gstore_store::{ObjectId, Result, Store, StoreError};
+use gstore_store::{IndexedStore, ObjectId, Result, StoreError};
 use rayon::prelude::*;
 
 /// One piece of restored data: plain bytes for `offset` of entry `entry`.
@@ -70,13 +70,13 @@ impl Buffers {
 const REMOTE_READS_IN_FLIGHT: usize = 16;
 
 /// Runs every read of `plan` into `sink`, reporting plain bytes written to `progress`.
-pub fn run(store: &Store, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress) -> Result<()> {
+pub fn run(store: &IndexedStore, plan: &Plan, sink: &dyn Sink, progress: &dyn Progress) -> Result<()> {
     run_seeded(store, plan, sink, None, progress)
 }
 
 /// [`run`], taking the delta bases `seed` holds from there instead of the store.
 pub fn run_seeded(
-    store: &Store,
+    store: &IndexedStore,
     plan: &Plan,
     sink: &dyn Sink,
     seed: Option<&Seed>,
@@ -92,7 +92,13 @@ pub fn run_seeded(
     run_here(store, plan, sink, seed, progress)
 }
 
-fn run_here(store: &Store, plan: &Plan, sink: &dyn Sink, seed: Option<&Seed>, progress: &dyn Progress) -> Result<()> {
+fn run_here(
+    store: &IndexedStore,
+    plan: &Plan,
+    sink: &dyn Sink,
+    seed: Option<&Seed>,
+    progress: &dyn Progress,
+) -> Result<()> {
     // Zero runs are counted at once: they are never fetched (holes, or zeroed by the sink), so
     // the bar ends at the image's size, as the summary says it.
     let zeros: u64 = plan.zeros.iter().map(|z| z.len).sum();
@@ -117,7 +123,7 @@ enum Source {
 }
 
 fn fetch_decode_write(
-    store: &Store,
+    store: &IndexedStore,
     read: &RangeRead,
     decoder: &mut codec::Decoder<'_>,
     arena: &mut Vec<u8>,

@@ -5,7 +5,7 @@ use crate::engine::{self, Buffers, Piece, Sink};
 use crate::plan;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
-use gstore_store::{Result, Store, StoreError};
+use gstore_store::{IndexedStore, Result, StoreError};
 
 /// One restored file in host memory.
 pub struct HostEntry {
@@ -57,7 +57,12 @@ impl Sink for HostSink {
 
 /// Restores every file of `m` into page-aligned host memory (zero chunks cost nothing: the
 /// mappings start zeroed).
-pub fn restore_to_memory(store: &Store, m: &Manifest, budget: Budget, progress: &dyn Progress) -> Result<HostImage> {
+pub fn restore_to_memory(
+    store: &IndexedStore,
+    m: &Manifest,
+    budget: Budget,
+    progress: &dyn Progress,
+) -> Result<HostImage> {
     let plan = plan::plan(store, m, budget.max_read())?;
     let (owned, buffers) = Buffers::allocate(m, |e| {
         let mut data = memmap2::MmapMut::map_anon(e.size as usize)

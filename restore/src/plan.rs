@@ -5,7 +5,7 @@
 use gstore_store::format::manifest::Manifest;
 use gstore_store::repo::index::{ChunkLocation, PlanRecord};
 use gstore_store::ObjectKind;
-use gstore_store::{ObjectId, Result, Store, StoreError};
+use gstore_store::{IndexedStore, ObjectId, Result, StoreError};
 use std::collections::HashMap;
 
 /// Two chunks of one pack are read together when at most this many bytes lie between them.
@@ -121,7 +121,7 @@ fn entry_order(m: &Manifest) -> Vec<usize> {
 
 /// Where chunk `id` (of `len` plain bytes, part of the image file `path`) is stored: an error
 /// that names the file when the index knows no pack holding it, or disagrees on its length.
-pub fn locate_chunk(store: &Store, id: &ObjectId, len: u32, path: &str) -> Result<ChunkLocation> {
+pub fn locate_chunk(store: &IndexedStore, id: &ObjectId, len: u32, path: &str) -> Result<ChunkLocation> {
     check_location(store.locate(id)?, id, len, path)
 }
 
@@ -232,7 +232,7 @@ impl Needs {
     /// chunk is looked up in the index, and the result recorded for next time.
     pub fn plan_batches(
         self,
-        store: &Store,
+        store: &IndexedStore,
         m: &Manifest,
         max_read: u64,
         batch: usize,
@@ -331,7 +331,7 @@ fn coalesce(mut chunks: Vec<(usize, PlannedChunk)>, max_read: u64) -> Vec<RangeR
 
 /// Plans the restore of every file of `m`, with range reads of at most `max_read` bytes
 /// (stored and plain alike), which bounds the memory one read needs.
-pub fn plan(store: &Store, m: &Manifest, max_read: u64) -> Result<Plan> {
+pub fn plan(store: &IndexedStore, m: &Manifest, max_read: u64) -> Result<Plan> {
     let needs = Needs::of(m);
     let zeros = needs.zeros.clone();
     let mut reads = Vec::new();

@@ -101,7 +101,7 @@ impl Seed {
     }
 
     /// The delta bases of `read`'s chunks that the seed holds, with their bytes as read (the
-    /// store checks them against their ids: [`gstore_store::Store::offer_bases`]).
+    /// store checks them against their ids: [`gstore_store::IndexedStore::offer_bases`]).
     pub fn bases_of(&self, read: &RangeRead) -> Vec<(ObjectId, Vec<u8>)> {
         let mut ids: Vec<ObjectId> = read.chunks.iter().filter_map(|c| c.loc.bases).flat_map(|b| b.iter()).collect();
         ids.sort_unstable();

@@ -55,7 +55,7 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, u32, Vec<u8>)> {
 struct World {
     _tmp: tempfile::TempDir,
     base: PathBuf,
-    store: Store,
+    store: gstore_store::IndexedStore,
     stored: ChunkRef,
 }
 

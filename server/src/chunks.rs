@@ -4,7 +4,7 @@
 //! deduplicate against them (docs/GC.md), so they never make a chunk count as present.
 //!
 //! Listing and footer reads go through the store's own protocol helpers (the same ones
-//! `Store::sync_index` uses); they block, so callers run refreshes on blocking threads.
+//! `IndexedStore::sync_index` uses); they block, so callers run refreshes on blocking threads.
 
 use gstore_store::backend::Backend;
 use gstore_store::format::key::ObjectKey;

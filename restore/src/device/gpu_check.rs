@@ -21,7 +21,7 @@ use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, HostMemory, PinnedBuff
 use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder, FloatLaneCodec, FloatLayout};
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::ObjectKind;
-use gstore_store::{Result, Store, StoreError};
+use gstore_store::{BaseReader, Result, Store, StoreError};
 use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -178,11 +178,14 @@ impl GpuLoad {
     /// Fills the zero runs and every read arriving from the planner (until it hangs up) into
     /// `buffers` with `workers` threads, waits for every queued copy, decode and check, and
     /// fails if any chunk did not match its id. Reads whose bytes are `held` in pinned memory
-    /// are copied from there; the others are read from `store` into the staging slots. The
-    /// load may run again (its slots are kept). Returns where the workers' time went.
+    /// are copied from there; the others are read from `store` into the staging slots. Delta
+    /// chunks decode on the host against bases from `bases`. The load may run again (its
+    /// slots are kept). Returns where the workers' time went.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run(
         &mut self,
         store: &Store,
+        bases: &dyn BaseReader,
         planned: Planned,
         held: &[PinnedBuffer],
         buffers: &Buffers,
@@ -223,7 +226,8 @@ impl GpuLoad {
             let handles: Vec<_> = (0..workers)
                 .map(|_| {
                     s.spawn(|| {
-                        let mut decoder = store.decoder();
+                        let mut decoder =
+                            Decoder::with_bases(store.config().chunk_max, bases).with_ids(store.chunk_ids());
                         let mut waits = TransferWaits::default();
                         while !stop.load(Ordering::Relaxed) {
                             let asked = Instant::now();
@@ -240,8 +244,8 @@ impl GpuLoad {
                             let Some((tag, PlannedRead { read, held })) = next else { return Ok(waits) };
                             let mut slot = pool.take();
                             // Delta chunks decode on the host: their bases are read first.
-                            let r = store
-                                .prefetch_bases(read.chunks.iter().filter_map(|c| c.loc.bases))
+                            let r = bases
+                                .prefetch(&mut read.chunks.iter().filter_map(|c| c.loc.bases))
                                 .and_then(|_bases| loader.queue(&mut slot, &read, held, tag, &mut decoder, &mut waits));
                             pool.give(slot);
                             match r {

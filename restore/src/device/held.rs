@@ -24,7 +24,7 @@ use gstore_gpu_dump::cuda::{Context, HostMemory, IpcBuffer, IpcHandle, PinnedBuf
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::{Progress, Silent, Unit};
 use gstore_store::ObjectKind;
-use gstore_store::{ObjectId, Result, Store, StoreError};
+use gstore_store::{BaseSet, IndexedStore, ObjectId, Result, Store, StoreError};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -58,6 +58,8 @@ pub struct Holder {
     workers: usize,
     images: Vec<HeldImage>,
     memory: Vec<PinnedBuffer>,
+    /// The plain bases of the held images' delta chunks, read while the index was open.
+    bases: BaseSet,
 }
 
 impl Holder {
@@ -71,7 +73,15 @@ impl Holder {
             (0..workers + 4).map(|_| HostMemory::map(0).map_err(cuda_err)).collect::<Result<_>>()?;
         let load = GpuLoad::prepare(ctx, &mut staging, read_cap, chunk_max)?
             .map_err(|why| StoreError::Device(format!("gstore hold checks every chunk on the GPU, and {why}")))?;
-        Ok(Holder { ctx: ctx.clone(), load, read_cap, workers, images: Vec::new(), memory: Vec::new() })
+        Ok(Holder {
+            ctx: ctx.clone(),
+            load,
+            read_cap,
+            workers,
+            images: Vec::new(),
+            memory: Vec::new(),
+            bases: BaseSet::default(),
+        })
     }
 
     /// Where chunks are checked and decoded, for reports.
@@ -84,6 +94,11 @@ impl Holder {
         self.memory.iter().map(|m| m.len() as u64).sum()
     }
 
+    /// Plain bytes of the delta bases held in host memory for the held images' delta chunks.
+    pub fn base_bytes(&self) -> u64 {
+        self.bases.bytes()
+    }
+
     /// Plain bytes of the held images' files.
     pub fn image_bytes(&self) -> u64 {
         self.images.iter().map(|i| i.manifest.files().map(|(e, _)| e.size).sum::<u64>()).sum()
@@ -94,7 +109,7 @@ impl Holder {
     /// stored bytes to `progress`. The bytes are checked on the GPU at each load, not here.
     pub fn hold(
         &mut self,
-        store: &Store,
+        store: &IndexedStore,
         images: Vec<(String, ObjectId, Manifest)>,
         progress: &dyn Progress,
     ) -> Result<()> {
@@ -121,6 +136,10 @@ impl Holder {
                 .collect();
             held.push(HeldImage { name, id, manifest, reads, zeros, total });
         }
+        // Delta chunks decode on the host at each load, against bases read now: loads run
+        // without the index.
+        let bases = held.iter().flat_map(|i| &i.reads).flat_map(|(r, _)| r.chunks.iter().filter_map(|c| c.loc.bases));
+        let bases = store.base_set(bases)?;
         let stored: u64 = sizes.iter().map(|&s| s as u64).sum();
         let meminfo = std::fs::read_to_string("/proc/meminfo")
             .map_err(|e| StoreError::io("reading the machine's free memory from", "/proc/meminfo", e))?;
@@ -152,6 +171,7 @@ impl Holder {
         read?;
         self.memory.append(&mut memory);
         self.images.extend(held);
+        self.bases.extend(bases);
         Ok(())
     }
 }
@@ -211,9 +231,10 @@ struct ErrorAnswer {
 
 impl Holder {
     /// Answers loads on `listener`, one connection at a time, until accepting fails; `log` is
-    /// told of each load and of each that failed (the loader is told too). `store` (opened
-    /// without its index, so that other gstore commands can use the store meanwhile) serves
-    /// delta chunks' bases and the chunk id key.
+    /// told of each load and of each that failed (the loader is told too). `store` is opened
+    /// without its index, so that other gstore commands can use the store meanwhile: it gives
+    /// the chunk id key, and delta chunks decode against the bases read when the images were
+    /// held.
     pub fn serve(&mut self, store: &Store, listener: &UnixListener, log: &dyn Fn(&str)) -> Result<()> {
         for conn in listener.incoming() {
             let conn = conn.map_err(|e| StoreError::io("accepting a load on", "the hold socket", e))?;
@@ -278,7 +299,7 @@ impl Holder {
         let (open_s, t) = (opening.elapsed().as_secs_f64(), std::time::Instant::now());
         let bytes = img.manifest.files().map(|(e, _)| e.size).sum::<u64>();
         let name = img.name.clone();
-        self.load.run(store, planned, &self.memory, &buffers, self.workers, &Silent)?;
+        self.load.run(store, &self.bases, planned, &self.memory, &buffers, self.workers, &Silent)?;
         // The loader may free its buffers once it hears back: they are unmapped first.
         let (load_s, t) = (t.elapsed().as_secs_f64(), std::time::Instant::now());
         drop(mapped);

@@ -7,7 +7,7 @@ use crate::engine::{self, Buffers, Piece, Sink};
 use crate::plan::Plan;
 use gstore_gpu_dump::cuda::{Context, Event, HostMemory, PinnedBuffer, Stream};
 use gstore_store::progress::Progress;
-use gstore_store::{Result, Store, StoreError};
+use gstore_store::{IndexedStore, Result, StoreError};
 
 /// A pinned staging buffer with the stream that copies it and the event marking that copy.
 struct Slot {
@@ -42,7 +42,13 @@ impl Ring {
     }
 
     /// Runs `plan` into `buffers`, then waits for every copy.
-    pub(super) fn run(self, store: &Store, plan: &Plan, buffers: Buffers, progress: &dyn Progress) -> Result<()> {
+    pub(super) fn run(
+        self,
+        store: &IndexedStore,
+        plan: &Plan,
+        buffers: Buffers,
+        progress: &dyn Progress,
+    ) -> Result<()> {
         let sink = DeviceSink { buffers, ring: &self.0 };
         let r = sink.zero(plan).and_then(|()| engine::run(store, plan, &sink, progress));
         // Every queued copy finishes before its staging buffer can be freed.

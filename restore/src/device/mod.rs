@@ -24,7 +24,7 @@ use gstore_gpu_dump::cuda::{Context, DeviceBuffer, HostMemory};
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::ObjectKind;
-use gstore_store::{ChunkIds, Result, Store, StoreError};
+use gstore_store::{ChunkIds, IndexedStore, Result, StoreError};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 /// One restored file in device memory.
@@ -186,7 +186,7 @@ const PLAN_BATCH: usize = 8192;
 /// (host checks) or half (GPU checks, which hold no decoded copies on the host) of
 /// `budget` in pinned memory.
 pub fn restore_to_device(
-    store: &Store,
+    store: &IndexedStore,
     m: &Manifest,
     ctx: &Context,
     budget: Budget,
@@ -200,7 +200,7 @@ pub fn restore_to_device(
 /// a few hundred milliseconds) passes a function that waits for it, and the index lookups run
 /// meanwhile.
 pub fn restore_to_device_with(
-    store: &Store,
+    store: &IndexedStore,
     m: &Manifest,
     open_context: impl FnOnce() -> Result<Context>,
     budget: Budget,
@@ -267,8 +267,15 @@ pub fn restore_to_device_with(
             let (path, waits) = match checker {
                 Checker::Gpu(mut g) => {
                     let path = g.describe();
-                    let waits =
-                        g.run(store, Planned { reads, zeros, total }, &[], &buffers, threads as usize, progress)?;
+                    let waits = g.run(
+                        store,
+                        store,
+                        Planned { reads, zeros, total },
+                        &[],
+                        &buffers,
+                        threads as usize,
+                        progress,
+                    )?;
                     (path, waits)
                 }
                 Checker::Host(ring, why) => {

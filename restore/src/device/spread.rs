@@ -7,7 +7,7 @@ use crate::budget::Budget;
 use gstore_gpu_dump::cuda::Context;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::{Progress, Unit};
-use gstore_store::{Result, Store};
+use gstore_store::{IndexedStore, Result};
 
 /// How an image is placed on several devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +70,7 @@ impl Progress for Share<'_> {
 /// once; `budget` is shared among them. Returns one image per device, in order; fails
 /// if any device fails (every buffer is then freed).
 pub fn restore_to_devices<F>(
-    store: &Store,
+    store: &IndexedStore,
     m: &Manifest,
     open_contexts: Vec<F>,
     spread: Spread,

@@ -9,14 +9,14 @@ use crate::error::{Result, StoreError};
 use crate::format::lease::Lease;
 use crate::format::manifest::{Entry, EntryKind, Manifest};
 use crate::format::tag::{TagRecord, TagRef};
-use crate::{ObjectId, Store};
+use crate::{IndexedStore, ObjectId};
 use std::collections::BTreeMap;
 
 /// Tags `tag` with one image holding every entry of images `parts` (in path order) and
 /// metadata `meta`. A file path in two parts is refused (a directory may repeat). The parts
 /// are held by a lease while the image is made, and refused if gc has begun to remove them.
 /// Needs the index.
-pub fn compose(store: &Store, tag: &TagRef, parts: &[ObjectId], meta: Meta) -> Result<TagRecord> {
+pub fn compose(store: &IndexedStore, tag: &TagRef, parts: &[ObjectId], meta: Meta) -> Result<TagRecord> {
     tag.check_new()?;
     let lease = Lease::take(store.backend(), &format!("compose {tag}"))?;
     let manifests = store.hold_images(&lease, parts)?;
@@ -56,10 +56,11 @@ mod tests {
     use super::*;
     use crate::commands::push::stream::push_fed;
     use crate::progress::Silent;
-    use crate::repo::store::StoreLocation;
+    use crate::repo::location::StoreLocation;
+    use crate::Store;
 
     /// Pushes `files` as image `tag`; returns its manifest id.
-    fn push(store: &Store, tag: &str, files: &[(&str, &[u8])]) -> ObjectId {
+    fn push(store: &IndexedStore, tag: &str, files: &[(&str, &[u8])]) -> ObjectId {
         let tag = TagRef::parse(tag).unwrap();
         let (r, ()) = push_fed(store, &tag, 8 << 20, &Silent, |sink| -> Result<()> {
             sink.dir("shared", 0o755)?;

@@ -13,7 +13,7 @@ use crate::format::lease::{self, Lease};
 use crate::format::tag::TagRef;
 use crate::progress::{Progress, Unit};
 use crate::repo::index::Index;
-use crate::repo::store::Store;
+use crate::repo::indexed::IndexedStore;
 use crate::ObjectKind;
 use crate::StoreConfig;
 use serde::Serialize;
@@ -41,7 +41,7 @@ pub struct CopyReport {
 
 /// Copies the image `tag` names in `src` to `dst` under the same tag (moved if it exists
 /// there; its old value goes to the history).
-pub fn copy(src: &Store, dst: &Store, tag: &TagRef, progress: &dyn Progress) -> Result<CopyReport> {
+pub fn copy(src: &IndexedStore, dst: &IndexedStore, tag: &TagRef, progress: &dyn Progress) -> Result<CopyReport> {
     let started = std::time::Instant::now();
     tag.check_new()?;
     if src.chunk_ids() != dst.chunk_ids() {
@@ -65,7 +65,7 @@ pub fn copy(src: &Store, dst: &Store, tag: &TagRef, progress: &dyn Progress) -> 
     }
     dst.backend().check_tag_write(&tag.name)?;
     let lease = Lease::take(dst.backend(), &format!("copy {tag}"))?;
-    let index = dst.index()?;
+    let index = dst.index();
     let mut relied: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
     let mut missing = Vec::new();
     for &c in sizes.keys() {
@@ -133,8 +133,8 @@ fn keeps_stored(dst: &StoreConfig, codec: Codec, stored: &[u8], len: u32, c: &Ob
 /// Reads `chunks` from their packs in `src` (stored form, checked by decoding against their
 /// ids) and writes them into new packs of `dst`, each named in the lease before it is stored.
 fn transfer(
-    src: &Store,
-    dst: &Store,
+    src: &IndexedStore,
+    dst: &IndexedStore,
     lease: &Lease,
     chunks: &[ObjectId],
     sizes: &BTreeMap<ObjectId, u32>,

@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::format::id::ObjectId;
 use crate::format::manifest::EntryKind;
 use crate::format::tag::{TagRecord, TagRef};
+use crate::repo::indexed::IndexedStore;
 use crate::repo::store::Store;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -303,7 +304,7 @@ pub fn diff(store: &Store, a: &str, b: &str) -> Result<Diff> {
 
 /// Points the new tag `target` (`NAME:VERSION`, which must not exist) at the image `source`
 /// names, after checking its manifest reads (`gstore tag`, `Store.tag` in Python).
-pub fn tag(store: &Store, source: &str, target: &str) -> Result<TagRecord> {
+pub fn tag(store: &IndexedStore, source: &str, target: &str) -> Result<TagRecord> {
     let target = TagRef::parse_new(target)?;
     let id = store.resolve(source)?;
     store.get_manifest(&id)?;

@@ -6,7 +6,8 @@ use crate::crypto::keyring::{add, list, remove, unlock, Kdf};
 use crate::crypto::Secret;
 use crate::error::{Result, StoreError};
 use crate::format::config::StoreConfig;
-use crate::repo::store::{Store, StoreLocation};
+use crate::repo::location::StoreLocation;
+use crate::repo::store::Store;
 use serde::Serialize;
 
 /// One key record as `gstore key list` shows it.

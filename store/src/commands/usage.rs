@@ -3,7 +3,7 @@
 
 use crate::error::Result;
 use crate::format::id::ObjectId;
-use crate::repo::store::Store;
+use crate::repo::indexed::IndexedStore;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -52,7 +52,7 @@ fn ratio(a: u64, b: u64) -> f64 {
 }
 
 /// Computes the store's usage from tags, manifests and the index.
-pub fn usage(store: &Store) -> Result<Usage> {
+pub fn usage(store: &IndexedStore) -> Result<Usage> {
     let tags: Vec<_> = store.list_tags()?.into_iter().filter_map(|t| t.ok()).collect();
     let mut manifests = HashMap::new();
     for t in &tags {
@@ -96,7 +96,7 @@ pub fn usage(store: &Store) -> Result<Usage> {
     let logical: u64 = manifests.values().map(|m| m.logical_size()).sum();
     let unique_plain: u64 = chunks.values().map(|c| c.2).sum();
     let stored: u64 = chunks.values().map(|c| c.1).sum();
-    let packs = store.index()?.packs()?;
+    let packs = store.index().packs()?;
     Ok(Usage {
         images,
         logical_bytes: logical,

@@ -14,7 +14,7 @@ use crate::format::manifest::Manifest;
 use crate::format::pack::PackEntry;
 use crate::progress::{Progress, Unit};
 use crate::repo::index::ChunkLocation;
-use crate::repo::store::Store;
+use crate::repo::indexed::IndexedStore;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -121,7 +121,7 @@ struct PackCheck {
 }
 
 /// Verifies every tagged image.
-pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result<VerifyReport> {
+pub fn verify(store: &IndexedStore, read_data: bool, progress: &dyn Progress) -> Result<VerifyReport> {
     let tags = store.list_tags()?;
     let mut manifests: BTreeMap<ObjectId, std::result::Result<Manifest, String>> = BTreeMap::new();
     let mut images = Vec::new();
@@ -222,7 +222,10 @@ pub fn verify(store: &Store, read_data: bool, progress: &dyn Progress) -> Result
 
 /// Records the damaged chunks `packs` found in the store's damage records and in this
 /// machine's index; returns how many copies were found damaged.
-fn record_damage(store: &Store, packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>) -> Result<usize> {
+fn record_damage(
+    store: &IndexedStore,
+    packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
+) -> Result<usize> {
     let mut n = 0;
     for (pack, check) in packs {
         let Ok(check) = check else { continue };
@@ -234,7 +237,7 @@ fn record_damage(store: &Store, packs: &HashMap<ObjectId, std::result::Result<Pa
         n += chunks.len();
     }
     if n > 0 {
-        store.index()?.set_damaged(&damage::read_all(store.backend())?.0)?;
+        store.index().set_damaged(&damage::read_all(store.backend())?.0)?;
     }
     Ok(n)
 }
@@ -261,8 +264,8 @@ fn chain_problem(
 
 /// For a chunk with no usable copy: a base of a delta the index holds of it that is stored
 /// whole nowhere, if that is why.
-fn lost_base(store: &Store, id: &ObjectId) -> Result<Option<ObjectId>> {
-    for holder in store.index()?.holders(id)? {
+fn lost_base(store: &IndexedStore, id: &ObjectId) -> Result<Option<ObjectId>> {
+    for holder in store.index().holders(id)? {
         for base in holder.bases.iter().flat_map(|b| b.iter()) {
             if store.locate(&base)?.is_none_or(|l| l.bases.is_some()) {
                 return Ok(Some(base));
@@ -342,7 +345,12 @@ fn image_problems(
 }
 
 /// Reads a pack's footer and, with `read_data`, decodes and hashes the chunks in `ids`.
-fn check_pack(store: &Store, pack: &ObjectId, ids: &[ObjectId], read_data: bool) -> Result<(PackCheck, u64, u64)> {
+fn check_pack(
+    store: &IndexedStore,
+    pack: &ObjectId,
+    ids: &[ObjectId],
+    read_data: bool,
+) -> Result<(PackCheck, u64, u64)> {
     let entries: HashMap<ObjectId, PackEntry> = store.read_pack_footer(pack)?.into_iter().map(|e| (e.id, e)).collect();
     let mut bad_chunks = HashMap::new();
     let (mut n, mut bytes) = (0, 0);

@@ -9,6 +9,7 @@ use crate::format::key::{Family, ObjectKey};
 use crate::format::lease::{self, Lease};
 use crate::format::manifest::{ChunkRef, Manifest};
 use crate::format::tag::{TagRecord, TagRef};
+use crate::repo::indexed::IndexedStore;
 use crate::repo::store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -41,7 +42,7 @@ type ParentFiles = HashMap<String, (u64, Vec<(u64, ChunkRef)>)>;
 /// it alive.
 pub(crate) struct Deltas<'a> {
     /// The store pushed to.
-    pub(crate) store: &'a Store,
+    pub(crate) store: &'a IndexedStore,
     /// The push's lease (none for a dry run).
     lease: Option<&'a Lease>,
     /// The tag the push sets: its parent image is the latest image of the same name.
@@ -76,7 +77,7 @@ impl<'a> Deltas<'a> {
     /// Deltas for a push into `store` under `lease`, setting `tag`; its parent image is
     /// `parent_tag`'s when given, else the latest of `tag`'s name.
     pub(crate) fn new(
-        store: &'a Store,
+        store: &'a IndexedStore,
         lease: Option<&'a Lease>,
         tag: &'a TagRef,
         parent_tag: Option<TagRef>,
@@ -189,7 +190,7 @@ impl<'a> Deltas<'a> {
         whole: usize,
     ) -> Result<Option<(DeltaBases, Vec<u8>)>> {
         let limit = (whole as f64 * DELTA_BELOW) as usize;
-        let index = self.store.index()?;
+        let index = self.store.index();
         let hinted = before.and_then(|b| self.neighbors().get(&b).and_then(|n| n.1));
         let mut candidates = index.similar(sketch)?;
         candidates.extend(hinted.filter(|h| !candidates.contains(h)));
@@ -249,7 +250,7 @@ impl<'a> Deltas<'a> {
     /// The plain bytes of `base` when it may serve as a base: stored whole, in a pack
     /// [`Deltas::vet`] accepts, and readable.
     fn usable_base(&self, base: &ObjectId) -> Result<Option<Arc<Vec<u8>>>> {
-        let Some(loc) = self.store.index()?.locate_for_dedup(base)? else { return Ok(None) };
+        let Some(loc) = self.store.index().locate_for_dedup(base)? else { return Ok(None) };
         if loc.codec == Codec::Delta || !self.vet(loc.pack)? {
             return Ok(None);
         }
@@ -264,7 +265,7 @@ impl<'a> Deltas<'a> {
     /// True when every one of `bases` (if any) is in a pack that [`Deltas::vet`] accepts.
     pub(crate) fn bases_are_reliable(&self, bases: Option<DeltaBases>) -> Result<bool> {
         for base in bases.iter().flat_map(DeltaBases::iter) {
-            match self.store.index()?.locate_for_dedup(&base)? {
+            match self.store.index().locate_for_dedup(&base)? {
                 Some(loc) if self.vet(loc.pack)? => {}
                 _ => return Ok(false),
             }

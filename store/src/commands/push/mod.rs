@@ -31,6 +31,7 @@ use crate::format::pack::{FinishedPack, PackBuilder};
 use crate::format::tag::{TagRecord, TagRef};
 use crate::memory::KEPT;
 use crate::progress::Progress;
+use crate::repo::indexed::IndexedStore;
 use crate::repo::store::Store;
 use serde::Serialize;
 use source::{SourceEntry, Unit};
@@ -150,7 +151,7 @@ struct Relied {
 /// Pushes `source` (a file or a directory tree) as a new image tagged `tag`, with `meta`
 /// recorded in the manifest.
 pub fn push(
-    store: &Store,
+    store: &IndexedStore,
     source: &std::path::Path,
     tag: &TagRef,
     meta: BTreeMap<String, serde_json::Value>,
@@ -163,7 +164,7 @@ pub fn push(
 /// image); a directory left out leaves out everything below it. A `dry_run` reads, chunks and
 /// looks up everything but writes nothing (no pack, manifest, tag or lease).
 pub fn push_selected(
-    store: &Store,
+    store: &IndexedStore,
     source: &std::path::Path,
     keep: &dyn Fn(&str) -> bool,
     dry_run: bool,
@@ -195,7 +196,7 @@ pub fn push_selected(
 /// not stored. Paths must be relative, `/`-separated, without `.` or `..` parts, and
 /// distinct. The pieces are read in place: no copy besides the chunks' own encoding.
 pub fn push_pieces(
-    store: &Store,
+    store: &IndexedStore,
     files: &[(String, Vec<&[u8]>)],
     tag: &TagRef,
     meta: BTreeMap<String, serde_json::Value>,
@@ -234,7 +235,7 @@ pub fn push_pieces(
 /// checked to be there without a gc tombstone (docs/GC.md, push step 3), and a chunk in a
 /// pack that fails the check is stored anew.
 pub fn push_stream(
-    store: &Store,
+    store: &IndexedStore,
     source: stream::StreamSource,
     tag: &TagRef,
     progress: &dyn Progress,
@@ -306,7 +307,7 @@ impl Content<'_> {
 }
 
 fn push_entries(
-    store: &Store,
+    store: &IndexedStore,
     input: Input<'_>,
     dry_run: bool,
     tag: &TagRef,
@@ -422,7 +423,7 @@ fn push_entries(
 /// `lease`) stores them; returns the packs it wrote and the seconds it was busy. A failed
 /// write sets `failed`, so the producer stops, and drains the queue before it returns.
 fn pack_writer(
-    store: &Store,
+    store: &IndexedStore,
     rx: &std::sync::Mutex<mpsc::Receiver<PackBuilder>>,
     lease: Option<&Lease>,
     failed: &AtomicBool,
@@ -876,7 +877,7 @@ fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
                 let id = store.chunk_ids().id(plain);
                 let before = before.replace(id);
                 let zero = codec::is_all_zero(plain);
-                let found = if zero { None } else { store.index()?.locate_for_dedup(&id)? };
+                let found = if zero { None } else { store.index().locate_for_dedup(&id)? };
                 let found_in = match found {
                     // A stored delta is relied on only with its base (whose pack the lease must
                     // name too); otherwise the chunk is stored anew.
@@ -933,7 +934,7 @@ pub(crate) fn protect_manifest(store: &Store, lease: &Lease, manifest: &mut Mani
 }
 
 /// Stores a pack this push wrote, naming it in the lease first (docs/GC.md, push step 2).
-pub(crate) fn write_pack(store: &Store, lease: &Lease, p: FinishedPack) -> Result<()> {
+pub(crate) fn write_pack(store: &IndexedStore, lease: &Lease, p: FinishedPack) -> Result<()> {
     lease.protect(&[p.id], &[])?;
     store.put_pack(p)
 }
@@ -942,7 +943,7 @@ pub(crate) fn write_pack(store: &Store, lease: &Lease, p: FinishedPack) -> Resul
 /// chunk it relied on in a pack that gc has tombstoned or deleted meanwhile (docs/GC.md, push
 /// step 4). Returns how many chunks were uploaded again.
 fn reupload_unreliable(
-    store: &Store,
+    store: &IndexedStore,
     lease: &Lease,
     reader: &Reader<'_>,
     mut relied: HashMap<ObjectId, Vec<Relied>>,
@@ -953,7 +954,7 @@ fn reupload_unreliable(
     let packs: Vec<ObjectId> = relied.keys().copied().collect();
     lease.protect(&packs, &[])?;
     let (bad, doomed) = lease::unreliable_packs(store.backend(), &packs.iter().copied().collect())?;
-    let index = store.index()?;
+    let index = store.index();
     index.set_doomed(&doomed)?;
     let cfg = store.config();
     let mut encoder = codec::Encoder::for_config(cfg)?;
@@ -995,7 +996,7 @@ fn reupload_unreliable(
 mod tests {
     use super::*;
     use crate::backend::Backend;
-    use crate::repo::store::StoreLocation;
+    use crate::repo::location::StoreLocation;
 
     #[test]
     fn a_manifest_id_with_a_tombstone_is_not_reused() {

@@ -12,7 +12,7 @@ use crate::commands::push::source::Unit;
 use crate::dedup::similar;
 use crate::error::{Result, StoreError};
 use crate::format::manifest::EntryKind;
-use crate::repo::store::Store;
+use crate::repo::indexed::IndexedStore;
 use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
 use std::path::PathBuf;
@@ -35,7 +35,7 @@ enum Streamed {
 
 /// The two ends of a streamed push into `store`, with at most about `buffer` bytes waiting
 /// between them (two segments at least).
-pub fn channel(store: &Store, buffer: u64) -> (StreamSink, StreamSource) {
+pub fn channel(store: &IndexedStore, buffer: u64) -> (StreamSink, StreamSource) {
     let segment = store.config().segment_size.max(1);
     let (tx, rx) = mpsc::sync_channel((buffer / segment).max(2) as usize);
     (StreamSink { tx, segment: segment as usize, files: Mutex::default() }, StreamSource { rx })
@@ -46,7 +46,7 @@ pub fn channel(store: &Store, buffer: u64) -> (StreamSink, StreamSource) {
 /// is tagged). When both fail, the feeder's error is the one returned: it says why the push
 /// stopped.
 pub fn push_fed<T, E: From<StoreError>>(
-    store: &Store,
+    store: &IndexedStore,
     tag: &crate::TagRef,
     buffer: u64,
     progress: &dyn crate::progress::Progress,
@@ -225,10 +225,11 @@ mod tests {
     use crate::commands::push::{self, PushReport};
     use crate::format::key::ObjectKey;
     use crate::progress::Silent;
-    use crate::repo::store::StoreLocation;
+    use crate::repo::location::StoreLocation;
+    use crate::Store;
     use crate::{ObjectId, TagRef};
 
-    fn store(dir: &std::path::Path) -> Store {
+    fn store(dir: &std::path::Path) -> IndexedStore {
         let loc = StoreLocation::Local(dir.join("store"));
         Store::init(&loc, &crate::StoreConfig::default()).unwrap();
         Store::open_indexed(&loc, &|_| {}).unwrap()
@@ -241,7 +242,7 @@ mod tests {
 
     /// Pushes `files` as a stream, each fed on its own thread, side by side; the sink finishes
     /// (with metadata) or is dropped.
-    fn push_streamed(store: &Store, files: &[(&str, Vec<u8>)], tag: &str, finish: bool) -> Result<PushReport> {
+    fn push_streamed(store: &IndexedStore, files: &[(&str, Vec<u8>)], tag: &str, finish: bool) -> Result<PushReport> {
         let (sink, source) = channel(store, 64 << 20);
         let tag = TagRef::parse(tag).unwrap();
         std::thread::scope(|s| {
