@@ -189,8 +189,8 @@ impl IndexedStore {
         let _held = self.prefetch_bases(bases.iter().copied())?;
         let mut set = BaseSet::default();
         for id in bases.iter().flat_map(|b| b.iter()) {
-            if !set.by_id.contains_key(&id) {
-                set.by_id.insert(id, self.base_plain(&id)?);
+            if let std::collections::hash_map::Entry::Vacant(e) = set.by_id.entry(id) {
+                e.insert(self.base_plain(&id)?);
             }
         }
         Ok(set)
