@@ -226,7 +226,7 @@ fn push_image(
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("data"), data).unwrap();
     let r = gstore_store::commands::push::push(store, &src, &TagRef::parse(tag)?, Default::default(), &Silent)?;
-    pushed.lock().unwrap().insert(ObjectId::from_hex(&r.manifest)?, data.to_vec());
+    pushed.lock().unwrap().insert(r.manifest, data.to_vec());
     Ok(())
 }
 

@@ -247,7 +247,7 @@ fn os(what: &str, e: std::io::Error) -> CaptureError {
 mod tests {
     use super::*;
     use gstore_store::progress::Silent;
-    use gstore_store::{commands::push, commands::push::stream, IndexedStore, ObjectId, Store, StoreLocation, TagRef};
+    use gstore_store::{commands::push, commands::push::stream, IndexedStore, Store, StoreLocation, TagRef};
     use std::os::fd::{FromRawFd, OwnedFd};
 
     /// What CRIU sends for one file: the request, then one byte carrying `fd`. Fails once the
@@ -325,11 +325,11 @@ mod tests {
             (criu.join().unwrap(), pushed)
         });
         assert_eq!(answer.trim(), "stored");
-        let m = store.get_manifest(&ObjectId::from_hex(&pushed.manifest).unwrap()).unwrap();
+        let m = store.get_manifest(&pushed.manifest).unwrap();
         let got: Vec<(String, u64)> = m.entries.iter().map(|e| (e.path.clone(), e.size)).collect();
         assert_eq!(got, [("pagemap-7.img".to_string(), 3), ("pages-1.img".to_string(), pages.len() as u64)]);
         let out = dir.path().join("out");
-        let id = ObjectId::from_hex(&pushed.manifest).unwrap();
+        let id = pushed.manifest;
         gstore_restore::restore_to_dir(&store, &id, &m, &out, gstore_restore::Budget::of(256 << 20), &Silent).unwrap();
         assert!(std::fs::read(out.join("pages-1.img")).unwrap() == pages, "the pages come back exact");
     }

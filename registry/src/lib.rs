@@ -444,7 +444,7 @@ impl Registry {
             report = Some(pushed);
             Ok(())
         })?;
-        let id = ObjectId::from_hex(&report.expect("the push reported").manifest)?;
+        let id = report.expect("the push reported").manifest;
         Ok(self.serve(store, id)?.digest)
     }
 
@@ -484,7 +484,7 @@ impl Registry {
             sink.finish(meta)?;
             Ok(())
         })?;
-        let id = ObjectId::from_hex(&report.manifest)?;
+        let id = report.manifest;
         self.learn_layout(id, &store.get_manifest(&id)?);
         Ok(())
     }

@@ -70,7 +70,7 @@ fn world() -> World {
     let pushed =
         gstore_store::commands::push::push(&store, &src, &TagRef::parse("data").unwrap(), Default::default(), &Silent)
             .unwrap();
-    let id = ObjectId::from_hex(&pushed.manifest).unwrap();
+    let id = pushed.manifest;
     let stored = store.get_manifest(&id).unwrap().chunks[0];
     World { _tmp: tmp, base, store, stored }
 }

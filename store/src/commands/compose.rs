@@ -70,7 +70,7 @@ mod tests {
             sink.finish(Meta::new())
         })
         .unwrap();
-        ObjectId::from_hex(&r.manifest).unwrap()
+        r.manifest
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub struct CopyReport {
     pub tag: String,
     /// The image's manifest id in the target (the source's, unless the target's gc was
     /// deleting an identical manifest: then its creation time moves on a second).
-    pub manifest: String,
+    pub manifest: ObjectId,
     /// Distinct chunks in the image (zero chunks left out).
     pub chunks: u64,
     /// Chunks the target lacked, copied.
@@ -76,7 +76,8 @@ pub fn copy(src: &IndexedStore, dst: &IndexedStore, tag: &TagRef, progress: &dyn
     }
     let mut report = CopyReport {
         tag: tag.to_string(),
-        manifest: String::new(),
+        // Set when the manifest is copied, the last step.
+        manifest: ObjectId([0; 32]),
         chunks: sizes.len() as u64,
         copied_chunks: 0,
         copied_stored_bytes: 0,
@@ -95,7 +96,7 @@ pub fn copy(src: &IndexedStore, dst: &IndexedStore, tag: &TagRef, progress: &dyn
     dst.put_manifest(&new_id, bytes)?;
     dst.set_tag(tag, new_id)?;
     drop(lease);
-    report.manifest = new_id.to_hex();
+    report.manifest = new_id;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }

@@ -90,8 +90,8 @@ pub struct EntryInfo {
 /// One image, described.
 #[derive(Debug, Clone, Serialize)]
 pub struct ImageInfo {
-    /// Its manifest id (64 hex).
-    pub manifest: String,
+    /// Its manifest id.
+    pub manifest: ObjectId,
     /// When it was created (unix seconds).
     pub created_unix: u64,
     /// The same time in RFC 3339 (UTC).
@@ -123,7 +123,7 @@ pub fn show(store: &Store, reference: &str) -> Result<ImageInfo> {
         })
         .collect();
     Ok(ImageInfo {
-        manifest: id.to_hex(),
+        manifest: id,
         created_unix: m.created_unix,
         created: rfc3339(m.created_unix),
         logical_bytes: m.logical_size(),

@@ -87,6 +87,20 @@ impl fmt::Debug for ChunkIds {
     }
 }
 
+/// In reports (JSON), an id is its 64-digit lowercase hex.
+impl serde::Serialize for ObjectId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ObjectId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let hex = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        ObjectId::from_hex(&hex).map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for ObjectId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_hex())

@@ -49,7 +49,7 @@ const MIN_BATCH_BYTES: u64 = 64 * 1024 * 1024;
 #[derive(Debug, Clone, Serialize)]
 pub struct PushReport {
     /// The new image's manifest id (its root hash).
-    pub manifest: String,
+    pub manifest: ObjectId,
     /// The tag it was given.
     pub tag: String,
     /// Entries in the image.
@@ -86,7 +86,8 @@ impl PushReport {
     /// that has not begun.
     fn starting(tag: &TagRef, total: u64, dry_run: bool) -> PushReport {
         PushReport {
-            manifest: String::new(),
+            // Set when the manifest is made, the push's last step.
+            manifest: ObjectId([0; 32]),
             tag: tag.to_string(),
             entries: 0,
             logical_bytes: total,
@@ -414,7 +415,7 @@ fn push_entries(
         }
         None => ObjectId::of(&manifest.encode()),
     };
-    report.manifest = id.to_hex();
+    report.manifest = id;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -1060,7 +1061,7 @@ mod tests {
             Store::init(&loc, &crate::StoreConfig::default()).unwrap();
             let store = Store::open_indexed(&loc, &|_| {}).unwrap();
             let r = push(&store, &file, &TagRef::parse("m:x").unwrap(), BTreeMap::new(), &silent).unwrap();
-            store.get_manifest(&ObjectId::from_hex(&r.manifest).unwrap()).unwrap().chunks
+            store.get_manifest(&r.manifest).unwrap().chunks
         };
         let from_cache = pushed("cached");
         // Out of the page cache, as after a reboot: every unit is read ahead.
@@ -1106,7 +1107,7 @@ mod tests {
         let files = vec![("model.bin".to_string(), pieces)];
         let b = push_pieces(&store, &files, &TagRef::parse("m:pieces").unwrap(), BTreeMap::new(), &silent).unwrap();
         assert_eq!((b.new_chunks, b.logical_bytes, b.entries), (0, data.len() as u64, 1), "every chunk deduplicated");
-        let chunks = |r: &PushReport| store.get_manifest(&ObjectId::from_hex(&r.manifest).unwrap()).unwrap().chunks;
+        let chunks = |r: &PushReport| store.get_manifest(&r.manifest).unwrap().chunks;
         assert_eq!(chunks(&a), chunks(&b));
         let bad = vec![("../x".to_string(), vec![&data[..1]])];
         let e = push_pieces(&store, &bad, &TagRef::parse("m:bad").unwrap(), BTreeMap::new(), &silent).unwrap_err();

@@ -227,7 +227,7 @@ mod tests {
     use crate::progress::Silent;
     use crate::repo::location::StoreLocation;
     use crate::Store;
-    use crate::{ObjectId, TagRef};
+    use crate::TagRef;
 
     fn store(dir: &std::path::Path) -> IndexedStore {
         let loc = StoreLocation::Local(dir.join("store"));
@@ -282,7 +282,7 @@ mod tests {
         }
         let pushed = push::push(&store, &tree, &TagRef::parse("s:2").unwrap(), BTreeMap::new(), &Silent).unwrap();
         assert_eq!(pushed.new_chunks, 0, "every chunk of the same bytes was already stored by the stream");
-        let manifest = |r: &PushReport| store.get_manifest(&ObjectId::from_hex(&r.manifest).unwrap()).unwrap();
+        let manifest = |r: &PushReport| store.get_manifest(&r.manifest).unwrap();
         let (a, b) = (manifest(&streamed), manifest(&pushed));
         assert_eq!(a.chunks, b.chunks);
         let paths = |m: &crate::format::manifest::Manifest| {
