@@ -206,7 +206,7 @@ impl World {
             None => self.backend.clone(),
         };
         let loc = StoreLocation::Custom { description: format!("memory ({name})"), dir: self.dir.path().join(name) };
-        Store::open_backend(backend, &loc).unwrap().with_salt_seed(seed ^ (actor.unwrap_or(99) as u64) << 32)
+        Store::open_backend(backend, &loc).unwrap().simulated(seed ^ (actor.unwrap_or(99) as u64) << 32)
     }
 }
 
@@ -402,12 +402,12 @@ fn check_nothing_dead(world: &World, ctx: &str) {
         for id in std::iter::once(&rec.manifest).chain(rec.history.iter().map(|h| &h.manifest)) {
             let id = ObjectId::from_hex(id).unwrap();
             live.extend(store.get_manifest(&id).unwrap().chunks.iter().filter(|c| !c.zero).map(|c| c.id));
-            roots.insert(ObjectKey::Manifest(id).to_string());
+            roots.insert(ObjectKey::Manifest(id));
         }
     }
     assert_eq!(keys(Family::Manifests.prefix()).into_iter().collect::<BTreeSet<_>>(), roots, "{ctx}: manifests");
     for l in b.list(Family::Packs.prefix()).unwrap() {
-        let id = ObjectKey::parse(&l.key).ok().and_then(|k| k.pack()).unwrap();
+        let id = l.key.pack().unwrap();
         let entries = store.read_pack_footer(&id).unwrap();
         assert!(entries.iter().any(|e| live.contains(&e.id)), "{ctx}: pack {} holds nothing live", l.key);
     }

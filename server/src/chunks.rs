@@ -7,7 +7,6 @@
 //! `IndexedStore::sync_index` uses); they block, so callers run refreshes on blocking threads.
 
 use gstore_store::backend::Backend;
-use gstore_store::format::key::ObjectKey;
 use gstore_store::format::pack;
 use gstore_store::repo::index::ChunkLocation;
 use gstore_store::{format::lease, ObjectId, Result};
@@ -93,7 +92,7 @@ impl ChunkMap {
     /// the map is rebuilt (chunks it held may live in another pack now). Blocks.
     pub fn refresh(&self, backend: &Backend) -> Result<()> {
         let (doomed, listed) = lease::doomed_then_listed(backend)?;
-        let present: HashSet<ObjectId> = listed.iter().filter_map(|l| listed_pack(&l.key)).collect();
+        let present: HashSet<ObjectId> = listed.iter().filter_map(|l| l.key.pack()).collect();
         let mut known = {
             let mut k = self.known_mut();
             k.doomed = doomed;
@@ -104,7 +103,7 @@ impl ChunkMap {
             k.packs.clone()
         };
         for l in listed {
-            let Some(id) = listed_pack(&l.key) else { continue };
+            let Some(id) = l.key.pack() else { continue };
             if !known.insert(id) {
                 continue;
             }
@@ -118,9 +117,4 @@ impl ChunkMap {
         }
         Ok(())
     }
-}
-
-/// The pack a listed key names, if it is a pack's.
-fn listed_pack(key: &str) -> Option<ObjectId> {
-    ObjectKey::parse(key).ok()?.pack()
 }

@@ -186,10 +186,8 @@ impl Tier {
         // Through the backend: a tier given tiers of its own (`GSTORE_TIERS`) reads through
         // them, nearest first, and from the store when none answers.
         let (backend, read) = (state.backend.clone(), check.from..range.end);
-        let bytes = tokio::task::spawn_blocking(move || backend.get_range(&ObjectKey::Pack(pack).to_string(), read))
-            .await
-            .ok()?
-            .ok()?;
+        let bytes =
+            tokio::task::spawn_blocking(move || backend.get_range(&ObjectKey::Pack(pack), read)).await.ok()?.ok()?;
         if check.tail && bytes.get((footer.tail_at() - check.from) as usize..) != Some(&footer.tail[..]) {
             return None;
         }
@@ -218,7 +216,7 @@ impl Tier {
         let (backend, chunk_max) = (state.backend.clone(), state.chunk_max);
         let read = tokio::task::spawn_blocking(move || {
             let size = backend
-                .size(&ObjectKey::Pack(pack).to_string())?
+                .size(&ObjectKey::Pack(pack))?
                 .ok_or(StoreError::NotFound { what: ObjectKind::Pack, key: pack.to_hex() })?;
             pack::read_tail(&backend, &pack, size, chunk_max).map(|(entries, tail)| Footer { len: size, entries, tail })
         })

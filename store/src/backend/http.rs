@@ -1,8 +1,9 @@
 //! [`Objects`] on a gstore HTTP chunk server (docs/HTTP.md), through [`crate::backend::http_client`]'s client.
 
-use super::{runtime, Listed, Objects, Patience, Put, Version};
+use super::{runtime, ListEntry, Objects, Patience, Put, Version};
 use crate::backend::http_client::{Answer, HttpClient};
 use crate::error::{Result, StoreError};
+use crate::format::key::ObjectKey;
 use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::PutPayload;
@@ -22,15 +23,22 @@ impl HttpObjects {
     }
 
     /// One request on an object, checked.
-    fn call(&self, method: Method, key: &str, headers: &[(HeaderName, String)], body: Option<Bytes>) -> Result<Answer> {
-        let a = runtime().block_on(self.client.send(method, &HttpClient::object_path(key), headers, body))?;
-        self.client.check(key, &a)?;
+    fn call(
+        &self,
+        method: Method,
+        key: &ObjectKey,
+        headers: &[(HeaderName, String)],
+        body: Option<Bytes>,
+    ) -> Result<Answer> {
+        let key = key.to_string();
+        let a = runtime().block_on(self.client.send(method, &HttpClient::object_path(&key), headers, body))?;
+        self.client.check(&key, &a)?;
         Ok(a)
     }
 }
 
 impl Objects for HttpObjects {
-    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &ObjectKey, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         let cond = match mode {
             Put::Replace | Put::ReplaceVolatile => None,
             Put::Create => Some((IF_NONE_MATCH, "*".to_string())),
@@ -55,7 +63,7 @@ impl Objects for HttpObjects {
         }
     }
 
-    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+    fn get(&self, key: &ObjectKey) -> Result<Option<(Bytes, Version)>> {
         match self.call(Method::GET, key, &[], None) {
             Ok(a) => Ok(Some((a.body, Version(object_store::UpdateVersion { e_tag: a.etag, version: None })))),
             Err(StoreError::NotFound { .. }) => Ok(None),
@@ -63,20 +71,21 @@ impl Objects for HttpObjects {
         }
     }
 
-    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+    fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes> {
         Ok(self.call(Method::GET, key, &[(RANGE, HttpClient::range(&range))], None)?.body)
     }
 
-    fn size(&self, key: &str) -> Result<Option<u64>> {
-        let a = runtime().block_on(self.client.send(Method::HEAD, &HttpClient::object_path(key), &[], None))?;
+    fn size(&self, key: &ObjectKey) -> Result<Option<u64>> {
+        let key = key.to_string();
+        let a = runtime().block_on(self.client.send(Method::HEAD, &HttpClient::object_path(&key), &[], None))?;
         if a.status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        self.client.check(key, &a)?;
+        self.client.check(&key, &a)?;
         Ok(a.content_length)
     }
 
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+    fn list(&self, prefix: &str) -> Result<Vec<ListEntry>> {
         let query: String = form_urlencoded::Serializer::new(String::new()).append_pair("prefix", prefix).finish();
         let a = runtime().block_on(self.client.send(Method::GET, &format!("/v1/list?{query}"), &[], None))?;
         self.client.check(prefix, &a)?;
@@ -87,7 +96,7 @@ impl Objects for HttpObjects {
         })
     }
 
-    fn delete(&self, key: &str) -> Result<()> {
+    fn delete(&self, key: &ObjectKey) -> Result<()> {
         match self.call(Method::DELETE, key, &[], None) {
             Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e),

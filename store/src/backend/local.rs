@@ -4,8 +4,9 @@
 //! file, since a file system has no If-Match.
 
 use super::objects::ObjectStoreObjects;
-use super::{Listed, Objects, Put, Version};
+use super::{ListEntry, Objects, Put, Version};
 use crate::error::{Result, StoreError};
+use crate::format::key::ObjectKey;
 use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
@@ -54,7 +55,7 @@ impl LocalDir {
 
     /// Compare-and-swap: compares the version and writes while holding the CAS lock file,
     /// which every gstore process writing this directory takes for the same purpose.
-    fn put_if_unchanged(&self, key: &str, bytes: PutPayload, expected: &Version) -> Result<()> {
+    fn put_if_unchanged(&self, key: &ObjectKey, bytes: PutPayload, expected: &Version) -> Result<()> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -69,8 +70,8 @@ impl LocalDir {
     }
 
     /// The object's file, open, and its size; `NotFound` when it does not exist.
-    fn open_file(&self, key: &str) -> Result<(File, PathBuf, u64)> {
-        let path = self.root.join(key);
+    fn open_file(&self, key: &ObjectKey) -> Result<(File, PathBuf, u64)> {
+        let path = self.root.join(key.to_string());
         let file = match File::open(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(StoreError::NotFound { what: ObjectKind::Object, key: key.to_string() })
@@ -83,16 +84,16 @@ impl LocalDir {
 }
 
 /// A read past the end of an object.
-fn truncated(key: &str, size: u64, needed: u64) -> StoreError {
+fn truncated(key: &ObjectKey, size: u64, needed: u64) -> StoreError {
     StoreError::corrupt(
         ObjectKind::Object,
-        key,
+        key.to_string(),
         format!("{size} bytes long but bytes up to {needed} are needed: truncated"),
     )
 }
 
 impl Objects for LocalDir {
-    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &ObjectKey, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         match mode {
             Put::ReplaceVolatile => self.volatile.put(key, bytes, Put::Replace),
             Put::Update(v) => self.put_if_unchanged(key, bytes, v),
@@ -100,14 +101,14 @@ impl Objects for LocalDir {
         }
     }
 
-    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+    fn get(&self, key: &ObjectKey) -> Result<Option<(Bytes, Version)>> {
         self.durable.get(key)
     }
 
     /// Maps the range (pre-faulted): a view of the page cache, not a copy, living as long as
     /// the returned bytes. Objects are never changed in place (a write publishes a new file),
     /// so a mapping never sees a file shrink under it.
-    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+    fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes> {
         let (file, path, size) = self.open_file(key)?;
         if size < range.end {
             return Err(truncated(key, size, range.end));
@@ -127,7 +128,7 @@ impl Objects for LocalDir {
     /// `pread`s straight into `out` (e.g. pinned memory a GPU copies from): one copy from the
     /// page cache, and no mapping, whose setup and teardown serialise threads on the
     /// process's address space.
-    fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+    fn get_range_into(&self, key: &ObjectKey, range: Range<u64>, out: &mut [u8]) -> Result<()> {
         let (file, path, size) = self.open_file(key)?;
         if size < range.end {
             return Err(truncated(key, size, range.end));
@@ -135,15 +136,15 @@ impl Objects for LocalDir {
         file.read_exact_at(out, range.start).map_err(|e| StoreError::io("reading", &path, e))
     }
 
-    fn size(&self, key: &str) -> Result<Option<u64>> {
+    fn size(&self, key: &ObjectKey) -> Result<Option<u64>> {
         self.durable.size(key)
     }
 
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+    fn list(&self, prefix: &str) -> Result<Vec<ListEntry>> {
         self.durable.list(prefix)
     }
 
-    fn delete(&self, key: &str) -> Result<()> {
+    fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.durable.delete(key)
     }
 

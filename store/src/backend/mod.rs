@@ -18,6 +18,7 @@ mod sealed;
 mod tiered;
 
 use crate::error::{Result, StoreError};
+use crate::format::key::ObjectKey;
 use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
@@ -48,11 +49,21 @@ impl Version {
     }
 }
 
-/// One listed object (also as the chunk server lists it: a JSON object with these fields).
+/// One listed object as it lies in the backend (and as the chunk server lists it: a JSON
+/// object with these fields), its key not yet read.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Listed {
+pub struct ListEntry {
     /// Its key.
     pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// One listed object of the store.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Its key.
+    pub key: ObjectKey,
     /// Its size in bytes.
     pub size: u64,
 }
@@ -76,26 +87,26 @@ pub(crate) enum Put<'a> {
 pub(crate) trait Objects: Send + Sync {
     /// Writes an object (its bytes given in pieces, one after the other) under `mode`'s
     /// condition.
-    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()>;
+    fn put(&self, key: &ObjectKey, bytes: PutPayload, mode: Put<'_>) -> Result<()>;
     /// Replaces a large object, in parts where the backend uploads parts concurrently.
-    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
+    fn put_large(&self, key: &ObjectKey, bytes: PutPayload) -> Result<()> {
         self.put(key, bytes, Put::Replace)
     }
     /// Reads a whole object with its version.
-    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>>;
+    fn get(&self, key: &ObjectKey) -> Result<Option<(Bytes, Version)>>;
     /// Reads a byte range of an object; fewer bytes than asked for is an error.
-    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes>;
+    fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes>;
     /// Reads a byte range of an object into `out`, which has exactly the range's length.
-    fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+    fn get_range_into(&self, key: &ObjectKey, range: Range<u64>, out: &mut [u8]) -> Result<()> {
         out.copy_from_slice(&self.get_range(key, range)?);
         Ok(())
     }
     /// The size of an object.
-    fn size(&self, key: &str) -> Result<Option<u64>>;
+    fn size(&self, key: &ObjectKey) -> Result<Option<u64>>;
     /// Every object under `prefix`.
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>>;
+    fn list(&self, prefix: &str) -> Result<Vec<ListEntry>>;
     /// Deletes an object.
-    fn delete(&self, key: &str) -> Result<()>;
+    fn delete(&self, key: &ObjectKey) -> Result<()>;
     /// The `object_store` behind this backend, for serving it over HTTP.
     fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
         None
@@ -113,7 +124,7 @@ pub(crate) trait Objects: Send + Sync {
     /// from elsewhere than the store itself (a caching tier) reads `key` from the store from
     /// now on and returns true: reading it again may give good bytes. False (the default):
     /// the same bytes would come again.
-    fn distrust(&self, _key: &str) -> bool {
+    fn distrust(&self, _key: &ObjectKey) -> bool {
         false
     }
 }
@@ -235,7 +246,7 @@ impl Backend {
 
     /// Says that bytes just read of `key` failed their check; true when reading `key` again
     /// may give other bytes (they came through a caching tier, which `key` now goes past).
-    pub fn distrust(&self, key: &str) -> bool {
+    pub fn distrust(&self, key: &ObjectKey) -> bool {
         self.objects.distrust(key)
     }
 
@@ -246,7 +257,7 @@ impl Backend {
 
     /// Writes an object (in one piece, or in pieces written one after the other), replacing
     /// any existing one.
-    pub fn put(&self, key: &str, bytes: impl Into<PutPayload>) -> Result<()> {
+    pub fn put(&self, key: &ObjectKey, bytes: impl Into<PutPayload>) -> Result<()> {
         self.count();
         self.objects.put(key, bytes.into(), Put::Replace)
     }
@@ -254,20 +265,20 @@ impl Backend {
     /// Writes an object that need not survive a crash of this machine (a lease: its holder
     /// dies with the machine), replacing any existing one: like [`Backend::put`], but without
     /// fsync on a local store. Readers still see the old or the new object whole.
-    pub fn put_volatile(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+    pub fn put_volatile(&self, key: &ObjectKey, bytes: Vec<u8>) -> Result<()> {
         self.count();
         self.objects.put(key, bytes.into(), Put::ReplaceVolatile)
     }
 
     /// Writes a large object in parts uploaded concurrently (S3 multipart upload), for
     /// remote backends; a failed upload is aborted and leaves no object.
-    pub fn put_multipart(&self, key: &str, bytes: impl Into<PutPayload>) -> Result<()> {
+    pub fn put_multipart(&self, key: &ObjectKey, bytes: impl Into<PutPayload>) -> Result<()> {
         self.count();
         self.objects.put_large(key, bytes.into())
     }
 
     /// Writes an object only if none exists under `key` ([`StoreError::AlreadyExists`] otherwise).
-    pub fn put_new(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+    pub fn put_new(&self, key: &ObjectKey, bytes: Vec<u8>) -> Result<()> {
         self.count();
         self.objects.put(key, bytes.into(), Put::Create)
     }
@@ -276,7 +287,7 @@ impl Backend {
     /// under a random key, a gc lock with a nonce): an object already there with exactly these
     /// bytes is this writer's own, met by a retry of a request whose answer was lost after it
     /// landed (the HTTP client and the S3 client both retry), and counts as written.
-    pub fn create_record(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+    pub fn create_record(&self, key: &ObjectKey, bytes: Vec<u8>) -> Result<()> {
         match self.put_new(key, bytes.clone()) {
             Err(StoreError::AlreadyExists { what, key: k }) => match self.get_opt(key)? {
                 Some(found) if found[..] == bytes[..] => Ok(()),
@@ -288,7 +299,7 @@ impl Backend {
 
     /// Reads a whole object with the version a later [`Backend::put_if`] can require, or
     /// `None` if it does not exist.
-    pub fn get_versioned(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+    pub fn get_versioned(&self, key: &ObjectKey) -> Result<Option<(Bytes, Version)>> {
         self.count();
         self.objects.get(key)
     }
@@ -302,7 +313,7 @@ impl Backend {
     /// A conflict whose object now holds exactly `bytes` is this writer's own write, met by a
     /// retry of a request whose answer was lost after it landed: it counts as written (had
     /// another writer put the same bytes, the object holds what this writer wanted anyway).
-    pub fn put_if(&self, key: &str, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
+    pub fn put_if(&self, key: &ObjectKey, bytes: Vec<u8>, expected: Option<&Version>) -> Result<()> {
         self.count();
         let mode = match expected {
             None => Put::Create,
@@ -323,7 +334,11 @@ impl Backend {
     /// given its current bytes (`None` while it does not exist) and returns the new bytes, or
     /// `None` to leave it as it is. A write that loses a race to another writer reads the
     /// object again and asks `change` again, up to 16 times.
-    pub fn update(&self, key: &str, mut change: impl FnMut(Option<&Bytes>) -> Result<Option<Vec<u8>>>) -> Result<()> {
+    pub fn update(
+        &self,
+        key: &ObjectKey,
+        mut change: impl FnMut(Option<&Bytes>) -> Result<Option<Vec<u8>>>,
+    ) -> Result<()> {
         for _ in 0..16 {
             let current = self.get_versioned(key)?;
             let Some(bytes) = change(current.as_ref().map(|(b, _)| b))? else { return Ok(()) };
@@ -339,25 +354,25 @@ impl Backend {
     /// server passing a client's If-Match through. Unlike [`Backend::put_if`] a lost race is
     /// always [`StoreError::Conflict`], even when the object holds these bytes already: the
     /// client, not the server, decides whether that was its own earlier write.
-    pub fn put_if_unchanged(&self, key: &str, bytes: Vec<u8>, expected: &Version) -> Result<()> {
+    pub fn put_if_unchanged(&self, key: &ObjectKey, bytes: Vec<u8>, expected: &Version) -> Result<()> {
         self.count();
         self.objects.put(key, bytes.into(), Put::Update(expected))
     }
 
     /// Reads a whole object.
-    pub fn get(&self, key: &str) -> Result<Bytes> {
+    pub fn get(&self, key: &ObjectKey) -> Result<Bytes> {
         self.get_opt(key)?.ok_or_else(|| StoreError::NotFound { what: ObjectKind::Object, key: key.to_string() })
     }
 
     /// Reads a whole object, or `None` if it does not exist.
-    pub fn get_opt(&self, key: &str) -> Result<Option<Bytes>> {
+    pub fn get_opt(&self, key: &ObjectKey) -> Result<Option<Bytes>> {
         self.count();
         Ok(self.objects.get(key)?.map(|(bytes, _)| bytes))
     }
 
     /// Reads a byte range of an object (a local store maps it: a view of the page cache, not
     /// a copy).
-    pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+    pub fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes> {
         self.count();
         let b = self.objects.get_range(key, range.clone())?;
         if b.len() as u64 != range.end - range.start {
@@ -368,7 +383,7 @@ impl Backend {
 
     /// Reads a byte range of an object into `out` (exactly the range's length): a local store
     /// `pread`s straight into it.
-    pub fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+    pub fn get_range_into(&self, key: &ObjectKey, range: Range<u64>, out: &mut [u8]) -> Result<()> {
         let want = (range.end - range.start) as usize;
         if out.len() != want {
             return Err(StoreError::Internal(format!("a {want}-byte range read into a {}-byte buffer", out.len())));
@@ -378,48 +393,56 @@ impl Backend {
     }
 
     /// The size of an object, or `None` if it does not exist.
-    pub fn size(&self, key: &str) -> Result<Option<u64>> {
+    pub fn size(&self, key: &ObjectKey) -> Result<Option<u64>> {
         self.count();
         self.objects.size(key)
     }
 
-    /// Lists every object under `prefix`.
+    /// Lists every object under `prefix` (a [`crate::format::key::Family`]'s prefix, or a
+    /// longer one). What is there under a key no store object has (a temporary file, an object
+    /// of something else) is left out.
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.count();
-        self.objects.list(prefix)
+        let listed = self.objects.list(prefix)?.into_iter();
+        Ok(listed.filter_map(|e| Some(Listed { key: ObjectKey::parse(&e.key).ok()?, size: e.size })).collect())
     }
 
     /// Deletes an object; deleting a missing object is not an error.
-    pub fn delete(&self, key: &str) -> Result<()> {
+    pub fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.count();
         self.objects.delete(key)
     }
 }
 
 /// A range read that returned fewer bytes than asked for.
-pub(crate) fn short_range(key: &str, range: &Range<u64>, got: usize) -> StoreError {
-    StoreError::corrupt(ObjectKind::Object, key, format!("range {range:?} returned {got} bytes: truncated"))
+pub(crate) fn short_range(key: &ObjectKey, range: &Range<u64>, got: usize) -> StoreError {
+    StoreError::corrupt(ObjectKind::Object, key.to_string(), format!("range {range:?} returned {got} bytes: truncated"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{ObjectId, TagRef};
+
+    fn tag_key() -> ObjectKey {
+        ObjectKey::Tag(TagRef::parse("t:v").unwrap())
+    }
 
     #[test]
     fn local_compare_and_swap_refuses_a_stale_version() {
         let dir = tempfile::tempdir().unwrap();
         let b = Backend::local(dir.path()).unwrap();
-        b.put_if("tags/t/v.tag", b"1".to_vec(), None).unwrap();
-        let (_, v1) = b.get_versioned("tags/t/v.tag").unwrap().unwrap();
+        b.put_if(&tag_key(), b"1".to_vec(), None).unwrap();
+        let (_, v1) = b.get_versioned(&tag_key()).unwrap().unwrap();
         // Another process (here: another handle) moves it; the stale version loses.
         let other = Backend::local(dir.path()).unwrap();
-        other.put_if("tags/t/v.tag", b"2".to_vec(), Some(&v1)).unwrap();
-        assert!(matches!(b.put_if("tags/t/v.tag", b"3".to_vec(), Some(&v1)), Err(StoreError::Conflict(_))));
-        assert_eq!(&b.get("tags/t/v.tag").unwrap()[..], b"2");
-        let (_, v2) = b.get_versioned("tags/t/v.tag").unwrap().unwrap();
-        b.put_if("tags/t/v.tag", b"3".to_vec(), Some(&v2)).unwrap();
-        assert_eq!(&b.get("tags/t/v.tag").unwrap()[..], b"3");
-        assert!(matches!(b.put_if("tags/t/v.tag", b"4".to_vec(), None), Err(StoreError::Conflict(_))));
+        other.put_if(&tag_key(), b"2".to_vec(), Some(&v1)).unwrap();
+        assert!(matches!(b.put_if(&tag_key(), b"3".to_vec(), Some(&v1)), Err(StoreError::Conflict(_))));
+        assert_eq!(&b.get(&tag_key()).unwrap()[..], b"2");
+        let (_, v2) = b.get_versioned(&tag_key()).unwrap().unwrap();
+        b.put_if(&tag_key(), b"3".to_vec(), Some(&v2)).unwrap();
+        assert_eq!(&b.get(&tag_key()).unwrap()[..], b"3");
+        assert!(matches!(b.put_if(&tag_key(), b"4".to_vec(), None), Err(StoreError::Conflict(_))));
     }
 
     #[test]
@@ -427,44 +450,54 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let b = Backend::local(dir.path()).unwrap();
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
-        b.put("packs/ab/x.pack", data.clone()).unwrap();
-        assert_eq!(&b.get_range("packs/ab/x.pack", 4097..9000).unwrap()[..], &data[4097..9000]);
+        b.put(&ObjectKey::Pack(ObjectId::of(b"x")), data.clone()).unwrap();
+        assert_eq!(&b.get_range(&ObjectKey::Pack(ObjectId::of(b"x")), 4097..9000).unwrap()[..], &data[4097..9000]);
         let mut out = vec![0; 100];
-        b.get_range_into("packs/ab/x.pack", 5..105, &mut out).unwrap();
+        b.get_range_into(&ObjectKey::Pack(ObjectId::of(b"x")), 5..105, &mut out).unwrap();
         assert_eq!(out, data[5..105]);
-        let short = b.get_range("packs/ab/x.pack", 9000..10_001).unwrap_err().to_string();
+        let short = b.get_range(&ObjectKey::Pack(ObjectId::of(b"x")), 9000..10_001).unwrap_err().to_string();
         assert!(short.contains("truncated"), "{short}");
-        let short = b.get_range_into("packs/ab/x.pack", 9901..10_001, &mut out).unwrap_err().to_string();
+        let short =
+            b.get_range_into(&ObjectKey::Pack(ObjectId::of(b"x")), 9901..10_001, &mut out).unwrap_err().to_string();
         assert!(short.contains("truncated"), "{short}");
-        assert!(matches!(b.get_range("packs/ab/none.pack", 0..1), Err(StoreError::NotFound { .. })));
-        assert!(matches!(b.get_range_into("packs/ab/none.pack", 0..100, &mut out), Err(StoreError::NotFound { .. })));
-        assert!(b.get_range("packs/ab/x.pack", 3..3).unwrap().is_empty());
+        assert!(matches!(b.get_range(&ObjectKey::Pack(ObjectId::of(b"none")), 0..1), Err(StoreError::NotFound { .. })));
+        assert!(matches!(
+            b.get_range_into(&ObjectKey::Pack(ObjectId::of(b"none")), 0..100, &mut out),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert!(b.get_range(&ObjectKey::Pack(ObjectId::of(b"x")), 3..3).unwrap().is_empty());
     }
 
     #[test]
     fn memory_round_trip_and_create_only() {
         let b = Backend::memory();
-        b.put_new("a/b", b"one".to_vec()).unwrap();
-        assert!(matches!(b.put_new("a/b", b"two".to_vec()), Err(StoreError::AlreadyExists { .. })));
-        assert_eq!(&b.get("a/b").unwrap()[..], b"one");
-        assert_eq!(&b.get_range("a/b", 1..3).unwrap()[..], b"ne");
-        assert_eq!(b.size("a/b").unwrap(), Some(3));
-        assert!(b.get_opt("nope").unwrap().is_none());
-        assert!(matches!(b.get("nope"), Err(StoreError::NotFound { .. })));
-        assert_eq!(b.list("a").unwrap().len(), 1);
-        b.delete("a/b").unwrap();
-        b.delete("a/b").unwrap();
-        assert!(b.size("a/b").unwrap().is_none());
+        b.put_new(&ObjectKey::Probe("b".into()), b"one".to_vec()).unwrap();
+        assert!(matches!(
+            b.put_new(&ObjectKey::Probe("b".into()), b"two".to_vec()),
+            Err(StoreError::AlreadyExists { .. })
+        ));
+        assert_eq!(&b.get(&ObjectKey::Probe("b".into())).unwrap()[..], b"one");
+        assert_eq!(&b.get_range(&ObjectKey::Probe("b".into()), 1..3).unwrap()[..], b"ne");
+        assert_eq!(b.size(&ObjectKey::Probe("b".into())).unwrap(), Some(3));
+        assert!(b.get_opt(&ObjectKey::Probe("nope".into())).unwrap().is_none());
+        assert!(matches!(b.get(&ObjectKey::Probe("nope".into())), Err(StoreError::NotFound { .. })));
+        assert_eq!(b.list("probe/").unwrap().len(), 1);
+        b.delete(&ObjectKey::Probe("b".into())).unwrap();
+        b.delete(&ObjectKey::Probe("b".into())).unwrap();
+        assert!(b.size(&ObjectKey::Probe("b".into())).unwrap().is_none());
     }
 
     #[test]
     fn a_create_that_finds_its_own_bytes_counts_as_written() {
         let b = Backend::memory();
-        b.create_record("leases/x", b"mine".to_vec()).unwrap();
-        b.create_record("leases/x", b"mine".to_vec()).unwrap();
-        assert!(matches!(b.create_record("leases/x", b"other".to_vec()), Err(StoreError::AlreadyExists { .. })));
-        b.put_if("tags/t", b"v1".to_vec(), None).unwrap();
-        b.put_if("tags/t", b"v1".to_vec(), None).unwrap();
-        assert!(matches!(b.put_if("tags/t", b"v2".to_vec(), None), Err(StoreError::Conflict(_))));
+        b.create_record(&ObjectKey::Lease("x".into()), b"mine".to_vec()).unwrap();
+        b.create_record(&ObjectKey::Lease("x".into()), b"mine".to_vec()).unwrap();
+        assert!(matches!(
+            b.create_record(&ObjectKey::Lease("x".into()), b"other".to_vec()),
+            Err(StoreError::AlreadyExists { .. })
+        ));
+        b.put_if(&tag_key(), b"v1".to_vec(), None).unwrap();
+        b.put_if(&tag_key(), b"v1".to_vec(), None).unwrap();
+        assert!(matches!(b.put_if(&tag_key(), b"v2".to_vec(), None), Err(StoreError::Conflict(_))));
     }
 }

@@ -1,8 +1,9 @@
 //! [`Objects`] over any `object_store` implementation: an S3 bucket (see [`super::s3`]), the
 //! local directory's file store (wrapped by [`super::local`]), memory for unit tests.
 
-use super::{runtime, Listed, Objects, Put, Version};
+use super::{runtime, ListEntry, Objects, Put, Version};
 use crate::error::{Result, StoreError};
+use crate::format::key::ObjectKey;
 use crate::ObjectKind;
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -24,8 +25,8 @@ impl ObjectStoreObjects {
 
     /// The object's entity tag, or `None` if it does not exist (for the local
     /// compare-and-swap, which compares it under a lock).
-    pub(super) fn e_tag(&self, key: &str) -> Result<Option<Option<String>>> {
-        match runtime().block_on(self.store.head(&ObjPath::from(key))) {
+    pub(super) fn e_tag(&self, key: &ObjectKey) -> Result<Option<Option<String>>> {
+        match runtime().block_on(self.store.head(&path_of(key))) {
             Ok(m) => Ok(Some(m.e_tag)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(err("checking", key, e)),
@@ -34,7 +35,7 @@ impl ObjectStoreObjects {
 }
 
 impl Objects for ObjectStoreObjects {
-    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &ObjectKey, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         let mode = match mode {
             Put::Replace | Put::ReplaceVolatile => PutMode::Overwrite,
             Put::Create => PutMode::Create,
@@ -42,7 +43,7 @@ impl Objects for ObjectStoreObjects {
         };
         let update = matches!(mode, PutMode::Update(_));
         let opts = PutOptions { mode, ..Default::default() };
-        match runtime().block_on(self.store.put_opts(&ObjPath::from(key), bytes, opts)) {
+        match runtime().block_on(self.store.put_opts(&path_of(key), bytes, opts)) {
             Ok(_) => Ok(()),
             Err(object_store::Error::Precondition { .. }) if update => Err(StoreError::lost_race(key)),
             Err(object_store::Error::NotImplemented { .. }) if update => Err(StoreError::Backend {
@@ -54,8 +55,8 @@ impl Objects for ObjectStoreObjects {
         }
     }
 
-    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
-        let path = ObjPath::from(key);
+    fn put_large(&self, key: &ObjectKey, bytes: PutPayload) -> Result<()> {
+        let path = path_of(key);
         runtime()
             .block_on(async {
                 let upload = self.store.put_multipart(&path).await?;
@@ -69,8 +70,8 @@ impl Objects for ObjectStoreObjects {
             .map_err(|e| err("uploading", key, e))
     }
 
-    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
-        let path = ObjPath::from(key);
+    fn get(&self, key: &ObjectKey) -> Result<Option<(Bytes, Version)>> {
+        let path = path_of(key);
         let r = runtime().block_on(async {
             let g = self.store.get(&path).await?;
             let v = object_store::UpdateVersion { e_tag: g.meta.e_tag.clone(), version: g.meta.version.clone() };
@@ -83,32 +84,32 @@ impl Objects for ObjectStoreObjects {
         }
     }
 
-    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
-        runtime().block_on(self.store.get_range(&ObjPath::from(key), range)).map_err(|e| err("reading", key, e))
+    fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes> {
+        runtime().block_on(self.store.get_range(&path_of(key), range)).map_err(|e| err("reading", key, e))
     }
 
-    fn size(&self, key: &str) -> Result<Option<u64>> {
-        match runtime().block_on(self.store.head(&ObjPath::from(key))) {
+    fn size(&self, key: &ObjectKey) -> Result<Option<u64>> {
+        match runtime().block_on(self.store.head(&path_of(key))) {
             Ok(m) => Ok(Some(m.size)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(err("checking", key, e)),
         }
     }
 
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+    fn list(&self, prefix: &str) -> Result<Vec<ListEntry>> {
         let p = ObjPath::from(prefix);
         runtime()
             .block_on(
                 self.store
                     .list(Some(&p))
-                    .map_ok(|m| Listed { key: m.location.to_string(), size: m.size })
+                    .map_ok(|m| ListEntry { key: m.location.to_string(), size: m.size })
                     .try_collect(),
             )
             .map_err(|e| err("listing", prefix, e))
     }
 
-    fn delete(&self, key: &str) -> Result<()> {
-        match runtime().block_on(self.store.delete(&ObjPath::from(key))) {
+    fn delete(&self, key: &ObjectKey) -> Result<()> {
+        match runtime().block_on(self.store.delete(&path_of(key))) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(err("deleting", key, e)),
         }
@@ -119,8 +120,13 @@ impl Objects for ObjectStoreObjects {
     }
 }
 
+/// Where `key` lies in an `object_store`.
+pub(super) fn path_of(key: &ObjectKey) -> ObjPath {
+    ObjPath::from(key.to_string())
+}
+
 /// The store's error for an `object_store` failure, with a hint for the common S3 ones.
-pub(super) fn err(action: &'static str, key: &str, e: object_store::Error) -> StoreError {
+pub(super) fn err(action: &'static str, key: impl std::fmt::Display, e: object_store::Error) -> StoreError {
     match e {
         object_store::Error::NotFound { .. } => StoreError::NotFound { what: ObjectKind::Object, key: key.to_string() },
         object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {

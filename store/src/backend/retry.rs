@@ -6,9 +6,10 @@
 //! pauses for up to [`Patience::retry_for`], riding out a server restart or a short outage
 //! instead of failing a long restore or push near its end.
 
-use super::{Listed, Objects, Put, Version};
+use super::{ListEntry, Objects, Put, Version};
 use crate::environment;
 use crate::error::{Result, StoreError};
+use crate::format::key::ObjectKey;
 use bytes::Bytes;
 use object_store::PutPayload;
 use std::ops::Range;
@@ -95,35 +96,35 @@ fn still_unavailable(e: StoreError, waited: Duration) -> StoreError {
 }
 
 impl Objects for Retrying {
-    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &ObjectKey, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         self.call(|| self.inner.put(key, bytes.clone(), mode))
     }
 
-    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
+    fn put_large(&self, key: &ObjectKey, bytes: PutPayload) -> Result<()> {
         self.call(|| self.inner.put_large(key, bytes.clone()))
     }
 
-    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+    fn get(&self, key: &ObjectKey) -> Result<Option<(Bytes, Version)>> {
         self.call(|| self.inner.get(key))
     }
 
-    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+    fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes> {
         self.call(|| self.inner.get_range(key, range.clone()))
     }
 
-    fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+    fn get_range_into(&self, key: &ObjectKey, range: Range<u64>, out: &mut [u8]) -> Result<()> {
         self.call(|| self.inner.get_range_into(key, range.clone(), out))
     }
 
-    fn size(&self, key: &str) -> Result<Option<u64>> {
+    fn size(&self, key: &ObjectKey) -> Result<Option<u64>> {
         self.call(|| self.inner.size(key))
     }
 
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+    fn list(&self, prefix: &str) -> Result<Vec<ListEntry>> {
         self.call(|| self.inner.list(prefix))
     }
 
-    fn delete(&self, key: &str) -> Result<()> {
+    fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.call(|| self.inner.delete(key))
     }
 
@@ -139,7 +140,7 @@ impl Objects for Retrying {
         self.inner.check_tag_write(name)
     }
 
-    fn distrust(&self, key: &str) -> bool {
+    fn distrust(&self, key: &ObjectKey) -> bool {
         self.inner.distrust(key)
     }
 }
@@ -160,10 +161,10 @@ mod tests {
     }
 
     impl Objects for Flaky {
-        fn put(&self, _: &str, _: PutPayload, _: Put<'_>) -> Result<()> {
+        fn put(&self, _: &ObjectKey, _: PutPayload, _: Put<'_>) -> Result<()> {
             Ok(())
         }
-        fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+        fn get(&self, key: &ObjectKey) -> Result<Option<(Bytes, Version)>> {
             self.tries.fetch_add(1, Ordering::SeqCst);
             if std::mem::take(&mut *self.answer_first.lock().unwrap()) {
                 return Ok(None);
@@ -171,23 +172,23 @@ mod tests {
             if self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
                 return Err(StoreError::Unavailable {
                     action: "reading",
-                    key: key.into(),
+                    key: key.to_string(),
                     message: "reset".into(),
                     reached: self.reached,
                 });
             }
             Ok(None)
         }
-        fn get_range(&self, key: &str, _: Range<u64>) -> Result<Bytes> {
-            Err(StoreError::corrupt(crate::ObjectKind::Object, key, "short"))
+        fn get_range(&self, key: &ObjectKey, _: Range<u64>) -> Result<Bytes> {
+            Err(StoreError::corrupt(crate::ObjectKind::Object, key.to_string(), "short"))
         }
-        fn size(&self, _: &str) -> Result<Option<u64>> {
+        fn size(&self, _: &ObjectKey) -> Result<Option<u64>> {
             Ok(None)
         }
-        fn list(&self, _: &str) -> Result<Vec<Listed>> {
+        fn list(&self, _: &str) -> Result<Vec<ListEntry>> {
             Ok(Vec::new())
         }
-        fn delete(&self, _: &str) -> Result<()> {
+        fn delete(&self, _: &ObjectKey) -> Result<()> {
             Ok(())
         }
     }
@@ -217,15 +218,15 @@ mod tests {
     #[test]
     fn a_store_that_answered_is_waited_for() {
         let (r, tries) = flaky(3, true, Duration::from_secs(10));
-        r.get("a").unwrap();
-        assert!(r.get("b").unwrap().is_none());
+        r.get(&ObjectKey::Probe("a".into())).unwrap();
+        assert!(r.get(&ObjectKey::Probe("b".into())).unwrap().is_none());
         assert_eq!(tries.load(Ordering::SeqCst), 5, "one answer, three failures, one success");
     }
 
     #[test]
     fn a_store_that_never_answered_fails_at_once() {
         let (r, tries) = flaky(3, false, Duration::from_secs(10));
-        let e = r.get("a").unwrap_err();
+        let e = r.get(&ObjectKey::Probe("a".into())).unwrap_err();
         assert!(e.is_transient(), "{e}");
         assert_eq!(tries.load(Ordering::SeqCst), 1);
     }
@@ -233,21 +234,21 @@ mod tests {
     #[test]
     fn a_store_that_answered_with_server_errors_is_waited_for() {
         let (r, tries) = flaky_reaching(2, false, true, Duration::from_secs(10));
-        assert!(r.get("a").unwrap().is_none());
+        assert!(r.get(&ObjectKey::Probe("a".into())).unwrap().is_none());
         assert_eq!(tries.load(Ordering::SeqCst), 3, "two 5xx, one success");
     }
 
     #[test]
     fn waiting_ends_and_says_how_long_it_waited() {
         let (r, _) = flaky(100, true, Duration::from_millis(700));
-        r.get("a").unwrap();
-        let e = r.get("b").unwrap_err().to_string();
+        r.get(&ObjectKey::Probe("a".into())).unwrap();
+        let e = r.get(&ObjectKey::Probe("b".into())).unwrap_err().to_string();
         assert!(e.contains("still failing after") && e.contains("GSTORE_RETRY_TIMEOUT"), "{e}");
     }
 
     #[test]
     fn other_failures_are_not_retried() {
         let (r, _) = flaky(0, false, Duration::from_secs(10));
-        assert!(r.get_range("k", 0..1).unwrap_err().is_damage());
+        assert!(r.get_range(&ObjectKey::Probe("k".into()), 0..1).unwrap_err().is_damage());
     }
 }

@@ -3,7 +3,7 @@
 //! layer above reads and writes plain objects and every backend below holds only sealed ones.
 //! Ranges are read by the blocks that hold them; each object's header is read once and kept.
 
-use super::{Listed, Objects, Put, Version};
+use super::{ListEntry, Objects, Put, Version};
 use crate::crypto::sealed::{self, Header, Sealer};
 use crate::error::{Result, StoreError};
 use crate::format::key::ObjectKey;
@@ -23,7 +23,7 @@ const HEADERS_KEPT: usize = 65_536;
 pub(crate) struct SealedObjects {
     inner: Arc<dyn Objects>,
     sealer: Sealer,
-    headers: Mutex<HashMap<String, Header>>,
+    headers: Mutex<HashMap<ObjectKey, Header>>,
 }
 
 /// Bytes a sealed object is written in at a time: a sealed 48 MiB pack handed to the local
@@ -37,32 +37,28 @@ fn in_parts(sealed: Bytes) -> PutPayload {
     (0..sealed.len()).step_by(WRITE_PART).map(|at| sealed.slice(at..(at + WRITE_PART).min(sealed.len()))).collect()
 }
 
-fn is_sealed(key: &str) -> bool {
-    ObjectKey::parse(key).is_ok_and(|k| k.is_sealed())
-}
-
 impl SealedObjects {
     pub(crate) fn new(inner: Arc<dyn Objects>, sealer: Sealer) -> SealedObjects {
         SealedObjects { inner, sealer, headers: Mutex::default() }
     }
 
-    fn forget(&self, key: &str) {
+    fn forget(&self, key: &ObjectKey) {
         self.headers.lock().expect("header map lock").remove(key);
     }
 
     /// The header of sealed object `key`: kept, or read (`fresh`: read again).
-    fn header(&self, key: &str, fresh: bool) -> Result<Header> {
+    fn header(&self, key: &ObjectKey, fresh: bool) -> Result<Header> {
         if !fresh {
             if let Some(h) = self.headers.lock().expect("header map lock").get(key) {
                 return Ok(*h);
             }
         }
-        let h = Header::parse(&self.inner.get_range(key, 0..sealed::HEADER)?, key)?;
+        let h = Header::parse(&self.inner.get_range(key, 0..sealed::HEADER)?, &key.to_string())?;
         let mut map = self.headers.lock().expect("header map lock");
         if map.len() >= HEADERS_KEPT {
             map.clear();
         }
-        map.insert(key.to_string(), h);
+        map.insert(key.clone(), h);
         Ok(h)
     }
 
@@ -73,7 +69,7 @@ impl SealedObjects {
     /// disk reads, and unmapping waits for every such hold — the 16 threads reading delta
     /// bases beside a restore's own left its cores idle (a cold restore on two cores took
     /// 1.16-1.20x the unencrypted time, which reads bases with `pread`).
-    fn read_sealed(&self, key: &str, span: Range<u64>) -> Result<Bytes> {
+    fn read_sealed(&self, key: &ObjectKey, span: Range<u64>) -> Result<Bytes> {
         if self.inner.local_root().is_none() {
             return self.inner.get_range(key, span);
         }
@@ -86,9 +82,9 @@ impl SealedObjects {
     /// once.
     fn open_range<T>(
         &self,
-        key: &str,
+        key: &ObjectKey,
         range: Range<u64>,
-        read: impl Fn(&str, Range<u64>) -> Result<Bytes>,
+        read: impl Fn(&ObjectKey, Range<u64>) -> Result<Bytes>,
         mut open: impl FnMut(&Header, &[u8]) -> Result<T>,
     ) -> Result<T> {
         let mut fresh = false;
@@ -115,74 +111,78 @@ impl SealedObjects {
 }
 
 impl Objects for SealedObjects {
-    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
-        if !is_sealed(key) {
+    fn put(&self, key: &ObjectKey, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
+        if !key.is_sealed() {
             return self.inner.put(key, bytes, mode);
         }
         self.forget(key);
-        self.inner.put(key, in_parts(self.sealer.seal(key, bytes.as_ref())), mode)
+        self.inner.put(key, in_parts(self.sealer.seal(&key.to_string(), bytes.as_ref())), mode)
     }
 
-    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
-        if !is_sealed(key) {
+    fn put_large(&self, key: &ObjectKey, bytes: PutPayload) -> Result<()> {
+        if !key.is_sealed() {
             return self.inner.put_large(key, bytes);
         }
         self.forget(key);
-        self.inner.put_large(key, in_parts(self.sealer.seal(key, bytes.as_ref())))
+        self.inner.put_large(key, in_parts(self.sealer.seal(&key.to_string(), bytes.as_ref())))
     }
 
-    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+    fn get(&self, key: &ObjectKey) -> Result<Option<(Bytes, Version)>> {
         match self.inner.get(key)? {
-            Some((b, v)) if is_sealed(key) => Ok(Some((self.sealer.open(key, &b)?.into(), v))),
+            Some((b, v)) if key.is_sealed() => Ok(Some((self.sealer.open(&key.to_string(), &b)?.into(), v))),
             other => Ok(other),
         }
     }
 
-    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
-        if !is_sealed(key) {
+    fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes> {
+        if !key.is_sealed() {
             return self.inner.get_range(key, range);
         }
-        let r = range.clone();
+        let (r, name) = (range.clone(), key.to_string());
         self.open_range(
             key,
             range,
             |k, span| self.inner.get_range(k, span),
-            |header, sealed| self.sealer.open_range_owned(key, header, &r, sealed),
+            |header, sealed| self.sealer.open_range_owned(&name, header, &r, sealed),
         )
     }
 
-    fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
-        if !is_sealed(key) {
+    fn get_range_into(&self, key: &ObjectKey, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+        if !key.is_sealed() {
             return self.inner.get_range_into(key, range, out);
         }
-        let r = range.clone();
+        let (r, name) = (range.clone(), key.to_string());
         self.open_range(
             key,
             range,
             |k, span| self.read_sealed(k, span),
-            |header, sealed| self.sealer.open_range(key, header, &r, sealed, out),
+            |header, sealed| self.sealer.open_range(&name, header, &r, sealed, out),
         )
     }
 
-    fn size(&self, key: &str) -> Result<Option<u64>> {
+    fn size(&self, key: &ObjectKey) -> Result<Option<u64>> {
         match self.inner.size(key)? {
-            Some(n) if is_sealed(key) => sealed::plain_len(n).map(Some).ok_or_else(|| {
-                StoreError::corrupt(ObjectKind::SealedObject, key, format!("{n} bytes is no sealed object's length"))
+            Some(n) if key.is_sealed() => sealed::plain_len(n).map(Some).ok_or_else(|| {
+                StoreError::corrupt(
+                    ObjectKind::SealedObject,
+                    key.to_string(),
+                    format!("{n} bytes is no sealed object's length"),
+                )
             }),
             other => Ok(other),
         }
     }
 
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+    fn list(&self, prefix: &str) -> Result<Vec<ListEntry>> {
         let mut listed = self.inner.list(prefix)?;
-        for l in listed.iter_mut().filter(|l| is_sealed(&l.key)) {
+        for l in listed.iter_mut().filter(|l| ObjectKey::parse(&l.key).is_ok_and(|k| k.is_sealed())) {
             // A length no sealed object has is reported as 0; reading the object says why.
             l.size = sealed::plain_len(l.size).unwrap_or(0);
         }
         Ok(listed)
     }
 
-    fn delete(&self, key: &str) -> Result<()> {
+    fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.forget(key);
         self.inner.delete(key)
     }
@@ -199,7 +199,7 @@ impl Objects for SealedObjects {
         self.inner.check_tag_write(name)
     }
 
-    fn distrust(&self, key: &str) -> bool {
+    fn distrust(&self, key: &ObjectKey) -> bool {
         self.inner.distrust(key)
     }
 }

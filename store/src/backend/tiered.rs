@@ -7,8 +7,9 @@
 //! keep only packs, which never change.
 
 use super::http::HttpObjects;
-use super::{Listed, Objects, Patience, Put, Version};
+use super::{ListEntry, Objects, Patience, Put, Version};
 use crate::error::{Result, StoreError};
+use crate::format::key::ObjectKey;
 use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
@@ -70,10 +71,10 @@ pub(super) struct Tiered {
     tiers: Vec<Tier>,
     /// Which tier served each pack read last (so a pack whose bytes failed their check names
     /// the tier that served them); forgotten past [`SERVED_KEPT`] packs.
-    served: Mutex<HashMap<String, usize>>,
+    served: Mutex<HashMap<ObjectKey, usize>>,
     /// Packs read from the store itself from now on: bytes a tier served of them failed their
     /// check.
-    distrusted: Mutex<HashSet<String>>,
+    distrusted: Mutex<HashSet<ObjectKey>>,
 }
 
 /// Packs whose serving tier is remembered, at most.
@@ -95,8 +96,8 @@ impl Tiered {
 
     /// `read` on the first tier that answers, for a pack; else (and for any other object) on
     /// the store.
-    fn read<T>(&self, key: &str, mut read: impl FnMut(&dyn Objects) -> Result<T>) -> Result<T> {
-        if key.starts_with("packs/") {
+    fn read<T>(&self, key: &ObjectKey, mut read: impl FnMut(&dyn Objects) -> Result<T>) -> Result<T> {
+        if key.pack().is_some() {
             if !self.distrusted.lock().expect("tier lock").contains(key) {
                 for (i, t) in self.tiers.iter().enumerate().filter(|(_, t)| !t.resting()) {
                     match read(&t.objects) {
@@ -105,7 +106,7 @@ impl Tiered {
                             if served.len() >= SERVED_KEPT {
                                 served.clear();
                             }
-                            served.insert(key.to_string(), i);
+                            served.insert(key.clone(), i);
                             return Ok(v);
                         }
                         Err(e) => t.rest(&e),
@@ -120,35 +121,35 @@ impl Tiered {
 }
 
 impl Objects for Tiered {
-    fn put(&self, key: &str, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
+    fn put(&self, key: &ObjectKey, bytes: PutPayload, mode: Put<'_>) -> Result<()> {
         self.origin.put(key, bytes, mode)
     }
 
-    fn put_large(&self, key: &str, bytes: PutPayload) -> Result<()> {
+    fn put_large(&self, key: &ObjectKey, bytes: PutPayload) -> Result<()> {
         self.origin.put_large(key, bytes)
     }
 
-    fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>> {
+    fn get(&self, key: &ObjectKey) -> Result<Option<(Bytes, Version)>> {
         self.origin.get(key)
     }
 
-    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+    fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes> {
         self.read(key, |o| o.get_range(key, range.clone()))
     }
 
-    fn get_range_into(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+    fn get_range_into(&self, key: &ObjectKey, range: Range<u64>, out: &mut [u8]) -> Result<()> {
         self.read(key, |o| o.get_range_into(key, range.clone(), out))
     }
 
-    fn size(&self, key: &str) -> Result<Option<u64>> {
+    fn size(&self, key: &ObjectKey) -> Result<Option<u64>> {
         self.origin.size(key)
     }
 
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+    fn list(&self, prefix: &str) -> Result<Vec<ListEntry>> {
         self.origin.list(prefix)
     }
 
-    fn delete(&self, key: &str) -> Result<()> {
+    fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.origin.delete(key)
     }
 
@@ -166,11 +167,11 @@ impl Objects for Tiered {
 
     /// The tier that served `key` rests, and `key` is read from the store from now on (the
     /// damage may be in every tier, each reading through the next).
-    fn distrust(&self, key: &str) -> bool {
+    fn distrust(&self, key: &ObjectKey) -> bool {
         let Some(i) = self.served.lock().expect("tier lock").remove(key) else { return false };
-        let why = StoreError::corrupt(ObjectKind::Pack, key, "its bytes from this tier failed their check");
+        let why = StoreError::corrupt(ObjectKind::Pack, key.to_string(), "its bytes from this tier failed their check");
         self.tiers[i].rest(&why);
-        self.distrusted.lock().expect("tier lock").insert(key.to_string());
+        self.distrusted.lock().expect("tier lock").insert(key.clone());
         true
     }
 }

@@ -9,7 +9,7 @@ use crate::crypto::{keyring, sealed};
 use crate::error::{Result, StoreError};
 use crate::format::damage;
 use crate::format::id::ObjectId;
-use crate::format::key::{Family, ObjectKey};
+use crate::format::key::Family;
 use crate::format::manifest::Manifest;
 use crate::format::pack::PackEntry;
 use crate::progress::{Progress, Unit};
@@ -90,15 +90,14 @@ pub fn framing(backend: &Backend, progress: &dyn Progress) -> Result<FramingRepo
     let families = [Family::Packs, Family::Manifests, Family::Tags, Family::Leases, Family::Profiles];
     let mut listed = Vec::new();
     for f in families {
-        listed.extend(
-            backend.list(f.prefix())?.into_iter().filter(|l| ObjectKey::parse(&l.key).is_ok_and(|k| k.is_sealed())),
-        );
+        listed.extend(backend.list(f.prefix())?.into_iter().filter(|l| l.key.is_sealed()));
     }
     progress.start("verify: sealed objects", listed.len() as u64, Unit::Items);
     for l in &listed {
         progress.advance(1);
-        let header =
-            backend.get_range(&l.key, 0..sealed::HEADER.min(l.size)).and_then(|h| sealed::Header::parse(&h, &l.key));
+        let header = backend
+            .get_range(&l.key, 0..sealed::HEADER.min(l.size))
+            .and_then(|h| sealed::Header::parse(&h, &l.key.to_string()));
         match header {
             Ok(h) if h.sealed_len() == l.size => {}
             Ok(h) => {

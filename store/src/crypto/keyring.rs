@@ -166,9 +166,9 @@ fn this_user_at_host() -> String {
 pub fn list(backend: &Backend) -> Result<Vec<(String, Result<KeyRecord>)>> {
     let mut out = Vec::new();
     for l in backend.list(crate::format::key::Family::Keys.prefix())? {
-        let Ok(ObjectKey::KeyRecord(id)) = ObjectKey::parse(&l.key) else { continue };
-        let rec = backend.get(&l.key).and_then(|b| KeyRecord::from_json(&b, &id));
-        out.push((id, rec));
+        let ObjectKey::KeyRecord(id) = &l.key else { continue };
+        let rec = backend.get(&l.key).and_then(|b| KeyRecord::from_json(&b, id));
+        out.push((id.clone(), rec));
     }
     Ok(out)
 }
@@ -200,7 +200,7 @@ pub fn add(backend: &Backend, master: &MasterKey, secret: &Secret) -> Result<Str
     let id = hex::encode(raw);
     let rec = KeyRecord::new(&id, master, secret, this_user_at_host());
     let json = serde_json::to_vec_pretty(&rec).expect("key record serializes");
-    backend.create_record(&ObjectKey::KeyRecord(id.clone()).to_string(), json)?;
+    backend.create_record(&ObjectKey::KeyRecord(id.clone()), json)?;
     Ok(id)
 }
 
@@ -232,7 +232,7 @@ impl RetiredKeys {
 /// record that is a key of that store (the store could not be opened again), also when
 /// another removal runs at the same moment.
 pub fn remove(backend: &Backend, master: &MasterKey, id: &str) -> Result<()> {
-    backend.update(&ObjectKey::RetiredKeys.to_string(), |current| {
+    backend.update(&ObjectKey::RetiredKeys, |current| {
         let mut retired = match current {
             Some(bytes) => RetiredKeys::from_json(bytes)?,
             None => RetiredKeys { format: 1, ..Default::default() },
@@ -254,7 +254,7 @@ pub fn remove(backend: &Backend, master: &MasterKey, id: &str) -> Result<()> {
         retired.retired.insert(id.to_string());
         Ok(Some(serde_json::to_vec(&retired).expect("retired keys serialize")))
     })?;
-    backend.delete(&ObjectKey::KeyRecord(id.to_string()).to_string())
+    backend.delete(&ObjectKey::KeyRecord(id.to_string()))
 }
 
 #[cfg(test)]
@@ -324,7 +324,7 @@ mod tests {
         // Removal of `a` marks it retired, then (before it deletes the record) removal of `b`
         // runs: it must see `a` going.
         let retired = RetiredKeys { format: 1, retired: [a.clone()].into() };
-        backend.put_if(&ObjectKey::RetiredKeys.to_string(), serde_json::to_vec(&retired).unwrap(), None).unwrap();
+        backend.put_if(&ObjectKey::RetiredKeys, serde_json::to_vec(&retired).unwrap(), None).unwrap();
         assert!(remove(&backend, &master, &b).unwrap_err().to_string().contains("last key"));
         // Both at once from threads: exactly one succeeds, one record is left.
         let backend = Backend::memory();

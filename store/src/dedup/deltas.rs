@@ -283,8 +283,7 @@ impl<'a> Deltas<'a> {
         }
         lease.protect(&[pack], &[])?;
         let key = ObjectKey::Pack(pack);
-        let ok = !lease::has_tombstone(self.store.backend(), &key)?
-            && self.store.backend().size(&key.to_string())?.is_some();
+        let ok = !lease::has_tombstone(self.store.backend(), &key)? && self.store.backend().size(&key)?.is_some();
         vetted.insert(pack, ok);
         Ok(ok)
     }
@@ -306,8 +305,8 @@ fn parent_manifest(store: &Store, named: Option<&TagRef>, tag: &TagRef) -> Optio
             let prefix = format!("{}/{}/", Family::Tags.prefix(), tag.name);
             let mut latest: Option<TagRecord> = None;
             for listed in store.backend().list(&prefix).ok()? {
-                let Ok(ObjectKey::Tag(t)) = ObjectKey::parse(&listed.key) else { continue };
-                let Ok(Some(rec)) = store.get_tag(&t) else { continue };
+                let ObjectKey::Tag(t) = &listed.key else { continue };
+                let Ok(Some(rec)) = store.get_tag(t) else { continue };
                 if latest.as_ref().is_none_or(|l| l.set_time() < rec.set_time()) {
                     latest = Some(rec);
                 }

@@ -63,7 +63,7 @@ pub fn check(bytes: &[u8], pack: &ObjectId) -> Result<()> {
 /// Adds `chunks` to the damage record of `pack` (a compare-and-swap write: two verifies at
 /// once both land).
 pub fn record(backend: &Backend, pack: &ObjectId, chunks: &BTreeSet<ObjectId>) -> Result<()> {
-    backend.update(&ObjectKey::Damage(*pack).to_string(), |current| {
+    backend.update(&ObjectKey::Damage(*pack), |current| {
         // A record that does not parse is replaced by a good one.
         let found = current.and_then(|bytes| DamageRecord::from_json(bytes, pack).ok());
         let mut rec = found.clone().unwrap_or(DamageRecord { format: 1, pack: pack.to_hex(), chunks: BTreeSet::new() });
@@ -81,12 +81,7 @@ pub fn read_all(backend: &Backend) -> Result<(HashSet<DamagedCopy>, HashSet<Obje
     let mut copies = HashSet::new();
     let mut packs = HashSet::new();
     for l in backend.list(Family::Damage.prefix())? {
-        let Some(pack) = ObjectKey::parse(&l.key).ok().and_then(|k| match k {
-            ObjectKey::Damage(p) => Some(p),
-            _ => None,
-        }) else {
-            continue;
-        };
+        let ObjectKey::Damage(pack) = l.key else { continue };
         let Some(bytes) = backend.get_opt(&l.key)? else { continue };
         if let Ok(rec) = DamageRecord::from_json(&bytes, &pack) {
             copies.extend(rec.copies(pack));
@@ -112,7 +107,7 @@ mod tests {
         assert_eq!(copies, [(a, p), (c, p), (a, q)].into());
         assert_eq!(packs, [p, q].into());
         // A record under another pack's key, or with a bad id, is refused.
-        let bytes = b.get(&ObjectKey::Damage(p).to_string()).unwrap();
+        let bytes = b.get(&ObjectKey::Damage(p)).unwrap();
         assert!(check(&bytes, &p).is_ok());
         assert!(check(&bytes, &q).unwrap_err().to_string().contains("names pack"));
         let bad = br#"{"format":1,"pack":"00","chunks":["zz"]}"#;

@@ -115,7 +115,7 @@ impl LeaseRecord {
 /// when the work it protected is abandoned.
 pub struct Lease {
     backend: Backend,
-    key: String,
+    key: ObjectKey,
     record: Mutex<LeaseRecord>,
 }
 
@@ -123,7 +123,7 @@ impl Lease {
     /// Takes a new lease (create-only write).
     pub fn take(backend: &Backend, purpose: &str) -> Result<Lease> {
         let owner = Owner::current();
-        let key = ObjectKey::Lease(ObjectId::unique().to_hex()[..32].to_string()).to_string();
+        let key = ObjectKey::Lease(ObjectId::unique().to_hex()[..32].to_string());
         let record = LeaseRecord {
             format: 1,
             owner,
@@ -148,8 +148,8 @@ impl Lease {
         self.backend.put_volatile(&self.key, serde_json::to_vec_pretty(&*r).expect("lease serializes"))
     }
 
-    /// The lease's key, for messages.
-    pub fn key(&self) -> &str {
+    /// The lease's key.
+    pub fn key(&self) -> &ObjectKey {
         &self.key
     }
 }
@@ -168,8 +168,7 @@ pub fn unreliable_packs(
     relied: &HashSet<ObjectId>,
 ) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
     let (doomed, listed) = doomed_then_listed(backend)?;
-    let present: HashSet<ObjectId> =
-        listed.iter().filter_map(|l| ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())).collect();
+    let present: HashSet<ObjectId> = listed.iter().filter_map(|l| l.key.pack()).collect();
     let bad = relied.iter().filter(|p| doomed.contains(p) || !present.contains(p)).copied().collect();
     Ok((bad, doomed))
 }
@@ -184,16 +183,12 @@ pub fn doomed_then_listed(backend: &Backend) -> Result<(HashSet<ObjectId>, Vec<b
 
 /// The packs that have a gc tombstone now: nothing may deduplicate against them.
 pub fn tombstoned_packs(backend: &Backend) -> Result<HashSet<ObjectId>> {
-    Ok(backend
-        .list(Family::Tombstones.prefix())?
-        .iter()
-        .filter_map(|l| ObjectKey::parse(&l.key).ok()?.tombstoned()?.pack())
-        .collect())
+    Ok(backend.list(Family::Tombstones.prefix())?.iter().filter_map(|l| l.key.tombstoned()?.pack()).collect())
 }
 
 /// True when the object under `key` has a gc tombstone.
 pub fn has_tombstone(backend: &Backend, key: &ObjectKey) -> Result<bool> {
-    Ok(backend.size(&key.tombstone().to_string())?.is_some())
+    Ok(backend.size(&key.tombstone())?.is_some())
 }
 
 #[cfg(test)]
@@ -219,13 +214,13 @@ mod tests {
     fn lease_is_written_grows_and_goes_away_on_drop() {
         let b = Backend::memory();
         let lease = Lease::take(&b, "push t:latest").unwrap();
-        let key = lease.key().to_string();
+        let key = lease.key().clone();
         let p = ObjectId::of(b"p");
         lease.protect(&[p], &[]).unwrap();
         let before = b.requests();
         lease.protect(&[p], &[]).unwrap();
         assert_eq!(b.requests(), before, "nothing new, nothing written");
-        let rec = LeaseRecord::from_json(&b.get(&key).unwrap(), &key).unwrap();
+        let rec = LeaseRecord::from_json(&b.get(&key).unwrap(), &key.to_string()).unwrap();
         assert_eq!(rec.pack_ids().collect::<Vec<_>>(), vec![p]);
         drop(lease);
         assert!(b.get_opt(&key).unwrap().is_none());

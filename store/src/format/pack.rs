@@ -357,7 +357,7 @@ pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str, chunk_max: u32) -> R
 /// whose chunks are at most `chunk_max` bytes: its entries, and the raw tail they were parsed
 /// from (footer entries, then trailer). Two range reads; the chunk data is not read.
 pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) -> Result<(Vec<PackEntry>, Vec<u8>)> {
-    let key = ObjectKey::Pack(*pack).to_string();
+    let key = ObjectKey::Pack(*pack);
     match read_tail_once(backend, &key, size, chunk_max) {
         // Bytes that came through a caching tier are read once more, past it.
         Err(e) if e.is_damage() && backend.distrust(&key) => read_tail_once(backend, &key, size, chunk_max),
@@ -365,20 +365,26 @@ pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) 
     }
 }
 
-fn read_tail_once(backend: &Backend, key: &str, size: u64, chunk_max: u32) -> Result<(Vec<PackEntry>, Vec<u8>)> {
+fn read_tail_once(
+    backend: &Backend,
+    object: &ObjectKey,
+    size: u64,
+    chunk_max: u32,
+) -> Result<(Vec<PackEntry>, Vec<u8>)> {
+    let key = &object.to_string();
     if size < TRAILER_LEN as u64 + 8 {
         return Err(StoreError::corrupt(ObjectKind::Pack, key, format!("only {size} bytes long: truncated")));
     }
     // One read fetches the trailer with the footer of a pack of up to TAIL_GUESS / ENTRY_LEN
     // chunks; a longer footer takes a second read for the rest.
     let start = size.saturating_sub(TAIL_GUESS);
-    let guess = backend.get_range(key, start..size)?;
+    let guess = backend.get_range(object, start..size)?;
     let footer_end = guess.len() - TRAILER_LEN;
     let t = parse_trailer(&guess[footer_end..], size, key)?;
     let footer = if t.footer_offset >= start {
         guess.slice((t.footer_offset - start) as usize..footer_end)
     } else {
-        let head = backend.get_range(key, t.footer_offset..start)?;
+        let head = backend.get_range(object, t.footer_offset..start)?;
         [&head[..], &guess[..footer_end]].concat().into()
     };
     let entries = parse_footer(&footer, &t, key, chunk_max)?;
@@ -489,7 +495,7 @@ mod tests {
             let p = b.finish();
             assert_eq!(p.entries.len() * ENTRY_LEN > TAIL_GUESS as usize, chunks == 3000);
             let size = p.size();
-            backend.put(&ObjectKey::Pack(p.id).to_string(), p.pieces.clone()).unwrap();
+            backend.put(&ObjectKey::Pack(p.id), p.pieces.clone()).unwrap();
             let (entries, tail) = read_tail(&backend, &p.id, size, MAX).unwrap();
             assert_eq!(entries, p.entries);
             assert_eq!(&tail[..], &joined(&p)[p.size() as usize - tail.len()..]);

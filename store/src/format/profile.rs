@@ -58,7 +58,7 @@ impl Profile {
 impl Store {
     /// The restore profile stored for image `id`, if any.
     pub fn profile(&self, id: &ObjectId) -> Result<Option<Profile>> {
-        match self.backend().get_opt(&ObjectKey::Profile(*id).to_string())? {
+        match self.backend().get_opt(&ObjectKey::Profile(*id))? {
             Some(bytes) => Profile::from_json(&bytes, id).map(Some),
             None => Ok(None),
         }
@@ -66,7 +66,7 @@ impl Store {
 
     /// Stores `profile` for image `id`, replacing any earlier one.
     pub fn put_profile(&self, id: &ObjectId, profile: &Profile) -> Result<()> {
-        self.backend().put(&ObjectKey::Profile(*id).to_string(), profile.to_json())
+        self.backend().put(&ObjectKey::Profile(*id), profile.to_json())
     }
 }
 

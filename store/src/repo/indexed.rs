@@ -169,7 +169,7 @@ impl IndexedStore {
     /// Stores a finished pack, then records it in the index (pack before index).
     pub fn put_pack(&self, p: pack::FinishedPack) -> Result<()> {
         let size = p.size();
-        let key = ObjectKey::Pack(p.id).to_string();
+        let key = ObjectKey::Pack(p.id);
         if self.is_remote() && size > backend::MULTIPART_ABOVE {
             self.backend.put_multipart(&key, p.pieces)?;
         } else {
@@ -236,8 +236,7 @@ impl IndexedStore {
     fn catch_up(&self, Listing { doomed, packs: listed, damaged }: Listing) -> Result<usize> {
         let index = &self.index;
         index.set_damaged(&damaged)?;
-        let present: HashSet<ObjectId> =
-            listed.iter().filter_map(|l| ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())).collect();
+        let present: HashSet<ObjectId> = listed.iter().filter_map(|l| l.key.pack()).collect();
         let mut known = HashSet::new();
         for (id, _) in index.packs()? {
             if present.contains(&id) {
@@ -247,11 +246,8 @@ impl IndexedStore {
             }
         }
         index.set_doomed(&doomed)?;
-        let new: Vec<(ObjectId, u64)> = listed
-            .iter()
-            .filter_map(|l| Some((ObjectKey::parse(&l.key).ok()?.pack()?, l.size)))
-            .filter(|(id, _)| !known.contains(id))
-            .collect();
+        let new: Vec<(ObjectId, u64)> =
+            listed.iter().filter_map(|l| Some((l.key.pack()?, l.size))).filter(|(id, _)| !known.contains(id)).collect();
         let mut added = 0;
         self.read_tails(&new, |id, size, read| {
             if let Ok(entries) = read {
@@ -275,7 +271,7 @@ impl IndexedStore {
         let next = AtomicUsize::new(0);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::scope(|s| {
-            let readers = if self.location.over_network() { TAIL_READS } else { 1 };
+            let readers = if self.reads_in_flight() > 1 { TAIL_READS } else { 1 };
             for _ in 0..readers.min(packs.len()) {
                 let (tx, next) = (tx.clone(), &next);
                 s.spawn(move || {
@@ -311,8 +307,7 @@ impl IndexedStore {
         index.clear()?;
         index.set_doomed(&doomed)?;
         index.set_damaged(&damaged)?;
-        let packs: Vec<(ObjectId, u64)> =
-            packs.iter().filter_map(|l| Some((ObjectKey::parse(&l.key).ok()?.pack()?, l.size))).collect();
+        let packs: Vec<(ObjectId, u64)> = packs.iter().filter_map(|l| Some((l.key.pack()?, l.size))).collect();
         progress.start("indexing packs", packs.len() as u64, crate::progress::Unit::Items);
         let mut ok = 0;
         let mut damaged = Vec::new();

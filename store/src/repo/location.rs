@@ -34,7 +34,7 @@ pub enum StoreLocation {
 
 impl StoreLocation {
     /// True for S3 and HTTP stores, whose requests wait on the network; false for a local
-    /// directory and for a caller-built backend (a simulation orders its requests itself).
+    /// directory and for a caller-built backend (where its requests go is not known).
     pub fn over_network(&self) -> bool {
         matches!(self, StoreLocation::S3 { .. } | StoreLocation::Http { .. })
     }

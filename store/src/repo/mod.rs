@@ -9,5 +9,7 @@ pub(crate) mod indexed;
 pub(crate) mod location;
 pub(crate) mod lock;
 pub(crate) mod seen;
+#[cfg(feature = "simulation")]
+pub(crate) mod simulation;
 pub(crate) mod store;
 pub(crate) mod tags;

@@ -28,9 +28,9 @@ pub struct Store {
     pub(super) config: StoreConfig,
     pub(super) location: StoreLocation,
     pub(super) cache: Option<RangeCache>,
-    /// Set by [`Store::with_salt_seed`]: pack salts derive from it and a counter.
-    pub(super) salt_seed: Option<u64>,
-    pub(super) salts_made: std::sync::atomic::AtomicU64,
+    /// Set by [`Store::simulated`].
+    #[cfg(feature = "simulation")]
+    simulation: Option<crate::repo::simulation::Simulation>,
     /// Delta bases read lately.
     pub(super) bases: BaseCache,
     /// For an encrypted remote store: the newest value of each tag this machine has seen.
@@ -53,7 +53,7 @@ fn truncated(key: String, size: u64, needed: u64) -> StoreError {
 /// Checks that a remote store honours conditional writes (If-None-Match and If-Match), which
 /// tag updates rely on; refuses with a clear error otherwise.
 fn probe_conditional_writes(backend: &Backend) -> Result<()> {
-    let key = ObjectKey::Probe(format!("conditional-{}", ObjectId::unique().short())).to_string();
+    let key = ObjectKey::Probe(format!("conditional-{}", ObjectId::unique().short()));
     let refuse = |what: &str| {
         StoreError::Invalid(format!(
             "{} does not honour {what}: two machines updating one tag could lose an update, so gstore will not keep a store there",
@@ -100,7 +100,7 @@ impl Store {
     /// master key, wrapped by `secret` in the store's first key record. Returns that record's id.
     pub fn init_encrypted(location: &StoreLocation, config: &StoreConfig, secret: &Secret) -> Result<String> {
         let backend = Self::backend_to_init(location, config)?;
-        if backend.get_opt(&ObjectKey::Config.to_string())?.is_some() {
+        if backend.get_opt(&ObjectKey::Config)?.is_some() {
             return Err(StoreError::AlreadyExists { what: ObjectKind::Store, key: location.describe() });
         }
         let master = MasterKey::generate();
@@ -112,7 +112,7 @@ impl Store {
         // so it is passed over and never counts as a key (keyring::remove).
         let id = keyring::add(&backend, &master, secret)?;
         if let Err(e) = Self::init_backend(&backend, location, &config) {
-            backend.delete(&ObjectKey::KeyRecord(id).to_string())?;
+            backend.delete(&ObjectKey::KeyRecord(id))?;
             return Err(e);
         }
         Ok(id)
@@ -122,7 +122,7 @@ impl Store {
     pub fn init_backend(backend: &Backend, location: &StoreLocation, config: &StoreConfig) -> Result<()> {
         config.validate()?;
         let json = serde_json::to_vec_pretty(config).expect("config serializes");
-        match backend.put_new(&ObjectKey::Config.to_string(), json) {
+        match backend.put_new(&ObjectKey::Config, json) {
             Err(StoreError::AlreadyExists { .. }) => {
                 Err(StoreError::AlreadyExists { what: ObjectKind::Store, key: location.describe() })
             }
@@ -182,8 +182,8 @@ impl Store {
             config,
             location: location.clone(),
             cache,
-            salt_seed: None,
-            salts_made: Default::default(),
+            #[cfg(feature = "simulation")]
+            simulation: None,
             bases: BaseCache::default(),
             seen_tags,
             chunk_ids,
@@ -194,9 +194,8 @@ impl Store {
     /// The config of the store in `backend` (described by `location`), without opening it:
     /// for a server, which serves an encrypted store without its key, and for key management.
     pub fn read_config(backend: &Backend, location: &StoreLocation) -> Result<StoreConfig> {
-        let bytes = backend
-            .get_opt(&ObjectKey::Config.to_string())?
-            .ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
+        let bytes =
+            backend.get_opt(&ObjectKey::Config)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
         StoreConfig::from_json(&bytes)
     }
 
@@ -286,7 +285,7 @@ impl Store {
     /// memory-mapped (and pre-faulted), so it is a view of the page cache, not a copy; the
     /// mapping lives as long as the returned bytes.
     pub fn read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) -> Result<Bytes> {
-        let key = ObjectKey::Pack(*pack).to_string();
+        let key = ObjectKey::Pack(*pack);
         self.backend.get_range(&key, range.clone()).map_err(|e| self.pack_read_failure(key, &range, e))
     }
 
@@ -295,17 +294,17 @@ impl Store {
     /// into `out` (e.g. pinned memory a GPU copies from): one copy from the page cache, and no
     /// mapping, whose setup and teardown serialise threads on the process's address space.
     pub fn read_pack_range_into(&self, pack: &ObjectId, range: std::ops::Range<u64>, out: &mut [u8]) -> Result<()> {
-        let key = ObjectKey::Pack(*pack).to_string();
+        let key = ObjectKey::Pack(*pack);
         self.backend.get_range_into(&key, range.clone(), out).map_err(|e| self.pack_read_failure(key, &range, e))
     }
 
     /// A failed range read of a pack, said as a missing or truncated pack where it is one.
-    fn pack_read_failure(&self, key: String, range: &std::ops::Range<u64>, e: StoreError) -> StoreError {
+    fn pack_read_failure(&self, key: ObjectKey, range: &std::ops::Range<u64>, e: StoreError) -> StoreError {
         match e {
-            StoreError::NotFound { .. } => StoreError::NotFound { what: ObjectKind::Pack, key },
+            StoreError::NotFound { .. } => StoreError::NotFound { what: ObjectKind::Pack, key: key.to_string() },
             e => match self.backend.size(&key) {
-                Ok(None) => StoreError::NotFound { what: ObjectKind::Pack, key },
-                Ok(Some(size)) if size < range.end => truncated(key, size, range.end),
+                Ok(None) => StoreError::NotFound { what: ObjectKind::Pack, key: key.to_string() },
+                Ok(Some(size)) if size < range.end => truncated(key.to_string(), size, range.end),
                 _ => e,
             },
         }
@@ -348,7 +347,7 @@ impl Store {
         let bytes = self.read_pack_range(pack, range.clone())?;
         match check(&bytes) {
             Ok(checked) => Ok((checked, bytes)),
-            Err(e) if e.is_damage() && self.backend.distrust(&ObjectKey::Pack(*pack).to_string()) => {
+            Err(e) if e.is_damage() && self.backend.distrust(&ObjectKey::Pack(*pack)) => {
                 let bytes = self.read_pack_range(pack, range)?;
                 Ok((check(&bytes)?, bytes))
             }
@@ -358,11 +357,11 @@ impl Store {
 
     /// Reads and checks a pack's footer (without reading its chunk data).
     pub fn read_pack_footer(&self, pack: &ObjectId) -> Result<Vec<PackEntry>> {
-        let key = ObjectKey::Pack(*pack).to_string();
+        let key = ObjectKey::Pack(*pack);
         let size = self
             .backend
             .size(&key)?
-            .ok_or_else(|| StoreError::NotFound { what: ObjectKind::Pack, key: key.clone() })?;
+            .ok_or_else(|| StoreError::NotFound { what: ObjectKind::Pack, key: key.to_string() })?;
         Ok(self.read_pack_tail(pack, size)?.0)
     }
 
@@ -372,31 +371,35 @@ impl Store {
         pack::read_tail(&self.backend, pack, size, self.config.chunk_max)
     }
 
-    /// Makes the salts of the packs this store writes derive from `seed` and a counter instead
-    /// of fresh randomness, so that a seeded simulation writes the same packs every run.
-    pub fn with_salt_seed(mut self, seed: u64) -> Store {
-        self.salt_seed = Some(seed);
+    /// This handle for a deterministic simulation seeded with `seed` (tests only): pack salts
+    /// derive from the seed and a counter, and requests are made one at a time.
+    #[cfg(feature = "simulation")]
+    pub fn simulated(mut self, seed: u64) -> Store {
+        self.simulation = Some(crate::repo::simulation::Simulation::new(seed));
         self
     }
 
-    /// A new, empty pack builder (with a seeded salt in a seeded simulation).
+    /// True when this handle makes its requests one at a time (a simulation).
+    fn serial(&self) -> bool {
+        #[cfg(feature = "simulation")]
+        return self.simulation.is_some();
+        #[cfg(not(feature = "simulation"))]
+        false
+    }
+
+    /// A new, empty pack builder with a fresh random salt.
     pub fn new_pack(&self) -> pack::PackBuilder {
-        match self.salt_seed {
-            None => pack::PackBuilder::new(self.config().pack_ids),
-            Some(seed) => {
-                let n = self.salts_made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let h = blake3::hash(&[seed.to_le_bytes(), n.to_le_bytes()].concat());
-                let salt = h.as_bytes()[..pack::SALT_LEN].try_into().expect("16 bytes");
-                pack::PackBuilder::with_salt(salt, self.config().pack_ids)
-            }
+        #[cfg(feature = "simulation")]
+        if let Some(s) = &self.simulation {
+            return s.new_pack(self.config().pack_ids);
         }
+        pack::PackBuilder::new(self.config().pack_ids)
     }
 
     /// How many small reads (footers, manifests) to keep in flight: 16 over a network, one
-    /// for a local disk or a caller-built backend (which a simulation orders request by
-    /// request).
+    /// for a local disk or a caller-built backend.
     pub fn reads_in_flight(&self) -> usize {
-        if self.location.over_network() {
+        if self.location.over_network() && !self.serial() {
             16
         } else {
             1
@@ -407,11 +410,10 @@ impl Store {
     /// uploads overlap. On a local disk, half the cores, from 2 to 8: each writer assembles,
     /// hashes and fsyncs 48 MiB packs in turn, and a disk takes parallel fsyncs faster (on the
     /// 16-core H100 machine, pushing 4 GiB of bf16: 2 writers 1.0–1.1 GB/s, 4 writers 1.3–1.5,
-    /// 8 writers 1.8, when the cores stopped waiting for them). One for a caller-built
-    /// backend, whose simulation orders its requests itself.
+    /// 8 writers 1.8, when the cores stopped waiting for them).
     pub fn upload_concurrency(&self) -> usize {
         match self.location {
-            StoreLocation::Custom { .. } => 1,
+            _ if self.serial() => 1,
             StoreLocation::Local(_) => std::thread::available_parallelism().map_or(2, |n| n.get() / 2).clamp(2, 8),
             _ => 4,
         }
@@ -419,14 +421,16 @@ impl Store {
 
     /// Stores an encoded manifest under its id (`ObjectId::of(&bytes)`).
     pub fn put_manifest(&self, id: &ObjectId, bytes: Vec<u8>) -> Result<()> {
-        self.backend.put(&ObjectKey::Manifest(*id).to_string(), bytes)
+        self.backend.put(&ObjectKey::Manifest(*id), bytes)
     }
 
     /// Reads and checks a manifest.
     pub fn get_manifest(&self, id: &ObjectId) -> Result<Manifest> {
-        let key = ObjectKey::Manifest(*id).to_string();
+        let key = ObjectKey::Manifest(*id);
         let bytes = match self.backend.get(&key) {
-            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: ObjectKind::Manifest, key }),
+            Err(StoreError::NotFound { .. }) => {
+                return Err(StoreError::NotFound { what: ObjectKind::Manifest, key: key.to_string() })
+            }
             other => other?,
         };
         Manifest::decode(&bytes, id)

@@ -27,7 +27,7 @@ impl Store {
     /// Reads a tag record with the version [`Store::put_tag`] can require (a record marked
     /// removed by gc included).
     pub fn get_tag_versioned(&self, tag: &TagRef) -> Result<Option<(TagRecord, backend::Version)>> {
-        match self.backend.get_versioned(&ObjectKey::Tag(tag.clone()).to_string())? {
+        match self.backend.get_versioned(&ObjectKey::Tag(tag.clone()))? {
             Some((b, v)) => {
                 let rec = TagRecord::from_json(&b, tag)?;
                 self.check_seen(&[&rec])?;
@@ -47,7 +47,7 @@ impl Store {
     /// two writers racing on one tag get one success and one [`StoreError::Conflict`].
     pub fn put_tag(&self, rec: &TagRecord, expected: Option<&backend::Version>) -> Result<()> {
         let json = serde_json::to_vec_pretty(rec).expect("tag serializes");
-        self.backend.put_if(&ObjectKey::Tag(rec.tag()).to_string(), json, expected).map_err(|e| match e {
+        self.backend.put_if(&ObjectKey::Tag(rec.tag()), json, expected).map_err(|e| match e {
             StoreError::Conflict(_) => StoreError::lost_race(format_args!("tag {}", rec.tag())),
             other => other,
         })
@@ -59,7 +59,7 @@ impl Store {
     /// A tag whose name reads as a manifest id is refused ([`TagRef::check_new`]).
     pub fn set_tag(&self, tag: &TagRef, manifest: ObjectId) -> Result<TagRecord> {
         tag.check_new()?;
-        let key = ObjectKey::Tag(tag.clone()).to_string();
+        let key = ObjectKey::Tag(tag.clone());
         let value = |current: &Option<(Bytes, backend::Version)>| {
             // A damaged previous record must not block a new push: start a fresh history. A
             // removed one starts afresh too.
@@ -118,7 +118,7 @@ impl Store {
         if self.get_tag(tag)?.is_none() {
             return Err(self.no_such_tag(tag));
         }
-        self.backend.delete(&ObjectKey::Tag(tag.clone()).to_string())
+        self.backend.delete(&ObjectKey::Tag(tag.clone()))
     }
 
     /// Every tag, sorted by name and version. Records that fail to parse are returned as errors
@@ -126,8 +126,9 @@ impl Store {
     pub fn list_tags(&self) -> Result<Vec<Result<TagRecord>>> {
         let mut out = Vec::new();
         for l in self.backend.list(Family::Tags.prefix())? {
-            let Ok(ObjectKey::Tag(tag)) = ObjectKey::parse(&l.key) else { continue };
-            let rec = self.backend.get(&l.key).and_then(|b| TagRecord::from_json(&b, &tag));
+            let rec = self.backend.get(&l.key);
+            let ObjectKey::Tag(tag) = l.key else { continue };
+            let rec = rec.and_then(|b| TagRecord::from_json(&b, &tag));
             match rec {
                 Ok(r) if r.removed_unix.is_some() => {}
                 // Gone between the listing and the read: deleted meanwhile.
@@ -165,7 +166,7 @@ impl Store {
             .backend
             .list(Family::Manifests.prefix())?
             .iter()
-            .filter_map(|l| ObjectKey::parse(&l.key).ok()?.manifest())
+            .filter_map(|l| l.key.manifest())
             .filter(|id| id.to_hex().starts_with(prefix))
             .collect();
         found.sort();

@@ -48,10 +48,10 @@ impl<'a> Catalog<'a> {
 
     /// A pack's chunk list, checked, from the cache or the pack's tail (`size` as listed).
     pub fn footer(&self, id: &ObjectId, size: u64) -> Result<Vec<PackEntry>> {
-        let cache = self.cached(&ObjectKey::Pack(*id));
-        let key = ObjectKey::Pack(*id).to_string();
+        let key = ObjectKey::Pack(*id);
+        let cache = self.cached(&key);
         if let Some(tail) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
-            if let Ok(entries) = parse_tail(&tail, size, &key, self.store.config().chunk_max) {
+            if let Ok(entries) = parse_tail(&tail, size, &key.to_string(), self.store.config().chunk_max) {
                 return Ok(entries);
             }
         }
@@ -70,9 +70,11 @@ impl<'a> Catalog<'a> {
                 return Ok(m);
             }
         }
-        let key = ObjectKey::Manifest(*id).to_string();
+        let key = ObjectKey::Manifest(*id);
         let bytes: Bytes = match self.store.backend().get(&key) {
-            Err(StoreError::NotFound { .. }) => return Err(StoreError::NotFound { what: ObjectKind::Manifest, key }),
+            Err(StoreError::NotFound { .. }) => {
+                return Err(StoreError::NotFound { what: ObjectKind::Manifest, key: key.to_string() })
+            }
             other => other?,
         };
         let m = Manifest::decode(&bytes, id)?;

@@ -29,12 +29,12 @@ impl GcLock {
         let record = LockRecord { owner: Owner::current(), nonce: ObjectId::unique().to_hex()[..32].to_string() };
         let record = serde_json::to_vec_pretty(&record).expect("lock record serializes");
         for _ in 0..2 {
-            match backend.create_record(&ObjectKey::GcLock.to_string(), record.clone()) {
+            match backend.create_record(&ObjectKey::GcLock, record.clone()) {
                 Ok(()) => return Ok(GcLock { backend: backend.clone() }),
                 Err(StoreError::AlreadyExists { .. }) => {}
                 Err(e) => return Err(e),
             }
-            let holder = match backend.get_opt(&ObjectKey::GcLock.to_string())? {
+            let holder = match backend.get_opt(&ObjectKey::GcLock)? {
                 None => continue,
                 Some(b) => serde_json::from_slice::<Owner>(&b).ok(),
             };
@@ -46,7 +46,7 @@ impl GcLock {
                     ObjectKey::GcLock
                 )));
             }
-            backend.delete(&ObjectKey::GcLock.to_string())?;
+            backend.delete(&ObjectKey::GcLock)?;
         }
         Err(StoreError::Conflict("another gc took the gc lock at the same moment: retry".into()))
     }
@@ -54,7 +54,7 @@ impl GcLock {
 
 impl Drop for GcLock {
     fn drop(&mut self) {
-        let _ = self.backend.delete(&ObjectKey::GcLock.to_string());
+        let _ = self.backend.delete(&ObjectKey::GcLock);
     }
 }
 
@@ -68,17 +68,17 @@ mod tests {
         let held = GcLock::take(&b, false).unwrap();
         assert!(matches!(GcLock::take(&b, false), Err(StoreError::Conflict(m)) if m.contains("--break-lock")));
         drop(held);
-        assert!(b.get_opt(&ObjectKey::GcLock.to_string()).unwrap().is_none());
+        assert!(b.get_opt(&ObjectKey::GcLock).unwrap().is_none());
         // A lock left by a process that has exited here is taken over.
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = Owner { pid: child.id(), ..Owner::current() };
         child.wait().unwrap();
-        b.put_new(&ObjectKey::GcLock.to_string(), serde_json::to_vec(&dead).unwrap()).unwrap();
+        b.put_new(&ObjectKey::GcLock, serde_json::to_vec(&dead).unwrap()).unwrap();
         let _l = GcLock::take(&b, false).unwrap();
         // One held by another machine is taken only with --break-lock.
         drop(_l);
         let foreign = Owner { boot_id: "elsewhere".into(), ..Owner::current() };
-        b.put_new(&ObjectKey::GcLock.to_string(), serde_json::to_vec(&foreign).unwrap()).unwrap();
+        b.put_new(&ObjectKey::GcLock, serde_json::to_vec(&foreign).unwrap()).unwrap();
         assert!(GcLock::take(&b, false).is_err());
         assert!(GcLock::take(&b, true).is_ok());
     }

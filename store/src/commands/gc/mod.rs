@@ -160,11 +160,8 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     let temp_files = temps::list(b)?;
 
     // 2. Tombstones first: only these may be deleted by this pass.
-    let tombstones: BTreeSet<ObjectKey> = b
-        .list(Family::Tombstones.prefix())?
-        .iter()
-        .filter_map(|l| Some(ObjectKey::parse(&l.key).ok()?.tombstoned()?.clone()))
-        .collect();
+    let tombstones: BTreeSet<ObjectKey> =
+        b.list(Family::Tombstones.prefix())?.iter().filter_map(|l| Some(l.key.tombstoned()?.clone())).collect();
 
     // 3. Leases; then the temporary files no live lease covers go.
     let (leased_packs, leased_manifests) = read_leases(b, opts.dry_run, &mut report)?;
@@ -202,7 +199,7 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     sweep_packs(&sweep, &packs, &homes, &home_bytes, &copies, &rewrite, progress, &mut report)?;
     let manifests = b.list(Family::Manifests.prefix())?;
     for l in &manifests {
-        let Some(id) = ObjectKey::parse(&l.key).ok().and_then(|k| k.manifest()) else { continue };
+        let Some(id) = l.key.manifest() else { continue };
         let key = ObjectKey::Manifest(id);
         match sweep.settle(&key, roots.contains(&id), tombstones.contains(&key))? {
             Settled::Revived => report.manifests_revived += 1,
@@ -210,7 +207,7 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
                 report.manifests_deleted += 1;
                 // The image's restore profile (if it has one) goes with it.
                 if !opts.dry_run {
-                    b.delete(&ObjectKey::Profile(id).to_string())?;
+                    b.delete(&ObjectKey::Profile(id))?;
                 }
             }
             Settled::Tombstoned => report.manifests_tombstoned += 1,
@@ -221,12 +218,12 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     // Tombstones of objects that were already gone when listed (a gc stopped between the
     // two deletes), and damage records of packs that are gone.
     if !opts.dry_run {
-        let present: HashSet<&str> = listed.iter().chain(&manifests).map(|l| l.key.as_str()).collect();
-        for t in tombstones.iter().filter(|t| !present.contains(t.to_string().as_str())) {
-            b.delete(&t.tombstone().to_string())?;
+        let present: HashSet<&ObjectKey> = listed.iter().chain(&manifests).map(|l| &l.key).collect();
+        for t in tombstones.iter().filter(|t| !present.contains(t)) {
+            b.delete(&t.tombstone())?;
         }
-        for p in damage_records.iter().filter(|p| !present.contains(ObjectKey::Pack(**p).to_string().as_str())) {
-            b.delete(&ObjectKey::Damage(*p).to_string())?;
+        for p in damage_records.iter().filter(|p| !present.contains(&ObjectKey::Pack(**p))) {
+            b.delete(&ObjectKey::Damage(*p))?;
         }
     }
     report.tags_removed.sort();
@@ -286,8 +283,7 @@ fn read_packs(
     progress: &dyn Progress,
     report: &mut GcReport,
 ) -> Result<Vec<PackInfo>> {
-    let pack_list: Vec<(ObjectId, &backend::Listed)> =
-        listed.iter().filter_map(|l| Some((ObjectKey::parse(&l.key).ok().and_then(|k| k.pack())?, l))).collect();
+    let pack_list: Vec<(ObjectId, &backend::Listed)> = listed.iter().filter_map(|l| Some((l.key.pack()?, l))).collect();
     progress.start("gc: reading pack footers", pack_list.len() as u64, Unit::Items);
     let footers = in_flight(store, &pack_list, |(id, l)| {
         let f = catalog.footer(id, l.size);
@@ -493,7 +489,7 @@ fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(Has
     let mut manifests = HashSet::new();
     for l in b.list(Family::Leases.prefix())? {
         let Some(bytes) = b.get_opt(&l.key)? else { continue };
-        let rec = LeaseRecord::from_json(&bytes, &l.key).map_err(|e| {
+        let rec = LeaseRecord::from_json(&bytes, &l.key.to_string()).map_err(|e| {
             StoreError::Invalid(format!(
                 "gc stopped before deleting anything: {e}; delete {} if no push is running",
                 l.key
@@ -521,8 +517,8 @@ fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Re
     let tags: Vec<TagRef> = b
         .list(Family::Tags.prefix())?
         .iter()
-        .filter_map(|l| match ObjectKey::parse(&l.key) {
-            Ok(ObjectKey::Tag(t)) => Some(t),
+        .filter_map(|l| match &l.key {
+            ObjectKey::Tag(t) => Some(t.clone()),
             _ => None,
         })
         .collect();
@@ -647,7 +643,7 @@ impl Sweep<'_> {
             return Ok(());
         }
         let body = serde_json::to_vec(&serde_json::json!({ "format": 1, "object": key.to_string() })).expect("json");
-        match self.store.backend().put_new(&key.tombstone().to_string(), body) {
+        match self.store.backend().put_new(&key.tombstone(), body) {
             Ok(()) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
             Err(e) => Err(e),
         }
@@ -658,7 +654,7 @@ impl Sweep<'_> {
         if self.dry_run {
             return Ok(());
         }
-        self.store.backend().delete(&key.tombstone().to_string())
+        self.store.backend().delete(&key.tombstone())
     }
 
     /// Deletes a tombstoned object, then its tombstone (and a pack's damage record, if any).
@@ -667,11 +663,11 @@ impl Sweep<'_> {
             return Ok(());
         }
         let b = self.store.backend();
-        b.delete(&key.to_string())?;
+        b.delete(key)?;
         self.catalog.forget(key);
-        b.delete(&key.tombstone().to_string())?;
+        b.delete(&key.tombstone())?;
         if let Some(pack) = key.pack().filter(|p| self.damage_records.contains(p)) {
-            b.delete(&ObjectKey::Damage(pack).to_string())?;
+            b.delete(&ObjectKey::Damage(pack))?;
         }
         Ok(())
     }
@@ -741,7 +737,7 @@ impl Sweep<'_> {
     fn put_new_pack(&self, p: PackBuilder, report: &mut GcReport) -> Result<()> {
         let p = p.finish();
         report.bytes_repacked += p.size();
-        self.store.backend().put(&ObjectKey::Pack(p.id).to_string(), p.pieces)
+        self.store.backend().put(&ObjectKey::Pack(p.id), p.pieces)
     }
 }
 

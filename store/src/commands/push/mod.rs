@@ -1009,14 +1009,15 @@ mod tests {
         let mut m = Manifest { created_unix: 100, meta: BTreeMap::new(), entries: Vec::new(), chunks: Vec::new() };
         let first = ObjectId::of(&m.encode());
         // gc tombstoned an identical manifest: the push must take another id.
-        b.put(&ObjectKey::Manifest(first).tombstone().to_string(), b"{}".to_vec()).unwrap();
+        b.put(&ObjectKey::Manifest(first).tombstone(), b"{}".to_vec()).unwrap();
         let lease = Lease::take(&b, "push t").unwrap();
         let (id, bytes) = protect_manifest(&store, &lease, &mut m).unwrap();
         assert_ne!(id, first);
         assert_eq!(ObjectId::of(&bytes), id);
         assert_eq!((m.created_unix, ObjectId::of(&m.encode())), (101, id));
         let rec: crate::format::lease::LeaseRecord =
-            crate::format::lease::LeaseRecord::from_json(&b.get(lease.key()).unwrap(), lease.key()).unwrap();
+            crate::format::lease::LeaseRecord::from_json(&b.get(lease.key()).unwrap(), &lease.key().to_string())
+                .unwrap();
         assert!(rec.manifest_ids().any(|m| m == id), "the new id is leased");
     }
 
