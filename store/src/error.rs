@@ -190,6 +190,17 @@ pub enum StoreError {
         "the key given does not open {0}: no key record of the store opens with it (`gstore key list` shows them)"
     )]
     KeyRejected(String),
+    /// `source` stopped a command: said with what it stopped and what to do about it. Its
+    /// kind is `source`'s.
+    #[error("{stopped}: {source}; {guidance}")]
+    Stopped {
+        /// What stopped, and how far it had got ("gc stopped before deleting anything").
+        stopped: &'static str,
+        /// What stopped it.
+        source: Box<StoreError>,
+        /// What to do about it.
+        guidance: String,
+    },
     /// The local RocksDB index failed.
     #[error("index {path}: {message}")]
     Index {
@@ -231,9 +242,15 @@ impl StoreError {
         }
     }
 
+    /// `self`, as what stopped `stopped`, with `guidance` (see [`StoreError::Stopped`]).
+    pub fn stopped(self, stopped: &'static str, guidance: impl Into<String>) -> Self {
+        StoreError::Stopped { stopped, source: Box::new(self), guidance: guidance.into() }
+    }
+
     /// What sort of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
+            StoreError::Stopped { source, .. } => source.kind(),
             StoreError::NotFound { .. } | StoreError::NotInitialized(_) => ErrorKind::NotFound,
             StoreError::Corrupt { .. } => ErrorKind::Damage,
             StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => ErrorKind::Conflict,
@@ -251,12 +268,15 @@ impl StoreError {
     /// True when the store failed in transit ([`StoreError::Unavailable`]): the same request
     /// may well succeed later.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable { .. })
+        self.kind() == ErrorKind::Unavailable
     }
 
     /// True when the error means an object is damaged or missing (as opposed to a usage error).
     pub fn is_damage(&self) -> bool {
-        matches!(self, StoreError::Corrupt { .. } | StoreError::NotFound { .. })
+        match self {
+            StoreError::Stopped { source, .. } => source.is_damage(),
+            other => matches!(other, StoreError::Corrupt { .. } | StoreError::NotFound { .. }),
+        }
     }
 }
 
@@ -275,5 +295,11 @@ mod tests {
             StoreError::Unavailable { action: "reading", key: "k".into(), message: "reset".into(), reached: true };
         assert!(gone.is_transient() && gone.kind() == ErrorKind::Unavailable);
         assert_eq!(StoreError::Internal("x".into()).kind(), ErrorKind::Failure);
+        let stopped = StoreError::corrupt(ObjectKind::Manifest, "m", "hash").stopped("gc stopped", "run gstore verify");
+        assert!(stopped.kind() == ErrorKind::Damage && stopped.is_damage(), "{stopped}");
+        assert_eq!(stopped.to_string(), "gc stopped: corrupt manifest m: hash; run gstore verify");
+        let gone =
+            StoreError::Unavailable { action: "reading", key: "k".into(), message: "reset".into(), reached: true };
+        assert!(gone.stopped("gc stopped", "retry").is_transient());
     }
 }

@@ -373,7 +373,12 @@ fn receive<T: serde::de::DeserializeOwned>(reader: &mut impl BufRead) -> Result<
     let mut line = String::new();
     let n = reader.read_line(&mut line).map_err(|e| StoreError::io("reading from", "the hold socket", e))?;
     if n == 0 {
-        return Err(StoreError::Invalid("the other side of the hold socket hung up mid-load".into()));
+        return Err(StoreError::Unavailable {
+            action: "loading through",
+            key: "the hold socket".into(),
+            message: "the other side hung up mid-load".into(),
+            reached: true,
+        });
     }
     if let Ok(ErrorAnswer { error }) = serde_json::from_str::<ErrorAnswer>(&line) {
         return Err(StoreError::Invalid(format!("gstore hold: {error}")));

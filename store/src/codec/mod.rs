@@ -433,7 +433,7 @@ impl<'s> Decoder<'s> {
             return Err(corrupt("a delta names itself as its base".into()));
         }
         let source = self.bases.ok_or_else(|| {
-            StoreError::Invalid(format!(
+            StoreError::Internal(format!(
                 "chunk {} is stored as a delta against chunk {}, and this reader cannot look up bases",
                 id.short(),
                 bases.first.short()

@@ -39,6 +39,9 @@ use retention::{Outcome, Policy};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+/// What an error that stops gc before its sweep says stopped.
+const STOPPED: &str = "gc stopped before deleting anything";
+
 /// Default of [`GcOptions::repack_below`]: packs with 10 % or more dead data are rewritten,
 /// so that after two passes the space of removed images is back even where their chunks
 /// shared a pack with live ones (a push's first pack holds whatever it found new).
@@ -261,10 +264,7 @@ fn mark(
             Err(StoreError::NotFound { .. }) if !tagged.contains(id) => {}
             Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
             Err(e) => {
-                return Err(StoreError::Invalid(format!(
-                    "gc stopped before deleting anything: manifest {} cannot be read ({e}); run gstore verify",
-                    id.to_hex()
-                )))
+                return Err(e.stopped(STOPPED, format!("manifest {} cannot be read: run gstore verify", id.to_hex())))
             }
         }
     }
@@ -489,12 +489,8 @@ fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(Has
     let mut manifests = HashSet::new();
     for l in b.list(Family::Leases.prefix())? {
         let Some(bytes) = b.get_opt(&l.key)? else { continue };
-        let rec = LeaseRecord::from_json(&bytes, &l.key.to_string()).map_err(|e| {
-            StoreError::Invalid(format!(
-                "gc stopped before deleting anything: {e}; delete {} if no push is running",
-                l.key
-            ))
-        })?;
+        let rec = LeaseRecord::from_json(&bytes, &l.key.to_string())
+            .map_err(|e| e.stopped(STOPPED, format!("delete {} if no push is running", l.key)))?;
         if rec.owner.is_dead_here() {
             report.leases_dropped.push(format!("{} ({})", rec.purpose, rec.owner.describe()));
             if !dry_run {
@@ -524,9 +520,7 @@ fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Re
         .collect();
     let mut records = Vec::new();
     for (tag, read) in tags.iter().zip(in_flight(store, &tags, |t| store.get_tag_versioned(t))?) {
-        let read = read.map_err(|e| {
-            StoreError::Invalid(format!("gc stopped before deleting anything: {e}; fix or remove tag {tag}"))
-        })?;
+        let read = read.map_err(|e| e.stopped(STOPPED, format!("fix or remove tag {tag}")))?;
         if let Some((rec, v)) = read.filter(|(r, _)| r.removed_unix.is_none()) {
             records.push((rec, v));
         }

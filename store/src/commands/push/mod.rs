@@ -278,7 +278,10 @@ impl Content<'_> {
         match self {
             Content::File(f) => f.read_exact_at(buf, offset).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    StoreError::Invalid(format!("{} shrank while it was being pushed", entry.abs.display()))
+                    StoreError::Conflict(format!(
+                        "{} shrank while it was being pushed: push it again once it is still",
+                        entry.abs.display()
+                    ))
                 } else {
                     StoreError::io("reading", &entry.abs, e)
                 }
@@ -977,7 +980,9 @@ fn reupload_unreliable(
             reader.read(r.file, r.offset, &mut data)?;
             if store.chunk_ids().id(&data) != r.id {
                 let path = reader.entries[r.file].abs.display();
-                return Err(StoreError::Invalid(format!("{path} changed while it was being pushed")));
+                return Err(StoreError::Conflict(format!(
+                    "{path} changed while it was being pushed: push it again once it is still"
+                )));
             }
             let (codec, stored) = encoder.encode(&data);
             pack.push_owned(r.id, codec, stored, r.len);

@@ -113,7 +113,9 @@ impl StreamSink {
     }
 
     fn send(&self, s: Streamed) -> Result<()> {
-        self.tx.send(s).map_err(|_| StoreError::Invalid("the push fed by this stream has stopped".into()))
+        self.tx.send(s).map_err(|_| {
+            StoreError::Internal("the push fed by this stream has stopped (its own error says why)".into())
+        })
     }
 }
 
