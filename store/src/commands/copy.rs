@@ -6,6 +6,7 @@
 
 use crate::codec::floats::{self, LaneCodec};
 use crate::codec::{Codec, DeltaBases, Encoder};
+use crate::commands::pack_fill::PackFill;
 use crate::commands::push::{protect_manifest, write_pack};
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
@@ -151,7 +152,7 @@ fn transfer(
     // For the chunks whose stored form `dst` does not keep (keeps_stored).
     let mut encoder = Encoder::for_config(dst.config())?;
     let mut plain = Vec::new();
-    let mut pack = dst.new_pack();
+    let mut pack = PackFill::new(dst);
     let mut seen = HashSet::new();
     for (c, loc) in chunks.iter().zip(found) {
         if !seen.insert(*c) {
@@ -179,13 +180,13 @@ fn transfer(
         report.copied_chunks += 1;
         report.copied_stored_bytes += stored_len as u64;
         progress.advance(len as u64);
-        if pack.len() >= dst.config().pack_target {
-            write_pack(dst, lease, std::mem::replace(&mut pack, dst.new_pack()).finish())?;
+        if let Some(full) = pack.full() {
+            write_pack(dst, lease, full.finish())?;
             report.packs += 1;
         }
     }
-    if !pack.is_empty() {
-        write_pack(dst, lease, pack.finish())?;
+    if let Some(last) = pack.last() {
+        write_pack(dst, lease, last.finish())?;
         report.packs += 1;
     }
     progress.finish();

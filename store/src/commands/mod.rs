@@ -6,6 +6,7 @@ pub mod copy;
 pub mod gc;
 pub mod images;
 pub mod keys;
+mod pack_fill;
 pub mod push;
 pub mod usage;
 pub mod verify;

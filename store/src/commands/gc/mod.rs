@@ -22,6 +22,7 @@ mod temps;
 
 use crate::backend::{self, Backend};
 use crate::codec::{decode_base, BaseSource, Decoder};
+use crate::commands::pack_fill::PackFill;
 use crate::error::{Result, StoreError};
 use crate::format::damage::{self, DamagedCopy};
 use crate::format::id::ObjectId;
@@ -680,8 +681,7 @@ impl Sweep<'_> {
         if packs.is_empty() {
             return Ok(Vec::new());
         }
-        let target = self.store.config().pack_target;
-        let mut out = self.store.new_pack();
+        let mut out = PackFill::new(self.store);
         let mut copied = Vec::new();
         let bases = FooterBases { store: self.store, homes, packs: all.iter().map(|p| (p.id, p)).collect() };
         let mut decoder = Decoder::with_bases(self.store.config().chunk_max, &bases).with_ids(self.store.chunk_ids());
@@ -716,12 +716,12 @@ impl Sweep<'_> {
                 out.push_entry(e, stored);
             }
             copied.push(*p);
-            if out.len() >= target {
-                self.put_new_pack(std::mem::replace(&mut out, self.store.new_pack()), report)?;
+            if let Some(full) = out.full() {
+                self.put_new_pack(full, report)?;
             }
         }
-        if !out.is_empty() {
-            self.put_new_pack(out, report)?;
+        if let Some(last) = out.last() {
+            self.put_new_pack(last, report)?;
         }
         progress.finish();
         report.packs_repacked += copied.len();

@@ -18,6 +18,7 @@ pub(crate) mod source;
 pub mod stream;
 
 use crate::codec::{self, Codec, DeltaBases};
+use crate::commands::pack_fill::PackFill;
 use crate::dedup::chunker;
 use crate::dedup::deltas::Deltas;
 use crate::dedup::similar::{self, Sketch};
@@ -583,9 +584,8 @@ fn append_all(
 ) -> Result<()> {
     let Appended { file_chunks, report, relied } = out;
     let store = work.deltas.store;
-    let cfg = store.config();
     let mut seen: HashSet<ObjectId> = HashSet::new();
-    let mut pack = store.new_pack();
+    let mut pack = PackFill::new(store);
     // The next batch is read, chunked, hashed and compressed on every core while this thread
     // appends the previous one in order: the ordered step no longer leaves the cores idle.
     let appended = std::thread::scope(|scope| -> Result<()> {
@@ -665,9 +665,9 @@ fn append_all(
                         if let Some(sketch) = c.sketch {
                             pack.add_sketch(c.id, sketch);
                         }
-                        if pack.len() >= cfg.pack_target {
+                        if let Some(full) = pack.full() {
                             let w = std::time::Instant::now();
-                            queue.send(std::mem::replace(&mut pack, store.new_pack()))?;
+                            queue.send(full)?;
                             blocked += w.elapsed().as_secs_f64();
                         }
                     }
@@ -687,8 +687,8 @@ fn append_all(
     // of it between pushes).
     rayon::broadcast(|_| WORKER.with(|w| w.borrow_mut().take()));
     appended?;
-    if !pack.is_empty() {
-        queue.send(pack)?;
+    if let Some(last) = pack.last() {
+        queue.send(last)?;
     }
     Ok(())
 }
@@ -962,7 +962,7 @@ fn reupload_unreliable(
     index.set_doomed(&doomed)?;
     let cfg = store.config();
     let mut encoder = codec::Encoder::for_config(cfg)?;
-    let mut pack = store.new_pack();
+    let mut pack = PackFill::new(store);
     let mut seen = HashSet::new();
     let mut n = 0;
     let flush = |pack: PackBuilder| write_pack(store, lease, pack.finish());
@@ -987,13 +987,13 @@ fn reupload_unreliable(
             let (codec, stored) = encoder.encode(&data);
             pack.push_owned(r.id, codec, stored, r.len);
             n += 1;
-            if pack.len() >= cfg.pack_target {
-                flush(std::mem::replace(&mut pack, store.new_pack()))?;
+            if let Some(full) = pack.full() {
+                flush(full)?;
             }
         }
     }
-    if !pack.is_empty() {
-        flush(pack)?;
+    if let Some(last) = pack.last() {
+        flush(last)?;
     }
     Ok(n)
 }
