@@ -74,7 +74,13 @@ counter() { cat "$1/counter" 2>/dev/null || echo 0; }
 procs() { echo "$1"; for w in "$1"/w*/; do [ -d "$w" ] && echo "${w%/}"; done; }
 progressing() {
   local d a=(); for d in $(procs "$1"); do a+=("$(counter "$d")"); done; sleep 1.5
-  local i=0; for d in $(procs "$1"); do [ "$(counter "$d")" -gt "${a[$i]}" ] || return 1; i=$((i+1)); done
+  local i=0; for d in $(procs "$1"); do
+    if [ "$(counter "$d")" -le "${a[$i]}" ]; then  # says how it stands, for the failure
+      sleep 5; say "      counter ($d): ${a[$i]}, after 1.5 s the same, 5 s later $(counter "$d"); state of $PID: $(awk '{print $3}' "/proc/$PID/stat" 2>/dev/null), wchan $(cat "/proc/$PID/wchan" 2>/dev/null)"
+      return 1
+    fi
+    i=$((i+1))
+  done
 }
 # The pids of DIR's process and its workers (holder.py writes DIR/pid).
 tree_pids() { local d out=(); for d in $(procs "$1"); do [ -s "$d/pid" ] && out+=("$(cat "$d/pid")"); done; echo "${out[*]}"; }
