@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/env.sh
 # The integration tests drive the release binary: build it first (`cargo test` builds a
-# package's binaries only for that package's own tests).
-cargo build --release -p gstore-cli
+# package's binaries only for that package's own tests). Built with the whole workspace
+# selected, so that its crates get the features the tests' build gives them (gstore-tests
+# turns on the store's `simulation`) and are compiled once, not once per feature set.
+cargo build --release --workspace --bins
 bash scripts/prune-target.sh "$CARGO_TARGET_DIR/release/deps"
 cargo nextest run --release --workspace --no-fail-fast "$@"
 # The Python package: its wheel built and tested with pytest.

@@ -276,8 +276,15 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
         Ok(Err(why)) => return error(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected, nothing stored: {why}")),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+    write_checked(&state, &k, body, mode, write_once).await
+}
+
+/// Writes an upload that passed its checks under `mode`: once only for packs and manifests
+/// (`write_once`: the same bytes again are a retry, done; other bytes a conflict), by
+/// compare-and-swap for an update.
+async fn write_checked(state: &AppState, k: &Key, body: Bytes, mode: PutMode, write_once: bool) -> Response {
     let len = body.len() as u64;
-    let path = ObjPath::from(key.as_str());
+    let path = ObjPath::from(k.to_string());
     let sent = write_once.then(|| body.clone());
     let put = match mode {
         // Compare-and-swap through the store's own (native If-Match, or on a local directory

@@ -119,12 +119,70 @@ struct PackCheck {
     bad_chunks: HashMap<ObjectId, String>,
 }
 
+/// Each image's manifest (or why it could not be read), by id.
+type Manifests = BTreeMap<ObjectId, std::result::Result<Manifest, String>>;
+/// What checking each pack found (or why it could not be checked), by pack.
+type PackResults = HashMap<ObjectId, std::result::Result<PackCheck, String>>;
+
+/// Where the images' chunks are, per the index (each chunk looked up once).
+#[derive(Default)]
+struct Located {
+    /// Each chunk's place, `None` where no pack holds it whole.
+    chunks: HashMap<ObjectId, Option<ChunkLocation>>,
+    /// The chunks (and delta bases) to check in each pack.
+    wanted: HashMap<ObjectId, Vec<ObjectId>>,
+    /// Each delta chunk's bases and their places.
+    bases: HashMap<ObjectId, Vec<(ObjectId, Option<ChunkLocation>)>>,
+    /// Chunks stored only as deltas whose bases are stored whole nowhere: such a base.
+    lost_bases: HashMap<ObjectId, ObjectId>,
+}
+
 /// Verifies every tagged image.
 pub fn verify(store: &IndexedStore, read_data: bool, progress: &dyn Progress) -> Result<VerifyReport> {
-    let tags = store.list_tags()?;
-    let mut manifests: BTreeMap<ObjectId, std::result::Result<Manifest, String>> = BTreeMap::new();
+    let (images, manifests) = read_images(store)?;
+    let located = locate_chunks(store, &manifests)?;
+    let (pack_results, chunks_read, bytes_read) = check_packs(store, &located, read_data, progress);
+    let (damaged_copies_recorded, damage_not_recorded) = match record_damage(store, &pack_results) {
+        Ok(n) => (n, None),
+        Err(e) => (0, Some(e.to_string())),
+    };
+    let statuses = images
+        .into_iter()
+        .map(|(tag, id)| {
+            let mut problems = Vec::new();
+            match id.map(|id| &manifests[&id]) {
+                None => problems.push("tag record unreadable".to_string()),
+                Some(Err(e)) => problems.push(e.clone()),
+                Some(Ok(m)) => image_problems(m, &located, &pack_results, &mut problems),
+            }
+            ImageStatus {
+                tag,
+                manifest: id.map(|i| i.to_hex()),
+                ok: problems.is_empty(),
+                problem_count: problems.len(),
+                problems: problems.into_iter().take(PROBLEMS_SHOWN).collect(),
+            }
+        })
+        .collect();
+    Ok(VerifyReport {
+        images: statuses,
+        packs_checked: pack_results.len(),
+        chunks_read,
+        bytes_read,
+        read_data,
+        damaged_copies_recorded,
+        damage_not_recorded,
+    })
+}
+
+/// Every tag (its name, or why its record is unreadable) with its image.
+type Images = Vec<(String, Option<ObjectId>)>;
+
+/// Every tag with its image, and each image's manifest, read once.
+fn read_images(store: &IndexedStore) -> Result<(Images, Manifests)> {
+    let mut manifests = Manifests::new();
     let mut images = Vec::new();
-    for t in &tags {
+    for t in &store.list_tags()? {
         match t {
             Ok(rec) => {
                 let id = rec.manifest_id()?;
@@ -134,38 +192,47 @@ pub fn verify(store: &IndexedStore, read_data: bool, progress: &dyn Progress) ->
             Err(e) => images.push((e.to_string(), None)),
         }
     }
+    Ok((images, manifests))
+}
 
-    // Where each referenced chunk should be, per the index (looked up once per chunk).
-    let mut located: HashMap<ObjectId, Option<ChunkLocation>> = HashMap::new();
-    let mut wanted: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
-    let mut bases: HashMap<ObjectId, Vec<(ObjectId, Option<ChunkLocation>)>> = HashMap::new();
-    // Chunks stored only as deltas whose bases are stored whole nowhere: such a base.
-    let mut lost_bases: HashMap<ObjectId, ObjectId> = HashMap::new();
+/// Looks up every chunk of the readable manifests, and the bases of the delta chunks (a
+/// chain is one step: a base is never a delta; a base's pack is checked like the image's own).
+fn locate_chunks(store: &IndexedStore, manifests: &Manifests) -> Result<Located> {
+    let mut located = Located::default();
     for m in manifests.values().filter_map(|m| m.as_ref().ok()) {
         for c in m.chunks.iter().filter(|c| !c.zero) {
-            if located.contains_key(&c.id) {
+            if located.chunks.contains_key(&c.id) {
                 continue;
             }
             let loc = store.locate(&c.id)?;
-            if loc.is_none() {
-                lost_bases.extend(lost_base(store, &c.id)?.map(|b| (c.id, b)));
-            }
-            if let Some(loc) = loc {
-                wanted.entry(loc.pack).or_default().push(c.id);
-                // A delta needs its base: the chain is one step (a base is never a delta). The
-                // base's pack is checked like the image's own.
-                for base in loc.bases.iter().flat_map(|b| b.iter()) {
-                    let b = store.locate(&base)?;
-                    if let Some(b) = b {
-                        wanted.entry(b.pack).or_default().push(base);
+            match loc {
+                None => located.lost_bases.extend(lost_base(store, &c.id)?.map(|b| (c.id, b))),
+                Some(loc) => {
+                    located.wanted.entry(loc.pack).or_default().push(c.id);
+                    for base in loc.bases.iter().flat_map(|b| b.iter()) {
+                        let b = store.locate(&base)?;
+                        if let Some(b) = b {
+                            located.wanted.entry(b.pack).or_default().push(base);
+                        }
+                        located.bases.entry(c.id).or_default().push((base, b));
                     }
-                    bases.entry(c.id).or_default().push((base, b));
                 }
             }
-            located.insert(c.id, loc);
+            located.chunks.insert(c.id, loc);
         }
     }
-    let packs: Vec<(ObjectId, Vec<ObjectId>)> = wanted.into_iter().collect();
+    Ok(located)
+}
+
+/// Checks every pack `located` wants, side by side (with `read_data`, every chunk's bytes
+/// too); returns what each check found, and the chunks and bytes read.
+fn check_packs(
+    store: &IndexedStore,
+    located: &Located,
+    read_data: bool,
+    progress: &dyn Progress,
+) -> (PackResults, u64, u64) {
+    let packs: Vec<(&ObjectId, &Vec<ObjectId>)> = located.wanted.iter().collect();
     progress.start(
         if read_data { "verifying packs and data" } else { "verifying packs" },
         packs.len() as u64,
@@ -179,52 +246,18 @@ pub fn verify(store: &IndexedStore, read_data: bool, progress: &dyn Progress) ->
                 Err(e) => (Err(e.to_string()), 0, 0),
             };
             progress.advance(1);
-            (*pack, res, chunks, bytes)
+            (**pack, res, chunks, bytes)
         })
         .collect();
     progress.finish();
     let chunks_read = checked.iter().map(|c| c.2).sum();
     let bytes_read = checked.iter().map(|c| c.3).sum();
-    let pack_results: HashMap<ObjectId, std::result::Result<PackCheck, String>> =
-        checked.into_iter().map(|(p, r, _, _)| (p, r)).collect();
-    let (damaged_copies_recorded, damage_not_recorded) = match record_damage(store, &pack_results) {
-        Ok(n) => (n, None),
-        Err(e) => (0, Some(e.to_string())),
-    };
-
-    let mut statuses = Vec::new();
-    for (tag, id) in images {
-        let mut problems = Vec::new();
-        match id.map(|id| (id, &manifests[&id])) {
-            None => problems.push("tag record unreadable".to_string()),
-            Some((_, Err(e))) => problems.push(e.clone()),
-            Some((_, Ok(m))) => image_problems(m, &located, &bases, &lost_bases, &pack_results, &mut problems),
-        }
-        statuses.push(ImageStatus {
-            tag,
-            manifest: id.map(|i| i.to_hex()),
-            ok: problems.is_empty(),
-            problem_count: problems.len(),
-            problems: problems.into_iter().take(PROBLEMS_SHOWN).collect(),
-        });
-    }
-    Ok(VerifyReport {
-        images: statuses,
-        packs_checked: pack_results.len(),
-        chunks_read,
-        bytes_read,
-        read_data,
-        damaged_copies_recorded,
-        damage_not_recorded,
-    })
+    (checked.into_iter().map(|(p, r, _, _)| (p, r)).collect(), chunks_read, bytes_read)
 }
 
 /// Records the damaged chunks `packs` found in the store's damage records and in this
 /// machine's index; returns how many copies were found damaged.
-fn record_damage(
-    store: &IndexedStore,
-    packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
-) -> Result<usize> {
+fn record_damage(store: &IndexedStore, packs: &PackResults) -> Result<usize> {
     let mut n = 0;
     for (pack, check) in packs {
         let Ok(check) = check else { continue };
@@ -242,11 +275,7 @@ fn record_damage(
 }
 
 /// What is wrong with the delta base `base` (located at `loc`), if anything.
-fn chain_problem(
-    base: &ObjectId,
-    loc: &Option<ChunkLocation>,
-    packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
-) -> Option<String> {
+fn chain_problem(base: &ObjectId, loc: &Option<ChunkLocation>, packs: &PackResults) -> Option<String> {
     let b = base.short();
     let Some(loc) = loc else { return Some(format!("its delta base {b} is in no pack")) };
     if loc.bases.is_some() {
@@ -274,14 +303,8 @@ fn lost_base(store: &IndexedStore, id: &ObjectId) -> Result<Option<ObjectId>> {
     Ok(None)
 }
 
-fn image_problems(
-    m: &Manifest,
-    located: &HashMap<ObjectId, Option<ChunkLocation>>,
-    bases: &HashMap<ObjectId, Vec<(ObjectId, Option<ChunkLocation>)>>,
-    lost_bases: &HashMap<ObjectId, ObjectId>,
-    packs: &HashMap<ObjectId, std::result::Result<PackCheck, String>>,
-    problems: &mut Vec<String>,
-) {
+fn image_problems(m: &Manifest, located: &Located, packs: &PackResults, problems: &mut Vec<String>) {
+    let Located { chunks: located, bases, lost_bases, .. } = located;
     let mut reported_packs = HashSet::new();
     for (entry, chunks) in m.files() {
         for c in chunks.iter().filter(|c| !c.zero) {
