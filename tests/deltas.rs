@@ -252,7 +252,6 @@ fn deltas_decode_without_the_index_against_bases_read_ahead() {
     // `gstore hold` reads an image's delta bases while it has the index, lets the index go,
     // and decodes the deltas at each load against what it read: every delta chunk of the
     // second image decodes to its id from a handle opened without the index.
-    use gstore_store::codec::Decoder;
     use gstore_store::{Store, StoreLocation};
     let FirstImage { env, mut rng, mut pages, v2, .. } = first_image(31, 512);
     change_scattered(&mut pages, 40, &mut rng);
@@ -270,20 +269,20 @@ fn deltas_decode_without_the_index_against_bases_read_ahead() {
             .map(|c| (c.id, store.locate(&c.id).unwrap().unwrap()))
             .filter(|(_, loc)| loc.bases.is_some())
             .collect();
-        let set = store.base_set(deltas.iter().filter_map(|(_, loc)| loc.bases)).unwrap();
+        let set = store.known_bases(deltas.iter().filter_map(|(_, loc)| loc.bases)).unwrap();
         (deltas, set)
     };
     assert!(deltas.len() > 10 && set.bytes() > 0, "{} deltas, {} bytes of bases", deltas.len(), set.bytes());
     let store = Store::open(&location).unwrap();
-    let mut decoder = Decoder::with_bases(store.config().chunk_max, &set).with_ids(store.chunk_ids());
+    let mut decoder = store.decoder_over(&set);
     for (id, loc) in &deltas {
         let stored = store.read_pack_range(&loc.pack, loc.range()).unwrap();
         let mut plain = vec![0u8; loc.plain_len as usize];
         decoder.decode_into(loc.codec, &stored, id, &mut plain).unwrap();
     }
     // A base the set does not hold is named, never guessed.
-    let empty = gstore_store::BaseSet::default();
-    let mut decoder = Decoder::with_bases(store.config().chunk_max, &empty).with_ids(store.chunk_ids());
+    let empty = gstore_store::codec::KnownBases::default();
+    let mut decoder = store.decoder_over(&empty);
     let (id, loc) = &deltas[0];
     let stored = store.read_pack_range(&loc.pack, loc.range()).unwrap();
     let mut plain = vec![0u8; loc.plain_len as usize];

@@ -521,12 +521,13 @@ pub(crate) fn known_bases(
     bases: Vec<(ObjectId, ChunkLocation, Bytes)>,
     chunk_max: u32,
 ) -> gstore_store::Result<KnownBases> {
-    let mut known = KnownBases(Vec::with_capacity(bases.len()));
-    for (b, l, bytes) in bases {
-        let plain = decode_base(l.codec, &bytes, l.plain_len as usize, &b, chunk_max, ChunkIds::Plain)?;
-        known.0.push((b, std::sync::Arc::new(plain)));
-    }
-    Ok(known)
+    bases
+        .into_iter()
+        .map(|(b, l, bytes)| {
+            let plain = decode_base(l.codec, &bytes, l.plain_len as usize, &b, chunk_max, ChunkIds::Plain)?;
+            Ok((b, std::sync::Arc::new(plain)))
+        })
+        .collect()
 }
 
 /// Of the chunk ids posted (a JSON array of hex ids), the ones no pack without a gc tombstone

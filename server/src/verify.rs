@@ -77,7 +77,7 @@ pub fn upload(key: &Key, body: &[u8], chunk_max: u32, sealed: bool, mut stored: 
                     .decode_append(e.codec, bytes, e.plain_len as usize, &e.id, &mut plain)
                     .map_err(|err| err.to_string())?;
                 if bases.contains(&e.id) {
-                    stored.0.push((e.id, std::sync::Arc::new(plain.clone())));
+                    stored.insert(e.id, std::sync::Arc::new(plain.clone()));
                 }
             }
             let mut decoder = Decoder::with_bases(chunk_max, &stored);

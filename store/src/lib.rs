@@ -23,7 +23,7 @@ pub use error::{ErrorKind, ObjectKind, Result, StoreError};
 pub use format::config::{StoreConfig, FORMAT_VERSION};
 pub use format::id::{ChunkIds, ObjectId};
 pub use format::tag::TagRef;
-pub use repo::bases::{BaseReader, BaseSet, HeldBases};
+pub use repo::bases::{BaseReader, HeldBases};
 pub use repo::indexed::IndexedStore;
 pub use repo::location::StoreLocation;
 pub use repo::store::Store;

@@ -226,8 +226,7 @@ impl GpuLoad {
             let handles: Vec<_> = (0..workers)
                 .map(|_| {
                     s.spawn(|| {
-                        let mut decoder =
-                            Decoder::with_bases(store.config().chunk_max, bases).with_ids(store.chunk_ids());
+                        let mut decoder = store.decoder_over(bases);
                         let mut waits = TransferWaits::default();
                         while !stop.load(Ordering::Relaxed) {
                             let asked = Instant::now();

@@ -21,10 +21,11 @@ use crate::budget::Budget;
 use crate::engine::Buffers;
 use crate::plan::{self, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, HostMemory, IpcBuffer, IpcHandle, PinnedBuffer};
+use gstore_store::codec::KnownBases;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::{Progress, Silent, Unit};
 use gstore_store::ObjectKind;
-use gstore_store::{BaseSet, IndexedStore, ObjectId, Result, Store, StoreError};
+use gstore_store::{IndexedStore, ObjectId, Result, Store, StoreError};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -59,7 +60,7 @@ pub struct Holder {
     images: Vec<HeldImage>,
     memory: Vec<PinnedBuffer>,
     /// The plain bases of the held images' delta chunks, read while the index was open.
-    bases: BaseSet,
+    bases: KnownBases,
 }
 
 impl Holder {
@@ -80,7 +81,7 @@ impl Holder {
             workers,
             images: Vec::new(),
             memory: Vec::new(),
-            bases: BaseSet::default(),
+            bases: KnownBases::default(),
         })
     }
 
@@ -139,7 +140,7 @@ impl Holder {
         // Delta chunks decode on the host at each load, against bases read now: loads run
         // without the index.
         let bases = held.iter().flat_map(|i| &i.reads).flat_map(|(r, _)| r.chunks.iter().filter_map(|c| c.loc.bases));
-        let bases = store.base_set(bases)?;
+        let bases = store.known_bases(bases)?;
         let stored: u64 = sizes.iter().map(|&s| s as u64).sum();
         let meminfo = std::fs::read_to_string("/proc/meminfo")
             .map_err(|e| StoreError::io("reading the machine's free memory from", "/proc/meminfo", e))?;

@@ -325,16 +325,56 @@ pub trait BaseSource: Sync {
     fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>>;
 }
 
-/// The bases a reader fetched itself for a delta chunk (e.g. over HTTP).
-pub struct KnownBases(pub Vec<(ObjectId, std::sync::Arc<Vec<u8>>)>);
+/// Plain bytes of delta bases a reader has at hand, by id: fetched itself (over HTTP, or
+/// earlier in the same upload), or read ahead from a store for a reader that goes on without
+/// its index (`gstore hold`, [`crate::IndexedStore::known_bases`]).
+#[derive(Default)]
+pub struct KnownBases(std::collections::HashMap<ObjectId, std::sync::Arc<Vec<u8>>>);
+
+impl KnownBases {
+    /// Adds base `id`.
+    pub fn insert(&mut self, id: ObjectId, plain: std::sync::Arc<Vec<u8>>) {
+        self.0.insert(id, plain);
+    }
+
+    /// Whether base `id` is at hand.
+    pub fn contains(&self, id: &ObjectId) -> bool {
+        self.0.contains_key(id)
+    }
+
+    /// Plain bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.0.values().map(|b| b.len() as u64).sum()
+    }
+}
+
+impl FromIterator<(ObjectId, std::sync::Arc<Vec<u8>>)> for KnownBases {
+    fn from_iter<I: IntoIterator<Item = (ObjectId, std::sync::Arc<Vec<u8>>)>>(bases: I) -> Self {
+        KnownBases(bases.into_iter().collect())
+    }
+}
+
+impl Extend<(ObjectId, std::sync::Arc<Vec<u8>>)> for KnownBases {
+    fn extend<I: IntoIterator<Item = (ObjectId, std::sync::Arc<Vec<u8>>)>>(&mut self, bases: I) {
+        self.0.extend(bases);
+    }
+}
+
+impl IntoIterator for KnownBases {
+    type Item = (ObjectId, std::sync::Arc<Vec<u8>>);
+    type IntoIter = std::collections::hash_map::IntoIter<ObjectId, std::sync::Arc<Vec<u8>>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
 
 impl BaseSource for KnownBases {
     fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
-        self.0
-            .iter()
-            .find(|(b, _)| b == id)
-            .map(|(_, plain)| plain.clone())
-            .ok_or_else(|| StoreError::NotFound { what: ObjectKind::DeltaBase, key: id.to_hex() })
+        self.0.get(id).cloned().ok_or_else(|| StoreError::NotFound {
+            what: ObjectKind::DeltaBase,
+            key: format!("{} (not among the bases read ahead)", id.to_hex()),
+        })
     }
 }
 
@@ -621,7 +661,7 @@ mod tests {
         let stored = enc.encode_xor_delta(&plain, bid, &base, whole.len()).unwrap();
         // (0.67 of the plain bytes here, against 0.83 for the float codec alone.)
         assert!(stored.len() * 100 < whole.len() * 85, "XOR delta {} vs own encoding {}", stored.len(), whole.len());
-        let known = KnownBases(vec![(bid, std::sync::Arc::new(base.clone()))]);
+        let known = KnownBases::from_iter(vec![(bid, std::sync::Arc::new(base.clone()))]);
         let mut out = vec![0; plain.len()];
         Decoder::with_bases(MAX, &known).decode_into(Codec::Delta, &stored, &id, &mut out).unwrap();
         assert_eq!(out, plain);
@@ -631,7 +671,7 @@ mod tests {
             bad[at] ^= 0x08;
             assert!(Decoder::with_bases(MAX, &known).decode_into(Codec::Delta, &bad, &id, &mut out).is_err(), "{at}");
         }
-        let other = KnownBases(vec![(bid, std::sync::Arc::new(plain.clone()))]);
+        let other = KnownBases::from_iter(vec![(bid, std::sync::Arc::new(plain.clone()))]);
         assert!(Decoder::with_bases(MAX, &other).decode_into(Codec::Delta, &stored, &id, &mut out).is_err());
         // Another length, or no gain: no delta.
         assert!(enc.encode_xor_delta(&plain[..100], bid, &base, usize::MAX).is_none());
@@ -651,7 +691,7 @@ mod tests {
         let stored = enc.encode_delta(&plain, &one, &base, plain.len()).unwrap();
         assert!(stored.len() < 6000, "one changed page of 16 stored in {} bytes", stored.len());
         assert_eq!(split_delta(&stored).unwrap().0, one);
-        let known = KnownBases(vec![(bid, std::sync::Arc::new(base.clone()))]);
+        let known = KnownBases::from_iter(vec![(bid, std::sync::Arc::new(base.clone()))]);
         let mut out = vec![0; plain.len()];
         Decoder::with_bases(MAX, &known).decode_into(Codec::Delta, &stored, &id, &mut out).unwrap();
         assert_eq!(out, plain);
@@ -662,7 +702,7 @@ mod tests {
         let e = Decoder::new(MAX).decode_into(Codec::Delta, &stored, &id, &mut out).unwrap_err();
         assert!(e.to_string().contains("cannot look up bases"), "{e}");
         // Other bytes under the base's id, a flipped byte anywhere, a wrong length: refused.
-        let wrong = KnownBases(vec![(bid, std::sync::Arc::new(vec![7; 65_536]))]);
+        let wrong = KnownBases::from_iter(vec![(bid, std::sync::Arc::new(vec![7; 65_536]))]);
         assert!(Decoder::with_bases(MAX, &wrong).decode_into(Codec::Delta, &stored, &id, &mut out).is_err());
         for at in [0, 1, 32, 33, 40, stored.len() / 2, stored.len() - 1] {
             let mut bad = stored.clone();
@@ -681,7 +721,7 @@ mod tests {
         let both = [&plain[..], &next[..]].concat();
         let stored = enc.encode_delta(&spanning, &two, &both, spanning.len()).unwrap();
         assert!(stored.len() < 1000, "a chunk made of two bases' halves stored in {} bytes", stored.len());
-        let known = KnownBases(vec![
+        let known = KnownBases::from_iter(vec![
             (id, std::sync::Arc::new(plain.clone())),
             (ObjectId::of(&next), std::sync::Arc::new(next)),
         ]);
@@ -714,7 +754,7 @@ mod tests {
             known.push((ObjectId::of(&base), std::sync::Arc::new(base)));
             deltas.push((stored, plain));
         }
-        let known = KnownBases(known);
+        let known = KnownBases::from_iter(known);
         let mut decoder = Decoder::with_bases(MAX, &known);
         for (stored, plain) in deltas.iter().chain(&deltas) {
             let mut out = vec![0; plain.len()];

@@ -1,7 +1,7 @@
 //! The plain bytes of delta bases a store handle read lately: a restore of an image whose
 //! chunks are deltas against the same few bases reads each base once.
 
-use crate::codec::{decode_base, BaseSource, DeltaBases};
+use crate::codec::{decode_base, BaseSource, DeltaBases, KnownBases};
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::repo::index::ChunkLocation;
@@ -77,7 +77,7 @@ impl BaseSource for IndexedStore {
 }
 
 /// Where a reader's delta chunks find their bases: the store, whose index locates the ones
-/// not cached ([`IndexedStore`]), or a set read ahead of time ([`BaseSet`]).
+/// not cached ([`IndexedStore`]), or a set read ahead of time ([`KnownBases`]).
 pub trait BaseReader: BaseSource {
     /// Makes the bases of a batch of delta chunks ready before the batch is decoded; they stay
     /// ready while the result is held ([`IndexedStore::prefetch_bases`]).
@@ -90,36 +90,7 @@ impl BaseReader for IndexedStore {
     }
 }
 
-/// The plain bytes of delta bases read ahead from a store ([`IndexedStore::base_set`]), for
-/// a reader that goes on without the store's index: `gstore hold`, which lets the index go
-/// so that other commands can use the store while it serves loads.
-#[derive(Default)]
-pub struct BaseSet {
-    by_id: HashMap<ObjectId, Arc<Vec<u8>>>,
-}
-
-impl BaseSet {
-    /// Plain bytes held.
-    pub fn bytes(&self) -> u64 {
-        self.by_id.values().map(|b| b.len() as u64).sum()
-    }
-
-    /// Adds the bases of `other`.
-    pub fn extend(&mut self, other: BaseSet) {
-        self.by_id.extend(other.by_id);
-    }
-}
-
-impl BaseSource for BaseSet {
-    fn base_plain(&self, id: &ObjectId) -> Result<Arc<Vec<u8>>> {
-        self.by_id.get(id).cloned().ok_or_else(|| StoreError::NotFound {
-            what: ObjectKind::DeltaBase,
-            key: format!("{} (not among the bases read ahead)", id.to_hex()),
-        })
-    }
-}
-
-impl BaseReader for BaseSet {
+impl BaseReader for KnownBases {
     fn prefetch(&self, _: &mut dyn Iterator<Item = DeltaBases>) -> Result<HeldBases> {
         Ok(HeldBases { _held: Vec::new() })
     }
@@ -183,17 +154,17 @@ impl IndexedStore {
     }
 
     /// Reads the delta bases among `bases` (those of the delta chunks a reader will decode)
-    /// into a [`BaseSet`], each checked against its id.
-    pub fn base_set(&self, bases: impl IntoIterator<Item = DeltaBases>) -> Result<BaseSet> {
+    /// into a [`KnownBases`], each checked against its id.
+    pub fn known_bases(&self, bases: impl IntoIterator<Item = DeltaBases>) -> Result<KnownBases> {
         let bases: Vec<DeltaBases> = bases.into_iter().collect();
         let _held = self.prefetch_bases(bases.iter().copied())?;
-        let mut set = BaseSet::default();
+        let mut known = KnownBases::default();
         for id in bases.iter().flat_map(|b| b.iter()) {
-            if let std::collections::hash_map::Entry::Vacant(e) = set.by_id.entry(id) {
-                e.insert(self.base_plain(&id)?);
+            if !known.contains(&id) {
+                known.insert(id, self.base_plain(&id)?);
             }
         }
-        Ok(set)
+        Ok(known)
     }
 
     /// Puts delta bases a caller read from elsewhere (a restore's seed) into the base cache,

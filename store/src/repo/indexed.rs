@@ -18,9 +18,6 @@ use crate::repo::store::Store;
 use std::collections::HashSet;
 use std::path::PathBuf;
 
-/// Pack footers read at once while indexing: a remote store's round trips overlap.
-const TAIL_READS: usize = 16;
-
 /// A store opened with its index ([`Store::open_indexed`], [`Store::with_index`]), holding
 /// the store lock that guards the index while it lives. It derefs to its [`Store`], so code
 /// that needs only tags and manifests takes a `&Store` and is given either handle; code that
@@ -163,7 +160,7 @@ impl IndexedStore {
 
     /// A chunk decoder for this store: it reads the bases of delta chunks from it.
     pub fn decoder(&self) -> Decoder<'_> {
-        Decoder::with_bases(self.config.chunk_max, self).with_ids(self.chunk_ids)
+        self.decoder_over(self)
     }
 
     /// Stores a finished pack, then records it in the index (pack before index).
@@ -259,9 +256,8 @@ impl IndexedStore {
         Ok(added)
     }
 
-    /// Reads the footers of `packs` and hands each result to `each` (in any order): with up to
-    /// [`TAIL_READS`] reads in flight for a store over the network, so that the round trips
-    /// overlap; one at a time otherwise (a caller-built backend orders its requests itself).
+    /// Reads the footers of `packs` and hands each result to `each` (in any order), with
+    /// [`Store::reads_in_flight`] reads in flight: over the network the round trips overlap.
     fn read_tails(
         &self,
         packs: &[(ObjectId, u64)],
@@ -271,7 +267,7 @@ impl IndexedStore {
         let next = AtomicUsize::new(0);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::scope(|s| {
-            let readers = if self.reads_in_flight() > 1 { TAIL_READS } else { 1 };
+            let readers = self.reads_in_flight();
             for _ in 0..readers.min(packs.len()) {
                 let (tx, next) = (tx.clone(), &next);
                 s.spawn(move || {

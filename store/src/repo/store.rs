@@ -4,6 +4,7 @@
 //! [`crate::repo::tags`] the tags, [`crate::repo::bases`] the delta bases.
 
 use crate::backend::Backend;
+use crate::codec::{BaseSource, Decoder};
 use crate::crypto::{keyring, MasterKey, Secret};
 use crate::environment;
 use crate::error::{Result, StoreError};
@@ -353,6 +354,12 @@ impl Store {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// A chunk decoder for this store (its chunk size limit and chunk ids) whose delta chunks
+    /// find their bases in `bases`.
+    pub fn decoder_over<'a>(&self, bases: &'a dyn BaseSource) -> Decoder<'a> {
+        Decoder::with_bases(self.config.chunk_max, bases).with_ids(self.chunk_ids)
     }
 
     /// Reads and checks a pack's footer (without reading its chunk data).

@@ -21,7 +21,7 @@ pub mod retention;
 mod temps;
 
 use crate::backend::{self, Backend};
-use crate::codec::{decode_base, BaseSource, Decoder};
+use crate::codec::{decode_base, BaseSource};
 use crate::commands::pack_fill::PackFill;
 use crate::error::{Result, StoreError};
 use crate::format::damage::{self, DamagedCopy};
@@ -684,7 +684,7 @@ impl Sweep<'_> {
         let mut out = PackFill::new(self.store);
         let mut copied = Vec::new();
         let bases = FooterBases { store: self.store, homes, packs: all.iter().map(|p| (p.id, p)).collect() };
-        let mut decoder = Decoder::with_bases(self.store.config().chunk_max, &bases).with_ids(self.store.chunk_ids());
+        let mut decoder = self.store.decoder_over(&bases);
         let mut scratch = Vec::new();
         progress.start("gc: rewriting mostly-dead packs", packs.len() as u64, Unit::Items);
         for p in packs {
