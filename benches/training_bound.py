@@ -7,7 +7,14 @@ all three, the fraction of the bytes each model of the second snapshot needs:
   xor   the same of the XOR with the first snapshot (what gstore's XOR deltas can reach)
   lz    the XOR as the position of its leading one (entropy) plus the bits below it
   int   the integer difference of the words (zigzag), coded the same way
+  pred  the integer difference against a least-squares prediction from what a decoder already
+        has: the first snapshot, and the kinds of the second decoded before it (first moment,
+        then second moment, then parameters), coded as int; AdamW's update written as features
   best  the best of these per kind of tensor
+and, per kind, `gauss`: the bits a coder needs if the prediction's residual is Gaussian noise
+of the scale measured, log2(scale / the value's spacing) + 2.05 (its differential entropy). The
+gradients are fresh noise each step, so no coder that knows the first snapshot can do better
+than the part of the second that the new gradients decide: `gauss` estimates that bound.
 Usage: python benches/training_bound.py [WARMUP (default 20)] (CPU, PyTorch and NumPy)."""
 import sys
 
@@ -54,20 +61,55 @@ def leading_one(values, width):
     return (entropy(np.bincount(top, minlength=width + 1)) + np.maximum(top - 1, 0).mean()) / 32
 
 
+def int_coded(words, base):
+    """Bits for words coded as the zigzagged integer difference from base, as a fraction."""
+    d = words.astype(np.int64) - base.astype(np.int64)
+    return leading_one(np.where(d >= 0, 2 * d, -2 * d - 1).astype(np.uint64), 33)
+
+
+def floats(words):
+    return words.view(np.float32).astype(np.float64)
+
+
+def features(kind, first, second):
+    """What a decoder of `kind` in the second snapshot knows, as the columns of a linear model."""
+    m0, v0, w0 = (floats(first[k]) for k in ("exp_avg", "exp_avg_sq", "param"))
+    if kind == "exp_avg":
+        return [m0]
+    m1 = floats(second["exp_avg"])
+    if kind == "exp_avg_sq":
+        return [v0, m1 * m1, m0 * m0, m0 * m1, np.ones_like(v0)]
+    v1 = floats(second["exp_avg_sq"])
+    return [w0, m0 / (np.sqrt(v0) + 1e-8), m1 / (np.sqrt(v1) + 1e-8), m0, m1]
+
+
+def predicted(kind, first, second):
+    """(pred, gauss) for one kind: see the module's doc."""
+    y = floats(second[kind])
+    x = np.stack(features(kind, first, second), axis=1)
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    guess = (x @ coef).astype(np.float32)
+    scale = float(np.std(y - x @ coef))
+    spacing = np.spacing(np.abs(second[kind].view(np.float32))).astype(np.float64)
+    gauss = np.mean(np.maximum(np.log2(scale / spacing) + 2.05, 0)) / 32
+    return int_coded(second[kind], guess.view(np.uint32)), float(gauss)
+
+
 train(warmup)
 first = snapshot()
 train(10)
 second = snapshot()
-total = dict.fromkeys(("own", "xor", "lz", "int", "best"), 0.0)
+total = dict.fromkeys(("own", "xor", "lz", "int", "pred", "best", "gauss"), 0.0)
 for kind in first:
-    d = second[kind].astype(np.int64) - first[kind].astype(np.int64)
     r = {
         "own": lanes(second[kind]),
         "xor": lanes(second[kind] ^ first[kind]),
         "lz": leading_one((second[kind] ^ first[kind]).astype(np.uint64), 32),
-        "int": leading_one(np.where(d >= 0, 2 * d, -2 * d - 1).astype(np.uint64), 33),
+        "int": int_coded(second[kind], first[kind]),
     }
+    r["pred"], gauss = predicted(kind, first, second)
     r["best"] = min(r.values())
+    r["gauss"] = gauss
     print(f"{kind:<11}", "  ".join(f"{k} {v:.3f}" for k, v in r.items()))
     for k in total:
         total[k] += r[k] / 3

@@ -6,7 +6,7 @@
 # with two gc passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh build
 source scripts/env.sh
 cargo build --release -p gstore-cli -p gstore-benches --bins
 G="$GSTORE_BIN"

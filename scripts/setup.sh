@@ -4,10 +4,29 @@
 # the test processes, podman + runc for the container tests, cargo-nextest, CRIU >= 4 built from
 # source (scripts/criu.sh) for the process checkpoint tests, and s3s-fs, the S3 server the S3
 # tests start on 127.0.0.1.
+# `setup.sh build` installs only what building gstore needs (libclang): the quickstart's
+# first contact, without the test machinery's ~10 minutes of source builds.
 # Safe to run again: it skips what is already there.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 source "$(dirname "$0")/env.sh"
+only_build=false
+case "${1:-}" in
+  build) only_build=true ;;
+  "") ;;
+  *) echo "usage: setup.sh [build]" >&2; exit 2 ;;
+esac
+install_missing() {
+  if [ $# -gt 0 ]; then
+    echo "setup: installing $*"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  fi
+}
+if $only_build; then
+  dpkg -s libclang-dev >/dev/null 2>&1 || install_missing libclang-dev
+  exit 0
+fi
 need=()
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 command -v zstd >/dev/null || need+=(zstd)
@@ -20,11 +39,7 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)  # the P
 command -v podman >/dev/null || need+=(podman)              # the container tests
 command -v runc >/dev/null || need+=(runc)                  # podman's runtime here (crun fails on hybrid cgroups)
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)  # the container tests' static counter
-if [ ${#need[@]} -gt 0 ]; then
-  echo "setup: installing ${need[*]}"
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+install_missing ${need[@]+"${need[@]}"}
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install cargo-nextest --locked

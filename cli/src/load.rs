@@ -119,7 +119,7 @@ pub fn load(
         .into_iter()
         .map(|started| {
             move || -> gstore_store::Result<CudaContext> {
-                started.join().expect("CUDA start does not panic").map_err(|e| StoreError::Device(e.to_string()))
+                started.join().expect("CUDA start does not panic").map_err(StoreError::device)
             }
         })
         .collect();

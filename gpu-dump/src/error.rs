@@ -145,6 +145,19 @@ pub enum GpuDumpError {
         details: String,
     },
 
+    /// A load needs more device memory than the device has free.
+    #[error(
+        "the image's files need {needed} bytes of device memory and cuda:{device} has {free} free; nothing was loaded"
+    )]
+    DeviceFull {
+        /// The device's ordinal.
+        device: u32,
+        /// Bytes the load needs.
+        needed: u64,
+        /// Bytes free on the device.
+        free: u64,
+    },
+
     /// A pid the restore needs is still taken.
     #[error(
         "pid {pid} is still in use by another process after waiting {timeout:?}; CRIU restores a \

@@ -234,15 +234,12 @@ impl Store {
     ) -> PyResult<(Vec<(String, CudaFile)>, String)> {
         let loaded = py.detach(|| {
             if let Some(socket) = held {
-                let ctx = CudaDriver::load()
-                    .and_then(|d| d.context(device))
-                    .map_err(|e| StoreError::Device(e.to_string()))?;
+                let ctx = CudaDriver::load().and_then(|d| d.context(device)).map_err(StoreError::device)?;
                 return gstore_restore::load_held(&socket, image, &ctx);
             }
             let started = std::thread::spawn(move || CudaDriver::load()?.context(device));
             let (store, m) = self.open_image(image)?;
-            let open =
-                || started.join().expect("CUDA start does not panic").map_err(|e| StoreError::Device(e.to_string()));
+            let open = || started.join().expect("CUDA start does not panic").map_err(StoreError::device);
             gstore_restore::restore_to_device_with(
                 &store,
                 &m,

@@ -162,9 +162,11 @@ pub enum StoreError {
         /// What exactly is wrong.
         detail: String,
     },
-    /// A device (GPU) operation failed while restoring into it.
+    /// A device (GPU) operation failed while loading or restoring into it. The source is the
+    /// device layer's own error (gstore-gpu-dump's `GpuDumpError`), kept whole so callers can
+    /// look into it ([`StoreError::device`]).
     #[error("GPU: {0}")]
-    Device(String),
+    Device(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A conditional write lost a race: someone else changed the object first.
     #[error("{0}")]
     Conflict(String),
@@ -215,6 +217,11 @@ impl StoreError {
     /// Wraps an I/O error with the action and path it happened on.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         StoreError::Io { action, path: path.into(), source }
+    }
+
+    /// A device (GPU) failure, kept whole as the source of a [`StoreError::Device`].
+    pub fn device(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Device(Box::new(source))
     }
 
     /// The [`StoreError::Conflict`] of a compare-and-swap write that lost a race on `what`

@@ -11,13 +11,14 @@
 //! A failing chunk lowers one device word to its number; the load reads that word once every
 //! stream is done and fails naming the chunk and its pack, so nothing unchecked is returned.
 
-use super::{cuda_err, HeldAt, Planned, PlannedRead, Pool, TransferWaits};
+use super::{HeldAt, Planned, PlannedRead, Pool, TransferWaits};
 use crate::engine::Buffers;
 use crate::plan::{PlannedChunk, RangeRead, MAX_CHUNKS_PER_READ};
 use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
 use gstore_gpu_dump::cuda::join::{FloatLanes, HuffJob, LaneJob};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, HostMemory, PinnedBuffer, Stream};
+use gstore_gpu_dump::GpuDumpError;
 use gstore_store::codec::{check_zstd_frame, float_layout, Codec, Decoder, FloatLaneCodec, FloatLayout};
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::ObjectKind;
@@ -91,10 +92,10 @@ impl MetaLayout {
 pub(super) struct GpuLoad {
     ctx: Context,
     check: ChunkCheck,
-    nvcomp: std::result::Result<Nvcomp, String>,
+    nvcomp: std::result::Result<Nvcomp, GpuDumpError>,
     /// The Huffman lane decode and the lane join (else float-coded chunks decode on the
     /// host), or why not.
-    lanes: std::result::Result<FloatLanes, String>,
+    lanes: std::result::Result<FloatLanes, GpuDumpError>,
     slots: Vec<Slot>,
     layout: MetaLayout,
     read_cap: usize,
@@ -112,36 +113,36 @@ struct Queue {
 impl GpuLoad {
     /// Loads the check kernel (and nvCOMP when present) and makes one staging slot per mapping
     /// of `staging` (each registered, and taken from it) for range reads of up to `read_cap`
-    /// bytes, whose chunks are at most `chunk_max` bytes. `Ok(Err(reason))` when the kernel
-    /// cannot be used here (the caller then checks on the host, with `staging` untouched).
+    /// bytes, whose chunks are at most `chunk_max` bytes. `Ok(Err(e))` when the check kernel
+    /// does not load here (the caller then checks on the host, with `staging` untouched).
     pub(super) fn prepare(
         ctx: &Context,
         staging: &mut Vec<HostMemory>,
         read_cap: usize,
         chunk_max: usize,
-    ) -> Result<std::result::Result<GpuLoad, String>> {
+    ) -> Result<std::result::Result<GpuLoad, GpuDumpError>> {
         let check = match ChunkCheck::load(ctx) {
             Ok(c) => c,
-            Err(e) => return Ok(Err(format!("the GPU check kernel is unavailable: {e}"))),
+            Err(e) => return Ok(Err(e)),
         };
-        let nvcomp = Nvcomp::load().map_err(|e| e.to_string());
-        let lanes = FloatLanes::load(ctx).map_err(|e| format!("the float lane kernels are unavailable: {e}"));
+        let nvcomp = Nvcomp::load();
+        let lanes = FloatLanes::load(ctx);
         let layout = MetaLayout { chunks: MAX_CHUNKS_PER_READ, frames: FRAMES_PER_CHUNK * MAX_CHUNKS_PER_READ };
         let temp_bytes = match &nvcomp {
-            Ok(n) => n.zstd_temp_bytes(ctx, layout.frames, chunk_max, read_cap).map_err(cuda_err)?,
+            Ok(n) => n.zstd_temp_bytes(ctx, layout.frames, chunk_max, read_cap).map_err(StoreError::device)?,
             Err(_) => 0,
         };
         let device_areas = if lanes.is_ok() { 3 } else { 2 };
         let slot = |memory| {
             Ok::<_, StoreError>(Slot {
-                pinned: ctx.register(memory).map_err(cuda_err)?,
+                pinned: ctx.register(memory).map_err(StoreError::device)?,
                 host_decoded: None,
-                device: ctx.alloc(device_areas * read_cap).map_err(cuda_err)?,
-                meta_host: ctx.alloc_pinned(layout.bytes()).map_err(cuda_err)?,
-                meta_device: ctx.alloc(layout.bytes()).map_err(cuda_err)?,
-                temp: if temp_bytes > 0 { Some(ctx.alloc(temp_bytes).map_err(cuda_err)?) } else { None },
-                stream: ctx.stream().map_err(cuda_err)?,
-                done: ctx.event().map_err(cuda_err)?,
+                device: ctx.alloc(device_areas * read_cap).map_err(StoreError::device)?,
+                meta_host: ctx.alloc_pinned(layout.bytes()).map_err(StoreError::device)?,
+                meta_device: ctx.alloc(layout.bytes()).map_err(StoreError::device)?,
+                temp: if temp_bytes > 0 { Some(ctx.alloc(temp_bytes).map_err(StoreError::device)?) } else { None },
+                stream: ctx.stream().map_err(StoreError::device)?,
+                done: ctx.event().map_err(StoreError::device)?,
                 in_flight: false,
             })
         };
@@ -160,7 +161,7 @@ impl GpuLoad {
             (Ok(_), Err(_)) => {
                 "Huffman float lanes decoded and joined on the GPU (chunks with zstd lanes on the host)".to_string()
             }
-            (Err(why), _) => format!("float lanes decoded on the host ({why})"),
+            (Err(why), _) => format!("float lanes decoded on the host (the float lane kernels are unavailable: {why})"),
         };
         match &self.nvcomp {
             Ok(n) => {
@@ -193,17 +194,17 @@ impl GpuLoad {
         progress: &dyn Progress,
     ) -> Result<TransferWaits> {
         let Planned { reads, zeros, total } = planned;
-        let failed = self.ctx.alloc(4).map_err(cuda_err)?;
+        let failed = self.ctx.alloc(4).map_err(StoreError::device)?;
         {
             let first = &self.slots[0].stream;
             // SAFETY: the failure word is this load's; zero runs lie in files' buffers (checked
             // by `address`) where no chunk goes.
-            unsafe { first.fill_async(failed.ptr(), 0xff, 4) }.map_err(cuda_err)?;
-            first.synchronize().map_err(cuda_err)?;
+            unsafe { first.fill_async(failed.ptr(), 0xff, 4) }.map_err(StoreError::device)?;
+            first.synchronize().map_err(StoreError::device)?;
             for z in &zeros {
                 let at = buffers.address(z.entry, z.offset, z.len as usize)?;
                 // SAFETY: as above.
-                unsafe { first.fill_async(at, 0, z.len as usize) }.map_err(cuda_err)?;
+                unsafe { first.fill_async(at, 0, z.len as usize) }.map_err(StoreError::device)?;
             }
         }
         let pool = Pool::new(std::mem::take(&mut self.slots));
@@ -269,11 +270,11 @@ impl GpuLoad {
         let mut drained = Ok(());
         self.slots = pool.into_inner();
         for slot in &self.slots {
-            drained = drained.and(slot.stream.synchronize().map_err(cuda_err));
+            drained = drained.and(slot.stream.synchronize().map_err(StoreError::device));
         }
         let waits = TransferWaits::mean(&r.and_then(|w| drained.map(|()| w))?);
         let mut word = [0u8; 4];
-        self.ctx.copy_to_host(&mut word, failed.ptr()).map_err(cuda_err)?;
+        self.ctx.copy_to_host(&mut word, failed.ptr()).map_err(StoreError::device)?;
         let tag = u32::from_le_bytes(word);
         if tag == NO_FAILURE {
             return Ok(waits);
@@ -375,7 +376,7 @@ impl Loader<'_> {
     ) -> Result<u64> {
         if slot.in_flight {
             let t = Instant::now();
-            slot.done.synchronize().map_err(cuda_err)?;
+            slot.done.synchronize().map_err(StoreError::device)?;
             waits.gpu_s += t.elapsed().as_secs_f64();
             slot.in_flight = false;
         }
@@ -432,7 +433,8 @@ impl Loader<'_> {
                     } else {
                         let area = match decoded_area {
                             Some(area) => area,
-                            None => decoded_area.insert(src.context().alloc_pinned(self.read_cap).map_err(cuda_err)?),
+                            None => decoded_area
+                                .insert(src.context().alloc_pinned(self.read_cap).map_err(StoreError::device)?),
                         };
                         let out = &mut area.as_mut_slice()[q.decoded..][..plain];
                         self.decode_on_host(decoder, stored, out, c, read)?;
@@ -451,7 +453,7 @@ impl Loader<'_> {
         let staged =
             Staged { src, src_at, len, host_decoded: decoded_area.as_ref(), meta: meta_host, temp: temp.as_ref() };
         self.launch(stream, &staged, a, q, read.chunks.len() as u32)?;
-        done.record(stream).map_err(cuda_err)?;
+        done.record(stream).map_err(StoreError::device)?;
         slot.in_flight = true;
         Ok(written)
     }
@@ -470,13 +472,13 @@ impl Loader<'_> {
         // every destination lies in a file's buffer (checked by `address`) that no other read
         // writes.
         unsafe {
-            stream.copy_to_device_async(base, src, src_at, len).map_err(cuda_err)?;
+            stream.copy_to_device_async(base, src, src_at, len).map_err(StoreError::device)?;
             if let (Some(area), true) = (decoded_area, host_decoded > 0) {
-                stream.copy_to_device_async(decoded_base, area, 0, host_decoded).map_err(cuda_err)?;
+                stream.copy_to_device_async(decoded_base, area, 0, host_decoded).map_err(StoreError::device)?;
             }
-            stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(cuda_err)?;
+            stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(StoreError::device)?;
             for (dst, len) in fills {
-                stream.fill_async(dst, 0, len).map_err(cuda_err)?;
+                stream.fill_async(dst, 0, len).map_err(StoreError::device)?;
             }
         }
         if let (Some(nvcomp), true) = (self.nvcomp, frames > 0) {
@@ -495,28 +497,28 @@ impl Loader<'_> {
             };
             // SAFETY: every address lies in this slot's staging and metadata buffers, written
             // above and kept alive (and unreused) until the slot's event says the work is done.
-            unsafe { nvcomp.zstd_decompress_async(stream, &batch) }.map_err(cuda_err)?;
+            unsafe { nvcomp.zstd_decompress_async(stream, &batch) }.map_err(StoreError::device)?;
         }
         if let (Some(lanes), true) = (self.lanes, huffs > 0) {
             // SAFETY: the Huffman jobs (copied above) point into this slot's staging and lane
             // areas and its metadata, alive (and unreused) until its event is waited on.
             unsafe { lanes.decode(stream, meta_base + self.layout.huff_job(0) as u64, huffs as u32) }
-                .map_err(cuda_err)?;
+                .map_err(StoreError::device)?;
         }
         if let (Some(lanes), true) = (self.lanes, joins > 0) {
             // SAFETY: the lane jobs (copied above) point into this slot's staging, lane and
             // decode areas and its metadata, alive (and unreused) until its event is waited on.
             unsafe { lanes.join(stream, meta_base + self.layout.lane_job(0) as u64, joins as u32) }
-                .map_err(cuda_err)?;
+                .map_err(StoreError::device)?;
         }
         // SAFETY: the jobs (copied above) point into this slot's buffers and into the image's
         // buffers, all alive until the load drains every stream.
         unsafe { self.check.launch(stream, meta_base, chunks, self.failed, self.store.chunk_ids().key()) }
-            .map_err(cuda_err)?;
+            .map_err(StoreError::device)?;
         for (dst, src, len) in repeats {
             // SAFETY: `src` was placed by the kernel queued before on this stream; `dst` is
             // another place of the same chunk in a file's buffer.
-            unsafe { stream.copy_on_device_async(dst, src, len) }.map_err(cuda_err)?;
+            unsafe { stream.copy_on_device_async(dst, src, len) }.map_err(StoreError::device)?;
         }
         Ok(())
     }

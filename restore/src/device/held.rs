@@ -16,7 +16,7 @@
 //!    `{"error": TEXT}`.
 
 use super::gpu_check::GpuLoad;
-use super::{check_room, cuda_err, DeviceEntry, DeviceImage, HeldAt, Planned, PlannedRead, TransferWaits, PLAN_BATCH};
+use super::{check_room, DeviceEntry, DeviceImage, HeldAt, Planned, PlannedRead, TransferWaits, PLAN_BATCH};
 use crate::budget::Budget;
 use crate::engine::Buffers;
 use crate::plan::{self, RangeRead, ZeroRange};
@@ -71,9 +71,13 @@ impl Holder {
         let read_cap = budget.max_read() as usize;
         let workers = rayon::current_num_threads().max(2);
         let mut staging: Vec<HostMemory> =
-            (0..workers + 4).map(|_| HostMemory::map(0).map_err(cuda_err)).collect::<Result<_>>()?;
-        let load = GpuLoad::prepare(ctx, &mut staging, read_cap, chunk_max)?
-            .map_err(|why| StoreError::Device(format!("gstore hold checks every chunk on the GPU, and {why}")))?;
+            (0..workers + 4).map(|_| HostMemory::map(0).map_err(StoreError::device)).collect::<Result<_>>()?;
+        let load = GpuLoad::prepare(ctx, &mut staging, read_cap, chunk_max)?.map_err(|e| {
+            StoreError::device(e).stopped(
+                "gstore hold checks every chunk on the GPU and cannot start",
+                "it needs a GPU whose driver loads gstore's check kernel",
+            )
+        })?;
         Ok(Holder {
             ctx: ctx.clone(),
             load,
@@ -147,7 +151,9 @@ impl Holder {
         room_to_hold(stored, &meminfo)?;
         let mut memory = sizes
             .par_iter()
-            .map(|&len| self.ctx.register(HostMemory::map(len).map_err(cuda_err)?).map_err(cuda_err))
+            .map(|&len| {
+                self.ctx.register(HostMemory::map(len).map_err(StoreError::device)?).map_err(StoreError::device)
+            })
             .collect::<Result<Vec<_>>>()?;
         // Each piece is cut into the ranges placed in it, in order; the ranges are read in
         // parallel.
@@ -269,7 +275,7 @@ impl Holder {
         send(writer, &ImageAnswer { image: img.id.to_hex(), files })?;
         let LoadRequest { device, handles } = receive(reader)?;
         if device != self.ctx.device() {
-            return Err(StoreError::Device(format!(
+            return Err(StoreError::Invalid(format!(
                 "this gstore hold loads into cuda:{}, not cuda:{device}",
                 self.ctx.device()
             )));
@@ -282,7 +288,7 @@ impl Holder {
             if e.size == 0 {
                 return Ok((None, 0, 0));
             }
-            let b: IpcBuffer = self.ctx.open_ipc(&handle, e.size as usize).map_err(cuda_err)?;
+            let b: IpcBuffer = self.ctx.open_ipc(&handle, e.size as usize).map_err(StoreError::device)?;
             let base = b.ptr();
             Ok((Some(b), base, e.size as usize))
         })?;
@@ -404,8 +410,12 @@ pub fn load_held(socket: &Path, reference: &str, ctx: &Context) -> Result<Device
     let mut entries = Vec::with_capacity(files.len());
     let mut handles = Vec::with_capacity(files.len());
     for f in files {
-        let buffer = ctx.alloc_shareable(f.len as usize).map_err(cuda_err)?;
-        handles.push(if buffer.is_empty() { "0".repeat(128) } else { to_hex(&buffer.ipc_handle().map_err(cuda_err)?) });
+        let buffer = ctx.alloc_shareable(f.len as usize).map_err(StoreError::device)?;
+        handles.push(if buffer.is_empty() {
+            "0".repeat(128)
+        } else {
+            to_hex(&buffer.ipc_handle().map_err(StoreError::device)?)
+        });
         entries.push(DeviceEntry { path: f.path, buffer });
     }
     let alloc_s = t.elapsed().as_secs_f64();

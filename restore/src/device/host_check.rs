@@ -2,7 +2,7 @@
 //! and the sink copies the verified bytes into a ring of pinned buffers, each copied to VRAM
 //! on its own stream, so the CPU work of one batch overlaps with the DMA of earlier ones.
 
-use super::{cuda_err, Pool};
+use super::Pool;
 use crate::engine::{self, Buffers, Piece, Sink};
 use crate::plan::Plan;
 use gstore_gpu_dump::cuda::{Context, Event, HostMemory, PinnedBuffer, Stream};
@@ -29,12 +29,12 @@ impl Ring {
         for _ in 0..slots {
             let memory = match staging.next() {
                 Some(m) => m,
-                None => HostMemory::map(bytes).map_err(cuda_err)?,
+                None => HostMemory::map(bytes).map_err(StoreError::device)?,
             };
             ring.push(Slot {
-                pinned: ctx.register(memory).map_err(cuda_err)?,
-                stream: ctx.stream().map_err(cuda_err)?,
-                done: ctx.event().map_err(cuda_err)?,
+                pinned: ctx.register(memory).map_err(StoreError::device)?,
+                stream: ctx.stream().map_err(StoreError::device)?,
+                done: ctx.event().map_err(StoreError::device)?,
                 in_flight: false,
             });
         }
@@ -55,7 +55,7 @@ impl Ring {
         let mut drained = Ok(());
         for slot in self.0.into_inner() {
             if slot.in_flight {
-                drained = drained.and(slot.done.synchronize().map_err(cuda_err));
+                drained = drained.and(slot.done.synchronize().map_err(StoreError::device));
             }
         }
         r.and(drained)
@@ -81,7 +81,7 @@ impl DeviceSink<'_> {
     /// queues one async copy per run of contiguous destination bytes.
     fn stage(&self, slot: &mut Slot, pieces: &[Piece<'_>]) -> Result<()> {
         if slot.in_flight {
-            slot.done.synchronize().map_err(cuda_err)?;
+            slot.done.synchronize().map_err(StoreError::device)?;
             slot.in_flight = false;
         }
         let total: usize = pieces.iter().map(|p| p.data.len()).sum();
@@ -102,7 +102,7 @@ impl DeviceSink<'_> {
                 Some((d, s, l)) => {
                     // SAFETY: the slot is not written again before its event (recorded below) is
                     // waited on; `d` lies in a file's buffer (checked by `address`).
-                    unsafe { slot.stream.copy_to_device_async(d, &slot.pinned, s, l) }.map_err(cuda_err)?;
+                    unsafe { slot.stream.copy_to_device_async(d, &slot.pinned, s, l) }.map_err(StoreError::device)?;
                     Some((dst, at, p.data.len()))
                 }
                 None => Some((dst, at, p.data.len())),
@@ -111,9 +111,9 @@ impl DeviceSink<'_> {
         }
         if let Some((d, s, l)) = run {
             // SAFETY: as above.
-            unsafe { slot.stream.copy_to_device_async(d, &slot.pinned, s, l) }.map_err(cuda_err)?;
+            unsafe { slot.stream.copy_to_device_async(d, &slot.pinned, s, l) }.map_err(StoreError::device)?;
         }
-        slot.done.record(&slot.stream).map_err(cuda_err)?;
+        slot.done.record(&slot.stream).map_err(StoreError::device)?;
         slot.in_flight = true;
         Ok(())
     }
@@ -124,7 +124,7 @@ impl DeviceSink<'_> {
         let mut slot = self.ring.take();
         let r = (|| {
             if slot.in_flight {
-                slot.done.synchronize().map_err(cuda_err)?;
+                slot.done.synchronize().map_err(StoreError::device)?;
             }
             slot.pinned.as_mut_slice().fill(0);
             let step = slot.pinned.len() as u64;
@@ -136,11 +136,11 @@ impl DeviceSink<'_> {
                     // SAFETY: the zeroed slot is not written before its event is waited on; the
                     // range lies in a file's buffer (checked by `address`).
                     unsafe { slot.stream.copy_to_device_async(base + off, &slot.pinned, 0, n as usize) }
-                        .map_err(cuda_err)?;
+                        .map_err(StoreError::device)?;
                     off += n;
                 }
             }
-            slot.done.record(&slot.stream).map_err(cuda_err)?;
+            slot.done.record(&slot.stream).map_err(StoreError::device)?;
             slot.in_flight = true;
             Ok(())
         })();

@@ -21,6 +21,7 @@ use crate::budget::Budget;
 use crate::engine::Buffers;
 use crate::plan::{self, Plan, RangeRead, ZeroRange};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, HostMemory};
+use gstore_gpu_dump::GpuDumpError;
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::ObjectKind;
@@ -95,7 +96,7 @@ impl DeviceImage {
             let wrong = |detail: String| StoreError::corrupt(ObjectKind::DeviceBuffer, dev.path.clone(), detail);
             let list = chunks.get(dev.path.as_str()).ok_or_else(|| wrong("not in the image".into()))?;
             let mut host = vec![0u8; dev.buffer.len()];
-            dev.buffer.context().copy_to_host(&mut host, dev.buffer.ptr()).map_err(cuda_err)?;
+            dev.buffer.context().copy_to_host(&mut host, dev.buffer.ptr()).map_err(StoreError::device)?;
             let mut off = 0usize;
             for c in *list {
                 let bytes = host
@@ -112,10 +113,6 @@ impl DeviceImage {
         }
         Ok(())
     }
-}
-
-fn cuda_err(e: gstore_gpu_dump::GpuDumpError) -> StoreError {
-    StoreError::Device(e.to_string())
 }
 
 /// A pool of staging slots shared by the restore's worker threads.
@@ -173,9 +170,29 @@ struct Planned {
 }
 
 /// How the chunks will be checked: prepared alongside the plan.
+/// Why a load checks its chunks on the host rather than on the GPU.
+#[derive(Debug)]
+enum HostChecks {
+    /// The check kernel did not load on this GPU.
+    NoCheckKernel(GpuDumpError),
+    /// The store is remote: its range cache keeps only ranges the host has checked.
+    RemoteStore,
+}
+
+impl std::fmt::Display for HostChecks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostChecks::NoCheckKernel(e) => write!(f, "the GPU check kernel is unavailable: {e}"),
+            HostChecks::RemoteStore => {
+                f.write_str("a remote store's range cache keeps only ranges the host has checked")
+            }
+        }
+    }
+}
+
 enum Checker {
     Gpu(gpu_check::GpuLoad),
-    Host(host_check::Ring, String),
+    Host(host_check::Ring, HostChecks),
 }
 
 /// Distinct chunks looked up per planning batch: the first reads start loading after one
@@ -225,7 +242,7 @@ pub fn restore_to_device_with(
             // (a Python process) the load waits for it.
             std::thread::scope(|m| {
                 let made: Vec<_> = (0..staging_slots)
-                    .map(|_| m.spawn(move || HostMemory::map(max_read as usize).map_err(cuda_err)))
+                    .map(|_| m.spawn(move || HostMemory::map(max_read as usize).map_err(StoreError::device)))
                     .collect();
                 made.into_iter()
                     .map(|h| h.join().expect("mapping staging memory does not panic"))
@@ -249,9 +266,10 @@ pub fn restore_to_device_with(
             let mut staging = mapping.join().expect("mapping staging memory does not panic")?;
             let (owned, buffers) = allocate_files(ctx, m)?;
             let gpu = if store.is_remote() {
-                Err("a remote store's range cache keeps only ranges the host has checked".to_string())
+                Err(HostChecks::RemoteStore)
             } else {
                 gpu_check::GpuLoad::prepare(ctx, &mut staging, max_read as usize, store.config().chunk_max as usize)?
+                    .map_err(HostChecks::NoCheckKernel)
             };
             let checker = match gpu {
                 Ok(g) => Checker::Gpu(g),
@@ -303,7 +321,7 @@ pub fn restore_to_device_with(
 fn allocate_files(ctx: &Context, m: &Manifest) -> Result<(Vec<(String, DeviceBuffer)>, Buffers)> {
     check_room(ctx, m.files().filter(|(e, _)| e.kind == EntryKind::File).map(|(e, _)| e.size).sum())?;
     Buffers::allocate(m, |e| {
-        let buffer = ctx.alloc(e.size as usize).map_err(cuda_err)?;
+        let buffer = ctx.alloc(e.size as usize).map_err(StoreError::device)?;
         let (base, len) = (buffer.ptr(), buffer.len());
         Ok((buffer, base, len))
     })
@@ -311,12 +329,9 @@ fn allocate_files(ctx: &Context, m: &Manifest) -> Result<(Vec<(String, DeviceBuf
 
 /// Fails, before anything is allocated, when `ctx`'s device has less than `image_bytes` free.
 fn check_room(ctx: &Context, image_bytes: u64) -> Result<()> {
-    let (free, _) = ctx.mem_info().map_err(cuda_err)?;
+    let (free, _) = ctx.mem_info().map_err(StoreError::device)?;
     if image_bytes > free {
-        return Err(StoreError::Device(format!(
-            "the image's files need {image_bytes} bytes of device memory and cuda:{} has {free} free; nothing was loaded",
-            ctx.device()
-        )));
+        return Err(StoreError::device(GpuDumpError::DeviceFull { device: ctx.device(), needed: image_bytes, free }));
     }
     Ok(())
 }

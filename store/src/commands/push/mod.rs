@@ -323,17 +323,9 @@ fn push_entries(
     if !dry_run {
         store.backend().check_tag_write(&tag.name)?;
     }
-    let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * store.config().segment_size);
     // A stream's files and metadata are known once it ends.
     let streamed = stream::Received::default();
-    let (batches, total, reader): (Batches<'_>, u64, _) = match input {
-        Input::Files { entries, contents } => {
-            let units = plan_units(entries, store.config());
-            let total = units.iter().map(|u| u.len).sum();
-            (Box::new(batch_units(units, batch_bytes).into_iter().map(Ok)), total, Some(Reader { entries, contents }))
-        }
-        Input::Stream(source) => (Box::new(source.batches(batch_bytes, &streamed)), 0, None),
-    };
+    let (batches, total, reader) = batches_of(store, input, &streamed);
     // Pieces read once cannot be read again at the end: the packs they rely on are vetted first.
     let vet_found = reader.is_none();
     progress.start("pushing", total, crate::progress::Unit::Bytes);
@@ -364,20 +356,8 @@ fn push_entries(
         let work = Work { deltas: &deltas, reader: reader.as_ref(), vet_found };
         let appended = append_all(&work, batches, &mut out, &queue, progress);
         drop(queue);
-        let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
-        for h in handles {
-            let r = h.join().expect("pack writer thread does not panic");
-            written = match (written, r) {
-                (Ok(mut a), Ok((b, busy))) => {
-                    a.extend(b);
-                    report.stages.write_s += busy;
-                    Ok(a)
-                }
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            };
-        }
         // A writer error explains an append error (a closed channel), so report it first.
-        let written = written?;
+        let written = join_writers(handles, &mut report)?;
         report.packs = written.len() as u64;
         for p in &written {
             relied.remove(p);
@@ -393,17 +373,7 @@ fn push_entries(
             }
             std::borrow::Cow::Borrowed(reader.entries)
         }
-        None => {
-            // A stream's files, in path order, and the metadata it ended with.
-            let (entries, more) = streamed.take();
-            meta.extend(more);
-            file_chunks.resize(entries.len(), Vec::new());
-            let mut order: Vec<usize> = (0..entries.len()).collect();
-            order.sort_by(|&a, &b| entries[a].rel.cmp(&entries[b].rel));
-            let mut arrived = std::mem::take(&mut file_chunks);
-            file_chunks = order.iter().map(|&i| std::mem::take(&mut arrived[i])).collect();
-            std::borrow::Cow::Owned(order.iter().map(|&i| entries[i].clone()).collect())
-        }
+        None => std::borrow::Cow::Owned(streamed_in_order(&streamed, &mut meta, &mut file_chunks)),
     };
     file_chunks.resize(entries.len(), Vec::new());
     report.entries = entries.len();
@@ -422,6 +392,62 @@ fn push_entries(
     report.manifest = id;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The batches of units `input` is pushed in, its size where known before it is read (a
+/// stream's is not), and where its units are read from (a stream's carry their bytes).
+fn batches_of<'a>(
+    store: &IndexedStore,
+    input: Input<'a>,
+    streamed: &'a stream::Received,
+) -> (Batches<'a>, u64, Option<Reader<'a>>) {
+    let batch_bytes = MIN_BATCH_BYTES.max(2 * rayon::current_num_threads() as u64 * store.config().segment_size);
+    match input {
+        Input::Files { entries, contents } => {
+            let units = plan_units(entries, store.config());
+            let total = units.iter().map(|u| u.len).sum();
+            (Box::new(batch_units(units, batch_bytes).into_iter().map(Ok)), total, Some(Reader { entries, contents }))
+        }
+        Input::Stream(source) => (Box::new(source.batches(batch_bytes, streamed)), 0, None),
+    }
+}
+
+/// Waits for the pack writers: the packs they wrote, or the first error; their busy seconds
+/// go into `report`.
+fn join_writers(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<(Vec<ObjectId>, f64)>>>,
+    report: &mut PushReport,
+) -> Result<Vec<ObjectId>> {
+    let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
+    for h in handles {
+        let r = h.join().expect("pack writer thread does not panic");
+        written = match (written, r) {
+            (Ok(mut a), Ok((b, busy))) => {
+                a.extend(b);
+                report.stages.write_s += busy;
+                Ok(a)
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+    }
+    written
+}
+
+/// A stream's files in path order, with `file_chunks` (in arrival order) put in the same
+/// order; the metadata the stream ended with goes into `meta`.
+fn streamed_in_order(
+    streamed: &stream::Received,
+    meta: &mut BTreeMap<String, serde_json::Value>,
+    file_chunks: &mut Vec<Vec<ChunkRef>>,
+) -> Vec<SourceEntry> {
+    let (entries, more) = streamed.take();
+    meta.extend(more);
+    file_chunks.resize(entries.len(), Vec::new());
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| entries[a].rel.cmp(&entries[b].rel));
+    let mut arrived = std::mem::take(file_chunks);
+    *file_chunks = order.iter().map(|&i| std::mem::take(&mut arrived[i])).collect();
+    order.iter().map(|&i| entries[i].clone()).collect()
 }
 
 /// A pack writer: takes built packs from `rx`, names them and (unless a dry run, without a
@@ -575,6 +601,11 @@ struct Appended<'a> {
     relied: &'a mut HashMap<ObjectId, Vec<Relied>>,
 }
 
+/// What the thread pool hands the appending thread: a batch's units and each unit's chunks.
+type Processed = Result<(Vec<Unit>, Vec<Result<Vec<Cut>>>)>;
+
+/// Processes `batches` on the thread pool and appends their chunks, in order, to packs sent
+/// to `queue`, recording each file's chunks and the report in `out`.
 fn append_all(
     work: &Work<'_>,
     batches: Batches<'_>,
@@ -582,115 +613,145 @@ fn append_all(
     queue: &PackQueue<'_>,
     progress: &dyn Progress,
 ) -> Result<()> {
-    let Appended { file_chunks, report, relied } = out;
-    let store = work.deltas.store;
-    let mut seen: HashSet<ObjectId> = HashSet::new();
-    let mut pack = PackFill::new(store);
+    let mut appender = Appender { work, out, queue, seen: HashSet::new(), pack: PackFill::new(work.deltas.store) };
     // The next batch is read, chunked, hashed and compressed on every core while this thread
     // appends the previous one in order: the ordered step no longer leaves the cores idle.
     let appended = std::thread::scope(|scope| -> Result<()> {
-        let (tx, rx) = mpsc::sync_channel::<Result<(Vec<Unit>, Vec<Result<Vec<Cut>>>)>>(1);
-        let producer = scope.spawn(move || {
-            let (mut busy, mut waited) = (0.0, 0.0);
-            std::thread::scope(|reading| {
-                rayon::in_place_scope(|units| {
-                    // Two batches in flight: cores done with the older batch's units take the
-                    // newer one's while the older one's last units finish (with one, every
-                    // batch ended with cores idle behind its slowest unit: ~9 % of a warm
-                    // push of CRIU images on two cores).
-                    let mut in_flight = std::collections::VecDeque::new();
-                    let mut batches = read_ahead(reading, batches, work.reader);
-                    loop {
-                        if in_flight.len() < 2 {
-                            if let Some(batch) = batches.next() {
-                                in_flight.push_back(batch.map(|b| start_batch(units, work, progress, b)));
-                                continue;
-                            }
-                        }
-                        let Some(oldest) = in_flight.pop_front() else { break };
-                        let t = std::time::Instant::now();
-                        let processed = oldest.map(Started::finish);
-                        busy += t.elapsed().as_secs_f64();
-                        let t = std::time::Instant::now();
-                        // The appending side stopped (an error): so does this one (and dropping
-                        // the read-ahead's receiver stops the reads; units started finish).
-                        if tx.send(processed).is_err() {
-                            break;
-                        }
-                        waited += t.elapsed().as_secs_f64();
-                    }
-                });
-            });
-            (busy, waited)
-        });
-        let mut append = || -> Result<()> {
-            loop {
-                let t = std::time::Instant::now();
-                let Ok(processed) = rx.recv() else { return Ok(()) };
-                let (batch, cuts) = processed?;
-                report.stages.append_waited_s += t.elapsed().as_secs_f64();
-                let t = std::time::Instant::now();
-                let mut blocked = 0.0;
-                for (u, cuts) in batch.iter().zip(cuts) {
-                    let mut next_offset = u.offset;
-                    if file_chunks.len() <= u.file {
-                        file_chunks.resize(u.file + 1, Vec::new());
-                    }
-                    for c in cuts? {
-                        report.chunks += 1;
-                        file_chunks[u.file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
-                        let offset = next_offset;
-                        next_offset += c.len as u64;
-                        if c.zero {
-                            report.zero_bytes += c.len as u64;
-                            continue;
-                        }
-                        if let Some(pack) = c.found_in.filter(|_| !work.vet_found) {
-                            relied.entry(pack).or_default().push(Relied { id: c.id, file: u.file, offset, len: c.len });
-                        }
-                        let Some((codec, stored)) = c.stored else { continue };
-                        if !seen.insert(c.id) {
-                            continue;
-                        }
-                        report.new_chunks += 1;
-                        report.new_plain_bytes += c.len as u64;
-                        report.new_stored_bytes += stored.len() as u64;
-                        match c.bases {
-                            Some(bases) => {
-                                report.delta_chunks += 1;
-                                pack.push_delta(c.id, bases, stored, c.len)
-                            }
-                            None => pack.push_owned(c.id, codec, stored, c.len),
-                        }
-                        if let Some(sketch) = c.sketch {
-                            pack.add_sketch(c.id, sketch);
-                        }
-                        if let Some(full) = pack.full() {
-                            let w = std::time::Instant::now();
-                            queue.send(full)?;
-                            blocked += w.elapsed().as_secs_f64();
-                        }
-                    }
-                }
-                report.stages.append_blocked_s += blocked;
-                report.stages.append_s += t.elapsed().as_secs_f64() - blocked;
-            }
-        };
-        let result = append();
+        let (tx, rx) = mpsc::sync_channel::<Processed>(1);
+        let producer = scope.spawn(move || process_batches(work, batches, progress, tx));
+        let result = (|| loop {
+            let t = std::time::Instant::now();
+            let Ok(processed) = rx.recv() else { return Ok(()) };
+            let (batch, cuts) = processed?;
+            appender.out.report.stages.append_waited_s += t.elapsed().as_secs_f64();
+            appender.batch(&batch, cuts)?;
+        })();
         drop(rx);
         let (busy, waited) = producer.join().expect("the push's producer does not panic");
-        report.stages.process_s = busy;
-        report.stages.process_waited_s = waited;
+        appender.out.report.stages.process_s = busy;
+        appender.out.report.stages.process_waited_s = waited;
         result
     });
     // Each thread's buffer and encoder go with the push (a long-lived process keeps nothing
     // of it between pushes).
     rayon::broadcast(|_| WORKER.with(|w| w.borrow_mut().take()));
     appended?;
-    if let Some(last) = pack.last() {
+    if let Some(last) = appender.pack.last() {
         queue.send(last)?;
     }
     Ok(())
+}
+
+/// Reads `batches` and processes their units on the thread pool, two batches in flight, and
+/// sends each processed batch, in order, to `tx`. Returns the seconds spent waiting for the
+/// pool and the seconds spent waiting for the appending side.
+fn process_batches(
+    work: &Work<'_>,
+    batches: Batches<'_>,
+    progress: &dyn Progress,
+    tx: mpsc::SyncSender<Processed>,
+) -> (f64, f64) {
+    let (mut busy, mut waited) = (0.0, 0.0);
+    std::thread::scope(|reading| {
+        rayon::in_place_scope(|units| {
+            // Two batches in flight: cores done with the older batch's units take the newer
+            // one's while the older one's last units finish (with one, every batch ended with
+            // cores idle behind its slowest unit: ~9 % of a warm push of CRIU images on two
+            // cores).
+            let mut in_flight = std::collections::VecDeque::new();
+            let mut batches = read_ahead(reading, batches, work.reader);
+            loop {
+                if in_flight.len() < 2 {
+                    if let Some(batch) = batches.next() {
+                        in_flight.push_back(batch.map(|b| start_batch(units, work, progress, b)));
+                        continue;
+                    }
+                }
+                let Some(oldest) = in_flight.pop_front() else { break };
+                let t = std::time::Instant::now();
+                let processed = oldest.map(Started::finish);
+                busy += t.elapsed().as_secs_f64();
+                let t = std::time::Instant::now();
+                // The appending side stopped (an error): so does this one (and dropping the
+                // read-ahead's receiver stops the reads; units started finish).
+                if tx.send(processed).is_err() {
+                    break;
+                }
+                waited += t.elapsed().as_secs_f64();
+            }
+        });
+    });
+    (busy, waited)
+}
+
+/// The ordered step of a push: appends each new chunk once to the pack being filled, and
+/// records every chunk of every file.
+struct Appender<'w, 'o, 'a, 'q> {
+    work: &'w Work<'w>,
+    out: &'o mut Appended<'a>,
+    queue: &'q PackQueue<'q>,
+    /// Chunks this push already appended.
+    seen: HashSet<ObjectId>,
+    pack: PackFill<'w>,
+}
+
+impl Appender<'_, '_, '_, '_> {
+    /// Appends the chunks of one processed batch, unit by unit, in file order.
+    fn batch(&mut self, batch: &[Unit], cuts: Vec<Result<Vec<Cut>>>) -> Result<()> {
+        let t = std::time::Instant::now();
+        let mut blocked = 0.0;
+        for (u, cuts) in batch.iter().zip(cuts) {
+            if self.out.file_chunks.len() <= u.file {
+                self.out.file_chunks.resize(u.file + 1, Vec::new());
+            }
+            let mut offset = u.offset;
+            for c in cuts? {
+                let len = c.len;
+                blocked += self.chunk(u.file, offset, c)?;
+                offset += len as u64;
+            }
+        }
+        let stages = &mut self.out.report.stages;
+        stages.append_blocked_s += blocked;
+        stages.append_s += t.elapsed().as_secs_f64() - blocked;
+        Ok(())
+    }
+
+    /// Records chunk `c` at `offset` of file `file`, and appends it when it is new to the
+    /// store and to this push. Returns the seconds spent waiting to hand a full pack on.
+    fn chunk(&mut self, file: usize, offset: u64, c: Cut) -> Result<f64> {
+        let report = &mut *self.out.report;
+        report.chunks += 1;
+        self.out.file_chunks[file].push(ChunkRef { id: c.id, len: c.len, zero: c.zero });
+        if c.zero {
+            report.zero_bytes += c.len as u64;
+            return Ok(0.0);
+        }
+        if let Some(pack) = c.found_in.filter(|_| !self.work.vet_found) {
+            self.out.relied.entry(pack).or_default().push(Relied { id: c.id, file, offset, len: c.len });
+        }
+        let Some((codec, stored)) = c.stored else { return Ok(0.0) };
+        if !self.seen.insert(c.id) {
+            return Ok(0.0);
+        }
+        report.new_chunks += 1;
+        report.new_plain_bytes += c.len as u64;
+        report.new_stored_bytes += stored.len() as u64;
+        match c.bases {
+            Some(bases) => {
+                report.delta_chunks += 1;
+                self.pack.push_delta(c.id, bases, stored, c.len)
+            }
+            None => self.pack.push_owned(c.id, codec, stored, c.len),
+        }
+        if let Some(sketch) = c.sketch {
+            self.pack.add_sketch(c.id, sketch);
+        }
+        let Some(full) = self.pack.full() else { return Ok(0.0) };
+        let w = std::time::Instant::now();
+        self.queue.send(full)?;
+        Ok(w.elapsed().as_secs_f64())
+    }
 }
 
 /// A batch whose units are being processed on the thread pool.
