@@ -73,7 +73,12 @@ counter() { cat "$1/counter" 2>/dev/null || echo 0; }
 # DIR and the directories of its workers (holder.py with WORKERS > 0): each process's own.
 procs() { echo "$1"; for w in "$1"/w*/; do [ -d "$w" ] && echo "${w%/}"; done; }
 progressing() {
-  local d a=(); for d in $(procs "$1"); do a+=("$(counter "$d")"); done; sleep 1.5
+  local d i a=()
+  for d in $(procs "$1"); do  # the first count the process writes (after ask removed it)
+    for i in $(seq 1000); do [ -s "$d/counter" ] && break; sleep 0.01; done
+    a+=("$(counter "$d")")
+  done
+  sleep 1.5
   local i=0; for d in $(procs "$1"); do
     if [ "$(counter "$d")" -le "${a[$i]}" ]; then  # says how it stands, for the failure
       sleep 5; say "      counter ($d): ${a[$i]}, after 1.5 s the same, 5 s later $(counter "$d"); state of $PID: $(awk '{print $3}' "/proc/$PID/stat" 2>/dev/null), wchan $(cat "/proc/$PID/wchan" 2>/dev/null)"
@@ -101,7 +106,10 @@ checksum_ok() {  # checksum_ok DIR: ask each holder of the tree to recompute its
 }
 # A request: DIR/ask (and one for each worker), answered by each process in its answer file,
 # which must equal its expect file.
-ask() { local d; for d in $(procs "$1"); do rm -f "$d/answer"; : >"$d/ask"; done; }
+# ask DIR: a request, made before a restore. The counters go too: a process restored from an
+# older checkpoint counts again from that checkpoint's count, below what the last incarnation
+# wrote, so only counts its restored self writes say whether it computes on.
+ask() { local d; for d in $(procs "$1"); do rm -f "$d/answer" "$d/counter"; : >"$d/ask"; done; }
 wait_answer() {  # polls every 10 ms, up to ~2 min
   local d i; for d in $(procs "$1"); do
     for i in $(seq 12000); do [ -s "$d/answer" ] && break; sleep 0.01; done
