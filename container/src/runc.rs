@@ -608,32 +608,7 @@ pub fn restore(
     let (dest, work) = (tmp.path().join("image"), tmp.path().join("work"));
     std::fs::create_dir_all(&work).map_err(|e| ContainerError::io("creating", &work, e))?;
     let images = dest.join(IMAGES);
-    let mut eager_reason = None;
-    let lazy = !how.eager && gstore_lazy::uffd::check_support().map_err(|why| eager_reason = Some(why)).is_ok();
-    let prepared = if lazy {
-        // Everything but CRIU's images in full; of those, what CRIU reads itself.
-        let rest = m.subset(|e| e.path != IMAGES && !e.path.starts_with(&format!("{IMAGES}/")));
-        let written =
-            gstore_restore::restore_to_dir(store, mid, &rest, &dest, gstore_restore::Budget::DEFAULT, progress)?;
-        match gstore_lazy::prepare(store, mid, &m.within(IMAGES), &images, gstore_restore::Budget::DEFAULT, progress) {
-            Ok(p) => Some((written.logical_bytes + p.written_bytes, p)),
-            Err(gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. }) => {
-                eager_reason = Some(why);
-                std::fs::remove_dir_all(&dest).map_err(|e| ContainerError::io("removing", &dest, e))?;
-                None
-            }
-            Err(source) => return Err(ContainerError::Fill { container: c.id.clone(), source }),
-        }
-    } else {
-        None
-    };
-    let image_bytes = match &prepared {
-        Some((bytes, _)) => *bytes,
-        None => {
-            gstore_restore::restore_to_dir(store, mid, m, &dest, gstore_restore::Budget::DEFAULT, progress)?
-                .logical_bytes
-        }
-    };
+    let (image_bytes, prepared, eager_reason) = write_image(store, mid, m, &dest, how.eager, &c.id, progress)?;
     let config = c.bundle.join(CONFIG);
     if !config.exists() {
         std::fs::copy(dest.join(CONFIG), &config).map_err(|e| ContainerError::io("writing", &config, e))?;
@@ -654,7 +629,7 @@ pub fn restore(
         // A container's tasks come back under pids of its own namespace: the guard learns
         // their host pids as they announce themselves, and runc's group (its CRIU waits for
         // ever if the tasks die before it has finished) from here.
-        Some((_, p)) => match gstore_lazy::during::serve_during(store, mid, &work, p, &[], |guard| {
+        Some(p) => match gstore_lazy::during::serve_during(store, mid, &work, p, &[], |guard| {
             resume(&|pid| {
                 guard
                     .add_runtime_group(pid as i32)
@@ -686,5 +661,47 @@ pub fn restore(
         fill,
         profile,
         total_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Writes image `mid` (manifest `m`) out to `dest` for runc: with lazy memory (everything but
+/// the pages CRIU's lazy-pages daemon serves, which `prepared` then fills) unless `eager` or
+/// this machine cannot (the reason why is returned). Returns the bytes the image holds.
+fn write_image(
+    store: &IndexedStore,
+    mid: &ObjectId,
+    m: &Manifest,
+    dest: &Path,
+    eager: bool,
+    container: &str,
+    progress: &dyn Progress,
+) -> Result<(u64, Option<gstore_lazy::Prepared>, Option<String>)> {
+    let images = dest.join(IMAGES);
+    let mut eager_reason = None;
+    let lazy = !eager && gstore_lazy::uffd::check_support().map_err(|why| eager_reason = Some(why)).is_ok();
+    let prepared = if lazy {
+        // Everything but CRIU's images in full; of those, what CRIU reads itself.
+        let rest = m.subset(|e| e.path != IMAGES && !e.path.starts_with(&format!("{IMAGES}/")));
+        let written =
+            gstore_restore::restore_to_dir(store, mid, &rest, dest, gstore_restore::Budget::DEFAULT, progress)?;
+        match gstore_lazy::prepare(store, mid, &m.within(IMAGES), &images, gstore_restore::Budget::DEFAULT, progress) {
+            Ok(p) => Some((written.logical_bytes + p.written_bytes, p)),
+            Err(gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. }) => {
+                eager_reason = Some(why);
+                std::fs::remove_dir_all(dest).map_err(|e| ContainerError::io("removing", dest, e))?;
+                None
+            }
+            Err(source) => return Err(ContainerError::Fill { container: container.to_string(), source }),
+        }
+    } else {
+        None
+    };
+    Ok(match prepared {
+        Some((bytes, p)) => (bytes, Some(p), None),
+        None => {
+            let written =
+                gstore_restore::restore_to_dir(store, mid, m, dest, gstore_restore::Budget::DEFAULT, progress)?;
+            (written.logical_bytes, None, eager_reason)
+        }
     })
 }

@@ -13,7 +13,7 @@
 
 use super::{HeldAt, Planned, PlannedRead, Pool, TransferWaits};
 use crate::engine::Buffers;
-use crate::plan::{PlannedChunk, RangeRead, MAX_CHUNKS_PER_READ};
+use crate::plan::{PlannedChunk, RangeRead, ZeroRange, MAX_CHUNKS_PER_READ};
 use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
 use gstore_gpu_dump::cuda::join::{FloatLanes, HuffJob, LaneJob};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
@@ -195,18 +195,7 @@ impl GpuLoad {
     ) -> Result<TransferWaits> {
         let Planned { reads, zeros, total } = planned;
         let failed = self.ctx.alloc(4).map_err(StoreError::device)?;
-        {
-            let first = &self.slots[0].stream;
-            // SAFETY: the failure word is this load's; zero runs lie in files' buffers (checked
-            // by `address`) where no chunk goes.
-            unsafe { first.fill_async(failed.ptr(), 0xff, 4) }.map_err(StoreError::device)?;
-            first.synchronize().map_err(StoreError::device)?;
-            for z in &zeros {
-                let at = buffers.address(z.entry, z.offset, z.len as usize)?;
-                // SAFETY: as above.
-                unsafe { first.fill_async(at, 0, z.len as usize) }.map_err(StoreError::device)?;
-            }
-        }
+        self.clear(&failed, &zeros, buffers)?;
         let pool = Pool::new(std::mem::take(&mut self.slots));
         let loader = Loader {
             store,
@@ -224,42 +213,8 @@ impl GpuLoad {
         let stop = AtomicBool::new(false);
         progress.start("loading", total, Unit::Bytes);
         let r = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut decoder = store.decoder_over(bases);
-                        let mut waits = TransferWaits::default();
-                        while !stop.load(Ordering::Relaxed) {
-                            let asked = Instant::now();
-                            let next = {
-                                let mut q = queue.lock().expect("queue lock");
-                                q.reads.recv().ok().map(|planned| {
-                                    let tag = q.next_tag;
-                                    q.next_tag += planned.read.chunks.len() as u32;
-                                    q.taken.push((tag, Arc::clone(&planned.read)));
-                                    (tag, planned)
-                                })
-                            };
-                            waits.planner_s += asked.elapsed().as_secs_f64();
-                            let Some((tag, PlannedRead { read, held })) = next else { return Ok(waits) };
-                            let mut slot = pool.take();
-                            // Delta chunks decode on the host: their bases are read first.
-                            let r = bases
-                                .prefetch(&mut read.chunks.iter().filter_map(|c| c.loc.bases))
-                                .and_then(|_bases| loader.queue(&mut slot, &read, held, tag, &mut decoder, &mut waits));
-                            pool.give(slot);
-                            match r {
-                                Ok(n) => progress.advance(n),
-                                Err(e) => {
-                                    stop.store(true, Ordering::Relaxed);
-                                    return Err(e);
-                                }
-                            }
-                        }
-                        Ok(waits)
-                    })
-                })
-                .collect();
+            let handles: Vec<_> =
+                (0..workers).map(|_| s.spawn(|| loader.work(&queue, &pool, bases, &stop, progress))).collect();
             handles
                 .into_iter()
                 .map(|h| h.join().expect("load workers do not panic"))
@@ -279,20 +234,41 @@ impl GpuLoad {
         if tag == NO_FAILURE {
             return Ok(waits);
         }
-        let taken = queue.into_inner().expect("queue lock").taken;
-        let (first, read) =
-            taken.iter().filter(|(t, _)| *t <= tag).max_by_key(|(t, _)| *t).expect("a failing chunk was queued");
-        let c = &read.chunks[(tag - first) as usize];
-        Err(StoreError::corrupt(
-            ObjectKind::Chunk,
-            c.id.to_hex(),
-            format!(
-                "its {} bytes in VRAM do not hash to its id (or did not decode to that length) (in pack {})",
-                c.loc.plain_len,
-                read.pack.to_hex()
-            ),
-        ))
+        Err(failing_chunk(&queue.into_inner().expect("queue lock").taken, tag))
     }
+
+    /// Sets the failure word `failed` to "no failure" and zeroes the zero runs `zeros` of
+    /// `buffers`, on the first slot's stream.
+    fn clear(&self, failed: &DeviceBuffer, zeros: &[ZeroRange], buffers: &Buffers) -> Result<()> {
+        let first = &self.slots[0].stream;
+        // SAFETY: the failure word is this load's; zero runs lie in files' buffers (checked
+        // by `address`) where no chunk goes.
+        unsafe { first.fill_async(failed.ptr(), 0xff, 4) }.map_err(StoreError::device)?;
+        first.synchronize().map_err(StoreError::device)?;
+        for z in zeros {
+            let at = buffers.address(z.entry, z.offset, z.len as usize)?;
+            // SAFETY: as above.
+            unsafe { first.fill_async(at, 0, z.len as usize) }.map_err(StoreError::device)?;
+        }
+        Ok(())
+    }
+}
+
+/// The damage error for the chunk numbered `tag` (the failure word's value), found among the
+/// reads `taken`, each with the number of its first chunk.
+fn failing_chunk(taken: &[(u32, Arc<RangeRead>)], tag: u32) -> StoreError {
+    let (first, read) =
+        taken.iter().filter(|(t, _)| *t <= tag).max_by_key(|(t, _)| *t).expect("a failing chunk was queued");
+    let c = &read.chunks[(tag - first) as usize];
+    StoreError::corrupt(
+        ObjectKind::Chunk,
+        c.id.to_hex(),
+        format!(
+            "its {} bytes in VRAM do not hash to its id (or did not decode to that length) (in pack {})",
+            c.loc.plain_len,
+            read.pack.to_hex()
+        ),
+    )
 }
 
 /// What every worker shares while queueing reads.
@@ -363,6 +339,48 @@ fn put_job(meta: &mut [u8], at: usize, job: &[u8]) {
 }
 
 impl Loader<'_> {
+    /// One worker: takes planned reads from `queue` until it is empty (or `stop` is set by a
+    /// worker that failed), each into a staging slot of `pool`, and queues its transfer.
+    fn work(
+        &self,
+        queue: &Mutex<Queue>,
+        pool: &Pool<Slot>,
+        bases: &dyn BaseReader,
+        stop: &AtomicBool,
+        progress: &dyn Progress,
+    ) -> Result<TransferWaits> {
+        let mut decoder = self.store.decoder_over(bases);
+        let mut waits = TransferWaits::default();
+        while !stop.load(Ordering::Relaxed) {
+            let asked = Instant::now();
+            let next = {
+                let mut q = queue.lock().expect("queue lock");
+                q.reads.recv().ok().map(|planned| {
+                    let tag = q.next_tag;
+                    q.next_tag += planned.read.chunks.len() as u32;
+                    q.taken.push((tag, Arc::clone(&planned.read)));
+                    (tag, planned)
+                })
+            };
+            waits.planner_s += asked.elapsed().as_secs_f64();
+            let Some((tag, PlannedRead { read, held })) = next else { return Ok(waits) };
+            let mut slot = pool.take();
+            // Delta chunks decode on the host: their bases are read first.
+            let r = bases
+                .prefetch(&mut read.chunks.iter().filter_map(|c| c.loc.bases))
+                .and_then(|_bases| self.queue(&mut slot, &read, held, tag, &mut decoder, &mut waits));
+            pool.give(slot);
+            match r {
+                Ok(n) => progress.advance(n),
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(waits)
+    }
+
     /// Reads `read` into `slot` (or takes its bytes where they are held) and queues its DMA,
     /// decode, check and placement; returns the plain bytes it places.
     fn queue(

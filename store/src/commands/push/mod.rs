@@ -412,10 +412,13 @@ fn batches_of<'a>(
     }
 }
 
+/// What a pack writer returns: the packs it wrote and the seconds it was busy.
+type Written = Result<(Vec<ObjectId>, f64)>;
+
 /// Waits for the pack writers: the packs they wrote, or the first error; their busy seconds
 /// go into `report`.
 fn join_writers(
-    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<(Vec<ObjectId>, f64)>>>,
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Written>>,
     report: &mut PushReport,
 ) -> Result<Vec<ObjectId>> {
     let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
@@ -458,7 +461,7 @@ fn pack_writer(
     rx: &std::sync::Mutex<mpsc::Receiver<PackBuilder>>,
     lease: Option<&Lease>,
     failed: &AtomicBool,
-) -> Result<(Vec<ObjectId>, f64)> {
+) -> Written {
     let mut written = Vec::new();
     let mut busy = 0.0;
     loop {
