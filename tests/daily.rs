@@ -181,6 +181,8 @@ fn failures_have_distinct_exit_codes_and_json_errors() {
     assert!(e["error"]["message"].as_str().unwrap().contains("app:v9"));
     // Usage: 2 (ours and the parser's).
     assert_eq!(status(&env, &["gc", "--keep-last", "0"]), 2);
+    assert_eq!(status(&env, &["gc", "--keep-daily", "0"]), 2);
+    assert_eq!(status(&env, &["gc", "--repack-below", "1.5"]), 2);
     assert_eq!(status(&env, &["push", "x", "--tag", "bad tag"]), 2);
     assert_eq!(status(&env, &["no-such-command"]), 2);
     // Damage: 4, from verify and from a restore, which points to verify --read-data.

@@ -991,18 +991,6 @@ fn verify_text(r: &verify::VerifyReport) -> String {
 }
 
 fn run_gc(location: &StoreLocation, a: GcArgs, out: &Output, bars: &Bars) -> Result<()> {
-    if !(0.0..=1.0).contains(&a.repack_below) {
-        return Err(Usage(format!("--repack-below must be a fraction between 0 and 1, not {}", a.repack_below)).into());
-    }
-    if a.keep_last == Some(0) {
-        return Err(Usage("--keep-last 0 would remove every image; use gstore rm to remove tags".into()).into());
-    }
-    if a.keep_within.is_some_and(|d| d.is_zero()) {
-        return Err(Usage("--keep-within 0 would remove every image; use gstore rm to remove tags".into()).into());
-    }
-    if a.keep_daily == Some(0) || a.keep_weekly == Some(0) {
-        return Err(Usage("--keep-daily/--keep-weekly 0 keeps nothing by that rule; leave it out".into()).into());
-    }
     let store = Store::open(location)?;
     let opts = gc::GcOptions {
         policy: gc::retention::Policy {

@@ -392,10 +392,8 @@ class Store:
         only reclaims what no tag keeps. Returns gc's report."""
         for what, n in (("keep_last", keep_last), ("keep_within_s", keep_within_s),
                         ("keep_daily", keep_daily), ("keep_weekly", keep_weekly)):
-            if n is not None and n <= 0:
+            if n is not None and n < 0:
                 raise InvalidError(f"gc({what}={n}): give a positive number, or leave it out")
-        if prefix is not None and all(n is None for n in (keep_last, keep_within_s, keep_daily, keep_weekly)):
-            raise InvalidError("gc(prefix=...) limits retention rules: give keep_last, keep_within_s, keep_daily or keep_weekly")
         return json.loads(self._native.gc(keep_last, keep_within_s, keep_daily, keep_weekly, prefix, dry_run))
 
 

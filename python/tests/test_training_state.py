@@ -334,10 +334,13 @@ def test_retention_per_run_keeps_pinned_checkpoints(store):
         store.save(tiny, f"run-b:step-{step}")
         time.sleep(1.1)  # set times order the checkpoints; make them differ
     assert store.pin("run-a:step-1")["pinned"] is True
-    with pytest.raises(gstore.InvalidError, match="keep_last"):
+    # The store checks the rules, for the command line and Python alike.
+    with pytest.raises(gstore.InvalidError, match="a prefix limits retention rules"):
         store.gc(prefix="run-a")
-    with pytest.raises(gstore.InvalidError, match="positive"):
+    with pytest.raises(gstore.InvalidError, match="would remove every image"):
         store.gc(keep_last=0)
+    with pytest.raises(gstore.InvalidError, match="positive"):
+        store.gc(keep_daily=-1)
     dry = store.gc(keep_last=1, prefix="run-a", dry_run=True)
     assert dry["tags_removed"] == ["run-a:step-2"]
     assert len(store.list()) == 6, "a dry run changes nothing"

@@ -61,6 +61,20 @@ pub struct GcOptions {
     pub break_lock: bool,
 }
 
+impl GcOptions {
+    /// Refuses options that make no sense (see [`Policy::check`]; a repack fraction outside
+    /// 0..=1) before anything is read.
+    pub fn check(&self) -> Result<()> {
+        if !(0.0..=1.0).contains(&self.repack_below) {
+            return Err(StoreError::Invalid(format!(
+                "repack-below must be a fraction between 0 and 1, not {}",
+                self.repack_below
+            )));
+        }
+        self.policy.check()
+    }
+}
+
 impl Default for GcOptions {
     fn default() -> Self {
         GcOptions { policy: Policy::default(), dry_run: false, repack_below: DEFAULT_REPACK_BELOW, break_lock: false }
@@ -154,6 +168,7 @@ impl PackInfo {
 
 /// Runs retention and one gc pass over `store` (opened without its index).
 pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<GcReport> {
+    opts.check()?;
     let started = std::time::Instant::now();
     let b = store.backend();
     let requests_before = b.requests();

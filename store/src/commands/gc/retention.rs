@@ -13,6 +13,7 @@
 //! current image of a pinned tag (`gstore pin`). A tag record is removed only when none of its
 //! images is kept; otherwise its history is trimmed to the kept entries.
 
+use crate::error::{Result, StoreError};
 use crate::format::tag::{SetTime, TagRecord};
 use std::collections::BTreeMap;
 
@@ -30,6 +31,28 @@ pub struct Policy {
     pub keep_weekly: Option<usize>,
     /// Apply the rules only to tag names that start with this; others keep everything.
     pub prefix: Option<String>,
+}
+
+impl Policy {
+    /// Refuses rules that would keep nothing by themselves, or a prefix with no rule to limit
+    /// (the command line and the Python package both come through here).
+    pub fn check(&self) -> Result<()> {
+        let refuse = |why: &str| Err(StoreError::Invalid(why.to_string()));
+        if self.keep_last == Some(0) || self.keep_within_secs == Some(0) {
+            return refuse("keep-last 0 and keep-within 0 would remove every image of a name: remove tags with rm");
+        }
+        if self.keep_daily == Some(0) || self.keep_weekly == Some(0) {
+            return refuse("keep-daily and keep-weekly 0 keep nothing by their rule: leave them out");
+        }
+        let no_rule = [self.keep_last, self.keep_daily, self.keep_weekly].iter().all(Option::is_none)
+            && self.keep_within_secs.is_none();
+        if self.prefix.is_some() && no_rule {
+            return refuse(
+                "a prefix limits retention rules to the names it starts: give keep-last, keep-within, keep-daily or keep-weekly too",
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Seconds in a day.
@@ -145,6 +168,18 @@ mod tests {
     use super::*;
     use crate::format::id::ObjectId;
     use crate::format::tag::TagRef;
+
+    #[test]
+    fn rules_that_keep_nothing_and_a_prefix_alone_are_refused() {
+        let refused = |p: Policy| p.check().unwrap_err().to_string();
+        assert!(refused(Policy { keep_last: Some(0), ..Default::default() }).contains("would remove every image"));
+        assert!(refused(Policy { keep_within_secs: Some(0), ..Default::default() }).contains("keep-within 0"));
+        assert!(refused(Policy { keep_weekly: Some(0), ..Default::default() }).contains("keep nothing"));
+        let prefix = || Some("run-a".to_string());
+        assert!(refused(Policy { prefix: prefix(), ..Default::default() }).contains("a prefix limits"));
+        assert!(Policy { prefix: prefix(), keep_daily: Some(2), ..Default::default() }.check().is_ok());
+        assert!(Policy::default().check().is_ok(), "no rule: gc reclaims what no tag keeps");
+    }
 
     /// A record for `tag` whose values were set at `times` (oldest first, whole seconds).
     fn record(tag: &str, times: &[u64]) -> TagRecord {
