@@ -237,18 +237,7 @@ pub fn restore_to_device_with(
     // staging's host memory is mapped meanwhile too, before the CUDA context is up, which
     // then only locks it.
     std::thread::scope(|s| {
-        let mapping = s.spawn(move || {
-            // A slot per thread: faulting pages in is CPU work, and where CUDA is already up
-            // (a Python process) the load waits for it.
-            std::thread::scope(|m| {
-                let made: Vec<_> = (0..staging_slots)
-                    .map(|_| m.spawn(move || HostMemory::map(max_read as usize).map_err(StoreError::device)))
-                    .collect();
-                made.into_iter()
-                    .map(|h| h.join().expect("mapping staging memory does not panic"))
-                    .collect::<Result<Vec<_>>>()
-            })
-        });
+        let mapping = s.spawn(move || map_staging(staging_slots as usize, max_read as usize));
         let planner = s.spawn(move || {
             let t = std::time::Instant::now();
             needs.plan_batches(store, m, max_read, PLAN_BATCH, |batch| {
@@ -282,26 +271,8 @@ pub fn restore_to_device_with(
         })();
         let alloc_s = t.elapsed().as_secs_f64();
         let loaded = prepared.and_then(|(owned, buffers, checker)| {
-            let (path, waits) = match checker {
-                Checker::Gpu(mut g) => {
-                    let path = g.describe();
-                    let waits = g.run(
-                        store,
-                        store,
-                        Planned { reads, zeros, total },
-                        &[],
-                        &buffers,
-                        threads as usize,
-                        progress,
-                    )?;
-                    (path, waits)
-                }
-                Checker::Host(ring, why) => {
-                    let plan = Plan { reads: reads.iter().map(|p| Arc::unwrap_or_clone(p.read)).collect(), zeros };
-                    ring.run(store, &plan, buffers, progress)?;
-                    (format!("chunks checked and decoded on the host ({why})"), TransferWaits::default())
-                }
-            };
+            let planned = Planned { reads, zeros, total };
+            let (path, waits) = checker.run(store, planned, buffers, threads as usize, progress)?;
             Ok((owned, path, waits))
         });
         // A load error comes first (the planner then only saw the load stop); a plan that
@@ -314,6 +285,43 @@ pub fn restore_to_device_with(
         let entries = owned.into_iter().map(|(path, buffer)| DeviceEntry { path, buffer }).collect();
         Ok(DeviceImage { entries, plan_s, alloc_s, transfer_s: t.elapsed().as_secs_f64() - alloc_s, path, waits })
     })
+}
+
+/// `slots` mappings of `len` bytes of host memory for staging, each faulted in on a thread of
+/// its own: faulting pages in is CPU work, and where CUDA is already up (a Python process)
+/// the load waits for it.
+fn map_staging(slots: usize, len: usize) -> Result<Vec<HostMemory>> {
+    std::thread::scope(|m| {
+        let made: Vec<_> =
+            (0..slots).map(|_| m.spawn(move || HostMemory::map(len).map_err(StoreError::device))).collect();
+        made.into_iter().map(|h| h.join().expect("mapping staging memory does not panic")).collect()
+    })
+}
+
+impl Checker {
+    /// Loads the reads `planned` sends into `buffers` with `workers` threads; returns where
+    /// chunks were checked and decoded (for reports) and where the workers waited.
+    fn run(
+        self,
+        store: &IndexedStore,
+        planned: Planned,
+        buffers: Buffers,
+        workers: usize,
+        progress: &dyn Progress,
+    ) -> Result<(String, TransferWaits)> {
+        match self {
+            Checker::Gpu(mut g) => {
+                let path = g.describe();
+                Ok((path, g.run(store, store, planned, &[], &buffers, workers, progress)?))
+            }
+            Checker::Host(ring, why) => {
+                let Planned { reads, zeros, .. } = planned;
+                let plan = Plan { reads: reads.iter().map(|p| Arc::unwrap_or_clone(p.read)).collect(), zeros };
+                ring.run(store, &plan, buffers, progress)?;
+                Ok((format!("chunks checked and decoded on the host ({why})"), TransferWaits::default()))
+            }
+        }
+    }
 }
 
 /// Allocates a VRAM buffer on `ctx`'s device for every file of `m`, after checking the device
