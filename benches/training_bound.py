@@ -13,8 +13,9 @@ all three, the fraction of the bytes each model of the second snapshot needs:
   best  the best of these per kind of tensor
 and, per kind, `gauss`: the bits a coder needs if the prediction's residual is Gaussian noise
 of the scale measured, log2(scale / the value's spacing) + 2.05 (its differential entropy). The
-gradients are fresh noise each step, so no coder that knows the first snapshot can do better
-than the part of the second that the new gradients decide: `gauss` estimates that bound.
+gradients are fresh Gaussian noise each step, independent of the first snapshot: for the first
+moment (a sum of them) this is the bound no coder can beat; for the weights and the second
+moment it is the bound under the linear model.
 Usage: python benches/training_bound.py [WARMUP (default 20)] (CPU, PyTorch and NumPy)."""
 import sys
 
@@ -88,8 +89,9 @@ def predicted(kind, first, second):
     y = floats(second[kind])
     x = np.stack(features(kind, first, second), axis=1)
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    guess = (x @ coef).astype(np.float32)
-    scale = float(np.std(y - x @ coef))
+    fit = x @ coef
+    guess = fit.astype(np.float32)
+    scale = float(np.std(y - fit))
     spacing = np.spacing(np.abs(second[kind].view(np.float32))).astype(np.float64)
     gauss = np.mean(np.maximum(np.log2(scale / spacing) + 2.05, 0)) / 32
     return int_coded(second[kind], guess.view(np.uint32)), float(gauss)

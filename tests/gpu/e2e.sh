@@ -105,10 +105,10 @@ checksum_ok() {  # checksum_ok DIR: ask each holder of the tree to recompute its
   done
 }
 # A request: DIR/ask (and one for each worker), answered by each process in its answer file,
-# which must equal its expect file.
-# ask DIR: a request, made before a restore. The counters go too: a process restored from an
-# older checkpoint counts again from that checkpoint's count, below what the last incarnation
-# wrote, so only counts its restored self writes say whether it computes on.
+# which must equal its expect file. Made before a restore, it removes the counters too: a
+# process restored from an older checkpoint counts again from that checkpoint's count, below
+# what its last incarnation wrote, so only the counts its restored self writes say whether it
+# computes on.
 ask() { local d; for d in $(procs "$1"); do rm -f "$d/answer" "$d/counter"; : >"$d/ask"; done; }
 wait_answer() {  # polls every 10 ms, up to ~2 min
   local d i; for d in $(procs "$1"); do

@@ -169,27 +169,18 @@ struct Planned {
     total: u64,
 }
 
-/// How the chunks will be checked: prepared alongside the plan.
 /// Why a load checks its chunks on the host rather than on the GPU.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 enum HostChecks {
     /// The check kernel did not load on this GPU.
+    #[error("the GPU check kernel is unavailable: {0}")]
     NoCheckKernel(GpuDumpError),
     /// The store is remote: its range cache keeps only ranges the host has checked.
+    #[error("a remote store's range cache keeps only ranges the host has checked")]
     RemoteStore,
 }
 
-impl std::fmt::Display for HostChecks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HostChecks::NoCheckKernel(e) => write!(f, "the GPU check kernel is unavailable: {e}"),
-            HostChecks::RemoteStore => {
-                f.write_str("a remote store's range cache keeps only ranges the host has checked")
-            }
-        }
-    }
-}
-
+/// How the chunks will be checked: prepared alongside the plan.
 enum Checker {
     Gpu(gpu_check::GpuLoad),
     Host(host_check::Ring, HostChecks),

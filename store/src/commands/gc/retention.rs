@@ -33,28 +33,6 @@ pub struct Policy {
     pub prefix: Option<String>,
 }
 
-impl Policy {
-    /// Refuses rules that would keep nothing by themselves, or a prefix with no rule to limit
-    /// (the command line and the Python package both come through here).
-    pub fn check(&self) -> Result<()> {
-        let refuse = |why: &str| Err(StoreError::Invalid(why.to_string()));
-        if self.keep_last == Some(0) || self.keep_within_secs == Some(0) {
-            return refuse("keep-last 0 and keep-within 0 would remove every image of a name: remove tags with rm");
-        }
-        if self.keep_daily == Some(0) || self.keep_weekly == Some(0) {
-            return refuse("keep-daily and keep-weekly 0 keep nothing by their rule: leave them out");
-        }
-        let no_rule = [self.keep_last, self.keep_daily, self.keep_weekly].iter().all(Option::is_none)
-            && self.keep_within_secs.is_none();
-        if self.prefix.is_some() && no_rule {
-            return refuse(
-                "a prefix limits retention rules to the names it starts: give keep-last, keep-within, keep-daily or keep-weekly too",
-            );
-        }
-        Ok(())
-    }
-}
-
 /// Seconds in a day.
 const DAY: u64 = 86_400;
 
@@ -104,6 +82,24 @@ impl Policy {
             && self.keep_within_secs.is_none()
             && self.keep_daily.is_none()
             && self.keep_weekly.is_none()
+    }
+
+    /// Refuses rules that would keep nothing by themselves, or a prefix with no rule to limit
+    /// (the command line and the Python package both come through here).
+    pub fn check(&self) -> Result<()> {
+        let refuse = |why: &str| Err(StoreError::Invalid(why.to_string()));
+        if self.keep_last == Some(0) || self.keep_within_secs == Some(0) {
+            return refuse("keep-last 0 and keep-within 0 would remove every image of a name: remove tags with rm");
+        }
+        if self.keep_daily == Some(0) || self.keep_weekly == Some(0) {
+            return refuse("keep-daily and keep-weekly 0 keep nothing by their rule: leave them out");
+        }
+        if self.prefix.is_some() && self.is_none() {
+            return refuse(
+                "a prefix limits retention rules to the names it starts: give keep-last, keep-within, keep-daily or keep-weekly too",
+            );
+        }
+        Ok(())
     }
 
     /// The outcome for each of `records` (same order), at time `now`.

@@ -347,14 +347,14 @@ fn push_entries(
                 scope.spawn(move || pack_writer(store, rx, lease, failed))
             })
             .collect();
-        let mut out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
+        let out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
         let parent = meta.get("parent").and_then(|p| p.as_str()).and_then(|p| TagRef::parse(p).ok());
         let deltas = Deltas::new(store, lease.as_ref(), tag, parent);
         if reader.as_ref().is_some_and(|r| r.entries.iter().any(|e| crate::dedup::deltas::is_tensor_file(&e.rel))) {
             deltas.parent_files();
         }
         let work = Work { deltas: &deltas, reader: reader.as_ref(), vet_found };
-        let appended = append_all(&work, batches, &mut out, &queue, progress);
+        let appended = append_all(&work, batches, out, &queue, progress);
         drop(queue);
         // A writer error explains an append error (a closed channel), so report it first.
         let written = join_writers(handles, &mut report)?;
@@ -612,7 +612,7 @@ type Processed = Result<(Vec<Unit>, Vec<Result<Vec<Cut>>>)>;
 fn append_all(
     work: &Work<'_>,
     batches: Batches<'_>,
-    out: &mut Appended,
+    out: Appended<'_>,
     queue: &PackQueue<'_>,
     progress: &dyn Progress,
 ) -> Result<()> {
@@ -689,16 +689,16 @@ fn process_batches(
 
 /// The ordered step of a push: appends each new chunk once to the pack being filled, and
 /// records every chunk of every file.
-struct Appender<'w, 'o, 'a, 'q> {
-    work: &'w Work<'w>,
-    out: &'o mut Appended<'a>,
-    queue: &'q PackQueue<'q>,
+struct Appender<'a> {
+    work: &'a Work<'a>,
+    out: Appended<'a>,
+    queue: &'a PackQueue<'a>,
     /// Chunks this push already appended.
     seen: HashSet<ObjectId>,
-    pack: PackFill<'w>,
+    pack: PackFill<'a>,
 }
 
-impl Appender<'_, '_, '_, '_> {
+impl Appender<'_> {
     /// Appends the chunks of one processed batch, unit by unit, in file order.
     fn batch(&mut self, batch: &[Unit], cuts: Vec<Result<Vec<Cut>>>) -> Result<()> {
         let t = std::time::Instant::now();
