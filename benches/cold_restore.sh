@@ -7,6 +7,7 @@
 # command: `cp -r DUMP` and `gstore restore IMAGE --to DIR`, command to command (and, with
 # BASE_BIN set, the same restore by that binary, e.g. the previous release). Prints the times
 # and each restore's ratio to cp -r. Run as root (drop_caches, CRIU >= 4 at $CRIU).
+# INIT_ARGS are passed to `gstore init` (e.g. "--min-saving 30").
 # Usage: benches/cold_restore.sh [MIB] [PCT] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ setsid python3 benches/page_holder.py "$work" "$mib" "$pct" </dev/null >/dev/nul
 until [ -s "$work/ready" ]; do sleep 0.1; done
 pid=$(cat "$work/ready")
 S="$work/store"
-"$G" --store "$S" -q init >/dev/null
+"$G" --store "$S" -q init ${INIT_ARGS:-} >/dev/null
 "$G" --store "$S" -q checkpoint --pid "$pid" --leave-running --criu "$criu" --tag proc:1 >/dev/null
 kill -USR1 "$pid"
 until [ -s "$work/changed.done" ]; do sleep 0.1; done

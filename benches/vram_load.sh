@@ -8,7 +8,8 @@
 # Each load prints its logical GB/s end to end (process start to exit) and as the load reports
 # it, each as a ratio to pinned, with the load's phases and where its workers waited. The first
 # load of each image reads VRAM back and checks every chunk. VARIANTS ("|"-separated
-# `ENV=V ... -- FLAGS`) adds warm loads under other settings, for diagnosis.
+# `ENV=V ... -- FLAGS`) adds warm loads under other settings, for diagnosis. PROBE_GIB first
+# measures the host path's own rate (tests/gpu/register_probe.py) on that many GiB.
 # Usage: benches/vram_load.sh GSTORE_BIN [GIB...]   (default 8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,14 @@ rm -rf "$W"; mkdir -p "$W"
 trap 'rm -rf "$W"' EXIT
 PINNED=$(python3 tests/gpu/load_bench.py pinned | awk '/^pinned/ {print $3}')
 echo "pinned host->device: $PINNED GB/s; THP $(cat /sys/kernel/mm/transparent_hugepage/enabled); $(nproc) cores"
+if [ -n "${PROBE_GIB:-}" ]; then
+  # The host path's own rate with nothing else (no plan, no checks, no decode): PROBE_GIB of
+  # random bytes warm in the page cache, moved to VRAM by 16 threads in 16 MiB slices, read
+  # into pinned buffers (gstore's path) and DMA'd straight from registered mappings.
+  head -c "$((PROBE_GIB << 30))" /dev/urandom >"$W/probe"
+  python3 tests/gpu/register_probe.py "$W/probe" 16 16
+  rm -f "$W/probe"
+fi
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 # load LABEL BYTES [ENV=V ...] [-- FLAGS...]: one load, timed from process start to exit.
 load() {
@@ -37,7 +46,7 @@ e2e = n / 1e9 / (t1 - t0)
 rep = n / 1e9 / out["seconds"]
 p, w = out.get("phases", [0, 0, 0]), out.get("waits") or {}
 print(f"{label}: end to end {t1 - t0:.3f} s {e2e:.1f} GB/s ({e2e / pinned:.2f}x pinned) | reported {out['seconds']:.3f} s "
-      f"{rep:.1f} GB/s ({rep / pinned:.2f}x) | plan {p[0]:.3f} alloc {p[1]:.3f} transfer {p[2]:.3f} s | per worker: "
+      f"{rep:.1f} GB/s ({rep / pinned:.2f}x) | CUDA context up at {out.get('context_s', 0):.3f} s | plan {p[0]:.3f} alloc {p[1]:.3f} transfer {p[2]:.3f} s | per worker: "
       f"reading {w.get('reading_s', 0):.3f} gpu {w.get('gpu_s', 0):.3f} planner {w.get('planner_s', 0):.3f} s"
       + (" | checked" if out.get("checked") else ""))
 EOF

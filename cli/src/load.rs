@@ -31,6 +31,10 @@ pub struct LoadReport {
     /// Device loads: seconds planning, allocating, transferring (the slowest device's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<[f64; 3]>,
+    /// Device loads: seconds from the start of the command's work until the CUDA context was
+    /// up (the slowest device's); no byte can cross to the device before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_s: Option<f64>,
     /// Device loads: where chunks were checked and decoded, and why there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
@@ -112,14 +116,26 @@ pub fn load(
             (0..n).collect()
         }
     };
-    let contexts: Vec<_> =
-        devices.iter().map(|&index| std::thread::spawn(move || CudaDriver::load()?.context(index))).collect();
+    let contexts: Vec<_> = devices
+        .iter()
+        .map(|&index| {
+            std::thread::spawn(move || {
+                let ctx = CudaDriver::load()?.context(index);
+                ctx.map(|c| (c, started.elapsed().as_secs_f64()))
+            })
+        })
+        .collect();
     let (store, m) = open()?;
+    let context_s = std::sync::Mutex::new(0.0f64);
     let open_contexts: Vec<_> = contexts
         .into_iter()
-        .map(|started| {
+        .map(|starting| {
+            let context_s = &context_s;
             move || -> gstore_store::Result<CudaContext> {
-                started.join().expect("CUDA start does not panic").map_err(StoreError::device)
+                let (ctx, up) = starting.join().expect("CUDA start does not panic").map_err(StoreError::device)?;
+                let mut slowest = context_s.lock().expect("no panic while held");
+                *slowest = slowest.max(up);
+                Ok(ctx)
             }
         })
         .collect();
@@ -136,6 +152,7 @@ pub fn load(
     let mut r = report(reference, device, bytes, started.elapsed().as_secs_f64());
     let slowest = |f: fn(&DeviceImage) -> f64| images.iter().map(f).fold(0.0, f64::max);
     r.phases = Some([slowest(|i| i.plan_s), slowest(|i| i.alloc_s), slowest(|i| i.transfer_s)]);
+    r.context_s = Some(context_s.into_inner().expect("no panic while held"));
     r.path = images.first().map(|i| i.path.clone());
     r.waits = images.iter().max_by(|a, b| a.transfer_s.total_cmp(&b.transfer_s)).map(|i| i.waits);
     if images.len() > 1 {
@@ -190,6 +207,7 @@ fn report(image: &str, device: &str, bytes: u64, seconds: f64) -> LoadReport {
         gb_per_s: bytes as f64 / 1e9 / seconds.max(1e-9),
         checked: false,
         phases: None,
+        context_s: None,
         path: None,
         waits: None,
         per_device: None,

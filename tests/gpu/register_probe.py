@@ -60,14 +60,20 @@ def registered(st, state, off, n):
     ck(cu.cuMemHostUnregister(C.c_void_p(p)), "unregister")
     libc.munmap(C.c_void_p(p), C.c_size_t(n))
 
-# B: pread into this thread's pinned buffer + DMA (two buffers, alternating).
+# B: pread into this thread's pinned buffer + DMA (two buffers, alternating: a buffer is
+# read into again once its own DMA is done, so one buffer's read overlaps the other's DMA).
 def pread_pinned(st, state, off, n):
-    h = state["bufs"][state["i"] % 2]; state["i"] += 1
-    ck(cu.cuStreamSynchronize(st), "sync")
+    k = state["i"] % 2; state["i"] += 1
+    h, done = state["bufs"][k], state.setdefault("events", {}).get(k)
+    if done is not None:
+        ck(cu.cuEventSynchronize(done), "event sync")
+    else:
+        done = C.c_void_p(); ck(cu.cuEventCreate(C.byref(done), 2), "event"); state["events"][k] = done
     view = (C.c_char * n).from_address(h.value)
     got = os.preadv(fd, [memoryview(view).cast("B")], off)
     assert got == n
     ck(cu.cuMemcpyHtoDAsync_v2(C.c_uint64(dptr.value + off), h, C.c_size_t(n), st), "copy")
+    ck(cu.cuEventRecord(done, st), "record")
 
 for mix in mixes:
     for _ in range(2):
