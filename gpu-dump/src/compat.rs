@@ -91,6 +91,12 @@ impl MachineInfo {
         };
         MachineInfo { criu_version: criu.map(Criu::version), cuda }
     }
+
+    /// Asks the local CRIU only, for an image that needs no GPU: the CUDA driver is not
+    /// started (its `cuInit` alone costs a GPU machine about 0.2 s).
+    pub fn probe_without_gpus(criu: Option<&Criu>) -> MachineInfo {
+        MachineInfo { criu_version: criu.map(Criu::version), cuda: Err("not asked: the image needs no GPU".into()) }
+    }
 }
 
 /// The GPU pairs to restore `image` with on `machine` (empty: onto the GPUs it was captured
@@ -184,6 +190,22 @@ mod tests {
         let small = GpuInfo { total_mem_bytes: 1, ..h200(1) };
         let small = MachineInfo { cuda: Ok(((13, 0), vec![h200(0), small])), ..gpu_machine() };
         assert!(refusal(&gpu_image(), &small).contains("1: NVIDIA H200, 1 bytes"));
+    }
+
+    #[test]
+    fn a_machine_probed_without_gpus_restores_cpu_images_only() {
+        let machine = MachineInfo::probe_without_gpus(None);
+        assert_eq!(machine.criu_version, None);
+        let machine = MachineInfo { criu_version: Some("4.1.1".into()), ..machine };
+        let cpu = ImageMeta {
+            kind: ImageKind::CpuProcess,
+            cuda_driver_version: None,
+            gpus: vec![],
+            gpu_pids: vec![],
+            ..gpu_image()
+        };
+        check_compatible(&cpu, &machine, &GpuMap::default()).expect("a CPU image needs no GPU");
+        refusal(&gpu_image(), &machine);
     }
 
     #[test]
