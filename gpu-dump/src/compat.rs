@@ -152,6 +152,16 @@ mod tests {
         }
     }
 
+    fn cpu_image() -> ImageMeta {
+        ImageMeta {
+            kind: ImageKind::CpuProcess,
+            cuda_driver_version: None,
+            gpus: vec![],
+            gpu_pids: vec![],
+            ..gpu_image()
+        }
+    }
+
     fn gpu_machine() -> MachineInfo {
         MachineInfo { criu_version: Some("4.1.1".into()), cuda: Ok(((13, 0), vec![h200(0), h200(1)])) }
     }
@@ -197,26 +207,14 @@ mod tests {
         let machine = MachineInfo::probe_without_gpus(None);
         assert_eq!(machine.criu_version, None);
         let machine = MachineInfo { criu_version: Some("4.1.1".into()), ..machine };
-        let cpu = ImageMeta {
-            kind: ImageKind::CpuProcess,
-            cuda_driver_version: None,
-            gpus: vec![],
-            gpu_pids: vec![],
-            ..gpu_image()
-        };
+        let cpu = cpu_image();
         check_compatible(&cpu, &machine, &GpuMap::default()).expect("a CPU image needs no GPU");
         refusal(&gpu_image(), &machine);
     }
 
     #[test]
     fn criu_must_be_there_and_new() {
-        let cpu = ImageMeta {
-            kind: ImageKind::CpuProcess,
-            cuda_driver_version: None,
-            gpus: vec![],
-            gpu_pids: vec![],
-            ..gpu_image()
-        };
+        let cpu = cpu_image();
         let none = MachineInfo { criu_version: None, cuda: Err("none".into()) };
         assert!(refusal(&cpu, &none).contains("scripts/criu.sh"));
         let old = MachineInfo { criu_version: Some("3.17.1".into()), cuda: Err("none".into()) };
