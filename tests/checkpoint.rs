@@ -231,3 +231,44 @@ fn a_failed_checkpoint_keeps_criu_s_log_where_it_says() {
     let v = c.value().unwrap();
     c.wait_above(v + 2);
 }
+
+#[test]
+fn a_token_that_may_not_store_the_tag_is_refused_before_the_process_is_touched() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new(&[]);
+    let tokens = env.path("tokens");
+    let (read, team) = ("readtoken-0123456789", "teamtoken-0123456789");
+    fs::write(&tokens, format!("{read} read\n{team} write team-\n")).unwrap();
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    // A CRIU that notes each call before running the real one: no dump may start.
+    let calls = env.path("criu-calls");
+    let wrapper = env.path("criu");
+    let criu = criu_args();
+    let real = &criu[1];
+    fs::write(&wrapper, format!("#!/bin/sh\necho \"$*\" >> {}\nexec {real} \"$@\"\n", calls.display())).unwrap();
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+    let staging = env.path("staged");
+    let c = PyCounter::start(5);
+    let pid = c.pid.to_string();
+    let cases = [
+        (read, vec![], "this token has Read scope; Write is needed"),
+        (read, vec!["--staging", staging.to_str().unwrap()], "this token has Read scope; Write is needed"),
+        (team, vec![], "this token may only write tags starting with \"team-\""),
+    ];
+    for (token, extra, why) in cases {
+        let mut args = vec!["checkpoint", "--pid", &pid, "--tag", "svc:1", "--criu", wrapper.to_str().unwrap()];
+        args.extend(extra);
+        let o = server.cmd("m", token, &args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "checkpoint {args:?} with a token that may not write svc succeeded");
+        assert!(err.contains("access denied") && err.contains(why), "{args:?}: {err}");
+        let criu_ran = fs::read_to_string(&calls).unwrap_or_default();
+        assert!(!criu_ran.contains("dump"), "{args:?}: CRIU dumped the process first: {criu_ran}\n{err}");
+        // Never stopped nor restored: the same process counts on.
+        let v = c.value().unwrap();
+        c.wait_above(v + 2);
+        assert!(c.alive());
+    }
+    let ls = server.cmd("m", read, &["ls", "--json"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&ls.stdout).trim(), "[]", "nothing tagged");
+}

@@ -186,3 +186,53 @@ fn default_store_location_comes_from_env() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Issue 61 item 13: `serve --listen 127.0.0.1:0` says the port it bound (and prints a JSON
+/// ready line with `--json`); commands other than `init` leave a missing store path missing;
+/// `ls NAME:VERSION` lists that tag, and one that names no tag is not found (exit 3);
+/// argument errors under `--json` still print one JSON value; a container name must be one.
+#[test]
+fn unclear_answers_are_clear() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 5, 1);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+
+    let mut serve = env
+        .cmd(&["--json", "serve", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(serve.stdout.take().unwrap()), &mut line).unwrap();
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
+    let listen = ready["listen"].as_str().unwrap();
+    assert!(ready["ready"] == true && !listen.ends_with(":0"), "{line}");
+    assert_eq!(ready["url"].as_str().unwrap(), format!("http://{listen}"));
+
+    let missing = env.path("no-store-here");
+    for args in [&["verify"][..], &["ls"]] {
+        let o = gstore_in(env.tmp.path()).arg("--store").arg(&missing).args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(!missing.exists(), "{args:?} made the missing store's directory");
+    }
+
+    let rows = env.json(&["ls", "app:v1"]);
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    let o = env.run(&["ls", "app:v2"]);
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(env.run(&["ls", "nothing"]).status.code(), Some(3));
+    assert!(env.json(&["ls", "nothing*"]).as_array().unwrap().is_empty());
+
+    let o = env.run(&["--json", "ls", "--no-such-flag"]);
+    assert_eq!(o.status.code(), Some(2));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON value on stdout");
+    assert_eq!(report["error"]["code"], "usage", "{report}");
+
+    let o = env.run(&["restore", "app:v1", "--container", "--name", "../x"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is not a container name"), "{o:?}");
+}

@@ -192,3 +192,21 @@ fn recorded_damage_is_healed_by_a_copy_from_a_good_store() {
     assert!(r[0]["copied_chunks"].as_u64().unwrap() >= 1, "{r}");
     assert_healed(&env, &pack);
 }
+
+/// The steps: a restore that failed on the damaged copy after `verify` recorded it
+/// leaves a recorded plan naming that copy; once the files are pushed again, restores of
+/// both tags read the good copy (before the fix both still failed until `index rebuild`).
+#[test]
+fn a_plan_recorded_by_a_failed_restore_does_not_outlive_the_healing_push() {
+    let (env, pack) = damaged_and_verified();
+    let failed = env.run(&["restore", "victim", "--to", env.path("first").to_str().unwrap()]);
+    assert_eq!(failed.status.code(), Some(4), "{}", String::from_utf8_lossy(&failed.stderr));
+    env.ok(&["push", env.path("victim").to_str().unwrap(), "--tag", "victim-again"]);
+    for tag in ["victim", "victim-again"] {
+        let out = env.path(&format!("out-{tag}"));
+        let o = env.run(&["restore", tag, "--to", out.to_str().unwrap()]);
+        assert!(o.status.success(), "restore {tag} after healing: {}", String::from_utf8_lossy(&o.stderr));
+        assert_same_tree(&env.path("victim"), &out);
+    }
+    assert_healed(&env, &pack);
+}

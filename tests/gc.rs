@@ -463,3 +463,29 @@ fn gc_sweeps_the_temporary_files_of_killed_pushes_and_spares_a_running_one() {
     assert!(temp_files(&env).is_empty(), "{:?}", temp_files(&env));
     env.ok(&["verify", "--read-data"]);
 }
+
+/// Retention dates images by when they were made (`SOURCE_DATE_EPOCH` here), as `ls
+/// --latest` does, not by when they were tagged: step-10, tagged before step-9, is the newest;
+/// twelve images made over six days and pushed today keep one a day under `--keep-daily 6`.
+#[test]
+fn retention_goes_by_when_images_were_made() {
+    let env = Env::new(&[]);
+    let day = 86_400u64;
+    let push = |tag: &str, made: u64, seed: u64| {
+        let src = make_image(&env.path(&format!("src-{tag}")), seed);
+        let o = env.cmd(&["-q", "push", src.to_str().unwrap(), "--tag", tag]).env("SOURCE_DATE_EPOCH", made.to_string()).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    push("x:step-10", 1_790_000_000 + 100, 10);
+    push("x:step-9", 1_790_000_000, 9);
+    assert_eq!(tags(&env.ok(&["--json", "ls", "x", "--latest"])), ["x:step-10"]);
+    env.ok(&["gc", "--keep-last", "1"]);
+    assert_eq!(tags(&env.ok(&["--json", "ls", "x"])), ["x:step-10"]);
+
+    for i in 0..12u64 {
+        push(&format!("d:v{i:02}"), 1_790_000_000 + (i / 2) * day + (i % 2) * 3600, 100 + i);
+    }
+    env.ok(&["gc", "--keep-daily", "6", "--prefix", "d"]);
+    let kept = tags(&env.ok(&["--json", "ls", "d", "--sort", "name"]));
+    assert_eq!(kept, ["d:v01", "d:v03", "d:v05", "d:v07", "d:v09", "d:v11"]);
+}

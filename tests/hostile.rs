@@ -220,3 +220,90 @@ fn the_server_refuses_new_tags_that_read_as_manifest_ids() {
     }
     assert!(!env.store.join("tags").join(&id).exists());
 }
+
+/// An archive holding `link -> /tmp` and then `link/f`, pushed as a file and on stdin: the
+/// push is refused before it tags anything (exit 2), and a manifest of that shape already in
+/// the store (written by an older version) does not stop gc: its chunks are kept.
+#[test]
+fn streamed_push_below_a_symlink_tags_nothing_and_gc_goes_on() {
+    let env = Env::new(&[]);
+    let (one, two) = (env.path("one"), env.path("two"));
+    fs::create_dir_all(two.join("link")).unwrap();
+    fs::create_dir_all(&one).unwrap();
+    std::os::unix::fs::symlink("/tmp", one.join("link")).unwrap();
+    fs::write(two.join("link/f"), b"written through the link").unwrap();
+    // A container checkpoint archive (its config.dump first), which `push FILE` takes entry by
+    // entry, as `push -` takes any archive.
+    fs::write(two.join("config.dump"), b"{}").unwrap();
+    let tar = env.path("x.tar");
+    let made = std::process::Command::new("tar")
+        .args(["-cf", tar.to_str().unwrap(), "-C", two.to_str().unwrap(), "config.dump"])
+        .args(["-C", one.to_str().unwrap(), "link", "-C", two.to_str().unwrap(), "link/f"])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let o = env.run(&["push", tar.to_str().unwrap(), "--tag", "a:1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("lies below \"link\""), "{o:?}");
+    let o = env.cmd(&["push", "-", "--tag", "a:2"]).stdin(fs::File::open(&tar).unwrap()).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    let tags = env.json(&["ls"]).to_string();
+    assert!(!tags.contains("a:1") && !tags.contains("\"a\""), "a refused push tagged: {tags}");
+
+    // One planted the old way, beside a good image whose chunks it shares.
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    write_mixed_file(&src.join("data"), 300_000, 7);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "good:1"]);
+    let store = Store::open(&StoreLocation::Local(env.store.clone())).unwrap();
+    let good = store.get_manifest(&ObjectId::from_hex(env.json(&["show", "good:1"])["manifest"].as_str().unwrap()).unwrap()).unwrap();
+    let mut evil = crafted(vec![entry("link", EntryKind::Symlink, Some("/tmp")), entry("link/f", EntryKind::File, None)]);
+    evil.entries[1].chunks = good.chunks.len() as u64;
+    evil.entries[1].size = good.chunks.iter().map(|c| c.len as u64).sum();
+    evil.chunks = good.chunks.clone();
+    let id = plant(&env, &evil, "old:1");
+    env.ok(&["rm", "good:1"]);
+    for _ in 0..2 {
+        let gc = env.json(&["gc"]);
+        let refused = gc["refused_manifests"].to_string();
+        assert!(refused.contains(&id.to_hex()) && refused.contains("lies below"), "{gc}");
+    }
+    // Its chunks were kept: an image naming the same chunks reads back the original bytes.
+    let mut again = crafted(vec![entry("f", EntryKind::File, None)]);
+    again.entries[0].chunks = evil.chunks.len() as u64;
+    again.entries[0].size = evil.entries[1].size;
+    again.chunks = evil.chunks.clone();
+    plant(&env, &again, "again:1");
+    let cat = env.run(&["cat", "again:1", "f"]);
+    assert!(cat.status.success(), "gc deleted chunks a refused manifest names: {cat:?}");
+    assert_eq!(cat.stdout, fs::read(src.join("data")).unwrap());
+}
+
+/// `podman container checkpoint --export=/dev/stdout | gstore push -`: podman writes the
+/// container's name after the tar. gstore reads its input to the end, so the writer is not
+/// killed by SIGPIPE (PIPESTATUS was `141 0` before, failing the pipeline under pipefail).
+#[test]
+fn push_from_a_pipe_reads_past_the_end_of_the_tar() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"contents").unwrap();
+    let tar = env.path("x.tar");
+    let made = std::process::Command::new("tar")
+        .args(["-cf", tar.to_str().unwrap(), "-C", src.to_str().unwrap(), "f"])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // More than a pipe holds follows the tar, so a reader that stops early leaves the writer
+    // blocked, then killed when the reader exits.
+    let script = format!(
+        "set -o pipefail; (cat {tar}; head -c 4000000 /dev/zero | tr '\\0' w) | {bin} --store {store} push - --tag web:4; echo \"${{PIPESTATUS[@]}}\"",
+        tar = tar.display(),
+        bin = gstore_bin().display(),
+        store = env.store.display()
+    );
+    let o = std::process::Command::new("bash").args(["-c", &script]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.trim_end().ends_with("0 0"), "pipeline statuses: {out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(env.ok(&["cat", "web:4", "f"]), "contents");
+}

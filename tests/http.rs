@@ -65,6 +65,9 @@ fn tokens_and_scopes() {
         "{}",
         String::from_utf8_lossy(&read_only.stderr)
     );
+    // A refused token is a usage error (exit 2, docs/CLI.md), like any other refusal.
+    assert_eq!(read_only.status.code(), Some(2), "{}", String::from_utf8_lossy(&read_only.stderr));
+    assert_eq!(no_token.status.code(), Some(2));
     assert!(!run(TEAM, "other-model").status.success(), "a namespaced token wrote outside its namespace");
     assert!(run(TEAM, "team-model").status.success());
     // Raw status codes.
@@ -494,4 +497,80 @@ fn restore_nodes_of_an_http_store_read_packs_through_a_tier() {
     assert_same_tree(&src, &out);
     let (_, metrics) = tier.curl("GET", "/metrics", Some(READ), &[], None);
     assert!(tier_reads(&metrics, "miss") > 0, "the node's packs did not come through the tier: {metrics}");
+}
+
+/// A copy of `env`'s store (at `name` in its scratch directory) whose packs each list `absent`
+/// in place of their first chunk, under a footer hash recomputed to match: footers that pass
+/// their own check, but not their packs' names.
+fn with_rewritten_footers(env: &Env, name: &str, absent: &gstore_store::ObjectId) -> std::path::PathBuf {
+    let copy = env.path(name);
+    assert!(std::process::Command::new("cp").arg("-r").arg(&env.store).arg(&copy).status().unwrap().success());
+    for pack in pack_files(&copy.join("packs")) {
+        let mut bytes = fs::read(&pack).unwrap();
+        let trailer = bytes.len() - 56;
+        let footer = u64::from_le_bytes(bytes[trailer..trailer + 8].try_into().unwrap()) as usize;
+        bytes[footer..footer + 32].copy_from_slice(&absent.0);
+        let hash = gstore_store::ObjectId::of(&bytes[footer..trailer]);
+        bytes[trailer + 16..trailer + 48].copy_from_slice(&hash.0);
+        fs::write(&pack, bytes).unwrap();
+    }
+    copy
+}
+
+#[test]
+fn a_tier_rewriting_footer_entries_poisons_no_node() {
+    for pack_ids in ["header_footer", "whole"] {
+        let env = Env::new(&[]);
+        if pack_ids == "whole" {
+            // A store made before pack_ids: its packs are named by all their bytes.
+            let path = env.store.join("config.json");
+            let mut config: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+            config.as_object_mut().unwrap().remove("pack_ids");
+            fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+        }
+        let tokens = token_file(&env);
+        let src = env.path("src");
+        make_tree(&src, 5, 400_000);
+        env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+        // A chunk the store does not hold: a file below chunk_min is one chunk.
+        let new = env.path("new");
+        fs::create_dir_all(&new).unwrap();
+        let content = random_bytes(5000, 77);
+        fs::write(new.join("f"), &content).unwrap();
+        let absent = gstore_store::ObjectId::of(&content);
+        let tokens_arg = ["--tokens", tokens.to_str().unwrap()];
+        let origin = Server::start(&env.store, &tokens_arg);
+        let tier = Server::start(&with_rewritten_footers(&env, "tier-store", &absent), &tokens_arg);
+        let through = |tier: &Server, machine: &str, token: &str, args: &[&str]| {
+            let o = origin.cmd(machine, token, args).env("GSTORE_TIERS", tier.url()).output().unwrap();
+            let err = String::from_utf8(o.stderr).unwrap();
+            assert!(o.status.success(), "{pack_ids}: {args:?} through the tier failed: {err}");
+            err
+        };
+        // A node pushing that chunk through the tier: the footers it serves name the chunk in
+        // the store's packs, and are refused (they are not what the packs' names cover), so
+        // the push uploads it instead of deduplicating against bytes that are another chunk's.
+        let pushed = through(&tier, "node", WRITE, &["push", new.to_str().unwrap(), "--tag", "new:v1"]);
+        // The store holds the new chunk: a machine without a tier restores the new image.
+        let out = env.path("out-b");
+        let o = origin.cmd("b", READ, &["restore", "new:v1", "--to", out.to_str().unwrap()]).output().unwrap();
+        assert!(o.status.success(), "{pack_ids}: {}", String::from_utf8_lossy(&o.stderr));
+        assert_same_tree(&new, &out);
+        // A node restoring through the tier indexes the chunks the packs really hold.
+        let out = env.path("out-node");
+        through(&tier, "other-node", READ, &["restore", "app:v1", "--to", out.to_str().unwrap()]);
+        assert_same_tree(&src, &out);
+        // A tier serving the store as it is is never blamed, whichever way its packs are named.
+        let honest = Server::start(&env.store, &tokens_arg);
+        let out = env.path("out-honest");
+        let err = through(&honest, "third-node", READ, &["restore", "app:v1", "--to", out.to_str().unwrap()]);
+        assert!(!err.contains("gstore: tier "), "{pack_ids}: an honest tier was blamed: {err}");
+        assert_same_tree(&src, &out);
+        // Verify reads every chunk of both images, from the store itself.
+        drop((origin, tier, honest));
+        let verify = env.json(&["verify", "--read-data"]);
+        assert!(verify["images"].as_array().unwrap().iter().all(|i| i["ok"] == true), "{pack_ids}: {verify}");
+        // The node said it went past the tier.
+        assert!(pushed.contains("failed their check"), "{pack_ids}: the tier was not gone around: {pushed}");
+    }
 }

@@ -293,3 +293,46 @@ fn a_write_token_for_some_tags_cannot_harm_other_images() {
     env.ok(&["restore", "victim:1", "--to", out.to_str().unwrap()]);
     assert_same_tree(&victim, &out);
 }
+
+/// A lease belongs to the token that wrote it: another write token (limited to other tags)
+/// can neither delete nor overwrite it, nor write a lease in another's name; the owner and
+/// an admin can. Before the fix a tag-limited token deleted any lease, and an admin gc then
+/// deleted the packs of the push it protected.
+#[test]
+fn a_lease_belongs_to_the_token_that_wrote_it() {
+    const TEAM_A: &str = "teamatoken-0123456789";
+    const TEAM_B: &str = "teambtoken-0123456789";
+    let env = Env::new(&[]);
+    let tokens = env.path("tokens");
+    fs::write(&tokens, format!("{TEAM_A} write team-a\n{TEAM_B} write team-b\n{ADMIN} admin\n")).unwrap();
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    let lease_of = |token: &str, n: u8| {
+        let prefix = gstore_store::format::lease::owner_prefix(token.as_bytes());
+        ObjectKey::Lease(format!("{prefix}{}", format!("{n:02x}").repeat(8))).to_string()
+    };
+    let record = env.path("lease.json");
+    let owner = gstore_store::format::lease::Owner::current();
+    let body = serde_json::json!({ "format": 1, "owner": owner, "purpose": "push team-b:1" });
+    fs::write(&record, serde_json::to_vec(&body).unwrap()).unwrap();
+    let put = |key: &str, token: &str| server.curl("PUT", &format!("/v1/o/{key}"), Some(token), &[], Some(&record));
+    let delete = |key: &str, token: &str| server.curl("DELETE", &format!("/v1/o/{key}"), Some(token), &[], None);
+
+    let b = lease_of(TEAM_B, 1);
+    assert_eq!(put(&b, TEAM_B).0, 201, "the owner writes its lease");
+    let (status, text) = delete(&b, TEAM_A);
+    assert_eq!(status, 403, "another tenant deleted a lease: {text}");
+    assert!(text.contains("belongs to another token"), "{text}");
+    assert_eq!(put(&b, TEAM_A).0, 403, "another tenant overwrote a lease");
+    assert_eq!(put(&lease_of(TEAM_B, 2), TEAM_A).0, 403, "a lease written in another's name");
+    assert!(env.store.join(&b).exists());
+    assert_eq!(delete(&b, TEAM_B).0, 204, "the owner deletes its lease");
+    let b3 = lease_of(TEAM_B, 3);
+    assert_eq!(put(&b3, TEAM_B).0, 201);
+    assert_eq!(delete(&b3, ADMIN).0, 204, "an admin deletes any lease");
+
+    // A push through the server names its lease with its token's prefix, so it still works.
+    let src = env.path("src");
+    make_tree(&src, 3, 1);
+    let o = server.cmd("node", TEAM_A, &["push", src.to_str().unwrap(), "--tag", "team-a:1"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

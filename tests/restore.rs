@@ -1,8 +1,10 @@
 //! The restore engine through the real binary: resuming an interrupted restore, the memory
-//! budget, and loads into host memory.
+//! budget, images of more files than a process may open, and loads into host memory.
 
 use gstore_tests::*;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
 use std::time::Duration;
 
 #[test]
@@ -45,6 +47,51 @@ fn an_interrupted_restore_resumes_and_repairs() {
     assert!(r["resumed_chunks"].as_u64().unwrap() > 0, "{r}");
     assert!(!partial.exists());
     assert_same_tree(&src, &dest);
+}
+
+/// `c` run under `ulimit -n max_fds`, as on a machine allowing a process few open files.
+fn with_fd_limit(c: Command, max_fds: u32) -> Command {
+    let mut sh = Command::new("sh");
+    sh.args(["-c", &format!("ulimit -n {max_fds} && exec \"$0\" \"$@\"")]).arg(c.get_program()).args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => sh.env(k, v),
+            None => sh.env_remove(k),
+        };
+    }
+    sh
+}
+
+#[test]
+fn a_restore_of_more_files_than_it_may_open_at_once_restores_them_all() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    for i in 0..1500u64 {
+        let dir = src.join(format!("d{}", i % 30));
+        fs::create_dir_all(&dir).unwrap();
+        // Every tenth file holds the same bytes: one chunk written to many files.
+        let bytes = if i % 10 == 0 { random_bytes(10_000, 0) } else { random_bytes(10_000, i) };
+        fs::write(dir.join(format!("f{i}")), bytes).unwrap();
+        if i % 7 == 0 {
+            fs::set_permissions(dir.join(format!("f{i}")), fs::Permissions::from_mode(0o600)).unwrap();
+        }
+    }
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "many"]);
+    let restore = |dest: &str, extra: &[&str]| {
+        let mut args = vec!["--json", "restore", "many", "--to", dest];
+        args.extend_from_slice(extra);
+        let out = with_fd_limit(env.cmd(&args), 256).output().unwrap();
+        assert!(out.status.success(), "restore {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let first = env.path("first");
+    restore(first.to_str().unwrap(), &[]);
+    assert_same_tree(&src, &first);
+    // A seed of as many files is read a bounded number of files at a time too: all of it.
+    let seeded = env.path("seeded");
+    let r = restore(seeded.to_str().unwrap(), &["--seed", first.to_str().unwrap()]);
+    assert_eq!(r["fetched_bytes"], 0, "everything came from the seed: {r}");
+    assert_same_tree(&src, &seeded);
 }
 
 #[test]

@@ -44,7 +44,8 @@ pub struct CheckpointReport {
 /// process only once its image is stored and tagged, and if storing fails the process runs on
 /// (the error says so). With `staging_at` the image is written to that directory first and
 /// pushed from it; if that push fails after CRIU ended the process, the process is restored
-/// from the staged image.
+/// from the staged image. A store that refuses the tag (a server token that may not write it)
+/// fails the call before the process is touched.
 #[allow(clippy::too_many_arguments)]
 pub fn checkpoint(
     store: &IndexedStore,
@@ -57,6 +58,7 @@ pub fn checkpoint(
     progress: &dyn Progress,
 ) -> Result<CheckpointReport> {
     let started = Instant::now();
+    store.backend().check_tag_write(&tag.name)?;
     let criu_bin = Criu::find(criu.path)?;
     let cuda = CudaDriver::load().ok();
     let mut opts = CheckpointOptions::new(&criu_bin);

@@ -3,7 +3,7 @@
 use crate::checkpoint::CriuChoice;
 use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
-use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_PID};
+use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_KIND, META_PID};
 use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuMap, ImageMeta, MachineInfo};
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, ObjectId};
@@ -59,8 +59,14 @@ pub fn run(
     let started = Instant::now();
     let id = store.resolve(reference)?;
     let m = store.get_manifest(&id)?;
-    let image = ImageMeta::from_metadata(&m.meta)
-        .map_err(|e| CaptureError::NotAProcess { reference: reference.to_string(), detail: e.to_string() })?;
+    let image = ImageMeta::from_metadata(&m.meta).map_err(|e| {
+        let detail = match m.meta.get(META_KIND).and_then(|k| k.as_str()) {
+            None => "it holds files, as `gstore push` stores them".to_string(),
+            Some(kind) if !kind.ends_with("-process") => format!("it is a {kind} image"),
+            Some(_) => e.to_string(),
+        };
+        CaptureError::NotAProcess { reference: reference.to_string(), detail }
+    })?;
     let criu_bin = Criu::find(criu.path)?;
     let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
     let staged = Staged::new(keep_at, "restore")?;

@@ -70,7 +70,7 @@ pub enum Command {
         #[arg(long, conflicts_with_all = ["to", "run"])]
         container: bool,
         /// With --container: the restored container's name (default: the checkpointed one).
-        #[arg(long, requires = "container", value_name = "NAME")]
+        #[arg(long, requires = "container", value_name = "NAME", value_parser = container_name)]
         name: Option<String>,
         /// With --container: the runtime to restore it through, which must be the one it was
         /// checkpointed through (the default).
@@ -194,7 +194,8 @@ pub enum Command {
     },
     /// List tags with their images' ids, sizes and creation times.
     Ls {
-        /// Only tags with this name (all versions), or whose name starts with it when it ends in `*`.
+        /// Only tags with this name (all versions), one tag (NAME:VERSION), or names that
+        /// start with it when it ends in `*`.
         name: Option<String>,
         /// Order of the rows.
         #[arg(long, value_enum, default_value_t = Sort::Name)]
@@ -489,4 +490,23 @@ pub struct ServeArgs {
     /// The most bytes of pack ranges --cache keeps (least recently used go first).
     #[arg(long, default_value = "8GiB", value_name = "SIZE", value_parser = units::size, requires = "cache")]
     pub cache_bytes: u64,
+    /// The most bytes registry uploads may hold on this machine at once: uploads in progress
+    /// and uploaded blobs no manifest has taken in yet (docs/HTTP.md).
+    #[arg(long, default_value = "64GiB", value_name = "SIZE", value_parser = units::size)]
+    pub upload_bytes: u64,
+    /// The most bytes one token's registry uploads may hold at once.
+    #[arg(long, default_value = "16GiB", value_name = "SIZE", value_parser = units::size)]
+    pub upload_bytes_per_token: u64,
+}
+
+/// A container name as podman and runc accept it: a letter or digit, then letters, digits,
+/// `_`, `.` and `-` (no `/`, so no path such as `../x`).
+fn container_name(s: &str) -> Result<String, String> {
+    let mut chars = s.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if first_ok && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a container name: a letter or digit, then letters, digits, _ . -"))
+    }
 }

@@ -11,8 +11,8 @@ use gstore_store::commands::keys;
 use gstore_store::crypto::Secret;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::{
-    commands::gc, commands::images, commands::push, commands::usage, commands::verify, IndexedStore, ObjectId, Store,
-    StoreConfig, StoreLocation, TagRef,
+    commands::gc, commands::images, commands::push, commands::usage, commands::verify, IndexedStore, ObjectId,
+    ObjectKind, Store, StoreConfig, StoreError, StoreLocation, TagRef,
 };
 use indicatif::HumanBytes;
 use serde::Serialize;
@@ -87,7 +87,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Rm { images } => rm(&location, &images, &out),
         Command::Gc(a) => run_gc(&location, a, &out, &bars),
         Command::Verify { read_data } => run_verify(&location, read_data, &out, &bars),
-        Command::Serve(a) => serve(&location, a),
+        Command::Serve(a) => serve(&location, a, &out),
         Command::Index { action: IndexAction::Rebuild } => index_rebuild(&location, &out, &bars),
         Command::Key { action } => key(&location, action, &out),
         Command::Version => out.emit(&version(), || version_text(&version())),
@@ -321,8 +321,12 @@ fn pin(location: &StoreLocation, tags: &[String], pinned: bool, out: &Output) ->
 fn rm(location: &StoreLocation, images: &[String], out: &Output) -> Result<()> {
     let names: Vec<&str> = images.iter().map(String::as_str).collect();
     let tags = images::remove_tags(&Store::open(location)?, &names)?;
-    let removed: Vec<String> = tags.iter().map(ToString::to_string).collect();
-    out.emit(&serde_json::json!({ "removed": removed }), || {
+    let removed: Vec<String> = tags.iter().map(|t| t.tag.to_string()).collect();
+    let pinned: Vec<String> = tags.iter().filter(|t| t.pinned).map(|t| t.tag.to_string()).collect();
+    for t in &pinned {
+        eprintln!("gstore: warning: {t} was pinned; its pin went with it (retention no longer keeps its image)");
+    }
+    out.emit(&serde_json::json!({ "removed": removed, "pinned": pinned }), || {
         removed.iter().map(|t| format!("removed tag {t}")).collect::<Vec<_>>().join("\n")
             + "\n(space is reclaimed by gc)"
     })
@@ -333,14 +337,14 @@ fn log(store: &Store, tag: &str, out: &Output) -> Result<()> {
     let entries = images::log(store, tag)?;
     out.emit(&entries, || {
         let width = entries.iter().map(|e| e.tag.len()).max().unwrap_or(3).max(3);
-        let mut s = format!("{:<20}  {:<width$}  {:<16}", "SET", "TAG", "IMAGE");
+        let mut s = format!("{:<20}  {:<width$}  {:<12}", "SET", "TAG", "IMAGE");
         for e in &entries {
             let now = if e.current { "  (current)" } else { "" };
             s.push_str(&format!(
-                "\n{:<20}  {:<width$}  {:<16}{now}",
+                "\n{:<20}  {:<width$}  {:<12}{now}",
                 e.set,
                 e.tag,
-                &e.manifest[..16.min(e.manifest.len())]
+                &e.manifest[..12.min(e.manifest.len())]
             ));
         }
         s
@@ -403,10 +407,10 @@ fn diff(store: &Store, a: &str, b: &str, out: &Output) -> Result<()> {
     let d = images::diff(store, a, b)?;
     out.emit(&d, || {
         let size = |s: Option<u64>| s.map(|b| HumanBytes(b).to_string()).unwrap_or_else(|| "-".into());
-        let mut s = format!("{:<8} {:>10} {:>10} {:>10}  PATH", "CHANGE", "SIZE A", "SIZE B", "NEW IN B");
+        let mut s = format!("{:<8} {:>10} {:>10} {:>14}  PATH", "CHANGE", "SIZE A", "SIZE B", "PLAIN NEW IN B");
         for c in &d.changes {
             s.push_str(&format!(
-                "\n{:<8} {:>10} {:>10} {:>10}  {}",
+                "\n{:<8} {:>10} {:>10} {:>14}  {}",
                 c.change,
                 size(c.size_a),
                 size(c.size_b),
@@ -414,9 +418,13 @@ fn diff(store: &Store, a: &str, b: &str, out: &Output) -> Result<()> {
                 c.path
             ));
         }
+        let n = d.changes.len() as u64;
         s.push_str(&format!(
-            "\n{} differ; {b} adds {} to {a}, which holds {} that {b} does not",
-            plural(d.changes.len() as u64, "path", "paths"),
+            "\n{} {}; {b} adds {} to {a}, which holds {} that {b} does not (plain bytes of chunks, \
+             before deduplication against the rest of the store and compression: `push` reports \
+             the stored bytes it added)",
+            plural(n, "path", "paths"),
+            if n == 1 { "differs" } else { "differ" },
             HumanBytes(d.only_in_b_bytes),
             HumanBytes(d.only_in_a_bytes)
         ));
@@ -584,7 +592,7 @@ fn run_verify(location: &StoreLocation, read_data: bool, out: &Output, bars: &Ba
 }
 
 /// `gstore serve`: until Ctrl-C or SIGTERM.
-fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
+fn serve(location: &StoreLocation, a: ServeArgs, out: &Output) -> Result<()> {
     let ServeArgs {
         listen,
         tokens,
@@ -597,6 +605,8 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
         tls_key,
         cache,
         cache_bytes,
+        upload_bytes,
+        upload_bytes_per_token,
     } = a;
     if let Some(own) = gstore_store::backend::tiers_from_env()?.iter().find(|u| names_listener(u, listen)) {
         return Err(
@@ -629,11 +639,18 @@ fn serve(location: &StoreLocation, a: ServeArgs) -> Result<()> {
         sealed: config.encryption.is_some(),
         location: Some(location.clone()),
         cache: cache.map(|dir| (dir, cache_bytes)),
+        uploads: gstore_server::UploadLimits { total: upload_bytes, per_owner: upload_bytes_per_token },
     };
     gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
     gstore_server::servable(&backend).map_err(anyhow::Error::msg)?;
     let listener = gstore_server::bind(&settings).map_err(anyhow::Error::msg)?;
-    eprintln!("gstore: serving {} on {scheme}://{listen}", backend.description());
+    // The address bound, not the one asked for: `--listen 127.0.0.1:0` gets a free port.
+    let bound = listener.local_addr()?;
+    let url = format!("{scheme}://{bound}");
+    eprintln!("gstore: serving {} on {url}", backend.description());
+    if out.json {
+        out.emit_line(&serde_json::json!({ "ready": true, "url": url, "listen": bound.to_string() }))?;
+    }
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(gstore_server::serve(backend, settings, listener, shutdown_signal())).map_err(anyhow::Error::msg)
 }
@@ -706,8 +723,18 @@ pub fn emitted() -> bool {
 
 impl Output {
     pub(crate) fn emit<T: Serialize>(&self, value: &T, text: impl FnOnce() -> String) -> Result<()> {
-        EMITTED.store(true, std::sync::atomic::Ordering::Relaxed);
         let out = if self.json { serde_json::to_string_pretty(value)? } else { text() };
+        Self::write(out)
+    }
+
+    /// Writes `value` as one line of JSON, for a reader waiting on a long-running command's
+    /// stdout (`serve --json`'s ready line).
+    pub(crate) fn emit_line<T: Serialize>(&self, value: &T) -> Result<()> {
+        Self::write(serde_json::to_string(value)?)
+    }
+
+    fn write(out: String) -> Result<()> {
+        EMITTED.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut stdout = std::io::stdout().lock();
         match writeln!(stdout, "{out}").and_then(|()| stdout.flush()) {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
@@ -854,10 +881,16 @@ fn ls(store: &Store, name: Option<&str>, sort: Sort, latest: bool, out: &Output)
     let name_of = |tag: &str| tag.split_once(':').map_or(tag, |(n, _)| n).to_string();
     let mut rows = images::list(store)?;
     if let Some(want) = name {
+        // NAME, NAME:VERSION, or a name prefix ending in `*`.
         rows.retain(|r| match want.strip_suffix('*') {
             Some(prefix) => name_of(&r.tag).starts_with(prefix),
+            None if want.contains(':') => r.tag == want,
             None => name_of(&r.tag) == want,
         });
+        if rows.is_empty() && !want.ends_with('*') {
+            let what = if want.contains(':') { ObjectKind::Tag } else { ObjectKind::TagName };
+            return Err(StoreError::NotFound { what, key: want.to_string() }.into());
+        }
     }
     let newest_first = |a: &images::ImageRow, b: &images::ImageRow| b.created_unix.cmp(&a.created_unix);
     if latest {
@@ -1025,6 +1058,9 @@ fn gc_text(r: &gc::GcReport) -> String {
     }
     for m in &r.missing_manifests {
         s += &format!("manifest {m} named by a tag is missing: run gstore verify\n");
+    }
+    for m in &r.refused_manifests {
+        s += &format!("manifest {m}; its chunks were kept: run gstore verify\n");
     }
     if r.temp_files_swept > 0 {
         s += &format!(

@@ -3,6 +3,7 @@
 
 use gstore_capture::CaptureError;
 use gstore_container::ContainerError;
+use gstore_gpu_dump::GpuDumpError;
 use gstore_store::ObjectKind;
 use gstore_store::{ErrorKind, StoreError};
 use serde::Serialize;
@@ -66,11 +67,15 @@ pub fn classify(e: &anyhow::Error) -> Code {
             match c {
                 ContainerError::NotACheckpoint(_) | ContainerError::BadArchive { .. } => return Code::Usage,
                 ContainerError::NoSuchContainer(_) => return Code::NotFound,
+                ContainerError::NameTaken { .. } => return Code::Conflict,
                 _ => {}
             }
             if let Some(s) = c.store_error() {
                 return store_code(s);
             }
+        }
+        if let Some(GpuDumpError::NoSuchProcess { .. }) = cause.downcast_ref::<GpuDumpError>() {
+            return Code::NotFound;
         }
         // Capture and restore errors wrap the store's (transparently, or boxed): their kind
         // is the store's.

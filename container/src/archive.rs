@@ -8,7 +8,7 @@
 //! image always gives the same bytes.
 
 use crate::error::{ContainerError, Result};
-use gstore_restore::cat::FileReader;
+use gstore_restore::cat::FileIndex;
 use gstore_store::commands::push::stream::{self, Meta, StreamSink};
 use gstore_store::commands::push::PushReport;
 use gstore_store::format::manifest::{EntryKind, Manifest};
@@ -226,6 +226,7 @@ pub fn feed(sink: StreamSink, input: impl Read, what: &str, mut meta: Meta) -> R
             e => ContainerError::Store(e),
         })?;
     }
+    drop(archive);
     if !any {
         return Err(bad(what, "not a tar archive (no entries)".into()));
     }
@@ -233,6 +234,11 @@ pub fn feed(sink: StreamSink, input: impl Read, what: &str, mut meta: Meta) -> R
         return Err(bad(what, "the archive is cut short (it ends without tar's end-of-archive blocks)".into()));
     }
     info.tar_bytes = watch.bytes;
+    // Whatever follows the end of the tar (podman's `--export=/dev/stdout` writes the
+    // container's name after it) is read and dropped: a writer left with unread bytes in a
+    // pipe dies of SIGPIPE, and `set -o pipefail` fails the pipeline. An error reading past
+    // the end (a compressed stream followed by other bytes) is no error of the archive.
+    let _ = std::io::copy(&mut watch, &mut std::io::sink());
     if info.checkpoint {
         meta.insert("kind".into(), crate::KIND.into());
     }
@@ -300,6 +306,7 @@ pub fn write_archive(
     let logical: u64 = m.entries.iter().filter(|e| e.kind == EntryKind::File).map(|e| e.size).sum();
     progress.start("writing archive", logical, Unit::Bytes);
     let mut tar = tar::Builder::new(Counting { inner: out, bytes: 0 });
+    let files = FileIndex::of(m);
     for e in &m.entries {
         let mut h = tar::Header::new_gnu();
         h.set_mode(e.mode);
@@ -320,7 +327,7 @@ pub fn write_archive(
             EntryKind::File => {
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_size(e.size);
-                let (reader, _) = FileReader::open(store, m, &e.path)?;
+                let (reader, _) = files.open(store, &e.path)?;
                 let mut reader = Advancing { inner: reader, progress };
                 tar.append_data(&mut h, &e.path, &mut reader).map_err(|e| match e.downcast::<StoreError>() {
                     Ok(s) => ContainerError::Store(s),

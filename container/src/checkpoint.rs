@@ -34,7 +34,9 @@ pub struct ContainerCheckpointReport {
 
 /// Checkpoints the running container `name` into the store as `tag`. Without
 /// `leave_running` the container stops (podman's checkpoint); if storing its archive fails,
-/// it is restored from the checkpoint podman kept and runs again (the error says so).
+/// it is restored from the checkpoint podman kept and runs again (the error says so). A store
+/// that refuses the tag (a server token that may not write it) fails the call before the
+/// container is touched.
 pub fn checkpoint(
     store: &IndexedStore,
     podman: &Podman,
@@ -45,6 +47,7 @@ pub fn checkpoint(
 ) -> Result<ContainerCheckpointReport> {
     let started = Instant::now();
     tag.check_new()?;
+    store.backend().check_tag_write(&tag.name)?;
     let c = podman.inspect(name)?;
     if !c.running {
         return Err(ContainerError::Runtime {

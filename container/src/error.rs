@@ -33,6 +33,15 @@ pub enum ContainerError {
         /// What is missing, and what to do.
         why: String,
     },
+    /// The name (runc: the id) a restore would give the container is taken; nothing was
+    /// started.
+    #[error("cannot restore {image}: {taken}")]
+    NameTaken {
+        /// The image.
+        image: String,
+        /// Which container has the name, and what to do.
+        taken: String,
+    },
     /// The image is not a container checkpoint.
     #[error("{0}")]
     NotACheckpoint(String),

@@ -55,9 +55,10 @@ pub fn check(podman: &Podman, image: &str, m: &Manifest, name: Option<&str>) -> 
     }
     let name = name.unwrap_or(&c.name);
     if !name.is_empty() && podman.container_exists(name)? {
-        return Err(incompatible(format!(
-            "a container named {name} exists: restore under another name with --name, or `podman rm {name}`"
-        )));
+        return Err(ContainerError::NameTaken {
+            image: image.to_string(),
+            taken: format!("a container named {name} exists: restore under another name with --name, or `podman rm {name}`"),
+        });
     }
     Ok(c)
 }

@@ -270,7 +270,9 @@ pub struct RuncCheckpointReport {
 /// processes locked and checkpointed through the driver (all before any is moved), `runc
 /// checkpoint` into a staging directory, their GPU state resumed (with `leave_running`), then
 /// the staged image pushed. Without `leave_running` runc stops the container; if the push
-/// fails, it is restored from the staged image and runs again (the error says so).
+/// fails, it is restored from the staged image and runs again (the error says so). A store
+/// that refuses the tag (a server token that may not write it) fails the call before the
+/// container is touched.
 pub fn checkpoint(
     store: &IndexedStore,
     runc: &Runc,
@@ -282,6 +284,7 @@ pub fn checkpoint(
 ) -> Result<RuncCheckpointReport> {
     let started = Instant::now();
     tag.check_new()?;
+    store.backend().check_tag_write(&tag.name)?;
     let st = runc.state(id)?;
     if st.status != "running" {
         return Err(ContainerError::Runtime {
@@ -509,9 +512,10 @@ pub fn check(runc: &Runc, image: &str, m: &Manifest, name: Option<&str>) -> Resu
         return Err(incompatible("its metadata names no container id: restore it with --name ID".into()));
     }
     if runc.state(&id).is_ok() {
-        return Err(incompatible(format!(
-            "runc has a container {id}: restore under another id with --name, or `runc delete -f {id}`"
-        )));
+        return Err(ContainerError::NameTaken {
+            image: image.to_string(),
+            taken: format!("runc has a container {id}: restore under another id with --name, or `runc delete -f {id}`"),
+        });
     }
     let gpu = if m.meta.contains_key(META_GPU_PIDS) {
         let mut as_process = m.meta.clone();

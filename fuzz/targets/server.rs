@@ -55,6 +55,7 @@ fn fixture() -> &'static Fixture {
             sealed: false,
             location: None,
             cache: None,
+            uploads: gstore_server::UploadLimits { total: 1 << 30, per_owner: 1 << 28 },
         };
         let state = AppState {
             backend,

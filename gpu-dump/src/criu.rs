@@ -221,12 +221,24 @@ fn cause_of(log: &str, output: &str) -> CriuCause {
         CriuCause::FileChangedSize
     } else if either("Can't fork for") && either("File exists") {
         CriuCause::PidTaken
-    } else if either("Found dangling tty") {
+    } else if either("Found dangling tty") || either("Found slave peer index") {
         CriuCause::Terminal
+    } else if either("within dumped tree") {
+        CriuCause::OwnAncestor
     } else if either("doesn't have a proper root mount") {
         CriuCause::Container
     } else {
         CriuCause::Unknown
+    }
+}
+
+/// A CRIU log line without its leading `(00.012345) ` timestamp: lines that differ in that
+/// only say the same thing again.
+fn criu_message(line: &str) -> &str {
+    let line = line.trim_start();
+    match line.strip_prefix('(').and_then(|rest| rest.split_once(") ")) {
+        Some((stamp, rest)) if stamp.bytes().all(|b| b.is_ascii_digit() || b == b'.') => rest,
+        _ => line,
     }
 }
 
@@ -237,24 +249,29 @@ fn failure_details(output: &str, log: &Path, log_text: Option<&str>) -> String {
     if !output.is_empty() {
         details.push_str(&format!("criu said:\n{output}\n"));
     }
+    // Named by its file name: the image directory is often a staging directory removed
+    // before the message is read (a kept copy, if any, is named by the caller).
+    let name = log.file_name().map_or_else(|| log.display().to_string(), |n| n.to_string_lossy().into_owned());
     match log_text {
         Some(text) => {
             let text = tail(text, LOG_TAIL_LINES);
             if text.is_empty() {
-                details.push_str(&format!("{} holds nothing but harmless lines", log.display()));
+                details.push_str(&format!("CRIU's {name} holds nothing but harmless lines"));
             } else {
-                details.push_str(&format!("last lines of {}:\n{text}", log.display()));
+                details.push_str(&format!("last lines of CRIU's {name}:\n{text}"));
             }
         }
-        None => details.push_str(&format!("no log at {} (CRIU stopped before writing it)", log.display())),
+        None => details.push_str(&format!("no {name} from CRIU (it stopped before writing it)")),
     }
     details
 }
 
-/// The last `n` non-empty lines of `text`, leaving out the harmless RLIMIT_NOFILE line.
+/// The last `n` non-empty lines of `text`, leaving out the harmless RLIMIT_NOFILE line and
+/// a line that only repeats the one before it (CRIU says some things once per thread).
 fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> =
+    let mut lines: Vec<&str> =
         text.lines().map(str::trim_end).filter(|line| !line.is_empty() && !line.contains(HARMLESS_LINE)).collect();
+    lines.dedup_by(|later, earlier| criu_message(later) == criu_message(earlier));
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
@@ -365,10 +382,18 @@ mod tests {
         assert_eq!(CriuCause::Unknown.to_string(), "");
         let log = "Error (criu/tty.c:2115): tty: Found dangling tty with sid 1 pgid 2 (pts) on peer fd 0.\n";
         assert!(cause_of(log, "").to_string().contains("--shell-job"));
+        let slave = "(00.004) Error (criu/tty.c:1019): tty: Found slave peer index 2 without correspondent master peer\n";
+        assert_eq!(cause_of(slave, ""), CriuCause::Terminal);
+        let own: String = (0..6)
+            .map(|i| format!("(00.00{i}) Error (criu/seize.c:22): The criu itself is within dumped tree.\n"))
+            .collect();
+        assert_eq!(cause_of(&own, ""), CriuCause::OwnAncestor);
+        assert_eq!(tail(&own, 10).lines().count(), 1, "a line once per thread is said once");
         let log = "Error (criu/mount.c:1009): mnt: ./sys/fs/cgroup/systemd doesn't have a proper root mount\n";
         assert!(cause_of(log, "").to_string().contains("container"));
         let details = failure_details("criu: unrecognized option '--x'\n", Path::new("/img/dump.log"), None);
-        assert!(details.contains("unrecognized option") && details.contains("no log at /img/dump.log"), "{details}");
+        assert!(details.contains("unrecognized option") && details.contains("no dump.log from CRIU"), "{details}");
+        assert!(!details.contains("/img"), "the image directory may be gone when this is read: {details}");
     }
 
     #[test]

@@ -295,6 +295,9 @@ pub enum CriuCause {
     PidTaken,
     /// The process is attached to a terminal and was not dumped as a shell job.
     Terminal,
+    /// The process is gstore's own ancestor (the shell that runs it, say): CRIU cannot dump
+    /// the tree it runs in.
+    OwnAncestor,
     /// The process runs in a container, whose mounts CRIU cannot dump from outside it.
     Container,
     /// Nothing recognised.
@@ -315,6 +318,10 @@ impl std::fmt::Display for CriuCause {
             CriuCause::Terminal => {
                 "; the process is attached to a terminal: checkpoint and restore it with --shell-job (it \
                  then needs a terminal again when restored)"
+            }
+            CriuCause::OwnAncestor => {
+                "; the process is an ancestor of gstore itself (the shell gstore runs in?): CRIU cannot \
+                 checkpoint the tree it runs in; checkpoint a process started elsewhere (e.g. with setsid)"
             }
             CriuCause::Container => {
                 "; the process runs in a container (its mounts belong to another mount namespace): \

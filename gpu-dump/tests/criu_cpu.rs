@@ -122,7 +122,7 @@ fn criu_failing_after_the_freeze_thaws_the_process() {
     assert!(matches!(err, GpuDumpError::Resumed { phase: Phase::CriuDump, .. }), "{err:?}");
     assert!(msg.contains("criu dump failed; the process was resumed"), "{msg}");
     assert!(msg.contains("action scripts failed"), "the log tail is quoted: {msg}");
-    assert!(msg.contains(&format!("last lines of {}", dir.join("dump.log").display())), "{msg}");
+    assert!(msg.contains("last lines of CRIU's dump.log"), "{msg}");
     assert!(procfs::is_alive(counter.pid));
     let now = counter.value();
     counter.wait_above(now + 3, Duration::from_secs(5));

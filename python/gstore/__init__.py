@@ -277,9 +277,11 @@ class Store:
         strict: bool = True,
         held: Optional[str] = None,
     ) -> Any:
-        """Fills ``target`` from image ``tag``, loading onto the device its tensors are on
-        (they must agree; ``"cpu"`` if it has none), and returns the whole loaded state (for
-        the plain values: the step, say).
+        """Fills ``target`` from image ``tag`` and returns the whole loaded state (for the plain
+        values: the step, say). Each tensor is filled where it is: the image is loaded once,
+        onto the device holding most of the target's tensor bytes (``"cpu"`` if it has none;
+        a GPU through the direct path), and tensors on other devices are copied there (a CUDA
+        model's ``AdamW`` keeps its step counters on the CPU).
 
         ``target`` is a ``torch.nn.Module`` (its tensors filled in place), a state dict, or a
         nested structure shaped like the saved state whose leaves are tensors (filled in

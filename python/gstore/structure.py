@@ -156,15 +156,28 @@ def tensors_of(target: Any) -> List[Any]:
     return found
 
 
+def bytes_by_device(tensors: List[Any]) -> Dict[str, int]:
+    """The bytes of ``tensors`` on each device they are on (``"cpu"``, ``"cuda:N"``, ...;
+    NumPy arrays are on ``"cpu"``), in the order the devices first appear."""
+    held: Dict[str, int] = {}
+    for v in tensors:
+        device = str(v.device) if _layout.is_torch(v) else "cpu"
+        held[device] = held.get(device, 0) + v.nbytes
+    return held
+
+
 def placement_of(target: Any) -> Tuple[str, str]:
-    """Where the tensors of ``target`` are (``"cpu"`` or ``"cuda:N"``; they must agree) and the
-    framework to load them with (``"numpy"`` when there is nothing of torch's in it, else
-    ``"auto"``, which keeps arrays saved from NumPy as NumPy)."""
+    """The device to load the image for ``target`` onto (``"cpu"`` or ``"cuda:N"``) and the
+    framework to load it with (``"numpy"`` when there is nothing of torch's in it, else
+    ``"auto"``, which keeps arrays saved from NumPy as NumPy).
+
+    The tensors of ``target`` may be on several devices (a CUDA model, and its optimizer's
+    step counters, CPU tensors): the image is loaded once, onto the device holding most of
+    their bytes (``"cpu"`` when it has none), and :func:`fill` copies each tensor to the device
+    of the one it fills."""
     found = tensors_of(target)
-    devices = {str(v.device) if _layout.is_torch(v) else "cpu" for v in found}
-    if len(devices) > 1:
-        raise InvalidError(f"the tensors to fill are on several devices ({', '.join(sorted(devices))}): load each apart")
-    device = devices.pop() if devices else "cpu"
+    held = bytes_by_device(found)
+    device = max(held, key=held.__getitem__) if held else "cpu"
     torchy = any(_layout.is_torch(v) for v in found) or _any_stateful(target)
     return ("cuda:0" if device == "cuda" else device), ("auto" if torchy else "numpy")
 
@@ -183,31 +196,47 @@ def _any_stateful(value: Any) -> bool:
     return False
 
 
-def _owned(value: Any) -> Any:
-    """``value`` with every tensor copied out of the loaded buffer (so the buffer can go)."""
+def _owned(value: Any, held: Any) -> Any:
+    """``value`` with every tensor copied out of the loaded buffer (so the buffer can go): onto
+    the device of the torch tensor at the same place in ``held`` (what the object held before
+    the load: an optimizer's CPU step counters beside its CUDA moments), else where it is."""
     if _layout.is_torch(value) and _layout.is_tensor(value):
+        if _layout.is_torch(held) and _layout.is_tensor(held):
+            return value.to(held.device, copy=True)
         return value.clone()
     if isinstance(value, np.ndarray):
         return value.copy()
     if isinstance(value, dict):
-        return {k: _owned(v) for k, v in value.items()}
+        return {k: _owned(v, _member(held, k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        items = [_owned(v) for v in value]
+        items = [_owned(v, _member(held, i)) for i, v in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
     return value
 
 
+def _member(container: Any, key: Any) -> Any:
+    """``container[key]`` where ``container`` is a mapping holding ``key`` or a list or tuple
+    that long, else None."""
+    if isinstance(container, Mapping):
+        return container.get(key)
+    if isinstance(container, (list, tuple)) and isinstance(key, int) and 0 <= key < len(container):
+        return container[key]
+    return None
+
+
 def fill(target: Any, loaded: Any, strict: bool, path: Tuple[Any, ...] = ()) -> None:
-    """Writes ``loaded`` into ``target``: tensors in place; a ``torch.nn.Module`` through its
-    state dict's tensors (in place); any other object with ``state_dict`` and
-    ``load_state_dict`` (an optimizer, a scheduler, a grad scaler) by ``load_state_dict`` with
-    tensors of its own; dicts by key and lists / tuples by position. Plain values in the target
-    (ints, floats, ...) are left as they are. With ``strict``, keys and lengths must match."""
+    """Writes ``loaded`` into ``target``, each tensor on the device of the one it fills
+    (``loaded`` may be elsewhere): tensors in place; a ``torch.nn.Module`` through its state
+    dict's tensors (in place); any other object with ``state_dict`` and ``load_state_dict``
+    (an optimizer, a scheduler, a grad scaler) by ``load_state_dict`` with tensors of its own,
+    each on the device of the tensor it held in its place (see :func:`_owned`); dicts by key
+    and lists / tuples by position. Plain values in the target (ints, floats, ...) are left as
+    they are. With ``strict``, keys and lengths must match."""
     torch = _layout.torch_or_none()
     if torch is not None and isinstance(target, torch.nn.Module):
         fill(target.state_dict(), loaded, strict, path)
     elif _has_state(target):
-        target.load_state_dict(_owned(loaded))
+        target.load_state_dict(_owned(loaded, target.state_dict()))
     elif _layout.is_tensor(target):
         _copy_tensor(target, loaded, path)
     elif isinstance(target, Mapping):

@@ -179,3 +179,65 @@ def test_a_background_save_of_cuda_state_copies_before_returning(store):
     size = store.staging_bytes
     store.save(checkpoint(model, opt, sched, 3), "run:async2", blocking=False).wait()
     assert store.staging_bytes == size
+
+
+def optimizer_state_on_cpu(opt):
+    """A copy of an optimizer's state with every tensor on the host, for comparing."""
+    return {i: {k: v.cpu().clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=cuda)])
+def test_load_into_an_optimizer_with_state_fills_each_tensor_where_it_is(store, device):
+    # A CUDA model's AdamW keeps its step counters as CPU tensors: the documented resume
+    # (docs/PYTHON.md) into an optimizer that has stepped once was refused ("the tensors to
+    # fill are on several devices"). Rolled back to the saved step, every tensor stays put.
+    model, opt, _ = trained(device)
+    store.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 2}, "run:step-2")
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_optim = optimizer_state_on_cpu(opt)
+    for _ in range(3):
+        model(torch.randn(16, 64, device=device)).square().mean().backward()
+        opt.step()
+    state = store.load_into({"model": model, "optim": opt}, store.latest("run"), strict=False)
+    assert state["step"] == 2
+    for k, v in model.state_dict().items():
+        assert v.device == torch.device(device) and same(v, saved_model[k]), k
+    after = optimizer_state_on_cpu(opt)
+    assert sorted(after) == sorted(saved_optim)
+    for i, s in saved_optim.items():
+        for k, v in s.items():
+            assert same(after[i][k], v), (i, k)
+    steps = [s["step"] for s in opt.state.values()]
+    assert steps and all(t.device.type == "cpu" for t in steps), "the step counters left the host"
+    moments = [s["exp_avg"] for s in opt.state.values()]
+    assert all(t.device == torch.device(device) for t in moments)
+
+
+def test_a_target_on_two_devices_loads_onto_the_one_holding_most_and_fills_the_other_where_it_is(store):
+    # The host stands for the GPU, "meta" for the host: the image loads once onto the device
+    # holding most of the target's bytes, and a tensor an object holds elsewhere gets its
+    # loaded value there.
+    big, small = torch.randn(64, 32), torch.zeros(())
+    assert gstore.structure.placement_of({"a": big, "b": small.to("meta")}) == ("cpu", "auto")
+    assert gstore.structure.placement_of({"a": big.to("meta"), "b": small}) == ("meta", "auto")
+    held = gstore.structure.bytes_by_device([big, small, big.to("meta")])
+    assert held == {"cpu": 64 * 32 * 4 + 4, "meta": 64 * 32 * 4}
+
+    class Counter:
+        """An object with a step counter on "meta" and a moment on the host, as AdamW's."""
+
+        def __init__(self):
+            self.held = {"step": torch.zeros((), device="meta"), "exp_avg": torch.zeros(64, 32)}
+
+        def state_dict(self):
+            return self.held
+
+        def load_state_dict(self, state):
+            self.held = state
+
+    store.save({"model": {"w": big}, "optim": {"step": torch.tensor(5.0), "exp_avg": big * 2}}, "run:v1")
+    weights, optim = {"w": torch.zeros(64, 32)}, Counter()
+    store.load_into({"model": weights, "optim": optim}, "run:v1")
+    assert torch.equal(weights["w"], big)
+    assert optim.held["step"].device.type == "meta", "not moved to where the counter was"
+    assert optim.held["exp_avg"].device.type == "cpu" and torch.equal(optim.held["exp_avg"], big * 2)

@@ -31,6 +31,9 @@ pub enum RegistryError {
     /// No such upload (never started, finished, or expired).
     #[error("no upload {0:?} in progress")]
     BlobUploadUnknown(String),
+    /// An upload that would pass the limits on the bytes uploads may hold.
+    #[error("{0}")]
+    UploadLimit(String),
     /// A digest that is malformed or does not match the bytes.
     #[error("{0}")]
     DigestInvalid(String),
@@ -72,10 +75,12 @@ impl RegistryError {
             RegistryError::ManifestBlobUnknown(_) => "MANIFEST_BLOB_UNKNOWN",
             RegistryError::BlobUnknown(_) => "BLOB_UNKNOWN",
             RegistryError::BlobUploadUnknown(_) => "BLOB_UPLOAD_UNKNOWN",
+            RegistryError::UploadLimit(_) => "DENIED",
             RegistryError::DigestInvalid(_) => "DIGEST_INVALID",
             RegistryError::Unsupported(_) => "UNSUPPORTED",
             RegistryError::Store(StoreError::NotFound { .. }) => "MANIFEST_UNKNOWN",
             RegistryError::Store(StoreError::Invalid(_)) => "NAME_INVALID",
+            RegistryError::Container(e) if pushed_wrong(e) => "MANIFEST_INVALID",
             RegistryError::Store(_) | RegistryError::Container(_) | RegistryError::Io { .. } => "UNKNOWN",
         }
     }
@@ -93,9 +98,16 @@ impl RegistryError {
             | RegistryError::ManifestBlobUnknown(_)
             | RegistryError::DigestInvalid(_)
             | RegistryError::Store(StoreError::Invalid(_)) => 400,
-            RegistryError::Container(ContainerError::BadArchive { .. }) => 400,
+            RegistryError::Container(e) if pushed_wrong(e) => 400,
+            RegistryError::UploadLimit(_) => 413,
             RegistryError::Unsupported(_) => 415,
             RegistryError::Store(_) | RegistryError::Container(_) | RegistryError::Io { .. } => 500,
         }
     }
+}
+
+/// Whether a pushed layer was refused for what it holds (not a tar, an unsafe path, an entry
+/// twice): the client's fault, which sending it again does not mend.
+fn pushed_wrong(e: &ContainerError) -> bool {
+    matches!(e, ContainerError::BadArchive { .. } | ContainerError::Store(StoreError::Invalid(_)))
 }

@@ -25,24 +25,31 @@ pub use error::{RegistryError, Result};
 
 use digest::{Digest, Hashing};
 use gstore_container::archive;
+use gstore_container::ContainerError;
 use gstore_restore::cat::FileReader;
+use gstore_store::backend::Backend;
 use gstore_store::commands::push::stream::{self, Meta};
+use gstore_store::format::key::ObjectKey;
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Silent;
-use gstore_store::{IndexedStore, ObjectId, Store, StoreLocation, TagRef};
+use gstore_store::{IndexedStore, ObjectId, Store, StoreError, StoreLocation, TagRef};
 use oci::{CheckpointImage, Descriptor, Pushed};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use uploads::Uploads;
+use uploads::{Limits, Uploads};
 
 /// The `kind` of an image kept as an OCI image layout.
 pub const LAYOUT_KIND: &str = "oci-image";
 
 /// Bytes at most between a registry push's feeder and the push.
 const PUSH_BUFFER: u64 = 256 << 20;
+
+/// The largest config of a pushed checkpoint image: it is kept in the image's metadata
+/// (its manifest), which is read whole.
+pub const CHECKPOINT_CONFIG_MAX: u64 = 4 << 20;
 
 /// A manifest as served.
 #[derive(Clone, Debug)]
@@ -68,16 +75,27 @@ pub struct Blob {
 enum Source {
     /// Uploaded, not yet taken in by a manifest.
     Staged(PathBuf),
-    /// A generated document (a checkpoint image's config).
-    Bytes(Arc<[u8]>),
+    /// A generated document: checkpoint image `image`'s config.
+    Config { image: ObjectId, bytes: Arc<[u8]> },
     /// A file of an image kept as a layout (`blobs/sha256/HEX`).
     File { image: ObjectId, path: String },
     /// A checkpoint image's files as their layer.
     Layer { image: ObjectId },
 }
 
-/// What the registry has learned of the store's images, by manifest id (images never
-/// change, so this never goes stale; an image gc removed is simply not found when read).
+impl Source {
+    /// The stored image the bytes are of (none for a staged blob).
+    fn image(&self) -> Option<ObjectId> {
+        match self {
+            Source::Staged(_) => None,
+            Source::Config { image, .. } | Source::File { image, .. } | Source::Layer { image } => Some(*image),
+        }
+    }
+}
+
+/// What the registry has learned of the store's images, by manifest id. Images never change,
+/// but gc removes them: an image is checked to be still stored before what was learned of
+/// it is used, and forgotten when it is not ([`Registry::forget`]).
 #[derive(Default)]
 struct Known {
     /// Blobs by digest.
@@ -90,9 +108,26 @@ struct Known {
     layouts: HashSet<ObjectId>,
 }
 
+impl Known {
+    /// Notes checkpoint image `id`'s documents and blobs, leaving blobs already known as
+    /// they are.
+    fn add_checkpoint(&mut self, id: ObjectId, c: &Arc<CheckpointImage>) {
+        let config: Arc<[u8]> = c.config.as_slice().into();
+        let digest = Digest::of(&config);
+        let config_blob = Blob { size: config.len() as u64, source: Source::Config { image: id, bytes: config } };
+        self.blobs.entry(digest).or_insert(config_blob);
+        let layer = Blob { size: c.layer.size, source: Source::Layer { image: id } };
+        self.blobs.entry(c.layer.digest.clone()).or_insert(layer);
+        self.manifests.entry(Digest::of(&c.manifest)).or_insert(id);
+        self.checkpoints.insert(id, c.clone());
+    }
+}
+
 /// The registry over one store.
 pub struct Registry {
     location: StoreLocation,
+    /// The store's objects, to check that an image is still stored.
+    backend: Backend,
     uploads: Uploads,
     /// The store, open with its index while requests use it; the index lock is let go
     /// when none does, so gstore commands on this machine can run between them.
@@ -145,11 +180,13 @@ fn tag_of(repo: &str, reference: &str) -> Result<TagRef> {
 }
 
 impl Registry {
-    /// The registry over the store at `location`, with its upload area in `uploads`.
-    pub fn new(location: StoreLocation, uploads: PathBuf) -> Result<Registry> {
+    /// The registry over the store at `location`, with its upload area in `uploads`,
+    /// bounded by `limits`.
+    pub fn new(location: StoreLocation, uploads: PathBuf, limits: Limits) -> Result<Registry> {
         Ok(Registry {
+            backend: location.backend()?,
             location,
-            uploads: Uploads::open(uploads)?,
+            uploads: Uploads::open(uploads, limits)?,
             open: Mutex::default(),
             known: Mutex::default(),
             writing: Mutex::default(),
@@ -174,6 +211,30 @@ impl Registry {
 
     fn known(&self) -> std::sync::MutexGuard<'_, Known> {
         self.known.lock().expect("registry state lock")
+    }
+
+    /// Whether image `id` is still stored; what was learned of one gc removed is forgotten.
+    fn stored(&self, id: ObjectId) -> Result<bool> {
+        let there = self.backend.size(&ObjectKey::Manifest(id))?.is_some();
+        if !there {
+            self.forget(id);
+        }
+        Ok(there)
+    }
+
+    /// Forgets image `id`, which gc removed. A blob it shared with another image goes with
+    /// it: the layout images are learned again (their manifests read once more), and the
+    /// checkpoint images, whose documents are kept, give theirs back.
+    fn forget(&self, id: ObjectId) {
+        let mut known = self.known();
+        known.checkpoints.remove(&id);
+        known.layouts.clear();
+        known.manifests.retain(|_, image| *image != id);
+        known.blobs.retain(|_, b| b.source.image() != Some(id));
+        let checkpoints: Vec<_> = known.checkpoints.iter().map(|(i, c)| (*i, c.clone())).collect();
+        for (i, c) in checkpoints {
+            known.add_checkpoint(i, &c);
+        }
     }
 
     /// The versions (tags) of repository `repo`, sorted.
@@ -202,8 +263,8 @@ impl Registry {
             let want = Digest::parse(reference)?;
             let known = self.known().manifests.get(&want).copied();
             let id = match known {
-                Some(id) => Some(id),
-                None => {
+                Some(id) if self.stored(id)? => Some(id),
+                _ => {
                     self.learn(&store, repo)?;
                     self.known().manifests.get(&want).copied()
                 }
@@ -260,13 +321,8 @@ impl Registry {
         let mut hashing = Hashing::default();
         archive::write_archive(store, m, &mut hashing, "the image's layer", &Silent)?;
         let (digest, size) = hashing.finish();
-        let c = Arc::new(CheckpointImage::new(m, Descriptor { digest: digest.clone(), size }));
-        let mut known = self.known();
-        let config: Arc<[u8]> = c.config.as_slice().into();
-        known.blobs.insert(Digest::of(&config), Blob { size: config.len() as u64, source: Source::Bytes(config) });
-        known.blobs.insert(digest, Blob { size, source: Source::Layer { image: id } });
-        known.manifests.insert(Digest::of(&c.manifest), id);
-        known.checkpoints.insert(id, c.clone());
+        let c = Arc::new(CheckpointImage::new(m, Descriptor { digest, size }));
+        self.known().add_checkpoint(id, &c);
         Ok(c)
     }
 
@@ -320,8 +376,11 @@ impl Registry {
     /// Blob `digest`: uploaded, or in the store (`repo`'s images, or any image kept as a
     /// layout).
     pub fn blob(&self, repo: &str, digest: &Digest) -> Result<Blob> {
-        if let Some(b) = self.known().blobs.get(digest) {
-            return Ok(b.clone());
+        let known = self.known().blobs.get(digest).cloned();
+        if let Some(b) = known {
+            if b.source.image().map_or(Ok(true), |id| self.stored(id))? {
+                return Ok(b);
+            }
         }
         if let Some((path, size)) = self.uploads.staged(digest) {
             return Ok(Blob { size, source: Source::Staged(path) });
@@ -332,10 +391,25 @@ impl Registry {
     }
 
     /// Writes `blob`'s bytes to `out`. Bytes from the store are checked chunk by chunk before
-    /// they are written: damage stops the copy with an error, never a wrong byte.
+    /// they are written: damage stops the copy with an error, never a wrong byte. When its
+    /// image is found gone midway (gc removed it), it is forgotten, so the next request for the
+    /// blob looks for it again.
     pub fn write_blob(&self, blob: &Blob, out: &mut dyn Write) -> Result<()> {
+        let written = self.copy_blob(blob, out);
+        if let (Err(e), Some(id)) = (&written, blob.source.image()) {
+            if not_found(e) {
+                self.forget(id);
+            }
+        }
+        written
+    }
+
+    /// Writes `blob`'s bytes to `out` ([`Registry::write_blob`]).
+    fn copy_blob(&self, blob: &Blob, out: &mut dyn Write) -> Result<()> {
         match &blob.source {
-            Source::Bytes(b) => out.write_all(b).map_err(|e| RegistryError::io("writing", Path::new("a blob"), e)),
+            Source::Config { bytes, .. } => {
+                out.write_all(bytes).map_err(|e| RegistryError::io("writing", Path::new("a blob"), e))
+            }
             Source::Layer { image } => {
                 let store = self.store()?;
                 let m = store.get_manifest(image)?;
@@ -365,7 +439,7 @@ impl Registry {
                 let (mut reader, _) = FileReader::open(&store, &m, path)?;
                 f(&mut reader)
             }
-            Source::Bytes(b) => f(&mut &b[..]),
+            Source::Config { bytes, .. } => f(&mut &bytes[..]),
             Source::Layer { .. } => {
                 let blob = Blob { size: 0, source: source.clone() };
                 pipe::piped(|w| self.write_blob(&blob, w), f)
@@ -393,6 +467,12 @@ impl Registry {
         }
         let tag = tag_of(repo, reference)?;
         tag.check_new()?;
+        if pushed.is_checkpoint() && pushed.config.size > CHECKPOINT_CONFIG_MAX {
+            return Err(RegistryError::ManifestInvalid(format!(
+                "the image's config is {} bytes: a checkpoint image's config is kept in the image's metadata, at most {CHECKPOINT_CONFIG_MAX} bytes",
+                pushed.config.size
+            )));
+        }
         let mut named = vec![pushed.config.clone()];
         named.extend(pushed.layers.iter().cloned());
         let mut blobs = Vec::new();
@@ -497,4 +577,13 @@ fn layout_manifest(m: &Manifest) -> Result<(String, Digest)> {
     let digest =
         text("manifest").ok_or_else(|| RegistryError::ManifestInvalid("the image names no manifest".into()))?;
     Ok((text("media_type").unwrap_or(oci::MANIFEST_V1).to_string(), Digest::parse(digest)?))
+}
+
+/// Whether `e` says that something of the store is not there.
+fn not_found(e: &RegistryError) -> bool {
+    matches!(
+        e,
+        RegistryError::Store(StoreError::NotFound { .. })
+            | RegistryError::Container(ContainerError::Store(StoreError::NotFound { .. }))
+    )
 }

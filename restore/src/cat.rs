@@ -9,6 +9,7 @@ use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Silent;
 use gstore_store::ObjectKind;
 use gstore_store::{IndexedStore, Result, StoreError};
+use std::collections::HashMap;
 use std::io::{Read, Write};
 
 /// Bytes of the file restored at a time, and the restore engine's memory budget for them: a
@@ -25,13 +26,57 @@ fn window(store: &IndexedStore) -> (u64, Budget) {
     }
 }
 
+/// Where each entry of an image lies in its manifest, by path: built once in one pass over
+/// the manifest, it opens any of the image's files without searching the entries, so reading
+/// every file of an image (an archive of it) takes time linear in its entries.
+pub struct FileIndex<'m> {
+    m: &'m Manifest,
+    /// Each path's entry index and the index of its first chunk reference.
+    at: HashMap<&'m str, (usize, usize)>,
+}
+
+impl<'m> FileIndex<'m> {
+    /// Indexes the entries of `m` (of a path given twice, the first).
+    pub fn of(m: &'m Manifest) -> FileIndex<'m> {
+        let mut at = HashMap::with_capacity(m.entries.len());
+        let mut first_chunk = 0;
+        for (i, e) in m.entries.iter().enumerate() {
+            at.entry(e.path.as_str()).or_insert((i, first_chunk));
+            first_chunk += e.chunks as usize;
+        }
+        FileIndex { m, at }
+    }
+
+    /// A reader of the file at `path`, and its size.
+    pub fn open<'s>(&self, store: &'s IndexedStore, path: &str) -> Result<(FileReader<'s>, u64)> {
+        let &(i, first) = self.at.get(path).ok_or_else(|| StoreError::NotFound {
+            what: ObjectKind::ImageFile,
+            key: format!("{path} (`gstore show` lists the image's files)"),
+        })?;
+        let entry = &self.m.entries[i];
+        if entry.kind != EntryKind::File {
+            return Err(StoreError::Invalid(format!("{path} is a {}, not a file", entry.kind.name())));
+        }
+        let file = Manifest {
+            created_unix: self.m.created_unix,
+            meta: Default::default(),
+            entries: vec![entry.clone()],
+            chunks: self.m.chunks[first..first + entry.chunks as usize].to_vec(),
+        };
+        let empty = memmap2::MmapMut::map_anon(0)
+            .map_err(|e| StoreError::Internal(format!("an empty mapping for {path}: {e}")))?;
+        let reader = FileReader { store, file, size: entry.size, next: 0, ready: empty, at: 0, end: 0 };
+        Ok((reader, entry.size))
+    }
+}
+
 /// The bytes of one file of an image, as a [`Read`]. Every chunk is checked against its id
 /// before any of its bytes are handed out; a failure is an [`std::io::Error`] wrapping the
 /// [`StoreError`] (see [`FileReader::store_error`]).
 pub struct FileReader<'a> {
     store: &'a IndexedStore,
-    m: &'a Manifest,
-    path: String,
+    /// The image of this one file (its entry and chunk references).
+    file: Manifest,
     size: u64,
     /// Where in the file the next window starts.
     next: u64,
@@ -42,20 +87,10 @@ pub struct FileReader<'a> {
 }
 
 impl<'a> FileReader<'a> {
-    /// A reader of the file at `path` in image `m`, and its size.
-    pub fn open(store: &'a IndexedStore, m: &'a Manifest, path: &str) -> Result<(FileReader<'a>, u64)> {
-        let entry = m.entries.iter().find(|e| e.path == path).ok_or_else(|| StoreError::NotFound {
-            what: ObjectKind::ImageFile,
-            key: format!("{path} (`gstore show` lists the image's files)"),
-        })?;
-        if entry.kind != EntryKind::File {
-            return Err(StoreError::Invalid(format!("{path} is a {}, not a file", entry.kind.name())));
-        }
-        let empty = memmap2::MmapMut::map_anon(0)
-            .map_err(|e| StoreError::Internal(format!("an empty mapping for {path}: {e}")))?;
-        let reader =
-            FileReader { store, m, path: path.to_string(), size: entry.size, next: 0, ready: empty, at: 0, end: 0 };
-        Ok((reader, entry.size))
+    /// A reader of the file at `path` in image `m`, and its size. To read many files of one
+    /// image, open them through one [`FileIndex`].
+    pub fn open(store: &'a IndexedStore, m: &Manifest, path: &str) -> Result<(FileReader<'a>, u64)> {
+        FileIndex::of(m).open(store, path)
     }
 
     /// The store error behind an I/O error this reader returned, if it was one.
@@ -70,7 +105,8 @@ impl<'a> FileReader<'a> {
     fn fill(&mut self) -> Result<()> {
         let (window, budget) = window(self.store);
         let len = window.min(self.size - self.next);
-        let (pieces, skips) = self.m.pieces(&[(self.path.clone(), self.next, len)])?;
+        let path = self.file.entries[0].path.clone();
+        let (pieces, skips) = self.file.pieces(&[(path, self.next, len)])?;
         let mut window = restore_to_memory(self.store, &pieces, budget, &Silent)?;
         let entry = window.entries.pop().ok_or_else(|| StoreError::Internal("a window restored nothing".into()))?;
         self.ready = entry.data;
@@ -112,4 +148,52 @@ pub fn write_file(store: &IndexedStore, m: &Manifest, path: &str, out: &mut dyn 
     }
     out.flush().map_err(|e| StoreError::io("writing", "standard output", e))?;
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gstore_store::format::manifest::Entry;
+    use gstore_store::{Store, StoreConfig, StoreLocation, TagRef};
+
+    /// The bytes of file `i` of the test image.
+    fn content(i: usize) -> Vec<u8> {
+        format!("file {i} ").repeat(i % 7 + 1).into_bytes()
+    }
+
+    #[test]
+    fn files_opened_through_one_index_read_their_own_bytes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let loc = StoreLocation::Local(tmp.path().join("store"));
+        Store::init(&loc, &StoreConfig::default()).unwrap();
+        let store = Store::open_indexed(&loc, &|_| {}).unwrap();
+        let n = 5000;
+        let bytes: Vec<Vec<u8>> = (0..n).map(content).collect();
+        let files: Vec<(String, Vec<&[u8]>)> =
+            bytes.iter().enumerate().map(|(i, b)| (format!("d{}/f{i}", i % 10), vec![&b[..]])).collect();
+        let tag = TagRef::parse("many").unwrap();
+        let pushed = gstore_store::commands::push::push_pieces(&store, &files, &tag, Default::default(), &Silent);
+        let m = store.get_manifest(&pushed.unwrap().manifest).unwrap();
+        let index = FileIndex::of(&m);
+        for i in (0..n).rev().step_by(97).chain([0, n / 2]) {
+            let (mut reader, size) = index.open(&store, &format!("d{}/f{i}", i % 10)).unwrap();
+            let mut read = Vec::new();
+            reader.read_to_end(&mut read).unwrap();
+            assert_eq!((size, &read), (bytes[i].len() as u64, &bytes[i]), "file {i}");
+        }
+        let mut out = Vec::new();
+        assert_eq!(write_file(&store, &m, "d3/f4003", &mut out).unwrap(), bytes[4003].len() as u64);
+        assert_eq!(out, bytes[4003]);
+        assert!(matches!(index.open(&store, "d0/f1").err(), Some(StoreError::NotFound { .. })));
+        // An entry without chunks before the files: each still finds its own chunks.
+        let mut with_dir = m.clone();
+        let dir = Entry { path: "sub".into(), kind: EntryKind::Dir, mode: 0o755, size: 0, target: None, chunks: 0 };
+        with_dir.entries.insert(0, dir);
+        let index = FileIndex::of(&with_dir);
+        assert!(index.open(&store, "sub").err().unwrap().to_string().contains("is a dir"));
+        let (mut reader, _) = index.open(&store, "d9/f4999").unwrap();
+        let mut read = Vec::new();
+        reader.read_to_end(&mut read).unwrap();
+        assert_eq!(read, bytes[4999]);
+    }
 }

@@ -3,8 +3,10 @@
 //! Everything is written into a hidden staging directory beside the destination
 //! (`.NAME.gstore-partial`, private to the restoring user), which is renamed into place only
 //! once every chunk has been fetched, verified and written, so a destination that exists is
-//! complete. Files are created at their final size (zero chunks stay sparse holes) and filled
-//! with positional writes. A restore that fails on damage, a full disk or any other lasting
+//! complete. Files are created at their final size (zero chunks stay sparse holes), closed, and
+//! filled with positional writes, reopened as their chunks arrive: at most a few hundred are
+//! open at once (an eighth of the soft `RLIMIT_NOFILE`, at most 512), whatever the image's
+//! number of files. A restore that fails on damage, a full disk or any other lasting
 //! error removes the staging directory; one that is interrupted (killed, or the backend
 //! unreachable) leaves it, and running the same restore again resumes: chunks whose bytes are
 //! already in place (checked by hash) are not fetched.
@@ -16,6 +18,7 @@
 
 use crate::budget::Budget;
 use crate::engine::{self, Piece, Sink};
+use crate::handles::{self, Handles};
 use crate::plan::{self, PlannedChunk, Target};
 use crate::seed::Seed;
 use gstore_store::format::manifest::{EntryKind, Manifest};
@@ -27,6 +30,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Marker file inside a staging directory naming the manifest being restored.
 const MARKER: &str = ".gstore-restore";
@@ -55,11 +59,11 @@ pub struct RestoreReport {
     pub seconds: f64,
 }
 
-/// Writes pieces into the files of one image.
+/// Writes pieces into the files of one image, holding a bounded number of them open.
 struct DirSink {
     /// The staging root and the directories below it already checked or made.
     dirs: Dirs,
-    files: Vec<Option<File>>,
+    files: Handles,
     m: Manifest,
 }
 
@@ -70,48 +74,44 @@ impl Sink for DirSink {
 }
 
 impl DirSink {
-    /// Creates (or, when resuming, reopens) every entry under `root`.
+    /// Creates (or, when resuming, reopens) every entry under `root`, each file at its final
+    /// size and closed again: files are opened for writing only as their chunks arrive.
     fn open(root: &Path, m: &Manifest, resume: bool) -> Result<DirSink> {
         let mut dirs = Dirs::new(root);
-        let mut files = Vec::with_capacity(m.entries.len());
         for e in &m.entries {
-            files.push(match e.kind {
-                EntryKind::Dir => {
-                    dirs.make(&e.path)?;
-                    None
-                }
-                EntryKind::File => {
-                    let path = dirs.parent_of(&e.path)?;
-                    let mut o = OpenOptions::new();
-                    o.read(true).write(true).custom_flags(libc::O_NOFOLLOW);
-                    if resume {
-                        o.create(true);
-                    } else {
-                        o.create_new(true);
-                    }
-                    let f = o.open(&path).map_err(|err| StoreError::io("creating", &path, err))?;
-                    f.set_len(e.size).map_err(|err| StoreError::io("sizing", &path, err))?;
-                    Some(f)
-                }
-                EntryKind::Symlink => None,
-            });
+            match e.kind {
+                EntryKind::Dir => dirs.make(&e.path)?,
+                EntryKind::File => create_file(&dirs.parent_of(&e.path)?, e.size, resume)?,
+                EntryKind::Symlink => {}
+            }
         }
-        Ok(DirSink { dirs, files, m: m.clone() })
+        Ok(DirSink { dirs, files: Handles::new(handles::open_limit()), m: m.clone() })
+    }
+
+    /// The path of entry `entry` in the staging directory.
+    fn path(&self, entry: usize) -> PathBuf {
+        self.dirs.root.join(&self.m.entries[entry].path)
+    }
+
+    /// File entry `entry`, opened (never created: [`DirSink::open`] made it) for reading and
+    /// writing unless it is still open.
+    fn file(&self, entry: usize) -> Result<Arc<File>> {
+        let path = self.path(entry);
+        self.files
+            .get(entry, || OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW).open(&path))
+            .map_err(|e| StoreError::io("opening", &path, e))
     }
 
     /// Writes `data` at target `t`.
     fn write_at(&self, (entry, offset): Target, data: &[u8]) -> Result<()> {
-        let f = self.files[entry].as_ref().expect("chunk targets are files");
-        f.write_all_at(data, offset)
-            .map_err(|e| StoreError::io("writing", self.dirs.root.join(&self.m.entries[entry].path), e))
+        self.file(entry)?.write_all_at(data, offset).map_err(|e| StoreError::io("writing", self.path(entry), e))
     }
 
     /// True when every target of `c` already holds its bytes (chunks named by `ids`).
     fn has(&self, c: &PlannedChunk, ids: &ChunkIds) -> bool {
         let mut buf = vec![0u8; c.loc.plain_len as usize];
         c.targets.iter().all(|&(entry, off)| {
-            let f = self.files[entry].as_ref().expect("chunk targets are files");
-            f.read_exact_at(&mut buf, off).is_ok() && ids.id(&buf) == c.id
+            self.file(entry).is_ok_and(|f| f.read_exact_at(&mut buf, off).is_ok() && ids.id(&buf) == c.id)
         })
     }
 
@@ -135,6 +135,20 @@ impl DirSink {
         }
         Ok(())
     }
+}
+
+/// Creates the file at `path` (new, or when `resume`ing perhaps there already, never through
+/// a symlink) at its final `size`, and closes it.
+fn create_file(path: &Path, size: u64, resume: bool) -> Result<()> {
+    let mut o = OpenOptions::new();
+    o.write(true).custom_flags(libc::O_NOFOLLOW);
+    if resume {
+        o.create(true);
+    } else {
+        o.create_new(true);
+    }
+    let f = o.open(path).map_err(|err| StoreError::io("creating", path, err))?;
+    f.set_len(size).map_err(|err| StoreError::io("sizing", path, err))
 }
 
 /// Directories below a restore root, each checked (or made) once: a path component that

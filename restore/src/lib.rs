@@ -25,6 +25,7 @@ pub mod cat;
 pub mod device;
 pub mod dir;
 pub mod engine;
+mod handles;
 pub mod host;
 pub mod plan;
 pub mod seed;

@@ -11,6 +11,7 @@
 //! ever read, never trusted: a file that changed, vanished or cannot be read costs a fetch,
 //! never a wrong byte.
 
+use crate::handles::{self, Handles};
 use crate::plan::{PlannedChunk, RangeRead, Target};
 use gstore_store::dedup::chunker;
 use gstore_store::progress::{Progress, Unit};
@@ -31,7 +32,10 @@ struct Place {
 
 /// The chunks of one or more seed directories, by id.
 pub struct Seed {
-    files: Vec<File>,
+    /// The seed's files.
+    files: Vec<PathBuf>,
+    /// Those open now: each is opened as it is read, a bounded number at a time.
+    open: Handles,
     chunks: HashMap<ObjectId, Place>,
     /// Bytes of the seed's files read to index them.
     indexed_bytes: u64,
@@ -57,11 +61,13 @@ impl Seed {
             .collect();
         let indexed_bytes: u64 = files.iter().map(|(_, len)| len).sum();
         progress.start("indexing seed", indexed_bytes, Unit::Bytes);
+        let files: Vec<PathBuf> = files.into_iter().map(|(path, _)| path).collect();
+        let open = Handles::new(handles::open_limit());
         let found: Vec<Vec<(ObjectId, Place)>> = segments
             .par_iter()
             .map_init(Vec::new, |buf, (file, range)| {
                 buf.resize((range.end - range.start) as usize, 0);
-                let read = files[*file as usize].0.read_exact_at(buf, range.start);
+                let read = read_at(&open, &files, *file, buf, range.start);
                 progress.advance(range.end - range.start);
                 // A file that shrank since it was listed gives nothing from here on.
                 let Ok(()) = read else { return Vec::new() };
@@ -76,11 +82,7 @@ impl Seed {
             })
             .collect();
         progress.finish();
-        Ok(Seed {
-            files: files.into_iter().map(|(f, _)| f).collect(),
-            chunks: found.into_iter().flatten().collect(),
-            indexed_bytes,
-        })
+        Ok(Seed { files, open, chunks: found.into_iter().flatten().collect(), indexed_bytes })
     }
 
     /// Bytes read to index the seed.
@@ -114,13 +116,25 @@ impl Seed {
     fn read(&self, id: &ObjectId) -> Option<Vec<u8>> {
         let place = self.chunks.get(id)?;
         let mut buf = vec![0u8; place.len as usize];
-        self.files[place.file as usize].read_exact_at(&mut buf, place.offset).ok()?;
+        read_at(&self.open, &self.files, place.file, &mut buf, place.offset).ok()?;
         Some(buf)
     }
 }
 
-/// Opens every regular file below `dir` (not following symlinks) with its length.
-fn collect_files(dir: &Path, files: &mut Vec<(File, u64)>) -> Result<()> {
+/// Fills `buf` from `offset` of seed file `file` (one of `files`, opened through `open`).
+fn read_at(open: &Handles, files: &[PathBuf], file: u32, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let path = &files[file as usize];
+    open.get(file as usize, || open_file(path))?.read_exact_at(buf, offset)
+}
+
+/// Opens seed file `path` for reading, never through a symlink.
+fn open_file(path: &Path) -> std::io::Result<File> {
+    fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// Lists every regular file below `dir` (not following symlinks) that can be opened, with its
+/// length; each is closed again, and opened as it is read.
+fn collect_files(dir: &Path, files: &mut Vec<(PathBuf, u64)>) -> Result<()> {
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
         let rd = fs::read_dir(&d).map_err(|e| StoreError::io("reading seed", &d, e))?;
@@ -129,11 +143,10 @@ fn collect_files(dir: &Path, files: &mut Vec<(File, u64)>) -> Result<()> {
             if ft.is_dir() {
                 todo.push(item.path());
             } else if ft.is_file() {
-                let opened = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(item.path());
-                if let Ok(f) = opened {
+                if let Ok(f) = open_file(&item.path()) {
                     let len = f.metadata().map_or(0, |md| md.len());
                     if len > 0 {
-                        files.push((f, len));
+                        files.push((item.path(), len));
                     }
                 }
             }

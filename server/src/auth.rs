@@ -82,6 +82,18 @@ impl Tokens {
         self.0.is_empty()
     }
 
+    /// Checks that the request presenting `header` (an `Authorization` value) may do
+    /// something needing `scope` (on tag `tag`, if any): the token it presents, or `None`
+    /// when no token is configured (the server runs without auth).
+    pub fn authorize(&self, header: Option<&str>, scope: Scope, tag: Option<&str>) -> Result<Option<&Token>, Denied> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let token = self.authenticate(header)?;
+        token.allow(scope, tag)?;
+        Ok(Some(token))
+    }
+
     /// Checks an `Authorization` header value (`Bearer TOKEN`, or `Basic` with the token as
     /// the password) against the tokens.
     pub fn authenticate(&self, header: Option<&str>) -> Result<&Token, Denied> {
@@ -110,6 +122,12 @@ fn presented_token(header: &str) -> Option<Vec<u8>> {
 }
 
 impl Token {
+    /// The prefix of the names of the leases this token may write and delete
+    /// ([`gstore_store::format::lease::owner_prefix`]).
+    pub fn lease_prefix(&self) -> String {
+        gstore_store::format::lease::owner_prefix(&self.secret)
+    }
+
     /// Checks that this token may do something needing `scope` (on tag `tag`, if any).
     pub fn allow(&self, scope: Scope, tag: Option<&str>) -> Result<(), Denied> {
         if self.scope < scope {

@@ -11,6 +11,8 @@ pub mod tier;
 pub mod verify;
 
 use auth::Tokens;
+/// The bounds on the registry's uploads ([`Settings::uploads`]).
+pub use gstore_registry::uploads::Limits as UploadLimits;
 use gstore_store::backend::Backend;
 use object_store::ObjectStore;
 use std::net::SocketAddr;
@@ -49,6 +51,8 @@ pub struct Settings {
     /// The caching tier: a directory and the most bytes of pack ranges it keeps there
     /// ([`tier`]); `None` reads every range from the store.
     pub cache: Option<(std::path::PathBuf, u64)>,
+    /// The most bytes the registry's uploads hold on this machine, in all and per token.
+    pub uploads: UploadLimits,
 }
 
 /// What the handlers share.
@@ -119,8 +123,11 @@ pub async fn serve(
     let registry = match (&s.location, s.sealed) {
         (Some(location), false) => {
             let uploads = location.gc_state_dir().with_file_name("registry-uploads");
-            let r = gstore_registry::Registry::new(location.clone(), uploads).map_err(|e| format!("registry: {e}"))?;
-            Some(Arc::new(r))
+            let r = gstore_registry::Registry::new(location.clone(), uploads, s.uploads)
+                .map_err(|e| format!("registry: {e}"))?;
+            let r = Arc::new(r);
+            tokio::spawn(registry::sweep_uploads(Arc::downgrade(&r)));
+            Some(r)
         }
         _ => None,
     };

@@ -6,7 +6,7 @@
 // Handlers return early with ready-made responses; boxing them would buy nothing.
 #![allow(clippy::result_large_err)]
 
-use crate::auth::{Denied, Scope};
+use crate::auth::{Denied, Scope, Token};
 use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
@@ -17,10 +17,19 @@ use gstore_registry::digest::Digest;
 use gstore_registry::{Registry, RegistryError};
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 /// The largest manifest accepted.
 const MANIFEST_MAX: usize = 4 << 20;
+
+/// How often abandoned uploads are looked for ([`sweep_uploads`]).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// The most of a body past the upload limits that is read (and thrown away) before the
+/// refusal is sent: a client still sending when the connection closes may see it reset
+/// instead of the answer.
+const DRAIN_MAX: u64 = 8 << 20;
 
 /// The answer for a registry error: its status, and the distribution API's error body.
 fn failure(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -36,14 +45,17 @@ fn registry_failure(e: RegistryError) -> Response {
 }
 
 /// Checks the request's token; a missing or unknown one is asked for (basic auth, which
-/// podman and the others answer with the credentials they were given).
-fn authorize(state: &AppState, headers: &HeaderMap, scope: Scope, tag: Option<&str>) -> Result<(), Response> {
-    if state.tokens.is_empty() {
-        return Ok(());
-    }
+/// podman and the others answer with the credentials they were given). Returns the token
+/// (none when the server has no tokens).
+fn authorize<'a>(
+    state: &'a AppState,
+    headers: &HeaderMap,
+    scope: Scope,
+    tag: Option<&str>,
+) -> Result<Option<&'a Token>, Response> {
     let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    match state.tokens.authenticate(header).and_then(|t| t.allow(scope, tag)) {
-        Ok(()) => Ok(()),
+    match state.tokens.authorize(header, scope, tag) {
+        Ok(t) => Ok(t),
         Err(Denied::Unauthenticated) => {
             let mut r = failure(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", "a gstore token is needed (as the password)");
             r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(r#"Basic realm="gstore""#));
@@ -74,9 +86,33 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// Checks that the request may upload to repository `name`; returns whose upload it is:
+/// its token (the server's tokens live as long as it does, so a token's address names it),
+/// or 0 on a server without tokens. One owner's uploads share a limit.
+fn uploader(state: &AppState, headers: &HeaderMap, name: &str) -> Result<u64, Response> {
+    let token = authorize(state, headers, Scope::Write, Some(name))?;
+    Ok(token.map_or(0, |t| std::ptr::from_ref(t) as usize as u64))
+}
+
+/// The length a request says its body has.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// Removes abandoned uploads ([`gstore_registry::uploads::Uploads::sweep`]) every minute
+/// while the registry is in use.
+pub async fn sweep_uploads(registry: Weak<Registry>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        every.tick().await;
+        let Some(reg) = registry.upgrade() else { return };
+        let _ = tokio::task::spawn_blocking(move || reg.uploads().sweep()).await;
+    }
+}
+
 /// `GET /v2/`: the API version check, which is also where clients learn to authenticate.
 pub async fn root(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read, None) {
+    if let Err(r) = registry(&state).and_then(|_| authorize(&state, &headers, Scope::Read, None)) {
         return r;
     }
     let mut r = axum::Json(serde_json::json!({})).into_response();
@@ -295,9 +331,14 @@ impl Write for Sending {
     }
 }
 
-/// Appends a request's body to upload `id`'s file, as it arrives; returns the upload's length.
-async fn append(reg: &Arc<Registry>, id: &str, body: Body) -> Result<u64, Response> {
-    let path = reg.uploads().upload_path_of(id).map_err(registry_failure)?;
+/// Appends a request's body to upload `id` of repository `name`, as it arrives, within the
+/// upload limits: a body whose declared length would pass them is refused before any of it
+/// is read; one found passing them midway ends the upload. Returns the upload's length.
+async fn append(reg: &Arc<Registry>, name: &str, id: &str, req: Request) -> Result<u64, Response> {
+    let path = reg.uploads().upload_path_of(name, id).map_err(registry_failure)?;
+    if let Some(n) = declared_length(req.headers()) {
+        reg.uploads().room(id, n).map_err(registry_failure)?;
+    }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(8);
     let p = path.clone();
     let writer = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
@@ -308,19 +349,25 @@ async fn append(reg: &Arc<Registry>, id: &str, body: Body) -> Result<u64, Respon
         f.flush()?;
         Ok(f.metadata()?.len())
     });
-    let mut stream = body.into_data_stream();
+    let mut stream = req.into_body().into_data_stream();
     let mut cut = None;
     while let Some(piece) = stream.next().await {
-        match piece {
-            Ok(b) => {
-                if tx.send(b).await.is_err() {
-                    break;
-                }
-            }
+        let b = match piece {
+            Ok(b) => b,
             Err(e) => {
                 cut = Some(e.to_string());
                 break;
             }
+        };
+        if let Err(e) = reg.uploads().grow(id, b.len() as u64) {
+            drop(tx);
+            let _ = writer.await;
+            let _ = reg.uploads().cancel(name, id);
+            drain(stream).await;
+            return Err(registry_failure(e));
+        }
+        if tx.send(b).await.is_err() {
+            break;
         }
     }
     drop(tx);
@@ -329,6 +376,18 @@ async fn append(reg: &Arc<Registry>, id: &str, body: Body) -> Result<u64, Respon
         return Err(failure(StatusCode::BAD_REQUEST, "BLOB_UPLOAD_INVALID", format!("the upload was cut: {why}")));
     }
     written.map_err(|e| registry_failure(RegistryError::io("writing", &path, e)))
+}
+
+/// Reads what is left of a refused body (up to [`DRAIN_MAX`]) and throws it away, so that
+/// a client still sending it gets the answer.
+async fn drain(mut stream: axum::body::BodyDataStream) {
+    let mut left = DRAIN_MAX;
+    while let Some(Ok(b)) = stream.next().await {
+        left = left.saturating_sub(b.len() as u64);
+        if left == 0 {
+            return;
+        }
+    }
 }
 
 fn upload_headers(name: &str, id: &str, len: u64) -> HeaderMap {
@@ -354,7 +413,7 @@ async fn start_upload(
     query: &HashMap<String, String>,
     req: Request,
 ) -> Result<Response, Response> {
-    authorize(state, req.headers(), Scope::Write, Some(name))?;
+    let owner = uploader(state, req.headers(), name)?;
     gstore_registry::tag_name(name).map_err(registry_failure)?;
     // A mount from another repository: every blob is the store's, so one that exists needs
     // no upload.
@@ -365,8 +424,9 @@ async fn start_upload(
             return Ok(blob_created(name, &digest));
         }
     }
-    let id = reg.uploads().start().map_err(registry_failure)?;
-    let len = append(&reg, &id, req.into_body()).await?;
+    let declared = declared_length(req.headers()).unwrap_or(0);
+    let id = reg.uploads().start(name, owner, declared).map_err(registry_failure)?;
+    let len = append(&reg, name, &id, req).await?;
     match query.get("digest") {
         Some(d) => finish(reg, name, &id, d).await,
         None => Ok((StatusCode::ACCEPTED, upload_headers(name, &id, len)).into_response()),
@@ -380,8 +440,8 @@ async fn patch_upload(
     id: &str,
     req: Request,
 ) -> Result<Response, Response> {
-    authorize(state, req.headers(), Scope::Write, Some(name))?;
-    let len = append(&reg, id, req.into_body()).await?;
+    uploader(state, req.headers(), name)?;
+    let len = append(&reg, name, id, req).await?;
     Ok((StatusCode::ACCEPTED, upload_headers(name, id, len)).into_response())
 }
 
@@ -393,19 +453,19 @@ async fn finish_upload(
     query: &HashMap<String, String>,
     req: Request,
 ) -> Result<Response, Response> {
-    authorize(state, req.headers(), Scope::Write, Some(name))?;
+    uploader(state, req.headers(), name)?;
     let digest = query
         .get("digest")
         .ok_or_else(|| failure(StatusCode::BAD_REQUEST, "DIGEST_INVALID", "the upload's PUT names no ?digest="))?;
-    append(&reg, id, req.into_body()).await?;
+    append(&reg, name, id, req).await?;
     finish(reg, name, id, digest).await
 }
 
 /// Ends upload `id` as blob `digest` (checking its bytes).
 async fn finish(reg: Arc<Registry>, name: &str, id: &str, digest: &str) -> Result<Response, Response> {
     let digest = Digest::parse(digest).map_err(registry_failure)?;
-    let (i, d) = (id.to_string(), digest.clone());
-    blocking(move || reg.uploads().finish(&i, &d)).await?;
+    let (n, i, d) = (name.to_string(), id.to_string(), digest.clone());
+    blocking(move || reg.uploads().finish(&n, &i, &d)).await?;
     Ok(blob_created(name, &digest))
 }
 
@@ -416,8 +476,8 @@ fn upload_status(
     name: &str,
     id: &str,
 ) -> Result<Response, Response> {
-    authorize(state, headers, Scope::Write, Some(name))?;
-    let len = reg.uploads().received(id).map_err(registry_failure)?;
+    uploader(state, headers, name)?;
+    let len = reg.uploads().received(name, id).map_err(registry_failure)?;
     Ok((StatusCode::NO_CONTENT, upload_headers(name, id, len)).into_response())
 }
 
@@ -428,8 +488,8 @@ fn cancel_upload(
     name: &str,
     id: &str,
 ) -> Result<Response, Response> {
-    authorize(state, headers, Scope::Write, Some(name))?;
-    reg.uploads().cancel(id).map_err(registry_failure)?;
+    uploader(state, headers, name)?;
+    reg.uploads().cancel(name, id).map_err(registry_failure)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

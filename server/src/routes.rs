@@ -2,7 +2,7 @@
 // Handlers return early with ready-made responses; boxing them would buy nothing.
 #![allow(clippy::result_large_err)]
 
-use crate::auth::{Denied, Scope};
+use crate::auth::{Denied, Scope, Token};
 use crate::chunks::ChunkMap;
 use crate::tier::Served;
 use crate::{verify, AppState, Settings};
@@ -53,9 +53,11 @@ pub fn router(state: AppState, s: &Settings) -> Router {
 /// sends the body, and gets the 413. Found midway instead, the answer could be lost: the
 /// server closes the connection while the client is still sending, and the reset can reach
 /// the client before the answer does (a test saw curl report the `100` as the last status).
+/// Registry uploads (`/v2/`) are bounded by the registry's upload limits instead.
 async fn refuse_oversized(limit: usize, req: Request, next: Next) -> Response {
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     match declared {
+        _ if req.uri().path().starts_with("/v2/") => next.run(req).await,
         Some(n) if n > limit as u64 => error(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("a body of {n} bytes is more than this server takes (--max-body {limit})"),
@@ -68,13 +70,16 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, Json(serde_json::json!({ "error": msg.into() }))).into_response()
 }
 
-fn authorize(state: &AppState, headers: &HeaderMap, scope: Scope, tag: Option<&str>) -> Result<(), Response> {
-    if state.tokens.is_empty() {
-        return Ok(());
-    }
+/// Checks the request's token for `scope` (on tag `tag`): the token, or `None` when the
+/// server has no tokens; else the 401/403 answer.
+fn authorize<'a>(
+    state: &'a AppState,
+    headers: &HeaderMap,
+    scope: Scope,
+    tag: Option<&str>,
+) -> Result<Option<&'a Token>, Response> {
     let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let r = state.tokens.authenticate(header).and_then(|t| t.allow(scope, tag));
-    r.map_err(|d| match d {
+    state.tokens.authorize(header, scope, tag).map_err(|d| match d {
         Denied::Unauthenticated => error(StatusCode::UNAUTHORIZED, "missing or unknown bearer token"),
         Denied::Forbidden(why) => error(StatusCode::FORBIDDEN, why),
     })
@@ -232,7 +237,7 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
         Err(r) => return r,
     };
     let (scope, tag) = write_scope(&k);
-    if let Err(r) = authorize(&state, req.headers(), scope, tag) {
+    if let Err(r) = authorize(&state, req.headers(), scope, tag).and_then(|t| check_lease_owner(&k, t)) {
         return r;
     }
     // Packs and manifests are written once, whatever the client asks: a write token may add
@@ -335,7 +340,7 @@ async fn write_checked(state: &AppState, k: &Key, body: Bytes, mode: PutMode, wr
 /// such a tag would get. A push asks before it uploads anything.
 async fn may_write_tag(State(state): State<AppState>, Path(name): Path<String>, headers: HeaderMap) -> Response {
     match authorize(&state, &headers, Scope::Write, Some(&name)) {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(r) => r,
     }
 }
@@ -353,6 +358,20 @@ fn write_scope(k: &Key) -> (Scope, Option<&str>) {
     }
 }
 
+/// A lease belongs to the token whose [`Token::lease_prefix`] starts its name: a token that is
+/// not an admin's may write and delete only its own leases, so that one tenant cannot drop
+/// the protection of another's push in flight (docs/SECURITY.md).
+fn check_lease_owner(k: &Key, token: Option<&Token>) -> Result<(), Response> {
+    match (k, token) {
+        (Key::Lease(name), Some(t)) if t.scope < Scope::Admin && !name.starts_with(&t.lease_prefix()) => Err(error(
+            StatusCode::FORBIDDEN,
+            "this lease belongs to another token: a token writes and deletes only leases named with its own \
+             prefix (docs/SECURITY.md); gstore before 2026-11 names leases otherwise: upgrade the client",
+        )),
+        _ => Ok(()),
+    }
+}
+
 async fn delete_object(State(state): State<AppState>, Path(key): Path<String>, headers: HeaderMap) -> Response {
     let k = match parse_key(&key) {
         Ok(Key::Config) => return error(StatusCode::METHOD_NOT_ALLOWED, "the store config cannot be deleted"),
@@ -364,7 +383,7 @@ async fn delete_object(State(state): State<AppState>, Path(key): Path<String>, h
         Key::Pack(_) | Key::Manifest(_) | Key::Profile(_) | Key::Damage(_) => (Scope::Admin, None),
         other => write_scope(other),
     };
-    if let Err(r) = authorize(&state, &headers, scope, tag) {
+    if let Err(r) = authorize(&state, &headers, scope, tag).and_then(|t| check_lease_owner(&k, t)) {
         return r;
     }
     let path = ObjPath::from(key.as_str());

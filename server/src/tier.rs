@@ -60,7 +60,8 @@ pub struct Tier {
 }
 
 /// A pack's length, footer entries and tail (footer and trailer, as stored), read from the
-/// store and checked.
+/// store and checked (through this server's own tiers, against the pack's name:
+/// [`pack::read_tail`]).
 struct Footer {
     len: u64,
     entries: Vec<PackEntry>,

@@ -171,7 +171,7 @@ pub enum StoreError {
     #[error("{0}")]
     Conflict(String),
     /// The store directory holds no gstore store.
-    #[error("no gstore store at {0}: run `gstore init` first (or pass --store)")]
+    #[error("no gstore store at {0}: create one with `gstore init` (Python: `Store.init`), or name another store")]
     NotInitialized(String),
     /// User input was invalid (tag names, chunk parameters, paths, ...).
     #[error("{0}")]

@@ -114,6 +114,11 @@ impl HttpClient {
         StoreError::Backend { action: "requesting", key: format!("{}{path}", self.base), message }
     }
 
+    /// A request the server refused for what it asked or who asked (a usage error).
+    fn refused(&self, path: &str, why: &str) -> StoreError {
+        StoreError::Invalid(format!("{}{path}: {why}", self.base))
+    }
+
     /// Turns a non-success answer into the store's error.
     pub fn check(&self, key: &str, a: &Answer) -> Result<()> {
         let msg = || {
@@ -127,10 +132,13 @@ impl HttpClient {
             s if s.is_success() => Ok(()),
             StatusCode::NOT_FOUND => Err(StoreError::NotFound { what: ObjectKind::Object, key: key.to_string() }),
             StatusCode::PRECONDITION_FAILED => Err(StoreError::lost_race(key)),
-            StatusCode::UNAUTHORIZED => {
-                Err(self.err(&path, "access denied: missing or unknown token (set GSTORE_TOKEN)".into()))
+            // Refusals: the same request fails again (exit 2, docs/CLI.md), not a failure in
+            // transit.
+            StatusCode::UNAUTHORIZED => Err(self.refused(&path, "access denied: missing or unknown token (set GSTORE_TOKEN)")),
+            StatusCode::FORBIDDEN => Err(self.refused(&path, &format!("access denied: {}", msg()))),
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNPROCESSABLE_ENTITY => {
+                Err(self.refused(&path, &format!("refused (HTTP {}): {}", a.status.as_u16(), msg())))
             }
-            StatusCode::FORBIDDEN => Err(self.err(&path, format!("access denied: {}", msg()))),
             s => Err(self.err(&path, format!("HTTP {s}: {}", msg()))),
         }
     }

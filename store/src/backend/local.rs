@@ -35,7 +35,16 @@ pub(super) struct LocalDir {
 impl LocalDir {
     /// The store in `root`, created if missing.
     pub(super) fn open(root: &Path) -> Result<LocalDir> {
-        std::fs::create_dir_all(root).map_err(|e| StoreError::io("creating store directory", root, e))?;
+        // Only `init` makes a store's directory: any other command names a missing one as
+        // missing, instead of leaving an empty directory behind.
+        match std::fs::metadata(root) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(StoreError::Invalid(format!("{} is not a directory", root.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StoreError::NotInitialized(root.display().to_string()))
+            }
+            Err(e) => return Err(StoreError::io("opening store directory", root, e)),
+        }
         let open = |fsync: bool| {
             object_store::local::LocalFileSystem::new_with_prefix(root)
                 .map(|fs| ObjectStoreObjects::new(Arc::new(fs.with_fsync(fsync).with_automatic_cleanup(true))))

@@ -148,6 +148,9 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
 #[derive(Clone)]
 pub struct Backend {
     objects: Arc<dyn Objects>,
+    /// The store itself, where `objects` reads packs through caching tiers first
+    /// ([`Backend::past_tiers`]).
+    past_tiers: Option<Arc<dyn Objects>>,
     description: String,
     requests: Arc<AtomicU64>,
 }
@@ -200,19 +203,32 @@ impl Backend {
         if urls.is_empty() {
             return Ok(self);
         }
-        let tiered = tiered::Tiered::new(self.objects.clone(), urls, Patience::from_env()?)?;
+        let store = self.objects.clone();
+        let tiered = tiered::Tiered::new(store.clone(), urls, Patience::from_env()?)?;
         let description = format!("{} (through {})", self.description, urls.join(", "));
-        Ok(Backend { objects: Arc::new(tiered), description, ..self })
+        Ok(Backend { objects: Arc::new(tiered), past_tiers: Some(store), description, ..self })
     }
 
     fn wrap(objects: Arc<dyn Objects>, description: String) -> Backend {
-        Backend { objects, description, requests: Arc::default() }
+        Backend { objects, past_tiers: None, description, requests: Arc::default() }
     }
 
     /// This backend as an encrypted store sees it: objects that hold data sealed with
     /// `sealer` on the way in and opened on the way out (docs/FORMAT.md, "Encrypted stores").
     pub fn sealed(&self, sealer: crate::crypto::sealed::Sealer) -> Backend {
-        Backend { objects: Arc::new(sealed::SealedObjects::new(self.objects.clone(), sealer)), ..self.clone() }
+        // Every pack read is opened with the store's key, block by block: bytes a tier changed
+        // fail to open (and are read again past it, [`Backend::distrust`]).
+        let objects = Arc::new(sealed::SealedObjects::new(self.objects.clone(), sealer));
+        Backend { objects, past_tiers: None, ..self.clone() }
+    }
+
+    /// The store itself, past the caching tiers this backend reads packs through first
+    /// ([`Backend::through_tiers`]): where to read what a tier served that its pack's name did
+    /// not cover ([`crate::format::pack::read_tail`]). `None` when no tier is named, or when
+    /// every pack read is opened with an encrypted store's key ([`Backend::sealed`]).
+    pub fn past_tiers(&self) -> Option<Backend> {
+        let objects = self.past_tiers.clone()?;
+        Some(Backend { objects, past_tiers: None, ..self.clone() })
     }
 
     /// Requests sent so far through this backend and its clones.

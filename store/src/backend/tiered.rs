@@ -5,6 +5,11 @@
 //! [`REST`], and so is one that served bytes failing their check: the store reads that pack
 //! again itself. Everything else (tags, manifests, listings, writes) goes to the store: tiers
 //! keep only packs, which never change.
+//!
+//! Nothing a tier serves is used unless it is checked against an id the store gave: chunk
+//! bytes against their chunk ids, by whoever decodes them, and a pack's tail (footer and
+//! trailer) against the pack's name, by [`crate::format::pack::read_tail`], which reads it from
+//! the store itself ([`super::Backend::past_tiers`]) when it is not covered.
 
 use super::http::HttpObjects;
 use super::{ListEntry, Objects, Patience, Put, Version};

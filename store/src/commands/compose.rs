@@ -3,7 +3,7 @@
 //! push their own part, and one of them composes the step's image from the parts and tags it
 //! once every part is stored: the tag appears all at once or not at all.
 
-use crate::commands::push::protect_manifest;
+use crate::commands::push::store_manifest;
 use crate::commands::push::stream::Meta;
 use crate::error::{Result, StoreError};
 use crate::format::lease::Lease;
@@ -44,8 +44,7 @@ pub fn compose(store: &IndexedStore, tag: &TagRef, parts: &[ObjectId], meta: Met
         entries: by_path.values().map(|(e, _)| (*e).clone()).collect(),
         chunks: by_path.values().flat_map(|(_, c)| c.iter().copied()).collect(),
     };
-    let (id, bytes) = protect_manifest(store, &lease, &mut manifest)?;
-    store.put_manifest(&id, bytes)?;
+    let id = store_manifest(store, &lease, &mut manifest)?;
     let rec = store.set_tag(tag, id)?;
     drop(lease);
     Ok(rec)

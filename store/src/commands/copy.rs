@@ -7,7 +7,7 @@
 use crate::codec::floats::{self, LaneCodec};
 use crate::codec::{Codec, DeltaBases, Encoder};
 use crate::commands::pack_fill::PackFill;
-use crate::commands::push::{protect_manifest, write_pack};
+use crate::commands::push::{store_manifest, write_pack};
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::lease::{self, Lease};
@@ -93,8 +93,7 @@ pub fn copy(src: &IndexedStore, dst: &IndexedStore, tag: &TagRef, progress: &dyn
     index.set_doomed(&doomed)?;
     let again: Vec<ObjectId> = bad.iter().flat_map(|p| relied.remove(p).unwrap_or_default()).collect();
     transfer(src, dst, &lease, &again, &sizes, &mut report, progress)?;
-    let (new_id, bytes) = protect_manifest(dst, &lease, &mut manifest)?;
-    dst.put_manifest(&new_id, bytes)?;
+    let new_id = store_manifest(dst, &lease, &mut manifest)?;
     dst.set_tag(tag, new_id)?;
     drop(lease);
     report.manifest = new_id;

@@ -314,21 +314,31 @@ pub fn tag(store: &IndexedStore, source: &str, target: &str) -> Result<TagRecord
 /// Removes the tags `names` (`gstore rm`, `Store.rm` in Python), each checked before any is
 /// removed; returns them. A name that looks like an image id (hex digits) is refused unless a
 /// tag is so named (older versions allowed such names): rm removes tags, not images.
-pub fn remove_tags(store: &Store, names: &[&str]) -> Result<Vec<TagRef>> {
+pub fn remove_tags(store: &Store, names: &[&str]) -> Result<Vec<RemovedTag>> {
     let mut tags = Vec::with_capacity(names.len());
     for name in names {
         let tag = TagRef::parse(name)?;
+        let record = store.get_tag(&tag)?;
         let id_like = name.len() >= crate::format::tag::ID_LIKE_MIN_LEN && name.bytes().all(|b| b.is_ascii_hexdigit());
-        if id_like && store.get_tag(&tag)?.is_none() {
+        if id_like && record.is_none() {
             return Err(crate::StoreError::Invalid(format!(
                 "{name} is an image id: rm removes tags (NAME[:VERSION]); `gstore ls` shows the tags pointing at it"
             )));
         }
         store.resolve(&tag.to_string())?;
-        tags.push(tag);
+        tags.push(RemovedTag { pinned: record.is_some_and(|r| r.pinned), tag });
     }
-    for tag in &tags {
-        store.delete_tag(tag)?;
+    for t in &tags {
+        store.delete_tag(&t.tag)?;
     }
     Ok(tags)
+}
+
+/// A tag [`remove_tags`] removed.
+#[derive(Debug, Clone)]
+pub struct RemovedTag {
+    /// The tag.
+    pub tag: TagRef,
+    /// It was pinned (`gstore pin`): removing it dropped the pin too.
+    pub pinned: bool,
 }

@@ -117,13 +117,34 @@ pub struct Lease {
     backend: Backend,
     key: ObjectKey,
     record: Mutex<LeaseRecord>,
+    /// Set when a write found the lease gone: someone removed it while it was held, and a gc
+    /// may have deleted what it protected meanwhile ([`Lease::confirm`]).
+    lost: std::sync::atomic::AtomicBool,
+}
+
+/// The first 16 hex digits of the name of every lease a client holding `token` writes
+/// through a `gstore serve` with tokens: the server lets a token that is not an admin's
+/// write and delete only leases named so (docs/SECURITY.md), so that one token cannot remove
+/// another's leases. Derived by BLAKE3 in key-derivation mode, so it reveals nothing of the token.
+pub fn owner_prefix(token: &[u8]) -> String {
+    hex::encode(&blake3::derive_key("gstore 2026-11 lease owner", token)[..8])
+}
+
+/// A new lease name: 32 lowercase hex digits, the first 16 [`owner_prefix`] of
+/// `$GSTORE_TOKEN` when it is set, random otherwise, the rest random.
+fn new_lease_name() -> String {
+    let random = ObjectId::unique().to_hex();
+    match crate::environment::Http::read().token {
+        Some(token) => format!("{}{}", owner_prefix(token.as_bytes()), &random[..16]),
+        None => random[..32].to_string(),
+    }
 }
 
 impl Lease {
     /// Takes a new lease (create-only write).
     pub fn take(backend: &Backend, purpose: &str) -> Result<Lease> {
         let owner = Owner::current();
-        let key = ObjectKey::Lease(ObjectId::unique().to_hex()[..32].to_string());
+        let key = ObjectKey::Lease(new_lease_name());
         let record = LeaseRecord {
             format: 1,
             owner,
@@ -132,7 +153,7 @@ impl Lease {
             manifests: BTreeSet::new(),
         };
         backend.create_record(&key, serde_json::to_vec_pretty(&record).expect("lease serializes"))?;
-        Ok(Lease { backend: backend.clone(), key, record: Mutex::new(record) })
+        Ok(Lease { backend: backend.clone(), key, record: Mutex::new(record), lost: Default::default() })
     }
 
     /// Adds packs and manifests to what the lease protects and writes it, before the caller
@@ -145,7 +166,39 @@ impl Lease {
         if before == (r.packs.len(), r.manifests.len()) {
             return Ok(());
         }
-        self.backend.put_volatile(&self.key, serde_json::to_vec_pretty(&*r).expect("lease serializes"))
+        self.write(&r)
+    }
+
+    /// Writes the record, noting when the lease was gone before the write.
+    fn write(&self, r: &LeaseRecord) -> Result<()> {
+        if self.backend.size(&self.key)?.is_none() {
+            self.lost.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.backend.put_volatile(&self.key, serde_json::to_vec_pretty(r).expect("lease serializes"))
+    }
+
+    /// Checks, before the holder tags what the lease protects, that nothing it relies on went
+    /// while it ran: when the lease was removed meanwhile (by an admin, or by a gc that took
+    /// its owner for dead), it is written again and every pack it protects must still be
+    /// listed without a tombstone; otherwise the work is refused as a conflict (push again).
+    pub fn confirm(&self) -> Result<()> {
+        let r = self.record.lock().expect("lease lock").clone();
+        let held = self.backend.size(&self.key)?.is_some();
+        if held && !self.lost.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.write(&r)?;
+        let (bad, _) = unreliable_packs(&self.backend, &r.pack_ids().collect())?;
+        if bad.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::Conflict(format!(
+            "{} was removed while this {} ran, and {} pack(s) it relied on are gone or about to be deleted \
+             by gc: nothing was tagged; run it again",
+            self.key,
+            r.purpose,
+            bad.len()
+        )))
     }
 
     /// The lease's key.
@@ -225,5 +278,35 @@ mod tests {
         drop(lease);
         assert!(b.get_opt(&key).unwrap().is_none());
         assert!(LeaseRecord::from_json(b"{", "k").unwrap_err().is_damage());
+    }
+
+    #[test]
+    fn a_lease_removed_while_held_is_confirmed_only_if_its_packs_remain() {
+        let b = Backend::memory();
+        let (kept, gone) = (ObjectId::of(b"kept"), ObjectId::of(b"gone"));
+        for p in [kept, gone] {
+            b.put(&ObjectKey::Pack(p), b"pack".to_vec()).unwrap();
+        }
+        let lease = Lease::take(&b, "push t:1").unwrap();
+        lease.protect(&[kept], &[]).unwrap();
+        lease.confirm().unwrap();
+        // Removed behind its holder's back, then written again by a later protect: still lost.
+        b.delete(lease.key()).unwrap();
+        lease.protect(&[gone], &[]).unwrap();
+        lease.confirm().unwrap();
+        // A gc deletes a pack it protected while it was gone: the holder must not tag.
+        b.delete(&ObjectKey::Pack(gone)).unwrap();
+        let err = lease.confirm().unwrap_err();
+        assert_eq!(err.kind(), crate::error::ErrorKind::Conflict, "{err}");
+        assert!(err.to_string().contains("nothing was tagged"), "{err}");
+        assert!(b.get_opt(lease.key()).unwrap().is_some(), "the lease is written again");
+    }
+
+    #[test]
+    fn lease_names_carry_the_owner_prefix_of_the_token() {
+        let p = owner_prefix(b"some-token-0123456789");
+        assert_eq!(p.len(), 16);
+        assert_ne!(p, owner_prefix(b"other-token-0123456789"));
+        assert!(ObjectKey::parse(&ObjectKey::Lease(format!("{p}{}", "0".repeat(16))).to_string()).is_ok());
     }
 }

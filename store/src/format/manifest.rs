@@ -219,6 +219,30 @@ impl Manifest {
 
     /// Parses and checks a manifest: its hash must equal `id`, and every entry must be sane.
     pub fn decode(bytes: &[u8], id: &ObjectId) -> Result<Manifest> {
+        let m = Self::decode_unchecked(bytes, id)?;
+        m.check().map_err(|d| StoreError::corrupt(ObjectKind::Manifest, id.to_hex(), d))?;
+        Ok(m)
+    }
+
+    /// The chunks a manifest references, from bytes that match `id` and whose layout parses,
+    /// whether or not its entries would pass [`Manifest::decode`]'s checks: what gc keeps for
+    /// a manifest no reader accepts (docs/GC.md). The error says why no reader accepts it.
+    pub fn references(bytes: &[u8], id: &ObjectId) -> Result<(Vec<ChunkRef>, Option<String>)> {
+        let m = Self::decode_unchecked(bytes, id)?;
+        let refused = m.check().err();
+        Ok((m.chunks, refused))
+    }
+
+    /// Refuses, before anything is stored or tagged, a manifest that readers would refuse
+    /// ([`Manifest::decode`]'s entry checks): every writer calls it.
+    pub fn validate(&self) -> Result<()> {
+        self.check().map_err(|d| StoreError::Invalid(format!("the image cannot be stored: {d}")))
+    }
+
+    /// Parses the byte layout of a manifest whose hash must equal `id`, without the entry
+    /// checks of [`Manifest::decode`]: for gc, which keeps the chunks of any manifest and
+    /// dates images by it, never for a restore.
+    pub fn decode_unchecked(bytes: &[u8], id: &ObjectId) -> Result<Manifest> {
         let bad = |d: String| StoreError::corrupt(ObjectKind::Manifest, id.to_hex(), d);
         if &ObjectId::of(bytes) != id {
             return Err(bad("content does not match its id (BLAKE3 mismatch)".into()));
@@ -248,9 +272,7 @@ impl Manifest {
                 zero: r[36] & FLAG_ZERO != 0,
             })
             .collect();
-        let m = Manifest { created_unix: header.created_unix, meta: header.meta, entries: header.entries, chunks };
-        m.check().map_err(bad)?;
-        Ok(m)
+        Ok(Manifest { created_unix: header.created_unix, meta: header.meta, entries: header.entries, chunks })
     }
 
     /// Structural checks: safe paths, no duplicates, nothing below an entry that is not a
@@ -426,6 +448,23 @@ mod tests {
         ok.entries.push(entry("d/g", EntryKind::Symlink, Some("f")));
         let bytes = ok.encode();
         assert_eq!(Manifest::decode(&bytes, &ObjectId::of(&bytes)).unwrap(), ok);
+    }
+
+    #[test]
+    fn writers_refuse_what_readers_refuse_and_gc_still_sees_the_chunks() {
+        let mut m = sample();
+        m.entries.push(entry("link", EntryKind::Symlink, Some("/tmp")));
+        m.entries.push(entry("link/f", EntryKind::Dir, None));
+        let err = m.validate().unwrap_err();
+        assert_eq!(err.kind(), crate::error::ErrorKind::Usage);
+        assert!(err.to_string().contains("lies below \"link\""), "{err}");
+        let bytes = m.encode();
+        let id = ObjectId::of(&bytes);
+        let (chunks, refused) = Manifest::references(&bytes, &id).unwrap();
+        assert_eq!(chunks, m.chunks);
+        assert!(refused.unwrap().contains("lies below"));
+        assert!(sample().validate().is_ok());
+        assert!(Manifest::references(&bytes, &ObjectId::of(b"other")).is_err());
     }
 
     #[test]

@@ -41,9 +41,10 @@ fn entry_len(version: u32) -> usize {
     }
 }
 
-/// How a store names its packs (docs/FORMAT.md, "Pack names"). Nothing reads a pack by checking
-/// its name (every reader checks each chunk it decodes against the chunk's id); an HTTP server
-/// checks an uploaded pack's name either way.
+/// How a store names its packs (docs/FORMAT.md, "Pack names"). Readers check a pack's name only
+/// for a tail that came through a caching tier ([`read_tail`]): every reader checks each chunk
+/// it decodes against the chunk's id, but nothing else covers a footer's entries. An HTTP
+/// server checks an uploaded pack's name either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PackIds {
@@ -177,6 +178,8 @@ pub struct FinishedPack {
 
 /// Length of the salt written after the magic.
 pub const SALT_LEN: usize = 16;
+/// Bytes of a pack's header: the magic, then the salt.
+const HEADER_LEN: usize = PACK_MAGIC.len() + SALT_LEN;
 
 /// Bytes no other pack starts with, so that every pack written gets a new id even when it
 /// holds the same chunks as an earlier one (which gc may have tombstoned: docs/GC.md, I4).
@@ -192,14 +195,7 @@ impl PackBuilder {
 
     /// Starts an empty pack with the given salt (deterministic simulations choose their own).
     pub fn with_salt(salt: [u8; SALT_LEN], ids: PackIds) -> Self {
-        PackBuilder {
-            salt,
-            ids,
-            parts: Vec::new(),
-            entries: Vec::new(),
-            len: (PACK_MAGIC.len() + SALT_LEN) as u64,
-            sketches: Vec::new(),
-        }
+        PackBuilder { salt, ids, parts: Vec::new(), entries: Vec::new(), len: HEADER_LEN as u64, sketches: Vec::new() }
     }
 
     /// Appends one stored chunk (copied).
@@ -355,14 +351,54 @@ pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str, chunk_max: u32) -> R
 
 /// Reads and checks the footer of the pack `pack`, `size` bytes long (as listed), in a store
 /// whose chunks are at most `chunk_max` bytes: its entries, and the raw tail they were parsed
-/// from (footer entries, then trailer). Two range reads; the chunk data is not read.
+/// from (footer entries, then trailer). Two range reads (three through tiers: the header
+/// too); the chunk data is not read.
+///
+/// Where pack reads go through caching tiers ([`Backend::past_tiers`]), the tail is used only
+/// when the pack's name covers it ([`read_named_tail`]): the footer's own hash does not, as a
+/// tier that rewrote an entry recomputes it, and a node trusting such an entry would
+/// deduplicate pushes against a chunk the store does not hold, or read other bytes for one.
 pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) -> Result<(Vec<PackEntry>, Vec<u8>)> {
     let key = ObjectKey::Pack(*pack);
+    if let Some(store) = backend.past_tiers() {
+        return read_named_tail(backend, &store, pack, size, chunk_max);
+    }
     match read_tail_once(backend, &key, size, chunk_max) {
-        // Bytes that came through a caching tier are read once more, past it.
+        // Bytes that came through a caching tier (and failed to open with an encrypted
+        // store's key) are read once more, past it.
         Err(e) if e.is_damage() && backend.distrust(&key) => read_tail_once(backend, &key, size, chunk_max),
         other => other,
     }
+}
+
+/// [`read_tail`] through caching tiers (`backend`), with `store` the store past them. The
+/// pack's header is read too, and the tail is used when the header followed by it hashes to
+/// the pack's name (docs/FORMAT.md, "Pack names"). Any other tail — changed by a tier, or of a
+/// pack named by all its bytes, which no tail shows — is read again from `store`; a tier whose
+/// tail was not the store's is distrusted ([`Backend::distrust`]) as one that served damaged
+/// bytes.
+fn read_named_tail(
+    backend: &Backend,
+    store: &Backend,
+    pack: &ObjectId,
+    size: u64,
+    chunk_max: u32,
+) -> Result<(Vec<PackEntry>, Vec<u8>)> {
+    let key = ObjectKey::Pack(*pack);
+    // The header first, so that the tier the tail came from is the one distrusted.
+    let header = backend.get_range(&key, 0..HEADER_LEN as u64);
+    let served = read_tail_once(backend, &key, size, chunk_max);
+    match (&header, &served) {
+        (Ok(header), Ok((_, tail))) if header_footer_id(header, tail) == *pack => return served,
+        // The store's own answer (a tier that fails is gone around): nothing to read again.
+        (_, Err(e)) if !e.is_damage() => return served,
+        _ => {}
+    }
+    let stored = read_tail_once(store, &key, size, chunk_max)?;
+    if !served.is_ok_and(|(_, tail)| tail == stored.1) {
+        backend.distrust(&key);
+    }
+    Ok(stored)
 }
 
 fn read_tail_once(
@@ -391,16 +427,21 @@ fn read_tail_once(
     Ok((entries, [&footer[..], &guess[footer_end..]].concat()))
 }
 
+/// The [`PackIds::HeaderFooter`] name of a pack with this header (magic and salt) and tail
+/// (footer entries, then trailer).
+fn header_footer_id(header: &[u8], tail: &[u8]) -> ObjectId {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(header).update(tail);
+    ObjectId(*hasher.finalize().as_bytes())
+}
+
 /// Whether `id` names the pack `bytes` (checked by [`parse_pack`]) under either [`PackIds`]
 /// naming: its header and tail (footer and trailer), else all its bytes.
 pub fn is_named(bytes: &[u8], id: &ObjectId) -> bool {
-    let header = PACK_MAGIC.len() + SALT_LEN;
     let trailer =
         bytes.len().checked_sub(TRAILER_LEN).and_then(|at| parse_trailer(&bytes[at..], bytes.len() as u64, "").ok());
-    if let Some(at) = trailer.map(|t| t.footer_offset as usize).filter(|&at| at >= header) {
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(&bytes[..header]).update(&bytes[at..]);
-        if hasher.finalize().as_bytes() == &id.0 {
+    if let Some(at) = trailer.map(|t| t.footer_offset as usize).filter(|&at| at >= HEADER_LEN) {
+        if header_footer_id(&bytes[..HEADER_LEN], &bytes[at..]) == *id {
             return true;
         }
     }

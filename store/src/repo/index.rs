@@ -565,8 +565,10 @@ impl Index {
     }
 
     /// The locations recorded under `key` by [`Index::put_plan`], if there are and they still
-    /// hold: every pack they name is indexed and not tombstoned (a pack is written once and
-    /// never changed while it exists: docs/FORMAT.md). A damaged record counts as none.
+    /// hold: every pack they name is indexed, not tombstoned and holds no copy a damage
+    /// record names (a pack is written once and never changed while it exists:
+    /// docs/FORMAT.md; a plan made before a healing push names the damaged copy, the index
+    /// now a good one). A damaged record counts as none.
     pub fn plan(&self, key: &ObjectId) -> Result<Option<Vec<ChunkLocation>>> {
         let Some(v) = self.db.get_pinned_cf(self.cf(CF_PLANS), key.0).map_err(|e| self.ierr(e))? else {
             return Ok(None);
@@ -574,7 +576,8 @@ impl Index {
         let Some((packs, locations)) = PlanRecord::decode(&v) else { return Ok(None) };
         {
             let doomed = self.doomed.read().expect("doomed set lock");
-            if packs.iter().any(|p| doomed.contains(p)) {
+            let damaged = self.damaged.read().expect("damaged set lock");
+            if packs.iter().any(|p| doomed.contains(p) || damaged.iter().any(|(_, d)| d == p)) {
                 return Ok(None);
             }
         }
@@ -699,6 +702,18 @@ mod tests {
         idx.set_doomed(&[p2].into()).unwrap();
         assert!(idx.plan(&key).unwrap().is_none());
         idx.set_doomed(&HashSet::new()).unwrap();
+        assert_eq!(idx.plan(&key).unwrap().unwrap(), locations);
+        // A plan recorded once a copy in it was known damaged (by the restore that failed on
+        // it) is not used once a push stored a good copy: it names the pack holding the bad one.
+        idx.set_damaged(&[(ObjectId::of(b"b"), p2)].into()).unwrap();
+        let mut record = PlanRecord::default();
+        locations.iter().for_each(|l| record.push(l));
+        idx.put_plan(&key, record).unwrap();
+        assert!(idx.plan(&key).unwrap().is_none(), "a plan naming a damaged copy was used");
+        idx.set_damaged(&HashSet::new()).unwrap();
+        let mut record = PlanRecord::default();
+        locations.iter().for_each(|l| record.push(l));
+        idx.put_plan(&key, record).unwrap();
         assert_eq!(idx.plan(&key).unwrap().unwrap(), locations);
         // A damaged record counts as none.
         idx.db.put_cf(idx.cf(CF_PLANS), key.0, [1u8, 0, 0]).unwrap();

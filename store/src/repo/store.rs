@@ -90,6 +90,9 @@ impl Store {
     /// S3 store's conditional writes included).
     fn backend_to_init(location: &StoreLocation, config: &StoreConfig) -> Result<Backend> {
         config.validate()?;
+        if let StoreLocation::Local(root) = location {
+            std::fs::create_dir_all(root).map_err(|e| StoreError::io("creating store directory", root, e))?;
+        }
         let backend = location.backend()?;
         if matches!(location, StoreLocation::S3 { .. }) {
             probe_conditional_writes(&backend)?;

@@ -5,7 +5,7 @@
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::ObjectKey;
-use crate::format::manifest::Manifest;
+use crate::format::manifest::{ChunkRef, Manifest};
 use crate::format::pack::{self, PackEntry, TRAILER_LEN};
 use crate::repo::store::Store;
 use crate::ObjectKind;
@@ -62,12 +62,25 @@ impl<'a> Catalog<'a> {
         Ok(entries)
     }
 
-    /// A manifest, checked against its id, from the cache or the store.
-    pub fn manifest(&self, id: &ObjectId) -> Result<Manifest> {
+    /// The chunks a manifest references, checked against its id, from the cache or the store,
+    /// and why readers refuse it if they do ([`Manifest::references`]).
+    pub fn manifest_references(&self, id: &ObjectId) -> Result<(Vec<ChunkRef>, Option<String>)> {
+        self.manifest_read(id, |bytes| Manifest::references(bytes, id))
+    }
+
+    /// When the image `id` names was made (its manifest's `created_unix`), if its manifest
+    /// can be read: what retention dates images by.
+    pub fn manifest_created(&self, id: &ObjectId) -> Option<u64> {
+        self.manifest_read(id, |bytes| Manifest::decode_unchecked(bytes, id)).ok().map(|m| m.created_unix)
+    }
+
+    /// Reads a manifest through `parse` (which checks it against its id), from the cache or
+    /// the store; what the store gave is cached once it parses.
+    fn manifest_read<T>(&self, id: &ObjectId, parse: impl Fn(&[u8]) -> Result<T>) -> Result<T> {
         let cache = self.cached(&ObjectKey::Manifest(*id));
         if let Some(bytes) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
-            if let Ok(m) = Manifest::decode(&bytes, id) {
-                return Ok(m);
+            if let Ok(parsed) = parse(&bytes) {
+                return Ok(parsed);
             }
         }
         let key = ObjectKey::Manifest(*id);
@@ -77,11 +90,11 @@ impl<'a> Catalog<'a> {
             }
             other => other?,
         };
-        let m = Manifest::decode(&bytes, id)?;
+        let parsed = parse(&bytes)?;
         if let Some(p) = cache {
             Self::save(&p, &bytes);
         }
-        Ok(m)
+        Ok(parsed)
     }
 
     /// Drops what is cached for an object gc deleted.

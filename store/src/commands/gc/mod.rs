@@ -127,6 +127,9 @@ pub struct GcReport {
     pub damaged_packs: Vec<String>,
     /// Manifests tags name that are missing.
     pub missing_manifests: Vec<String>,
+    /// Manifests (id: why) that match their ids but that readers refuse (an entry below a
+    /// symlink, say): their chunks were kept, and `gstore verify` names their images.
+    pub refused_manifests: Vec<String>,
     /// Temporary files of killed writers removed from a local store's directory.
     pub temp_files_swept: usize,
     /// Bytes of those files.
@@ -188,7 +191,7 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
 
     // 4. Retention, then the roots.
     let mut tagged: BTreeSet<ObjectId> = BTreeSet::new();
-    for rec in apply_retention(store, opts, &mut report)? {
+    for rec in apply_retention(store, &catalog, opts, &mut report)? {
         tagged.insert(rec.manifest_id()?);
         for h in &rec.history {
             // A history entry with a damaged id names nothing gc could keep.
@@ -252,7 +255,8 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
 }
 
 /// The non-zero chunks of every root manifest. A tagged manifest that is missing is
-/// reported; a leased one may not be written yet. One that cannot be read stops gc.
+/// reported; a leased one may not be written yet. One whose entries readers refuse is
+/// reported and its chunks kept; one that does not match its id or parse stops gc.
 fn mark(
     store: &Store,
     catalog: &Catalog,
@@ -266,16 +270,19 @@ fn mark(
     // Chunks go into the set as each manifest arrives, so manifests are not all held at once.
     let live = std::sync::Mutex::new(HashSet::new());
     let reads = in_flight(store, &roots, |id| {
-        let read = catalog
-            .manifest(id)
-            .map(|m| live.lock().expect("live set lock").extend(m.chunks.iter().filter(|c| !c.zero).map(|c| c.id)));
+        let read = catalog.manifest_references(id).map(|(chunks, refused)| {
+            live.lock().expect("live set lock").extend(chunks.iter().filter(|c| !c.zero).map(|c| c.id));
+            refused
+        });
         progress.advance(1);
         read
     })?;
     progress.finish();
     for (id, read) in roots.iter().zip(reads) {
         match read {
-            Ok(()) => {}
+            Ok(None) => {}
+            // Its chunks are kept; what readers refuse in it is reported, never a reason to stop.
+            Ok(Some(why)) => report.refused_manifests.push(format!("{}: {why}", id.to_hex())),
             // A leased manifest may not be written yet: its push is still running.
             Err(StoreError::NotFound { .. }) if !tagged.contains(id) => {}
             Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
@@ -523,7 +530,12 @@ fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(Has
 
 /// Applies retention to every tag (compare-and-swap writes) and returns the records that
 /// remain. A tag another writer changed meanwhile is kept whole, as re-read.
-fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Result<Vec<TagRecord>> {
+fn apply_retention(
+    store: &Store,
+    catalog: &Catalog,
+    opts: &GcOptions,
+    report: &mut GcReport,
+) -> Result<Vec<TagRecord>> {
     let b = store.backend();
     // Keys under tags/ that are no tag gstore could write name nothing.
     let tags: Vec<TagRef> = b
@@ -541,7 +553,9 @@ fn apply_retention(store: &Store, opts: &GcOptions, report: &mut GcReport) -> Re
             records.push((rec, v));
         }
     }
-    let outcomes = opts.policy.apply(&records.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(), now_unix());
+    let made = |hex: &str| ObjectId::from_hex(hex).ok().and_then(|id| catalog.manifest_created(&id));
+    let outcomes =
+        opts.policy.apply(&records.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(), now_unix(), &made);
     let mut kept = Vec::new();
     for ((rec, version), outcome) in records.into_iter().zip(outcomes) {
         let new = match outcome {

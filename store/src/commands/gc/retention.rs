@@ -2,16 +2,19 @@
 //! --keep-daily N --keep-weekly N [--prefix P]` keeps.
 //!
 //! An image of a tag name is the current value or a history entry of any of its versions,
-//! dated by when it was set, to the nanosecond (records of older versions have whole seconds:
-//! they count as set at the start of theirs). Within one name, images are ranked newest
-//! first, and equal times (older records) by each record's own order: its current value
-//! before its history, history newest first. One is kept if
-//! its rank is below `keep_last`, it was set within `keep_within` of now, or it is the newest
-//! of its UTC day (Monday-to-Sunday UTC week) and that day (week) is among the newest
-//! `keep_daily` (`keep_weekly`) days (weeks) that have images of the name. With no rule,
-//! everything is kept. Names outside `prefix` (when given) are left alone, and so is the
-//! current image of a pinned tag (`gstore pin`). A tag record is removed only when none of its
-//! images is kept; otherwise its history is trimmed to the kept entries.
+//! dated by when it was made: its manifest's creation time (`created_unix`, which
+//! `SOURCE_DATE_EPOCH` sets), the same date `ls --latest` and `latest()` go by. Equal
+//! creation times (whole seconds) rank by when each was set, to the nanosecond (records of
+//! older versions have whole seconds: they count as set at the start of theirs), then by each
+//! record's own order: its current value before its history, history newest first. An image
+//! whose manifest cannot be read is dated by when it was set. Within one name, images are
+//! ranked newest first. One is kept if its rank is below `keep_last`, it was made within
+//! `keep_within` of now, or it is the newest of its UTC day (Monday-to-Sunday UTC week) and
+//! that day (week) is among the newest `keep_daily` (`keep_weekly`) days (weeks) that have
+//! images of the name. With no rule, everything is kept. Names outside `prefix` (when given)
+//! are left alone, and so is the current image of a pinned tag (`gstore pin`). A tag record
+//! is removed only when none of its images is kept; otherwise its history is trimmed to the
+//! kept entries.
 
 use crate::error::{Result, StoreError};
 use crate::format::tag::{SetTime, TagRecord};
@@ -46,14 +49,28 @@ fn week(unix: u64) -> u64 {
     (unix / DAY + 3) / 7
 }
 
+/// One image of a tag name, as retention ranks it.
+struct Item {
+    /// When the image was made (else when it was set), in Unix seconds.
+    made: u64,
+    /// When it was set.
+    set: SetTime,
+    /// The record's current value (else a history entry).
+    current: bool,
+    /// Index of the record.
+    record: usize,
+    /// Index in the record's history.
+    entry: usize,
+}
+
 /// Flags, in `items`' order (newest first), the newest image of each of the newest `n`
 /// periods that have images.
-fn newest_per_period(items: &[(SetTime, bool, usize, usize)], n: usize, period: fn(u64) -> u64) -> Vec<bool> {
+fn newest_per_period(items: &[Item], n: usize, period: fn(u64) -> u64) -> Vec<bool> {
     let mut seen = Vec::new();
     items
         .iter()
-        .map(|(set, ..)| {
-            let p = period(set.unix);
+        .map(|item| {
+            let p = period(item.made);
             if seen.len() < n && !seen.contains(&p) {
                 seen.push(p);
                 true
@@ -102,37 +119,46 @@ impl Policy {
         Ok(())
     }
 
-    /// The outcome for each of `records` (same order), at time `now`.
-    pub fn apply(&self, records: &[TagRecord], now: u64) -> Vec<Outcome> {
+    /// The outcome for each of `records` (same order), at time `now`; `made` gives the
+    /// creation time of an image by its manifest id (hex), `None` when it cannot be read.
+    pub fn apply(&self, records: &[TagRecord], now: u64, made: &dyn Fn(&str) -> Option<u64>) -> Vec<Outcome> {
         if self.is_none() {
             return vec![Outcome::Keep; records.len()];
         }
-        // (set time, is current, record index, history index) per image, grouped by name.
-        let mut by_name: BTreeMap<&str, Vec<(SetTime, bool, usize, usize)>> = BTreeMap::new();
+        let mut by_name: BTreeMap<&str, Vec<Item>> = BTreeMap::new();
         let mut keep_current = vec![false; records.len()];
         for (i, r) in records.iter().enumerate() {
             if self.prefix.as_deref().is_some_and(|p| !r.name.starts_with(p)) {
                 continue;
             }
             keep_current[i] = r.pinned;
+            let item = |manifest: &str, set: SetTime, current, entry| Item {
+                made: made(manifest).unwrap_or(set.unix),
+                set,
+                current,
+                record: i,
+                entry,
+            };
             let items = by_name.entry(&r.name).or_default();
-            items.push((r.set_time(), true, i, 0));
-            items.extend(r.history.iter().enumerate().map(|(j, h)| (h.set_time(), false, i, j)));
+            items.push(item(&r.manifest, r.set_time(), true, 0));
+            items.extend(r.history.iter().enumerate().map(|(j, h)| item(&h.manifest, h.set_time(), false, j)));
         }
         let mut keep_history: Vec<Vec<bool>> = records.iter().map(|r| vec![false; r.history.len()]).collect();
         for items in by_name.values_mut() {
-            items.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
+            items.sort_by(|a, b| {
+                (b.made, b.set, b.current).cmp(&(a.made, a.set, a.current)).then((a.record, a.entry).cmp(&(b.record, b.entry)))
+            });
             let daily = newest_per_period(items, self.keep_daily.unwrap_or(0), day);
             let weekly = newest_per_period(items, self.keep_weekly.unwrap_or(0), week);
-            for (rank, &(set, current, i, j)) in items.iter().enumerate() {
+            for (rank, item) in items.iter().enumerate() {
                 let kept = self.keep_last.is_some_and(|n| rank < n)
-                    || self.keep_within_secs.is_some_and(|w| now.saturating_sub(set.unix) <= w)
+                    || self.keep_within_secs.is_some_and(|w| now.saturating_sub(item.made) <= w)
                     || daily[rank]
                     || weekly[rank];
-                if kept && current {
-                    keep_current[i] = true;
+                if kept && item.current {
+                    keep_current[item.record] = true;
                 } else if kept {
-                    keep_history[i][j] = true;
+                    keep_history[item.record][item.entry] = true;
                 }
             }
         }
@@ -164,6 +190,11 @@ mod tests {
     use super::*;
     use crate::format::id::ObjectId;
     use crate::format::tag::TagRef;
+
+    /// No image's creation time is known: images are dated by when they were set.
+    fn unknown(_: &str) -> Option<u64> {
+        None
+    }
 
     #[test]
     fn rules_that_keep_nothing_and_a_prefix_alone_are_refused() {
@@ -209,7 +240,7 @@ mod tests {
         // fast:v1 .. fast:v6 set in the same second, in that order; records list v1 first.
         let recs: Vec<TagRecord> =
             (1..=6u32).map(|i| record_at(&format!("fast:v{i}"), &[SetTime { unix: 100, nanos: i * 1000 }])).collect();
-        let out = Policy { keep_last: Some(2), ..Default::default() }.apply(&recs, 100);
+        let out = Policy { keep_last: Some(2), ..Default::default() }.apply(&recs, 100, &unknown);
         let kept: Vec<&str> =
             recs.iter().zip(&out).filter(|(_, o)| **o != Outcome::Remove).map(|(r, _)| r.version.as_str()).collect();
         assert_eq!(kept, ["v5", "v6"]);
@@ -220,7 +251,7 @@ mod tests {
         // One tag moved three times within a second by an older version: history order says
         // which is newest.
         let moved = without_nanos(record("a", &[100, 100, 100]));
-        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(std::slice::from_ref(&moved), 100);
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(std::slice::from_ref(&moved), 100, &unknown);
         match &out[0] {
             Outcome::Trim(r, 2) => assert_eq!(r.manifest, moved.manifest),
             other => panic!("{other:?}"),
@@ -228,28 +259,28 @@ mod tests {
         // A value set later in the same second by this version ranks before the older record's.
         let old = without_nanos(record("b:old", &[100]));
         let new = record_at("b:new", &[SetTime { unix: 100, nanos: 1 }]);
-        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&[new, old], 100);
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&[new, old], 100, &unknown);
         assert_eq!(out, vec![Outcome::Keep, Outcome::Remove]);
     }
 
     #[test]
     fn no_rule_keeps_everything() {
         let recs = [record("a", &[1, 2, 3])];
-        assert_eq!(Policy::default().apply(&recs, 100), vec![Outcome::Keep]);
+        assert_eq!(Policy::default().apply(&recs, 100, &unknown), vec![Outcome::Keep]);
     }
 
     #[test]
     fn keep_last_counts_versions_and_history_per_name() {
         // a:v1 set at 10, a:v2 set at 20 and 30 (history 20), b:latest at 5.
         let recs = [record("a:v1", &[10]), record("a:v2", &[20, 30]), record("b", &[5])];
-        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&recs, 100);
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&recs, 100, &unknown);
         assert_eq!(out[0], Outcome::Remove);
         match &out[1] {
             Outcome::Trim(r, 1) => assert!(r.history.is_empty() && r.set_unix == 30),
             other => panic!("{other:?}"),
         }
         assert_eq!(out[2], Outcome::Keep, "each name keeps its own newest");
-        let out = Policy { keep_last: Some(2), ..Default::default() }.apply(&recs, 100);
+        let out = Policy { keep_last: Some(2), ..Default::default() }.apply(&recs, 100, &unknown);
         assert_eq!(out, vec![Outcome::Remove, Outcome::Keep, Outcome::Keep]);
     }
 
@@ -257,14 +288,14 @@ mod tests {
     fn keep_within_and_union_of_rules() {
         let recs = [record("a", &[10, 50, 90])];
         let within = Policy { keep_within_secs: Some(50), ..Default::default() };
-        match &within.apply(&recs, 100)[0] {
+        match &within.apply(&recs, 100, &unknown)[0] {
             Outcome::Trim(r, 1) => assert_eq!(r.history.iter().map(|h| h.set_unix).collect::<Vec<_>>(), vec![50]),
             other => panic!("{other:?}"),
         }
         let both = Policy { keep_last: Some(3), keep_within_secs: Some(1), ..Default::default() };
-        assert_eq!(both.apply(&recs, 100), vec![Outcome::Keep]);
+        assert_eq!(both.apply(&recs, 100, &unknown), vec![Outcome::Keep]);
         let none_recent = Policy { keep_within_secs: Some(1), ..Default::default() };
-        assert_eq!(none_recent.apply(&recs, 100), vec![Outcome::Remove]);
+        assert_eq!(none_recent.apply(&recs, 100, &unknown), vec![Outcome::Remove]);
     }
 
     #[test]
@@ -274,7 +305,7 @@ mod tests {
         let recs = [record("run", &times)];
         let now = 10 * DAY;
         let kept = |p: Policy| -> Vec<u64> {
-            match &p.apply(&recs, now)[0] {
+            match &p.apply(&recs, now, &unknown)[0] {
                 Outcome::Trim(r, _) => {
                     std::iter::once(r.set_unix).chain(r.history.iter().map(|h| h.set_unix)).collect()
                 }
@@ -300,15 +331,35 @@ mod tests {
         pinned.pinned = true;
         let recs = [pinned, record("base:v2", &[20]), record("base:v3", &[30]), record("other", &[1, 2, 3])];
         let p = Policy { keep_last: Some(1), prefix: Some("base".into()), ..Default::default() };
-        assert_eq!(p.apply(&recs, 100), vec![Outcome::Keep, Outcome::Remove, Outcome::Keep, Outcome::Keep]);
+        assert_eq!(p.apply(&recs, 100, &unknown), vec![Outcome::Keep, Outcome::Remove, Outcome::Keep, Outcome::Keep]);
         // A pinned tag's history is trimmed like any other; its current image stays.
         let mut moved = record("m", &[10, 20, 30]);
         moved.pinned = true;
         let newer = record("m:v2", &[40]);
-        let trimmed = Policy { keep_last: Some(1), ..Default::default() }.apply(&[moved, newer], 100);
+        let trimmed = Policy { keep_last: Some(1), ..Default::default() }.apply(&[moved, newer], 100, &unknown);
         match &trimmed[0] {
             Outcome::Trim(r, 2) => assert_eq!(r.set_unix, 30),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn images_rank_by_when_they_were_made_not_when_they_were_tagged() {
+        // step-10 made after step-9, but tagged first (in the same second).
+        let ten = record_at("x:step-10", &[SetTime { unix: 500, nanos: 1 }]);
+        let nine = record_at("x:step-9", &[SetTime { unix: 500, nanos: 2 }]);
+        let made = |m: &str| Some(if m == ten.manifest { 300 } else { 200 });
+        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&[ten.clone(), nine.clone()], 500, &made);
+        assert_eq!(out, vec![Outcome::Keep, Outcome::Remove]);
+        // Twelve images made over six days, all pushed today: keep-daily 6 keeps one a day.
+        let day_of = |i: u64| 10 * DAY + (i / 2) * DAY + (i % 2) * 3600;
+        let recs: Vec<TagRecord> = (0..12u64).map(|i| record(&format!("d:v{i}"), &[20 * DAY + i])).collect();
+        let by_manifest: std::collections::HashMap<String, u64> =
+            recs.iter().enumerate().map(|(i, r)| (r.manifest.clone(), day_of(i as u64))).collect();
+        let out = Policy { keep_daily: Some(6), ..Default::default() }.apply(&recs, 20 * DAY + 20, &|m| {
+            by_manifest.get(m).copied()
+        });
+        let kept: Vec<usize> = out.iter().enumerate().filter(|(_, o)| **o == Outcome::Keep).map(|(i, _)| i).collect();
+        assert_eq!(kept, [1, 3, 5, 7, 9, 11], "the newest image of each of the six days");
     }
 }

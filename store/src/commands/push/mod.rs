@@ -382,8 +382,7 @@ fn push_entries(
     let mut manifest = manifest_of(&entries, file_chunks, meta);
     let id = match lease {
         Some(lease) => {
-            let (id, bytes) = protect_manifest(store, &lease, &mut manifest)?;
-            store.put_manifest(&id, bytes)?;
+            let id = store_manifest(store, &lease, &mut manifest)?;
             let _: TagRecord = store.set_tag(tag, id)?;
             id
         }
@@ -985,17 +984,22 @@ fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
     })
 }
 
-/// Names the manifest in the lease and returns its id and encoded bytes. A manifest is named
-/// by its content, so an identical one may exist already with a gc tombstone and be deleted
-/// any moment (docs/GC.md, push step 5): then the creation time moves on a second, giving a
-/// new id, until the id has no tombstone.
-pub(crate) fn protect_manifest(store: &Store, lease: &Lease, manifest: &mut Manifest) -> Result<(ObjectId, Vec<u8>)> {
+/// Stores a new image's manifest and returns its id: refused first when readers would refuse
+/// it ([`Manifest::validate`]: nothing is stored or tagged), or when what the lease protects
+/// may have gone while it was removed ([`Lease::confirm`]); then named in the lease, then
+/// written. A manifest is named by its content, so an identical one may exist already with a
+/// gc tombstone and be deleted any moment (docs/GC.md, push step 5): then the creation time
+/// moves on a second, giving a new id, until the id has no tombstone.
+pub(crate) fn store_manifest(store: &Store, lease: &Lease, manifest: &mut Manifest) -> Result<ObjectId> {
+    manifest.validate()?;
+    lease.confirm()?;
     loop {
         let bytes = manifest.encode();
         let id = ObjectId::of(&bytes);
         lease.protect(&[], &[id])?;
         if !lease::has_tombstone(store.backend(), &ObjectKey::Manifest(id))? {
-            return Ok((id, bytes));
+            store.put_manifest(&id, bytes)?;
+            return Ok(id);
         }
         manifest.created_unix += 1;
     }
@@ -1080,9 +1084,9 @@ mod tests {
         // gc tombstoned an identical manifest: the push must take another id.
         b.put(&ObjectKey::Manifest(first).tombstone(), b"{}".to_vec()).unwrap();
         let lease = Lease::take(&b, "push t").unwrap();
-        let (id, bytes) = protect_manifest(&store, &lease, &mut m).unwrap();
+        let id = store_manifest(&store, &lease, &mut m).unwrap();
         assert_ne!(id, first);
-        assert_eq!(ObjectId::of(&bytes), id);
+        assert_eq!(store.get_manifest(&id).unwrap(), m);
         assert_eq!((m.created_unix, ObjectId::of(&m.encode())), (101, id));
         let rec: crate::format::lease::LeaseRecord =
             crate::format::lease::LeaseRecord::from_json(&b.get(lease.key()).unwrap(), &lease.key().to_string())
