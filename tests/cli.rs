@@ -204,10 +204,19 @@ fn unclear_answers_are_clear() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(serve.stdout.take().unwrap()), &mut line).unwrap();
+    // Read on a thread, so that a server that never says it is ready fails the test in
+    // seconds instead of hanging it.
+    let stdout = serve.stdout.take().unwrap();
+    let (tell, told) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
+        let _ = tell.send(line);
+    });
+    let line = told.recv_timeout(std::time::Duration::from_secs(30));
     let _ = serve.kill();
     let _ = serve.wait();
+    let line = line.expect("serve --json printed no ready line within 30 s");
     let ready: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
     let listen = ready["listen"].as_str().unwrap();
     assert!(ready["ready"] == true && !listen.ends_with(":0"), "{line}");
