@@ -245,3 +245,38 @@ fn unclear_answers_are_clear() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("is not a container name"), "{o:?}");
 }
+
+/// Issue 61 item 15: exit statuses by kind (no such process: not found, 3), and answers that
+/// say what they mean: a files image restored with `--run`, `rm` of a pinned tag, `diff`'s
+/// plain bytes and one path, `log`'s ids as `ls` prints them.
+#[test]
+fn answers_say_what_they_mean() {
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 6, 1);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v1"]);
+    fs::write(src.join("extra.txt"), b"one more file").unwrap();
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "app:v2"]);
+
+    // A pid no process has (pid_max is below 2^22).
+    let criu = criu_args();
+    let o = env.run(&with_criu(&["checkpoint", "--pid", "4194303", "--tag", "gone:1"], &criu));
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let o = env.run(&with_criu(&["restore", "app:v1", "--run"], &criu));
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("it holds files") && err.contains("--to DIR"), "{err}");
+
+    let diff = env.ok(&["diff", "app:v1", "app:v2"]);
+    assert!(diff.contains("1 path differs") && diff.contains("plain bytes"), "{diff}");
+
+    let log = env.ok(&["log", "app:v2"]);
+    let id = env.json(&["show", "app:v2"])["manifest"].as_str().unwrap().to_string();
+    assert!(log.contains(&id[..12]) && !log.contains(&id[..13]), "{log}");
+
+    env.ok(&["pin", "app:v1"]);
+    let o = env.run(&["rm", "app:v1"]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("app:v1 was pinned"), "{o:?}");
+}
