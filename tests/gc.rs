@@ -473,7 +473,11 @@ fn retention_goes_by_when_images_were_made() {
     let day = 86_400u64;
     let push = |tag: &str, made: u64, seed: u64| {
         let src = make_image(&env.path(&format!("src-{tag}")), seed);
-        let o = env.cmd(&["-q", "push", src.to_str().unwrap(), "--tag", tag]).env("SOURCE_DATE_EPOCH", made.to_string()).output().unwrap();
+        let o = env
+            .cmd(&["-q", "push", src.to_str().unwrap(), "--tag", tag])
+            .env("SOURCE_DATE_EPOCH", made.to_string())
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     };
     push("x:step-10", 1_790_000_000 + 100, 10);

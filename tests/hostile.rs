@@ -256,8 +256,11 @@ fn streamed_push_below_a_symlink_tags_nothing_and_gc_goes_on() {
     write_mixed_file(&src.join("data"), 300_000, 7);
     env.ok(&["push", src.to_str().unwrap(), "--tag", "good:1"]);
     let store = Store::open(&StoreLocation::Local(env.store.clone())).unwrap();
-    let good = store.get_manifest(&ObjectId::from_hex(env.json(&["show", "good:1"])["manifest"].as_str().unwrap()).unwrap()).unwrap();
-    let mut evil = crafted(vec![entry("link", EntryKind::Symlink, Some("/tmp")), entry("link/f", EntryKind::File, None)]);
+    let good = store
+        .get_manifest(&ObjectId::from_hex(env.json(&["show", "good:1"])["manifest"].as_str().unwrap()).unwrap())
+        .unwrap();
+    let mut evil =
+        crafted(vec![entry("link", EntryKind::Symlink, Some("/tmp")), entry("link/f", EntryKind::File, None)]);
     evil.entries[1].chunks = good.chunks.len() as u64;
     evil.entries[1].size = good.chunks.iter().map(|c| c.len as u64).sum();
     evil.chunks = good.chunks.clone();

@@ -57,7 +57,9 @@ pub fn check(podman: &Podman, image: &str, m: &Manifest, name: Option<&str>) -> 
     if !name.is_empty() && podman.container_exists(name)? {
         return Err(ContainerError::NameTaken {
             image: image.to_string(),
-            taken: format!("a container named {name} exists: restore under another name with --name, or `podman rm {name}`"),
+            taken: format!(
+                "a container named {name} exists: restore under another name with --name, or `podman rm {name}`"
+            ),
         });
     }
     Ok(c)

@@ -382,7 +382,8 @@ mod tests {
         assert_eq!(CriuCause::Unknown.to_string(), "");
         let log = "Error (criu/tty.c:2115): tty: Found dangling tty with sid 1 pgid 2 (pts) on peer fd 0.\n";
         assert!(cause_of(log, "").to_string().contains("--shell-job"));
-        let slave = "(00.004) Error (criu/tty.c:1019): tty: Found slave peer index 2 without correspondent master peer\n";
+        let slave =
+            "(00.004) Error (criu/tty.c:1019): tty: Found slave peer index 2 without correspondent master peer\n";
         assert_eq!(cause_of(slave, ""), CriuCause::Terminal);
         let own: String = (0..6)
             .map(|i| format!("(00.00{i}) Error (criu/seize.c:22): The criu itself is within dumped tree.\n"))

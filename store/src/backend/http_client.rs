@@ -134,7 +134,9 @@ impl HttpClient {
             StatusCode::PRECONDITION_FAILED => Err(StoreError::lost_race(key)),
             // Refusals: the same request fails again (exit 2, docs/CLI.md), not a failure in
             // transit.
-            StatusCode::UNAUTHORIZED => Err(self.refused(&path, "access denied: missing or unknown token (set GSTORE_TOKEN)")),
+            StatusCode::UNAUTHORIZED => {
+                Err(self.refused(&path, "access denied: missing or unknown token (set GSTORE_TOKEN)"))
+            }
             StatusCode::FORBIDDEN => Err(self.refused(&path, &format!("access denied: {}", msg()))),
             StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNPROCESSABLE_ENTITY => {
                 Err(self.refused(&path, &format!("refused (HTTP {}): {}", a.status.as_u16(), msg())))
