@@ -226,7 +226,6 @@ pub fn feed(sink: StreamSink, input: impl Read, what: &str, mut meta: Meta) -> R
             e => ContainerError::Store(e),
         })?;
     }
-    drop(archive);
     if !any {
         return Err(bad(what, "not a tar archive (no entries)".into()));
     }

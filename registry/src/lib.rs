@@ -25,7 +25,6 @@ pub use error::{RegistryError, Result};
 
 use digest::{Digest, Hashing};
 use gstore_container::archive;
-use gstore_container::ContainerError;
 use gstore_restore::cat::FileReader;
 use gstore_store::backend::Backend;
 use gstore_store::commands::push::stream::{self, Meta};
@@ -581,9 +580,10 @@ fn layout_manifest(m: &Manifest) -> Result<(String, Digest)> {
 
 /// Whether `e` says that something of the store is not there.
 fn not_found(e: &RegistryError) -> bool {
-    matches!(
-        e,
-        RegistryError::Store(StoreError::NotFound { .. })
-            | RegistryError::Container(ContainerError::Store(StoreError::NotFound { .. }))
-    )
+    let store_error = match e {
+        RegistryError::Store(s) => Some(s),
+        RegistryError::Container(c) => c.store_error(),
+        _ => None,
+    };
+    matches!(store_error, Some(StoreError::NotFound { .. }))
 }

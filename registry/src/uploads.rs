@@ -207,7 +207,7 @@ impl Uploads {
         let owner = held.upload(repo, id)?.owner;
         fs::rename(&path, &staged).map_err(|e| RegistryError::io("keeping", &staged, e))?;
         held.drop_upload(id);
-        held.drop_staged(&digest.hex());
+        held.drop_staged(digest.hex());
         let c = Charge { owner: Some(owner), bytes: len };
         held.add(c);
         held.staged.insert(digest.hex().to_string(), c);
@@ -238,7 +238,7 @@ impl Uploads {
     pub fn taken_in(&self, digests: &[&Digest]) {
         for d in digests {
             let _ = fs::remove_file(self.staged_path(d));
-            self.held().drop_staged(&d.hex());
+            self.held().drop_staged(d.hex());
         }
     }
 

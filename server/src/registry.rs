@@ -7,6 +7,7 @@
 #![allow(clippy::result_large_err)]
 
 use crate::auth::{Denied, Scope, Token};
+use crate::routes::declared_length;
 use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
@@ -92,11 +93,6 @@ async fn blocking<T: Send + 'static>(
 fn uploader(state: &AppState, headers: &HeaderMap, name: &str) -> Result<u64, Response> {
     let token = authorize(state, headers, Scope::Write, Some(name))?;
     Ok(token.map_or(0, |t| std::ptr::from_ref(t) as usize as u64))
-}
-
-/// The length a request says its body has.
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 /// Removes abandoned uploads ([`gstore_registry::uploads::Uploads::sweep`]) every minute

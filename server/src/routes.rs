@@ -55,8 +55,7 @@ pub fn router(state: AppState, s: &Settings) -> Router {
 /// the client before the answer does (a test saw curl report the `100` as the last status).
 /// Registry uploads (`/v2/`) are bounded by the registry's upload limits instead.
 async fn refuse_oversized(limit: usize, req: Request, next: Next) -> Response {
-    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    match declared {
+    match declared_length(req.headers()) {
         _ if req.uri().path().starts_with("/v2/") => next.run(req).await,
         Some(n) if n > limit as u64 => error(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -64,6 +63,11 @@ async fn refuse_oversized(limit: usize, req: Request, next: Next) -> Response {
         ),
         _ => next.run(req).await,
     }
+}
+
+/// The length a request says its body has (`Content-Length`), if it says one.
+pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 fn error(status: StatusCode, msg: impl Into<String>) -> Response {

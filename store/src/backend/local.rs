@@ -33,7 +33,7 @@ pub(super) struct LocalDir {
 }
 
 impl LocalDir {
-    /// The store in `root`, created if missing.
+    /// The store in `root`, which must exist (`Store::init` makes it).
     pub(super) fn open(root: &Path) -> Result<LocalDir> {
         // Only `init` makes a store's directory: any other command names a missing one as
         // missing, instead of leaving an empty directory behind.

@@ -182,11 +182,11 @@ impl Lease {
     /// its owner for dead), it is written again and every pack it protects must still be
     /// listed without a tombstone; otherwise the work is refused as a conflict (push again).
     pub fn confirm(&self) -> Result<()> {
-        let r = self.record.lock().expect("lease lock").clone();
         let held = self.backend.size(&self.key)?.is_some();
         if held && !self.lost.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
+        let r = self.record.lock().expect("lease lock").clone();
         self.write(&r)?;
         let (bad, _) = unreliable_packs(&self.backend, &r.pack_ids().collect())?;
         if bad.is_empty() {

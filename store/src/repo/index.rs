@@ -694,9 +694,12 @@ mod tests {
             .collect();
         let key = ObjectId::of(b"image");
         assert!(idx.plan(&key).unwrap().is_none());
-        let mut record = PlanRecord::default();
-        locations.iter().for_each(|l| record.push(l));
-        idx.put_plan(&key, record).unwrap();
+        let record_plan = || {
+            let mut record = PlanRecord::default();
+            locations.iter().for_each(|l| record.push(l));
+            idx.put_plan(&key, record).unwrap();
+        };
+        record_plan();
         assert_eq!(idx.plan(&key).unwrap().unwrap(), locations);
         // A tombstoned pack: not used (its chunks may have moved).
         idx.set_doomed(&[p2].into()).unwrap();
@@ -706,21 +709,15 @@ mod tests {
         // A plan recorded once a copy in it was known damaged (by the restore that failed on
         // it) is not used once a push stored a good copy: it names the pack holding the bad one.
         idx.set_damaged(&[(ObjectId::of(b"b"), p2)].into()).unwrap();
-        let mut record = PlanRecord::default();
-        locations.iter().for_each(|l| record.push(l));
-        idx.put_plan(&key, record).unwrap();
+        record_plan();
         assert!(idx.plan(&key).unwrap().is_none(), "a plan naming a damaged copy was used");
         idx.set_damaged(&HashSet::new()).unwrap();
-        let mut record = PlanRecord::default();
-        locations.iter().for_each(|l| record.push(l));
-        idx.put_plan(&key, record).unwrap();
+        record_plan();
         assert_eq!(idx.plan(&key).unwrap().unwrap(), locations);
         // A damaged record counts as none.
         idx.db.put_cf(idx.cf(CF_PLANS), key.0, [1u8, 0, 0]).unwrap();
         assert!(idx.plan(&key).unwrap().is_none());
-        let mut record = PlanRecord::default();
-        locations.iter().for_each(|l| record.push(l));
-        idx.put_plan(&key, record).unwrap();
+        record_plan();
         // A pack gc removed takes every record with it.
         idx.remove_pack(&p2).unwrap();
         assert!(idx.plan(&key).unwrap().is_none());

@@ -553,9 +553,13 @@ fn apply_retention(
             records.push((rec, v));
         }
     }
-    let made = |hex: &str| ObjectId::from_hex(hex).ok().and_then(|id| catalog.manifest_created(&id));
-    let outcomes =
-        opts.policy.apply(&records.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(), now_unix(), &made);
+    let recs: Vec<TagRecord> = records.iter().map(|(r, _)| r.clone()).collect();
+    // Creation times, read as many at once as the mark reads manifests.
+    let dated = opts.policy.dated(&recs);
+    let created =
+        in_flight(store, &dated, |hex| ObjectId::from_hex(hex).ok().and_then(|id| catalog.manifest_created(&id)))?;
+    let made: HashMap<&str, u64> = dated.iter().zip(created).filter_map(|(hex, t)| Some((*hex, t?))).collect();
+    let outcomes = opts.policy.apply(&recs, now_unix(), &|hex| made.get(hex).copied());
     let mut kept = Vec::new();
     for ((rec, version), outcome) in records.into_iter().zip(outcomes) {
         let new = match outcome {

@@ -119,6 +119,25 @@ impl Policy {
         Ok(())
     }
 
+    /// Whether the rules apply to tag name `name` (it starts with the prefix, if one is given).
+    pub fn covers(&self, name: &str) -> bool {
+        self.prefix.as_deref().is_none_or(|p| name.starts_with(p))
+    }
+
+    /// The images (manifest ids, hex, each once) whose creation times [`Policy::apply`] asks
+    /// for: those of the names the rules cover; none when no rule is set.
+    pub fn dated<'r>(&self, records: &'r [TagRecord]) -> Vec<&'r str> {
+        if self.is_none() {
+            return Vec::new();
+        }
+        let ids: std::collections::BTreeSet<&str> = records
+            .iter()
+            .filter(|r| self.covers(&r.name))
+            .flat_map(|r| std::iter::once(r.manifest.as_str()).chain(r.history.iter().map(|h| h.manifest.as_str())))
+            .collect();
+        ids.into_iter().collect()
+    }
+
     /// The outcome for each of `records` (same order), at time `now`; `made` gives the
     /// creation time of an image by its manifest id (hex), `None` when it cannot be read.
     pub fn apply(&self, records: &[TagRecord], now: u64, made: &dyn Fn(&str) -> Option<u64>) -> Vec<Outcome> {
@@ -128,7 +147,7 @@ impl Policy {
         let mut by_name: BTreeMap<&str, Vec<Item>> = BTreeMap::new();
         let mut keep_current = vec![false; records.len()];
         for (i, r) in records.iter().enumerate() {
-            if self.prefix.as_deref().is_some_and(|p| !r.name.starts_with(p)) {
+            if !self.covers(&r.name) {
                 continue;
             }
             keep_current[i] = r.pinned;
@@ -146,7 +165,9 @@ impl Policy {
         let mut keep_history: Vec<Vec<bool>> = records.iter().map(|r| vec![false; r.history.len()]).collect();
         for items in by_name.values_mut() {
             items.sort_by(|a, b| {
-                (b.made, b.set, b.current).cmp(&(a.made, a.set, a.current)).then((a.record, a.entry).cmp(&(b.record, b.entry)))
+                (b.made, b.set, b.current)
+                    .cmp(&(a.made, a.set, a.current))
+                    .then((a.record, a.entry).cmp(&(b.record, b.entry)))
             });
             let daily = newest_per_period(items, self.keep_daily.unwrap_or(0), day);
             let weekly = newest_per_period(items, self.keep_weekly.unwrap_or(0), week);
@@ -166,7 +187,7 @@ impl Policy {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                if self.prefix.as_deref().is_some_and(|p| !r.name.starts_with(p)) {
+                if !self.covers(&r.name) {
                     return Outcome::Keep;
                 }
                 let kept_history = keep_history[i].iter().filter(|k| **k).count();
@@ -251,7 +272,8 @@ mod tests {
         // One tag moved three times within a second by an older version: history order says
         // which is newest.
         let moved = without_nanos(record("a", &[100, 100, 100]));
-        let out = Policy { keep_last: Some(1), ..Default::default() }.apply(std::slice::from_ref(&moved), 100, &unknown);
+        let out =
+            Policy { keep_last: Some(1), ..Default::default() }.apply(std::slice::from_ref(&moved), 100, &unknown);
         match &out[0] {
             Outcome::Trim(r, 2) => assert_eq!(r.manifest, moved.manifest),
             other => panic!("{other:?}"),
@@ -356,9 +378,8 @@ mod tests {
         let recs: Vec<TagRecord> = (0..12u64).map(|i| record(&format!("d:v{i}"), &[20 * DAY + i])).collect();
         let by_manifest: std::collections::HashMap<String, u64> =
             recs.iter().enumerate().map(|(i, r)| (r.manifest.clone(), day_of(i as u64))).collect();
-        let out = Policy { keep_daily: Some(6), ..Default::default() }.apply(&recs, 20 * DAY + 20, &|m| {
-            by_manifest.get(m).copied()
-        });
+        let out = Policy { keep_daily: Some(6), ..Default::default() }
+            .apply(&recs, 20 * DAY + 20, &|m| by_manifest.get(m).copied());
         let kept: Vec<usize> = out.iter().enumerate().filter(|(_, o)| **o == Outcome::Keep).map(|(i, _)| i).collect();
         assert_eq!(kept, [1, 3, 5, 7, 9, 11], "the newest image of each of the six days");
     }
