@@ -58,9 +58,13 @@ impl Counter {
         let file = dir.path().join("count");
         let pidfile = dir.path().join("pid");
         // Commands run with FAKE_CUDA_CONTEXT=0: they never hold a (fake) CUDA context.
+        // The count is written over the file in place (`1<>`: no truncation), always 21 bytes:
+        // a dump that catches the shell with the file open finds it at restore as it was, and
+        // a reader never sees it empty. (A temporary file renamed over it was gone by the
+        // restore of a --leave-running dump that caught it open: CRIU refused to restore.)
         let count = |pidfile: &Path, file: &Path, echo: &str| {
             format!(
-                "echo $$ > {pidfile}; i=0; while :; do i=$((i+1)); {echo}echo $i > {file}.tmp && FAKE_CUDA_CONTEXT=0 mv {file}.tmp {file}; FAKE_CUDA_CONTEXT=0 sleep 0.05; done",
+                "echo $$ > {pidfile}; i=0; while :; do i=$((i+1)); {echo}printf \"%020d\\n\" $i 1<> {file}; FAKE_CUDA_CONTEXT=0 sleep 0.05; done",
                 pidfile = pidfile.display(),
                 file = file.display(),
             )
