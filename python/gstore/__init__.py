@@ -29,7 +29,7 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _gstore
 from ._gstore import ConflictError, CorruptError, GstoreError, InvalidError, NotFoundError
@@ -149,6 +149,10 @@ class Store:
         self._saving = threading.Lock()  # one save at a time, from any thread
         self._pending: Optional[SaveHandle] = None
         self._worker: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self.last_load: Optional[dict] = None
+        """What the last GPU load reported: seconds planning (``plan_s``), allocating
+        (``alloc_s``) and transferring (``transfer_s``), where chunks were checked (``path``)
+        and where its workers waited (``waits``)."""
 
     @staticmethod
     def init(path_or_url: Optional[str] = None) -> "Store":
@@ -268,6 +272,32 @@ class Store:
         parts = [(p, _state_of(a, keep_numpy, f"{tag}: {p}")) for p, a in chosen]
         return parts[0][1] if len(parts) == 1 else _structure.merge(parts, tag)
 
+    def weights(
+        self,
+        tag: str,
+        device: Union[str, int] = "cuda:0",
+        memory_budget: int = 1 << 30,
+        progress: bool = False,
+        held: Optional[str] = None,
+    ) -> Iterator[Tuple[str, Any]]:
+        """Yields ``(name, tensor)`` for every tensor of the safetensors files of image ``tag``
+        (a model folder pushed with ``gstore push DIR``), on ``device``, file by file in the
+        image's order: the weights iterator serving engines load models through (vLLM's and
+        SGLang's ``load_weights``). The image is loaded once, every chunk checked against its
+        hash before the first tensor is yielded; each file's memory is freed as soon as the
+        caller holds none of its tensors. ``held``: as for :meth:`load`."""
+        files = self._load_files(tag, device, memory_budget, progress, "auto", held)
+        files.reverse()
+        while files:
+            path, blob = files.pop()
+            if not path.endswith(".safetensors"):
+                continue
+            tensors = _state_of(blob, False, f"{tag}: {path}")
+            del blob
+            while tensors:
+                name = next(iter(tensors))
+                yield name, tensors.pop(name)
+
     def load_into(
         self,
         target: Any,
@@ -334,7 +364,8 @@ class Store:
                 raise InvalidError("held= loads into GPU memory: pass device=\"cuda:N\"")
             files = self._native.load_host(tag, memory_budget, progress)
         else:
-            files, _phases = self._native.load_cuda(tag, index, memory_budget, progress, held)
+            files, phases = self._native.load_cuda(tag, index, memory_budget, progress, held)
+            self.last_load = json.loads(phases)
         return [(p, _layout.as_array(blob, framework, index)) for p, blob in files]
 
     def latest(self, name: str) -> str:

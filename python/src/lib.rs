@@ -232,13 +232,16 @@ impl Store {
         progress: bool,
         held: Option<std::path::PathBuf>,
     ) -> PyResult<(Vec<(String, CudaFile)>, String)> {
+        let mut open_s = 0.0;
         let loaded = py.detach(|| {
             if let Some(socket) = held {
                 let ctx = CudaDriver::load().and_then(|d| d.context(device)).map_err(StoreError::device)?;
                 return gstore_restore::load_held(&socket, image, &ctx);
             }
             let started = std::thread::spawn(move || CudaDriver::load()?.context(device));
+            let t = std::time::Instant::now();
             let (store, m) = self.open_image(image)?;
+            open_s = t.elapsed().as_secs_f64();
             let open = || started.join().expect("CUDA start does not panic").map_err(StoreError::device);
             gstore_restore::restore_to_device_with(
                 &store,
@@ -251,6 +254,7 @@ impl Store {
         let image = loaded.map_err(py_err)?;
         let phases = serde_json::json!({
             "plan_s": image.plan_s, "alloc_s": image.alloc_s, "transfer_s": image.transfer_s, "path": image.path,
+            "waits": image.waits, "open_s": open_s,
         });
         let files = image.entries.into_iter().map(|e| (e.path, CudaFile { buffer: e.buffer })).collect();
         Ok((files, phases.to_string()))

@@ -216,3 +216,23 @@ def test_byte_ranges_load_only_the_chunks_that_cover_them(store):
         native.load_ranges("parts:1", [("nope", 0, 1)])
     with pytest.raises(gstore.InvalidError, match="run past the end of b"):
         native.load_ranges("parts:1", [("b", 99_999, 2)])
+
+
+def test_weights_yields_every_tensor_of_a_model_folder_in_file_order(store, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    first = weights(11, {"embed": (64, 32), "layers.0.w": (32, 32)})
+    second = weights(12, {"layers.1.w": (32, 32), "head": (32, 8)})
+    safetensors.numpy.save_file(first, str(model / "model-00001.safetensors"))
+    safetensors.numpy.save_file(second, str(model / "model-00002.safetensors"))
+    (model / "config.json").write_text('{"hidden": 32}')
+    gstore_cli(store._native.describe(), "push", str(model), "--tag", "model:v1")
+    got = list(store.weights("model:v1", device="cpu"))
+    names = [n for n, _ in got]
+    # The files in the image's order, each file's tensors in its own order; config.json is no tensor.
+    assert names == list(safetensors.numpy.load_file(str(model / "model-00001.safetensors"))) + list(
+        safetensors.numpy.load_file(str(model / "model-00002.safetensors"))
+    )
+    expected = {**first, **second}
+    for name, tensor in got:
+        assert np.array_equal(np.asarray(tensor), expected[name]), name

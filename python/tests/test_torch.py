@@ -241,3 +241,22 @@ def test_a_target_on_two_devices_loads_onto_the_one_holding_most_and_fills_the_o
     assert torch.equal(weights["w"], big)
     assert optim.held["step"].device.type == "meta", "not moved to where the counter was"
     assert optim.held["exp_avg"].device.type == "cpu" and torch.equal(optim.held["exp_avg"], big * 2)
+
+
+@cuda
+def test_weights_yields_tensors_in_vram_and_reports_the_load(store, tmp_path):
+    import safetensors.torch
+
+    model = tmp_path / "model"
+    model.mkdir()
+    s = {k: v for k, v in state().items() if v.dim() > 0}
+    safetensors.torch.save_file(s, str(model / "model.safetensors"))
+    store.save(s, "m:v1")  # the store already holds these bytes: the push below adds little
+    import subprocess, os
+
+    subprocess.run([os.environ["GSTORE_BIN"], "--store", store._native.describe(), "push", str(model), "--tag", "w"], check=True)
+    got = dict(store.weights("w", device="cuda:0"))
+    assert sorted(got) == sorted(s)
+    for name, value in s.items():
+        assert got[name].device == torch.device("cuda:0") and same(got[name], value), name
+    assert store.last_load["transfer_s"] >= 0 and "chunks checked" in store.last_load["path"]

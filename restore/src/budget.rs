@@ -10,6 +10,11 @@ pub struct Budget(u64);
 const MAX_READ_CEILING: u64 = 16 << 20;
 /// Smallest range read (a chunk may be up to 16 MiB in a custom store; reads never split one).
 const MAX_READ_FLOOR: u64 = 1 << 20;
+/// Range reads of a load into VRAM that checks its chunks on the GPU. Reading the page cache
+/// into pinned staging and the DMA out of it share the host's memory: on the H200 machine 16
+/// threads moved 49.5 GB/s through 4 MiB buffers, 43-44 through 16 MiB and 15-17 through 1 MiB
+/// (docs/BENCHMARKS.md, issue #62).
+const DEVICE_READ: u64 = 4 << 20;
 
 impl Budget {
     /// The default: 1 GiB.
@@ -31,16 +36,21 @@ impl Budget {
         (self.0 * 3 / 4 / (2 * threads)).clamp(MAX_READ_FLOOR, MAX_READ_CEILING)
     }
 
-    /// Pinned staging slots of [`Budget::max_read`] bytes for a load into VRAM: checked on the
-    /// GPU, two slots' worth of half the budget per slot (device staging beside the pinned
-    /// range, no decoded copies on the host); checked on the host, a quarter of the budget.
-    pub fn staging_slots(self, checked_on_gpu: bool) -> u64 {
-        let (threads, max_read) = (rayon::current_num_threads().max(2) as u64, self.max_read());
-        if checked_on_gpu {
-            ((self.0 / 2) / (2 * max_read)).clamp(2, threads + 4)
-        } else {
-            ((self.0 / 4) / max_read).clamp(2, 2 * threads)
-        }
+    /// The range reads of a load into VRAM checked on the GPU, in a store whose chunks are at
+    /// most `chunk_max` bytes: [`DEVICE_READ`], or less where the budget is smaller, or one
+    /// whole chunk where chunks are larger.
+    pub fn device_read(self, chunk_max: u64) -> u64 {
+        self.max_read().min(DEVICE_READ).max(chunk_max)
+    }
+
+    /// Pinned staging slots of `read` bytes for a load into VRAM: checked on the GPU, two
+    /// slots' worth of half the budget per slot (device staging beside the pinned range, no
+    /// decoded copies on the host); checked on the host, a quarter of the budget. Two per
+    /// worker thread at most: a worker reads into one while the GPU works on its other.
+    pub fn staging_slots(self, checked_on_gpu: bool, read: u64) -> u64 {
+        let threads = rayon::current_num_threads().max(2) as u64;
+        let share = if checked_on_gpu { (self.0 / 2) / (2 * read) } else { (self.0 / 4) / read };
+        share.clamp(2, 2 * threads)
     }
 }
 
@@ -54,6 +64,9 @@ mod tests {
         assert_eq!(Budget::of(1 << 40).max_read(), MAX_READ_CEILING);
         assert_eq!(Budget::of(1 << 30).share(4), Budget::of(1 << 28));
         assert_eq!(Budget::of(1 << 30).share(0), Budget::of(1 << 30));
-        assert!(Budget::of(1).staging_slots(true) >= 2 && Budget::of(1).staging_slots(false) >= 2);
+        assert!(Budget::of(1).staging_slots(true, 1 << 20) >= 2 && Budget::of(1).staging_slots(false, 1 << 20) >= 2);
+        assert_eq!(Budget::DEFAULT.device_read(256 << 10), DEVICE_READ);
+        assert_eq!(Budget::of(1).device_read(256 << 10), MAX_READ_FLOOR);
+        assert_eq!(Budget::DEFAULT.device_read(16 << 20), 16 << 20);
     }
 }

@@ -51,8 +51,9 @@ struct Slot {
     in_flight: bool,
 }
 
-/// Where each array lives in a slot's metadata area, for up to `chunks` chunks and `frames`
-/// nvCOMP frames per read: check jobs, five u64 nvCOMP arrays (frame address and length,
+/// Where each array lives in a read's metadata (laid out for the read's own number of chunks,
+/// so that a read of few chunks copies little): for `chunks` chunks and `frames` nvCOMP
+/// frames, check jobs, five u64 nvCOMP arrays (frame address and length,
 /// output capacity, decoded length, output address) and i32 statuses per frame, then lane jobs
 /// and joined lengths (u64) per float-coded chunk, then Huffman lane jobs, up to four per
 /// chunk.
@@ -63,6 +64,11 @@ struct MetaLayout {
 }
 
 impl MetaLayout {
+    /// The layout for a read of `chunks` chunks.
+    fn for_chunks(chunks: usize) -> MetaLayout {
+        MetaLayout { chunks, frames: FRAMES_PER_CHUNK * chunks }
+    }
+
     fn bytes(self) -> usize {
         self.huff_job(4 * self.chunks)
     }
@@ -127,7 +133,7 @@ impl GpuLoad {
         };
         let nvcomp = Nvcomp::load();
         let lanes = FloatLanes::load(ctx);
-        let layout = MetaLayout { chunks: MAX_CHUNKS_PER_READ, frames: FRAMES_PER_CHUNK * MAX_CHUNKS_PER_READ };
+        let layout = MetaLayout::for_chunks(MAX_CHUNKS_PER_READ);
         let temp_bytes = match &nvcomp {
             Ok(n) => n.zstd_temp_bytes(ctx, layout.frames, chunk_max, read_cap).map_err(StoreError::device)?,
             Err(_) => 0,
@@ -300,7 +306,6 @@ struct Areas {
 }
 
 /// What one read queues on its slot, gathered chunk by chunk.
-#[derive(Default)]
 struct Queued {
     /// Bytes of the decoded area given out.
     decoded: usize,
@@ -313,12 +318,31 @@ struct Queued {
     huffs: usize,
     /// Bytes of the lane area given out.
     lanes_used: u64,
+    /// Where the read's metadata lies.
+    layout: MetaLayout,
     /// Zero chunks, filled in place (address, length).
     fills: Vec<(u64, usize)>,
     /// Other places of repeated chunks, copied once the first is checked (to, from, length).
     repeats: Vec<(u64, u64, usize)>,
     /// Plain bytes placed.
     written: u64,
+}
+
+impl Queued {
+    fn for_read(chunks: usize) -> Queued {
+        Queued {
+            decoded: 0,
+            host_decoded: 0,
+            frames: 0,
+            joins: 0,
+            huffs: 0,
+            lanes_used: 0,
+            layout: MetaLayout::for_chunks(chunks),
+            fills: Vec::new(),
+            repeats: Vec::new(),
+            written: 0,
+        }
+    }
 }
 
 /// A read's bytes as staged for the DMA: the pinned buffer holding the range from `src_at`
@@ -415,6 +439,7 @@ impl Loader<'_> {
                 (pinned, 0)
             }
         };
+        let building = Instant::now();
         let range = &src.as_slice()[src_at..src_at + len];
         let a = Areas {
             range: device.ptr(),
@@ -423,7 +448,7 @@ impl Loader<'_> {
             meta: meta_device.ptr(),
         };
         let meta = meta_host.as_mut_slice();
-        let mut q = Queued::default();
+        let mut q = Queued::for_read(read.chunks.len());
         for (k, c) in read.chunks.iter().enumerate() {
             let at = (c.loc.offset - read.start) as usize;
             let stored = &range[at..at + c.loc.stored_len as usize];
@@ -461,7 +486,7 @@ impl Loader<'_> {
                     q.decoded += plain;
                 }
             }
-            put_job(meta, self.layout.job(k), job.as_bytes());
+            put_job(meta, q.layout.job(k), job.as_bytes());
             for &(e, o) in &c.targets[1..] {
                 q.repeats.push((self.buffers.address(e, o, plain)?, dst, plain));
             }
@@ -470,8 +495,11 @@ impl Loader<'_> {
         let written = q.written;
         let staged =
             Staged { src, src_at, len, host_decoded: decoded_area.as_ref(), meta: meta_host, temp: temp.as_ref() };
+        let launching = Instant::now();
+        waits.building_s += (launching - building).as_secs_f64();
         self.launch(stream, &staged, a, q, read.chunks.len() as u32)?;
         done.record(stream).map_err(StoreError::device)?;
+        waits.launching_s += launching.elapsed().as_secs_f64();
         slot.in_flight = true;
         Ok(written)
     }
@@ -482,7 +510,7 @@ impl Loader<'_> {
     /// the DMA of the range (and of chunks decoded on the host) and the metadata, zero fills,
     /// nvCOMP, the Huffman and join kernels, the check, then the copies of repeated chunks.
     fn launch(&self, stream: &Stream, staged: &Staged<'_>, a: Areas, q: Queued, chunks: u32) -> Result<()> {
-        let Queued { host_decoded, frames, huffs, joins, fills, repeats, .. } = q;
+        let Queued { host_decoded, frames, huffs, joins, fills, repeats, layout, .. } = q;
         let (base, decoded_base, meta_base) = (a.range, a.decoded, a.meta);
         let Staged { src, src_at, len, host_decoded: decoded_area, meta: meta_host, temp } = *staged;
         // SAFETY (the copies and fills below): this slot's pinned buffers are not written again
@@ -494,13 +522,13 @@ impl Loader<'_> {
             if let (Some(area), true) = (decoded_area, host_decoded > 0) {
                 stream.copy_to_device_async(decoded_base, area, 0, host_decoded).map_err(StoreError::device)?;
             }
-            stream.copy_to_device_async(meta_base, meta_host, 0, self.layout.bytes()).map_err(StoreError::device)?;
+            stream.copy_to_device_async(meta_base, meta_host, 0, layout.bytes()).map_err(StoreError::device)?;
             for (dst, len) in fills {
                 stream.fill_async(dst, 0, len).map_err(StoreError::device)?;
             }
         }
         if let (Some(nvcomp), true) = (self.nvcomp, frames > 0) {
-            let l = self.layout;
+            let l = layout;
             let at = |array| meta_base + l.array(array, 0) as u64;
             let batch = ZstdBatch {
                 count: frames,
@@ -520,13 +548,13 @@ impl Loader<'_> {
         if let (Some(lanes), true) = (self.lanes, huffs > 0) {
             // SAFETY: the Huffman jobs (copied above) point into this slot's staging and lane
             // areas and its metadata, alive (and unreused) until its event is waited on.
-            unsafe { lanes.decode(stream, meta_base + self.layout.huff_job(0) as u64, huffs as u32) }
+            unsafe { lanes.decode(stream, meta_base + layout.huff_job(0) as u64, huffs as u32) }
                 .map_err(StoreError::device)?;
         }
         if let (Some(lanes), true) = (self.lanes, joins > 0) {
             // SAFETY: the lane jobs (copied above) point into this slot's staging, lane and
             // decode areas and its metadata, alive (and unreused) until its event is waited on.
-            unsafe { lanes.join(stream, meta_base + self.layout.lane_job(0) as u64, joins as u32) }
+            unsafe { lanes.join(stream, meta_base + layout.lane_job(0) as u64, joins as u32) }
                 .map_err(StoreError::device)?;
         }
         // SAFETY: the jobs (copied above) point into this slot's buffers and into the image's
@@ -575,7 +603,7 @@ impl Loader<'_> {
         capacity: usize,
         out: u64,
     ) -> (u64, u64) {
-        let (l, n) = (self.layout, q.frames);
+        let (l, n) = (q.layout, q.frames);
         put_u64(meta, l.array(0, n), src);
         put_u64(meta, l.array(1, n), len as u64);
         put_u64(meta, l.array(2, n), capacity as u64);
@@ -600,7 +628,7 @@ impl Loader<'_> {
         c: &PlannedChunk,
         read: &RangeRead,
     ) -> Result<u64> {
-        let l = self.layout;
+        let l = q.layout;
         let mut lane_job = LaneJob {
             tail: stored_at + f.tail.start as u64,
             dst,

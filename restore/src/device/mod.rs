@@ -26,6 +26,7 @@ use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::ObjectKind;
 use gstore_store::{ChunkIds, IndexedStore, Result, StoreError};
+use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 /// One restored file in device memory.
@@ -54,8 +55,7 @@ pub struct DeviceImage {
 }
 
 /// Where a GPU-checked load's workers spent the transfer phase: seconds per worker, averaged
-/// over the workers. The rest of their time went to queueing work (decoding on the host where
-/// the GPU cannot).
+/// over the workers.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct TransferWaits {
     /// Reading stored bytes from the store into pinned staging.
@@ -64,6 +64,10 @@ pub struct TransferWaits {
     pub gpu_s: f64,
     /// Waiting for the planner to send the next read.
     pub planner_s: f64,
+    /// Building a read's jobs on the host (chunk layouts, decodes the GPU cannot do).
+    pub building_s: f64,
+    /// In the driver, queueing a read's copies and kernels.
+    pub launching_s: f64,
 }
 
 impl TransferWaits {
@@ -71,7 +75,13 @@ impl TransferWaits {
     fn mean(each: &[TransferWaits]) -> TransferWaits {
         let n = each.len().max(1) as f64;
         let sum = |f: fn(&TransferWaits) -> f64| each.iter().map(f).sum::<f64>() / n;
-        TransferWaits { reading_s: sum(|w| w.reading_s), gpu_s: sum(|w| w.gpu_s), planner_s: sum(|w| w.planner_s) }
+        TransferWaits {
+            reading_s: sum(|w| w.reading_s),
+            gpu_s: sum(|w| w.gpu_s),
+            planner_s: sum(|w| w.planner_s),
+            building_s: sum(|w| w.building_s),
+            launching_s: sum(|w| w.launching_s),
+        }
     }
 }
 
@@ -115,22 +125,23 @@ impl DeviceImage {
     }
 }
 
-/// A pool of staging slots shared by the restore's worker threads.
+/// A pool of staging slots shared by the restore's worker threads, taken oldest first: the
+/// slot given back longest ago is the likeliest to have finished its work on the GPU.
 struct Pool<T> {
-    free: Mutex<Vec<T>>,
+    free: Mutex<VecDeque<T>>,
     available: Condvar,
 }
 
 impl<T> Pool<T> {
     fn new(items: Vec<T>) -> Pool<T> {
-        Pool { free: Mutex::new(items), available: Condvar::new() }
+        Pool { free: Mutex::new(items.into()), available: Condvar::new() }
     }
 
     /// Takes a slot, waiting for one to come back when all are taken.
     fn take(&self) -> T {
         let mut free = self.free.lock().expect("pool lock");
         loop {
-            if let Some(s) = free.pop() {
+            if let Some(s) = free.pop_front() {
                 return s;
             }
             free = self.available.wait(free).expect("pool lock");
@@ -138,12 +149,12 @@ impl<T> Pool<T> {
     }
 
     fn give(&self, item: T) {
-        self.free.lock().expect("pool lock").push(item);
+        self.free.lock().expect("pool lock").push_back(item);
         self.available.notify_one();
     }
 
     fn into_inner(self) -> Vec<T> {
-        self.free.into_inner().expect("pool lock")
+        self.free.into_inner().expect("pool lock").into()
     }
 }
 
@@ -190,6 +201,22 @@ enum Checker {
 /// batch, not after the whole image is planned.
 const PLAN_BATCH: usize = 8192;
 
+/// Reads whose ranges a local store is asked to read ahead of the workers (see
+/// [`read_ahead`]): 32 device reads are 128 MiB in flight from a cold disk.
+const READ_AHEAD: usize = 32;
+
+/// Passes the reads `planned` sends on to the workers, each once a local `store` has been
+/// told it will be read: the kernel reads up to [`READ_AHEAD`] reads ahead of the workers
+/// from a cold disk, in the order they will be read.
+fn read_ahead(store: &IndexedStore, planned: mpsc::Receiver<PlannedRead>, to: mpsc::SyncSender<PlannedRead>) {
+    for p in planned {
+        store.will_read_pack_range(&p.read.pack, p.read.start..p.read.end);
+        if to.send(p).is_err() {
+            return; // the load stopped
+        }
+    }
+}
+
 /// Restores every file of `m` into VRAM on `ctx`'s device, staging through at most a quarter
 /// (host checks) or half (GPU checks, which hold no decoded copies on the host) of
 /// `budget` in pinned memory.
@@ -215,22 +242,33 @@ pub fn restore_to_device_with(
     progress: &dyn Progress,
 ) -> Result<DeviceImage> {
     let t = std::time::Instant::now();
-    let max_read = budget.max_read();
+    // Remote stores check on the host, in the engine's reads; local ones on the GPU.
+    let max_read =
+        if store.is_remote() { budget.max_read() } else { budget.device_read(u64::from(store.config().chunk_max)) };
     let threads = rayon::current_num_threads().max(2) as u64;
-    let needs = plan::Needs::of(m);
-    let zeros = needs.zeros.clone();
-    let total = m.files().map(|(e, _)| e.size).sum::<u64>() - zeros.iter().map(|z| z.len).sum::<u64>();
-    let (sender, reads) = mpsc::channel();
-    // Local stores check on the GPU, remote ones on the host.
-    let staging_slots = budget.staging_slots(!store.is_remote());
+    let (sender, planned) = mpsc::channel();
+    // What the manifest needs (tens of milliseconds for a large model) is worked out on the
+    // planner's thread, alongside the allocation; its zero runs come back from there.
+    let (zeros_sender, zeros_from_planner) = mpsc::sync_channel(1);
+    let staging_slots = budget.staging_slots(!store.is_remote(), max_read);
     // The planner looks chunks up batch by batch while the device buffers, the staging and
     // the check kernel are made ready; the GPU path then loads each read as it arrives. The
     // staging's host memory is mapped meanwhile too, before the CUDA context is up, which
     // then only locks it.
     std::thread::scope(|s| {
         let mapping = s.spawn(move || map_staging(staging_slots as usize, max_read as usize));
+        // A local store's reads go through the read-ahead on their way to the workers.
+        let reads = if store.is_remote() {
+            planned
+        } else {
+            let (to, reads) = mpsc::sync_channel(READ_AHEAD);
+            s.spawn(move || read_ahead(store, planned, to));
+            reads
+        };
         let planner = s.spawn(move || {
             let t = std::time::Instant::now();
+            let needs = plan::Needs::of(m);
+            let _ = zeros_sender.send(needs.zeros.clone());
             needs.plan_batches(store, m, max_read, PLAN_BATCH, |batch| {
                 for read in batch {
                     sender
@@ -254,7 +292,7 @@ pub fn restore_to_device_with(
             let checker = match gpu {
                 Ok(g) => Checker::Gpu(g),
                 Err(why) => Checker::Host(
-                    host_check::Ring::allocate(ctx, staging, budget.staging_slots(false), max_read as usize)?,
+                    host_check::Ring::allocate(ctx, staging, budget.staging_slots(false, max_read), max_read as usize)?,
                     why,
                 ),
             };
@@ -262,6 +300,10 @@ pub fn restore_to_device_with(
         })();
         let alloc_s = t.elapsed().as_secs_f64();
         let loaded = prepared.and_then(|(owned, buffers, checker)| {
+            let zeros: Vec<ZeroRange> = zeros_from_planner
+                .recv()
+                .map_err(|_| StoreError::Internal("the planner stopped before it read the manifest".into()))?;
+            let total = m.files().map(|(e, _)| e.size).sum::<u64>() - zeros.iter().map(|z| z.len).sum::<u64>();
             let planned = Planned { reads, zeros, total };
             let (path, waits) = checker.run(store, planned, buffers, threads as usize, progress)?;
             Ok((owned, path, waits))

@@ -145,6 +145,17 @@ impl Objects for LocalDir {
         file.read_exact_at(out, range.start).map_err(|e| StoreError::io("reading", &path, e))
     }
 
+    /// `posix_fadvise(WILLNEED)`: the kernel starts reading the range into the page cache and
+    /// returns; cached pages cost a lookup. Failures are ignored (a hint).
+    fn will_read(&self, key: &ObjectKey, range: Range<u64>) {
+        use std::os::fd::AsRawFd;
+        if let Ok((file, _, _)) = self.open_file(key) {
+            let (start, len) = (range.start as libc::off_t, (range.end - range.start) as libc::off_t);
+            // SAFETY: a file descriptor this function owns, open for the call.
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), start, len, libc::POSIX_FADV_WILLNEED) };
+        }
+    }
+
     fn size(&self, key: &ObjectKey) -> Result<Option<u64>> {
         self.durable.size(key)
     }

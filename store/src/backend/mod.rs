@@ -101,6 +101,10 @@ pub(crate) trait Objects: Send + Sync {
         out.copy_from_slice(&self.get_range(key, range)?);
         Ok(())
     }
+    /// Says that a byte range of `key` will be read soon. A hint: a local store asks the
+    /// kernel to read it into the page cache ahead, so that reads of a cold disk overlap;
+    /// other backends (the default) do nothing.
+    fn will_read(&self, _key: &ObjectKey, _range: Range<u64>) {}
     /// The size of an object.
     fn size(&self, key: &ObjectKey) -> Result<Option<u64>>;
     /// Every object under `prefix`.
@@ -406,6 +410,11 @@ impl Backend {
         }
         self.count();
         self.objects.get_range_into(key, range, out)
+    }
+
+    /// Says that a byte range of `key` will be read soon (see [`Objects::will_read`]).
+    pub fn will_read(&self, key: &ObjectKey, range: Range<u64>) {
+        self.objects.will_read(key, range)
     }
 
     /// The size of an object, or `None` if it does not exist.

@@ -302,6 +302,12 @@ impl Store {
         self.backend.get_range_into(&key, range.clone(), out).map_err(|e| self.pack_read_failure(key, &range, e))
     }
 
+    /// Says that a byte range of a pack will be read soon: a local store reads it into the
+    /// page cache ahead (see `Objects::will_read`).
+    pub fn will_read_pack_range(&self, pack: &ObjectId, range: std::ops::Range<u64>) {
+        self.backend.will_read(&ObjectKey::Pack(*pack), range)
+    }
+
     /// A failed range read of a pack, said as a missing or truncated pack where it is one.
     fn pack_read_failure(&self, key: ObjectKey, range: &std::ops::Range<u64>, e: StoreError) -> StoreError {
         match e {
