@@ -336,3 +336,42 @@ fn a_lease_belongs_to_the_token_that_wrote_it() {
     let o = server.cmd("node", TEAM_A, &["push", src.to_str().unwrap(), "--tag", "team-a:1"]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Issue 64: SIGHUP reads the token file again (a token taken out is refused at once, a new
+/// one admitted); a file that does not read (or lists no token, which would turn
+/// authentication off) keeps the tokens in force; the server lives through every SIGHUP.
+#[test]
+fn sighup_reloads_the_tokens_and_a_bad_file_keeps_them() {
+    let env = Env::new(&[]);
+    let tokens = token_file(&env);
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    let status = |token: &str| server.curl("GET", "/metrics", Some(token), &[], None).0;
+    let hangup = || {
+        assert!(std::process::Command::new("kill").args(["-HUP", &server.pid().to_string()]).status().unwrap().success());
+    };
+    // Waits (up to 10 s) for `token` to get `want`: the reload runs on the server's own time.
+    let wait_for = |token: &str, want: u16| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while status(token) != want {
+            assert!(Instant::now() < deadline, "{token} never got {want}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    const NEW: &str = "newtoken-0123456789";
+    assert_eq!((status(READ), status(NEW)), (200, 401));
+    fs::write(&tokens, format!("{NEW} read\n{ADMIN} admin\n")).unwrap();
+    hangup();
+    wait_for(NEW, 200);
+    assert_eq!(status(READ), 401, "a token taken out of the file is refused");
+    for bad in ["not a token file\n", "# every token taken out\n"] {
+        fs::write(&tokens, bad).unwrap();
+        hangup();
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!((status(NEW), status(READ)), (200, 401), "a bad file ({bad:?}) changed the tokens");
+    }
+    fs::remove_file(&tokens).unwrap();
+    hangup();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(status(NEW), 200);
+    assert_eq!(server.curl("GET", "/v1/health", None, &[], None).0, 200, "the server lived through every SIGHUP");
+}

@@ -616,12 +616,9 @@ fn serve(location: &StoreLocation, a: ServeArgs, out: &Output) -> Result<()> {
     // A server needs no key: it keeps an encrypted store's objects as they come, sealed.
     let backend = location.backend()?;
     let config = Store::read_config(&backend, location)?;
-    let tokens = match tokens {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(&p).map_err(|e| Usage(format!("reading token file {}: {e}", p.display())))?;
-            gstore_server::auth::Tokens::parse(&text).map_err(|e| Usage(format!("token file {}: {e}", p.display())))?
-        }
+    let tokens_file = tokens;
+    let tokens = match &tokens_file {
+        Some(p) => gstore_server::auth::Tokens::read(p).map_err(Usage)?,
         None => gstore_server::auth::Tokens::default(),
     };
     let tls = tls_cert.zip(tls_key);
@@ -629,6 +626,7 @@ fn serve(location: &StoreLocation, a: ServeArgs, out: &Output) -> Result<()> {
     let settings = gstore_server::Settings {
         addr: listen,
         tokens,
+        tokens_file,
         insecure,
         max_body,
         timeout: Duration::from_secs(timeout),

@@ -45,6 +45,7 @@ fn fixture() -> &'static Fixture {
         let settings = Settings {
             addr: "127.0.0.1:0".parse().unwrap(),
             tokens: Tokens::parse("reader-token-0123456789 read\nwriter-token-0123456789 write ci/\n").unwrap(),
+            tokens_file: None,
             insecure: false,
             max_body: 4 << 20,
             timeout: Duration::from_secs(5),
@@ -60,7 +61,7 @@ fn fixture() -> &'static Fixture {
         let state = AppState {
             backend,
             objects,
-            tokens: Arc::new(settings.tokens.clone()),
+            tokens: Arc::new(gstore_server::auth::LiveTokens::new(settings.tokens.clone())),
             metrics: Arc::new(Metrics::new()),
             chunks: Arc::new(ChunkMap::new(settings.chunk_max)),
             chunk_max: settings.chunk_max,

@@ -5,6 +5,8 @@
 //! may write. Tokens are compared in constant time. A token is sent as `Bearer TOKEN`, or as
 //! the password of basic auth (what registry clients send: `podman login -p TOKEN`).
 
+use std::path::Path;
+use std::sync::{Arc, RwLock};
 use subtle::ConstantTimeEq;
 
 /// What a token may do.
@@ -30,7 +32,35 @@ pub struct Token {
 
 /// Every configured token.
 #[derive(Debug, Clone, Default)]
-pub struct Tokens(Vec<Token>);
+pub struct Tokens(Vec<Arc<Token>>);
+
+/// The tokens a running server checks requests against: replaced whole when the token file
+/// is read again (`serve` does on SIGHUP), never switched off.
+#[derive(Debug, Default)]
+pub struct LiveTokens(RwLock<Arc<Tokens>>);
+
+impl LiveTokens {
+    /// The tokens `tokens` to start with.
+    pub fn new(tokens: Tokens) -> LiveTokens {
+        LiveTokens(RwLock::new(Arc::new(tokens)))
+    }
+
+    /// The tokens now: a request checks against one set, whatever a reload does meanwhile.
+    pub fn current(&self) -> Arc<Tokens> {
+        Arc::clone(&self.0.read().expect("token lock"))
+    }
+
+    /// Reads the token file at `path` again and serves its tokens from now on; returns how
+    /// many there are. A file that cannot be read or parsed (one that lists no token would
+    /// turn authentication off: [`Tokens::parse`] refuses it) changes nothing: the error says
+    /// why.
+    pub fn reload(&self, path: &Path) -> Result<usize, String> {
+        let tokens = Tokens::read(path)?;
+        let n = tokens.0.len();
+        *self.0.write().expect("token lock") = Arc::new(tokens);
+        Ok(n)
+    }
+}
 
 /// Why a request is refused.
 #[derive(Debug, PartialEq, Eq)]
@@ -42,6 +72,12 @@ pub enum Denied {
 }
 
 impl Tokens {
+    /// Reads and parses the token file at `path`; errors name it.
+    pub fn read(path: &Path) -> Result<Tokens, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading token file {}: {e}", path.display()))?;
+        Tokens::parse(&text).map_err(|e| format!("token file {}: {e}", path.display()))
+    }
+
     /// Parses a token file.
     pub fn parse(text: &str) -> Result<Tokens, String> {
         let mut out = Vec::new();
@@ -65,11 +101,11 @@ impl Tokens {
                     n + 1
                 ));
             }
-            out.push(Token {
+            out.push(Arc::new(Token {
                 secret: parts[0].as_bytes().to_vec(),
                 scope,
                 tag_prefix: parts.get(2).unwrap_or(&"").to_string(),
-            });
+            }));
         }
         if out.is_empty() {
             return Err("token file holds no tokens".into());
@@ -85,7 +121,12 @@ impl Tokens {
     /// Checks that the request presenting `header` (an `Authorization` value) may do
     /// something needing `scope` (on tag `tag`, if any): the token it presents, or `None`
     /// when no token is configured (the server runs without auth).
-    pub fn authorize(&self, header: Option<&str>, scope: Scope, tag: Option<&str>) -> Result<Option<&Token>, Denied> {
+    pub fn authorize(
+        &self,
+        header: Option<&str>,
+        scope: Scope,
+        tag: Option<&str>,
+    ) -> Result<Option<Arc<Token>>, Denied> {
         if self.is_empty() {
             return Ok(None);
         }
@@ -96,7 +137,7 @@ impl Tokens {
 
     /// Checks an `Authorization` header value (`Bearer TOKEN`, or `Basic` with the token as
     /// the password) against the tokens.
-    pub fn authenticate(&self, header: Option<&str>) -> Result<&Token, Denied> {
+    pub fn authenticate(&self, header: Option<&str>) -> Result<Arc<Token>, Denied> {
         let presented = presented_token(header.ok_or(Denied::Unauthenticated)?).ok_or(Denied::Unauthenticated)?;
         let presented = presented.as_slice();
         // Every token is compared, whatever matches, so timing tells nothing.
@@ -106,7 +147,7 @@ impl Tokens {
                 found = Some(t);
             }
         }
-        found.ok_or(Denied::Unauthenticated)
+        found.cloned().ok_or(Denied::Unauthenticated)
     }
 }
 

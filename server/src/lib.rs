@@ -26,6 +26,9 @@ pub struct Settings {
     pub addr: SocketAddr,
     /// Tokens; empty means no authentication (loopback only unless `insecure`).
     pub tokens: Tokens,
+    /// The file `tokens` came from: read again on SIGHUP (a file that does not read keeps
+    /// the tokens in force, and says why).
+    pub tokens_file: Option<std::path::PathBuf>,
     /// Allow a non-loopback address without tokens.
     pub insecure: bool,
     /// Largest request body (a pack upload) in bytes.
@@ -62,8 +65,8 @@ pub struct AppState {
     pub backend: Backend,
     /// The same store's objects, for streaming reads and plain writes.
     pub objects: Arc<dyn ObjectStore>,
-    /// Configured tokens.
-    pub tokens: Arc<Tokens>,
+    /// Configured tokens (reloaded on SIGHUP).
+    pub tokens: Arc<auth::LiveTokens>,
     /// Prometheus metrics.
     pub metrics: Arc<metrics::Metrics>,
     /// Which pack holds each chunk.
@@ -144,7 +147,7 @@ pub async fn serve(
     let state = AppState {
         backend,
         objects,
-        tokens: Arc::new(s.tokens.clone()),
+        tokens: Arc::new(auth::LiveTokens::new(s.tokens.clone())),
         metrics: Arc::new(metrics::Metrics::new()),
         chunks: Arc::new(chunks::ChunkMap::new(s.chunk_max)),
         chunk_max: s.chunk_max,
@@ -152,6 +155,7 @@ pub async fn serve(
         registry,
         tier,
     };
+    reload_tokens_on_hangup(Arc::clone(&state.tokens), s.tokens_file.clone())?;
     let app = routes::router(state, &s).into_make_service();
     let handle = axum_server::Handle::new();
     let h = handle.clone();
@@ -183,6 +187,27 @@ pub async fn serve(
 }
 
 /// Closes connections that take longer than `timeout` to send a request head.
+/// Installs the SIGHUP handler of a running server: with a token file, each SIGHUP reads it
+/// again into `tokens` (a file that does not read keeps the tokens in force, and says why on
+/// stderr); without one, a SIGHUP is said to change nothing. Either way SIGHUP no longer ends
+/// the server.
+fn reload_tokens_on_hangup(tokens: Arc<auth::LiveTokens>, file: Option<std::path::PathBuf>) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = signal(SignalKind::hangup()).map_err(|e| format!("handling SIGHUP: {e}"))?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match &file {
+                None => eprintln!("gstore: SIGHUP: this server has no token file to read again (--tokens)"),
+                Some(path) => match tokens.reload(path) {
+                    Ok(n) => eprintln!("gstore: SIGHUP: serving the {n} token(s) of {}", path.display()),
+                    Err(why) => eprintln!("gstore: SIGHUP: kept the tokens in force: {why}"),
+                },
+            }
+        }
+    });
+    Ok(())
+}
+
 fn limit_header_reads<A>(server: &mut axum_server::Server<SocketAddr, A>, timeout: Duration) {
     server.http_builder().http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
 }

@@ -48,14 +48,9 @@ fn registry_failure(e: RegistryError) -> Response {
 /// Checks the request's token; a missing or unknown one is asked for (basic auth, which
 /// podman and the others answer with the credentials they were given). Returns the token
 /// (none when the server has no tokens).
-fn authorize<'a>(
-    state: &'a AppState,
-    headers: &HeaderMap,
-    scope: Scope,
-    tag: Option<&str>,
-) -> Result<Option<&'a Token>, Response> {
+fn authorize(state: &AppState, headers: &HeaderMap, scope: Scope, tag: Option<&str>) -> Result<Option<Arc<Token>>, Response> {
     let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    match state.tokens.authorize(header, scope, tag) {
+    match state.tokens.current().authorize(header, scope, tag) {
         Ok(t) => Ok(t),
         Err(Denied::Unauthenticated) => {
             let mut r = failure(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", "a gstore token is needed (as the password)");
@@ -87,12 +82,12 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-/// Checks that the request may upload to repository `name`; returns whose upload it is:
-/// its token (the server's tokens live as long as it does, so a token's address names it),
-/// or 0 on a server without tokens. One owner's uploads share a limit.
+/// Checks that the request may upload to repository `name`; returns whose upload it is: its
+/// token, named by the 64 bits its leases are named by (the same after the token file is read
+/// again), never 0; or 0 on a server without tokens. One owner's uploads share a limit.
 fn uploader(state: &AppState, headers: &HeaderMap, name: &str) -> Result<u64, Response> {
     let token = authorize(state, headers, Scope::Write, Some(name))?;
-    Ok(token.map_or(0, |t| std::ptr::from_ref(t) as usize as u64))
+    Ok(token.map_or(0, |t| u64::from_str_radix(&t.lease_prefix(), 16).map_or(1, |n| n | 1)))
 }
 
 /// Removes abandoned uploads ([`gstore_registry::uploads::Uploads::sweep`]) every minute

@@ -2,6 +2,7 @@
 // Handlers return early with ready-made responses; boxing them would buy nothing.
 #![allow(clippy::result_large_err)]
 
+use std::sync::Arc;
 use crate::auth::{Denied, Scope, Token};
 use crate::chunks::ChunkMap;
 use crate::tier::Served;
@@ -76,14 +77,9 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
 
 /// Checks the request's token for `scope` (on tag `tag`): the token, or `None` when the
 /// server has no tokens; else the 401/403 answer.
-fn authorize<'a>(
-    state: &'a AppState,
-    headers: &HeaderMap,
-    scope: Scope,
-    tag: Option<&str>,
-) -> Result<Option<&'a Token>, Response> {
+fn authorize(state: &AppState, headers: &HeaderMap, scope: Scope, tag: Option<&str>) -> Result<Option<Arc<Token>>, Response> {
     let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    state.tokens.authorize(header, scope, tag).map_err(|d| match d {
+    state.tokens.current().authorize(header, scope, tag).map_err(|d| match d {
         Denied::Unauthenticated => error(StatusCode::UNAUTHORIZED, "missing or unknown bearer token"),
         Denied::Forbidden(why) => error(StatusCode::FORBIDDEN, why),
     })
@@ -241,7 +237,7 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
         Err(r) => return r,
     };
     let (scope, tag) = write_scope(&k);
-    if let Err(r) = authorize(&state, req.headers(), scope, tag).and_then(|t| check_lease_owner(&k, t)) {
+    if let Err(r) = authorize(&state, req.headers(), scope, tag).and_then(|t| check_lease_owner(&k, t.as_deref())) {
         return r;
     }
     // Packs and manifests are written once, whatever the client asks: a write token may add
@@ -387,7 +383,7 @@ async fn delete_object(State(state): State<AppState>, Path(key): Path<String>, h
         Key::Pack(_) | Key::Manifest(_) | Key::Profile(_) | Key::Damage(_) => (Scope::Admin, None),
         other => write_scope(other),
     };
-    if let Err(r) = authorize(&state, &headers, scope, tag).and_then(|t| check_lease_owner(&k, t)) {
+    if let Err(r) = authorize(&state, &headers, scope, tag).and_then(|t| check_lease_owner(&k, t.as_deref())) {
         return r;
     }
     let path = ObjPath::from(key.as_str());
