@@ -149,6 +149,22 @@ fn retention_dry_run_and_reclaim_on_a_local_store() {
     let dry = env.json(&["gc", "--keep-last", "2", "--dry-run"]);
     assert_eq!(dry["history_dropped"], 2, "{dry}");
     assert_eq!(env.json(&["du"]), before);
+    // ... and why, image by image (issue 64): the two newest are kept by the rule, the others not.
+    let verdicts = dry["retention"].as_array().unwrap();
+    let why: Vec<(u64, bool, &str)> = verdicts
+        .iter()
+        .map(|v| (v["rank"].as_u64().unwrap(), v["kept"].as_bool().unwrap(), v["why"].as_str().unwrap()))
+        .collect();
+    assert_eq!(why.len(), 4, "{dry}");
+    assert_eq!((why[0].1, why[0].2, why[1].1, why[1].2), (true, "one of the newest 2", true, "one of the newest 2"));
+    assert!(!why[2].1 && why[2].2.contains("the 3rd newest of model: no rule keeps it"), "{why:?}");
+    let text = env.ok(&["gc", "--keep-last", "2", "--dry-run"]);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("model:latest ") && l.contains(": kept: one of the newest 2")).count(),
+        2,
+        "{text}"
+    );
+    assert_eq!(text.lines().filter(|l| l.contains("(history): would be dropped: made ")).count(), 2, "{text}");
     // Retention keeps the two newest pushes of "model"; two passes reclaim the rest.
     let first = env.json(&["gc", "--keep-last", "2"]);
     assert_eq!(first["history_dropped"], 2);

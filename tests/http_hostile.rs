@@ -347,7 +347,11 @@ fn sighup_reloads_the_tokens_and_a_bad_file_keeps_them() {
     let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
     let status = |token: &str| server.curl("GET", "/metrics", Some(token), &[], None).0;
     let hangup = || {
-        assert!(std::process::Command::new("kill").args(["-HUP", &server.pid().to_string()]).status().unwrap().success());
+        assert!(std::process::Command::new("kill")
+            .args(["-HUP", &server.pid().to_string()])
+            .status()
+            .unwrap()
+            .success());
     };
     // Waits (up to 10 s) for `token` to get `want`: the reload runs on the server's own time.
     let wait_for = |token: &str, want: u16| {

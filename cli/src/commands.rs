@@ -1042,6 +1042,12 @@ fn run_gc(location: &StoreLocation, a: GcArgs, out: &Output, bars: &Bars) -> Res
 fn gc_text(r: &gc::GcReport) -> String {
     let would = if r.dry_run { "would be " } else { "" };
     let mut s = String::new();
+    // A dry run says why each image of the names the rules cover is kept or not.
+    for v in r.retention.iter().filter(|_| r.dry_run) {
+        let (what, image) = (if v.current { "" } else { " (history)" }, &v.manifest[..12.min(v.manifest.len())]);
+        let verb = if v.kept { "kept" } else { "would be dropped" };
+        s += &format!("{} {image}{what}: {verb}: {}\n", v.tag, v.why);
+    }
     for t in &r.tags_removed {
         s += &format!("tag {t} {would}removed by retention\n");
     }

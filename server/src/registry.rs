@@ -48,7 +48,12 @@ fn registry_failure(e: RegistryError) -> Response {
 /// Checks the request's token; a missing or unknown one is asked for (basic auth, which
 /// podman and the others answer with the credentials they were given). Returns the token
 /// (none when the server has no tokens).
-fn authorize(state: &AppState, headers: &HeaderMap, scope: Scope, tag: Option<&str>) -> Result<Option<Arc<Token>>, Response> {
+fn authorize(
+    state: &AppState,
+    headers: &HeaderMap,
+    scope: Scope,
+    tag: Option<&str>,
+) -> Result<Option<Arc<Token>>, Response> {
     let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     match state.tokens.current().authorize(header, scope, tag) {
         Ok(t) => Ok(t),

@@ -2,7 +2,6 @@
 // Handlers return early with ready-made responses; boxing them would buy nothing.
 #![allow(clippy::result_large_err)]
 
-use std::sync::Arc;
 use crate::auth::{Denied, Scope, Token};
 use crate::chunks::ChunkMap;
 use crate::tier::Served;
@@ -23,6 +22,7 @@ use gstore_store::repo::index::ChunkLocation;
 use gstore_store::{ChunkIds, ObjectId, StoreError};
 use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The router with every layer: auth is per handler, from the headers, before any body is
@@ -77,7 +77,12 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
 
 /// Checks the request's token for `scope` (on tag `tag`): the token, or `None` when the
 /// server has no tokens; else the 401/403 answer.
-fn authorize(state: &AppState, headers: &HeaderMap, scope: Scope, tag: Option<&str>) -> Result<Option<Arc<Token>>, Response> {
+fn authorize(
+    state: &AppState,
+    headers: &HeaderMap,
+    scope: Scope,
+    tag: Option<&str>,
+) -> Result<Option<Arc<Token>>, Response> {
     let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     state.tokens.current().authorize(header, scope, tag).map_err(|d| match d {
         Denied::Unauthenticated => error(StatusCode::UNAUTHORIZED, "missing or unknown bearer token"),

@@ -36,7 +36,7 @@ use crate::repo::store::Store;
 use crate::ObjectKind;
 use catalog::Catalog;
 use rayon::prelude::*;
-use retention::{Outcome, Policy};
+use retention::{Outcome, Policy, Verdict};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -88,6 +88,9 @@ pub struct GcReport {
     pub dry_run: bool,
     /// Tags retention removed.
     pub tags_removed: Vec<String>,
+    /// What retention decided for each image of the names its rules cover, and why (empty
+    /// without rules).
+    pub retention: Vec<Verdict>,
     /// History entries retention dropped.
     pub history_dropped: u64,
     /// Tags retention left alone because another writer changed them meanwhile.
@@ -559,7 +562,8 @@ fn apply_retention(
     let created =
         in_flight(store, &dated, |hex| ObjectId::from_hex(hex).ok().and_then(|id| catalog.manifest_created(&id)))?;
     let made: HashMap<&str, u64> = dated.iter().zip(created).filter_map(|(hex, t)| Some((*hex, t?))).collect();
-    let outcomes = opts.policy.apply(&recs, now_unix(), &|hex| made.get(hex).copied());
+    let (outcomes, verdicts) = opts.policy.decide(&recs, now_unix(), &|hex| made.get(hex).copied());
+    report.retention = verdicts;
     let mut kept = Vec::new();
     for ((rec, version), outcome) in records.into_iter().zip(outcomes) {
         let new = match outcome {

@@ -81,6 +81,31 @@ fn newest_per_period(items: &[Item], n: usize, period: fn(u64) -> u64) -> Vec<bo
         .collect()
 }
 
+/// What retention decided for one image of a name the rules cover, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Verdict {
+    /// The tag (`NAME:VERSION`) whose current value or history entry the image is.
+    pub tag: String,
+    /// Whether it is the tag's current value (else a history entry).
+    pub current: bool,
+    /// The image's manifest id (hex).
+    pub manifest: String,
+    /// When it was made (else set), in Unix seconds: what retention dates it by.
+    pub made_unix: u64,
+    /// Its rank among the name's images, 1 the newest.
+    pub rank: usize,
+    /// Whether it is kept.
+    pub kept: bool,
+    /// Why: the rules that keep it, or why none does.
+    pub why: String,
+}
+
+/// The UTC date of a Unix time, `YYYY-MM-DD`.
+fn date(unix: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix);
+    humantime::format_rfc3339_seconds(t).to_string()[..10].to_string()
+}
+
 /// What retention does to one tag record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -141,9 +166,21 @@ impl Policy {
     /// The outcome for each of `records` (same order), at time `now`; `made` gives the
     /// creation time of an image by its manifest id (hex), `None` when it cannot be read.
     pub fn apply(&self, records: &[TagRecord], now: u64, made: &dyn Fn(&str) -> Option<u64>) -> Vec<Outcome> {
+        self.decide(records, now, made).0
+    }
+
+    /// [`Policy::apply`]'s outcomes, and the verdict on every image of the names the rules
+    /// cover (by name, newest first): kept or not, and why.
+    pub fn decide(
+        &self,
+        records: &[TagRecord],
+        now: u64,
+        made: &dyn Fn(&str) -> Option<u64>,
+    ) -> (Vec<Outcome>, Vec<Verdict>) {
         if self.is_none() {
-            return vec![Outcome::Keep; records.len()];
+            return (vec![Outcome::Keep; records.len()], Vec::new());
         }
+        let mut verdicts = Vec::new();
         let mut by_name: BTreeMap<&str, Vec<Item>> = BTreeMap::new();
         let mut keep_current = vec![false; records.len()];
         for (i, r) in records.iter().enumerate() {
@@ -172,18 +209,52 @@ impl Policy {
             let daily = newest_per_period(items, self.keep_daily.unwrap_or(0), day);
             let weekly = newest_per_period(items, self.keep_weekly.unwrap_or(0), week);
             for (rank, item) in items.iter().enumerate() {
-                let kept = self.keep_last.is_some_and(|n| rank < n)
-                    || self.keep_within_secs.is_some_and(|w| now.saturating_sub(item.made) <= w)
-                    || daily[rank]
-                    || weekly[rank];
+                let r = &records[item.record];
+                let pinned = item.current && r.pinned;
+                let mut why = Vec::new();
+                if pinned {
+                    why.push("pinned".to_string());
+                }
+                if let Some(n) = self.keep_last.filter(|n| rank < *n) {
+                    why.push(format!("one of the newest {n}"));
+                }
+                if let Some(w) = self.keep_within_secs.filter(|w| now.saturating_sub(item.made) <= *w) {
+                    why.push(format!("made within {}", humantime::format_duration(std::time::Duration::from_secs(w))));
+                }
+                if daily[rank] {
+                    why.push(format!("the newest of {} (UTC)", date(item.made)));
+                }
+                if weekly[rank] {
+                    why.push(format!("the newest of its week (Monday to Sunday, UTC; made {})", date(item.made)));
+                }
+                let kept = !why.is_empty();
                 if kept && item.current {
                     keep_current[item.record] = true;
                 } else if kept {
                     keep_history[item.record][item.entry] = true;
                 }
+                let manifest = if item.current { &r.manifest } else { &r.history[item.entry].manifest };
+                verdicts.push(Verdict {
+                    tag: r.tag().to_string(),
+                    current: item.current,
+                    manifest: manifest.clone(),
+                    made_unix: item.made,
+                    rank: rank + 1,
+                    kept,
+                    why: if kept {
+                        why.join("; ")
+                    } else {
+                        format!(
+                            "made {}, the {} newest of {}: no rule keeps it",
+                            date(item.made),
+                            ordinal(rank + 1),
+                            r.name
+                        )
+                    },
+                });
             }
         }
-        records
+        let outcomes = records
             .iter()
             .enumerate()
             .map(|(i, r)| {
@@ -202,8 +273,21 @@ impl Policy {
                     Outcome::Trim(trimmed, r.history.len() - kept_history)
                 }
             })
-            .collect()
+            .collect();
+        (outcomes, verdicts)
     }
+}
+
+/// `1st`, `2nd`, `3rd`, `4th`, ... `11th`, `21st`.
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
 }
 
 #[cfg(test)]
@@ -283,6 +367,29 @@ mod tests {
         let new = record_at("b:new", &[SetTime { unix: 100, nanos: 1 }]);
         let out = Policy { keep_last: Some(1), ..Default::default() }.apply(&[new, old], 100, &unknown);
         assert_eq!(out, vec![Outcome::Keep, Outcome::Remove]);
+    }
+
+    #[test]
+    fn every_image_of_a_covered_name_gets_a_verdict_that_says_why() {
+        // a:latest made on three days (the newest first in rank), pinned; b is outside the prefix.
+        let mut a = record("a", &[DAY + 5, 2 * DAY + 5, 3 * DAY + 5]);
+        a.pinned = true;
+        let recs = [a, record("b", &[1])];
+        let p = Policy { keep_last: Some(1), keep_daily: Some(2), prefix: Some("a".into()), ..Default::default() };
+        let (outcomes, verdicts) = p.decide(&recs, 3 * DAY + 10, &unknown);
+        assert_eq!(outcomes, p.apply(&recs, 3 * DAY + 10, &unknown), "decide and apply agree");
+        let why: Vec<(usize, bool, &str)> = verdicts.iter().map(|v| (v.rank, v.kept, v.why.as_str())).collect();
+        assert_eq!(
+            why,
+            [
+                (1, true, "pinned; one of the newest 1; the newest of 1970-01-04 (UTC)"),
+                (2, true, "the newest of 1970-01-03 (UTC)"),
+                (3, false, "made 1970-01-02, the 3rd newest of a: no rule keeps it"),
+            ]
+        );
+        assert!(verdicts.iter().all(|v| v.tag == "a:latest"), "b is outside the prefix: no verdict");
+        assert!(verdicts[0].current && !verdicts[2].current);
+        assert_eq!(Policy::default().decide(&recs, 0, &unknown).1, [], "no rule: no verdicts");
     }
 
     #[test]
