@@ -509,3 +509,76 @@ fn retention_goes_by_when_images_were_made() {
     let kept = tags(&env.ok(&["--json", "ls", "d", "--sort", "name"]));
     assert_eq!(kept, ["d:v01", "d:v03", "d:v05", "d:v07", "d:v09", "d:v11"]);
 }
+
+/// Issue 64: retention policies stored per name or prefix; gc applies them without flags
+/// (pins win), names without one go by gc's flags; a dry run names the policy that decided;
+/// bad patterns and empty rules are refused; only an admin token sets them through a server.
+#[test]
+fn stored_policies_decide_per_name_and_pins_win() {
+    let env = Env::new(&["--pack-size", "1048576"]);
+    let f = env.path("f");
+    for (i, tag) in ["model:v1", "model:v2", "model:v3", "run-1", "run-1", "run-1", "other", "other"].iter().enumerate()
+    {
+        std::fs::write(&f, format!("image {i}")).unwrap();
+        env.ok(&["-q", "push", f.to_str().unwrap(), "--tag", tag]);
+    }
+    env.ok(&["pin", "model:v1"]);
+    env.ok(&["policy", "set", "model", "--keep-last", "1"]);
+    env.ok(&["policy", "set", "run-*", "--keep-last", "2"]);
+    let shown = env.json(&["policy", "show"]);
+    assert_eq!(shown["policies"]["model"], serde_json::json!({ "keep_last": 1 }), "{shown}");
+    assert_eq!(shown["policies"]["run-*"], serde_json::json!({ "keep_last": 2 }), "{shown}");
+    assert!(env.ok(&["policy", "show"]).contains("run-*    --keep-last 2"));
+    // Bad patterns and empty rules are refused, and change nothing.
+    for bad in [
+        &["policy", "set", "a*b*", "--keep-last", "1"][..],
+        &["policy", "set", "model"],
+        &["policy", "set", "x", "--keep-last", "0"],
+    ] {
+        assert_eq!(env.run(bad).status.code(), Some(2), "{bad:?}");
+    }
+    assert_eq!(env.json(&["policy", "show"]), shown);
+
+    let dry = env.json(&["gc", "--dry-run"]);
+    let by = |tag: &str| -> Vec<(bool, String)> {
+        dry["retention"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["tag"] == tag)
+            .map(|v| (v["kept"].as_bool().unwrap(), v["policy"].as_str().unwrap_or("").to_string()))
+            .collect()
+    };
+    assert_eq!(by("model:v1"), [(true, "model".to_string())], "pinned: {dry}");
+    assert_eq!(by("model:v2"), [(false, "model".to_string())], "{dry}");
+    assert_eq!(by("model:v3"), [(true, "model".to_string())], "{dry}");
+    assert_eq!(by("run-1:latest").iter().filter(|(kept, p)| *kept && p == "run-*").count(), 2, "{dry}");
+    assert!(by("other:latest").is_empty(), "no policy and no flags: other is not judged: {dry}");
+
+    let r = env.json(&["gc"]);
+    assert_eq!(r["tags_removed"], serde_json::json!(["model:v2"]), "{r}");
+    assert_eq!(r["history_dropped"], 1, "run-1 keeps 2 of 3; other keeps its history: {r}");
+    // Flags still decide the names without a policy.
+    let r = env.json(&["gc", "--keep-last", "1"]);
+    assert_eq!(r["history_dropped"], 1, "other's history goes, run-1 keeps its policy's 2: {r}");
+    let mut tags = tags_of(&env);
+    tags.sort();
+    assert_eq!(tags, ["model:v1", "model:v3", "other:latest", "run-1:latest"]);
+
+    env.ok(&["policy", "rm", "run-*"]);
+    assert_eq!(env.run(&["policy", "rm", "run-*"]).status.code(), Some(3));
+    assert!(env.json(&["policy", "show"])["policies"].get("run-*").is_none());
+
+    // Through a server, setting a policy is an admin's.
+    let tokens = env.path("tokens");
+    std::fs::write(&tokens, "writer-0123456789 write\nadmin-0123456789 admin\n").unwrap();
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    let run = |token: &str, args: &[&str]| server.cmd("m", token, args).output().unwrap();
+    let o = run("writer-0123456789", &["policy", "set", "other", "--keep-daily", "3"]);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run("admin-0123456789", &["policy", "set", "other", "--keep-daily", "3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run("writer-0123456789", &["--json", "policy", "show"]);
+    let shown: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(shown["policies"]["other"], serde_json::json!({ "keep_daily": 3 }), "{shown}");
+}

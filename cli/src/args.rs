@@ -301,6 +301,14 @@ pub enum Command {
         #[command(subcommand)]
         action: IndexAction,
     },
+    /// Retention policies stored in the store, per tag name or name prefix (`NAME*`): `gstore
+    /// gc` applies them without being told; names without one go by gc's own flags. Pinned
+    /// tags are always kept. See docs/GC.md.
+    Policy {
+        /// What to do.
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
     /// Manage the user keys of an encrypted store (`gstore init --encrypt`): every key opens
     /// the same store; adding or removing one rewrites no data. The current key comes from
     /// GSTORE_KEY_FILE, GSTORE_PASSPHRASE or a prompt.
@@ -308,6 +316,27 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: KeyAction,
+    },
+}
+
+/// `gstore policy` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum PolicyAction {
+    /// Store the rules for a tag name, or for every name starting with a prefix (`run-*`; `*`
+    /// alone: every name), replacing its previous rules.
+    Set {
+        /// A tag name, or a name prefix followed by `*`.
+        pattern: String,
+        /// The rules (at least one).
+        #[command(flatten)]
+        rules: RuleArgs,
+    },
+    /// List the stored policies.
+    Show,
+    /// Remove the policy of a pattern (its names go by gc's flags again).
+    Rm {
+        /// The pattern, as `gstore policy show` lists it.
+        pattern: String,
     },
 }
 
@@ -417,10 +446,9 @@ pub struct InitArgs {
     pub encrypt: bool,
 }
 
-/// Arguments of `gstore gc`.
+/// Retention rules, of `gstore gc` and of stored policies (`gstore policy set`).
 #[derive(Args, Debug)]
-#[command(group = clap::ArgGroup::new("retention").multiple(true).args(["keep_last", "keep_within", "keep_daily", "keep_weekly"]))]
-pub struct GcArgs {
+pub struct RuleArgs {
     /// Keep the newest N images of each tag name (its versions and their history together);
     /// remove the rest.
     #[arg(long, value_name = "N")]
@@ -436,6 +464,28 @@ pub struct GcArgs {
     /// images of a name.
     #[arg(long, value_name = "N")]
     pub keep_weekly: Option<usize>,
+}
+
+impl RuleArgs {
+    /// The rules, for the names starting with `prefix` (all names without one).
+    pub fn policy(&self, prefix: Option<String>) -> gstore_store::commands::gc::retention::Policy {
+        gstore_store::commands::gc::retention::Policy {
+            keep_last: self.keep_last,
+            keep_within_secs: self.keep_within.map(|d| d.as_secs()),
+            keep_daily: self.keep_daily,
+            keep_weekly: self.keep_weekly,
+            prefix,
+        }
+    }
+}
+
+/// Arguments of `gstore gc`.
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("retention").multiple(true).args(["keep_last", "keep_within", "keep_daily", "keep_weekly"]))]
+pub struct GcArgs {
+    /// The retention rules for names without a stored policy (`gstore policy`).
+    #[command(flatten)]
+    pub rules: RuleArgs,
     /// Apply the retention rules only to tag names starting with this (e.g. one training
     /// run's); other names keep everything. Pinned tags (`gstore pin`) are always kept.
     #[arg(long, value_name = "PREFIX", requires = "retention")]

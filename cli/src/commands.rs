@@ -90,6 +90,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Serve(a) => serve(&location, a, &out),
         Command::Index { action: IndexAction::Rebuild } => index_rebuild(&location, &out, &bars),
         Command::Key { action } => key(&location, action, &out),
+        Command::Policy { action } => crate::policy::run(&location, action, &out),
         Command::Version => out.emit(&version(), || version_text(&version())),
         Command::Completions { shell } => {
             let mut script = Vec::new();
@@ -1024,13 +1025,7 @@ fn verify_text(r: &verify::VerifyReport) -> String {
 fn run_gc(location: &StoreLocation, a: GcArgs, out: &Output, bars: &Bars) -> Result<()> {
     let store = Store::open(location)?;
     let opts = gc::GcOptions {
-        policy: gc::retention::Policy {
-            keep_last: a.keep_last,
-            keep_within_secs: a.keep_within.map(|d| d.as_secs()),
-            keep_daily: a.keep_daily,
-            keep_weekly: a.keep_weekly,
-            prefix: a.prefix,
-        },
+        policy: a.rules.policy(a.prefix),
         dry_run: a.dry_run,
         repack_below: a.repack_below,
         break_lock: a.break_lock,
@@ -1046,7 +1041,8 @@ fn gc_text(r: &gc::GcReport) -> String {
     for v in r.retention.iter().filter(|_| r.dry_run) {
         let (what, image) = (if v.current { "" } else { " (history)" }, &v.manifest[..12.min(v.manifest.len())]);
         let verb = if v.kept { "kept" } else { "would be dropped" };
-        s += &format!("{} {image}{what}: {verb}: {}\n", v.tag, v.why);
+        let by = v.policy.as_deref().map(|p| format!(" (policy {p})")).unwrap_or_default();
+        s += &format!("{} {image}{what}: {verb}{by}: {}\n", v.tag, v.why);
     }
     for t in &r.tags_removed {
         s += &format!("tag {t} {would}removed by retention\n");

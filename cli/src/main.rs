@@ -6,6 +6,7 @@ mod containers;
 mod failure;
 mod hold;
 mod load;
+mod policy;
 mod units;
 
 use clap::Parser;

@@ -352,14 +352,19 @@ async fn may_write_tag(State(state): State<AppState>, Path(name): Path<String>, 
 
 /// The scope (and tag namespace) writing or deleting an object needs: tags and leases are
 /// written by pushes, restore profiles by restores; the config, the deletion of packs,
-/// manifests and profiles, tombstones and the gc lock belong to admins (gc).
+/// manifests and profiles, tombstones, the gc lock and the retention policies belong to
+/// admins (gc).
 fn write_scope(k: &Key) -> (Scope, Option<&str>) {
     match k {
         Key::Tag(t) => (Scope::Write, Some(t.name.as_str())),
         Key::Pack(_) | Key::Manifest(_) | Key::Lease(_) | Key::Profile(_) | Key::Damage(_) => (Scope::Write, None),
-        Key::Config | Key::Tombstone(_) | Key::GcLock | Key::Probe(_) | Key::KeyRecord(_) | Key::RetiredKeys => {
-            (Scope::Admin, None)
-        }
+        Key::Config
+        | Key::Tombstone(_)
+        | Key::GcLock
+        | Key::Probe(_)
+        | Key::KeyRecord(_)
+        | Key::RetiredKeys
+        | Key::Policies => (Scope::Admin, None),
     }
 }
 

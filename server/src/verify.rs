@@ -5,6 +5,7 @@
 //! every reader checks what it opens (docs/SECURITY.md).
 
 use gstore_store::codec::{check_zstd_frame, split_delta, Codec, Decoder, KnownBases};
+use gstore_store::commands::gc::policies::Policies;
 use gstore_store::crypto::keyring::{KeyRecord, RetiredKeys};
 use gstore_store::crypto::sealed::Header;
 use gstore_store::format::damage;
@@ -107,5 +108,6 @@ pub fn upload(key: &Key, body: &[u8], chunk_max: u32, sealed: bool, mut stored: 
         Key::Damage(pack) => damage::check(body, pack).map_err(|e| e.to_string()),
         Key::RetiredKeys if sealed => RetiredKeys::from_json(body).map(|_| ()).map_err(|e| e.to_string()),
         Key::RetiredKeys => Err("retired keys belong to encrypted stores; this one is not".into()),
+        Key::Policies => Policies::from_json(body).map(|_| ()).map_err(|e| e.to_string()),
     }
 }

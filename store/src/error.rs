@@ -52,6 +52,8 @@ pub enum ObjectKind {
     KeyRecord,
     /// The retired keys of an encrypted store.
     RetiredKeys,
+    /// The store's retention policies (`policies.json`).
+    Policies,
     /// A key of an encrypted store.
     Key,
     /// A sealed object of an encrypted store.
@@ -85,6 +87,7 @@ impl std::fmt::Display for ObjectKind {
             ObjectKind::DamageRecord => "damage record",
             ObjectKind::KeyRecord => "key record",
             ObjectKind::RetiredKeys => "retired keys",
+            ObjectKind::Policies => "retention policies",
             ObjectKind::Key => "key",
             ObjectKind::SealedObject => "sealed object",
             ObjectKind::Store => "store",

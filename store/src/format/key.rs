@@ -36,6 +36,8 @@ pub enum ObjectKey {
     /// `keys/retired.json`: the key records being removed (compare-and-swap writes make two
     /// removals at once see each other, so the last key is never removed).
     RetiredKeys,
+    /// `policies.json`: the retention policies `gstore gc` applies by tag name.
+    Policies,
 }
 
 /// The kinds of object that are listed by prefix.
@@ -90,6 +92,7 @@ impl Family {
 const CONFIG: &str = "config.json";
 const GC_LOCK: &str = "gc/lock";
 const RETIRED_KEYS: &str = "keys/retired.json";
+const POLICIES: &str = "policies.json";
 const PROBE: &str = "probe/";
 
 fn is_lower_hex(s: &str) -> bool {
@@ -119,8 +122,8 @@ impl ObjectKey {
     }
 
     /// Whether an encrypted store keeps this object sealed (docs/FORMAT.md): packs,
-    /// manifests, tags, leases and restore profiles hold data or name it; the config, key
-    /// records, tombstones, the gc lock and probes do not.
+    /// manifests, tags, leases, restore profiles and the retention policies (tag names) hold
+    /// data or name it; the config, key records, tombstones, the gc lock and probes do not.
     pub fn is_sealed(&self) -> bool {
         matches!(
             self,
@@ -129,6 +132,7 @@ impl ObjectKey {
                 | ObjectKey::Tag(_)
                 | ObjectKey::Lease(_)
                 | ObjectKey::Profile(_)
+                | ObjectKey::Policies
         )
     }
 
@@ -147,6 +151,7 @@ impl ObjectKey {
             CONFIG => return Ok(ObjectKey::Config),
             GC_LOCK => return Ok(ObjectKey::GcLock),
             RETIRED_KEYS => return Ok(ObjectKey::RetiredKeys),
+            POLICIES => return Ok(ObjectKey::Policies),
             _ => {}
         }
         let Some((family, rest)) = key.split_once('/') else { return Err(bad()) };
@@ -200,6 +205,7 @@ impl fmt::Display for ObjectKey {
             ObjectKey::Config => f.write_str(CONFIG),
             ObjectKey::GcLock => f.write_str(GC_LOCK),
             ObjectKey::RetiredKeys => f.write_str(RETIRED_KEYS),
+            ObjectKey::Policies => f.write_str(POLICIES),
             ObjectKey::Pack(id) => sharded(f, Family::Packs, id, "pack"),
             ObjectKey::Manifest(id) => sharded(f, Family::Manifests, id, "manifest"),
             ObjectKey::Profile(id) => sharded(f, Family::Profiles, id, "profile"),
@@ -228,6 +234,7 @@ mod tests {
             (ObjectKey::Config, "config.json".to_string()),
             (ObjectKey::GcLock, "gc/lock".to_string()),
             (ObjectKey::RetiredKeys, "keys/retired.json".to_string()),
+            (ObjectKey::Policies, "policies.json".to_string()),
             (ObjectKey::Damage(id), format!("damage/{}/{h}.json", &h[..2])),
             (ObjectKey::Pack(id), format!("packs/{}/{h}.pack", &h[..2])),
             (ObjectKey::Manifest(id), format!("manifests/{}/{h}.manifest", &h[..2])),

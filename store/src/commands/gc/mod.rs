@@ -17,6 +17,7 @@
 
 mod catalog;
 mod lock;
+pub mod policies;
 pub mod retention;
 mod temps;
 
@@ -38,7 +39,7 @@ use catalog::Catalog;
 use rayon::prelude::*;
 use retention::{Outcome, Policy, Verdict};
 use serde::Serialize;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// What an error that stops gc before its sweep says stopped.
 const STOPPED: &str = "gc stopped before deleting anything";
@@ -531,6 +532,38 @@ fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(Has
     Ok((packs, manifests))
 }
 
+/// The tag records one retention policy decides.
+struct RetentionGroup<'p> {
+    /// The stored policy's pattern; `None`: the command line's rules.
+    pattern: Option<String>,
+    policy: &'p Policy,
+    /// Where the records are in the list of all.
+    members: Vec<usize>,
+    records: Vec<TagRecord>,
+}
+
+/// The records of `recs` each policy decides: those of names a stored policy covers by that
+/// policy, the others by the command line's `given`; groups without records are left out.
+fn retention_groups<'p>(
+    recs: &[TagRecord],
+    stored: &'p policies::Policies,
+    given: &'p Policy,
+) -> Vec<RetentionGroup<'p>> {
+    let mut by_pattern: BTreeMap<Option<&str>, Vec<usize>> = BTreeMap::new();
+    for (i, r) in recs.iter().enumerate() {
+        by_pattern.entry(stored.for_name(&r.name).map(|(p, _)| p)).or_default().push(i);
+    }
+    by_pattern
+        .into_iter()
+        .map(|(pattern, members)| RetentionGroup {
+            pattern: pattern.map(str::to_string),
+            policy: pattern.map_or(given, |p| &stored.policies[p]),
+            records: members.iter().map(|&i| recs[i].clone()).collect(),
+            members,
+        })
+        .collect()
+}
+
 /// Applies retention to every tag (compare-and-swap writes) and returns the records that
 /// remain. A tag another writer changed meanwhile is kept whole, as re-read.
 fn apply_retention(
@@ -557,13 +590,23 @@ fn apply_retention(
         }
     }
     let recs: Vec<TagRecord> = records.iter().map(|(r, _)| r.clone()).collect();
+    let stored = policies::read(store)?;
+    // Each name goes by its stored policy, else by the command line's rules.
+    let groups = retention_groups(&recs, &stored, &opts.policy);
     // Creation times, read as many at once as the mark reads manifests.
-    let dated = opts.policy.dated(&recs);
+    let dated: Vec<&str> =
+        groups.iter().flat_map(|g| g.policy.dated(&g.records)).collect::<BTreeSet<&str>>().into_iter().collect();
     let created =
         in_flight(store, &dated, |hex| ObjectId::from_hex(hex).ok().and_then(|id| catalog.manifest_created(&id)))?;
     let made: HashMap<&str, u64> = dated.iter().zip(created).filter_map(|(hex, t)| Some((*hex, t?))).collect();
-    let (outcomes, verdicts) = opts.policy.decide(&recs, now_unix(), &|hex| made.get(hex).copied());
-    report.retention = verdicts;
+    let mut outcomes = vec![Outcome::Keep; recs.len()];
+    for g in &groups {
+        let (decided, verdicts) = g.policy.decide(&g.records, now_unix(), &|hex| made.get(hex).copied());
+        for (&i, outcome) in g.members.iter().zip(decided) {
+            outcomes[i] = outcome;
+        }
+        report.retention.extend(verdicts.into_iter().map(|v| Verdict { policy: g.pattern.clone(), ..v }));
+    }
     let mut kept = Vec::new();
     for ((rec, version), outcome) in records.into_iter().zip(outcomes) {
         let new = match outcome {

@@ -20,19 +20,27 @@ use crate::error::{Result, StoreError};
 use crate::format::tag::{SetTime, TagRecord};
 use std::collections::BTreeMap;
 
-/// The retention rules (all optional; an image kept by any rule is kept).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The retention rules (all optional; an image kept by any rule is kept). Stored in
+/// `policies.json` without `prefix` (docs/FORMAT.md); an unknown rule there is refused, never
+/// ignored: ignoring a rule could remove what it keeps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Policy {
     /// Keep the newest N images of each tag name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_last: Option<usize>,
     /// Keep the images set within this many seconds of now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_within_secs: Option<u64>,
     /// Keep the newest image of each of the newest N UTC days that have images of the name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_daily: Option<usize>,
     /// Keep the newest image of each of the newest N UTC weeks (Monday to Sunday) that have
     /// images of the name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_weekly: Option<usize>,
     /// Apply the rules only to tag names that start with this; others keep everything.
+    #[serde(skip)]
     pub prefix: Option<String>,
 }
 
@@ -98,6 +106,8 @@ pub struct Verdict {
     pub kept: bool,
     /// Why: the rules that keep it, or why none does.
     pub why: String,
+    /// The stored policy that decided (its pattern); `None`: the command line's rules.
+    pub policy: Option<String>,
 }
 
 /// The UTC date of a Unix time, `YYYY-MM-DD`.
@@ -251,6 +261,7 @@ impl Policy {
                             r.name
                         )
                     },
+                    policy: None,
                 });
             }
         }
