@@ -409,6 +409,28 @@ class Store:
         its current image. Returns the tag record."""
         return json.loads(self._native.pin(tag, pinned))
 
+    def set_policy(
+        self,
+        pattern: str,
+        keep_last: Optional[int] = None,
+        keep_within_s: Optional[int] = None,
+        keep_daily: Optional[int] = None,
+        keep_weekly: Optional[int] = None,
+    ) -> dict:
+        """Stores retention rules for the tag name ``pattern``, or for every name starting with
+        a prefix (``"run-*"``; ``"*"``: every name), that :meth:`gc` (and ``gstore gc``) then
+        applies without being told (``gstore policy set``). Returns every stored policy."""
+        return json.loads(self._native.set_policy(pattern, keep_last, keep_within_s, keep_daily, keep_weekly))
+
+    def policies(self) -> dict:
+        """The stored retention policies: ``{"format": 1, "policies": {pattern: rules}}``."""
+        return json.loads(self._native.policies())
+
+    def remove_policy(self, pattern: str) -> dict:
+        """Removes the stored policy of ``pattern`` (:class:`NotFoundError` if none); returns
+        what remains."""
+        return json.loads(self._native.remove_policy(pattern))
+
     def gc(
         self,
         keep_last: Optional[int] = None,

@@ -326,6 +326,34 @@ impl Store {
         to_json(&report.map_err(py_err)?)
     }
 
+    /// Stores retention rules for a tag name or name prefix (`gstore policy set`); returns
+    /// every stored policy as JSON.
+    #[pyo3(signature = (pattern, keep_last=None, keep_within_s=None, keep_daily=None, keep_weekly=None))]
+    fn set_policy(
+        &self,
+        py: Python<'_>,
+        pattern: &str,
+        keep_last: Option<usize>,
+        keep_within_s: Option<u64>,
+        keep_daily: Option<usize>,
+        keep_weekly: Option<usize>,
+    ) -> PyResult<String> {
+        let rules =
+            gc::retention::Policy { keep_last, keep_within_secs: keep_within_s, keep_daily, keep_weekly, prefix: None };
+        let all = py.detach(|| gc::policies::set(&self.open()?, pattern, rules));
+        to_json(&all.map_err(py_err)?)
+    }
+
+    /// Every stored retention policy as JSON (`gstore policy show`).
+    fn policies(&self, py: Python<'_>) -> PyResult<String> {
+        to_json(&py.detach(|| gc::policies::read(&self.open()?)).map_err(py_err)?)
+    }
+
+    /// Removes the stored policy of `pattern` (`gstore policy rm`); returns what remains as JSON.
+    fn remove_policy(&self, py: Python<'_>, pattern: &str) -> PyResult<String> {
+        to_json(&py.detach(|| gc::policies::remove(&self.open()?, pattern)).map_err(py_err)?)
+    }
+
     /// Removes a tag (`gstore rm`: a name that looks like an image id is refused); its chunks
     /// stay until garbage collection.
     fn rm(&self, py: Python<'_>, image: &str) -> PyResult<()> {

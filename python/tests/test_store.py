@@ -236,3 +236,19 @@ def test_weights_yields_every_tensor_of_a_model_folder_in_file_order(store, tmp_
     expected = {**first, **second}
     for name, tensor in got:
         assert np.array_equal(np.asarray(tensor), expected[name]), name
+
+
+def test_stored_policies_trim_without_flags_and_pins_win(store):
+    for version in ("v1", "v2", "v3"):
+        store.save(weights(20 + int(version[1]), {"w": (16, 16)}), f"ckpt:{version}", progress=False)
+    store.pin("ckpt:v1")
+    assert store.set_policy("ckpt", keep_last=1)["policies"] == {"ckpt": {"keep_last": 1}}
+    with pytest.raises(gstore.InvalidError):
+        store.set_policy("ckpt")  # no rule
+    report = store.gc()
+    assert report["tags_removed"] == ["ckpt:v2"], report
+    kept = {v["tag"]: v["why"] for v in report["retention"] if v["kept"]}
+    assert kept == {"ckpt:v1": "pinned", "ckpt:v3": "one of the newest 1"}, report["retention"]
+    assert store.remove_policy("ckpt")["policies"] == {}
+    with pytest.raises(gstore.NotFoundError):
+        store.remove_policy("ckpt")
