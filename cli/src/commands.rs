@@ -1,18 +1,16 @@
 //! One function per subcommand; each prints a human summary, or JSON with `--json`.
 
-use crate::args::{Cli, Command, CriuArgs, GcArgs, IndexAction, InitArgs, KeyAction, ServeArgs, Sort};
-use crate::failure::{Damaged, Usage};
-use crate::{containers, hold, load};
+use crate::args::{Cli, Command, CriuArgs, IndexAction, Sort};
+use crate::failure::Usage;
+use crate::{containers, hold, load, maintain};
 use anyhow::{Context, Result};
 use clap::CommandFactory;
 use gstore_capture as capture;
 use gstore_progress::Bars;
-use gstore_store::commands::keys;
-use gstore_store::crypto::Secret;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::{
-    commands::gc, commands::images, commands::push, commands::usage, commands::verify, IndexedStore, ObjectId,
-    ObjectKind, Store, StoreConfig, StoreError, StoreLocation, TagRef,
+    commands::images, commands::push, commands::usage, IndexedStore, ObjectId, ObjectKind, Store, StoreError,
+    StoreLocation, TagRef,
 };
 use indicatif::HumanBytes;
 use serde::Serialize;
@@ -30,7 +28,7 @@ pub fn run(cli: Cli) -> Result<()> {
     let out = Output { json: cli.json };
     let bars = Bars::new(!cli.json && !cli.quiet);
     match cli.command {
-        Command::Init(a) => init(&location, a, &out),
+        Command::Init(a) => crate::init::init(&location, a, &out),
         Command::Push { path, tag, meta, exclude, dry_run } => {
             push(&location, &path, &tag, &meta, &Selection::new(&[], &exclude)?, dry_run, &out, &bars)
         }
@@ -85,11 +83,11 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Pin { tags } => pin(&location, &tags, true, &out),
         Command::Unpin { tags } => pin(&location, &tags, false, &out),
         Command::Rm { images } => rm(&location, &images, &out),
-        Command::Gc(a) => run_gc(&location, a, &out, &bars),
-        Command::Verify { read_data } => run_verify(&location, read_data, &out, &bars),
-        Command::Serve(a) => serve(&location, a, &out),
-        Command::Index { action: IndexAction::Rebuild } => index_rebuild(&location, &out, &bars),
-        Command::Key { action } => key(&location, action, &out),
+        Command::Gc(a) => maintain::run_gc(&location, a, &out, &bars),
+        Command::Verify { read_data } => maintain::run_verify(&location, read_data, &out, &bars),
+        Command::Serve(a) => crate::serve::serve(&location, a, &out),
+        Command::Index { action: IndexAction::Rebuild } => maintain::index_rebuild(&location, &out, &bars),
+        Command::Key { action } => crate::init::key(&location, action, &out),
         Command::Policy { action } => crate::policy::run(&location, action, &out),
         Command::Version => out.emit(&version(), || version_text(&version())),
         Command::Completions { shell } => {
@@ -563,130 +561,6 @@ fn man(dir: &std::path::Path, out: &Output) -> Result<()> {
     })
 }
 
-/// `gstore verify`: fails when an image is damaged.
-fn run_verify(location: &StoreLocation, read_data: bool, out: &Output, bars: &Bars) -> Result<()> {
-    let backend = location.backend()?;
-    if !read_data && !Secret::in_env() && Store::read_config(&backend, location)?.encryption.is_some() {
-        // An encrypted store and no key given: what can be checked without one.
-        let r = verify::framing(&backend, bars)?;
-        out.emit(&r, || {
-            let mut s = r.problems.iter().map(|p| format!("DAMAGED  {p}\n")).collect::<String>();
-            s.push_str(&format!(
-                "{} sealed objects and {} key records checked without the key (framing only: give the key for the full check)",
-                r.objects_checked, r.key_records
-            ));
-            s
-        })?;
-        if !r.problems.is_empty() {
-            return Err(Damaged(format!("{} damaged object(s)", r.problems.len())).into());
-        }
-        return Ok(());
-    }
-    let store = open_indexed(location)?;
-    let r = verify::verify(&store, read_data, bars)?;
-    out.emit(&r, || verify_text(&r))?;
-    let damaged = r.damaged();
-    if !damaged.is_empty() {
-        return Err(Damaged(format!("{} damaged image(s): {}", damaged.len(), damaged.join(", "))).into());
-    }
-    Ok(())
-}
-
-/// `gstore serve`: until Ctrl-C or SIGTERM.
-fn serve(location: &StoreLocation, a: ServeArgs, out: &Output) -> Result<()> {
-    let ServeArgs {
-        listen,
-        tokens,
-        insecure,
-        max_body,
-        timeout,
-        header_timeout,
-        max_concurrent,
-        tls_cert,
-        tls_key,
-        cache,
-        cache_bytes,
-        upload_bytes,
-        upload_bytes_per_token,
-    } = a;
-    if let Some(own) = gstore_store::backend::tiers_from_env()?.iter().find(|u| names_listener(u, listen)) {
-        return Err(
-            Usage(format!("GSTORE_TIERS names this server itself ({own}): its reads would come back to it")).into()
-        );
-    }
-    // A server needs no key: it keeps an encrypted store's objects as they come, sealed.
-    let backend = location.backend()?;
-    let config = Store::read_config(&backend, location)?;
-    let tokens_file = tokens;
-    let tokens = match &tokens_file {
-        Some(p) => gstore_server::auth::Tokens::read(p).map_err(Usage)?,
-        None => gstore_server::auth::Tokens::default(),
-    };
-    let tls = tls_cert.zip(tls_key);
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let settings = gstore_server::Settings {
-        addr: listen,
-        tokens,
-        tokens_file,
-        insecure,
-        max_body,
-        timeout: Duration::from_secs(timeout),
-        header_timeout: Duration::from_secs(header_timeout),
-        max_concurrent,
-        tls,
-        chunk_max: config.chunk_max,
-        sealed: config.encryption.is_some(),
-        location: Some(location.clone()),
-        cache: cache.map(|dir| (dir, cache_bytes)),
-        uploads: gstore_server::UploadLimits { total: upload_bytes, per_owner: upload_bytes_per_token },
-    };
-    gstore_server::check_exposure(&settings).map_err(anyhow::Error::msg)?;
-    gstore_server::servable(&backend).map_err(anyhow::Error::msg)?;
-    let listener = gstore_server::bind(&settings).map_err(anyhow::Error::msg)?;
-    // The address bound, not the one asked for: `--listen 127.0.0.1:0` gets a free port.
-    let bound = listener.local_addr()?;
-    let url = format!("{scheme}://{bound}");
-    eprintln!("gstore: serving {} on {url}", backend.description());
-    if out.json {
-        out.emit_line(&serde_json::json!({ "ready": true, "url": url, "listen": bound.to_string() }))?;
-    }
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(gstore_server::serve(backend, settings, listener, shutdown_signal())).map_err(anyhow::Error::msg)
-}
-
-/// Whether tier URL `url` names the address `listen`: the same port, on its IP, on loopback
-/// (when it listens on loopback or every address), or on `localhost`.
-fn names_listener(url: &str, listen: std::net::SocketAddr) -> bool {
-    let host_port = url.split("://").nth(1).unwrap_or(url).split('/').next().unwrap_or("");
-    let Some((host, port)) = host_port.rsplit_once(':') else { return false };
-    let local = listen.ip().is_loopback() || listen.ip().is_unspecified();
-    port.parse() == Ok(listen.port())
-        && (host.trim_matches(['[', ']']) == listen.ip().to_string()
-            || (local && (host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))))
-}
-
-/// `gstore index rebuild`.
-fn index_rebuild(location: &StoreLocation, out: &Output, bars: &Bars) -> Result<()> {
-    // The old index is not opened: a damaged one is replaced, not an obstacle.
-    let (_store, n, damaged) = Store::open(location)?.with_new_index(&|msg| eprintln!("gstore: {msg}"), bars)?;
-    for d in &damaged {
-        eprintln!("gstore: skipped damaged pack: {d}");
-    }
-    out.emit(&serde_json::json!({ "packs_indexed": n, "packs_damaged": damaged.len() }), || {
-        format!("indexed {n} packs ({} damaged skipped)", damaged.len())
-    })
-}
-
-/// Completes on Ctrl-C or SIGTERM; the server then finishes the requests in flight.
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    eprintln!("gstore: shutting down after the requests in flight");
-}
-
 fn criu_choice(a: &CriuArgs) -> capture::CriuChoice<'_> {
     capture::CriuChoice { path: a.criu.as_deref(), extra: a.criu_opts.clone(), shell_job: a.shell_job }
 }
@@ -703,7 +577,8 @@ pub(crate) fn rate(bytes: u64, seconds: f64) -> String {
 
 /// Where results go: human text or JSON on stdout.
 pub(crate) struct Output {
-    json: bool,
+    /// Print JSON instead of the human summary.
+    pub(crate) json: bool,
 }
 
 /// Stdout was closed by its reader (`gstore ls | head -1`): not a failure, nothing to report.
@@ -760,120 +635,6 @@ fn parse_meta(items: &[String]) -> Result<BTreeMap<String, serde_json::Value>> {
         meta.insert(k.to_string(), serde_json::Value::String(v.to_string()));
     }
     Ok(meta)
-}
-
-fn init(location: &StoreLocation, a: InitArgs, out: &Output) -> Result<()> {
-    let config = StoreConfig {
-        chunk_min: a.chunk_min,
-        chunk_avg: a.chunk_avg,
-        chunk_max: a.chunk_max,
-        zstd_level: a.zstd_level,
-        pack_target: a.pack_size,
-        float_codec: !a.no_float_codec,
-        huffman_lanes: !a.zstd_lanes,
-        min_saving: a.min_saving,
-        ..StoreConfig::default()
-    };
-    let key = if a.encrypt {
-        let secret = match Secret::from_env()? {
-            Some(s) => s,
-            None => new_passphrase("GSTORE_PASSPHRASE")?,
-        };
-        Some(Store::init_encrypted(location, &config, &secret)?)
-    } else if Secret::in_env() {
-        return Err(Usage(
-            "GSTORE_KEY_FILE or GSTORE_PASSPHRASE is set, but --encrypt is not given: pass --encrypt for an encrypted store, or unset them for an unencrypted one".into(),
-        )
-        .into());
-    } else {
-        Store::init(location, &config)?;
-        None
-    };
-    // The config as stored, with the first key's id for an encrypted store.
-    let mut report = serde_json::to_value(Store::read_config(&location.backend()?, location)?)?;
-    if let Some(k) = &key {
-        report["key"] = serde_json::json!(k);
-    }
-    out.emit(&report, || {
-        let what = if key.is_some() { "an empty encrypted store" } else { "an empty store" };
-        let mut s = format!("initialized {what} at {}", location.describe());
-        if let Some(k) = &key {
-            s.push_str(&format!(
-                "\nits first key is {k}: keep the key (or passphrase) safe, nothing can open the store without one"
-            ));
-        }
-        s
-    })
-}
-
-/// A new passphrase from the terminal, asked for twice (`env` names the variable that gives
-/// one without asking).
-fn new_passphrase(env: &str) -> Result<Secret> {
-    use std::io::IsTerminal;
-    if !std::io::stdin().is_terminal() {
-        return Err(Usage(format!(
-            "no key given: set GSTORE_KEY_FILE or {env}, or run from a terminal to type a passphrase"
-        ))
-        .into());
-    }
-    let first = Secret::prompt("new passphrase: ")?;
-    let again = Secret::prompt("the same passphrase again: ")?;
-    let same = match (&first, &again) {
-        (Secret::Passphrase(a), Secret::Passphrase(b)) => a == b,
-        (Secret::Key(a), Secret::Key(b)) => a == b,
-        _ => false,
-    };
-    if !same {
-        return Err(Usage("the two passphrases differ".into()).into());
-    }
-    Ok(first)
-}
-
-/// `gstore key ...`.
-fn key(location: &StoreLocation, action: KeyAction, out: &Output) -> Result<()> {
-    match action {
-        KeyAction::Generate { file } => {
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&file)
-                .with_context(|| format!("creating key file {}", file.display()))?;
-            f.write_all(Secret::new_key_file_text().as_bytes()).and_then(|()| f.sync_all())?;
-            out.emit(&serde_json::json!({ "key_file": file }), || {
-                format!("wrote a new key to {}: give it with GSTORE_KEY_FILE", file.display())
-            })
-        }
-        KeyAction::List => {
-            let keys = keys::records(location)?;
-            out.emit(&keys, || {
-                let mut s = format!("{:<16}  {:<10}  {:<20}  LABEL", "ID", "KIND", "ADDED");
-                for k in &keys {
-                    let added =
-                        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(k.created_unix));
-                    let label = k.error.as_deref().unwrap_or(&k.label);
-                    s.push_str(&format!("\n{:<16}  {:<10}  {:<20}  {label}", k.id, k.kind, added.to_string()));
-                }
-                s
-            })
-        }
-        KeyAction::Add { new_key_file } => {
-            let new = match new_key_file {
-                Some(f) => Secret::from_file(&f)?,
-                None => match gstore_store::environment::Keys::read().new_passphrase {
-                    Some(p) => Secret::Passphrase(p.into()),
-                    None => new_passphrase(gstore_store::environment::GSTORE_NEW_PASSPHRASE)?,
-                },
-            };
-            let id = keys::add_key(location, &new)?;
-            out.emit(&serde_json::json!({ "added": id }), || format!("added key {id}"))
-        }
-        KeyAction::Remove { id } => {
-            keys::remove_key(location, &id)?;
-            out.emit(&serde_json::json!({ "removed": id }), || format!("removed key {id}"))
-        }
-    }
 }
 
 fn ls(store: &Store, name: Option<&str>, sort: Sort, latest: bool, out: &Output) -> Result<()> {
@@ -988,111 +749,4 @@ fn du(store: &IndexedStore, out: &Output) -> Result<()> {
         }
         s
     })
-}
-
-fn verify_text(r: &verify::VerifyReport) -> String {
-    let mut s = String::new();
-    for i in &r.images {
-        if i.ok {
-            s.push_str(&format!("ok       {}\n", i.tag));
-        } else {
-            s.push_str(&format!("DAMAGED  {} ({})\n", i.tag, plural(i.problem_count as u64, "problem", "problems")));
-            for p in &i.problems {
-                s.push_str(&format!("         {p}\n"));
-            }
-        }
-    }
-    s.push_str(&format!(
-        "{}, {} checked",
-        plural(r.images.len() as u64, "image", "images"),
-        plural(r.packs_checked as u64, "pack", "packs")
-    ));
-    if r.read_data {
-        s.push_str(&format!(", {} chunks read ({})", r.chunks_read, HumanBytes(r.bytes_read)));
-    }
-    if r.damaged_copies_recorded > 0 {
-        s.push_str(&format!(
-            "\nrecorded {} in the store: push the images' files again (or copy them from a good store) to store good copies; gc then drops the damaged ones",
-            plural(r.damaged_copies_recorded as u64, "damaged chunk copy", "damaged chunk copies")
-        ));
-    }
-    if let Some(why) = &r.damage_not_recorded {
-        s.push_str(&format!("\nthe damage found could not be recorded in the store ({why})"));
-    }
-    s
-}
-
-fn run_gc(location: &StoreLocation, a: GcArgs, out: &Output, bars: &Bars) -> Result<()> {
-    let store = Store::open(location)?;
-    let opts = gc::GcOptions {
-        policy: a.rules.policy(a.prefix),
-        dry_run: a.dry_run,
-        repack_below: a.repack_below,
-        break_lock: a.break_lock,
-    };
-    let r = gc::gc(&store, &opts, bars)?;
-    out.emit(&r, || gc_text(&r))
-}
-
-fn gc_text(r: &gc::GcReport) -> String {
-    let would = if r.dry_run { "would be " } else { "" };
-    let mut s = String::new();
-    // A dry run says why each image of the names the rules cover is kept or not.
-    for v in r.retention.iter().filter(|_| r.dry_run) {
-        let (what, image) = (if v.current { "" } else { " (history)" }, &v.manifest[..12.min(v.manifest.len())]);
-        let verb = if v.kept { "kept" } else { "would be dropped" };
-        let by = v.policy.as_deref().map(|p| format!(" (policy {p})")).unwrap_or_default();
-        s += &format!("{} {image}{what}: {verb}{by}: {}\n", v.tag, v.why);
-    }
-    for t in &r.tags_removed {
-        s += &format!("tag {t} {would}removed by retention\n");
-    }
-    for t in &r.tags_changed_meanwhile {
-        s += &format!("tag {t} changed during gc: left for the next run\n");
-    }
-    for l in &r.leases_dropped {
-        s += &format!("lease of a dead process {would}dropped: {l}\n");
-    }
-    for p in &r.damaged_packs {
-        s += &format!("pack {p} is damaged and was left alone: run gstore verify\n");
-    }
-    for m in &r.missing_manifests {
-        s += &format!("manifest {m} named by a tag is missing: run gstore verify\n");
-    }
-    for m in &r.refused_manifests {
-        s += &format!("manifest {m}; its chunks were kept: run gstore verify\n");
-    }
-    if r.temp_files_swept > 0 {
-        s += &format!(
-            "{} temporary files of killed writers {would}removed ({})\n",
-            r.temp_files_swept,
-            HumanBytes(r.temp_bytes_swept)
-        );
-    }
-    s += &format!(
-        "{} kept, {}; {} {would}dropped\n\
-         {} ({}): {} {would}deleted ({} reclaimed), {} {would}tombstoned ({} to reclaim next pass), \
-         {} {would}rewritten ({} {}), {} revived\n\
-         manifests: {} {would}deleted, {} {would}tombstoned, {} revived\n\
-         {} requests in {:.2} s",
-        plural(r.images_kept as u64, "image", "images"),
-        plural(r.leases_live as u64, "running push", "running pushes"),
-        plural(r.history_dropped, "history entry", "history entries"),
-        plural(r.packs as u64, "pack", "packs"),
-        HumanBytes(r.pack_bytes),
-        r.packs_deleted,
-        HumanBytes(r.bytes_reclaimed),
-        r.packs_tombstoned,
-        HumanBytes(r.bytes_tombstoned),
-        r.packs_repacked,
-        HumanBytes(r.bytes_repacked),
-        if r.dry_run { "to write" } else { "written" },
-        r.packs_revived,
-        r.manifests_deleted,
-        r.manifests_tombstoned,
-        r.manifests_revived,
-        r.requests,
-        r.seconds
-    );
-    s
 }

@@ -5,8 +5,11 @@ mod commands;
 mod containers;
 mod failure;
 mod hold;
+mod init;
 mod load;
+mod maintain;
 mod policy;
+mod serve;
 mod units;
 
 use clap::Parser;
