@@ -14,6 +14,8 @@
 //! a gc tombstone or is gone; chunks it relied on in such packs are read again from the
 //! source and uploaded anew. The lease goes away after the tag is written.
 
+mod packs;
+mod read;
 pub(crate) mod source;
 pub mod stream;
 
@@ -28,18 +30,18 @@ use crate::format::key::ObjectKey;
 use crate::format::lease::{self, Lease};
 use crate::format::manifest::{ChunkRef, Entry, EntryKind, Manifest};
 use crate::format::now_unix;
-use crate::format::pack::{FinishedPack, PackBuilder};
+use crate::format::pack::PackBuilder;
 use crate::format::tag::{TagRecord, TagRef};
-use crate::memory::KEPT;
 use crate::progress::Progress;
 use crate::repo::indexed::IndexedStore;
 use crate::repo::store::Store;
+pub(crate) use packs::write_pack;
+use packs::{join_writers, pack_writer, PackQueue};
+use read::{open_files, read_ahead, Content, Reader};
 use serde::Serialize;
 use source::{SourceEntry, Unit};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 
 /// Input bytes processed in parallel before the ordered append step: at least this much, and
@@ -259,58 +261,6 @@ enum Input<'a> {
     Stream(stream::StreamSource),
 }
 
-/// The bytes of one file being pushed.
-enum Content<'a> {
-    /// A file on disk, read at offsets.
-    File(std::fs::File),
-    /// Pieces of memory, one after another.
-    Pieces {
-        /// The pieces.
-        parts: &'a [&'a [u8]],
-        /// Where each piece starts in the file.
-        starts: Vec<u64>,
-    },
-}
-
-impl Content<'_> {
-    /// Fills `buf` from `offset`; a file that is shorter now than when it was scanned has
-    /// shrunk while it was being pushed.
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64, entry: &SourceEntry) -> Result<()> {
-        match self {
-            Content::File(f) => f.read_exact_at(buf, offset).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    StoreError::Conflict(format!(
-                        "{} shrank while it was being pushed: push it again once it is still",
-                        entry.abs.display()
-                    ))
-                } else {
-                    StoreError::io("reading", &entry.abs, e)
-                }
-            }),
-            Content::Pieces { parts, starts } => {
-                let size = starts.last().zip(parts.last()).map_or(0, |(s, p)| s + p.len() as u64);
-                if offset.checked_add(buf.len() as u64).is_none_or(|end| end > size) {
-                    return Err(StoreError::Internal(format!("read past the end of {}", entry.rel)));
-                }
-                let mut at = offset;
-                let mut filled = 0;
-                let mut i = starts.partition_point(|&s| s <= at).saturating_sub(1);
-                while filled < buf.len() {
-                    let from = (at - starts[i]) as usize;
-                    let n = parts[i].len().saturating_sub(from).min(buf.len() - filled);
-                    if n > 0 {
-                        buf[filled..filled + n].copy_from_slice(&parts[i][from..from + n]);
-                    }
-                    filled += n;
-                    at += n as u64;
-                    i += 1;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
 fn push_entries(
     store: &IndexedStore,
     input: Input<'_>,
@@ -411,30 +361,6 @@ fn batches_of<'a>(
     }
 }
 
-/// What a pack writer returns: the packs it wrote and the seconds it was busy.
-type Written = Result<(Vec<ObjectId>, f64)>;
-
-/// Waits for the pack writers: the packs they wrote, or the first error; their busy seconds
-/// go into `report`.
-fn join_writers(
-    handles: Vec<std::thread::ScopedJoinHandle<'_, Written>>,
-    report: &mut PushReport,
-) -> Result<Vec<ObjectId>> {
-    let mut written: Result<Vec<ObjectId>> = Ok(Vec::new());
-    for h in handles {
-        let r = h.join().expect("pack writer thread does not panic");
-        written = match (written, r) {
-            (Ok(mut a), Ok((b, busy))) => {
-                a.extend(b);
-                report.stages.write_s += busy;
-                Ok(a)
-            }
-            (Err(e), _) | (_, Err(e)) => Err(e),
-        };
-    }
-    written
-}
-
 /// A stream's files in path order, with `file_chunks` (in arrival order) put in the same
 /// order; the metadata the stream ended with goes into `meta`.
 fn streamed_in_order(
@@ -450,40 +376,6 @@ fn streamed_in_order(
     let mut arrived = std::mem::take(file_chunks);
     *file_chunks = order.iter().map(|&i| std::mem::take(&mut arrived[i])).collect();
     order.iter().map(|&i| entries[i].clone()).collect()
-}
-
-/// A pack writer: takes built packs from `rx`, names them and (unless a dry run, without a
-/// `lease`) stores them; returns the packs it wrote and the seconds it was busy. A failed
-/// write sets `failed`, so the producer stops, and drains the queue before it returns.
-fn pack_writer(
-    store: &IndexedStore,
-    rx: &std::sync::Mutex<mpsc::Receiver<PackBuilder>>,
-    lease: Option<&Lease>,
-    failed: &AtomicBool,
-) -> Written {
-    let mut written = Vec::new();
-    let mut busy = 0.0;
-    loop {
-        // The guard is released before the upload: other writers take the next pack.
-        let next = rx.lock().expect("pack queue lock").recv();
-        let Ok(builder) = next else { return Ok((written, busy)) };
-        let t = std::time::Instant::now();
-        // Naming the pack hashes all of it: done here, on the writers, not on the thread that
-        // appends chunks in order.
-        let p = builder.finish();
-        written.push(p.id);
-        // A dry run counts its packs and drops them.
-        let Some(lease) = lease else { continue };
-        let stored = write_pack(store, lease, p);
-        busy += t.elapsed().as_secs_f64();
-        if let Err(e) = stored {
-            // Stop the producer, and take what it already queued so it never waits on a queue
-            // nobody empties.
-            failed.store(true, Ordering::SeqCst);
-            while rx.lock().expect("pack queue lock").recv().is_ok() {}
-            return Err(e);
-        }
-    }
 }
 
 /// The manifest of a push of `entries`, whose chunks are `file_chunks` (one list per entry),
@@ -565,35 +457,6 @@ struct Work<'a> {
     /// Rely on a chunk found in another pack only once that pack is vetted (named in the lease
     /// and found without a tombstone), for pushes that cannot read their input again.
     vet_found: bool,
-}
-
-fn open_files(entries: &[SourceEntry]) -> Result<Vec<Option<Content<'static>>>> {
-    entries
-        .iter()
-        .map(|e| match e.kind {
-            EntryKind::File => std::fs::File::open(&e.abs)
-                .map(|f| Some(Content::File(f)))
-                .map_err(|err| StoreError::io("opening", &e.abs, err)),
-            _ => Ok(None),
-        })
-        .collect()
-}
-
-/// Full packs on their way to the writer threads.
-struct PackQueue<'a> {
-    tx: mpsc::SyncSender<PackBuilder>,
-    /// Set by a writer that failed: the push stops producing packs.
-    writer_failed: &'a AtomicBool,
-}
-
-impl PackQueue<'_> {
-    fn send(&self, p: PackBuilder) -> Result<()> {
-        let gone = || StoreError::Internal("pack writer stopped".into());
-        if self.writer_failed.load(Ordering::SeqCst) {
-            return Err(gone());
-        }
-        self.tx.send(p).map_err(|_| gone())
-    }
 }
 
 /// What the ordered append step fills in.
@@ -819,90 +682,6 @@ thread_local! {
     static WORKER: std::cell::RefCell<Option<Worker>> = const { std::cell::RefCell::new(None) };
 }
 
-/// The files a push reads units from.
-struct Reader<'a> {
-    entries: &'a [SourceEntry],
-    contents: &'a [Option<Content<'a>>],
-}
-
-impl Reader<'_> {
-    /// Fills `buf` with the bytes at `offset` of entry `file`.
-    fn read(&self, file: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let content = self.contents[file].as_ref().ok_or_else(|| StoreError::Internal("a read of no file".into()))?;
-        content.read_exact_at(buf, offset, &self.entries[file])
-    }
-
-    /// Whether the page cache holds `u`'s bytes, as far as its first, middle and last byte
-    /// tell without waiting for the disk (memory always does).
-    fn cached(&self, u: &Unit) -> bool {
-        let Some(Content::File(f)) = &self.contents[u.file] else { return true };
-        [u.offset, u.offset + u.len / 2, u.offset + u.len.saturating_sub(1)].into_iter().all(|at| {
-            let mut byte = 0u8;
-            let iov = libc::iovec { iov_base: (&raw mut byte).cast(), iov_len: 1 };
-            // SAFETY: one iovec over `byte`, which lives across the call.
-            let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, at as libc::off_t, libc::RWF_NOWAIT) };
-            // A filesystem that cannot tell (tmpfs before Linux 6.6) keeps files in memory.
-            n == 1 || (n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP))
-        })
-    }
-}
-
-/// `batches` with the units whose bytes the page cache lacks read one batch ahead of the
-/// caller: while the cores chunk, hash and compress a batch, those of the next are read on
-/// threads of `scope`, so that reads waiting for the disk leave no core idle (on two cores, a
-/// push of 1 GiB of page images from a cold cache: 2.6 s read by the workers, 2.1 s read
-/// ahead). Units the cache holds are left to the workers: copying them ahead too, on more
-/// threads than cores, made warm pushes on 16 cores 7 % slower. Units that carry their bytes
-/// (streamed pieces) pass as they are. Dropping the returned iterator stops the reads.
-fn read_ahead<'scope, 'a: 'scope>(
-    scope: &'scope std::thread::Scope<'scope, '_>,
-    batches: Batches<'a>,
-    reader: Option<&'a Reader<'a>>,
-) -> mpsc::IntoIter<Result<Vec<Unit>>> {
-    let (tx, rx) = mpsc::sync_channel(0);
-    scope.spawn(move || {
-        for batch in batches {
-            let batch = match reader {
-                Some(reader) => batch.and_then(|mut units| read_units(&mut units, reader).map(|()| units)),
-                None => batch,
-            };
-            if tx.send(batch).is_err() {
-                return;
-            }
-        }
-    });
-    rx.into_iter()
-}
-
-/// Threads reading a batch ahead, whatever the core count: a push of files from a cold page
-/// cache is as fast as the disk reads them, and one thread's reads (the kernel's read-ahead,
-/// 128 KiB at a time) were a fraction of what the disk gives several at once (a two-core VM:
-/// one `dd` 540 MB/s, four side by side 2.0 GB/s).
-const READERS: usize = 4;
-
-/// Reads the units of `units` that lack their bytes and are not in the page cache into kept
-/// buffers, on [`READERS`] threads (each reads a run of consecutive units).
-fn read_units(units: &mut [Unit], reader: &Reader<'_>) -> Result<()> {
-    let per_reader = units.len().div_ceil(READERS).max(1);
-    let read_run = |run: &mut [Unit]| -> Result<()> {
-        for u in run.iter_mut().filter(|u| u.data.is_none() && !reader.cached(u)) {
-            u.data = Some(KEPT.read(u.len as usize, |buf| reader.read(u.file, u.offset, buf))?);
-        }
-        Ok(())
-    };
-    std::thread::scope(|s| {
-        let mut runs = units.chunks_mut(per_reader);
-        let first = runs.next();
-        let others: Vec<_> = runs.map(|run| s.spawn(move || read_run(run))).collect();
-        let mut result = first.map_or(Ok(()), read_run);
-        for h in others {
-            let r = h.join().expect("a push's reader does not panic");
-            result = result.and(r);
-        }
-        result
-    })
-}
-
 fn process_unit(work: &Work<'_>, u: &Unit) -> Result<Vec<Cut>> {
     let deltas = work.deltas;
     let store = deltas.store;
@@ -1005,12 +784,6 @@ pub(crate) fn store_manifest(store: &Store, lease: &Lease, manifest: &mut Manife
     }
 }
 
-/// Stores a pack this push wrote, naming it in the lease first (docs/GC.md, push step 2).
-pub(crate) fn write_pack(store: &IndexedStore, lease: &Lease, p: FinishedPack) -> Result<()> {
-    lease.protect(&[p.id], &[])?;
-    store.put_pack(p)
-}
-
 /// Names the packs this push deduplicated against in its lease, then uploads again every
 /// chunk it relied on in a pack that gc has tombstoned or deleted meanwhile (docs/GC.md, push
 /// step 4). Returns how many chunks were uploaded again.
@@ -1067,127 +840,4 @@ fn reupload_unreliable(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::Backend;
-    use crate::repo::location::StoreLocation;
-
-    #[test]
-    fn a_manifest_id_with_a_tombstone_is_not_reused() {
-        let dir = tempfile::tempdir().unwrap();
-        let b = Backend::memory();
-        let loc = StoreLocation::Custom { description: "memory".into(), dir: dir.path().to_path_buf() };
-        Store::init_backend(&b, &loc, &crate::StoreConfig::default()).unwrap();
-        let store = Store::open_backend(b.clone(), &loc).unwrap();
-        let mut m = Manifest { created_unix: 100, meta: BTreeMap::new(), entries: Vec::new(), chunks: Vec::new() };
-        let first = ObjectId::of(&m.encode());
-        // gc tombstoned an identical manifest: the push must take another id.
-        b.put(&ObjectKey::Manifest(first).tombstone(), b"{}".to_vec()).unwrap();
-        let lease = Lease::take(&b, "push t").unwrap();
-        let id = store_manifest(&store, &lease, &mut m).unwrap();
-        assert_ne!(id, first);
-        assert_eq!(store.get_manifest(&id).unwrap(), m);
-        assert_eq!((m.created_unix, ObjectId::of(&m.encode())), (101, id));
-        let rec: crate::format::lease::LeaseRecord =
-            crate::format::lease::LeaseRecord::from_json(&b.get(lease.key()).unwrap(), &lease.key().to_string())
-                .unwrap();
-        assert!(rec.manifest_ids().any(|m| m == id), "the new id is leased");
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn pieces_read_as_their_concatenation(
-            parts in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..40), 0..8),
-            at in 0usize..400,
-            len in 0usize..100,
-        ) {
-            let whole: Vec<u8> = parts.concat();
-            let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
-            let mut starts = Vec::new();
-            let mut size = 0u64;
-            for p in &slices {
-                starts.push(size);
-                size += p.len() as u64;
-            }
-            let content = Content::Pieces { parts: &slices, starts };
-            let entry = SourceEntry::in_memory("f", size);
-            let mut buf = vec![0u8; len];
-            let r = content.read_exact_at(&mut buf, at as u64, &entry);
-            if at + len <= whole.len() {
-                proptest::prop_assert!(r.is_ok());
-                proptest::prop_assert_eq!(&buf[..], &whole[at..at + len]);
-            } else {
-                proptest::prop_assert!(r.is_err());
-            }
-        }
-    }
-
-    #[test]
-    fn a_file_the_page_cache_lacks_is_read_ahead_into_the_same_image() {
-        let dir = tempfile::tempdir().unwrap();
-        // More than one batch of units (16 MiB segments, batches of at least 64 MiB).
-        let data: Vec<u8> = (0..70u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        let file = dir.path().join("pages-1.img");
-        std::fs::write(&file, &data).unwrap();
-        let silent = crate::progress::Silent;
-        let pushed = |name: &str| {
-            let loc = StoreLocation::Local(dir.path().join(name));
-            Store::init(&loc, &crate::StoreConfig::default()).unwrap();
-            let store = Store::open_indexed(&loc, &|_| {}).unwrap();
-            let r = push(&store, &file, &TagRef::parse("m:x").unwrap(), BTreeMap::new(), &silent).unwrap();
-            store.get_manifest(&r.manifest).unwrap().chunks
-        };
-        let from_cache = pushed("cached");
-        // Out of the page cache, as after a reboot: every unit is read ahead.
-        let f = std::fs::File::open(&file).unwrap();
-        f.sync_all().unwrap();
-        // SAFETY: advice on an open descriptor.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        let entries = source::scan(&file).unwrap();
-        let contents = open_files(&entries).unwrap();
-        let reader = Reader { entries: &entries, contents: &contents };
-        let units = plan_units(&entries, &crate::StoreConfig::default());
-        assert!(units.len() > 4 && units.iter().all(|u| !reader.cached(u)), "the file left the page cache");
-        assert_eq!(pushed("uncached"), from_cache, "read ahead, the file is cut into the same chunks");
-        assert_eq!(from_cache.iter().map(|c| c.len as usize).sum::<usize>(), data.len());
-    }
-
-    #[test]
-    fn a_file_that_shrank_before_it_was_read_ahead_fails_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("pages-1.img");
-        std::fs::write(&file, vec![7u8; 20 << 20]).unwrap();
-        let entries = source::scan(&file).unwrap();
-        let contents = open_files(&entries).unwrap();
-        let mut units = plan_units(&entries, &crate::StoreConfig::default());
-        std::fs::File::options().write(true).open(&file).unwrap().set_len(1 << 20).unwrap();
-        let reader = Reader { entries: &entries, contents: &contents };
-        let e = read_units(&mut units, &reader).unwrap_err();
-        assert!(e.to_string().contains("pages-1.img shrank while it was being pushed"), "{e}");
-    }
-
-    #[test]
-    fn pieces_push_as_the_file_they_make_up() {
-        let dir = tempfile::tempdir().unwrap();
-        let loc = StoreLocation::Local(dir.path().join("store"));
-        Store::init(&loc, &crate::StoreConfig::default()).unwrap();
-        let store = Store::open_indexed(&loc, &|_| {}).unwrap();
-        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        let file = dir.path().join("model.bin");
-        std::fs::write(&file, &data).unwrap();
-        let silent = crate::progress::Silent;
-        let a = push(&store, &file, &TagRef::parse("m:file").unwrap(), BTreeMap::new(), &silent).unwrap();
-        let pieces = vec![&data[..10], &data[10..10], &data[10..1_234_567], &data[1_234_567..]];
-        let files = vec![("model.bin".to_string(), pieces)];
-        let b = push_pieces(&store, &files, &TagRef::parse("m:pieces").unwrap(), BTreeMap::new(), &silent).unwrap();
-        assert_eq!((b.new_chunks, b.logical_bytes, b.entries), (0, data.len() as u64, 1), "every chunk deduplicated");
-        let chunks = |r: &PushReport| store.get_manifest(&r.manifest).unwrap().chunks;
-        assert_eq!(chunks(&a), chunks(&b));
-        let bad = vec![("../x".to_string(), vec![&data[..1]])];
-        let e = push_pieces(&store, &bad, &TagRef::parse("m:bad").unwrap(), BTreeMap::new(), &silent).unwrap_err();
-        assert!(e.to_string().contains("../x"), "{e}");
-        let twice = vec![("a".to_string(), vec![&data[..1]]), ("a".to_string(), vec![&data[..1]])];
-        let e = push_pieces(&store, &twice, &TagRef::parse("m:twice").unwrap(), BTreeMap::new(), &silent).unwrap_err();
-        assert!(e.to_string().contains("given twice"), "{e}");
-    }
-}
+mod tests;
