@@ -186,7 +186,6 @@ pub async fn serve(
     served.map_err(|e| format!("serving {}: {e}", s.addr))
 }
 
-/// Closes connections that take longer than `timeout` to send a request head.
 /// Installs the SIGHUP handler of a running server: with a token file, each SIGHUP reads it
 /// again into `tokens` (a file that does not read keeps the tokens in force, and says why on
 /// stderr); without one, a SIGHUP is said to change nothing. Either way SIGHUP no longer ends
@@ -208,6 +207,7 @@ fn reload_tokens_on_hangup(tokens: Arc<auth::LiveTokens>, file: Option<std::path
     Ok(())
 }
 
+/// Closes connections that take longer than `timeout` to send a request head.
 fn limit_header_reads<A>(server: &mut axum_server::Server<SocketAddr, A>, timeout: Duration) {
     server.http_builder().http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
 }

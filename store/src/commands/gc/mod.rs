@@ -599,9 +599,9 @@ fn apply_retention(
     let created =
         in_flight(store, &dated, |hex| ObjectId::from_hex(hex).ok().and_then(|id| catalog.manifest_created(&id)))?;
     let made: HashMap<&str, u64> = dated.iter().zip(created).filter_map(|(hex, t)| Some((*hex, t?))).collect();
-    let mut outcomes = vec![Outcome::Keep; recs.len()];
+    let (now, mut outcomes) = (now_unix(), vec![Outcome::Keep; recs.len()]);
     for g in &groups {
-        let (decided, verdicts) = g.policy.decide(&g.records, now_unix(), &|hex| made.get(hex).copied());
+        let (decided, verdicts) = g.policy.decide(&g.records, now, &|hex| made.get(hex).copied());
         for (&i, outcome) in g.members.iter().zip(decided) {
             outcomes[i] = outcome;
         }

@@ -32,6 +32,11 @@ impl Policies {
         Ok(p)
     }
 
+    /// The policies `policies.json` holds (`None`: the store has none yet).
+    fn from_stored(bytes: Option<&[u8]>) -> Result<Policies> {
+        bytes.map_or_else(|| Ok(Policies { format: 1, policies: BTreeMap::new() }), Policies::from_json)
+    }
+
     /// The policy for tag name `name`, with its pattern: its own name's, else the longest
     /// prefix pattern it starts with.
     pub fn for_name(&self, name: &str) -> Option<(&str, &Policy)> {
@@ -60,10 +65,7 @@ fn check_pattern(pattern: &str) -> Result<()> {
 
 /// The stored policies (none when the store has no `policies.json`).
 pub fn read(store: &Store) -> Result<Policies> {
-    match store.backend().get_opt(&ObjectKey::Policies)? {
-        Some(bytes) => Policies::from_json(&bytes[..]),
-        None => Ok(Policies { format: 1, policies: BTreeMap::new() }),
-    }
+    Policies::from_stored(store.backend().get_opt(&ObjectKey::Policies)?.as_deref())
 }
 
 /// Stores `policy` for `pattern`, replacing the one it had; returns every policy as stored.
@@ -96,10 +98,7 @@ pub fn remove(store: &Store, pattern: &str) -> Result<Policies> {
 fn change(store: &Store, mut edit: impl FnMut(&mut Policies) -> Result<()>) -> Result<Policies> {
     let mut written = None;
     store.backend().update(&ObjectKey::Policies, |current| {
-        let mut all = match current {
-            Some(bytes) => Policies::from_json(bytes)?,
-            None => Policies { format: 1, policies: BTreeMap::new() },
-        };
+        let mut all = Policies::from_stored(current.map(|b| &b[..]))?;
         edit(&mut all)?;
         let bytes = serde_json::to_vec_pretty(&all).expect("policies serialize");
         written = Some(all);
