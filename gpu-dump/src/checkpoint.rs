@@ -378,12 +378,20 @@ pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
 }
 
 /// The processes among `cuda_users` (those of the tree under `root` that map libcuda) whose
-/// GPU state the driver manages: `root` itself when it maps libcuda, and every other that has
-/// a CUDA restore thread. A process forked from a CUDA process maps libcuda without a context
-/// of its own (a data loader worker), and a short-lived one may be gone already: the driver
-/// knows no restore thread for either, so they are left to CRIU, as its CUDA plugin does.
+/// GPU state the driver manages: those it knows a CUDA restore thread of. A process that maps
+/// libcuda without a context of its own (a parent that imported torch but left the GPUs to its
+/// ranks, a data loader worker forked from a CUDA process) and a short-lived one that is gone
+/// already are left to CRIU, as its CUDA plugin does. `root` is kept when the driver fails to
+/// answer for another reason, so that the lock says why.
 pub fn gpu_processes(cuda: &CudaDriver, root: u32, cuda_users: &[u32]) -> Vec<u32> {
-    cuda_users.iter().copied().filter(|&p| p == root || cuda.restore_thread_id(p).is_ok()).collect()
+    cuda_users
+        .iter()
+        .copied()
+        .filter(|&p| match cuda.restore_thread_id(p) {
+            Ok(_) => true,
+            Err(e) => p == root && !e.is_no_context(),
+        })
+        .collect()
 }
 
 /// Runs `step` for every pid of `pids` at once (one thread each beyond the first); the first
@@ -417,7 +425,12 @@ pub fn resume_all(cuda: &CudaDriver, pids: &[u32], pairs: &[GpuPair]) -> Result<
 /// the seconds spent restoring and unlocking (`None` when that step was not needed).
 fn resume(cuda: &CudaDriver, pid: u32, pairs: &[GpuPair]) -> Result<(Option<f64>, Option<f64>)> {
     let mut restore_s = None;
-    match cuda.state(pid)? {
+    let state = match cuda.state(pid) {
+        // No context: the driver holds nothing of it to bring back.
+        Err(e) if e.is_no_context() => return Ok((None, None)),
+        state => state?,
+    };
+    match state {
         ProcessState::Running => return Ok((None, None)),
         ProcessState::Checkpointed => {
             let start = Instant::now();

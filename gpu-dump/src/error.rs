@@ -339,6 +339,13 @@ impl GpuDumpError {
         matches!(self, GpuDumpError::CriuFailed { cause: CriuCause::PidTaken, .. })
     }
 
+    /// Whether the driver said the target process holds no CUDA context
+    /// (`CUDA_ERROR_NOT_INITIALIZED` from a checkpoint call about it): a process that maps
+    /// libcuda without ever initialising CUDA, whose memory CRIU alone can take.
+    pub fn is_no_context(&self) -> bool {
+        matches!(self, GpuDumpError::Cuda { code: 3, call, .. } if call.starts_with("cuCheckpointProcess"))
+    }
+
     /// An [`GpuDumpError::Io`] with context.
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         GpuDumpError::Io { context: context.into(), source }

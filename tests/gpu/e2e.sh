@@ -18,6 +18,9 @@
 #   tree    holder.py with one worker process: two processes with HOLDER_GIB of VRAM each
 #           (on GPU 0 and GPU 1 when there are two), both checkpointed and restored; each
 #           one's answer must be its own checksum at start.
+#   cputree tree with HOLDER_CPU_PARENT=1: the parent maps libcuda but holds no CUDA context
+#           (as torchrun's parent does); only its worker is a GPU process, and the checkpoint
+#           must say so (gpu_pids = the worker).
 # Each workload is checkpointed with the raw path (driver API via ctypes + criu dump/restore
 # to a plain directory), then with gstore (--leave-running, then a full checkpoint), killed,
 # `gstore restore --run` (lazy, the default), killed and restored lazily again (following the
@@ -97,6 +100,7 @@ start() {  # start NAME SCRIPT ARGS... -> sets PID, DIR
   PID=$!
   wait_file "$DIR/ready" || { say "FAIL  $DIR did not start"; cat "$DIR.log" | tee -a "$OUTFILE"; exit 1; }
   TREE=$(tree_pids "$DIR"); [ -n "$TREE" ] || TREE=$PID
+  GTREE=$TREE  # the processes holding GPU state
 }
 checksum_ok() {  # checksum_ok DIR: ask each holder of the tree to recompute its checksum (SIGUSR1)
   local d; for d in $(procs "$1"); do
@@ -128,16 +132,16 @@ raw() {
   local name=$1 dir=$2 img="$W/raw-$1" t0 t1 t2 t3 t4 t5 t6 gpu
   mkdir -p "$img" "$img-live"
   # The app-resumed baseline: suspend, dump --leave-running, resume.
-  t0=$(now); python3 "$HERE/raw_cr.py" suspend $TREE >/dev/null || return 1
+  t0=$(now); python3 "$HERE/raw_cr.py" suspend $GTREE >/dev/null || return 1
   "$W/criu" dump -t "$PID" -D "$img-live" -o dump.log --leave-running || { tail -5 "$img-live/dump.log"; return 1; }
-  python3 "$HERE/raw_cr.py" resume $TREE >/dev/null || return 1
+  python3 "$HERE/raw_cr.py" resume $GTREE >/dev/null || return 1
   t1=$(now); RAW_LIVE_S=$(dt "$t0" "$t1"); rm -rf "$img-live"
-  t0=$(now); python3 "$HERE/raw_cr.py" suspend $TREE >/dev/null || return 1
+  t0=$(now); python3 "$HERE/raw_cr.py" suspend $GTREE >/dev/null || return 1
   t1=$(now); "$W/criu" dump -t "$PID" -D "$img" -o dump.log || { tail -5 "$img/dump.log"; return 1; }
   t2=$(now); wait "$PID" 2>/dev/null; wait_tree_gone
   ask "$dir"
   t3=$(now); "$W/criu" restore -D "$img" --restore-detached -o restore.log || { tail -5 "$img/restore.log"; return 1; }
-  t4=$(now); gpu=$(python3 "$HERE/raw_cr.py" resume $TREE ${RAW_PAIRS:+--pairs "$RAW_PAIRS"}) || return 1
+  t4=$(now); gpu=$(python3 "$HERE/raw_cr.py" resume $GTREE ${RAW_PAIRS:+--pairs "$RAW_PAIRS"}) || return 1
   t5=$(now); wait_answer "$dir"
   t6=$(now)
   RAW_CKPT="$(dt "$t0" "$t1") + $(dt "$t1" "$t2")"; RAW_CKPT_S=$(dt "$t0" "$t2")
@@ -302,14 +306,15 @@ for c in $CASES; do
     kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
     continue
   fi
-  if [ "$c" = holder ] || [ "$c" = tree ]; then
+  if [ "$c" = holder ] || [ "$c" = tree ] || [ "$c" = cputree ]; then
     # GPU memory must come back intact (tree: in both processes).
-    start "$c" "$HERE/holder.py" "$GIB" "$W/$c" "$([ "$c" = tree ] && echo 1 || echo 0)"
-    say "$c: GPU processes $TREE"
+    HOLDER_CPU_PARENT=$([ "$c" = cputree ] && echo 1) start "$c" "$HERE/holder.py" "$GIB" "$W/$c" "$([ "$c" = holder ] && echo 0 || echo 1)"
+    [ "$c" = cputree ] && GTREE=$(echo "$TREE" | tr ' ' '\n' | grep -vx "$PID" | tr '\n' ' ' | sed 's/ $//')
+    say "$c: GPU processes $GTREE (of $TREE)"
     raw "$c" "$W/$c" || { say "FAIL  raw path on $c"; fails=$((fails+1)); }
     check "$c: tensors intact after the raw path (answer = checksum at start)" "answer_ok $W/$c"
     gstore_paths "$c" "$W/$c" || { say "FAIL  gstore path on $c"; fails=$((fails+1)); }
-    check "$c: the checkpoint names every GPU process ($TREE)" "[ \"\$(js $W/$c-full.json \"' '.join(map(str, d['capture']['gpu_pids']))\")\" = '$TREE' ]"
+    check "$c: the checkpoint names every GPU process and no other ($GTREE)" "[ \"\$(js $W/$c-full.json \"' '.join(map(str, d['capture']['gpu_pids']))\")\" = '$GTREE' ]"
     check "$c: tensors intact after gstore restore --run (SIGUSR1 checksum)" "checksum_ok $W/$c"
     table_row "$c"
     kill_tree

@@ -13,6 +13,9 @@ the recomputed checksum in OUTDIR/answer, which must equal OUTDIR/expect (the ch
 start): a request file made before a restore starts is answered as soon as the restored
 process runs.
 HOLDER_MARK_GIB=G puts G GiB more on the first GPU alone.
+HOLDER_CPU_PARENT=1 (with WORKERS > 0) keeps the parent off the GPUs, as torchrun's or vLLM's
+parent is: it maps libcuda (as importing torch does) but never initialises CUDA, and holds its
+tensors in host memory; only the workers hold GPU state.
 It keeps no file open, so CRIU sees no file change between dump and restore."""
 import os
 import signal
@@ -36,22 +39,31 @@ def put(name, text):
 
 
 put("pid", str(os.getpid()))
+cpu_parent = workers > 0 and os.environ.pop("HOLDER_CPU_PARENT", "") == "1"
 children = [
     subprocess.Popen([sys.executable, __file__, str(gib), os.path.join(out, f"w{k}"), "0", str(k)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for k in range(1, workers + 1)
 ]
-gpus = torch.cuda.device_count()
+if cpu_parent:
+    import ctypes
+
+    ctypes.CDLL("libcuda.so.1")  # mapped, never cuInit: no context
+    gpus, gib = 1, min(gib, 0.25)
+    device = lambda i: "cpu"  # noqa: E731
+else:
+    gpus = torch.cuda.device_count()
+    device = lambda i: f"cuda:{(first_gpu + i) % gpus}"  # noqa: E731
 torch.manual_seed(1234 + first_gpu)
 n = 8
 per = int(gib * 2**30 / 4 / n)
-tensors = [torch.randn(per, device=f"cuda:{(first_gpu + i) % gpus}") for i in range(n)]
+tensors = [torch.randn(per, device=device(i)) for i in range(n)]
 # HOLDER_MARK_GIB: that much more on the first GPU alone, so the GPUs' memory use tells which
 # GPU holds which part (the swap case checks that a restore moved it).
 mark_gib = float(os.environ.get("HOLDER_MARK_GIB", "0"))
 if mark_gib > 0:
-    tensors.append(torch.randn(int(mark_gib * 2**30 / 4), device=f"cuda:{first_gpu % gpus}"))
-work = torch.randn(1024, 1024, device=f"cuda:{first_gpu % gpus}")
+    tensors.append(torch.randn(int(mark_gib * 2**30 / 4), device=device(0)))
+work = torch.randn(1024, 1024, device=device(0))
 
 
 def checksum():
@@ -75,7 +87,8 @@ put("ready", start_sum)
 step = 0
 while True:
     work = torch.tanh(work @ work * 1e-3)
-    torch.cuda.synchronize()
+    if not cpu_parent:
+        torch.cuda.synchronize()
     step += 1
     put("counter", str(step))
     if asked:

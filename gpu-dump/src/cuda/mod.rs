@@ -275,6 +275,7 @@ impl CudaDriver {
 
     /// The checkpoint state of process `pid`.
     pub fn state(&self, pid: u32) -> Result<ProcessState> {
+        self.init()?;
         let mut raw: c_int = 0;
         // SAFETY: a valid out-pointer to an int (CUprocessState is a C enum, int-sized).
         let code = unsafe { (self.api.get_state)(pid as c_int, &mut raw) };
@@ -330,6 +331,7 @@ impl CudaDriver {
 
     /// The thread id of `pid`'s CUDA restore thread.
     pub fn restore_thread_id(&self, pid: u32) -> Result<u32> {
+        self.init()?;
         let mut tid: c_int = 0;
         // SAFETY: a valid out-pointer to an int.
         let code = unsafe { (self.api.get_restore_thread_id)(pid as c_int, &mut tid) };
@@ -402,7 +404,7 @@ fn hint_for(code: CuResult) -> &'static str {
     match code {
         1 => "; check that the pid is a live process that has initialised CUDA",
         2 => "; not enough free GPU memory to bring the process back",
-        3 => "; the driver is not initialised in this controller process",
+        3 => "; the process holds no CUDA context (it maps libcuda but never initialised CUDA): the driver keeps no GPU state of it",
         100 => "; this machine has no CUDA device the driver can use (check CUDA_VISIBLE_DEVICES and nvidia-smi)",
         304 => "; an OS call inside the driver failed; a process whose GPU restore failed before cannot be recovered and must be killed",
         401 => "; the process is not in the state this step needs; if it was just starting CUDA, retry",
