@@ -1,5 +1,6 @@
 //! A running process checkpointed into the store, with rollback.
 
+use crate::cooperate;
 use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
 use crate::streamer::{self, Ended, Gate};
@@ -33,8 +34,12 @@ pub struct CheckpointReport {
     pub capture: CaptureReport,
     /// The push into the store.
     pub push: push::PushReport,
-    /// Seconds from the lock until the process ran again (only when it was left running).
+    /// Seconds from the lock until the process ran again (only when it was left running;
+    /// with weights left out, from the release until they were back).
     pub paused_s: Option<f64>,
+    /// The weights left out of the image ([`crate::cooperate`]), when processes of the tree
+    /// registered theirs.
+    pub weights: Option<WeightsReport>,
     /// Seconds in all.
     pub total_s: f64,
 }
@@ -67,10 +72,41 @@ pub fn checkpoint(
     opts.lock_timeout_ms = lock_timeout_ms;
     opts.extra_criu_args = criu.extra.clone();
     opts.cuda = cuda.as_ref();
-    match staging_at {
-        Some(dir) => staged(store, pid, tag, opts, Staged::new(Some(dir), "checkpoint")?, started, progress),
+    let regs = cooperate::find(pid);
+    opts.metadata = cooperate::metadata(&regs);
+    let release_s = if regs.is_empty() { 0.0 } else { cooperate::release(&regs)? };
+    let r = match staging_at {
+        Some(dir) => Staged::new(Some(dir), "checkpoint")
+            .and_then(|staging| staged(store, pid, tag, opts, staging, started, progress)),
         None => streamed(store, pid, tag, opts, started, progress),
+    };
+    if regs.is_empty() {
+        return r;
     }
+    // Every process that runs on (left running, rolled back, or restored from a staged image
+    // after a failed push) gets its weights back before this returns.
+    let refilled = cooperate::refill(&regs);
+    let mut report = r?;
+    let refill_s = refilled?;
+    let bytes = regs.iter().map(|r| r.bytes).sum();
+    let refill_s = leave_running.then_some(refill_s);
+    report.paused_s = report.paused_s.map(|p| p + release_s + refill_s.unwrap_or(0.0));
+    report.weights = Some(WeightsReport { processes: regs.len(), bytes, release_s, refill_s });
+    Ok(report)
+}
+
+/// The weights a checkpoint left out of the image.
+#[derive(Serialize)]
+pub struct WeightsReport {
+    /// Processes that released theirs.
+    pub processes: usize,
+    /// Bytes of GPU memory left out.
+    pub bytes: u64,
+    /// Seconds until every process had released them.
+    pub release_s: f64,
+    /// Seconds until every process left running had them back (`None`: it was not left
+    /// running).
+    pub refill_s: Option<f64>,
 }
 
 /// Seconds from the lock until the process ran again, for a process left running.
@@ -101,7 +137,8 @@ fn staged(
         Ok(push) => {
             staged.remove_if_made();
             let paused_s = paused_s(&capture);
-            return Ok(CheckpointReport { capture, push, paused_s, total_s: started.elapsed().as_secs_f64() });
+            let total_s = started.elapsed().as_secs_f64();
+            return Ok(CheckpointReport { capture, push, paused_s, weights: None, total_s });
         }
         Err(e) => e,
     };
@@ -240,7 +277,7 @@ fn streamed_via(
     match (pushed, received, captured) {
         (Ok(push), Ok(()), Ok(capture)) => {
             let paused_s = paused_s(&capture);
-            Ok(CheckpointReport { capture, push, paused_s, total_s: started.elapsed().as_secs_f64() })
+            Ok(CheckpointReport { capture, push, paused_s, weights: None, total_s: started.elapsed().as_secs_f64() })
         }
         (Err(source), _, _) if !matches!(source, StoreError::StreamStopped) => {
             Err(CaptureError::PushFailed { pid, after, source })

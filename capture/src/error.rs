@@ -97,6 +97,40 @@ pub enum CaptureError {
         source: Box<CaptureError>,
     },
 
+    /// A process that keeps its weights out of its image did not do as asked
+    /// ([`crate::cooperate`]).
+    #[error("pid {pid} did not {step} its weights: {detail}")]
+    Cooperation {
+        /// The process (0: not known).
+        pid: u32,
+        /// "release", "refill", "ask" or "read".
+        step: &'static str,
+        /// Why.
+        detail: String,
+    },
+
+    /// A process could not refill its weights from the store (it ended itself rather than
+    /// run without them).
+    #[error("pid {pid} could not refill its weights from the store, and ended: {source}")]
+    Refill {
+        /// The process.
+        pid: u32,
+        /// What the store said.
+        source: StoreError,
+    },
+
+    /// The model image a process of the image refills its weights from cannot be read;
+    /// nothing was started.
+    #[error("pid {pid}'s weights come from {image}, which cannot be read (nothing was started): {source}")]
+    WeightsGone {
+        /// The process of the image.
+        pid: u32,
+        /// The model image, named and by id.
+        image: String,
+        /// What the store said.
+        source: StoreError,
+    },
+
     /// The lazy-pages daemon failed.
     #[error(transparent)]
     Lazy(#[from] LazyError),
@@ -106,7 +140,10 @@ impl CaptureError {
     /// The store's error behind this one, if the store failed (through any wrapping).
     pub fn store_error(&self) -> Option<&StoreError> {
         match self {
-            CaptureError::Store(e) | CaptureError::PushFailed { source: e, .. } => Some(e),
+            CaptureError::Store(e)
+            | CaptureError::PushFailed { source: e, .. }
+            | CaptureError::Refill { source: e, .. }
+            | CaptureError::WeightsGone { source: e, .. } => Some(e),
             CaptureError::Lazy(e) => e.store_error(),
             CaptureError::Streaming { source, .. }
             | CaptureError::WriteOut { source, .. }

@@ -1,6 +1,7 @@
 //! A process image restored from the store and started.
 
 use crate::checkpoint::CriuChoice;
+use crate::cooperate;
 use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
 use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_KIND, META_PID};
@@ -29,6 +30,9 @@ pub struct RunReport {
     pub fill: Option<gstore_lazy::FillReport>,
     /// What became of the restore profile (lazy mode only): followed, recorded, or why not.
     pub profile: Option<String>,
+    /// Seconds from the GPU state's return until every process whose weights the image left
+    /// out had refilled them from the store (`None`: it left none out).
+    pub weights_refill_s: Option<f64>,
     /// Seconds in all.
     pub total_s: f64,
 }
@@ -68,6 +72,8 @@ pub fn run(
         CaptureError::NotAProcess { reference: reference.to_string(), detail }
     })?;
     let criu_bin = Criu::find(criu.path)?;
+    let weights = cooperate::recorded(&m.meta)?;
+    check_weights(store, &weights)?;
     let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
     let staged = Staged::new(keep_at, "restore")?;
     let dir = staged.path();
@@ -110,12 +116,18 @@ pub fn run(
     ropts.pid_wait = opts.pid_wait;
     ropts.shell_job = criu.shell_job;
     ropts.extra_criu_args = criu.extra;
+    if let Err(e) = cooperate::ask_refill_on_restore(&weights) {
+        staged.remove_if_made();
+        return Err(e);
+    }
+    let refilled = || (!weights.is_empty()).then(|| cooperate::wait_refilled(&weights)).transpose();
     match prepared {
         Some(Ok(prepared)) => {
             ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
             let r = retrying_pid_races(|| run_lazy(store, &id, dir, &prepared, &ropts));
             staged.remove_if_made();
             let (restore, fill, profile) = r.map_err(restoring)?;
+            let weights_refill_s = refilled().map_err(restoring)?;
             return Ok(RunReport {
                 pid: restore.pid,
                 mode: "lazy",
@@ -124,6 +136,7 @@ pub fn run(
                 restore,
                 fill: Some(fill),
                 profile: Some(profile),
+                weights_refill_s,
                 total_s: started.elapsed().as_secs_f64(),
             });
         }
@@ -147,6 +160,7 @@ pub fn run(
     let restored = retrying_pid_races(|| Ok(checkpoint::restore(dir, &ropts)?));
     staged.remove_if_made();
     let restore = restored.map_err(restoring)?;
+    let weights_refill_s = refilled().map_err(restoring)?;
     Ok(RunReport {
         pid: restore.pid,
         mode: "eager",
@@ -155,8 +169,22 @@ pub fn run(
         restore,
         fill: None,
         profile: None,
+        weights_refill_s,
         total_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Refuses, before anything runs, an image whose left-out weights cannot come back: the
+/// model image each process refills from must be in the store, whole.
+fn check_weights(store: &IndexedStore, weights: &[cooperate::Registration]) -> Result<()> {
+    for r in weights {
+        store.get_manifest(&r.image_id()?).map_err(|e| CaptureError::WeightsGone {
+            pid: r.pid,
+            image: format!("{} ({})", r.tag, r.image),
+            source: e,
+        })?;
+    }
+    Ok(())
 }
 
 /// How often a restore is tried when CRIU loses a pid the image needs to another process.

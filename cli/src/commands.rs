@@ -173,6 +173,9 @@ fn restore_run(
             if let Some(p) = &r.profile {
                 text.push_str(&format!("; {p}"));
             }
+            if let Some(s) = r.weights_refill_s {
+                text.push_str(&format!("\nweights: refilled from the store by the process, done {s:.2} s after its GPU state was back"));
+            }
             if let Some(why) = &r.eager_reason {
                 text.push_str(&format!("\nrestored eagerly: {why}"));
             }
@@ -207,8 +210,12 @@ fn checkpoint(
             } else {
                 String::new()
             };
+            let weights = r.weights.as_ref().map_or_else(String::new, |w| {
+                let back = w.refill_s.map(|s| format!(", refilled in {s:.2} s")).unwrap_or_default();
+                format!("\nweights: {} left out of the image (from {} process(es)), released in {:.2} s{back}", HumanBytes(w.bytes), w.processes, w.release_s)
+            });
             format!(
-                "checkpointed pid {pid} ({}{others}) as {} ({}, {} new)\nphases: GPU lock {}, GPU checkpoint {}, criu dump {:.2} s, GPU resume {}, store {:.2} s, total {:.2} s{}\nmanifest {}",
+                "checkpointed pid {pid} ({}{others}) as {} ({}, {} new)\nphases: GPU lock {}, GPU checkpoint {}, criu dump {:.2} s, GPU resume {}, store {:.2} s, total {:.2} s{}{weights}\nmanifest {}",
                 r.capture.image_kind,
                 r.push.tag,
                 HumanBytes(r.push.logical_bytes),

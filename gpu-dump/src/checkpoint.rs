@@ -96,6 +96,8 @@ pub struct CheckpointOptions<'a> {
     pub criu: &'a Criu,
     /// The CUDA driver, if one could be loaded; required for processes that use CUDA.
     pub cuda: Option<&'a CudaDriver>,
+    /// More metadata for the image, from the caller ([`CaptureReport::extra`]).
+    pub metadata: BTreeMap<String, Value>,
 }
 
 impl<'a> CheckpointOptions<'a> {
@@ -111,6 +113,7 @@ impl<'a> CheckpointOptions<'a> {
             dump_starts: None,
             criu,
             cuda: None,
+            metadata: BTreeMap::new(),
         }
     }
 }
@@ -150,13 +153,16 @@ pub struct CaptureReport {
     pub gpus: Vec<GpuInfo>,
     /// Phase timings.
     pub timings: CaptureTimings,
+    /// Metadata the caller added ([`CheckpointOptions::metadata`]), recorded beside the rest.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, Value>,
 }
 
 impl CaptureReport {
     /// The metadata to record in the image manifest (keys are the `META_*` constants);
     /// [`crate::compat::ImageMeta::from_metadata`] reads it back.
     pub fn metadata(&self) -> BTreeMap<String, Value> {
-        let mut meta = BTreeMap::new();
+        let mut meta = self.extra.clone();
         meta.insert(META_KIND.to_string(), Value::from(self.image_kind.as_str()));
         meta.insert(META_PID.to_string(), Value::from(self.pid));
         meta.insert(META_LEAVE_RUNNING.to_string(), Value::from(self.leave_running));
@@ -214,6 +220,7 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
         cuda_driver_version: None,
         gpus: Vec::new(),
         timings: CaptureTimings::default(),
+        extra: opts.metadata.clone(),
     };
     let gpu = match gpu {
         Some(cuda) => {
@@ -482,6 +489,7 @@ mod tests {
                 Vec::new()
             },
             timings: CaptureTimings { criu_dump_s: 0.5, ..CaptureTimings::default() },
+            extra: BTreeMap::new(),
         }
     }
 

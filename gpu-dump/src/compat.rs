@@ -236,6 +236,7 @@ mod tests {
             cuda_driver_version: Some("13.0".into()),
             gpus: vec![h200(0), h200(1)],
             timings: CaptureTimings::default(),
+            extra: Default::default(),
         };
         assert_eq!(ImageMeta::from_metadata(&report.metadata()).expect("parse"), gpu_image());
         let mut meta = report.metadata();

@@ -15,8 +15,24 @@ pub const CHUNK_REF_LEN: usize = 37;
 /// Flag bit: the chunk is all zero bytes and is not stored in any pack.
 pub const FLAG_ZERO: u8 = 1;
 
+/// Metadata key: the manifest ids (hex) of the images this image needs to be restored (a
+/// process image whose weights are left out names the model image they come from); gc keeps
+/// them, their chunks included, for as long as it keeps this image.
+pub const META_USES: &str = "uses";
+
 /// [`Manifest::pieces`] starts each piece at a multiple of this many bytes of its file.
 const PIECE_ALIGN: u64 = 4096;
+
+/// What a manifest keeps alive ([`Manifest::references`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct References {
+    /// Its chunk references.
+    pub chunks: Vec<ChunkRef>,
+    /// The images it needs ([`META_USES`]).
+    pub uses: Vec<ObjectId>,
+    /// Why readers refuse it, if they do.
+    pub refused: Option<String>,
+}
 
 /// One chunk of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,13 +240,21 @@ impl Manifest {
         Ok(m)
     }
 
-    /// The chunks a manifest references, from bytes that match `id` and whose layout parses,
+    /// What a manifest references, from bytes that match `id` and whose layout parses,
     /// whether or not its entries would pass [`Manifest::decode`]'s checks: what gc keeps for
-    /// a manifest no reader accepts (docs/GC.md). The error says why no reader accepts it.
-    pub fn references(bytes: &[u8], id: &ObjectId) -> Result<(Vec<ChunkRef>, Option<String>)> {
+    /// a manifest no reader accepts (docs/GC.md). [`References::refused`] says why no reader
+    /// accepts it.
+    pub fn references(bytes: &[u8], id: &ObjectId) -> Result<References> {
         let m = Self::decode_unchecked(bytes, id)?;
         let refused = m.check().err();
-        Ok((m.chunks, refused))
+        let uses = m.uses();
+        Ok(References { chunks: m.chunks, uses, refused })
+    }
+
+    /// The images this one needs ([`META_USES`]); ids that do not parse are left out.
+    pub fn uses(&self) -> Vec<ObjectId> {
+        let listed = self.meta.get(META_USES).and_then(|v| v.as_array());
+        listed.into_iter().flatten().filter_map(|v| ObjectId::from_hex(v.as_str()?).ok()).collect()
     }
 
     /// Refuses, before anything is stored or tagged, a manifest that readers would refuse
@@ -460,9 +484,10 @@ mod tests {
         assert!(err.to_string().contains("lies below \"link\""), "{err}");
         let bytes = m.encode();
         let id = ObjectId::of(&bytes);
-        let (chunks, refused) = Manifest::references(&bytes, &id).unwrap();
-        assert_eq!(chunks, m.chunks);
-        assert!(refused.unwrap().contains("lies below"));
+        let refs = Manifest::references(&bytes, &id).unwrap();
+        assert_eq!(refs.chunks, m.chunks);
+        assert!(refs.uses.is_empty());
+        assert!(refs.refused.unwrap().contains("lies below"));
         assert!(sample().validate().is_ok());
         assert!(Manifest::references(&bytes, &ObjectId::of(b"other")).is_err());
     }

@@ -5,7 +5,7 @@
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::ObjectKey;
-use crate::format::manifest::{ChunkRef, Manifest};
+use crate::format::manifest::{Manifest, References};
 use crate::format::pack::{self, PackEntry, TRAILER_LEN};
 use crate::repo::store::Store;
 use crate::ObjectKind;
@@ -62,9 +62,9 @@ impl<'a> Catalog<'a> {
         Ok(entries)
     }
 
-    /// The chunks a manifest references, checked against its id, from the cache or the store,
-    /// and why readers refuse it if they do ([`Manifest::references`]).
-    pub fn manifest_references(&self, id: &ObjectId) -> Result<(Vec<ChunkRef>, Option<String>)> {
+    /// What a manifest references, checked against its id, from the cache or the store
+    /// ([`Manifest::references`]).
+    pub fn manifest_references(&self, id: &ObjectId) -> Result<References> {
         self.manifest_read(id, |bytes| Manifest::references(bytes, id))
     }
 

@@ -203,10 +203,11 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
         }
     }
     report.images_kept = tagged.len();
-    let roots: BTreeSet<ObjectId> = tagged.iter().chain(&leased_manifests).copied().collect();
+    let mut roots: BTreeSet<ObjectId> = tagged.iter().chain(&leased_manifests).copied().collect();
 
-    // 5. Mark, then read the packs and settle each live chunk's home.
-    let mut live = mark(store, &catalog, &roots, &tagged, progress, &mut report)?;
+    // 5. Mark (the images the roots use join them), then read the packs and settle each live
+    // chunk's home.
+    let mut live = mark(store, &catalog, &mut roots, &tagged, progress, &mut report)?;
     let listed = b.list(Family::Packs.prefix())?;
     let (damaged, damage_records) = damage::read_all(b)?;
     let mut packs = read_packs(store, &catalog, &listed, &tombstones, &leased_packs, progress, &mut report)?;
@@ -258,43 +259,61 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
     Ok(report)
 }
 
-/// The non-zero chunks of every root manifest. A tagged manifest that is missing is
+/// The non-zero chunks of every root manifest and of the images they use ([`crate::META_USES`],
+/// followed to the end), which join `roots`. A tagged or used manifest that is missing is
 /// reported; a leased one may not be written yet. One whose entries readers refuse is
 /// reported and its chunks kept; one that does not match its id or parse stops gc.
 fn mark(
     store: &Store,
     catalog: &Catalog,
-    roots: &BTreeSet<ObjectId>,
+    roots: &mut BTreeSet<ObjectId>,
     tagged: &BTreeSet<ObjectId>,
     progress: &dyn Progress,
     report: &mut GcReport,
 ) -> Result<HashSet<ObjectId>> {
     progress.start("gc: reading manifests", roots.len() as u64, Unit::Items);
-    let roots: Vec<ObjectId> = roots.iter().copied().collect();
     // Chunks go into the set as each manifest arrives, so manifests are not all held at once.
     let live = std::sync::Mutex::new(HashSet::new());
-    let reads = in_flight(store, &roots, |id| {
-        let read = catalog.manifest_references(id).map(|(chunks, refused)| {
-            live.lock().expect("live set lock").extend(chunks.iter().filter(|c| !c.zero).map(|c| c.id));
-            refused
-        });
-        progress.advance(1);
-        read
-    })?;
-    progress.finish();
-    for (id, read) in roots.iter().zip(reads) {
-        match read {
-            Ok(None) => {}
-            // Its chunks are kept; what readers refuse in it is reported, never a reason to stop.
-            Ok(Some(why)) => report.refused_manifests.push(format!("{}: {why}", id.to_hex())),
-            // A leased manifest may not be written yet: its push is still running.
-            Err(StoreError::NotFound { .. }) if !tagged.contains(id) => {}
-            Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
-            Err(e) => {
-                return Err(e.stopped(STOPPED, format!("manifest {} cannot be read: run gstore verify", id.to_hex())))
+    let mut wave: Vec<ObjectId> = roots.iter().copied().collect();
+    let mut used = BTreeSet::new();
+    while !wave.is_empty() {
+        let reads = in_flight(store, &wave, |id| {
+            let read = catalog.manifest_references(id).map(|refs| {
+                live.lock().expect("live set lock").extend(refs.chunks.iter().filter(|c| !c.zero).map(|c| c.id));
+                (refs.refused, refs.uses)
+            });
+            progress.advance(1);
+            read
+        })?;
+        let mut next = Vec::new();
+        for (id, read) in wave.iter().zip(reads) {
+            match read {
+                Ok((refused, uses)) => {
+                    // Its chunks are kept; what readers refuse in it is reported, never a
+                    // reason to stop.
+                    if let Some(why) = refused {
+                        report.refused_manifests.push(format!("{}: {why}", id.to_hex()));
+                    }
+                    for u in uses {
+                        if roots.insert(u) {
+                            used.insert(u);
+                            next.push(u);
+                        }
+                    }
+                }
+                // A leased manifest may not be written yet: its push is still running.
+                Err(StoreError::NotFound { .. }) if !tagged.contains(id) && !used.contains(id) => {}
+                Err(StoreError::NotFound { .. }) => report.missing_manifests.push(id.to_hex()),
+                Err(e) => {
+                    return Err(
+                        e.stopped(STOPPED, format!("manifest {} cannot be read: run gstore verify", id.to_hex()))
+                    )
+                }
             }
         }
+        wave = next;
     }
+    progress.finish();
     Ok(live.into_inner().expect("live set lock"))
 }
 

@@ -1,0 +1,266 @@
+//! Processes that keep their weights out of their images (Python `gstore.serving`): asked to
+//! release them before a checkpoint and to refill them from the store after it, or after a
+//! restore. The protocol (docs/ARCHITECTURE.md, "Weights out of the image"):
+//!
+//! - the process registers in `$GSTORE_COOP_DIR/PID/` (default `/dev/shm/gstore-coop`):
+//!   `weights.json`, a [`Registration`];
+//! - the controller writes `ctl` (`{"action": "release" | "refill", "controller": PID}`),
+//!   and for a release sends the registered signal;
+//! - the process answers in `state`: `released`, `refilled`, or `failed KIND: WHY` (KIND
+//!   `release`, `corrupt`, `not-found` or `failed`); a refill that fails ends the process.
+//!
+//! A process whose controller is gone refills by itself, so no crash of `gstore` leaves a
+//! process without its weights.
+
+use crate::error::{CaptureError, Result};
+use gstore_gpu_dump::procfs;
+use gstore_store::{ObjectId, ObjectKind, StoreError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Image metadata key: the [`Registration`]s of the processes whose weights the image leaves
+/// out, a list.
+pub const META_RELEASED_WEIGHTS: &str = "released_weights";
+
+/// How long a process gets to release its weights (wait for its GPUs, free the memory).
+const RELEASE_WAIT: Duration = Duration::from_secs(120);
+/// How long a refill may take before the controller gives up on the process (the weights
+/// may come from a bucket over a slow link).
+const REFILL_WAIT: Duration = Duration::from_secs(1800);
+/// How often the controller looks at `state`.
+const POLL: Duration = Duration::from_millis(1);
+
+/// The directory processes register in: `GSTORE_COOP_DIR`, else `/dev/shm/gstore-coop`.
+pub fn coop_dir() -> PathBuf {
+    std::env::var_os("GSTORE_COOP_DIR").map_or_else(|| PathBuf::from("/dev/shm/gstore-coop"), PathBuf::from)
+}
+
+/// What a process registered: whose weights, from which image, and how to ask it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Registration {
+    /// The process.
+    pub pid: u32,
+    /// The signal that asks it to release.
+    pub signal: i32,
+    /// The store its weights come from, as it names it (`None`: the default store).
+    pub store: Option<String>,
+    /// The model image's manifest id (hex).
+    pub image: String,
+    /// The model image as named when registered.
+    pub tag: String,
+    /// Tensors left out.
+    pub tensors: u64,
+    /// Bytes of GPU memory left out.
+    pub bytes: u64,
+}
+
+impl Registration {
+    /// The model image's manifest id.
+    pub fn image_id(&self) -> Result<ObjectId> {
+        ObjectId::from_hex(&self.image).map_err(|_| {
+            CaptureError::Cooperation { pid: self.pid, step: "read", detail: format!("bad image id {:?}", self.image) }
+        })
+    }
+
+    fn dir(&self) -> PathBuf {
+        coop_dir().join(self.pid.to_string())
+    }
+
+    fn put(&self, name: &str, text: &str) -> Result<()> {
+        let dir = self.dir();
+        let io = |e: std::io::Error| CaptureError::Cooperation {
+            pid: self.pid,
+            step: "ask",
+            detail: format!("writing {}: {e}", dir.join(name).display()),
+        };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let tmp = dir.join(format!(".{name}.controller"));
+        std::fs::write(&tmp, text).map_err(io)?;
+        std::fs::rename(&tmp, dir.join(name)).map_err(io)
+    }
+
+    fn state(&self) -> Option<String> {
+        std::fs::read_to_string(self.dir().join("state")).ok()
+    }
+
+    /// Writes `ctl` asking for `action`, the old answer removed first.
+    fn ask(&self, action: &str) -> Result<()> {
+        let _ = std::fs::remove_file(self.dir().join("state"));
+        let ctl = serde_json::json!({"action": action, "controller": std::process::id()});
+        self.put("ctl", &ctl.to_string())
+    }
+
+    /// Waits until `state` says `done`, the process fails or ends, or `limit` passes.
+    fn wait(&self, step: &'static str, done: &str, limit: Duration) -> Result<f64> {
+        let start = Instant::now();
+        loop {
+            match self.state() {
+                Some(s) if s == done => return Ok(start.elapsed().as_secs_f64()),
+                Some(s) if s.starts_with("failed") => return Err(self.failed(step, &s)),
+                _ => {}
+            }
+            let why = if !procfs::is_alive(self.pid) {
+                "the process ended"
+            } else if start.elapsed() > limit {
+                "it did not answer in time"
+            } else {
+                std::thread::sleep(POLL);
+                continue;
+            };
+            let detail = format!("{why} ({}s)", limit.as_secs());
+            return Err(CaptureError::Cooperation { pid: self.pid, step, detail });
+        }
+    }
+
+    /// The error for a `failed KIND: WHY` answer: the store's kind when the store said.
+    fn failed(&self, step: &'static str, state: &str) -> CaptureError {
+        let rest = state.trim_start_matches("failed").trim_start();
+        let (kind, why) = rest.split_once(": ").unwrap_or(("failed", rest));
+        let key = format!("{} ({})", self.tag, self.image);
+        let source = match kind {
+            "corrupt" => StoreError::corrupt(ObjectKind::Chunk, key, why.to_string()),
+            "not-found" => StoreError::NotFound { what: ObjectKind::Manifest, key: format!("{key}: {why}") },
+            _ => return CaptureError::Cooperation { pid: self.pid, step, detail: why.to_string() },
+        };
+        CaptureError::Refill { pid: self.pid, source }
+    }
+}
+
+/// The registered processes of the tree under `root` (those whose registration is for them).
+pub fn find(root: u32) -> Vec<Registration> {
+    procfs::descendants(&[root])
+        .into_iter()
+        .filter_map(|pid| {
+            let text = std::fs::read_to_string(coop_dir().join(pid.to_string()).join("weights.json")).ok()?;
+            serde_json::from_str::<Registration>(&text).ok().filter(|r| r.pid == pid)
+        })
+        .collect()
+}
+
+/// Asks every process of `regs` to release its weights and waits for all; returns the
+/// longest wait. A failure asks those that released to refill (nothing is checkpointed
+/// then), and says which process failed and why.
+pub fn release(regs: &[Registration]) -> Result<f64> {
+    let start = Instant::now();
+    let mut asked = Vec::new();
+    let released = regs.iter().try_for_each(|r| {
+        r.ask("release")?;
+        asked.push(r);
+        // SAFETY: kill(2) with a pid and a signal number, no memory involved.
+        if unsafe { libc::kill(r.pid as libc::pid_t, r.signal) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(CaptureError::Cooperation { pid: r.pid, step: "release", detail: format!("signal: {e}") });
+        }
+        Ok(())
+    });
+    let released = released.and_then(|()| regs.iter().try_for_each(|r| r.wait("release", "released", RELEASE_WAIT).map(drop)));
+    match released {
+        Ok(()) => Ok(start.elapsed().as_secs_f64()),
+        Err(e) => {
+            // Those that did release (or do so late) take their weights back.
+            for r in asked {
+                let _ = r.ask("refill");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Asks every live process of `regs` to refill its weights and waits for all; returns the
+/// seconds that took. The first failure is the result (each process that fails ends).
+pub fn refill(regs: &[Registration]) -> Result<f64> {
+    let start = Instant::now();
+    let live: Vec<&Registration> = regs.iter().filter(|r| procfs::is_alive(r.pid)).collect();
+    for r in &live {
+        r.ask("refill")?;
+    }
+    for r in &live {
+        r.wait("refill", "refilled", REFILL_WAIT)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// The metadata a checkpoint of `regs` records: [`META_RELEASED_WEIGHTS`], and the model
+/// images under [`gstore_store::META_USES`] so that gc keeps them while the image lives.
+pub fn metadata(regs: &[Registration]) -> std::collections::BTreeMap<String, Value> {
+    let mut meta = std::collections::BTreeMap::new();
+    if !regs.is_empty() {
+        meta.insert(META_RELEASED_WEIGHTS.to_string(), serde_json::json!(regs));
+        let mut uses: Vec<&str> = regs.iter().map(|r| r.image.as_str()).collect();
+        uses.sort_unstable();
+        uses.dedup();
+        meta.insert(gstore_store::META_USES.to_string(), serde_json::json!(uses));
+    }
+    meta
+}
+
+/// The registrations an image's metadata records (empty when it left no weights out).
+pub fn recorded(meta: &std::collections::BTreeMap<String, Value>) -> Result<Vec<Registration>> {
+    match meta.get(META_RELEASED_WEIGHTS) {
+        None => Ok(Vec::new()),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| CaptureError::Cooperation {
+            pid: 0,
+            step: "read",
+            detail: format!("the image's {META_RELEASED_WEIGHTS} cannot be read: {e}"),
+        }),
+    }
+}
+
+/// Before a restore: each process of `regs` will find a refill asked for as soon as it runs
+/// (its registration written again, for a machine that never saw it).
+pub fn ask_refill_on_restore(regs: &[Registration]) -> Result<()> {
+    for r in regs {
+        r.put("weights.json", &serde_json::to_string(r).expect("a registration serializes"))?;
+        r.ask("refill")?;
+    }
+    Ok(())
+}
+
+/// After a restore: waits for every process of `regs` to refill; returns the seconds.
+pub fn wait_refilled(regs: &[Registration]) -> Result<f64> {
+    let start = Instant::now();
+    for r in regs {
+        r.wait("refill", "refilled", REFILL_WAIT)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(pid: u32) -> Registration {
+        Registration {
+            pid,
+            signal: libc::SIGUSR2,
+            store: Some("/data/store".into()),
+            image: "ab".repeat(32),
+            tag: "qwen:v1".into(),
+            tensors: 3,
+            bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn metadata_records_the_registrations_and_the_images_gc_must_keep() {
+        let meta = metadata(&[reg(7), reg(9)]);
+        assert_eq!(recorded(&meta).expect("read back"), vec![reg(7), reg(9)]);
+        assert_eq!(meta[gstore_store::META_USES], serde_json::json!(["ab".repeat(32)]));
+        assert!(metadata(&[]).is_empty());
+        assert!(recorded(&metadata(&[])).expect("none").is_empty());
+    }
+
+    #[test]
+    fn a_failed_answer_keeps_the_stores_kind() {
+        let r = reg(7);
+        let e = r.failed("refill", "failed corrupt: CorruptError: chunk 12 does not match its id");
+        assert!(matches!(e, CaptureError::Refill { source: StoreError::Corrupt { .. }, .. }), "{e}");
+        assert!(e.to_string().contains("chunk 12"), "{e}");
+        let e = r.failed("refill", "failed not-found: NotFoundError: no tensor named ['x']");
+        assert!(matches!(e, CaptureError::Refill { source: StoreError::NotFound { .. }, .. }), "{e}");
+        let e = r.failed("release", "failed release: RuntimeError: CUDA error");
+        assert!(matches!(e, CaptureError::Cooperation { step: "release", .. }), "{e}");
+    }
+}

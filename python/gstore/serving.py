@@ -1,0 +1,243 @@
+"""Serving processes whose weights stay out of their checkpoints: one call, and ``gstore
+checkpoint`` leaves the weights out of the process image, because the store already holds
+them as the model image they came from; ``gstore restore --run`` has the process load them
+back from that image, straight into GPU memory, while the rest of it is filled lazily.
+
+    model = build_model().to("cuda")
+    store = gstore.Store("/var/lib/gstore")
+    store.load_into(model, "qwen3-8b:v1")              # or any loader of the same weights
+    gstore.serving.weights_from(model, "qwen3-8b:v1", store=store.location)
+    serve_forever(model)                               # unchanged
+
+How it goes (docs/ARCHITECTURE.md, "Weights out of the image"): ``gstore checkpoint``
+finds the registration under ``$GSTORE_COOP_DIR`` (default ``/dev/shm/gstore-coop``), writes
+``ctl`` (``{"action": "release", "controller": PID}``) and sends the registered signal. The
+handler runs on the process's main thread, between two steps of its loop: it waits for the
+GPUs, frees the weights' memory (their storages resized to nothing, the allocator's cache
+emptied), writes ``state`` = ``released`` and waits. The checkpoint then takes the process
+without its weights. The handler refills them, and only then lets the loop go on, when ``ctl``
+says ``refill`` (after a ``--leave-running`` dump, or on the restored process, which finds
+the request written before it ran), or when the controller that asked is gone. Every chunk is
+checked against its hash on the way in; a refill that fails ends the process (exit 70,
+``state`` saying why) rather than let it run on missing weights.
+
+What the process must not do: change its registered weights in place (a fine-tune step), or
+keep raw pointers to their memory (a captured CUDA graph): after a refill they live at new
+addresses, with the image's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import CorruptError, InvalidError, NotFoundError, Store
+from . import structure as _structure
+
+__all__ = ["weights_from", "Registration", "COOP_DIR"]
+
+COOP_DIR = os.environ.get("GSTORE_COOP_DIR", "/dev/shm/gstore-coop")
+"""Where cooperating processes register, one directory per pid (``GSTORE_COOP_DIR``); the
+controller (``gstore checkpoint``, ``gstore restore``) looks in the same place."""
+
+FAILED_EXIT = 70
+"""The exit status of a process whose weights could not be refilled."""
+
+_POLL_S = 0.001
+
+
+class Registration:
+    """The weights of one module that checkpoints leave out (see :func:`weights_from`)."""
+
+    def __init__(self, module: Any, image: str, store: Optional[str], signum: int, device: str) -> None:
+        self.module = module
+        self.store = store
+        self.device = device
+        self.signum = signum
+        info = Store(store).show(image)
+        self.image = info["manifest"]
+        """The model image's manifest id: what the refill loads, whatever its tag says later."""
+        self.tag = image
+        self.tensors = _weights_of(module)
+        self._storages = _storages_of(self.tensors)
+        self.bytes = sum(n for _, n in self._storages)
+        self.dir = os.path.join(COOP_DIR, str(os.getpid()))
+        self.last: Dict[str, float] = {}
+        """Seconds the last release (``release_s``) and refill (``refill_s``) took."""
+
+    def record(self) -> dict:
+        """What the registration file (``weights.json``) holds; the checkpoint stores it in the
+        image (docs/FORMAT.md, ``released_weights``)."""
+        return {
+            "version": 1,
+            "pid": os.getpid(),
+            "signal": self.signum,
+            "store": self.store,
+            "image": self.image,
+            "tag": self.tag,
+            "tensors": len(self.tensors),
+            "bytes": self.bytes,
+        }
+
+    def _put(self, name: str, text: str) -> None:
+        tmp = os.path.join(self.dir, f".{name}.tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.rename(tmp, os.path.join(self.dir, name))
+
+    def _ctl(self) -> dict:
+        try:
+            with open(os.path.join(self.dir, "ctl")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._ctl().get("action") != "release":
+            return
+        try:
+            self._release()
+        except Exception as e:  # the weights are put back: the checkpoint goes no further
+            self._refill_or_exit()
+            self._put("state", f"failed release: {type(e).__name__}: {e}")
+            return
+        self._put("state", "released")
+        while True:
+            ctl = self._ctl()
+            if ctl.get("action") == "refill" or not _alive(ctl.get("controller")):
+                break
+            time.sleep(_POLL_S)
+        self._refill_or_exit()
+        self._put("state", "refilled")
+
+    def _release(self) -> None:
+        torch = _torch()
+        start = time.perf_counter()
+        _synchronize(torch, self.tensors)
+        for storage, _ in self._storages:
+            storage.resize_(0)
+        torch.cuda.empty_cache()
+        self.last["release_s"] = time.perf_counter() - start
+
+    def _refill_or_exit(self) -> None:
+        try:
+            self._refill()
+        except Exception as e:
+            kind = "corrupt" if isinstance(e, CorruptError) else "not-found" if isinstance(e, NotFoundError) else "failed"
+            self._put("state", f"failed {kind}: {type(e).__name__}: {e}")
+            traceback.print_exc()
+            os._exit(FAILED_EXIT)
+
+    def _refill(self) -> None:
+        torch = _torch()
+        start = time.perf_counter()
+        for storage, nbytes in self._storages:
+            if storage.nbytes() != nbytes:
+                storage.resize_(nbytes)
+        left = dict(self.tensors)
+        for name, loaded in Store(self.store).weights(self.image, device=self.device):
+            dst = left.pop(name, None)
+            if dst is None:
+                continue
+            if dst.shape != loaded.shape or dst.dtype != loaded.dtype:
+                raise InvalidError(
+                    f"{self.tag}: {name} is {loaded.dtype} {tuple(loaded.shape)} in the image, "
+                    f"{dst.dtype} {tuple(dst.shape)} in the process"
+                )
+            dst.copy_(loaded)
+        if left:
+            raise NotFoundError(f"{self.tag} (image {self.image}) holds no tensor named {sorted(left)[:5]}")
+        _synchronize(torch, self.tensors)
+        self.last["refill_s"] = time.perf_counter() - start
+
+
+_registrations: List[Registration] = []
+_lock = threading.Lock()
+
+
+def weights_from(
+    module: Any, image: str, store: Optional[str] = None, signum: int = signal.SIGUSR2
+) -> Registration:
+    """Leaves ``module``'s weights (its state dict's tensors on a GPU) out of every checkpoint
+    of this process, because they are the tensors of the stored image ``image`` (a model
+    folder pushed with ``gstore push DIR``, or saved with :meth:`Store.save`) in store
+    ``store`` (as :class:`Store` takes it). The image is pinned by its manifest id now; a
+    checkpoint keeps it from ``gstore gc`` for as long as the process image is kept.
+
+    Call it once the weights are loaded, from the main thread; ``signum`` (default
+    ``SIGUSR2``) becomes this module's: ``gstore checkpoint`` sends it. Raises
+    :class:`InvalidError` when a tensor cannot be freed and refilled where it is (memory not
+    torch's own, e.g. tensors that share gstore's load buffers: copy them into the module's
+    parameters, as :meth:`Store.load_into` does)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise InvalidError("gstore.serving.weights_from must be called from the main thread (it sets a signal handler)")
+    placement, _ = _structure.placement_of(module)
+    if not placement.startswith("cuda"):
+        raise InvalidError("the module holds no tensors on a GPU: there is nothing to leave out")
+    reg = Registration(module, image, store, int(signum), placement)
+    with _lock:
+        if _registrations:
+            raise InvalidError("this process has registered its weights already (one module per process)")
+        os.makedirs(reg.dir, exist_ok=True)
+        for stale in ("ctl", "state"):
+            try:
+                os.remove(os.path.join(reg.dir, stale))
+            except FileNotFoundError:
+                pass
+        reg._put("weights.json", json.dumps(reg.record()))
+        signal.signal(signum, reg._on_signal)
+        _registrations.append(reg)
+    return reg
+
+
+def _weights_of(module: Any) -> Dict[str, Any]:
+    """The module's state-dict tensors on a GPU, by name (tied weights under each name)."""
+    found = {name: t for name, t in module.state_dict().items() if getattr(t, "is_cuda", False)}
+    if not found:
+        raise InvalidError("the module holds no tensors on a GPU: there is nothing to leave out")
+    return found
+
+
+def _storages_of(tensors: Dict[str, Any]) -> List[Tuple[Any, int]]:
+    """Each distinct storage under ``tensors`` with its size in bytes; refused when one
+    cannot be resized (memory that torch does not own)."""
+    seen: Dict[int, Tuple[Any, int]] = {}
+    for name, t in tensors.items():
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen:
+            continue
+        if not storage.resizable():
+            raise InvalidError(
+                f"{name}: its memory is not torch's own and cannot be freed and refilled in place; "
+                "copy the weights into the module's parameters (Store.load_into does)"
+            )
+        seen[storage.data_ptr()] = (storage, storage.nbytes())
+    return list(seen.values())
+
+
+def _synchronize(torch: Any, tensors: Dict[str, Any]) -> None:
+    for device in sorted({t.device.index or 0 for t in tensors.values()}):
+        torch.cuda.synchronize(device)
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
