@@ -141,8 +141,11 @@ class Store:
     A store object keeps one staging pool (host memory that saves copy tensors into; see
     :meth:`save`) and runs at most one save at a time."""
 
-    def __init__(self, path_or_url: Optional[str] = None) -> None:
-        self._native = _gstore.Store(path_or_url)
+    def __init__(self, path_or_url: Optional[str] = None, index_slot: Optional[int] = None) -> None:
+        """``index_slot``: use this machine's index number ``index_slot`` of a store instead of
+        the default one, so as not to wait for another process holding that (a ``gstore``
+        command, another rank); each slot's index is built the first time it is used."""
+        self._native = _gstore.Store(path_or_url, index_slot)
         self.location = path_or_url
         """Where the store is, as given (``None``: ``GSTORE_STORE`` or the default)."""
         self._pool = _staging.StagingPool()

@@ -21,6 +21,11 @@ the request written before it ran), or when the controller that asked is gone. E
 checked against its hash on the way in; a refill that fails ends the process (exit 70,
 ``state`` saying why) rather than let it run on missing weights.
 
+The module may live on a GPU (the driver's checkpoint then copies none of its weights) or in
+host memory (CRIU then dumps none of it). The refill opens the store through index slot
+``4096 + LOCAL_RANK`` (see :class:`Store`), so that it never waits for the ``gstore`` command
+that asked for it, which holds the default index.
+
 What the process must not do: change its registered weights in place (a fine-tune step), or
 keep raw pointers to their memory (a captured CUDA graph): after a refill they live at new
 addresses, with the image's bytes.
@@ -50,6 +55,9 @@ FAILED_EXIT = 70
 
 _POLL_S = 0.001
 
+INDEX_SLOT = 4096
+"""The first index slot refills open the store through (plus ``LOCAL_RANK``)."""
+
 
 class Registration:
     """The weights of one module that checkpoints leave out (see :func:`weights_from`)."""
@@ -59,11 +67,11 @@ class Registration:
         self.store = store
         self.device = device
         self.signum = signum
-        info = Store(store).show(image)
+        info = _store(store).show(image)
         self.image = info["manifest"]
         """The model image's manifest id: what the refill loads, whatever its tag says later."""
         self.tag = image
-        self.tensors = _weights_of(module)
+        self.tensors = _weights_of(module, device)
         self._storages = _storages_of(self.tensors)
         self.bytes = sum(n for _, n in self._storages)
         self.dir = os.path.join(COOP_DIR, str(os.getpid()))
@@ -121,7 +129,8 @@ class Registration:
         _synchronize(torch, self.tensors)
         for storage, _ in self._storages:
             storage.resize_(0)
-        torch.cuda.empty_cache()
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
         self.last["release_s"] = time.perf_counter() - start
 
     def _refill_or_exit(self) -> None:
@@ -140,7 +149,7 @@ class Registration:
             if storage.nbytes() != nbytes:
                 storage.resize_(nbytes)
         left = dict(self.tensors)
-        for name, loaded in Store(self.store).weights(self.image, device=self.device):
+        for name, loaded in _store(self.store).weights(self.image, device=self.device):
             dst = left.pop(name, None)
             if dst is None:
                 continue
@@ -163,7 +172,7 @@ _lock = threading.Lock()
 def weights_from(
     module: Any, image: str, store: Optional[str] = None, signum: int = signal.SIGUSR2
 ) -> Registration:
-    """Leaves ``module``'s weights (its state dict's tensors on a GPU) out of every checkpoint
+    """Leaves ``module``'s weights (its state dict's tensors) out of every checkpoint
     of this process, because they are the tensors of the stored image ``image`` (a model
     folder pushed with ``gstore push DIR``, or saved with :meth:`Store.save`) in store
     ``store`` (as :class:`Store` takes it). The image is pinned by its manifest id now; a
@@ -177,8 +186,6 @@ def weights_from(
     if threading.current_thread() is not threading.main_thread():
         raise InvalidError("gstore.serving.weights_from must be called from the main thread (it sets a signal handler)")
     placement, _ = _structure.placement_of(module)
-    if not placement.startswith("cuda"):
-        raise InvalidError("the module holds no tensors on a GPU: there is nothing to leave out")
     reg = Registration(module, image, store, int(signum), placement)
     with _lock:
         if _registrations:
@@ -195,11 +202,13 @@ def weights_from(
     return reg
 
 
-def _weights_of(module: Any) -> Dict[str, Any]:
-    """The module's state-dict tensors on a GPU, by name (tied weights under each name)."""
-    found = {name: t for name, t in module.state_dict().items() if getattr(t, "is_cuda", False)}
+def _weights_of(module: Any, device: str) -> Dict[str, Any]:
+    """The module's state-dict tensors on ``device``'s kind (a GPU, or the host), by name
+    (tied weights under each name)."""
+    on_gpu = device.startswith("cuda")
+    found = {name: t for name, t in module.state_dict().items() if getattr(t, "is_cuda", None) == on_gpu}
     if not found:
-        raise InvalidError("the module holds no tensors on a GPU: there is nothing to leave out")
+        raise InvalidError("the module holds no tensors: there is nothing to leave out")
     return found
 
 
@@ -221,8 +230,12 @@ def _storages_of(tensors: Dict[str, Any]) -> List[Tuple[Any, int]]:
 
 
 def _synchronize(torch: Any, tensors: Dict[str, Any]) -> None:
-    for device in sorted({t.device.index or 0 for t in tensors.values()}):
+    for device in sorted({t.device.index or 0 for t in tensors.values() if t.is_cuda}):
         torch.cuda.synchronize(device)
+
+
+def _store(location: Optional[str]) -> Store:
+    return Store(location, index_slot=INDEX_SLOT + int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def _alive(pid: Any) -> bool:

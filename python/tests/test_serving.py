@@ -1,0 +1,193 @@
+"""gstore.serving against real CRIU and the real `gstore` binary: a serving process whose
+weights come from a stored model image is checkpointed without them and gets them back from
+the store, after a --leave-running checkpoint and after a restore. Host-memory weights (this
+machine has no GPU; the same protocol runs on one: tests/gpu/). Needs root and CRIU >= 4 at
+/opt/criu/sbin/criu (scripts/criu.sh)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gstore  # noqa: E402
+import gstore.serving  # noqa: E402
+
+CRIU = "/opt/criu/sbin/criu"
+pytestmark = pytest.mark.skipif(
+    not (os.path.exists(CRIU) and os.geteuid() == 0), reason="needs root and CRIU at /opt/criu/sbin/criu"
+)
+
+LAYERS = 3
+WIDTH = 4096  # 64 MiB of float32 per layer: freed memory goes back to the system at once
+
+SERVER = textwrap.dedent(
+    """
+    import os, sys, time, torch, gstore, gstore.serving
+    store, out, layers, width = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    def put(name, text):
+        with open(os.path.join(out, name + ".tmp"), "w") as f:
+            f.write(text)
+        os.rename(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    gstore.Store(store).load_into(model, "model:v1", progress=False)
+    x = torch.ones(1, width) * 0.01
+    def answer():
+        with torch.no_grad():
+            return repr(float(model(x).double().sum()))
+    put("expect", answer())
+    registered = False
+    while True:
+        if not registered and os.path.exists(os.path.join(out, "register")):
+            gstore.serving.weights_from(model, "model:v1", store=store)
+            registered = True
+            put("registered", str(os.getpid()))
+        if os.path.exists(os.path.join(out, "ask")):
+            os.remove(os.path.join(out, "ask"))
+            put("answer", answer())
+        time.sleep(0.005)
+    """
+)
+
+
+def cli(store, *args, check=True):
+    r = subprocess.run(
+        [os.environ["GSTORE_BIN"], "--json", "--store", store, *args, "--criu", CRIU]
+        if args[0] in ("checkpoint", "restore")
+        else [os.environ["GSTORE_BIN"], "--json", "--store", store, *args],
+        capture_output=True,
+        text=True,
+    )
+    if check and r.returncode != 0:
+        raise AssertionError(f"gstore {' '.join(args)} exited {r.returncode}: {r.stdout} {r.stderr}")
+    return r
+
+
+def wait_for(path, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear in {timeout} s")
+        time.sleep(0.01)
+    with open(path) as f:
+        return f.read()
+
+
+def ask(out):
+    try:
+        os.remove(os.path.join(out, "answer"))
+    except FileNotFoundError:
+        pass
+    open(os.path.join(out, "ask"), "w").close()
+    return wait_for(os.path.join(out, "answer"))
+
+
+def gone(pid, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not os.path.exists(f"/proc/{pid}")
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """A store holding the model image, and a serving process that loaded it."""
+    monkeypatch.setenv("GSTORE_COOP_DIR", str(tmp_path / "coop"))
+    store = str(tmp_path / "store")
+    gstore.Store.init(store)
+    g = torch.Generator().manual_seed(7)
+    state = {f"{i}.weight": torch.randn(WIDTH, WIDTH, generator=g) * 0.02 for i in range(LAYERS)}
+    gstore.Store(store).save(state, "model:v1", progress=False)
+    out = tmp_path / "server"
+    out.mkdir()
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER, store, str(out), str(LAYERS), str(WIDTH)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    wait_for(out / "expect", timeout=120)
+    yield store, str(out), proc
+    for pid in {proc.pid, *_restored}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _restored.clear()
+
+
+_restored = set()
+
+
+def test_weights_stay_out_of_the_image_and_come_back_from_the_store(served):
+    store, out, proc = served
+    expect = open(os.path.join(out, "expect")).read()
+    weights_bytes = LAYERS * WIDTH * WIDTH * 4
+    # The same process before it registers: its weights are in the image.
+    full = json.loads(cli(store, "checkpoint", "--pid", str(proc.pid), "--tag", "proc:full", "--leave-running").stdout)
+    assert full.get("weights") is None
+    open(os.path.join(out, "register"), "w").close()
+    wait_for(os.path.join(out, "registered"))
+    lean = json.loads(cli(store, "checkpoint", "--pid", str(proc.pid), "--tag", "proc:lean", "--leave-running").stdout)
+    assert lean["weights"]["bytes"] == weights_bytes and lean["weights"]["processes"] == 1, lean["weights"]
+    assert lean["weights"]["refill_s"] is not None
+    saved = full["push"]["logical_bytes"] - lean["push"]["logical_bytes"]
+    assert saved >= 0.9 * weights_bytes, (full["push"]["logical_bytes"], lean["push"]["logical_bytes"])
+    # Left running, it answers with its weights back.
+    assert ask(out) == expect
+    meta = gstore.Store(store).show("proc:lean")["meta"]
+    model = gstore.Store(store).show("model:v1")["manifest"]
+    assert meta["uses"] == [model]
+    assert meta["released_weights"][0]["image"] == model
+
+    # Killed, then restored: it refills from the store before it answers.
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert gone(proc.pid)
+    open(os.path.join(out, "ask"), "w").close()
+    ran = json.loads(cli(store, "restore", "proc:lean", "--run").stdout)
+    _restored.add(ran["pid"])
+    assert ran["weights_refill_s"] is not None
+    assert wait_for(os.path.join(out, "answer")) == expect
+
+    # gc keeps the model image while the process image uses it, though its tag is gone.
+    cli(store, "rm", "model:v1")
+    cli(store, "rm", "proc:full")
+    cli(store, "gc")
+    os.kill(ran["pid"], signal.SIGKILL)
+    assert gone(ran["pid"])
+    ran = json.loads(cli(store, "restore", "proc:lean", "--run").stdout)
+    _restored.add(ran["pid"])
+    assert ask(out) == expect
+
+
+def test_a_restore_whose_model_image_is_damaged_starts_nothing(served, tmp_path):
+    store, out, proc = served
+    open(os.path.join(out, "register"), "w").close()
+    wait_for(os.path.join(out, "registered"))
+    cli(store, "checkpoint", "--pid", str(proc.pid), "--tag", "proc:lean")
+    proc.wait(timeout=20)  # CRIU ended it once its image was stored
+    model = gstore.Store(store).show("model:v1")["manifest"]
+    manifests = [os.path.join(d, f) for d, _, fs in os.walk(store) for f in fs if f.startswith(model)]
+    assert len(manifests) == 1, manifests
+    with open(manifests[0], "r+b") as f:
+        f.seek(20)
+        byte = f.read(1)
+        f.seek(20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    r = cli(store, "restore", "proc:lean", "--run", check=False)
+    assert r.returncode == 4, (r.returncode, r.stdout, r.stderr)
+    assert "weights come from model:v1" in r.stdout + r.stderr
+    assert not os.path.exists(f"/proc/{proc.pid}"), "nothing may run"
