@@ -18,6 +18,11 @@
 #   tree    holder.py with one worker process: two processes with HOLDER_GIB of VRAM each
 #           (on GPU 0 and GPU 1 when there are two), both checkpointed and restored; each
 #           one's answer must be its own checksum at start.
+#   coop-medium, coop-large, coop-qwen8b
+#           serve.py of that size whose weights come from a model image in the store
+#           (SERVE_SAVE_AS stores it first) and are registered with gstore.serving: gstore's
+#           checkpoints leave them out and its restores refill them from the store; the raw
+#           path takes the whole process as always.
 #   cputree tree with HOLDER_CPU_PARENT=1: the parent maps libcuda but holds no CUDA context
 #           (as torchrun's parent does); only its worker is a GPU process, and the checkpoint
 #           must say so (gpu_pids = the worker).
@@ -321,6 +326,29 @@ for c in $CASES; do
     continue
   fi
   n=serve-$c
+  if [ "${c#coop-}" != "$c" ]; then
+    size=${c#coop-}
+    t0=$(now)
+    SERVE_SAVE_AS="model:$size" python3 "$HERE/serve.py" "$W/$n-save" 7 "$size" >"$W/$n-save.log" 2>&1 || { say "FAIL  $n: storing the model image"; tail -20 "$W/$n-save.log" | tee -a "$OUTFILE"; fails=$((fails+1)); continue; }
+    say "$n: model image model:$size stored in $(dt "$t0" "$(now)") s"
+    t0=$(now); SERVE_WEIGHTS_FROM="model:$size" start "$n" "$HERE/serve.py" "$W/$n" 7 "$size"
+    say "$n: $(cat "$W/$n/ready") parameters, started in $(dt "$t0" "$(now)") s ($(grep -h 'weights loaded' "$W/$n.log"))"
+    ask "$W/$n"; wait_answer "$W/$n"
+    check "$n: answers deterministically before any checkpoint" "answer_ok $W/$n"
+    raw "$n" "$W/$n" || { say "FAIL  raw path on $n"; fails=$((fails+1)); }
+    check "$n: verified answer after the raw restore" "answer_ok $W/$n"
+    gstore_paths "$n" "$W/$n" || { say "FAIL  gstore path on $n"; fails=$((fails+1)); }
+    table_row "$n"
+    for k in live full; do
+      [ -s "$W/$n-$k.json" ] && say "  gstore $k: weights $(js "$W/$n-$k.json" "d.get('weights')"), image $(js "$W/$n-$k.json" "round(d['push']['logical_bytes'] / 1e9, 2)") GB"
+    done
+    for k in lazy relazy eager; do
+      [ -s "$W/$n-$k.json" ] && say "  gstore $k restore: weights refilled $(js "$W/$n-$k.json" "d.get('weights_refill_s')") s after the GPU state"
+    done
+    check "$n: the checkpoint left the weights out" "[ \"\$(js $W/$n-full.json \"(d.get('weights') or {}).get('processes')\")\" = 1 ]"
+    kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
+    continue
+  fi
   t0=$(now); start "$n" "$HERE/serve.py" "$W/$n" 7 "$c"
   say "$n: $(cat "$W/$n/ready") parameters, loaded in $(dt "$t0" "$(now)") s"
   ask "$W/$n"; wait_answer "$W/$n"

@@ -16,7 +16,12 @@ count) when loaded, and OUTDIR/counter (tokens generated) as it runs. When OUTDI
 (it is then removed) it computes the answer again into OUTDIR/answer (via rename): a request
 file made before a restore starts is answered as soon as the restored process runs, and the
 answer must equal OUTDIR/expect. It keeps no file open, so CRIU sees no file change between
-dump and restore."""
+dump and restore.
+
+With SERVE_SAVE_AS=TAG it stores its weights in the store ($GSTORE_STORE) as image TAG and
+exits: a model image. With SERVE_WEIGHTS_FROM=TAG it builds the model empty, loads its weights
+from image TAG of that store (Store.load_into) and registers them (gstore.serving.weights_from):
+a checkpoint leaves them out and a restore refills them from the store."""
 import os
 import struct
 import sys
@@ -107,15 +112,32 @@ class Qwen(nn.Module):
         return self.head(self.norm(x))
 
 
+weights_from = os.environ.get("SERVE_WEIGHTS_FROM")
+# Loaded weights need no random init: the model is made empty on the GPU.
+where = "meta" if weights_from else "cuda"
 if size in GPT2:
     V = 50257
-    model = GPT(*GPT2[size], V, dict(device="cuda", dtype=torch.float16))
+    model = GPT(*GPT2[size], V, dict(device=where, dtype=torch.float16))
 elif size == "qwen8b":
     V = 151936
-    model = Qwen(4096, 36, 12288, 32, 8, 128, V, dict(device="cuda", dtype=torch.bfloat16))
+    model = Qwen(4096, 36, 12288, 32, 8, 128, V, dict(device=where, dtype=torch.bfloat16))
 else:
     sys.exit(f"unknown size {size!r}: medium, large or qwen8b")
 model.eval()
+if os.environ.get("SERVE_SAVE_AS"):
+    import gstore
+
+    gstore.Store(os.environ["GSTORE_STORE"]).save(model.state_dict(), os.environ["SERVE_SAVE_AS"], progress=False)
+    sys.exit(0)
+if weights_from:
+    import gstore
+    import gstore.serving
+
+    model = model.to_empty(device="cuda")
+    t = time.perf_counter()
+    gstore.Store(os.environ["GSTORE_STORE"]).load_into(model, weights_from, progress=False)
+    print(f"weights loaded from {weights_from} in {time.perf_counter() - t:.2f} s", flush=True)
+    gstore.serving.weights_from(model, weights_from, store=os.environ["GSTORE_STORE"])
 
 
 def put(name, text):
