@@ -75,17 +75,27 @@ pub fn checkpoint(
     let regs = cooperate::find(pid);
     opts.metadata = cooperate::metadata(&regs);
     let release_s = if regs.is_empty() { 0.0 } else { cooperate::release(&regs)? };
-    let r = match staging_at {
-        Some(dir) => Staged::new(Some(dir), "checkpoint")
-            .and_then(|staging| staged(store, pid, tag, opts, staging, started, progress)),
-        None => streamed(store, pid, tag, opts, started, progress),
-    };
-    if regs.is_empty() {
-        return r;
-    }
-    // Every process that runs on (left running, rolled back, or restored from a staged image
-    // after a failed push) gets its weights back before this returns.
-    let refilled = cooperate::refill(&regs);
+    // A process left running copies its weights back from this process's GPU memory, loaded
+    // from the store while the process is dumped.
+    let prefetch = leave_running && regs.iter().any(|r| r.gpu().is_some());
+    let (r, refilled) = std::thread::scope(|s| {
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        if prefetch {
+            let regs = &regs;
+            s.spawn(move || cooperate::prefetch_all(store, regs, gstore_restore::Budget::DEFAULT, released));
+        }
+        let r = match staging_at {
+            Some(dir) => Staged::new(Some(dir), "checkpoint")
+                .and_then(|staging| staged(store, pid, tag, opts, staging, started, progress)),
+            None => streamed(store, pid, tag, opts, started, progress),
+        };
+        // Every process that runs on (left running, rolled back, or restored from a staged
+        // image after a failed push) gets its weights back before this returns.
+        let refilled = (!regs.is_empty()).then(|| cooperate::refill(&regs, prefetch));
+        drop(release);
+        (r, refilled)
+    });
+    let Some(refilled) = refilled else { return r };
     let mut report = r?;
     let refill_s = refilled?;
     let bytes = regs.iter().map(|r| r.bytes).sum();

@@ -13,11 +13,15 @@
 //! process without its weights.
 
 use crate::error::{CaptureError, Result};
-use gstore_gpu_dump::procfs;
+use gstore_gpu_dump::{procfs, CudaDriver};
+use gstore_restore::{Budget, DeviceImage};
+use gstore_store::progress::Silent;
+use gstore_store::IndexedStore;
 use gstore_store::{ObjectId, ObjectKind, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::PathBuf;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 /// Image metadata key: the [`Registration`]s of the processes whose weights the image leaves
@@ -54,14 +58,28 @@ pub struct Registration {
     pub tensors: u64,
     /// Bytes of GPU memory left out.
     pub bytes: u64,
+    /// Where its weights live: "cuda:N", or "cpu" (`None` in records before there was a
+    /// choice: "cuda:0").
+    #[serde(default)]
+    pub device: Option<String>,
 }
 
 impl Registration {
     /// The model image's manifest id.
     pub fn image_id(&self) -> Result<ObjectId> {
-        ObjectId::from_hex(&self.image).map_err(|_| {
-            CaptureError::Cooperation { pid: self.pid, step: "read", detail: format!("bad image id {:?}", self.image) }
+        ObjectId::from_hex(&self.image).map_err(|_| CaptureError::Cooperation {
+            pid: self.pid,
+            step: "read",
+            detail: format!("bad image id {:?}", self.image),
         })
+    }
+
+    /// The GPU its weights live on, if they live on one.
+    pub fn gpu(&self) -> Option<u32> {
+        match self.device.as_deref().unwrap_or("cuda:0") {
+            "cuda" => Some(0),
+            d => d.strip_prefix("cuda:")?.parse().ok(),
+        }
     }
 
     fn dir(&self) -> PathBuf {
@@ -85,10 +103,11 @@ impl Registration {
         std::fs::read_to_string(self.dir().join("state")).ok()
     }
 
-    /// Writes `ctl` asking for `action`, the old answer removed first.
-    fn ask(&self, action: &str) -> Result<()> {
+    /// Writes `ctl` asking for `action`, the old answer removed first; `prefetch`: the
+    /// weights will be offered in this process's GPU memory ([`prefetch_all`]).
+    fn ask(&self, action: &str, prefetch: bool) -> Result<()> {
         let _ = std::fs::remove_file(self.dir().join("state"));
-        let ctl = serde_json::json!({"action": action, "controller": std::process::id()});
+        let ctl = serde_json::json!({"action": action, "controller": std::process::id(), "prefetch": prefetch});
         self.put("ctl", &ctl.to_string())
     }
 
@@ -146,7 +165,9 @@ pub fn release(regs: &[Registration]) -> Result<f64> {
     let start = Instant::now();
     let mut asked = Vec::new();
     let released = regs.iter().try_for_each(|r| {
-        r.ask("release")?;
+        // What an earlier prefetch offered is gone with the memory it named.
+        let _ = std::fs::remove_file(r.dir().join(PREFETCHED));
+        r.ask("release", false)?;
         asked.push(r);
         // SAFETY: kill(2) with a pid and a signal number, no memory involved.
         if unsafe { libc::kill(r.pid as libc::pid_t, r.signal) } != 0 {
@@ -155,13 +176,14 @@ pub fn release(regs: &[Registration]) -> Result<f64> {
         }
         Ok(())
     });
-    let released = released.and_then(|()| regs.iter().try_for_each(|r| r.wait("release", "released", RELEASE_WAIT).map(drop)));
+    let released =
+        released.and_then(|()| regs.iter().try_for_each(|r| r.wait("release", "released", RELEASE_WAIT).map(drop)));
     match released {
         Ok(()) => Ok(start.elapsed().as_secs_f64()),
         Err(e) => {
             // Those that did release (or do so late) take their weights back.
             for r in asked {
-                let _ = r.ask("refill");
+                let _ = r.ask("refill", false);
             }
             Err(e)
         }
@@ -169,12 +191,14 @@ pub fn release(regs: &[Registration]) -> Result<f64> {
 }
 
 /// Asks every live process of `regs` to refill its weights and waits for all; returns the
-/// seconds that took. The first failure is the result (each process that fails ends).
-pub fn refill(regs: &[Registration]) -> Result<f64> {
+/// seconds that took. With `prefetch`, those on a GPU copy them from the memory
+/// [`prefetch_all`] publishes (running since the release). The first failure is the result
+/// (each process that fails ends).
+pub fn refill(regs: &[Registration], prefetch: bool) -> Result<f64> {
     let start = Instant::now();
     let live: Vec<&Registration> = regs.iter().filter(|r| procfs::is_alive(r.pid)).collect();
     for r in &live {
-        r.ask("refill")?;
+        r.ask("refill", prefetch && r.gpu().is_some())?;
     }
     for r in &live {
         r.wait("refill", "refilled", REFILL_WAIT)?;
@@ -209,13 +233,65 @@ pub fn recorded(meta: &std::collections::BTreeMap<String, Value>) -> Result<Vec<
 }
 
 /// Before a restore: each process of `regs` will find a refill asked for as soon as it runs
-/// (its registration written again, for a machine that never saw it).
-pub fn ask_refill_on_restore(regs: &[Registration]) -> Result<()> {
+/// (its registration written again, for a machine that never saw it); with `prefetch`, from
+/// the GPU memory of this process once [`prefetch_all`] (started after this) has published
+/// it.
+pub fn ask_refill_on_restore(regs: &[Registration], prefetch: bool) -> Result<()> {
     for r in regs {
+        let _ = std::fs::remove_file(r.dir().join(PREFETCHED));
         r.put("weights.json", &serde_json::to_string(r).expect("a registration serializes"))?;
-        r.ask("refill")?;
+        r.ask("refill", prefetch && r.gpu().is_some())?;
     }
     Ok(())
+}
+
+/// The file a prefetch is published in, beside `ctl`.
+const PREFETCHED: &str = "prefetched.json";
+
+/// Loads each GPU process's model image of `regs` into this process's memory on its GPU
+/// (every chunk checked there, as `gstore load` does) and publishes it in
+/// `prefetched.json`: `{"device": N, "files": [{"path": P, "len": BYTES, "handle": HEX}]}`
+/// (one 128-hex-digit `cuIpcMemHandle` per file, as the image orders them), or `{"error":
+/// WHY}`, on which the process loads from the store itself. The memory is held until
+/// `released` says the processes are done with it (the sender dropped).
+pub fn prefetch_all(store: &IndexedStore, regs: &[Registration], budget: Budget, released: Receiver<()>) {
+    let mut held = Vec::new();
+    for r in regs {
+        let Some(device) = r.gpu() else { continue };
+        let loaded = prefetch(store, r, device, budget);
+        let published = match &loaded {
+            Ok(image) => offer(image, device),
+            Err(e) => Err(e.to_string()),
+        };
+        let text = published.unwrap_or_else(|why| serde_json::json!({ "error": why }).to_string());
+        // A process that finds nothing published waits for its controller to end, then loads
+        // from the store itself: nothing is lost if this fails.
+        let _ = r.put(PREFETCHED, &text);
+        held.extend(loaded.ok());
+    }
+    let _ = released.recv();
+}
+
+/// `r`'s model image in this process's memory on GPU `device`.
+fn prefetch(store: &IndexedStore, r: &Registration, device: u32, budget: Budget) -> Result<DeviceImage> {
+    let cuda = CudaDriver::load()?;
+    let ctx = cuda.context(device)?;
+    let m = store.get_manifest(&r.image_id()?)?;
+    Ok(gstore_restore::restore_to_device(store, &m, &ctx, budget, &Silent)?)
+}
+
+/// The `prefetched.json` text for `image`.
+fn offer(image: &DeviceImage, device: u32) -> std::result::Result<String, String> {
+    let files = image
+        .entries
+        .iter()
+        .map(|e| {
+            let handle =
+                if e.buffer.is_empty() { [0; 64] } else { e.buffer.ipc_handle().map_err(|e| e.to_string())?.0 };
+            Ok(serde_json::json!({"path": e.path, "len": e.buffer.len(), "handle": hex::encode(handle)}))
+        })
+        .collect::<std::result::Result<Vec<_>, String>>()?;
+    Ok(serde_json::json!({"device": device, "files": files}).to_string())
 }
 
 /// After a restore: waits for every process of `regs` to refill; returns the seconds.
@@ -240,6 +316,7 @@ mod tests {
             tag: "qwen:v1".into(),
             tensors: 3,
             bytes: 1 << 20,
+            device: Some("cuda:1".into()),
         }
     }
 
@@ -250,6 +327,14 @@ mod tests {
         assert_eq!(meta[gstore_store::META_USES], serde_json::json!(["ab".repeat(32)]));
         assert!(metadata(&[]).is_empty());
         assert!(recorded(&metadata(&[])).expect("none").is_empty());
+    }
+
+    #[test]
+    fn the_device_a_registration_names() {
+        assert_eq!(reg(7).gpu(), Some(1));
+        assert_eq!(Registration { device: None, ..reg(7) }.gpu(), Some(0), "records before the field: cuda:0");
+        assert_eq!(Registration { device: Some("cuda".into()), ..reg(7) }.gpu(), Some(0));
+        assert_eq!(Registration { device: Some("cpu".into()), ..reg(7) }.gpu(), None);
     }
 
     #[test]

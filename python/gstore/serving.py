@@ -33,6 +33,7 @@ addresses, with the image's bytes.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -41,7 +42,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import CorruptError, InvalidError, NotFoundError, Store
+from . import CorruptError, InvalidError, NotFoundError, Store, _state_of
 from . import structure as _structure
 
 __all__ = ["weights_from", "Registration", "COOP_DIR"]
@@ -90,6 +91,7 @@ class Registration:
             "tag": self.tag,
             "tensors": len(self.tensors),
             "bytes": self.bytes,
+            "device": self.device,
         }
 
     def _put(self, name: str, text: str) -> None:
@@ -111,7 +113,7 @@ class Registration:
         try:
             self._release()
         except Exception as e:  # the weights are put back: the checkpoint goes no further
-            self._refill_or_exit()
+            self._refill_or_exit({})
             self._put("state", f"failed release: {type(e).__name__}: {e}")
             return
         self._put("state", "released")
@@ -120,7 +122,7 @@ class Registration:
             if ctl.get("action") == "refill" or not _alive(ctl.get("controller")):
                 break
             time.sleep(_POLL_S)
-        self._refill_or_exit()
+        self._refill_or_exit(ctl)
         self._put("state", "refilled")
 
     def _release(self) -> None:
@@ -133,36 +135,69 @@ class Registration:
             torch.cuda.empty_cache()
         self.last["release_s"] = time.perf_counter() - start
 
-    def _refill_or_exit(self) -> None:
+    def _refill_or_exit(self, ctl: dict) -> None:
         try:
-            self._refill()
+            self._refill(ctl)
         except Exception as e:
             kind = "corrupt" if isinstance(e, CorruptError) else "not-found" if isinstance(e, NotFoundError) else "failed"
             self._put("state", f"failed {kind}: {type(e).__name__}: {e}")
             traceback.print_exc()
             os._exit(FAILED_EXIT)
 
-    def _refill(self) -> None:
+    def _refill(self, ctl: dict) -> None:
         torch = _torch()
         start = time.perf_counter()
         for storage, nbytes in self._storages:
             if storage.nbytes() != nbytes:
                 storage.resize_(nbytes)
         left = dict(self.tensors)
-        for name, loaded in _store(self.store).weights(self.image, device=self.device):
-            dst = left.pop(name, None)
-            if dst is None:
-                continue
-            if dst.shape != loaded.shape or dst.dtype != loaded.dtype:
-                raise InvalidError(
-                    f"{self.tag}: {name} is {loaded.dtype} {tuple(loaded.shape)} in the image, "
-                    f"{dst.dtype} {tuple(dst.shape)} in the process"
-                )
-            dst.copy_(loaded)
+        offered = self._prefetched(ctl)
+        if offered is not None:
+            try:
+                with _Mapped(offered) as files:
+                    for path, blob in files:
+                        self._fill(left, _state_of(blob, False, f"{self.tag}: {path}").items())
+                    _synchronize(torch, self.tensors)
+                self.last["source"] = "prefetched"
+            except Exception as e:  # the store has the same bytes
+                print(f"gstore.serving: the prefetched weights could not be used ({e}); loading from the store", flush=True)
+                left = dict(self.tensors)
+                offered = None
+        if offered is None:
+            self._fill(left, _store(self.store).weights(self.image, device=self.device))
+            self.last["source"] = "store"
         if left:
             raise NotFoundError(f"{self.tag} (image {self.image}) holds no tensor named {sorted(left)[:5]}")
         _synchronize(torch, self.tensors)
         self.last["refill_s"] = time.perf_counter() - start
+
+    def _fill(self, left: Dict[str, Any], loaded: Any) -> None:
+        """Copies each ``(name, tensor)`` of ``loaded`` into the registered tensor of that name
+        still ``left`` (which it then is not)."""
+        for name, src in loaded:
+            dst = left.pop(name, None)
+            if dst is None:
+                continue
+            if dst.shape != src.shape or dst.dtype != src.dtype:
+                raise InvalidError(
+                    f"{self.tag}: {name} is {src.dtype} {tuple(src.shape)} in the image, "
+                    f"{dst.dtype} {tuple(dst.shape)} in the process"
+                )
+            dst.copy_(src)
+
+    def _prefetched(self, ctl: dict) -> Optional[dict]:
+        """What the controller published of the weights in its GPU memory (``prefetched.json``),
+        when ``ctl`` says it will; ``None``: load from the store."""
+        if not ctl.get("prefetch"):
+            return None
+        path = os.path.join(self.dir, "prefetched.json")
+        while not os.path.exists(path):
+            if not _alive(ctl.get("controller")):
+                return None
+            time.sleep(_POLL_S)
+        with open(path) as f:
+            offered = json.load(f)
+        return offered if "files" in offered else None
 
 
 _registrations: List[Registration] = []
@@ -227,6 +262,60 @@ def _storages_of(tensors: Dict[str, Any]) -> List[Tuple[Any, int]]:
             )
         seen[storage.data_ptr()] = (storage, storage.nbytes())
     return list(seen.values())
+
+
+class _Mapped:
+    """The files of a prefetched image, mapped from the controller's GPU memory
+    (``cuIpcOpenMemHandle``) as uint8 tensors, unmapped on exit; each was checked against its
+    chunk ids as the controller loaded it."""
+
+    def __init__(self, offered: dict) -> None:
+        self.device = int(offered["device"])
+        self.files = offered["files"]
+        self.ptrs: List[int] = []
+
+    def __enter__(self) -> List[Tuple[str, Any]]:
+        torch = _torch()
+        cu = _libcuda()
+        torch.cuda.set_device(self.device)
+        torch.cuda.synchronize(self.device)  # the primary context current on this thread
+        out = []
+        for f in self.files:
+            if not f["path"].endswith(".safetensors") or int(f["len"]) == 0:
+                continue
+            handle = _IpcHandle.from_buffer_copy(bytes.fromhex(f["handle"]))
+            ptr = ctypes.c_uint64()
+            code = cu.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle, 1)  # lazy peer access
+            if code != 0:
+                raise RuntimeError(f"cuIpcOpenMemHandle: CUDA error {code}")
+            self.ptrs.append(ptr.value)
+            out.append((f["path"], torch.as_tensor(_DeviceBytes(ptr.value, int(f["len"])), device=f"cuda:{self.device}")))
+        return out
+
+    def __exit__(self, *exc: Any) -> None:
+        cu = _libcuda()
+        for ptr in self.ptrs:
+            cu.cuIpcCloseMemHandle(ptr)
+
+
+class _DeviceBytes:
+    """``len`` bytes of device memory at ``ptr``, for ``torch.as_tensor`` (no copy)."""
+
+    def __init__(self, ptr: int, length: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (length,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
+def _libcuda() -> Any:
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), _IpcHandle, ctypes.c_uint]
+    cu.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
+    return cu
+
+
+class _IpcHandle(ctypes.Structure):
+    """A ``CUipcMemHandle``: 64 opaque bytes."""
+
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
 
 
 def _synchronize(torch: Any, tensors: Dict[str, Any]) -> None:

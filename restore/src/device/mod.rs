@@ -358,11 +358,12 @@ impl Checker {
 }
 
 /// Allocates a VRAM buffer on `ctx`'s device for every file of `m`, after checking the device
-/// has room for all of them.
+/// has room for all of them; each may be shared with another process
+/// ([`DeviceBuffer::ipc_handle`]), which maps it at once.
 fn allocate_files(ctx: &Context, m: &Manifest) -> Result<(Vec<(String, DeviceBuffer)>, Buffers)> {
     check_room(ctx, m.files().filter(|(e, _)| e.kind == EntryKind::File).map(|(e, _)| e.size).sum())?;
     Buffers::allocate(m, |e| {
-        let buffer = ctx.alloc(e.size as usize).map_err(StoreError::device)?;
+        let buffer = ctx.alloc_shareable(e.size as usize).map_err(StoreError::device)?;
         let (base, len) = (buffer.ptr(), buffer.len());
         Ok((buffer, base, len))
     })
