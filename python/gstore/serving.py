@@ -108,7 +108,10 @@ class Registration:
             return {}
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._ctl().get("action") != "release":
+        ctl_path = os.path.join(self.dir, "ctl")
+        asked = _version(ctl_path)
+        ctl = self._ctl()
+        if ctl.get("action") != "release":
             return
         try:
             self._release()
@@ -117,9 +120,19 @@ class Registration:
             self._put("state", f"failed release: {type(e).__name__}: {e}")
             return
         self._put("state", "released")
+        # The process may be frozen and dumped at any moment now: it holds no file open
+        # (CRIU would record it, and refuse to restore once ctl has changed), so it watches
+        # ctl by stat alone until a controller writes a new one.
+        controller = ctl.get("controller")
         while True:
-            ctl = self._ctl()
-            if ctl.get("action") == "refill" or not _alive(ctl.get("controller")):
+            now = _version(ctl_path)
+            if now != asked:
+                asked = now
+                ctl = self._ctl()
+                if ctl.get("action") == "refill":
+                    break
+            elif not _alive(controller):
+                ctl = {}
                 break
             time.sleep(_POLL_S)
         self._refill_or_exit(ctl)
@@ -325,6 +338,15 @@ def _synchronize(torch: Any, tensors: Dict[str, Any]) -> None:
 
 def _store(location: Optional[str]) -> Store:
     return Store(location, index_slot=INDEX_SLOT + int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _version(path: str) -> Optional[Tuple[int, int, int]]:
+    """Which file ``path`` names now (inode, change time, size), by stat: no file is opened."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _alive(pid: Any) -> bool:
