@@ -499,6 +499,12 @@ pub struct GcArgs {
     /// Take the gc lock from a gc this machine cannot prove dead. Only when it is dead.
     #[arg(long)]
     pub break_lock: bool,
+    /// Also delete, in this run, tombstoned packs that hold copies of live chunks (the old
+    /// copies of packs it rewrote): all the space comes back at once, but a restore that
+    /// started before this run and still reads such a pack stops ("pack not found"; run it
+    /// again). Without it the next run deletes them.
+    #[arg(long)]
+    pub reclaim_copies: bool,
 }
 
 /// `gstore serve` settings.

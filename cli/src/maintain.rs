@@ -89,6 +89,7 @@ pub(crate) fn run_gc(location: &StoreLocation, a: GcArgs, out: &Output, bars: &B
         dry_run: a.dry_run,
         repack_below: a.repack_below,
         break_lock: a.break_lock,
+        reclaim_copies: a.reclaim_copies,
     };
     let r = gc::gc(&store, &opts, bars)?;
     out.emit(&r, || gc_text(&r))
@@ -129,12 +130,19 @@ fn gc_text(r: &gc::GcReport) -> String {
             HumanBytes(r.temp_bytes_swept)
         );
     }
+    if r.packs_deferred > 0 {
+        s += &format!(
+            "{} tombstoned packs hold copies of live chunks a running restore may read: the next run (or --reclaim-copies) deletes them ({})\n",
+            r.packs_deferred,
+            HumanBytes(r.bytes_deferred)
+        );
+    }
     s += &format!(
         "{} kept, {}; {} {would}dropped\n\
-         {} ({}): {} {would}deleted ({} reclaimed), {} {would}tombstoned ({} to reclaim next pass), \
+         {} ({}): {} {would}deleted ({} reclaimed), {} {would}tombstoned ({} to reclaim next run), \
          {} {would}rewritten ({} {}), {} revived\n\
          manifests: {} {would}deleted, {} {would}tombstoned, {} revived\n\
-         {} requests in {:.2} s",
+         {} in {} requests, {:.2} s",
         plural(r.images_kept as u64, "image", "images"),
         plural(r.leases_live as u64, "running push", "running pushes"),
         plural(r.history_dropped, "history entry", "history entries"),
@@ -151,6 +159,7 @@ fn gc_text(r: &gc::GcReport) -> String {
         r.manifests_deleted,
         r.manifests_tombstoned,
         r.manifests_revived,
+        plural(u64::from(r.passes), "pass", "passes"),
         r.requests,
         r.seconds
     );

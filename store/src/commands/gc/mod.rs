@@ -60,6 +60,9 @@ pub struct GcOptions {
     pub repack_below: f64,
     /// Take the gc lock even from a holder this machine cannot prove dead.
     pub break_lock: bool,
+    /// Later passes delete tombstoned packs holding copies of live chunks too ([`Pass::Again`]
+    /// leaves them for the next run otherwise).
+    pub reclaim_copies: bool,
 }
 
 impl GcOptions {
@@ -78,7 +81,13 @@ impl GcOptions {
 
 impl Default for GcOptions {
     fn default() -> Self {
-        GcOptions { policy: Policy::default(), dry_run: false, repack_below: DEFAULT_REPACK_BELOW, break_lock: false }
+        GcOptions {
+            policy: Policy::default(),
+            dry_run: false,
+            repack_below: DEFAULT_REPACK_BELOW,
+            break_lock: false,
+            reclaim_copies: false,
+        }
     }
 }
 
@@ -106,12 +115,19 @@ pub struct GcReport {
     pub packs: usize,
     /// Bytes of those packs.
     pub pack_bytes: u64,
-    /// Packs tombstoned by this pass (deleted by the next one unless needed again).
+    /// Packs left tombstoned by this run (found unneeded by its last pass; the next run
+    /// deletes them unless they are needed again).
     pub packs_tombstoned: usize,
     /// Bytes of those packs.
     pub bytes_tombstoned: u64,
-    /// Packs deleted by this pass (tombstoned by an earlier one, still unneeded).
+    /// Packs deleted by this run (tombstoned by an earlier pass, this run's first included,
+    /// and still unneeded).
     pub packs_deleted: usize,
+    /// Tombstoned, unneeded packs this run's later passes left for the next run because
+    /// they hold a copy of a live chunk (a restore running now may read it there).
+    pub packs_deferred: usize,
+    /// Bytes of those packs.
+    pub bytes_deferred: u64,
     /// Bytes of those packs: space reclaimed.
     pub bytes_reclaimed: u64,
     /// Tombstoned packs that were needed again and kept.
@@ -142,6 +158,38 @@ pub struct GcReport {
     pub requests: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// Passes run: one, and another after each that tombstoned anything (which deletes it),
+    /// at most four.
+    pub passes: u32,
+}
+
+impl GcReport {
+    /// Adds a later pass's work to this report: what it deleted, revived,
+    /// rewrote and swept adds up; what is left tombstoned, kept, leased, damaged or missing is
+    /// as the second pass found it; retention is the first's alone.
+    fn absorb(&mut self, second: GcReport) {
+        self.images_kept = second.images_kept;
+        self.leases_live = second.leases_live;
+        self.leases_dropped.extend(second.leases_dropped);
+        self.packs_tombstoned = second.packs_tombstoned;
+        self.bytes_tombstoned = second.bytes_tombstoned;
+        self.packs_deleted += second.packs_deleted;
+        self.packs_deferred = second.packs_deferred;
+        self.bytes_deferred = second.bytes_deferred;
+        self.bytes_reclaimed += second.bytes_reclaimed;
+        self.packs_revived += second.packs_revived;
+        self.packs_repacked += second.packs_repacked;
+        self.bytes_repacked += second.bytes_repacked;
+        self.manifests_tombstoned = second.manifests_tombstoned;
+        self.manifests_deleted += second.manifests_deleted;
+        self.manifests_revived += second.manifests_revived;
+        self.damaged_packs = second.damaged_packs;
+        self.missing_manifests = second.missing_manifests;
+        self.refused_manifests = second.refused_manifests;
+        self.temp_files_swept += second.temp_files_swept;
+        self.temp_bytes_swept += second.temp_bytes_swept;
+        self.passes += second.passes;
+    }
 }
 
 /// One listed pack with what the mark found in it.
@@ -173,14 +221,49 @@ impl PackInfo {
     }
 }
 
-/// Runs retention and one gc pass over `store` (opened without its index).
+/// Most passes one gc run makes.
+const MAX_PASSES: u32 = 4;
+
+/// Runs retention and gc over `store` (opened without its index): one pass, then, as long as
+/// the last one tombstoned anything (and at most [`MAX_PASSES`] in all), another that deletes
+/// what is still unneeded, so that one run reclaims the space. Each is an ordinary pass
+/// (docs/GC.md's argument needs no time between passes); only the first applies retention,
+/// and the report adds the later ones' work to its own. A quiet store is settled after two
+/// passes, now and then three (tests/gc_sim.rs found such a schedule).
 pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<GcReport> {
     opts.check()?;
     let started = std::time::Instant::now();
     let b = store.backend();
     let requests_before = b.requests();
     let _lock = if opts.dry_run { None } else { Some(lock::GcLock::take(b, opts.break_lock)?) };
-    let mut report = GcReport { dry_run: opts.dry_run, ..Default::default() };
+    let mut report = pass(store, opts, Pass::First, progress)?;
+    while !opts.dry_run && report.packs_tombstoned + report.manifests_tombstoned > 0 && report.passes < MAX_PASSES {
+        let next = pass(store, opts, Pass::Again, progress)?;
+        report.absorb(next);
+    }
+    report.requests = b.requests() - requests_before;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Which pass of a run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// The first: retention (the flags and stored policies) decides which tags stay, and what
+    /// earlier runs tombstoned and is still unneeded is deleted.
+    First,
+    /// A later one: every tag stays as it is, and of what is tombstoned and unneeded only
+    /// packs without a copy of a live chunk are deleted (unless
+    /// [`GcOptions::reclaim_copies`]). One that holds such a copy (a pack just rewritten, a
+    /// duplicate) may be what a restore running now was planned to read: it waits for the
+    /// next run, as it did when every run was one pass.
+    Again,
+}
+
+/// One gc pass, under the caller's gc lock.
+fn pass(store: &Store, opts: &GcOptions, which: Pass, progress: &dyn Progress) -> Result<GcReport> {
+    let b = store.backend();
+    let mut report = GcReport { dry_run: opts.dry_run, passes: 1, ..Default::default() };
     let catalog = Catalog::new(store);
     // Temporary files of a local store, listed before leases are read (temps.rs).
     let temp_files = temps::list(b)?;
@@ -195,7 +278,7 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
 
     // 4. Retention, then the roots.
     let mut tagged: BTreeSet<ObjectId> = BTreeSet::new();
-    for rec in apply_retention(store, &catalog, opts, &mut report)? {
+    for rec in apply_retention(store, &catalog, opts, which, &mut report)? {
         tagged.insert(rec.manifest_id()?);
         for h in &rec.history {
             // A history entry with a damaged id names nothing gc could keep.
@@ -223,7 +306,8 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
 
     // 6. Decide.
     let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run, damage_records: &damage_records };
-    sweep_packs(&sweep, &packs, &homes, &home_bytes, &copies, &rewrite, progress, &mut report)?;
+    let pass = (which, opts.reclaim_copies);
+    sweep_packs(&sweep, &packs, &homes, &home_bytes, &copies, &rewrite, pass, progress, &mut report)?;
     let manifests = b.list(Family::Manifests.prefix())?;
     for l in &manifests {
         let Some(id) = l.key.manifest() else { continue };
@@ -254,8 +338,6 @@ pub fn gc(store: &Store, opts: &GcOptions, progress: &dyn Progress) -> Result<Gc
         }
     }
     report.tags_removed.sort();
-    report.requests = b.requests() - requests_before;
-    report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
 
@@ -471,6 +553,7 @@ fn sweep_packs(
     home_bytes: &HashMap<ObjectId, u64>,
     copies: &Copies,
     rewrite: &Rewrite,
+    (which, reclaim_copies): (Pass, bool),
     progress: &dyn Progress,
     report: &mut GcReport,
 ) -> Result<()> {
@@ -478,6 +561,11 @@ fn sweep_packs(
     for p in packs {
         let home = home_bytes.get(&p.id).copied().unwrap_or(0);
         let needed = p.protected || home > 0;
+        if which == Pass::Again && !reclaim_copies && p.tombstoned && !needed && p.live_bytes > 0 {
+            report.packs_deferred += 1;
+            report.bytes_deferred += p.size;
+            continue;
+        }
         if needed && !p.protected && (!rewrite.stays(p, home) || copies.drops_damage(p, homes)) {
             // Rewritten, then tombstoned (a tombstone it already has stays).
             to_repack.push(p);
@@ -589,6 +677,7 @@ fn apply_retention(
     store: &Store,
     catalog: &Catalog,
     opts: &GcOptions,
+    which: Pass,
     report: &mut GcReport,
 ) -> Result<Vec<TagRecord>> {
     let b = store.backend();
@@ -609,6 +698,9 @@ fn apply_retention(
         }
     }
     let recs: Vec<TagRecord> = records.iter().map(|(r, _)| r.clone()).collect();
+    if which == Pass::Again {
+        return Ok(recs);
+    }
     let stored = policies::read(store)?;
     // Each name goes by its stored policy, else by the command line's rules.
     let groups = retention_groups(&recs, &stored, &opts.policy);
