@@ -379,3 +379,75 @@ fn sighup_reloads_the_tokens_and_a_bad_file_keeps_them() {
     assert_eq!(status(NEW), 200);
     assert_eq!(server.curl("GET", "/v1/health", None, &[], None).0, 200, "the server lived through every SIGHUP");
 }
+
+/// Issue 64: a write token's quota bounds the stored bytes of the images under its prefix. A
+/// push that would pass it is refused with a clear error and tags nothing; one adding nothing
+/// new (deduplicated) passes; a token already at its quota is refused before it uploads a
+/// pack; other teams are not limited by it; removing images gives room back; `gstore du
+/// --prefix` counts what the server counts.
+#[test]
+fn a_quota_bounds_what_a_token_s_images_hold() {
+    const TEAM_A: &str = "team-a-token-0123456789";
+    const TEAM_B: &str = "team-b-token-0123456789";
+    let env = Env::new(&[]);
+    let tokens = env.path("tokens");
+    fs::write(&tokens, format!("{TEAM_A} write a- quota=3M\n{TEAM_B} write b-\n{ADMIN} admin\n")).unwrap();
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    let image = |name: &str, seed: u64| {
+        let dir = env.path(name);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("data.img"), random_bytes(2 << 20, seed)).unwrap();
+        dir
+    };
+    let push = |token: &str, src: &std::path::Path, tag: &str| {
+        server.cmd("w", token, &["--json", "push", src.to_str().unwrap(), "--tag", tag]).output().unwrap()
+    };
+    let (one, two) = (image("one", 1), image("two", 2));
+    let first = push(TEAM_A, &one, "a-model:1");
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    // 2 MiB more would make 4 MiB under a-: refused, nothing tagged.
+    let second = push(TEAM_A, &two, "a-model:2");
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("quota exceeded") && err.contains("\"a-\"") && err.contains("3145728"), "{err}");
+    let ls = env.ok(&["ls"]);
+    assert!(ls.contains("a-model:1") && !ls.contains("a-model:2"), "{ls}");
+    // The same bytes under another name add nothing: they pass.
+    let again = push(TEAM_A, &one, "a-copy:1");
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    // Another team is not bounded by team a's quota.
+    assert!(push(TEAM_B, &two, "b-model:1").status.success());
+    // What the server counts is what `du --prefix` says.
+    let du: serde_json::Value =
+        serde_json::from_str(&env.ok(&["--json", "du", "--prefix", "a-", "--prefix", "b-"])).unwrap();
+    let a = &du["prefixes"][0];
+    assert_eq!((a["prefix"].as_str(), a["images"].as_u64()), (Some("a-"), Some(2)), "{du}");
+    let held = a["stored_bytes"].as_u64().unwrap();
+    assert!((2 << 20..3 << 20).contains(&held), "{du}");
+    assert_eq!(a["unique_stored_bytes"].as_u64(), Some(held), "{du}");
+    // A quota lowered below what the prefix holds refuses the next push before any pack.
+    fs::write(&tokens, format!("{TEAM_A} write a- quota=1M\n{TEAM_B} write b-\n{ADMIN} admin\n")).unwrap();
+    assert!(std::process::Command::new("kill").args(["-HUP", &server.pid().to_string()]).status().unwrap().success());
+    let may_write = || server.curl("GET", "/v1/may-write/tags/a-model", Some(TEAM_A), &[], None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while may_write().0 != 403 {
+        assert!(Instant::now() < deadline, "the lowered quota never took effect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(may_write().1.contains("quota exceeded"), "{}", may_write().1);
+    let packs_before = env.packs();
+    let refused = push(TEAM_A, &image("three", 3), "a-model:3");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("quota exceeded"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert_eq!(env.packs(), packs_before, "a push at its quota is refused before it sends a pack");
+    // Room comes back when images go.
+    env.ok(&["rm", "a-model:1"]);
+    env.ok(&["rm", "a-copy:1"]);
+    let (code, body) = may_write();
+    assert_eq!(code, 204, "{body}");
+    env.ok(&["verify"]);
+}

@@ -240,7 +240,12 @@ pub enum Command {
         image: String,
     },
     /// Space used: logical and stored bytes, dedup and compression ratios, bytes unique to each image.
-    Du,
+    Du {
+        /// Also the space used by the images whose tag names start with this (a token's
+        /// namespace: what a quota on it bounds); repeatable.
+        #[arg(long = "prefix", value_name = "PREFIX")]
+        prefixes: Vec<String>,
+    },
     /// Point a new tag at an existing image.
     Tag {
         /// Existing NAME[:VERSION], or an image id (8 or more hex digits): `gstore log` lists a tag's earlier ids, so this rolls a tag back.

@@ -78,7 +78,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Diff { a, b } => diff(&Store::open(&location)?, &a, &b, &out),
         Command::Copy { images, to } => copy(&location, &images, &to, &out, &bars),
         Command::Show { image } => show(&Store::open(&location)?, &image, &out),
-        Command::Du => du(&open_indexed(&location)?, &out),
+        Command::Du { prefixes } => du(&open_indexed(&location)?, &prefixes, &out),
         Command::Tag { source, target } => tag(&location, &source, &target, &out),
         Command::Pin { tags } => pin(&location, &tags, true, &out),
         Command::Unpin { tags } => pin(&location, &tags, false, &out),
@@ -728,8 +728,8 @@ fn show(store: &Store, image: &str, out: &Output) -> Result<()> {
     })
 }
 
-fn du(store: &IndexedStore, out: &Output) -> Result<()> {
-    let u = usage::usage(store)?;
+fn du(store: &IndexedStore, prefixes: &[String], out: &Output) -> Result<()> {
+    let u = usage::usage_by(store, prefixes)?;
     out.emit(&u, || {
         let mut s = format!(
             "logical   {}\nunique    {} (dedup {:.2}x)\nstored    {} (compression {:.2}x)\npacks     {} in {}",
@@ -753,6 +753,26 @@ fn du(store: &IndexedStore, out: &Output) -> Result<()> {
                 HumanBytes(i.logical_bytes).to_string(),
                 HumanBytes(i.unique_stored_bytes).to_string()
             ));
+        }
+        if !u.prefixes.is_empty() {
+            let width = u.prefixes.iter().map(|p| p.prefix.len() + 2).max().unwrap_or(6).max(6);
+            s.push_str(&format!(
+                "
+
+{:<width$}  {:>6} {:>12} {:>12} {:>14}",
+                "PREFIX", "IMAGES", "LOGICAL", "STORED", "UNIQUE STORED"
+            ));
+            for p in &u.prefixes {
+                s.push_str(&format!(
+                    "
+{:<width$}  {:>6} {:>12} {:>12} {:>14}",
+                    format!("{:?}", p.prefix),
+                    p.images,
+                    HumanBytes(p.logical_bytes).to_string(),
+                    HumanBytes(p.stored_bytes).to_string(),
+                    HumanBytes(p.unique_stored_bytes).to_string()
+                ));
+            }
         }
         s
     })

@@ -69,6 +69,7 @@ fn fixture() -> &'static Fixture {
             registry: None,
             // Range reads of packs go through the caching tier, as with `serve --cache`.
             tier: gstore_server::tier::Tier::new(dir.path().join("tier"), 64 << 20).unwrap().map(Arc::new),
+            quotas: Arc::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let router = runtime.block_on(async { routes::router(state, &settings) });

@@ -9,6 +9,9 @@ back from that image, straight into GPU memory, while the rest of it is filled l
     gstore.serving.weights_from(model, "qwen3-8b:v1", store=store.location)
     serve_forever(model)                               # unchanged
 
+A serving engine that loads through its model's ``load_weights`` (fused parameters) passes it:
+``weights_from(model, "qwen3-8b:v1", store=..., load=model.load_weights)``.
+
 How it goes (docs/ARCHITECTURE.md, "Weights out of the image"): ``gstore checkpoint``
 finds the registration under ``$GSTORE_COOP_DIR`` (default ``/dev/shm/gstore-coop``), writes
 ``ctl`` (``{"action": "release", "controller": PID}``) and sends the registered signal. The
@@ -40,7 +43,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import CorruptError, InvalidError, NotFoundError, Store, _state_of
 from . import structure as _structure
@@ -63,8 +66,17 @@ INDEX_SLOT = 4096
 class Registration:
     """The weights of one module that checkpoints leave out (see :func:`weights_from`)."""
 
-    def __init__(self, module: Any, image: str, store: Optional[str], signum: int, device: str) -> None:
+    def __init__(
+        self,
+        module: Any,
+        image: str,
+        store: Optional[str],
+        signum: int,
+        device: str,
+        load: Optional[Callable[[Iterator[Tuple[str, Any]]], Any]],
+    ) -> None:
         self.module = module
+        self.load = load
         self.store = store
         self.device = device
         self.signum = signum
@@ -163,26 +175,33 @@ class Registration:
         for storage, nbytes in self._storages:
             if storage.nbytes() != nbytes:
                 storage.resize_(nbytes)
-        left = dict(self.tensors)
         offered = self._prefetched(ctl)
         if offered is not None:
             try:
                 with _Mapped(offered) as files:
-                    for path, blob in files:
-                        self._fill(left, _state_of(blob, False, f"{self.tag}: {path}").items())
+                    self._apply(t for path, blob in files for t in _state_of(blob, False, f"{self.tag}: {path}").items())
                     _synchronize(torch, self.tensors)
                 self.last["source"] = "prefetched"
             except Exception as e:  # the store has the same bytes
                 print(f"gstore.serving: the prefetched weights could not be used ({e}); loading from the store", flush=True)
-                left = dict(self.tensors)
                 offered = None
         if offered is None:
-            self._fill(left, _store(self.store).weights(self.image, device=self.device))
+            self._apply(_store(self.store).weights(self.image, device=self.device))
             self.last["source"] = "store"
-        if left:
-            raise NotFoundError(f"{self.tag} (image {self.image}) holds no tensor named {sorted(left)[:5]}")
         _synchronize(torch, self.tensors)
         self.last["refill_s"] = time.perf_counter() - start
+
+    def _apply(self, loaded: Iterator[Tuple[str, Any]]) -> None:
+        """Puts the image's ``(name, tensor)`` pairs into the module: through the engine's own
+        loader when one was registered, else each into the registered tensor of its name, all
+        of which must be filled."""
+        if self.load is not None:
+            self.load(loaded)
+            return
+        left = dict(self.tensors)
+        self._fill(left, loaded)
+        if left:
+            raise NotFoundError(f"{self.tag} (image {self.image}) holds no tensor named {sorted(left)[:5]}")
 
     def _fill(self, left: Dict[str, Any], loaded: Any) -> None:
         """Copies each ``(name, tensor)`` of ``loaded`` into the registered tensor of that name
@@ -218,7 +237,11 @@ _lock = threading.Lock()
 
 
 def weights_from(
-    module: Any, image: str, store: Optional[str] = None, signum: int = signal.SIGUSR2
+    module: Any,
+    image: str,
+    store: Optional[str] = None,
+    signum: int = signal.SIGUSR2,
+    load: Optional[Callable[[Iterator[Tuple[str, Any]]], Any]] = None,
 ) -> Registration:
     """Leaves ``module``'s weights (its state dict's tensors) out of every checkpoint
     of this process, because they are the tensors of the stored image ``image`` (a model
@@ -227,14 +250,18 @@ def weights_from(
     checkpoint keeps it from ``gstore gc`` for as long as the process image is kept.
 
     Call it once the weights are loaded, from the main thread; ``signum`` (default
-    ``SIGUSR2``) becomes this module's: ``gstore checkpoint`` sends it. Raises
+    ``SIGUSR2``) becomes this module's: ``gstore checkpoint`` sends it. ``load``: how the
+    module takes the image's ``(name, tensor)`` pairs back, for a module whose parameters are
+    not the image's tensors one for one (a serving engine's fused ones: pass its own
+    ``model.load_weights``, which it loaded them through); by default each tensor is copied
+    into the state-dict tensor of its name, and every one must be there. Raises
     :class:`InvalidError` when a tensor cannot be freed and refilled where it is (memory not
     torch's own, e.g. tensors that share gstore's load buffers: copy them into the module's
     parameters, as :meth:`Store.load_into` does)."""
     if threading.current_thread() is not threading.main_thread():
         raise InvalidError("gstore.serving.weights_from must be called from the main thread (it sets a signal handler)")
     placement, _ = _structure.placement_of(module)
-    reg = Registration(module, image, store, int(signum), placement)
+    reg = Registration(module, image, store, int(signum), placement, load)
     with _lock:
         if _registrations:
             raise InvalidError("this process has registered its weights already (one module per process)")

@@ -35,12 +35,24 @@ SERVER = textwrap.dedent(
         with open(os.path.join(out, name + ".tmp"), "w") as f:
             f.write(text)
         os.rename(os.path.join(out, name + ".tmp"), os.path.join(out, name))
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-    gstore.Store(store).load_into(model, "model:v1", progress=False)
     x = torch.ones(1, width) * 0.01
+    load = None
+    if os.environ.get("SERVER_FUSED"):
+        # A serving engine's shape: one fused parameter made of the image's tensors, filled by
+        # the engine's own loader.
+        model = torch.nn.Linear(width, layers * width, bias=False)
+        def load(weights):
+            with torch.no_grad():
+                for name, t in weights:
+                    i = int(name.split(".")[0])
+                    model.weight[i * width:(i + 1) * width].copy_(t)
+        load(gstore.Store(store).weights("model:v1", device="cpu"))
+    else:
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        gstore.Store(store).load_into(model, "model:v1", progress=False)
     def answer():
         with torch.no_grad():
             return repr(float(model(x).double().sum()))
@@ -48,7 +60,7 @@ SERVER = textwrap.dedent(
     registered = False
     while True:
         if not registered and os.path.exists(os.path.join(out, "register")):
-            gstore.serving.weights_from(model, "model:v1", store=store)
+            gstore.serving.weights_from(model, "model:v1", store=store, load=load)
             registered = True
             put("registered", str(os.getpid()))
         if os.path.exists(os.path.join(out, "ask")):
@@ -98,9 +110,12 @@ def gone(pid, timeout=20.0):
     return not os.path.exists(f"/proc/{pid}")
 
 
-@pytest.fixture
-def served(tmp_path, monkeypatch):
-    """A store holding the model image, and a serving process that loaded it."""
+@pytest.fixture(params=["plain"])
+def served(tmp_path, monkeypatch, request):
+    """A store holding the model image, and a serving process that loaded it (``fused``: into
+    one parameter, through its own loader)."""
+    if request.param == "fused":
+        monkeypatch.setenv("SERVER_FUSED", "1")
     monkeypatch.setenv("GSTORE_COOP_DIR", str(tmp_path / "coop"))
     store = str(tmp_path / "store")
     gstore.Store.init(store)
@@ -171,6 +186,23 @@ def test_weights_stay_out_of_the_image_and_come_back_from_the_store(served):
     ran = json.loads(cli(store, "restore", "proc:lean", "--run").stdout)
     _restored.add(ran["pid"])
     assert ask(out) == expect
+
+
+@pytest.mark.parametrize("served", ["fused"], indirect=True)
+def test_an_engine_s_own_loader_refills_fused_weights(served):
+    store, out, proc = served
+    expect = open(os.path.join(out, "expect")).read()
+    open(os.path.join(out, "register"), "w").close()
+    wait_for(os.path.join(out, "registered"))
+    live = json.loads(cli(store, "checkpoint", "--pid", str(proc.pid), "--tag", "proc:fused", "--leave-running").stdout)
+    assert live["weights"]["bytes"] == LAYERS * WIDTH * WIDTH * 4, live["weights"]
+    assert ask(out) == expect
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    open(os.path.join(out, "ask"), "w").close()
+    ran = json.loads(cli(store, "restore", "proc:fused", "--run").stdout)
+    _restored.add(ran["pid"])
+    assert wait_for(os.path.join(out, "answer")) == expect
 
 
 def test_a_restore_whose_model_image_is_damaged_starts_nothing(served, tmp_path):

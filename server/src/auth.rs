@@ -28,6 +28,9 @@ pub struct Token {
     pub scope: Scope,
     /// Tags it may write must start with this.
     pub tag_prefix: String,
+    /// The most stored bytes the images under `tag_prefix` may hold (`quota=SIZE`), if
+    /// bounded (docs/SECURITY.md, "Quotas").
+    pub quota: Option<u64>,
 }
 
 /// Every configured token.
@@ -95,22 +98,39 @@ impl Tokens {
                     return Err(format!("token file line {}: scope must be read, write or admin, not {other:?}", n + 1))
                 }
             };
-            if parts[0].len() < 16 || parts.len() > 3 {
+            let (quota, rest): (Vec<&str>, Vec<&str>) = parts[2..].iter().partition(|p| p.starts_with("quota="));
+            if parts[0].len() < 16 || rest.len() > 1 || quota.len() > 1 {
                 return Err(format!(
-                    "token file line {}: expected TOKEN SCOPE [TAG_PREFIX] with a token of 16+ characters",
+                    "token file line {}: expected TOKEN SCOPE [TAG_PREFIX] [quota=SIZE] with a token of 16+ characters",
                     n + 1
                 ));
             }
+            let quota = match quota.first() {
+                None => None,
+                Some(q) if scope == Scope::Read => {
+                    return Err(format!("token file line {}: {q} on a read token, which stores nothing", n + 1))
+                }
+                Some(q) => Some(
+                    gstore_store::units::size(&q["quota=".len()..])
+                        .map_err(|e| format!("token file line {}: quota: {e}", n + 1))?,
+                ),
+            };
             out.push(Arc::new(Token {
                 secret: parts[0].as_bytes().to_vec(),
                 scope,
-                tag_prefix: parts.get(2).unwrap_or(&"").to_string(),
+                tag_prefix: rest.first().unwrap_or(&"").to_string(),
+                quota,
             }));
         }
         if out.is_empty() {
             return Err("token file holds no tokens".into());
         }
         Ok(Tokens(out))
+    }
+
+    /// Whether any token has a quota.
+    pub fn any_quota(&self) -> bool {
+        self.0.iter().any(|t| t.quota.is_some())
     }
 
     /// True when no token is configured (the server runs without auth).
@@ -206,5 +226,21 @@ mod tests {
         assert_eq!(t.authenticate(Some("Basic !!!")).unwrap_err(), Denied::Unauthenticated);
         assert!(Tokens::parse("short read").is_err());
         assert!(Tokens::parse("longenoughtoken01 root").is_err());
+    }
+
+    #[test]
+    fn quotas_in_the_token_file() {
+        let t =
+            Tokens::parse("writewritewrite01 write team-a- quota=10M\nwritewritewrite02 write quota=1.5G\n").unwrap();
+        let a = t.authenticate(Some("Bearer writewritewrite01")).unwrap();
+        assert_eq!((a.tag_prefix.as_str(), a.quota), ("team-a-", Some(10 << 20)));
+        let b = t.authenticate(Some("Bearer writewritewrite02")).unwrap();
+        assert_eq!((b.tag_prefix.as_str(), b.quota), ("", Some(3 << 29)));
+        assert!(t.any_quota());
+        assert!(!Tokens::parse("writewritewrite01 write team-a-").unwrap().any_quota());
+        assert!(Tokens::parse("writewritewrite01 write quota=lots").unwrap_err().contains("quota"));
+        assert!(Tokens::parse("readreadreadread01 read quota=1G").unwrap_err().contains("read token"));
+        assert!(Tokens::parse("writewritewrite01 write a- b-").is_err());
+        assert!(Tokens::parse("writewritewrite01 write quota=1G quota=2G").is_err());
     }
 }

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod chunks;
 pub mod metrics;
+pub mod quota;
 pub mod registry;
 pub mod routes;
 pub mod tier;
@@ -79,6 +80,8 @@ pub struct AppState {
     pub registry: Option<Arc<gstore_registry::Registry>>,
     /// The caching tier, where the server has one.
     pub tier: Option<Arc<tier::Tier>>,
+    /// What quota checks have read.
+    pub quotas: Arc<quota::Quotas>,
 }
 
 /// Refuses an exposed address without authentication unless `insecure` is set.
@@ -122,6 +125,9 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     check_exposure(&s)?;
+    if s.sealed && s.tokens.any_quota() {
+        return Err("the token file sets quotas, but this store is encrypted: the server cannot read its manifests to count what a prefix holds".into());
+    }
     let objects = servable(&backend)?;
     let registry = match (&s.location, s.sealed) {
         (Some(location), false) => {
@@ -154,6 +160,7 @@ pub async fn serve(
         sealed: s.sealed,
         registry,
         tier,
+        quotas: Arc::new(quota::Quotas::default()),
     };
     reload_tokens_on_hangup(Arc::clone(&state.tokens), s.tokens_file.clone())?;
     let app = routes::router(state, &s).into_make_service();

@@ -5,7 +5,7 @@
 use crate::auth::{Denied, Scope, Token};
 use crate::chunks::ChunkMap;
 use crate::tier::Served;
-use crate::{verify, AppState, Settings};
+use crate::{quota, verify, AppState, Settings};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
@@ -18,6 +18,7 @@ use gstore_store::backend::ListEntry;
 use gstore_store::backend::Version;
 use gstore_store::codec::{decode_base, Decoder, KnownBases};
 use gstore_store::format::key::{Family, ObjectKey as Key};
+use gstore_store::format::tag::{TagRecord, TagRef};
 use gstore_store::repo::index::ChunkLocation;
 use gstore_store::{ChunkIds, ObjectId, StoreError};
 use object_store::path::Path as ObjPath;
@@ -242,7 +243,11 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
         Err(r) => return r,
     };
     let (scope, tag) = write_scope(&k);
-    if let Err(r) = authorize(&state, req.headers(), scope, tag).and_then(|t| check_lease_owner(&k, t.as_deref())) {
+    let token = match authorize(&state, req.headers(), scope, tag) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    if let Err(r) = check_lease_owner(&k, token.as_deref()) {
         return r;
     }
     // Packs and manifests are written once, whatever the client asks: a write token may add
@@ -286,7 +291,33 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
         Ok(Err(why)) => return error(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected, nothing stored: {why}")),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+    if let (Key::Tag(t), Some(token)) = (&k, &token) {
+        if let Err(r) = within_quota(&state, token, Some((t, &body))).await {
+            return r;
+        }
+    }
     write_checked(&state, &k, body, mode, write_once).await
+}
+
+/// Whether the images under `token`'s prefix stay within its quota (if it has one) with the
+/// tag record `writing` (the tag and the uploaded body) written; else the 403 answer. Without
+/// `writing`: whether they are below it now (a push asks before it uploads anything).
+async fn within_quota(state: &AppState, token: &Token, writing: Option<(&TagRef, &Bytes)>) -> Result<(), Response> {
+    let Some(quota) = token.quota else { return Ok(()) };
+    let record = match writing.map(|(t, body)| TagRecord::from_json(body, t)).transpose() {
+        Ok(r) => r,
+        Err(e) => return Err(error(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected, nothing stored: {e}"))),
+    };
+    let (s, prefix) = (state.clone(), token.tag_prefix.clone());
+    let held = tokio::task::spawn_blocking(move || s.quotas.held(&s, &prefix, record.as_ref())).await;
+    match held {
+        Ok(Ok(held)) if held > quota || (writing.is_none() && held >= quota) => {
+            Err(error(StatusCode::FORBIDDEN, quota::over(&token.tag_prefix, quota, held)))
+        }
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(store_failure(e)),
+        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    }
 }
 
 /// Writes an upload that passed its checks under `mode`: once only for packs and manifests
@@ -342,10 +373,15 @@ async fn write_checked(state: &AppState, k: &Key, body: Bytes, mode: PutMode, wr
 }
 
 /// Whether the request's token may write tags named `name`: 204, else 401/403 as a write of
-/// such a tag would get. A push asks before it uploads anything.
+/// such a tag would get, or 403 when the images under its prefix are at its quota already. A
+/// push asks before it uploads anything.
 async fn may_write_tag(State(state): State<AppState>, Path(name): Path<String>, headers: HeaderMap) -> Response {
     match authorize(&state, &headers, Scope::Write, Some(&name)) {
-        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Ok(Some(token)) => match within_quota(&state, &token, None).await {
+            Ok(()) => StatusCode::NO_CONTENT.into_response(),
+            Err(r) => r,
+        },
+        Ok(None) => StatusCode::NO_CONTENT.into_response(),
         Err(r) => r,
     }
 }

@@ -18,6 +18,7 @@ pub mod format;
 mod memory;
 pub mod progress;
 pub mod repo;
+pub mod units;
 
 pub use error::{ErrorKind, ObjectKind, Result, StoreError};
 pub use format::config::{StoreConfig, FORMAT_VERSION};

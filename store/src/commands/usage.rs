@@ -41,6 +41,37 @@ pub struct Usage {
     pub compression_ratio: f64,
     /// Chunks referenced by a manifest but missing from the index.
     pub missing_chunks: u64,
+    /// Per tag prefix asked for ([`usage_by`]): what a token limited to that prefix holds.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<PrefixUsage>,
+}
+
+/// Space used by the images whose tag names start with one prefix (a token's namespace).
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefixUsage {
+    /// The prefix ("" for every name).
+    pub prefix: String,
+    /// Tags under it.
+    pub images: usize,
+    /// Plain bytes of those images (an image under two tags counts once).
+    pub logical_bytes: u64,
+    /// Stored bytes of the distinct chunks they reference: what the prefix holds, and what a
+    /// quota on it bounds (docs/SECURITY.md).
+    pub stored_bytes: u64,
+    /// Stored bytes of the chunks no image outside the prefix references: what removing
+    /// them all would free.
+    pub unique_stored_bytes: u64,
+}
+
+/// Stored bytes of the distinct non-zero chunks of `chunks` (each manifest's chunk ids),
+/// each counted once; `stored_len` says a chunk's stored length (one it does not know counts
+/// nothing). What `gstore du --prefix` reports and a server's quota bounds.
+pub fn stored_bytes<'a>(
+    chunks: impl IntoIterator<Item = &'a [ObjectId]>,
+    stored_len: impl Fn(&ObjectId) -> Option<u64>,
+) -> u64 {
+    let distinct: HashSet<&ObjectId> = chunks.into_iter().flatten().collect();
+    distinct.into_iter().filter_map(stored_len).sum()
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -53,6 +84,11 @@ fn ratio(a: u64, b: u64) -> f64 {
 
 /// Computes the store's usage from tags, manifests and the index.
 pub fn usage(store: &IndexedStore) -> Result<Usage> {
+    usage_by(store, &[])
+}
+
+/// [`usage`], with the usage of the images under each of `prefixes` too.
+pub fn usage_by(store: &IndexedStore, prefixes: &[String]) -> Result<Usage> {
     let tags: Vec<_> = store.list_tags()?.into_iter().filter_map(|t| t.ok()).collect();
     let mut manifests = HashMap::new();
     for t in &tags {
@@ -97,7 +133,35 @@ pub fn usage(store: &IndexedStore) -> Result<Usage> {
     let unique_plain: u64 = chunks.values().map(|c| c.2).sum();
     let stored: u64 = chunks.values().map(|c| c.1).sum();
     let packs = store.index().packs()?;
+    let stored_len = |id: &ObjectId| chunks.get(id).map(|c| c.1);
+    let prefixes = prefixes
+        .iter()
+        .map(|prefix| {
+            let under: HashSet<ObjectId> = tags
+                .iter()
+                .filter(|t| t.name.starts_with(prefix.as_str()))
+                .map(|t| t.manifest_id().expect("checked above"))
+                .collect();
+            let lists: Vec<Vec<ObjectId>> = under.iter().map(|m| distinct[m].iter().copied().collect()).collect();
+            let inside: HashMap<&ObjectId, u32> = lists.iter().flatten().fold(HashMap::new(), |mut n, id| {
+                *n.entry(id).or_default() += 1;
+                n
+            });
+            PrefixUsage {
+                prefix: prefix.clone(),
+                images: tags.iter().filter(|t| t.name.starts_with(prefix.as_str())).count(),
+                logical_bytes: under.iter().map(|m| manifests[m].logical_size()).sum(),
+                stored_bytes: stored_bytes(lists.iter().map(Vec::as_slice), stored_len),
+                // Referenced by as many manifests inside the prefix as in the whole store.
+                unique_stored_bytes: inside
+                    .iter()
+                    .filter_map(|(id, n)| chunks.get(*id).filter(|c| c.0 == *n).map(|c| c.1))
+                    .sum(),
+            }
+        })
+        .collect();
     Ok(Usage {
+        prefixes,
         images,
         logical_bytes: logical,
         unique_plain_bytes: unique_plain,
