@@ -6,6 +6,7 @@ use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
 use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_KIND, META_PID};
 use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuMap, ImageMeta, MachineInfo};
+use gstore_lazy::mode::Mode;
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, ObjectId};
 use serde::Serialize;
@@ -17,9 +18,9 @@ use std::time::{Duration, Instant};
 pub struct RunReport {
     /// The restored process.
     pub pid: u32,
-    /// How memory came back: "lazy" (served from the store while the process runs) or "eager"
+    /// How memory came back: lazy (served from the store while the process runs) or eager
     /// (the whole image written out first).
-    pub mode: &'static str,
+    pub mode: Mode,
     /// Why the eager path was taken although it was not asked for.
     pub eager_reason: Option<String>,
     /// Seconds to write the image (lazy: only what CRIU reads itself) out of the store.
@@ -95,8 +96,7 @@ pub fn run(
             let restoring =
                 |e: CaptureError| CaptureError::Restore { reference: reference.to_string(), source: Box::new(e) };
             let mut eager_reason = None;
-            let lazy =
-                !opts.eager && gstore_lazy::uffd::check_support().map_err(|why| eager_reason = Some(why)).is_ok();
+            let lazy = gstore_lazy::mode::lazy_here(opts.eager).map_err(|why| eager_reason = why).is_ok();
             // The machine is checked (CUDA driver, CRIU) while the image is written out: the driver's
             // start costs a GPU machine ~0.2 s, so a CPU image does not start it. Nothing runs before
             // the check passes.
@@ -132,36 +132,35 @@ pub fn run(
             ropts.shell_job = criu.shell_job;
             ropts.extra_criu_args = criu.extra;
             let refilled = || (!weights.is_empty()).then(|| cooperate::wait_refilled(&weights)).transpose();
-            match prepared {
-                Some(Ok(prepared)) => {
-                    ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
-                    let r = retrying_pid_races(|| run_lazy(store, &id, dir, &prepared, &ropts));
-                    staged.remove_if_made();
-                    let (restore, fill, profile) = r.map_err(restoring)?;
-                    let weights_refill_s = refilled().map_err(restoring)?;
-                    return Ok(RunReport {
-                        pid: restore.pid,
-                        mode: "lazy",
-                        eager_reason: None,
-                        materialize_s,
-                        restore,
-                        fill: Some(fill),
-                        profile: Some(profile),
-                        weights_refill_s,
-                        total_s: started.elapsed().as_secs_f64(),
-                    });
-                }
-                Some(Err(
-                    gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. },
-                )) => {
-                    let _ = std::fs::remove_dir_all(dir);
-                    eager_reason = Some(why);
-                }
+            let prepared = match prepared.map(|p| gstore_lazy::mode::lazy_or_eager(p, &mut eager_reason)) {
                 Some(Err(e)) => {
                     staged.remove_if_made();
                     return Err(write_out(e.into()));
                 }
-                None => {}
+                Some(Ok(None)) => {
+                    let _ = std::fs::remove_dir_all(dir);
+                    None
+                }
+                Some(Ok(Some(p))) => Some(p),
+                None => None,
+            };
+            if let Some(prepared) = prepared {
+                ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
+                let r = retrying_pid_races(|| run_lazy(store, &id, dir, &prepared, &ropts));
+                staged.remove_if_made();
+                let (restore, fill, profile) = r.map_err(restoring)?;
+                let weights_refill_s = refilled().map_err(restoring)?;
+                return Ok(RunReport {
+                    pid: restore.pid,
+                    mode: Mode::Lazy,
+                    eager_reason: None,
+                    materialize_s,
+                    restore,
+                    fill: Some(fill),
+                    profile: Some(profile),
+                    weights_refill_s,
+                    total_s: started.elapsed().as_secs_f64(),
+                });
             }
             let t = Instant::now();
             let materialized = gstore_restore::restore_to_dir(store, &id, &m, dir, opts.memory_budget, progress);
@@ -176,7 +175,7 @@ pub fn run(
             let weights_refill_s = refilled().map_err(restoring)?;
             Ok(RunReport {
                 pid: restore.pid,
-                mode: "eager",
+                mode: Mode::Eager,
                 eager_reason,
                 materialize_s,
                 restore,

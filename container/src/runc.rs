@@ -21,6 +21,7 @@ use gstore_gpu_dump::cuda::{self, ffi::GpuPair};
 use gstore_gpu_dump::{
     check_compatible, Criu, CudaDriver, GpuDumpError, GpuMap, ImageKind, ImageMeta, MachineInfo, ProcessState,
 };
+use gstore_lazy::mode::Mode;
 use gstore_store::commands::push::stream::Meta;
 use gstore_store::commands::push::{self, PushReport};
 use gstore_store::format::manifest::Manifest;
@@ -540,9 +541,9 @@ pub struct RuncRestoreReport {
     pub container: String,
     /// Its init process (host pid).
     pub pid: u32,
-    /// How memory came back: "lazy" (served from the store while the container runs) or
-    /// "eager" (CRIU's images written out whole first).
-    pub mode: &'static str,
+    /// How memory came back: lazy (served from the store while the container runs) or eager
+    /// (CRIU's images written out whole first).
+    pub mode: Mode,
     /// Why the eager path was taken although it was not asked for.
     pub eager_reason: Option<String>,
     /// The processes whose GPU state was restored (host pids).
@@ -654,7 +655,7 @@ pub fn restore(
         image: image.to_string(),
         container: c.id,
         pid,
-        mode: if prepared.is_some() { "lazy" } else { "eager" },
+        mode: if prepared.is_some() { Mode::Lazy } else { Mode::Eager },
         eager_reason,
         gpu_pids: resumed.gpu_pids,
         image_bytes,
@@ -682,16 +683,16 @@ fn write_image(
 ) -> Result<(u64, Option<gstore_lazy::Prepared>, Option<String>)> {
     let images = dest.join(IMAGES);
     let mut eager_reason = None;
-    let lazy = !eager && gstore_lazy::uffd::check_support().map_err(|why| eager_reason = Some(why)).is_ok();
+    let lazy = gstore_lazy::mode::lazy_here(eager).map_err(|why| eager_reason = why).is_ok();
     let prepared = if lazy {
         // Everything but CRIU's images in full; of those, what CRIU reads itself.
         let rest = m.subset(|e| e.path != IMAGES && !e.path.starts_with(&format!("{IMAGES}/")));
         let written =
             gstore_restore::restore_to_dir(store, mid, &rest, dest, gstore_restore::Budget::DEFAULT, progress)?;
-        match gstore_lazy::prepare(store, mid, &m.within(IMAGES), &images, gstore_restore::Budget::DEFAULT, progress) {
-            Ok(p) => Some((written.logical_bytes + p.written_bytes, p)),
-            Err(gstore_lazy::LazyError::Unsupported(why) | gstore_lazy::LazyError::Image { detail: why, .. }) => {
-                eager_reason = Some(why);
+        let p = gstore_lazy::prepare(store, mid, &m.within(IMAGES), &images, gstore_restore::Budget::DEFAULT, progress);
+        match gstore_lazy::mode::lazy_or_eager(p, &mut eager_reason) {
+            Ok(Some(p)) => Some((written.logical_bytes + p.written_bytes, p)),
+            Ok(None) => {
                 std::fs::remove_dir_all(dest).map_err(|e| ContainerError::io("removing", dest, e))?;
                 None
             }

@@ -25,6 +25,7 @@ pub mod fetch;
 pub mod fill;
 pub mod guard;
 pub mod layout;
+pub mod mode;
 pub mod prepare;
 pub mod profile;
 pub mod socket;

@@ -7,6 +7,7 @@ use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use crate::format::config::StoreConfig;
 use crate::format::key::ObjectKey;
+use crate::format::record;
 use crate::ObjectKind;
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use serde::{Deserialize, Serialize};
@@ -62,14 +63,18 @@ pub struct KeyRecord {
     pub check: Option<String>,
 }
 
+impl record::Versioned for KeyRecord {
+    const FORMAT: u32 = 1;
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
 impl KeyRecord {
     /// Parses and checks a key record read from `keys/<id>.key`.
     pub fn from_json(bytes: &[u8], id: &str) -> Result<KeyRecord> {
         let bad = |d: String| StoreError::corrupt(ObjectKind::KeyRecord, id, d);
-        let r: KeyRecord = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
-        if r.format != 1 {
-            return Err(bad(format!("record format {} is not supported", r.format)));
-        }
+        let r: KeyRecord = record::decode(bytes, ObjectKind::KeyRecord, id)?;
         if hex::decode(&r.salt).map(|s| s.len()) != Ok(16) || hex::decode(&r.wrapped).map(|w| w.len()) != Ok(48) {
             return Err(bad("its salt must be 16 bytes and its wrapped key 48, in hex".into()));
         }
@@ -216,15 +221,17 @@ pub struct RetiredKeys {
     pub retired: std::collections::BTreeSet<String>,
 }
 
+impl record::Versioned for RetiredKeys {
+    const FORMAT: u32 = 1;
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
 impl RetiredKeys {
     /// Parses and checks the object read from `keys/retired.json`.
     pub fn from_json(bytes: &[u8]) -> Result<RetiredKeys> {
-        let bad = |d: String| StoreError::corrupt(ObjectKind::RetiredKeys, "keys/retired.json", d);
-        let r: RetiredKeys = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
-        if r.format != 1 {
-            return Err(bad(format!("format {} is not supported", r.format)));
-        }
-        Ok(r)
+        record::decode(bytes, ObjectKind::RetiredKeys, "keys/retired.json")
     }
 }
 

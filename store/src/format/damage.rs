@@ -9,6 +9,7 @@ use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
+use crate::format::record;
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
@@ -30,6 +31,13 @@ struct DamageRecord {
 /// The largest record read: 1 MiB (about 15,000 chunk ids, more than a pack holds).
 const MAX_RECORD: usize = 1 << 20;
 
+impl record::Versioned for DamageRecord {
+    const FORMAT: u32 = 1;
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
 impl DamageRecord {
     /// Parses and checks a record read from the key of pack `pack`.
     fn from_json(bytes: &[u8], pack: &ObjectId) -> Result<DamageRecord> {
@@ -37,10 +45,7 @@ impl DamageRecord {
         if bytes.len() > MAX_RECORD {
             return Err(bad(format!("{} bytes, more than {MAX_RECORD}", bytes.len())));
         }
-        let r: DamageRecord = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
-        if r.format != 1 {
-            return Err(bad(format!("record format {} is not supported", r.format)));
-        }
+        let r: DamageRecord = record::decode(bytes, ObjectKind::DamageRecord, &pack.to_hex())?;
         if r.pack != pack.to_hex() {
             return Err(bad(format!("it names pack {}", r.pack)));
         }

@@ -11,6 +11,7 @@ use crate::backend::{self, Backend};
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
+use crate::format::record;
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
@@ -88,15 +89,17 @@ pub struct LeaseRecord {
     pub manifests: BTreeSet<String>,
 }
 
+impl record::Versioned for LeaseRecord {
+    const FORMAT: u32 = 1;
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
 impl LeaseRecord {
     /// Parses a stored lease.
     pub fn from_json(bytes: &[u8], key: &str) -> Result<LeaseRecord> {
-        let r: LeaseRecord =
-            serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt(ObjectKind::Lease, key, e.to_string()))?;
-        if r.format != 1 {
-            return Err(StoreError::corrupt(ObjectKind::Lease, key, format!("unknown format {}", r.format)));
-        }
-        Ok(r)
+        record::decode(bytes, ObjectKind::Lease, key)
     }
 
     /// The packs it protects.

@@ -1,5 +1,6 @@
 //! What the store holds, object by object (docs/FORMAT.md): the configuration, ids, object keys,
-//! manifests, packs, tags, leases, restore profiles and damage records.
+//! manifests, packs, tags, leases, restore profiles and damage records, and the versioned JSON
+//! records' one decoder.
 
 pub(crate) mod config;
 pub mod damage;
@@ -9,6 +10,7 @@ pub mod lease;
 pub mod manifest;
 pub mod pack;
 pub mod profile;
+pub mod record;
 pub mod tag;
 
 /// Seconds since the Unix epoch (the times objects record).

@@ -6,6 +6,7 @@
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::ObjectKey;
+use crate::format::record;
 use crate::repo::store::Store;
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,13 @@ pub struct Profile {
     pub order: Vec<(u32, u64)>,
 }
 
+impl record::Versioned for Profile {
+    const FORMAT: u32 = PROFILE_FORMAT;
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
 impl Profile {
     /// A profile from first-need order.
     pub fn new(segment_bytes: u64, order: Vec<(u32, u64)>) -> Profile {
@@ -39,10 +47,7 @@ impl Profile {
         if bytes.len() > MAX_PROFILE_BYTES {
             return Err(corrupt(format!("{} bytes, more than the {MAX_PROFILE_BYTES} allowed", bytes.len())));
         }
-        let p: Profile = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
-        if p.format != PROFILE_FORMAT {
-            return Err(corrupt(format!("format {} (this gstore reads {PROFILE_FORMAT})", p.format)));
-        }
+        let p: Profile = record::decode(bytes, ObjectKind::Profile, &id.to_hex())?;
         if p.segment_bytes == 0 || !p.segment_bytes.is_multiple_of(4096) {
             return Err(corrupt(format!("segment size {} is not a positive multiple of 4096", p.segment_bytes)));
         }

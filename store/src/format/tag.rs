@@ -2,6 +2,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
+use crate::format::record;
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -193,6 +194,13 @@ pub struct TagRecord {
     pub pinned: bool,
 }
 
+impl record::Versioned for TagRecord {
+    const FORMAT: u32 = 1;
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
 impl TagRecord {
     /// A record pointing `tag` at `manifest`, set at `at`, carrying `previous` into its
     /// history. The new value is dated after the previous one even if the clock says
@@ -241,13 +249,12 @@ impl TagRecord {
 
     /// Parses a stored record and checks it belongs to `tag`.
     pub fn from_json(bytes: &[u8], tag: &TagRef) -> Result<TagRecord> {
-        let r: TagRecord = serde_json::from_slice(bytes)
-            .map_err(|e| StoreError::corrupt(ObjectKind::Tag, tag.to_string(), e.to_string()))?;
-        if r.format != 1 || &r.tag() != tag {
+        let r: TagRecord = record::decode(bytes, ObjectKind::Tag, &tag.to_string())?;
+        if &r.tag() != tag {
             return Err(StoreError::corrupt(
                 ObjectKind::Tag,
                 tag.to_string(),
-                "record names another tag or an unknown format",
+                format!("the record names tag {}", r.tag()),
             ));
         }
         r.manifest_id()?;

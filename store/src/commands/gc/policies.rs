@@ -7,6 +7,7 @@
 use super::retention::Policy;
 use crate::error::{ObjectKind, Result, StoreError};
 use crate::format::key::ObjectKey;
+use crate::format::record;
 use crate::format::tag::TagRef;
 use crate::repo::store::Store;
 use std::collections::BTreeMap;
@@ -21,15 +22,17 @@ pub struct Policies {
     pub policies: BTreeMap<String, Policy>,
 }
 
+impl record::Versioned for Policies {
+    const FORMAT: u32 = 1;
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
 impl Policies {
     /// Parses `policies.json`, refusing other formats and unknown fields.
     pub fn from_json(bytes: &[u8]) -> Result<Policies> {
-        let bad = |d: String| StoreError::corrupt(ObjectKind::Policies, "policies.json", d);
-        let p: Policies = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
-        if p.format != 1 {
-            return Err(bad(format!("format {} is not supported (a newer gstore wrote it)", p.format)));
-        }
-        Ok(p)
+        record::decode(bytes, ObjectKind::Policies, "policies.json")
     }
 
     /// The policies `policies.json` holds (`None`: the store has none yet).
