@@ -62,6 +62,11 @@ pub struct Registration {
     /// choice: "cuda:0").
     #[serde(default)]
     pub device: Option<String>,
+    /// Its command line as `/proc/PID/cmdline` has it (arguments joined by spaces): a
+    /// registration left by a process that is gone does not speak for a later one that got
+    /// its pid (a restored process has its old one).
+    #[serde(default)]
+    pub cmdline: Option<String>,
 }
 
 impl Registration {
@@ -147,13 +152,19 @@ impl Registration {
     }
 }
 
-/// The registered processes of the tree under `root` (those whose registration is for them).
+/// The registered processes of the tree under `root`: those whose registration is theirs (the
+/// same pid and command line, and a handler for its signal: never one a gone process left in
+/// its pid's name, and never a process the signal would end).
 pub fn find(root: u32) -> Vec<Registration> {
     procfs::descendants(&[root])
         .into_iter()
         .filter_map(|pid| {
             let text = std::fs::read_to_string(coop_dir().join(pid.to_string()).join("weights.json")).ok()?;
-            serde_json::from_str::<Registration>(&text).ok().filter(|r| r.pid == pid)
+            serde_json::from_str::<Registration>(&text)
+                .ok()
+                .filter(|r| r.pid == pid && r.cmdline.as_ref().is_none_or(|c| procfs::cmdline(pid).as_ref() == Some(c)))
+                // A process that does not catch the signal never registered (it would end).
+                .filter(|r| procfs::catches(pid, r.signal))
         })
         .collect()
 }
@@ -317,6 +328,7 @@ mod tests {
             tensors: 3,
             bytes: 1 << 20,
             device: Some("cuda:1".into()),
+            cmdline: None,
         }
     }
 
@@ -327,6 +339,29 @@ mod tests {
         assert_eq!(meta[gstore_store::META_USES], serde_json::json!(["ab".repeat(32)]));
         assert!(metadata(&[]).is_empty());
         assert!(recorded(&metadata(&[])).expect("none").is_empty());
+    }
+
+    extern "C" fn ignore(_: libc::c_int) {}
+
+    #[test]
+    fn only_a_registration_the_process_stands_behind_is_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::env::set_var("GSTORE_COOP_DIR", dir.path());
+        let me = std::process::id();
+        let write = |r: &Registration| {
+            std::fs::create_dir_all(dir.path().join(me.to_string())).unwrap();
+            std::fs::write(dir.path().join(me.to_string()).join("weights.json"), serde_json::to_vec(r).unwrap())
+                .unwrap();
+        };
+        let mine = Registration { cmdline: procfs::cmdline(me), ..reg(me) };
+        write(&mine);
+        assert!(find(me).is_empty(), "this process does not catch SIGUSR2: the signal would end it");
+        // SAFETY: installs a handler that does nothing, in this test's own process.
+        unsafe { libc::signal(libc::SIGUSR2, ignore as *const () as libc::sighandler_t) };
+        assert_eq!(find(me), vec![mine.clone()], "its own registration");
+        write(&Registration { cmdline: Some("python3 another.py".into()), ..mine });
+        assert!(find(me).is_empty(), "one left by an earlier process with this pid");
+        std::env::remove_var("GSTORE_COOP_DIR");
     }
 
     #[test]

@@ -49,6 +49,22 @@ pub fn descendants(roots: &[u32]) -> Vec<u32> {
     out
 }
 
+/// Process `pid`'s command line (`/proc/PID/cmdline`), its arguments joined by spaces, or
+/// `None` when there is no such process. A process CRIU restored has its old one.
+pub fn cmdline(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(String::from_utf8_lossy(&raw).replace('\0', " ").trim_end().to_string())
+}
+
+/// Whether process `pid` has a handler for signal `signal` (`SigCgt` in `/proc/PID/status`):
+/// one that does not would be ended by it.
+pub fn catches(pid: u32, signal: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    let mask =
+        status.lines().find_map(|l| l.strip_prefix("SigCgt:")).and_then(|m| u64::from_str_radix(m.trim(), 16).ok());
+    (1..=64).contains(&signal) && mask.is_some_and(|m| m & (1 << (signal - 1)) != 0)
+}
+
 /// The fields of a `/proc/PID/stat` line after the `(comm)` field, which may itself contain
 /// spaces and parentheses: state, ppid, ...
 fn after_comm(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
@@ -63,6 +79,16 @@ fn parse_stat_state(stat: &str) -> Option<char> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_lines_and_caught_signals() {
+        let me = std::process::id();
+        assert!(cmdline(me).is_some_and(|c| !c.is_empty() && !c.contains('\0')));
+        assert_eq!(cmdline(u32::MAX), None);
+        assert!(!catches(me, libc::SIGWINCH), "a test binary does not catch SIGWINCH");
+        assert!(!catches(u32::MAX, libc::SIGUSR2));
+        assert!(!catches(me, 0) && !catches(me, 65));
+    }
 
     #[test]
     fn stat_state_parsing() {

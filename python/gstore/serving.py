@@ -104,6 +104,7 @@ class Registration:
             "tensors": len(self.tensors),
             "bytes": self.bytes,
             "device": self.device,
+            "cmdline": _cmdline(),
         }
 
     def _put(self, name: str, text: str) -> None:
@@ -365,6 +366,16 @@ def _synchronize(torch: Any, tensors: Dict[str, Any]) -> None:
 
 def _store(location: Optional[str]) -> Store:
     return Store(location, index_slot=INDEX_SLOT + int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _cmdline() -> Optional[str]:
+    """This process's command line, its arguments joined by spaces, as the controller reads
+    it from ``/proc/PID/cmdline`` (a registration is this process's only while it matches)."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read().decode("utf-8", "replace").replace("\0", " ").rstrip()
+    except OSError:
+        return None
 
 
 def _version(path: str) -> Optional[Tuple[int, int, int]]:

@@ -176,6 +176,11 @@ def test_weights_stay_out_of_the_image_and_come_back_from_the_store(served):
     _restored.add(ran["pid"])
     assert ran["weights_refill_s"] is not None
     assert wait_for(os.path.join(out, "answer")) == expect
+    # Restored, it is a process started anew, and still registered: its next checkpoint leaves
+    # the weights out too.
+    again = json.loads(cli(store, "checkpoint", "--pid", str(ran["pid"]), "--tag", "proc:again", "--leave-running").stdout)
+    assert again["weights"]["bytes"] == weights_bytes, again.get("weights")
+    assert ask(out) == expect
 
     # gc keeps the model image while the process image uses it, though its tag is gone.
     cli(store, "rm", "model:v1")
