@@ -78,12 +78,8 @@ pub fn checkpoint(
     // A process left running copies its weights back from this process's GPU memory, loaded
     // from the store while the process is dumped.
     let prefetch = leave_running && regs.iter().any(|r| r.gpu().is_some());
-    let (r, refilled) = std::thread::scope(|s| {
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        if prefetch {
-            let regs = &regs;
-            s.spawn(move || cooperate::prefetch_all(store, regs, gstore_restore::Budget::DEFAULT, released));
-        }
+    let models = regs.iter().filter(|r| r.gpu().is_some()).map(|r| (r, cooperate::model_manifest(store, r)));
+    let (r, refilled) = cooperate::while_prefetching(store, models, gstore_restore::Budget::DEFAULT, prefetch, || {
         let r = match staging_at {
             Some(dir) => Staged::new(Some(dir), "checkpoint")
                 .and_then(|staging| staged(store, pid, tag, opts, staging, started, progress)),
@@ -92,7 +88,6 @@ pub fn checkpoint(
         // Every process that runs on (left running, rolled back, or restored from a staged
         // image after a failed push) gets its weights back before this returns.
         let refilled = (!regs.is_empty()).then(|| cooperate::refill(&regs, prefetch));
-        drop(release);
         (r, refilled)
     });
     let Some(refilled) = refilled else { return r };

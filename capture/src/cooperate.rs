@@ -15,6 +15,7 @@
 use crate::error::{CaptureError, Result};
 use gstore_gpu_dump::{procfs, CudaDriver};
 use gstore_restore::{Budget, DeviceImage};
+use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Silent;
 use gstore_store::IndexedStore;
 use gstore_store::{ObjectId, ObjectKind, StoreError};
@@ -259,17 +260,29 @@ pub fn ask_refill_on_restore(regs: &[Registration], prefetch: bool) -> Result<()
 /// The file a prefetch is published in, beside `ctl`.
 const PREFETCHED: &str = "prefetched.json";
 
-/// Loads each GPU process's model image of `regs` into this process's memory on its GPU
-/// (every chunk checked there, as `gstore load` does) and publishes it in
+/// The manifest of `r`'s model image, checked against its id.
+pub fn model_manifest(store: &IndexedStore, r: &Registration) -> Result<Manifest> {
+    Ok(store.get_manifest(&r.image_id()?)?)
+}
+
+/// Loads each GPU process's model image of `models` (a registration with the manifest of its
+/// model image, [`model_manifest`]; computed as they are taken, on the caller's thread) into
+/// this process's memory on its GPU (every chunk checked there, as `gstore load` does) and
+/// publishes it in
 /// `prefetched.json`: `{"device": N, "files": [{"path": P, "len": BYTES, "handle": HEX}]}`
 /// (one 128-hex-digit `cuIpcMemHandle` per file, as the image orders them), or `{"error":
 /// WHY}`, on which the process loads from the store itself. The memory is held until
 /// `released` says the processes are done with it (the sender dropped).
-pub fn prefetch_all(store: &IndexedStore, regs: &[Registration], budget: Budget, released: Receiver<()>) {
+fn prefetch_all<'a>(
+    store: &IndexedStore,
+    models: impl IntoIterator<Item = (&'a Registration, Result<Manifest>)>,
+    budget: Budget,
+    released: Receiver<()>,
+) {
     let mut held = Vec::new();
-    for r in regs {
+    for (r, manifest) in models {
         let Some(device) = r.gpu() else { continue };
-        let loaded = prefetch(store, r, device, budget);
+        let loaded = manifest.and_then(|m| prefetch(store, &m, device, budget));
         let published = match &loaded {
             Ok(image) => offer(image, device),
             Err(e) => Err(e.to_string()),
@@ -283,12 +296,32 @@ pub fn prefetch_all(store: &IndexedStore, regs: &[Registration], budget: Budget,
     let _ = released.recv();
 }
 
-/// `r`'s model image in this process's memory on GPU `device`.
-fn prefetch(store: &IndexedStore, r: &Registration, device: u32, budget: Budget) -> Result<DeviceImage> {
+/// Runs `body` with [`prefetch_all`] loading `models` beside it when `enabled`; the memory it
+/// loaded is let go once `body` returns (by then the processes have copied from it, or will
+/// load from the store).
+pub fn while_prefetching<'a, T>(
+    store: &IndexedStore,
+    models: impl IntoIterator<Item = (&'a Registration, Result<Manifest>)> + Send,
+    budget: Budget,
+    enabled: bool,
+    body: impl FnOnce() -> T,
+) -> T {
+    std::thread::scope(|s| {
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        if enabled {
+            s.spawn(move || prefetch_all(store, models, budget, released));
+        }
+        let out = body();
+        drop(release);
+        out
+    })
+}
+
+/// The image of manifest `m` in this process's memory on GPU `device`.
+fn prefetch(store: &IndexedStore, m: &Manifest, device: u32, budget: Budget) -> Result<DeviceImage> {
     let cuda = CudaDriver::load()?;
     let ctx = cuda.context(device)?;
-    let m = store.get_manifest(&r.image_id()?)?;
-    Ok(gstore_restore::restore_to_device(store, &m, &ctx, budget, &Silent)?)
+    Ok(gstore_restore::restore_to_device(store, m, &ctx, budget, &Silent)?)
 }
 
 /// The `prefetched.json` text for `image`.

@@ -7,6 +7,7 @@ use crate::staging::Staged;
 use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_KIND, META_PID};
 use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuMap, ImageMeta, MachineInfo};
 use gstore_lazy::mode::Mode;
+use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, ObjectId};
 use serde::Serialize;
@@ -74,133 +75,130 @@ pub fn run(
     })?;
     let criu_bin = Criu::find(criu.path)?;
     let weights = cooperate::recorded(&m.meta)?;
-    check_weights(store, &weights)?;
+    let models = check_weights(store, &weights)?;
     let gpu_image = image.kind == ImageKind::GpuProcess;
     // The weights the image left out are loaded into this process's GPU memory meanwhile,
-    // for the restored process to copy from (cooperate::prefetch_all); kept until it has.
+    // for the restored process to copy from (cooperate::while_prefetching); kept until it has.
     let prefetch = gpu_image && !weights.is_empty();
     let budget = opts.memory_budget;
     cooperate::ask_refill_on_restore(&weights, prefetch)?;
-    std::thread::scope(|s| {
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        if prefetch {
-            let weights = &weights;
-            s.spawn(move || cooperate::prefetch_all(store, weights, budget, released));
-        }
-        let restored = (|| -> Result<RunReport> {
-            let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
-            let staged = Staged::new(keep_at, "restore")?;
-            let dir = staged.path();
-            let write_out =
-                |e: CaptureError| CaptureError::WriteOut { reference: reference.to_string(), source: Box::new(e) };
-            let restoring =
-                |e: CaptureError| CaptureError::Restore { reference: reference.to_string(), source: Box::new(e) };
-            let mut eager_reason = None;
-            let lazy = gstore_lazy::mode::lazy_here(opts.eager).map_err(|why| eager_reason = why).is_ok();
-            // The machine is checked (CUDA driver, CRIU) while the image is written out: the driver's
-            // start costs a GPU machine ~0.2 s, so a CPU image does not start it. Nothing runs before
-            // the check passes.
-            let t = Instant::now();
-            let (machine, prepared) = std::thread::scope(|s| {
-                let machine = s.spawn(|| {
-                    let cuda = gpu_image.then(CudaDriver::load);
-                    let machine = match &cuda {
-                        Some(cuda) => MachineInfo::probe(Some(&criu_bin), cuda),
-                        None => MachineInfo::probe_without_gpus(Some(&criu_bin)),
-                    };
-                    (cuda, check_compatible(&image, &machine, &opts.gpu_map))
-                });
-                let prepared = lazy.then(|| gstore_lazy::prepare(store, &id, &m, dir, opts.memory_budget, progress));
-                (machine.join().expect("the machine check does not panic"), prepared)
+    let models = weights.iter().zip(models.into_iter().map(Ok));
+    cooperate::while_prefetching(store, models, budget, prefetch, || -> Result<RunReport> {
+        let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
+        let staged = Staged::new(keep_at, "restore")?;
+        let dir = staged.path();
+        let write_out =
+            |e: CaptureError| CaptureError::WriteOut { reference: reference.to_string(), source: Box::new(e) };
+        let restoring =
+            |e: CaptureError| CaptureError::Restore { reference: reference.to_string(), source: Box::new(e) };
+        let mut eager_reason = None;
+        let lazy = gstore_lazy::mode::lazy_here(opts.eager).map_err(|why| eager_reason = why).is_ok();
+        // The machine is checked (CUDA driver, CRIU) while the image is written out: the driver's
+        // start costs a GPU machine ~0.2 s, so a CPU image does not start it. Nothing runs before
+        // the check passes.
+        let t = Instant::now();
+        let (machine, prepared) = std::thread::scope(|s| {
+            let machine = s.spawn(|| {
+                let cuda = gpu_image.then(CudaDriver::load);
+                let machine = match &cuda {
+                    Some(cuda) => MachineInfo::probe(Some(&criu_bin), cuda),
+                    None => MachineInfo::probe_without_gpus(Some(&criu_bin)),
+                };
+                (cuda, check_compatible(&image, &machine, &opts.gpu_map))
             });
-            let materialize_s = t.elapsed().as_secs_f64();
-            let (cuda, compatible) = machine;
-            let gpu_pairs = match compatible {
-                Ok(pairs) => pairs,
-                Err(source) => {
-                    staged.remove();
-                    return Err(CaptureError::Incompatible { reference: reference.to_string(), source });
-                }
-            };
-            let mut ropts = RestoreOptions::new(&criu_bin);
-            ropts.gpu_pairs = gpu_pairs;
-            ropts.gpu_pids = image.gpu_pids;
-            ropts.cuda = cuda.as_ref().and_then(|c| c.as_ref().ok());
-            ropts.gpu = gpu_image;
-            ropts.original_pid = original_pid;
-            ropts.pid_wait = opts.pid_wait;
-            ropts.shell_job = criu.shell_job;
-            ropts.extra_criu_args = criu.extra;
-            let refilled = || (!weights.is_empty()).then(|| cooperate::wait_refilled(&weights)).transpose();
-            let prepared = match prepared.map(|p| gstore_lazy::mode::lazy_or_eager(p, &mut eager_reason)) {
-                Some(Err(e)) => {
-                    staged.remove_if_made();
-                    return Err(write_out(e.into()));
-                }
-                Some(Ok(None)) => {
-                    let _ = std::fs::remove_dir_all(dir);
-                    None
-                }
-                Some(Ok(Some(p))) => Some(p),
-                None => None,
-            };
-            if let Some(prepared) = prepared {
-                ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
-                let r = retrying_pid_races(|| run_lazy(store, &id, dir, &prepared, &ropts));
-                staged.remove_if_made();
-                let (restore, fill, profile) = r.map_err(restoring)?;
-                let weights_refill_s = refilled().map_err(restoring)?;
-                return Ok(RunReport {
-                    pid: restore.pid,
-                    mode: Mode::Lazy,
-                    eager_reason: None,
-                    materialize_s,
-                    restore,
-                    fill: Some(fill),
-                    profile: Some(profile),
-                    weights_refill_s,
-                    total_s: started.elapsed().as_secs_f64(),
-                });
+            let prepared = lazy.then(|| gstore_lazy::prepare(store, &id, &m, dir, opts.memory_budget, progress));
+            (machine.join().expect("the machine check does not panic"), prepared)
+        });
+        let materialize_s = t.elapsed().as_secs_f64();
+        let (cuda, compatible) = machine;
+        let gpu_pairs = match compatible {
+            Ok(pairs) => pairs,
+            Err(source) => {
+                staged.remove();
+                return Err(CaptureError::Incompatible { reference: reference.to_string(), source });
             }
-            let t = Instant::now();
-            let materialized = gstore_restore::restore_to_dir(store, &id, &m, dir, opts.memory_budget, progress);
-            let materialize_s = t.elapsed().as_secs_f64();
-            if let Err(e) = materialized {
+        };
+        let mut ropts = RestoreOptions::new(&criu_bin);
+        ropts.gpu_pairs = gpu_pairs;
+        ropts.gpu_pids = image.gpu_pids;
+        ropts.cuda = cuda.as_ref().and_then(|c| c.as_ref().ok());
+        ropts.gpu = gpu_image;
+        ropts.original_pid = original_pid;
+        ropts.pid_wait = opts.pid_wait;
+        ropts.shell_job = criu.shell_job;
+        ropts.extra_criu_args = criu.extra;
+        let refilled = || (!weights.is_empty()).then(|| cooperate::wait_refilled(&weights)).transpose();
+        let prepared = match prepared.map(|p| gstore_lazy::mode::lazy_or_eager(p, &mut eager_reason)) {
+            Some(Err(e)) => {
                 staged.remove_if_made();
                 return Err(write_out(e.into()));
             }
-            let restored = retrying_pid_races(|| Ok(checkpoint::restore(dir, &ropts)?));
+            Some(Ok(None)) => {
+                let _ = std::fs::remove_dir_all(dir);
+                None
+            }
+            Some(Ok(Some(p))) => Some(p),
+            None => None,
+        };
+        if let Some(prepared) = prepared {
+            ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
+            let r = retrying_pid_races(|| run_lazy(store, &id, dir, &prepared, &ropts));
             staged.remove_if_made();
-            let restore = restored.map_err(restoring)?;
+            let (restore, fill, profile) = r.map_err(restoring)?;
             let weights_refill_s = refilled().map_err(restoring)?;
-            Ok(RunReport {
+            return Ok(RunReport {
                 pid: restore.pid,
-                mode: Mode::Eager,
-                eager_reason,
+                mode: Mode::Lazy,
+                eager_reason: None,
                 materialize_s,
                 restore,
-                fill: None,
-                profile: None,
+                fill: Some(fill),
+                profile: Some(profile),
                 weights_refill_s,
                 total_s: started.elapsed().as_secs_f64(),
-            })
-        })();
-        drop(release);
-        restored
+            });
+        }
+        let t = Instant::now();
+        let materialized = gstore_restore::restore_to_dir(store, &id, &m, dir, opts.memory_budget, progress);
+        let materialize_s = t.elapsed().as_secs_f64();
+        if let Err(e) = materialized {
+            staged.remove_if_made();
+            return Err(write_out(e.into()));
+        }
+        let restored = retrying_pid_races(|| Ok(checkpoint::restore(dir, &ropts)?));
+        staged.remove_if_made();
+        let restore = restored.map_err(restoring)?;
+        let weights_refill_s = refilled().map_err(restoring)?;
+        Ok(RunReport {
+            pid: restore.pid,
+            mode: Mode::Eager,
+            eager_reason,
+            materialize_s,
+            restore,
+            fill: None,
+            profile: None,
+            weights_refill_s,
+            total_s: started.elapsed().as_secs_f64(),
+        })
     })
 }
 
 /// Refuses, before anything runs, an image whose left-out weights cannot come back: the
-/// model image each process refills from must be in the store, whole.
-fn check_weights(store: &IndexedStore, weights: &[cooperate::Registration]) -> Result<()> {
-    for r in weights {
-        store.get_manifest(&r.image_id()?).map_err(|e| CaptureError::WeightsGone {
-            pid: r.pid,
-            image: format!("{} ({})", r.tag, r.image),
-            source: e,
-        })?;
-    }
-    Ok(())
+/// model image each process refills from must be in the store, whole. Returns their
+/// manifests, in `weights`' order.
+fn check_weights(store: &IndexedStore, weights: &[cooperate::Registration]) -> Result<Vec<Manifest>> {
+    let gone = |r: &cooperate::Registration, source| CaptureError::WeightsGone {
+        pid: r.pid,
+        image: format!("{} ({})", r.tag, r.image),
+        source,
+    };
+    weights
+        .iter()
+        .map(|r| match cooperate::model_manifest(store, r) {
+            Err(CaptureError::Store(e)) => Err(gone(r, e)),
+            other => other,
+        })
+        .collect()
 }
 
 /// How often a restore is tried when CRIU loses a pid the image needs to another process.

@@ -56,15 +56,12 @@ impl Quotas {
         images.sort();
         images.dedup();
         let lists = images.iter().map(|id| self.chunks_of(state, id)).collect::<Result<Vec<_>>>()?;
-        let count = || {
-            stored_bytes(lists.iter().map(|l| l.as_slice()), |id| state.chunks.get(id).map(|l| u64::from(l.stored_len)))
-        };
-        let all_known = || lists.iter().flat_map(|l| l.iter()).all(|id| state.chunks.get(id).is_some());
-        if !all_known() {
+        let chunks = || lists.iter().flat_map(|l| l.iter());
+        if !chunks().all(|id| state.chunks.get(id).is_some()) {
             // Packs pushed since the map was last read.
             state.chunks.refresh(b)?;
         }
-        Ok(count())
+        Ok(stored_bytes(chunks(), |id| state.chunks.get(id).map(|l| u64::from(l.stored_len))))
     }
 
     /// The non-zero chunk ids of manifest `id`, from the cache or the store.

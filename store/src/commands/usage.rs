@@ -63,14 +63,15 @@ pub struct PrefixUsage {
     pub unique_stored_bytes: u64,
 }
 
-/// Stored bytes of the distinct non-zero chunks of `chunks` (each manifest's chunk ids),
-/// each counted once; `stored_len` says a chunk's stored length (one it does not know counts
-/// nothing). What `gstore du --prefix` reports and a server's quota bounds.
+/// Stored bytes of the distinct chunks among `chunks` (the non-zero chunk ids of some
+/// manifests, repeats allowed), each counted once; `stored_len` says a chunk's stored length
+/// (one it does not know counts nothing). What `gstore du --prefix` reports and a server's
+/// quota bounds.
 pub fn stored_bytes<'a>(
-    chunks: impl IntoIterator<Item = &'a [ObjectId]>,
+    chunks: impl IntoIterator<Item = &'a ObjectId>,
     stored_len: impl Fn(&ObjectId) -> Option<u64>,
 ) -> u64 {
-    let distinct: HashSet<&ObjectId> = chunks.into_iter().flatten().collect();
+    let distinct: HashSet<&ObjectId> = chunks.into_iter().collect();
     distinct.into_iter().filter_map(stored_len).sum()
 }
 
@@ -137,21 +138,18 @@ pub fn usage_by(store: &IndexedStore, prefixes: &[String]) -> Result<Usage> {
     let prefixes = prefixes
         .iter()
         .map(|prefix| {
-            let under: HashSet<ObjectId> = tags
-                .iter()
-                .filter(|t| t.name.starts_with(prefix.as_str()))
-                .map(|t| t.manifest_id().expect("checked above"))
-                .collect();
-            let lists: Vec<Vec<ObjectId>> = under.iter().map(|m| distinct[m].iter().copied().collect()).collect();
-            let inside: HashMap<&ObjectId, u32> = lists.iter().flatten().fold(HashMap::new(), |mut n, id| {
-                *n.entry(id).or_default() += 1;
-                n
-            });
+            let tagged: Vec<_> = tags.iter().filter(|t| t.name.starts_with(prefix.as_str())).collect();
+            let under: HashSet<ObjectId> = tagged.iter().map(|t| t.manifest_id().expect("checked above")).collect();
+            let inside: HashMap<&ObjectId, u32> =
+                under.iter().flat_map(|m| &distinct[m]).fold(HashMap::new(), |mut n, id| {
+                    *n.entry(id).or_default() += 1;
+                    n
+                });
             PrefixUsage {
                 prefix: prefix.clone(),
-                images: tags.iter().filter(|t| t.name.starts_with(prefix.as_str())).count(),
+                images: tagged.len(),
                 logical_bytes: under.iter().map(|m| manifests[m].logical_size()).sum(),
-                stored_bytes: stored_bytes(lists.iter().map(Vec::as_slice), stored_len),
+                stored_bytes: stored_bytes(under.iter().flat_map(|m| &distinct[m]), stored_len),
                 // Referenced by as many manifests inside the prefix as in the whole store.
                 unique_stored_bytes: inside
                     .iter()

@@ -305,9 +305,14 @@ fn pass(store: &Store, opts: &GcOptions, which: Pass, progress: &dyn Progress) -
     let (homes, home_bytes) = settle_homes(&packs, &live, &copies, &rewrite);
 
     // 6. Decide.
-    let sweep = Sweep { store, catalog: &catalog, dry_run: opts.dry_run, damage_records: &damage_records };
-    let pass = (which, opts.reclaim_copies);
-    sweep_packs(&sweep, &packs, &homes, &home_bytes, &copies, &rewrite, pass, progress, &mut report)?;
+    let sweep = Sweep {
+        store,
+        catalog: &catalog,
+        dry_run: opts.dry_run,
+        damage_records: &damage_records,
+        keep_live_copies: which == Pass::Again && !opts.reclaim_copies,
+    };
+    sweep_packs(&sweep, &packs, &homes, &home_bytes, &copies, &rewrite, progress, &mut report)?;
     let manifests = b.list(Family::Manifests.prefix())?;
     for l in &manifests {
         let Some(id) = l.key.manifest() else { continue };
@@ -553,7 +558,6 @@ fn sweep_packs(
     home_bytes: &HashMap<ObjectId, u64>,
     copies: &Copies,
     rewrite: &Rewrite,
-    (which, reclaim_copies): (Pass, bool),
     progress: &dyn Progress,
     report: &mut GcReport,
 ) -> Result<()> {
@@ -561,7 +565,7 @@ fn sweep_packs(
     for p in packs {
         let home = home_bytes.get(&p.id).copied().unwrap_or(0);
         let needed = p.protected || home > 0;
-        if which == Pass::Again && !reclaim_copies && p.tombstoned && !needed && p.live_bytes > 0 {
+        if sweep.keep_live_copies && p.tombstoned && !needed && p.live_bytes > 0 {
             report.packs_deferred += 1;
             report.bytes_deferred += p.size;
             continue;
@@ -788,6 +792,9 @@ struct Sweep<'a> {
     dry_run: bool,
     /// Packs that have a damage record, which goes with the pack.
     damage_records: &'a HashSet<ObjectId>,
+    /// Leave tombstoned the unneeded packs that hold a copy of a live chunk ([`Pass::Again`]
+    /// without [`GcOptions::reclaim_copies`]).
+    keep_live_copies: bool,
 }
 
 /// What a pass did with one pack or manifest.
