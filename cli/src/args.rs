@@ -551,8 +551,9 @@ pub struct ServeArgs {
     /// The most bytes of pack ranges --cache keeps (least recently used go first).
     #[arg(long, default_value = "8GiB", value_name = "SIZE", value_parser = units::size, requires = "cache")]
     pub cache_bytes: u64,
-    /// The most bytes registry uploads may hold on this machine at once: uploads in progress
-    /// and uploaded blobs no manifest has taken in yet (docs/HTTP.md).
+    /// The most bytes registry uploads may hold at once, in the store (every server over it
+    /// counts the same): uploads in progress and uploaded blobs no manifest has taken in yet
+    /// (docs/HTTP.md).
     #[arg(long, default_value = "64GiB", value_name = "SIZE", value_parser = units::size)]
     pub upload_bytes: u64,
     /// The most bytes one token's registry uploads may hold at once.

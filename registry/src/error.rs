@@ -31,6 +31,9 @@ pub enum RegistryError {
     /// No such upload (never started, finished, or expired).
     #[error("no upload {0:?} in progress")]
     BlobUploadUnknown(String),
+    /// A request's bytes do not start where the upload stands.
+    #[error("{0}")]
+    RangeInvalid(String),
     /// An upload that would pass the limits on the bytes uploads may hold.
     #[error("{0}")]
     UploadLimit(String),
@@ -46,7 +49,7 @@ pub enum RegistryError {
     /// Reading or writing a container image's files failed.
     #[error(transparent)]
     Container(#[from] ContainerError),
-    /// The registry's local upload area failed.
+    /// Reading or writing bytes failed.
     #[error("{action} {path}: {source}")]
     Io {
         /// What was being done.
@@ -76,6 +79,7 @@ impl RegistryError {
             RegistryError::BlobUnknown(_) => "BLOB_UNKNOWN",
             RegistryError::BlobUploadUnknown(_) => "BLOB_UPLOAD_UNKNOWN",
             RegistryError::UploadLimit(_) => "DENIED",
+            RegistryError::RangeInvalid(_) => "BLOB_UPLOAD_INVALID",
             RegistryError::DigestInvalid(_) => "DIGEST_INVALID",
             RegistryError::Unsupported(_) => "UNSUPPORTED",
             RegistryError::Store(StoreError::NotFound { .. }) => "MANIFEST_UNKNOWN",
@@ -100,6 +104,7 @@ impl RegistryError {
             | RegistryError::Store(StoreError::Invalid(_)) => 400,
             RegistryError::Container(e) if pushed_wrong(e) => 400,
             RegistryError::UploadLimit(_) => 413,
+            RegistryError::RangeInvalid(_) => 416,
             RegistryError::Unsupported(_) => 415,
             RegistryError::Store(_) | RegistryError::Container(_) | RegistryError::Io { .. } => 500,
         }

@@ -36,9 +36,9 @@ use oci::{CheckpointImage, Descriptor, Pushed};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
-use uploads::{Limits, Uploads};
+use uploads::{Limits, Staged, Uploads};
 
 /// The `kind` of an image kept as an OCI image layout.
 pub const LAYOUT_KIND: &str = "oci-image";
@@ -73,7 +73,7 @@ pub struct Blob {
 #[derive(Clone, Debug)]
 enum Source {
     /// Uploaded, not yet taken in by a manifest.
-    Staged(PathBuf),
+    Staged(Staged),
     /// A generated document: checkpoint image `image`'s config.
     Config { image: ObjectId, bytes: Arc<[u8]> },
     /// A file of an image kept as a layout (`blobs/sha256/HEX`).
@@ -179,20 +179,21 @@ fn tag_of(repo: &str, reference: &str) -> Result<TagRef> {
 }
 
 impl Registry {
-    /// The registry over the store at `location`, with its upload area in `uploads`,
-    /// bounded by `limits`.
-    pub fn new(location: StoreLocation, uploads: PathBuf, limits: Limits) -> Result<Registry> {
+    /// The registry over the store at `location`, its uploads (kept in the store) bounded by
+    /// `limits`.
+    pub fn new(location: StoreLocation, limits: Limits) -> Result<Registry> {
+        let backend = location.backend()?;
         Ok(Registry {
-            backend: location.backend()?,
+            uploads: Uploads::new(backend.clone(), limits),
+            backend,
             location,
-            uploads: Uploads::open(uploads, limits)?,
             open: Mutex::default(),
             known: Mutex::default(),
             writing: Mutex::default(),
         })
     }
 
-    /// The upload area.
+    /// The uploads.
     pub fn uploads(&self) -> &Uploads {
         &self.uploads
     }
@@ -372,17 +373,17 @@ impl Registry {
         Ok(())
     }
 
-    /// Blob `digest`: uploaded, or in the store (`repo`'s images, or any image kept as a
-    /// layout).
-    pub fn blob(&self, repo: &str, digest: &Digest) -> Result<Blob> {
+    /// Blob `digest`: uploaded by `owner` (a token's number), or in the store (`repo`'s
+    /// images, or any image kept as a layout).
+    pub fn blob(&self, repo: &str, digest: &Digest, owner: u64) -> Result<Blob> {
         let known = self.known().blobs.get(digest).cloned();
         if let Some(b) = known {
             if b.source.image().map_or(Ok(true), |id| self.stored(id))? {
                 return Ok(b);
             }
         }
-        if let Some((path, size)) = self.uploads.staged(digest) {
-            return Ok(Blob { size, source: Source::Staged(path) });
+        if let Some(staged) = self.uploads.staged(owner, digest)? {
+            return Ok(Blob { size: staged.size(), source: Source::Staged(staged) });
         }
         let store = self.store()?;
         self.learn(&store, repo)?;
@@ -428,10 +429,7 @@ impl Registry {
     /// Runs `f` on a reader of a staged blob or a layout image's file.
     fn read_blob(&self, source: &Source, f: &mut dyn FnMut(&mut dyn Read) -> Result<()>) -> Result<()> {
         match source {
-            Source::Staged(path) => {
-                let mut file = std::fs::File::open(path).map_err(|e| RegistryError::io("reading", path, e))?;
-                f(&mut file)
-            }
+            Source::Staged(staged) => f(&mut self.uploads.reader(staged)),
             Source::File { image, path } => {
                 let store = self.store()?;
                 let m = store.get_manifest(image)?;
@@ -446,9 +444,9 @@ impl Registry {
         }
     }
 
-    /// Stores manifest `bytes` pushed as `reference` (a tag or its own digest) of `repo`;
-    /// returns the digest of the manifest as it will be served. Every blob it names must have
-    /// been uploaded or be in the store. A checkpoint image is taken apart into its files
+    /// Stores manifest `bytes` pushed as `reference` (a tag or its own digest) of `repo` by
+    /// `owner`; returns the digest of the manifest as it will be served. Every blob it names
+    /// must have been uploaded by `owner` or be in the store. A checkpoint image is taken apart into its files
     /// (its layer decompressed: the manifest served names that layer uncompressed); any other
     /// is kept as an OCI image layout. Nothing is tagged unless all of it is stored.
     pub fn put_manifest(
@@ -457,6 +455,7 @@ impl Registry {
         reference: &str,
         content_type: Option<&str>,
         bytes: &[u8],
+        owner: u64,
     ) -> Result<Digest> {
         let _one_at_a_time = self.writing.lock().expect("registry write lock");
         let pushed = Pushed::parse(bytes, content_type)?;
@@ -476,7 +475,7 @@ impl Registry {
         named.extend(pushed.layers.iter().cloned());
         let mut blobs = Vec::new();
         for d in &named {
-            let blob = self.blob(repo, &d.digest).map_err(|e| match e {
+            let blob = self.blob(repo, &d.digest, owner).map_err(|e| match e {
                 RegistryError::BlobUnknown(_) => RegistryError::ManifestBlobUnknown(d.digest.to_string()),
                 e => e,
             })?;
@@ -495,7 +494,10 @@ impl Registry {
             self.put_layout(&store, &tag, &pushed, bytes, &digest, &blobs)?;
             digest
         };
-        self.uploads.taken_in(&named.iter().map(|d| &d.digest).collect::<Vec<_>>());
+        // The image is tagged: a blob left behind is swept later ([`Uploads::sweep`]).
+        if let Err(e) = self.uploads.taken_in(owner, &named.iter().map(|d| &d.digest).collect::<Vec<_>>()) {
+            eprintln!("gstore serve: removing the uploads {repo}:{reference} took in: {e}");
+        }
         Ok(served)
     }
 

@@ -55,7 +55,7 @@ pub struct Settings {
     /// The caching tier: a directory and the most bytes of pack ranges it keeps there
     /// ([`tier`]); `None` reads every range from the store.
     pub cache: Option<(std::path::PathBuf, u64)>,
-    /// The most bytes the registry's uploads hold on this machine, in all and per token.
+    /// The most bytes the registry's uploads hold in the store, in all and per token.
     pub uploads: UploadLimits,
 }
 
@@ -131,8 +131,7 @@ pub async fn serve(
     let objects = servable(&backend)?;
     let registry = match (&s.location, s.sealed) {
         (Some(location), false) => {
-            let uploads = location.gc_state_dir().with_file_name("registry-uploads");
-            let r = gstore_registry::Registry::new(location.clone(), uploads, s.uploads)
+            let r = gstore_registry::Registry::new(location.clone(), s.uploads)
                 .map_err(|e| format!("registry: {e}"))?;
             let r = Arc::new(r);
             tokio::spawn(registry::sweep_uploads(Arc::downgrade(&r)));

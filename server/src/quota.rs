@@ -5,6 +5,7 @@
 //! replica over one bucket agrees, with nothing kept of its own but a cache of manifests'
 //! chunk lists (immutable, by id).
 
+use crate::auth::Token;
 use crate::AppState;
 use gstore_store::commands::usage::stored_bytes;
 use gstore_store::format::key::{Family, ObjectKey};
@@ -79,6 +80,31 @@ impl Quotas {
         cache.insert(*id, Arc::clone(&list));
         Ok(list)
     }
+}
+
+/// Why a write is refused for its token's quota.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The write would take the token's images past the quota ([`over`]).
+    Over(String),
+    /// What the images hold could not be read.
+    Failed(StoreError),
+}
+
+/// The stored bytes `token`'s quota leaves room for (no quota: `u64::MAX`), with `writing`
+/// (a tag record about to be written) in place of that tag's value. Refused past the quota,
+/// and without `writing` at it (nothing more may be sent).
+pub async fn room(state: &AppState, token: &Token, writing: Option<TagRecord>) -> std::result::Result<u64, Refusal> {
+    let Some(quota) = token.quota else { return Ok(u64::MAX) };
+    let (s, prefix, adding) = (state.clone(), token.tag_prefix.clone(), writing.is_some());
+    let held = tokio::task::spawn_blocking(move || s.quotas.held(&s, &prefix, writing.as_ref()))
+        .await
+        .map_err(|e| Refusal::Failed(StoreError::Internal(e.to_string())))?
+        .map_err(Refusal::Failed)?;
+    if held > quota || (!adding && held >= quota) {
+        return Err(Refusal::Over(over(&token.tag_prefix, quota, held)));
+    }
+    Ok(quota - held)
 }
 
 /// The answer to a write that would take the images under `prefix` past `quota`.

@@ -7,6 +7,7 @@
 #![allow(clippy::result_large_err)]
 
 use crate::auth::{Denied, Scope, Token};
+use crate::quota;
 use crate::routes::declared_length;
 use crate::AppState;
 use axum::body::{Body, Bytes};
@@ -87,12 +88,33 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-/// Checks that the request may upload to repository `name`; returns whose upload it is: its
-/// token, named by the 64 bits its leases are named by (the same after the token file is read
-/// again), never 0; or 0 on a server without tokens. One owner's uploads share a limit.
-fn uploader(state: &AppState, headers: &HeaderMap, name: &str) -> Result<u64, Response> {
+/// Whose uploads a request's token makes: its number, the 64 bits its leases are named by
+/// (the same on every server and after the token file is read again), never 0; or 0 on a
+/// server without tokens. One owner's uploads share a limit, and only its own are visible
+/// to it.
+fn owner(token: Option<&Token>) -> u64 {
+    token.map_or(0, |t| u64::from_str_radix(&t.lease_prefix(), 16).map_or(1, |n| n | 1))
+}
+
+/// Checks that the request may upload to repository `name`; returns whose upload it is and
+/// what it may hold: a token with a quota, the quota's room (its images' stored bytes
+/// counted from the store, docs/SECURITY.md).
+async fn uploader(state: &AppState, headers: &HeaderMap, name: &str) -> Result<Uploader, Response> {
     let token = authorize(state, headers, Scope::Write, Some(name))?;
-    Ok(token.map_or(0, |t| u64::from_str_radix(&t.lease_prefix(), 16).map_or(1, |n| n | 1)))
+    let limit = match token.as_deref() {
+        Some(t) => within_quota(state, t).await?,
+        None => u64::MAX,
+    };
+    Ok(Uploader { owner: owner(token.as_deref()), limit })
+}
+
+/// The stored bytes `token`'s quota leaves room for (`u64::MAX` without one); at or past it,
+/// the answer refusing the push.
+async fn within_quota(state: &AppState, token: &Token) -> Result<u64, Response> {
+    quota::room(state, token, None).await.map_err(|r| match r {
+        quota::Refusal::Over(why) => failure(StatusCode::FORBIDDEN, "DENIED", why),
+        quota::Refusal::Failed(e) => failure(StatusCode::BAD_GATEWAY, "UNKNOWN", format!("reading the quota's images: {e}")),
+    })
 }
 
 /// Removes abandoned uploads ([`gstore_registry::uploads::Uploads::sweep`]) every minute
@@ -102,7 +124,9 @@ pub async fn sweep_uploads(registry: Weak<Registry>) {
     loop {
         every.tick().await;
         let Some(reg) = registry.upgrade() else { return };
-        let _ = tokio::task::spawn_blocking(move || reg.uploads().sweep()).await;
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || reg.uploads().sweep()).await {
+            eprintln!("gstore serve: sweeping the registry's abandoned uploads: {e}");
+        }
     }
 }
 
@@ -168,8 +192,8 @@ pub async fn dispatch(
         (Target::Upload(name, None), Method::POST) => start_upload(&state, reg, name, &query, req).await,
         (Target::Upload(name, Some(id)), Method::PATCH) => patch_upload(&state, reg, name, id, req).await,
         (Target::Upload(name, Some(id)), Method::PUT) => finish_upload(&state, reg, name, id, &query, req).await,
-        (Target::Upload(name, Some(id)), Method::GET) => upload_status(&state, &headers, reg, name, id),
-        (Target::Upload(name, Some(id)), Method::DELETE) => cancel_upload(&state, &headers, reg, name, id),
+        (Target::Upload(name, Some(id)), Method::GET) => upload_status(&state, &headers, reg, name, id).await,
+        (Target::Upload(name, Some(id)), Method::DELETE) => cancel_upload(&state, &headers, reg, name, id).await,
         (Target::Tags(name), Method::GET) => tags(&state, &headers, reg, name, &query).await,
         (_, Method::DELETE) => Err(failure(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -212,13 +236,17 @@ async fn put_manifest(
     reference: &str,
     req: Request,
 ) -> Result<Response, Response> {
-    authorize(state, req.headers(), Scope::Write, Some(&format!("{name}:{reference}")))?;
+    let token = authorize(state, req.headers(), Scope::Write, Some(&format!("{name}:{reference}")))?;
+    if let Some(t) = token.as_deref() {
+        within_quota(state, t).await?;
+    }
+    let who = owner(token.as_deref());
     let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
     let bytes = axum::body::to_bytes(req.into_body(), MANIFEST_MAX).await.map_err(|e| {
         failure(StatusCode::PAYLOAD_TOO_LARGE, "SIZE_INVALID", format!("a manifest of at most 4 MiB: {e}"))
     })?;
     let (n, r) = (name.to_string(), reference.to_string());
-    let digest = blocking(move || reg.put_manifest(&n, &r, content_type.as_deref(), &bytes)).await?;
+    let digest = blocking(move || reg.put_manifest(&n, &r, content_type.as_deref(), &bytes, who)).await?;
     let mut h = HeaderMap::new();
     set(&mut h, "location", format!("/v2/{name}/manifests/{digest}"));
     set(&mut h, "docker-content-digest", &digest);
@@ -233,11 +261,11 @@ async fn get_blob(
     digest: &str,
     head: bool,
 ) -> Result<Response, Response> {
-    authorize(state, headers, Scope::Read, None)?;
+    let who = owner(authorize(state, headers, Scope::Read, None)?.as_deref());
     let digest = Digest::parse(digest).map_err(registry_failure)?;
     let (n, d) = (name.to_string(), digest.clone());
     let r = reg.clone();
-    let blob = blocking(move || r.blob(&n, &d)).await?;
+    let blob = blocking(move || r.blob(&n, &d, who)).await?;
     // One range (`bytes=A-B` / `bytes=A-`), as a client resuming a pull asks.
     let range = match headers.get(header::RANGE).map(|v| v.to_str().ok().and_then(crate::routes::parse_range)) {
         None => 0..blob.size,
@@ -327,51 +355,72 @@ impl Write for Sending {
     }
 }
 
-/// Appends a request's body to upload `id` of repository `name`, as it arrives, within the
-/// upload limits: a body whose declared length would pass them is refused before any of it
-/// is read; one found passing them midway ends the upload. Returns the upload's length.
-async fn append(reg: &Arc<Registry>, name: &str, id: &str, req: Request) -> Result<u64, Response> {
-    let path = reg.uploads().upload_path_of(name, id).map_err(registry_failure)?;
-    if let Some(n) = declared_length(req.headers()) {
-        reg.uploads().room(id, n).map_err(registry_failure)?;
-    }
+/// The start a request's `Content-Range: START-END` gives its bytes, if it says.
+fn range_start(headers: &HeaderMap) -> Option<u64> {
+    let v = headers.get(header::CONTENT_RANGE)?.to_str().ok()?;
+    v.trim_start_matches("bytes ").split('-').next()?.trim().parse().ok()
+}
+
+/// Who uploads, and how many bytes its uploads may hold.
+#[derive(Clone, Copy)]
+struct Uploader {
+    /// The token's number ([`owner`]).
+    owner: u64,
+    /// Its quota's room (no quota: unbounded), as the upload limits allow it.
+    limit: u64,
+}
+
+/// Appends a request's body to upload `id` of repository `name`, as it arrives, a part at a
+/// time into the store, within the upload limits: a body whose declared length would pass
+/// them is refused before any of it is read; one found passing them midway ends the upload.
+/// Returns the upload's length.
+async fn append(reg: &Arc<Registry>, who: Uploader, name: &str, id: &str, req: Request) -> Result<u64, Response> {
+    let (from, declared) = (range_start(req.headers()), declared_length(req.headers()));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(8);
-    let p = path.clone();
-    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
-        let mut f = std::fs::OpenOptions::new().append(true).open(&p)?;
+    let (r, n, i) = (reg.clone(), name.to_string(), id.to_string());
+    let writer = tokio::task::spawn_blocking(move || -> gstore_registry::Result<u64> {
+        let mut appending = r.uploads().append(who.owner, &n, &i, from, who.limit, declared)?;
+        let mut wrote = Ok(());
         while let Some(b) = rx.blocking_recv() {
-            f.write_all(&b)?;
+            wrote = appending.write(&b);
+            if wrote.is_err() {
+                break;
+            }
         }
-        f.flush()?;
-        Ok(f.metadata()?.len())
+        let stored = wrote.and_then(|()| appending.finish());
+        // Past a limit the upload ends; other failures keep what was stored, to go on from.
+        if let Err(RegistryError::UploadLimit(_)) = &stored {
+            let _ = appending.abandon();
+        }
+        stored
     });
     let mut stream = req.into_body().into_data_stream();
     let mut cut = None;
     while let Some(piece) = stream.next().await {
-        let b = match piece {
-            Ok(b) => b,
+        match piece {
+            Ok(b) => {
+                if tx.send(b).await.is_err() {
+                    break;
+                }
+            }
             Err(e) => {
                 cut = Some(e.to_string());
                 break;
             }
-        };
-        if let Err(e) = reg.uploads().grow(id, b.len() as u64) {
-            drop(tx);
-            let _ = writer.await;
-            let _ = reg.uploads().cancel(name, id);
-            drain(stream).await;
-            return Err(registry_failure(e));
-        }
-        if tx.send(b).await.is_err() {
-            break;
         }
     }
     drop(tx);
     let written = writer.await.map_err(|e| failure(StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN", e.to_string()))?;
-    if let Some(why) = cut {
-        return Err(failure(StatusCode::BAD_REQUEST, "BLOB_UPLOAD_INVALID", format!("the upload was cut: {why}")));
+    match (written, cut) {
+        (Ok(_), Some(why)) => {
+            Err(failure(StatusCode::BAD_REQUEST, "BLOB_UPLOAD_INVALID", format!("the upload was cut: {why}")))
+        }
+        (Ok(len), None) => Ok(len),
+        (Err(e), _) => {
+            drain(stream).await;
+            Err(registry_failure(e))
+        }
     }
-    written.map_err(|e| registry_failure(RegistryError::io("writing", &path, e)))
 }
 
 /// Reads what is left of a refused body (up to [`DRAIN_MAX`]) and throws it away, so that
@@ -409,22 +458,23 @@ async fn start_upload(
     query: &HashMap<String, String>,
     req: Request,
 ) -> Result<Response, Response> {
-    let owner = uploader(state, req.headers(), name)?;
+    let who = uploader(state, req.headers(), name).await?;
     gstore_registry::tag_name(name).map_err(registry_failure)?;
     // A mount from another repository: every blob is the store's, so one that exists needs
     // no upload.
     if let Some(d) = query.get("mount") {
         let digest = Digest::parse(d).map_err(registry_failure)?;
         let (r, n, dd) = (reg.clone(), name.to_string(), digest.clone());
-        if blocking(move || r.blob(&n, &dd)).await.is_ok() {
+        if blocking(move || r.blob(&n, &dd, who.owner)).await.is_ok() {
             return Ok(blob_created(name, &digest));
         }
     }
     let declared = declared_length(req.headers()).unwrap_or(0);
-    let id = reg.uploads().start(name, owner, declared).map_err(registry_failure)?;
-    let len = append(&reg, name, &id, req).await?;
+    let (r, n) = (reg.clone(), name.to_string());
+    let id = blocking(move || r.uploads().start(&n, who.owner, declared, who.limit)).await?;
+    let len = append(&reg, who, name, &id, req).await?;
     match query.get("digest") {
-        Some(d) => finish(reg, name, &id, d).await,
+        Some(d) => finish(reg, who, name, &id, d).await,
         None => Ok((StatusCode::ACCEPTED, upload_headers(name, &id, len)).into_response()),
     }
 }
@@ -436,8 +486,8 @@ async fn patch_upload(
     id: &str,
     req: Request,
 ) -> Result<Response, Response> {
-    uploader(state, req.headers(), name)?;
-    let len = append(&reg, name, id, req).await?;
+    let who = uploader(state, req.headers(), name).await?;
+    let len = append(&reg, who, name, id, req).await?;
     Ok((StatusCode::ACCEPTED, upload_headers(name, id, len)).into_response())
 }
 
@@ -449,43 +499,45 @@ async fn finish_upload(
     query: &HashMap<String, String>,
     req: Request,
 ) -> Result<Response, Response> {
-    uploader(state, req.headers(), name)?;
+    let who = uploader(state, req.headers(), name).await?;
     let digest = query
         .get("digest")
         .ok_or_else(|| failure(StatusCode::BAD_REQUEST, "DIGEST_INVALID", "the upload's PUT names no ?digest="))?;
-    append(&reg, name, id, req).await?;
-    finish(reg, name, id, digest).await
+    append(&reg, who, name, id, req).await?;
+    finish(reg, who, name, id, digest).await
 }
 
 /// Ends upload `id` as blob `digest` (checking its bytes).
-async fn finish(reg: Arc<Registry>, name: &str, id: &str, digest: &str) -> Result<Response, Response> {
+async fn finish(reg: Arc<Registry>, who: Uploader, name: &str, id: &str, digest: &str) -> Result<Response, Response> {
     let digest = Digest::parse(digest).map_err(registry_failure)?;
     let (n, i, d) = (name.to_string(), id.to_string(), digest.clone());
-    blocking(move || reg.uploads().finish(&n, &i, &d)).await?;
+    blocking(move || reg.uploads().finish(who.owner, &n, &i, &d)).await?;
     Ok(blob_created(name, &digest))
 }
 
-fn upload_status(
+async fn upload_status(
     state: &AppState,
     headers: &HeaderMap,
     reg: Arc<Registry>,
     name: &str,
     id: &str,
 ) -> Result<Response, Response> {
-    uploader(state, headers, name)?;
-    let len = reg.uploads().received(name, id).map_err(registry_failure)?;
+    let owner = owner(authorize(state, headers, Scope::Write, Some(name))?.as_deref());
+    let (n, i) = (name.to_string(), id.to_string());
+    let len = blocking(move || reg.uploads().received(owner, &n, &i)).await?;
     Ok((StatusCode::NO_CONTENT, upload_headers(name, id, len)).into_response())
 }
 
-fn cancel_upload(
+async fn cancel_upload(
     state: &AppState,
     headers: &HeaderMap,
     reg: Arc<Registry>,
     name: &str,
     id: &str,
 ) -> Result<Response, Response> {
-    uploader(state, headers, name)?;
-    reg.uploads().cancel(name, id).map_err(registry_failure)?;
+    let owner = owner(authorize(state, headers, Scope::Write, Some(name))?.as_deref());
+    let (n, i) = (name.to_string(), id.to_string());
+    blocking(move || reg.uploads().cancel(owner, &n, &i)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

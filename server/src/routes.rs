@@ -97,10 +97,11 @@ async fn body_of(req: Request) -> Result<Bytes, Response> {
     Bytes::from_request(req, &()).await.map_err(IntoResponse::into_response)
 }
 
-/// The store object a request path names; `gstore init`'s probe objects are not served.
+/// The store object a request path names; `gstore init`'s probe objects and the registry's
+/// uploads (its own, through `/v2/`) are not served.
 fn parse_key(key: &str) -> Result<Key, Response> {
     match Key::parse(key) {
-        Ok(Key::Probe(_)) => Err(error(StatusCode::BAD_REQUEST, format!("not a served gstore object key: {key:?}"))),
+        Ok(Key::Probe(_) | Key::Upload(_)) => Err(error(StatusCode::BAD_REQUEST, format!("not a served gstore object key: {key:?}"))),
         other => other.map_err(|e| error(StatusCode::BAD_REQUEST, e)),
     }
 }
@@ -303,20 +304,14 @@ async fn put_object(State(state): State<AppState>, Path(key): Path<String>, req:
 /// tag record `writing` (the tag and the uploaded body) written; else the 403 answer. Without
 /// `writing`: whether they are below it now (a push asks before it uploads anything).
 async fn within_quota(state: &AppState, token: &Token, writing: Option<(&TagRef, &Bytes)>) -> Result<(), Response> {
-    let Some(quota) = token.quota else { return Ok(()) };
     let record = match writing.map(|(t, body)| TagRecord::from_json(body, t)).transpose() {
         Ok(r) => r,
         Err(e) => return Err(error(StatusCode::UNPROCESSABLE_ENTITY, format!("rejected, nothing stored: {e}"))),
     };
-    let (s, prefix) = (state.clone(), token.tag_prefix.clone());
-    let held = tokio::task::spawn_blocking(move || s.quotas.held(&s, &prefix, record.as_ref())).await;
-    match held {
-        Ok(Ok(held)) if held > quota || (writing.is_none() && held >= quota) => {
-            Err(error(StatusCode::FORBIDDEN, quota::over(&token.tag_prefix, quota, held)))
-        }
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(store_failure(e)),
-        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    match quota::room(state, token, record).await {
+        Ok(_) => Ok(()),
+        Err(quota::Refusal::Over(why)) => Err(error(StatusCode::FORBIDDEN, why)),
+        Err(quota::Refusal::Failed(e)) => Err(store_failure(e)),
     }
 }
 
@@ -398,6 +393,7 @@ fn write_scope(k: &Key) -> (Scope, Option<&str>) {
         | Key::Tombstone(_)
         | Key::GcLock
         | Key::Probe(_)
+        | Key::Upload(_)
         | Key::KeyRecord(_)
         | Key::RetiredKeys
         | Key::Policies => (Scope::Admin, None),
@@ -458,7 +454,7 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
     let listed: Result<Vec<_>, _> = state
         .objects
         .list(Some(&ObjPath::from(q.prefix.as_str())))
-        .map_ok(|m| ListEntry { key: m.location.to_string(), size: m.size })
+        .map_ok(|m| ListEntry::of(&m))
         .try_collect()
         .await;
     match listed {

@@ -102,7 +102,7 @@ pub fn upload(key: &Key, body: &[u8], chunk_max: u32, sealed: bool, mut stored: 
             serde_json::from_slice::<serde_json::Value>(body).map(|_| ()).map_err(|e| format!("tombstone: {e}"))
         }
         Key::Tombstone(_) => Err("tombstone larger than 4 KiB".into()),
-        Key::Probe(_) => Err("probe objects are not served".into()),
+        Key::Probe(_) | Key::Upload(_) => Err("probe objects and registry uploads are not served".into()),
         Key::KeyRecord(id) if sealed => KeyRecord::from_json(body, id).map(|_| ()).map_err(|e| e.to_string()),
         Key::KeyRecord(_) => Err("key records belong to encrypted stores; this one is not".into()),
         Key::Damage(pack) => damage::check(body, pack).map_err(|e| e.to_string()),

@@ -57,6 +57,16 @@ pub struct ListEntry {
     pub key: String,
     /// Its size in bytes.
     pub size: u64,
+    /// When it was last written, in seconds since the Unix epoch (0: not said).
+    #[serde(default)]
+    pub modified: u64,
+}
+
+impl ListEntry {
+    /// The entry of an object as `object_store` lists it.
+    pub fn of(m: &object_store::ObjectMeta) -> ListEntry {
+        ListEntry { key: m.location.to_string(), size: m.size, modified: m.last_modified.timestamp().max(0) as u64 }
+    }
 }
 
 /// One listed object of the store.
@@ -66,6 +76,8 @@ pub struct Listed {
     pub key: ObjectKey,
     /// Its size in bytes.
     pub size: u64,
+    /// When it was last written, in seconds since the Unix epoch (0: the backend did not say).
+    pub modified: u64,
 }
 
 /// How a write treats an object already under its key.
@@ -429,7 +441,7 @@ impl Backend {
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.count();
         let listed = self.objects.list(prefix)?.into_iter();
-        Ok(listed.filter_map(|e| Some(Listed { key: ObjectKey::parse(&e.key).ok()?, size: e.size })).collect())
+        Ok(listed.filter_map(|e| Some(Listed { key: ObjectKey::parse(&e.key).ok()?, size: e.size, modified: e.modified })).collect())
     }
 
     /// Deletes an object; deleting a missing object is not an error.

@@ -102,7 +102,7 @@ impl Objects for ObjectStoreObjects {
             .block_on(
                 self.store
                     .list(Some(&p))
-                    .map_ok(|m| ListEntry { key: m.location.to_string(), size: m.size })
+                    .map_ok(|m| ListEntry::of(&m))
                     .try_collect(),
             )
             .map_err(|e| err("listing", prefix, e))

@@ -38,6 +38,101 @@ pub enum ObjectKey {
     RetiredKeys,
     /// `policies.json`: the retention policies `gstore gc` applies by tag name.
     Policies,
+    /// `uploads/<owner 16 hex>/...`: the registry's blob uploads ([`UploadKey`]).
+    Upload(UploadKey),
+}
+
+/// An object of a registry blob upload: uploads live in the store, so any server over it
+/// continues an upload another one started (docs/FORMAT.md). `owner` is the uploading
+/// token's number, `id` the upload's 32 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum UploadKey {
+    /// `uploads/<owner>/<id>/in.<repo>` (empty): the upload was started in repository `repo`.
+    Started { owner: u64, id: String, repo: String },
+    /// `uploads/<owner>/<id>/<offset 16 hex>.part`: the upload's bytes from `offset`.
+    Part { owner: u64, id: String, offset: u64 },
+    /// `uploads/<owner>/<id>/<end 16 hex>.sha256`: the SHA-256 (64 hex digits) of the
+    /// upload's bytes before `end`.
+    Sha256 { owner: u64, id: String, end: u64 },
+    /// `uploads/<owner>/staged/<sha256 hex>/<id>` (empty): upload `id` ended as that blob,
+    /// which waits for a manifest.
+    Staged { owner: u64, digest: String, id: String },
+}
+
+impl UploadKey {
+    /// The owner whose upload this is.
+    pub fn owner(&self) -> u64 {
+        match self {
+            UploadKey::Started { owner, .. }
+            | UploadKey::Part { owner, .. }
+            | UploadKey::Sha256 { owner, .. }
+            | UploadKey::Staged { owner, .. } => *owner,
+        }
+    }
+
+    /// The upload this object is of.
+    pub fn id(&self) -> &str {
+        match self {
+            UploadKey::Started { id, .. }
+            | UploadKey::Part { id, .. }
+            | UploadKey::Sha256 { id, .. }
+            | UploadKey::Staged { id, .. } => id,
+        }
+    }
+
+    /// The prefix every upload object starts with (no trailing `/`).
+    pub const PREFIX: &'static str = "uploads";
+
+    /// The prefix of upload `id`'s bytes and records.
+    pub fn upload_prefix(owner: u64, id: &str) -> String {
+        format!("{}/{owner:016x}/{id}", Self::PREFIX)
+    }
+
+    /// The prefix of the staged blobs `owner` uploaded as `digest` (its hex).
+    pub fn staged_prefix(owner: u64, digest: &str) -> String {
+        format!("{}/{owner:016x}/staged/{digest}", Self::PREFIX)
+    }
+
+    fn parse(rest: &str) -> Option<UploadKey> {
+        let hex_of = |s: &str, len: usize| (s.len() == len && is_lower_hex(s)).then(|| s.to_string());
+        let number = |s: &str| hex_of(s, 16).and_then(|h| u64::from_str_radix(&h, 16).ok());
+        let mut parts = rest.split('/');
+        let owner = number(parts.next()?)?;
+        let (second, third) = (parts.next()?, parts.next()?);
+        let fourth = parts.next();
+        if parts.next().is_some() {
+            return None;
+        }
+        if second == "staged" {
+            return Some(UploadKey::Staged { owner, digest: hex_of(third, 64)?, id: hex_of(fourth?, 32)? });
+        }
+        let id = hex_of(second, 32)?;
+        if fourth.is_some() {
+            return None;
+        }
+        if let Some(repo) = third.strip_prefix("in.") {
+            TagRef::from_parts(repo, "latest").ok()?;
+            return Some(UploadKey::Started { owner, id, repo: repo.to_string() });
+        }
+        if let Some(offset) = third.strip_suffix(".part").and_then(number) {
+            return Some(UploadKey::Part { owner, id, offset });
+        }
+        let end = third.strip_suffix(".sha256").and_then(number)?;
+        Some(UploadKey::Sha256 { owner, id, end })
+    }
+}
+
+impl fmt::Display for UploadKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UploadKey::Started { owner, id, repo } => write!(f, "{}/in.{repo}", Self::upload_prefix(*owner, id)),
+            UploadKey::Part { owner, id, offset } => {
+                write!(f, "{}/{offset:016x}.part", Self::upload_prefix(*owner, id))
+            }
+            UploadKey::Sha256 { owner, id, end } => write!(f, "{}/{end:016x}.sha256", Self::upload_prefix(*owner, id)),
+            UploadKey::Staged { owner, digest, id } => write!(f, "{}/{id}", Self::staged_prefix(*owner, digest)),
+        }
+    }
 }
 
 /// The kinds of object that are listed by prefix.
@@ -185,6 +280,7 @@ impl ObjectKey {
                 .strip_suffix(".key")
                 .filter(|n| n.len() == 16 && is_lower_hex(n))
                 .map(|n| ObjectKey::KeyRecord(n.to_string())),
+            "uploads" => UploadKey::parse(rest).map(ObjectKey::Upload),
             "probe" => {
                 let ok = !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
                 ok.then(|| ObjectKey::Probe(rest.to_string()))
@@ -215,6 +311,7 @@ impl fmt::Display for ObjectKey {
             ObjectKey::Tombstone(k) => write!(f, "{}/{k}", Family::Tombstones.prefix()),
             ObjectKey::Probe(name) => write!(f, "{PROBE}{name}"),
             ObjectKey::KeyRecord(id) => write!(f, "{}/{id}.key", Family::Keys.prefix()),
+            ObjectKey::Upload(u) => u.fmt(f),
         }
     }
 }
@@ -244,6 +341,22 @@ mod tests {
             (ObjectKey::Pack(id).tombstone(), format!("tombstones/packs/{}/{h}.pack", &h[..2])),
             (ObjectKey::Probe("conditional-1a2b".into()), "probe/conditional-1a2b".to_string()),
             (ObjectKey::KeyRecord("0123456789abcdef".into()), "keys/0123456789abcdef.key".to_string()),
+            (
+                ObjectKey::Upload(UploadKey::Started { owner: 5, id: "ab".repeat(16), repo: "web".into() }),
+                format!("uploads/0000000000000005/{}/in.web", "ab".repeat(16)),
+            ),
+            (
+                ObjectKey::Upload(UploadKey::Part { owner: 5, id: "ab".repeat(16), offset: 1 << 25 }),
+                format!("uploads/0000000000000005/{}/0000000002000000.part", "ab".repeat(16)),
+            ),
+            (
+                ObjectKey::Upload(UploadKey::Sha256 { owner: 5, id: "ab".repeat(16), end: 7 }),
+                format!("uploads/0000000000000005/{}/0000000000000007.sha256", "ab".repeat(16)),
+            ),
+            (
+                ObjectKey::Upload(UploadKey::Staged { owner: 5, digest: h.clone(), id: "ab".repeat(16) }),
+                format!("uploads/0000000000000005/staged/{h}/{}", "ab".repeat(16)),
+            ),
         ] {
             assert_eq!(key.to_string(), text);
             assert_eq!(ObjectKey::parse(&text), Ok(key));
@@ -277,6 +390,12 @@ mod tests {
             "probe/",
             "keys/0123.key",
             "keys/0123456789ABCDEF.key",
+            "uploads/0000000000000005/../in.web",
+            "uploads/5/abababababababababababababababab/in.web",
+            "uploads/0000000000000005/abababababababababababababababab/in../x",
+            "uploads/0000000000000005/abababababababababababababababab/in.",
+            "uploads/0000000000000005/abababababababababababababababab/x/0000000000000000.part",
+            "uploads/0000000000000005/staged/00/abababababababababababababababab",
             "../config.json",
             "",
             &long,
