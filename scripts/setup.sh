@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing gstore needs on a fresh Debian 12 machine (run as root):
 # libclang for RocksDB's bindings, zstd for the benchmark baseline, python3 and procps for
-# the test processes, podman + runc for the container tests, cargo-nextest, CRIU >= 4 built from
+# the test processes, podman + runc for the container tests, haproxy and skopeo for the
+# replicated server's tests, cargo-nextest, CRIU >= 4 built from
 # source (scripts/criu.sh) for the process checkpoint tests, and s3s-fs, the S3 server the S3
 # tests start on 127.0.0.1.
 # `setup.sh build` installs only what building gstore needs (libclang): the quickstart's
@@ -39,6 +40,8 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)  # the P
 command -v podman >/dev/null || need+=(podman)              # the container tests
 command -v runc >/dev/null || need+=(runc)                  # podman's runtime here (crun fails on hybrid cgroups)
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)  # the container tests' static counter
+command -v haproxy >/dev/null || need+=(haproxy)            # the replicas behind a load balancer
+command -v skopeo >/dev/null || need+=(skopeo)              # a registry client no one here wrote
 install_missing ${need[@]+"${need[@]}"}
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"

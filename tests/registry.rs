@@ -141,29 +141,6 @@ fn push(server: &Server, repo: &str, tag: &str, config: &[u8], layers: &[&[u8]],
     request(server, "PUT", &format!("/v2/{repo}/manifests/{tag}"), r)
 }
 
-/// A plain (ustar) tar of regular files, in order.
-fn tar(entries: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, data) in entries {
-        let mut h = [0u8; 512];
-        h[..name.len()].copy_from_slice(name.as_bytes());
-        for (at, field) in [(100, "0000644"), (108, "0000000"), (116, "0000000"), (136, "00000000000")] {
-            h[at..at + field.len()].copy_from_slice(field.as_bytes());
-        }
-        h[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
-        h[148..156].copy_from_slice(b"        ");
-        h[156] = b'0';
-        h[257..265].copy_from_slice(b"ustar\x0000");
-        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
-        out.extend_from_slice(&h);
-        out.extend_from_slice(data);
-        out.resize(out.len().div_ceil(512) * 512, 0);
-    }
-    out.resize(out.len() + 1024, 0);
-    out
-}
-
 #[test]
 fn an_upload_belongs_to_the_repository_it_was_started_in() {
     let env = Env::new(&[]);
@@ -253,7 +230,7 @@ fn blobs_of_an_image_gc_removed_are_gone_and_can_be_pushed_again() {
     let config = br#"{"architecture":"amd64","os":"linux","config":{}}"#.to_vec();
     let layer = random_bytes(200 << 10, 7);
     push(&server, "web", "1", &config, &[&layer], false).expect(201, None);
-    let ckpt_layer = tar(&[("checkpoint/pages-1.img", &random_bytes(100 << 10, 8)), ("config.dump", b"{}")]);
+    let ckpt_layer = ustar(&[("checkpoint/pages-1.img", &random_bytes(100 << 10, 8)), ("config.dump", b"{}")]);
     push(&server, "ckpt", "1", &config, &[&ckpt_layer], true).expect(201, None);
     // The checkpoint image's config as served is generated: learn it from its manifest.
     let read = |path: &str| request(&server, "GET", path, Req { token: Some(WRITE_A), ..Req::default() });
@@ -292,8 +269,8 @@ fn bad_layers_and_big_configs_are_client_errors() {
     let server = serve(&env, &[]);
     let config = br#"{"os":"linux"}"#.to_vec();
     let data = random_bytes(5000, 9);
-    let unsafe_path = tar(&[("checkpoint/a", &data), ("checkpoint/../../escape", &data)]);
-    let twice = tar(&[("checkpoint/a", &data), ("checkpoint/a", &data)]);
+    let unsafe_path = ustar(&[("checkpoint/a", &data), ("checkpoint/../../escape", &data)]);
+    let twice = ustar(&[("checkpoint/a", &data), ("checkpoint/a", &data)]);
     for (tag, layer) in [("1", &unsafe_path), ("2", &twice)] {
         push(&server, "ckpt", tag, &config, &[layer], true).expect(400, Some("MANIFEST_INVALID"));
     }
@@ -301,7 +278,7 @@ fn bad_layers_and_big_configs_are_client_errors() {
     let mut big = br#"{"os":"linux","padding":""#.to_vec();
     big.resize(big.len() + (5 << 20), b'x');
     big.extend_from_slice(br#""}"#);
-    let layer = tar(&[("checkpoint/a", &data)]);
+    let layer = ustar(&[("checkpoint/a", &data)]);
     let a = push(&server, "ckpt", "3", &big, &[&layer], true);
     a.expect(400, Some("MANIFEST_INVALID"));
     assert!(a.text().contains("config"), "{}", a.text());

@@ -801,3 +801,27 @@ pub fn damage_a_chunk(env: &Env, tag: &str, wanted: impl Fn(&str) -> bool) -> St
     std::fs::write(&pack, bytes).unwrap();
     c.id.to_hex()
 }
+
+/// A plain (ustar) tar of regular files, in order.
+pub fn ustar(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, data) in entries {
+        let mut h = [0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        for (at, field) in [(100, "0000644"), (108, "0000000"), (116, "0000000"), (136, "00000000000")] {
+            h[at..at + field.len()].copy_from_slice(field.as_bytes());
+        }
+        h[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
+        h[148..156].copy_from_slice(b"        ");
+        h[156] = b'0';
+        h[257..265].copy_from_slice(b"ustar\x0000");
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        out.extend_from_slice(&h);
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.resize(out.len() + 1024, 0);
+    out
+}
+
