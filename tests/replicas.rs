@@ -3,11 +3,20 @@
 //! through a second and ends on a third, also past the second killed in the middle of a
 //! request (the parts it stored are kept; the client asks where the upload stands and sends
 //! the rest). Behind haproxy (round robin per request) skopeo and podman, clients no one here
-//! wrote, push and pull byte for byte while a replica is down and comes back.
+//! wrote, push and pull byte for byte while a replica is down and comes back. And a soak:
+//! 16 clients at once through haproxy (gstore pushes of process-like images and restores
+//! through a caching tier, skopeo pushes and pulls, podman pulls) while a replica is killed
+//! and restarted in turn and gc runs in one pass from another machine; no operation fails
+//! that its client's retry does not finish, every tag restores exact afterwards, and
+//! `verify --read-data` is clean. It runs `GSTORE_REPLICAS_SOAK_SECS` (default 30; the
+//! 5-minute run of docs/BENCHMARKS.md by hand).
 
 use gstore_tests::*;
+use rand::{Rng, RngCore, SeedableRng};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -51,12 +60,18 @@ impl Fleet {
 
     /// Starts replica `r`'s server and waits for its port; its log goes to `MACHINE.log`.
     fn launch(&self, r: &Replica) -> Child {
+        self.launch_with(r, &[])
+    }
+
+    /// As [`Fleet::launch`], with `extra` arguments to `serve`.
+    fn launch_with(&self, r: &Replica, extra: &[&str]) -> Child {
         let log = self.s3.tmp.path().join(format!("{}.log", r.machine));
         let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
         let listen = format!("127.0.0.1:{}", r.port);
         let child = self
             .s3
             .cmd(&r.machine, &["serve", "--listen", &listen, "--tokens", self.tokens.to_str().unwrap()])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -95,7 +110,10 @@ impl Fleet {
 
     /// The registry requests replica `i` answered since it last started, by method.
     fn requests(&self, i: usize, method: &str) -> u64 {
-        let out = Command::new("curl").args(["-s", "-u", &format!("any:{READ}"), &format!("{}/metrics", self.url(i))]).output().unwrap();
+        let out = Command::new("curl")
+            .args(["-s", "-u", &format!("any:{READ}"), &format!("{}/metrics", self.url(i))])
+            .output()
+            .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.lines()
             .filter(|l| l.starts_with("gstore_http_requests_total") && l.contains(&format!("method=\"{method}\"")))
@@ -106,7 +124,7 @@ impl Fleet {
     /// The objects left under `uploads/` in the bucket.
     fn uploads_left(&self) -> usize {
         let dir = self.s3.bucket_dir().join("images/uploads");
-        walk(&dir).len()
+        files_below(&dir).len()
     }
 }
 
@@ -116,15 +134,6 @@ impl Drop for Fleet {
             self.kill(i);
         }
     }
-}
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    entries
-        .flatten()
-        .flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] })
-        .collect()
 }
 
 /// haproxy in front of the fleet: round robin per request, a replica that fails its health
@@ -306,6 +315,52 @@ fn an_upload_goes_on_across_replicas_and_past_one_killed_midway() {
     assert_eq!(got.expect(200).body, manifest);
 }
 
+/// Pushes an image of `config` and `layer` as `repo:tag` through the registry at `url`, in
+/// one request per blob; returns the manifest.
+fn push_image(url: &str, dir: &Path, repo: &str, tag: &str, config: &[u8], layer: &[u8]) -> Vec<u8> {
+    for blob in [config, layer] {
+        let f = file(dir, "blob", blob);
+        curl("POST", &format!("{url}/v2/{repo}/blobs/uploads/?digest={}", sha256(blob)), &[], Some(&f)).expect(201);
+    }
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha256(config), "size": config.len() },
+        "layers": [{ "mediaType": LAYER, "digest": sha256(layer), "size": layer.len() }],
+    }))
+    .unwrap();
+    let m = file(dir, "manifest", &manifest);
+    let ct = format!("Content-Type: {OCI_MANIFEST}");
+    curl("PUT", &format!("{url}/v2/{repo}/manifests/{tag}"), &[&ct], Some(&m)).expect(201);
+    manifest
+}
+
+#[test]
+fn a_busy_replica_serves_what_another_pushed_since_it_last_read_the_store() {
+    let fleet = Fleet::start(2);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = br#"{"architecture":"amd64","os":"linux"}"#;
+    let big = ustar(&[("big", &random_bytes(24 << 20, 1))]);
+    push_image(&fleet.url(0), tmp.path(), "web", "1", config, &big);
+    // Replica 1 busy: a slow pull keeps its store (and index) open, as under steady load.
+    let slow = curl_with(
+        "GET",
+        &format!("{}/v2/web/blobs/{}", fleet.url(1), sha256(&big)),
+        &[],
+        None,
+        &["--limit-rate", "2M"],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    // A new image through replica 0; then through replica 1, still busy.
+    let layer = ustar(&[("new", &random_bytes(3 << 20, 2))]);
+    let manifest = push_image(&fleet.url(0), tmp.path(), "web", "2", config, &layer);
+    let got = curl("GET", &format!("{}/v2/web/manifests/2", fleet.url(1)), &[], None);
+    assert_eq!(got.expect(200).body, manifest);
+    let got = curl("GET", &format!("{}/v2/web/blobs/{}", fleet.url(1), sha256(&layer)), &[], None);
+    assert!(got.expect(200).body == layer, "the new layer comes back as pushed");
+    let pulled = slow.wait();
+    assert!(pulled.expect(200).body == big, "the slow pull went on meanwhile");
+}
+
 /// An OCI image layout in `dir` of `layers` (plain tars, stored gzipped as registries keep
 /// them: a client pushing a plain layer compresses it) tagged `1`; returns the manifest's
 /// digest.
@@ -331,8 +386,10 @@ fn oci_layout(dir: &Path, layers: &[Vec<u8>]) -> String {
         "rootfs": { "type": "layers", "diff_ids": diff_ids },
     }))
     .unwrap();
-    let layer_list: Vec<_> =
-        gzipped.iter().map(|l| serde_json::json!({ "mediaType": LAYER_GZIP, "digest": put(l), "size": l.len() })).collect();
+    let layer_list: Vec<_> = gzipped
+        .iter()
+        .map(|l| serde_json::json!({ "mediaType": LAYER_GZIP, "digest": put(l), "size": l.len() }))
+        .collect();
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
         "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(&config), "size": config.len() },
@@ -348,19 +405,14 @@ fn oci_layout(dir: &Path, layers: &[Vec<u8>]) -> String {
     digest
 }
 
-/// `skopeo copy FROM TO` (retrying up to 3 times, as a client does); asserts success.
+/// `skopeo copy FROM TO`; asserts success.
 fn skopeo_copy(from: &str, to: &str) {
-    let out = Command::new("skopeo")
-        .args(["copy", "--retry-times", "3", "--src-tls-verify=false", "--dest-tls-verify=false"])
-        .args(["--src-creds", &format!("any:{READ}"), "--dest-creds", &format!("any:{WRITE}"), from, to])
-        .output()
-        .expect("skopeo runs (scripts/setup.sh installs it)");
-    assert!(out.status.success(), "skopeo copy {from} {to}: {}", String::from_utf8_lossy(&out.stderr));
+    skopeo(from, to).unwrap_or_else(|e| panic!("skopeo copy {from} {to}: {e}"));
 }
 
 /// The blobs of an OCI layout, by file name.
 fn blobs_of(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    walk(&dir.join("blobs/sha256"))
+    files_below(&dir.join("blobs/sha256"))
         .into_iter()
         .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
         .collect()
@@ -406,7 +458,347 @@ fn behind_haproxy_skopeo_and_podman_push_and_pull_byte_for_byte_while_a_replica_
         .output()
         .expect("podman runs");
     assert!(pull.status.success(), "podman pull: {}", String::from_utf8_lossy(&pull.stderr));
-    let inspect = Command::new("podman").args(["image", "inspect", "--format", "{{.Digest}}", &image]).output().unwrap();
+    let inspect =
+        Command::new("podman").args(["image", "inspect", "--format", "{{.Digest}}", &image]).output().unwrap();
     let _ = Command::new("podman").args(["rmi", "-f", &image]).output();
     assert_eq!(String::from_utf8_lossy(&inspect.stdout).trim(), digest);
+}
+
+/// What the soak's clients share.
+struct Soak {
+    fleet: Fleet,
+    /// The balancer's `HOST:PORT`.
+    host: String,
+    /// A caching tier over the bucket, which the restores read through.
+    tier: String,
+    scratch: PathBuf,
+    stop: AtomicBool,
+    /// Operations done, and those done only after the client tried again.
+    done: AtomicUsize,
+    retried: AtomicUsize,
+    kills: AtomicUsize,
+    gcs: AtomicUsize,
+    /// Operations that failed however often they were tried.
+    failed: Mutex<Vec<String>>,
+    /// Operations that failed and then succeeded when tried again, by kind: how many, and
+    /// the first error.
+    recovered: Mutex<BTreeMap<String, (usize, String)>>,
+    /// Tags pushed and kept, with their sources: gstore images, and registry images.
+    images: Mutex<BTreeMap<String, PathBuf>>,
+    layouts: Mutex<BTreeMap<String, PathBuf>>,
+}
+
+/// How long the soak runs: `GSTORE_REPLICAS_SOAK_SECS` (default 30; 300 by hand,
+/// docs/BENCHMARKS.md).
+fn soak_secs() -> u64 {
+    std::env::var("GSTORE_REPLICAS_SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30)
+}
+
+impl Soak {
+    /// Runs `op` until it succeeds, 4 tries at most, a second apart, as a client retries.
+    fn attempt(&self, what: &str, mut op: impl FnMut() -> Result<(), String>) -> bool {
+        let mut errors: Vec<String> = Vec::new();
+        for _ in 0..4 {
+            match op() {
+                Ok(()) => {
+                    self.done.fetch_add(1, Ordering::Relaxed);
+                    if let Some(first) = errors.first() {
+                        self.retried.fetch_add(1, Ordering::Relaxed);
+                        let kind = what.split(' ').next().unwrap_or(what).to_string();
+                        let mut recovered = self.recovered.lock().unwrap();
+                        let entry = recovered.entry(kind).or_insert_with(|| (0, first.clone()));
+                        entry.0 += 1;
+                    }
+                    return true;
+                }
+                Err(e) => errors.push(e),
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        self.failed.lock().unwrap().push(format!("{what}: {errors:?}"));
+        false
+    }
+
+    /// `gstore ARGS` through the balancer as client `who`, restores reading through the tier.
+    fn gstore(&self, who: &str, args: &[&str]) -> Result<(), String> {
+        let mut c = gstore_in(&self.scratch);
+        c.arg("--store")
+            .arg(format!("http://{}", self.host))
+            .args(args)
+            .env("GSTORE_TOKEN", WRITE)
+            .env("GSTORE_TIERS", &self.tier)
+            .env("XDG_CACHE_HOME", self.scratch.join(who));
+        ran(c)
+    }
+
+    /// Pushes process-like images (memory changed page by page from one to the next),
+    /// restores each through the tier and compares it, and removes the one before last.
+    fn pusher(&self, n: u64) {
+        let mut pages = random_bytes(6 << 20, 100 + n);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(n);
+        for v in 0.. {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            for _ in 0..64 {
+                let page = rng.random_range(0..pages.len() / 4096) * 4096;
+                rng.fill_bytes(&mut pages[page..page + 4096]);
+            }
+            let src = self.scratch.join(format!("src-p{n}-{v}"));
+            std::fs::create_dir_all(&src).unwrap();
+            std::fs::write(src.join("pages-1.img"), &pages).unwrap();
+            std::fs::write(src.join("core.img"), format!("process {n} at {v}")).unwrap();
+            let (who, tag) = (format!("p{n}"), format!("soak-p{n}:v{v}"));
+            if !self
+                .attempt(&format!("push {tag}"), || self.gstore(&who, &["push", src.to_str().unwrap(), "--tag", &tag]))
+            {
+                continue;
+            }
+            self.images.lock().unwrap().insert(tag.clone(), src.clone());
+            let out = self.scratch.join(format!("out-p{n}-{v}"));
+            self.attempt(&format!("restore {tag}"), || {
+                let _ = std::fs::remove_dir_all(&out);
+                self.gstore(&who, &["restore", &tag, "--to", out.to_str().unwrap()])?;
+                same_tree(&src, &out)
+            });
+            let _ = std::fs::remove_dir_all(&out);
+            if v >= 2 {
+                let old = format!("soak-p{n}:v{}", v - 2);
+                if self.attempt(&format!("rm {old}"), || self.gstore(&who, &["rm", &old])) {
+                    self.images.lock().unwrap().remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Pushes registry images with skopeo and pulls each back, comparing every blob.
+    fn registry_client(&self, n: u64) {
+        for v in 0.. {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let src = self.scratch.join(format!("oci-r{n}-{v}"));
+            let layers = [
+                ustar(&[("base", &random_bytes(2 << 20, 200 + n))]),
+                ustar(&[("top", &random_bytes(1 << 20, 1000 * n + v))]),
+            ];
+            oci_layout(&src, &layers);
+            let image = format!("docker://{}/reg{n}:{v}", self.host);
+            let from = format!("oci:{}:1", src.display());
+            if !self.attempt(&format!("skopeo push {image}"), || skopeo(&from, &image)) {
+                continue;
+            }
+            self.layouts.lock().unwrap().insert(image.clone(), src.clone());
+            let back = self.scratch.join(format!("back-r{n}-{v}"));
+            self.attempt(&format!("skopeo pull {image}"), || {
+                let _ = std::fs::remove_dir_all(&back);
+                skopeo(&image, &format!("oci:{}:1", back.display()))?;
+                if blobs_of(&back) == blobs_of(&src) {
+                    Ok(())
+                } else {
+                    Err("blobs differ".into())
+                }
+            });
+            let _ = std::fs::remove_dir_all(&back);
+        }
+    }
+
+    /// Pulls registry client `n`'s newest image with podman, checking its digest.
+    fn podman_client(&self, n: u64) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let newest = self
+                .layouts
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(k, _)| k.contains(&format!("/reg{n}:")))
+                .last()
+                .map(|(k, p)| (k.clone(), p.clone()));
+            let Some((image, src)) = newest else {
+                std::thread::sleep(Duration::from_millis(500));
+                continue;
+            };
+            let name = image.trim_start_matches("docker://").to_string();
+            let index: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(src.join("index.json")).unwrap()).unwrap();
+            let want = index["manifests"][0]["digest"].as_str().unwrap().to_string();
+            self.attempt(&format!("podman pull {name}"), || {
+                let mut pull = Command::new("podman");
+                pull.args(["pull", "-q", "--tls-verify=false", "--creds", &format!("any:{READ}"), &name]);
+                ran(pull)?;
+                let got = Command::new("podman")
+                    .args(["image", "inspect", "--format", "{{.Digest}}", &name])
+                    .output()
+                    .unwrap();
+                let _ = Command::new("podman").args(["rmi", "-f", &name]).output();
+                let got = String::from_utf8_lossy(&got.stdout).trim().to_string();
+                if got == want {
+                    Ok(())
+                } else {
+                    Err(format!("digest {got}, pushed {want}"))
+                }
+            });
+        }
+    }
+
+    /// Kills a replica every `every` and starts it again a second later, in turn.
+    fn killer(&self, every: Duration) {
+        let mut i = 0;
+        while sleep_unless_stopped(&self.stop, every) {
+            fleet_kill_and_restart(&self.fleet, i % self.fleet.len());
+            self.kills.fetch_add(1, Ordering::Relaxed);
+            i += 1;
+        }
+    }
+
+    /// Runs gc (one run) on the bucket every `every`, from a machine of its own.
+    fn collector(&self, every: Duration) {
+        while sleep_unless_stopped(&self.stop, every) {
+            self.attempt("gc", || ran(self.fleet.s3.cmd("gc", &["gc", "--json"])));
+            self.gcs.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sleeps `d`, waking early when `stop` is set; whether it was not.
+fn sleep_unless_stopped(stop: &AtomicBool, d: Duration) -> bool {
+    let until = std::time::Instant::now() + d;
+    while std::time::Instant::now() < until {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    !stop.load(Ordering::Relaxed)
+}
+
+fn fleet_kill_and_restart(fleet: &Fleet, i: usize) {
+    fleet.kill(i);
+    std::thread::sleep(Duration::from_secs(1));
+    fleet.restart(i);
+}
+
+/// `skopeo copy FROM TO` once; its error.
+fn skopeo(from: &str, to: &str) -> Result<(), String> {
+    let mut c = Command::new("skopeo");
+    c.args(["copy", "-q", "--src-tls-verify=false", "--dest-tls-verify=false"]).args([
+        "--src-creds",
+        &format!("any:{READ}"),
+        "--dest-creds",
+        &format!("any:{WRITE}"),
+        from,
+        to,
+    ]);
+    ran(c)
+}
+
+/// Runs `c`; its standard error when it fails.
+fn ran(mut c: Command) -> Result<(), String> {
+    let out = c.output().unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Whether the regular files of two trees hold the same bytes.
+fn same_tree(a: &Path, b: &Path) -> Result<(), String> {
+    let (fa, fb) = (files_below(a), files_below(b));
+    let rel =
+        |root: &Path, v: &[PathBuf]| v.iter().map(|p| p.strip_prefix(root).unwrap().to_path_buf()).collect::<Vec<_>>();
+    if rel(a, &fa) != rel(b, &fb) {
+        return Err(format!("{} and {} hold other files", a.display(), b.display()));
+    }
+    for (x, y) in fa.iter().zip(&fb) {
+        if std::fs::read(x).unwrap() != std::fs::read(y).unwrap() {
+            return Err(format!("{} differs", y.display()));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn sixteen_clients_through_haproxy_ride_out_replica_kills_and_gc() {
+    let secs = soak_secs();
+    let fleet = Fleet::start(3);
+    let scratch = fleet.s3.tmp.path().join("soak");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let balancer = Balancer::start(&fleet, &scratch);
+    let mut tier = Replica { machine: "tier".into(), port: free_port(), child: None };
+    let cache = scratch.join("tier-cache");
+    tier.child = Some(fleet.launch_with(&tier, &["--cache", cache.to_str().unwrap()]));
+    let soak = Soak {
+        host: balancer.host(),
+        tier: format!("http://127.0.0.1:{}", tier.port),
+        fleet,
+        scratch,
+        stop: AtomicBool::new(false),
+        done: AtomicUsize::new(0),
+        retried: AtomicUsize::new(0),
+        kills: AtomicUsize::new(0),
+        gcs: AtomicUsize::new(0),
+        failed: Mutex::new(Vec::new()),
+        recovered: Mutex::new(BTreeMap::new()),
+        images: Mutex::new(BTreeMap::new()),
+        layouts: Mutex::new(BTreeMap::new()),
+    };
+    // A kill every 30 s and gc every minute over 5 minutes; shorter runs keep the ratios.
+    let (kill_every, gc_every) =
+        (Duration::from_secs((secs / 10).clamp(5, 30)), Duration::from_secs((secs / 5).clamp(10, 60)));
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for n in 0..8 {
+            let soak = &soak;
+            s.spawn(move || soak.pusher(n));
+        }
+        for n in 0..6 {
+            let soak = &soak;
+            s.spawn(move || soak.registry_client(n));
+        }
+        for n in 0..2 {
+            let soak = &soak;
+            s.spawn(move || soak.podman_client(n));
+        }
+        s.spawn(|| soak.killer(kill_every));
+        s.spawn(|| soak.collector(gc_every));
+        std::thread::sleep(Duration::from_secs(secs));
+        soak.stop.store(true, Ordering::Relaxed);
+    });
+    let ran = started.elapsed();
+    let failed = soak.failed.lock().unwrap().clone();
+    assert!(failed.is_empty(), "operations that failed however often they were tried: {failed:#?}");
+
+    // Every tag kept restores exact, through the balancer; every registry image pulls back.
+    let images = soak.images.lock().unwrap().clone();
+    for (tag, src) in &images {
+        let out = soak.scratch.join("final").join(tag.replace(':', "-"));
+        soak.gstore("final", &["restore", tag, "--to", out.to_str().unwrap()]).unwrap();
+        same_tree(src, &out).unwrap();
+    }
+    let layouts = soak.layouts.lock().unwrap().clone();
+    for (i, (image, src)) in layouts.iter().enumerate() {
+        let back = soak.scratch.join(format!("final-oci-{i}"));
+        skopeo(image, &format!("oci:{}:1", back.display())).unwrap();
+        assert!(blobs_of(&back) == blobs_of(src), "{image} comes back as pushed");
+    }
+    soak.fleet.s3.ok("admin", &["verify", "--read-data"]);
+    eprintln!(
+        "soak: {:.0} s, 16 clients, {} operations ({} only after a retry, 0 failed), {} replica kills, {} gc runs; \
+         {} gstore tags and {} registry images checked after",
+        ran.as_secs_f64(),
+        soak.done.load(Ordering::Relaxed),
+        soak.retried.load(Ordering::Relaxed),
+        soak.kills.load(Ordering::Relaxed),
+        soak.gcs.load(Ordering::Relaxed),
+        images.len(),
+        layouts.len()
+    );
+    for (kind, (n, first)) in soak.recovered.lock().unwrap().iter() {
+        eprintln!("soak: {n} {kind} retried, the first error: {}", first.lines().last().unwrap_or_default());
+    }
+    if let Some(mut c) = tier.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }

@@ -824,4 +824,3 @@ pub fn ustar(entries: &[(&str, &[u8])]) -> Vec<u8> {
     out.resize(out.len() + 1024, 0);
     out
 }
-

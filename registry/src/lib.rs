@@ -256,8 +256,27 @@ impl Registry {
         Ok(tags)
     }
 
+    /// Runs `f`; when it fails for something of the store that is not where this server's
+    /// index says (a pack another server pushed since the index was last brought up to date,
+    /// a chunk gc moved to another pack), brings the index up to date and runs `f` once more.
+    /// The index is synced when the store is opened, but a busy server keeps it open.
+    fn fresh<T>(&self, f: impl Fn() -> Result<T>) -> Result<T> {
+        match f() {
+            Err(e) if not_found(&e) => {
+                self.store()?.sync_index()?;
+                f()
+            }
+            other => other,
+        }
+    }
+
     /// The manifest `reference` (a tag or a digest) names in `repo`.
     pub fn manifest(&self, repo: &str, reference: &str) -> Result<ServedManifest> {
+        self.fresh(|| self.manifest_once(repo, reference))
+    }
+
+    /// [`Registry::manifest`], the index as it is.
+    fn manifest_once(&self, repo: &str, reference: &str) -> Result<ServedManifest> {
         let store = self.store()?;
         if reference.starts_with("sha256:") {
             let want = Digest::parse(reference)?;
@@ -376,6 +395,11 @@ impl Registry {
     /// Blob `digest`: uploaded by `owner` (a token's number), or in the store (`repo`'s
     /// images, or any image kept as a layout).
     pub fn blob(&self, repo: &str, digest: &Digest, owner: u64) -> Result<Blob> {
+        self.fresh(|| self.blob_once(repo, digest, owner))
+    }
+
+    /// [`Registry::blob`], the index as it is.
+    fn blob_once(&self, repo: &str, digest: &Digest, owner: u64) -> Result<Blob> {
         let known = self.known().blobs.get(digest).cloned();
         if let Some(b) = known {
             if b.source.image().map_or(Ok(true), |id| self.stored(id))? {
@@ -395,13 +419,22 @@ impl Registry {
     /// image is found gone midway (gc removed it), it is forgotten, so the next request for the
     /// blob looks for it again.
     pub fn write_blob(&self, blob: &Blob, out: &mut dyn Write) -> Result<()> {
-        let written = self.copy_blob(blob, out);
-        if let (Err(e), Some(id)) = (&written, blob.source.image()) {
+        let mut counted = Counted { out, written: 0 };
+        let mut copied = self.copy_blob(blob, &mut counted);
+        if copied.as_ref().is_err_and(not_found) {
+            // The index may be behind the store ([`Registry::fresh`]): brought up to date, the
+            // copy starts again if nothing was sent yet, else the client's retry finds it so.
+            self.store()?.sync_index()?;
+            if counted.written == 0 {
+                copied = self.copy_blob(blob, &mut counted);
+            }
+        }
+        if let (Err(e), Some(id)) = (&copied, blob.source.image()) {
             if not_found(e) {
                 self.forget(id);
             }
         }
-        written
+        copied
     }
 
     /// Writes `blob`'s bytes to `out` ([`Registry::write_blob`]).
@@ -578,6 +611,23 @@ fn layout_manifest(m: &Manifest) -> Result<(String, Digest)> {
     let digest =
         text("manifest").ok_or_else(|| RegistryError::ManifestInvalid("the image names no manifest".into()))?;
     Ok((text("media_type").unwrap_or(oci::MANIFEST_V1).to_string(), Digest::parse(digest)?))
+}
+
+/// A writer counting what passes through it.
+struct Counted<'a> {
+    out: &'a mut dyn Write,
+    written: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Whether `e` says that something of the store is not there.

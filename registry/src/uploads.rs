@@ -467,7 +467,10 @@ mod tests {
         assert_eq!(two.received(1, "web", &id).unwrap(), 5, "another server sees the bytes");
         let wrong = Digest::of(b"other");
         assert!(matches!(two.finish(1, "web", &id, &wrong), Err(RegistryError::DigestInvalid(_))));
-        assert!(matches!(one.received(1, "web", &id), Err(RegistryError::BlobUploadUnknown(_))), "a wrong upload is gone");
+        assert!(
+            matches!(one.received(1, "web", &id), Err(RegistryError::BlobUploadUnknown(_))),
+            "a wrong upload is gone"
+        );
         assert!(one.staged(1, &wrong).unwrap().is_none());
 
         // Bytes over more than one part, from two requests on two servers: no stored hash
@@ -478,10 +481,7 @@ mod tests {
         let mut a = two.append(1, "web", &id, Some(PART as u64 + 3), u64::MAX, None).unwrap();
         a.write(&big[PART + 3..]).unwrap();
         assert_eq!(a.finish().unwrap(), big.len() as u64);
-        assert!(matches!(
-            one.append(1, "web", &id, Some(3), u64::MAX, None),
-            Err(RegistryError::RangeInvalid(_))
-        ));
+        assert!(matches!(one.append(1, "web", &id, Some(3), u64::MAX, None), Err(RegistryError::RangeInvalid(_))));
         let d = Digest::of(&big);
         assert_eq!(one.finish(1, "web", &id, &d).unwrap(), big.len() as u64);
         let s = two.staged(1, &d).unwrap().unwrap();
@@ -524,8 +524,11 @@ mod tests {
     fn idle_uploads_and_old_staged_blobs_are_swept() {
         let tmp = tempfile::tempdir().unwrap();
         let u = uploads(tmp.path(), ROOMY);
-        let (old, fresh, kept) =
-            (u.start("web", 1, 0, u64::MAX).unwrap(), u.start("web", 1, 0, u64::MAX).unwrap(), u.start("web", 1, 0, u64::MAX).unwrap());
+        let (old, fresh, kept) = (
+            u.start("web", 1, 0, u64::MAX).unwrap(),
+            u.start("web", 1, 0, u64::MAX).unwrap(),
+            u.start("web", 1, 0, u64::MAX).unwrap(),
+        );
         append(&u, 1, "web", &old, b"abandoned").unwrap();
         append(&u, 1, "web", &fresh, b"busy").unwrap();
         append(&u, 1, "web", &kept, b"staged").unwrap();

@@ -131,8 +131,8 @@ pub async fn serve(
     let objects = servable(&backend)?;
     let registry = match (&s.location, s.sealed) {
         (Some(location), false) => {
-            let r = gstore_registry::Registry::new(location.clone(), s.uploads)
-                .map_err(|e| format!("registry: {e}"))?;
+            let r =
+                gstore_registry::Registry::new(location.clone(), s.uploads).map_err(|e| format!("registry: {e}"))?;
             let r = Arc::new(r);
             tokio::spawn(registry::sweep_uploads(Arc::downgrade(&r)));
             Some(r)

@@ -113,7 +113,9 @@ async fn uploader(state: &AppState, headers: &HeaderMap, name: &str) -> Result<U
 async fn within_quota(state: &AppState, token: &Token) -> Result<u64, Response> {
     quota::room(state, token, None).await.map_err(|r| match r {
         quota::Refusal::Over(why) => failure(StatusCode::FORBIDDEN, "DENIED", why),
-        quota::Refusal::Failed(e) => failure(StatusCode::BAD_GATEWAY, "UNKNOWN", format!("reading the quota's images: {e}")),
+        quota::Refusal::Failed(e) => {
+            failure(StatusCode::BAD_GATEWAY, "UNKNOWN", format!("reading the quota's images: {e}"))
+        }
     })
 }
 

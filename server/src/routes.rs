@@ -101,7 +101,9 @@ async fn body_of(req: Request) -> Result<Bytes, Response> {
 /// uploads (its own, through `/v2/`) are not served.
 fn parse_key(key: &str) -> Result<Key, Response> {
     match Key::parse(key) {
-        Ok(Key::Probe(_) | Key::Upload(_)) => Err(error(StatusCode::BAD_REQUEST, format!("not a served gstore object key: {key:?}"))),
+        Ok(Key::Probe(_) | Key::Upload(_)) => {
+            Err(error(StatusCode::BAD_REQUEST, format!("not a served gstore object key: {key:?}")))
+        }
         other => other.map_err(|e| error(StatusCode::BAD_REQUEST, e)),
     }
 }
@@ -451,12 +453,8 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
         let all: Vec<&str> = Family::ALL.iter().map(|f| f.prefix()).collect();
         return error(StatusCode::BAD_REQUEST, format!("prefix must be one of {}", all.join(", ")));
     }
-    let listed: Result<Vec<_>, _> = state
-        .objects
-        .list(Some(&ObjPath::from(q.prefix.as_str())))
-        .map_ok(|m| ListEntry::of(&m))
-        .try_collect()
-        .await;
+    let listed: Result<Vec<_>, _> =
+        state.objects.list(Some(&ObjPath::from(q.prefix.as_str()))).map_ok(|m| ListEntry::of(&m)).try_collect().await;
     match listed {
         Ok(v) => Json(v).into_response(),
         Err(e) => store_error(e),

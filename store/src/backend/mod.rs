@@ -441,7 +441,9 @@ impl Backend {
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.count();
         let listed = self.objects.list(prefix)?.into_iter();
-        Ok(listed.filter_map(|e| Some(Listed { key: ObjectKey::parse(&e.key).ok()?, size: e.size, modified: e.modified })).collect())
+        Ok(listed
+            .filter_map(|e| Some(Listed { key: ObjectKey::parse(&e.key).ok()?, size: e.size, modified: e.modified }))
+            .collect())
     }
 
     /// Deletes an object; deleting a missing object is not an error.

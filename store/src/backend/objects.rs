@@ -99,12 +99,7 @@ impl Objects for ObjectStoreObjects {
     fn list(&self, prefix: &str) -> Result<Vec<ListEntry>> {
         let p = ObjPath::from(prefix);
         runtime()
-            .block_on(
-                self.store
-                    .list(Some(&p))
-                    .map_ok(|m| ListEntry::of(&m))
-                    .try_collect(),
-            )
+            .block_on(self.store.list(Some(&p)).map_ok(|m| ListEntry::of(&m)).try_collect())
             .map_err(|e| err("listing", prefix, e))
     }
 
