@@ -204,6 +204,31 @@ fn uploads_stay_within_the_limits_per_token_and_in_all() {
 }
 
 #[test]
+fn a_token_s_quota_bounds_its_registry_uploads_and_pushes() {
+    let env = Env::new(&[]);
+    let tokens = env.path("quota-tokens");
+    const QUOTA: &str = "registry-quota-token-0001";
+    std::fs::write(&tokens, format!("{QUOTA} write q quota=1MiB\n")).unwrap();
+    let server = Server::start(&env.store, &["--tokens", tokens.to_str().unwrap()]);
+    // An upload past the quota is refused, and nothing of it is kept.
+    upload(&server, QUOTA, "q", &random_bytes(1100 << 10, 1)).expect(413, Some("DENIED"));
+    // An image within it goes in; then the room left bounds the uploads.
+    let config = br#"{"architecture":"amd64"}"#;
+    let layer = random_bytes(900 << 10, 2);
+    for blob in [&config[..], &layer] {
+        upload(&server, QUOTA, "q", blob).expect(201, None);
+    }
+    let m = manifest(config, &[&layer], false);
+    let ct = format!("Content-Type: {OCI_MANIFEST}");
+    let r = Req { token: Some(QUOTA), headers: &[&ct], body: Some(&m), ..Req::default() };
+    request(&server, "PUT", "/v2/q/manifests/1", r).expect(201, None);
+    let over = upload(&server, QUOTA, "q", &random_bytes(200 << 10, 3));
+    over.expect(413, Some("DENIED"));
+    assert!(over.text().contains("quota"), "{}", over.text());
+    upload(&server, QUOTA, "q", &random_bytes(50 << 10, 4)).expect(201, None);
+}
+
+#[test]
 fn registry_bodies_are_not_bound_by_max_body_whether_declared_or_chunked() {
     let env = Env::new(&[]);
     let server = serve(&env, &["--max-body", "4KiB"]);

@@ -477,7 +477,8 @@ struct Soak {
     done: AtomicUsize,
     retried: AtomicUsize,
     kills: AtomicUsize,
-    gcs: AtomicUsize,
+    /// What each gc run did.
+    gc_runs: Mutex<Vec<String>>,
     /// Operations that failed however often they were tried.
     failed: Mutex<Vec<String>>,
     /// Operations that failed and then succeeded when tried again, by kind: how many, and
@@ -548,6 +549,8 @@ impl Soak {
             std::fs::create_dir_all(&src).unwrap();
             std::fs::write(src.join("pages-1.img"), &pages).unwrap();
             std::fs::write(src.join("core.img"), format!("process {n} at {v}")).unwrap();
+            // What this version alone holds: removed with its tag, so gc has packs to reclaim.
+            std::fs::write(src.join("scratch.img"), random_bytes(1 << 20, 10_000 * n + v)).unwrap();
             let (who, tag) = (format!("p{n}"), format!("soak-p{n}:v{v}"));
             if !self
                 .attempt(&format!("push {tag}"), || self.gstore(&who, &["push", src.to_str().unwrap(), "--tag", &tag]))
@@ -652,10 +655,25 @@ impl Soak {
     }
 
     /// Runs gc (one run) on the bucket every `every`, from a machine of its own.
+    /// Each run's seconds, passes and bytes reclaimed are kept for the report.
     fn collector(&self, every: Duration) {
         while sleep_unless_stopped(&self.stop, every) {
-            self.attempt("gc", || ran(self.fleet.s3.cmd("gc", &["gc", "--json"])));
-            self.gcs.fetch_add(1, Ordering::Relaxed);
+            let started = std::time::Instant::now();
+            self.attempt("gc", || {
+                let out = self.fleet.s3.cmd("gc", &["gc", "--json"]).output().unwrap();
+                if !out.status.success() {
+                    return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+                }
+                let r: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+                let line = format!(
+                    "{:.1} s, {} passes, {} bytes reclaimed",
+                    started.elapsed().as_secs_f64(),
+                    r["passes"],
+                    r["bytes_reclaimed"]
+                );
+                self.gc_runs.lock().unwrap().push(line);
+                Ok(())
+            });
         }
     }
 }
@@ -737,7 +755,7 @@ fn sixteen_clients_through_haproxy_ride_out_replica_kills_and_gc() {
         done: AtomicUsize::new(0),
         retried: AtomicUsize::new(0),
         kills: AtomicUsize::new(0),
-        gcs: AtomicUsize::new(0),
+        gc_runs: Mutex::new(Vec::new()),
         failed: Mutex::new(Vec::new()),
         recovered: Mutex::new(BTreeMap::new()),
         images: Mutex::new(BTreeMap::new()),
@@ -790,10 +808,13 @@ fn sixteen_clients_through_haproxy_ride_out_replica_kills_and_gc() {
         soak.done.load(Ordering::Relaxed),
         soak.retried.load(Ordering::Relaxed),
         soak.kills.load(Ordering::Relaxed),
-        soak.gcs.load(Ordering::Relaxed),
+        soak.gc_runs.lock().unwrap().len(),
         images.len(),
         layouts.len()
     );
+    for run in soak.gc_runs.lock().unwrap().iter() {
+        eprintln!("soak: gc {run}");
+    }
     for (kind, (n, first)) in soak.recovered.lock().unwrap().iter() {
         eprintln!("soak: {n} {kind} retried, the first error: {}", first.lines().last().unwrap_or_default());
     }

@@ -169,7 +169,12 @@ impl Uploads {
             ))
         };
         if mine.saturating_add(more) > limit.min(self.limits.per_owner) {
-            return Err(over(mine, limit.min(self.limits.per_owner), "this token's"));
+            let whose = if limit < self.limits.per_owner {
+                "this token's quota leaves room for its images' stored bytes and its"
+            } else {
+                "this token's"
+            };
+            return Err(over(mine, limit.min(self.limits.per_owner), whose));
         }
         if total.saturating_add(more) > self.limits.total {
             return Err(over(total, self.limits.total, "the"));
