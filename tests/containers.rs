@@ -518,3 +518,75 @@ fn the_registry_serves_images_byte_for_byte_and_refuses_bad_pushes() {
     assert!(!(ok && &sha256(&body) != layer), "curl took a wrong layer for whole ({code})");
     assert!(!ok || code != 200, "the damaged layer was served ({code})");
 }
+
+#[test]
+fn the_watcher_stores_each_archive_that_lands_once_across_a_kill() {
+    let env = Env::new(&[]);
+    let c = Counter::start(&env, "watch", 32);
+    let exported = env.path("exported.tar");
+    podman_ok(
+        None,
+        &["container", "checkpoint", "--compress=none", &format!("--export={}", exported.display()), &c.name],
+    );
+    let bytes = std::fs::read(&exported).unwrap();
+    // 20 archives land at once the way the kubelet writes them (a temporary name, then the
+    // final one), and one cut short under its final name.
+    let dir = env.path("checkpoints");
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = |i: usize| format!("checkpoint-pod{i}_default-counter-2026-11-28T22:44:{i:02}Z.tar");
+    for i in 0..20 {
+        let tmp = dir.join(format!(".{}.tmp", name(i)));
+        std::fs::write(&tmp, &bytes).unwrap();
+        std::fs::rename(&tmp, dir.join(name(i))).unwrap();
+    }
+    let cut = "checkpoint-cut_default-counter-2026-11-28T22:45:00Z.tar";
+    std::fs::write(dir.join(cut), &bytes[..bytes.len() / 2]).unwrap();
+
+    // The watcher is killed (SIGKILL) once it has stored a few, then started again.
+    let metrics = env.path("watch.prom");
+    let watch = |extra: &[&str]| {
+        let mut args = vec!["--json", "watch", dir.to_str().unwrap(), "--remove", "--settle", "0", "--interval", "1"];
+        args.extend_from_slice(extra);
+        let mut c = env.cmd(&args);
+        c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null());
+        c
+    };
+    let mut first = watch(&[]).spawn().unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(first.stdout.take().unwrap()));
+    let mut stored_before_kill = 0;
+    for line in lines {
+        let t: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if t["outcome"] == "stored" {
+            stored_before_kill += 1;
+        }
+        if stored_before_kill == 5 {
+            break;
+        }
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let again = watch(&["--once", "--metrics", metrics.to_str().unwrap()]).output().unwrap();
+    assert_eq!(again.status.code(), Some(1), "the archive cut short fails the run");
+    let taken: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&again.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let failed: Vec<_> = taken.iter().filter(|t| t["outcome"] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{taken:?}");
+    assert_eq!(failed[0]["archive"], cut);
+
+    // Each archive stored once: 20 tags, each set once, and only the one cut short left.
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, [std::ffi::OsString::from(cut)]);
+    for i in 0..20 {
+        let tag = format!("k8s-pod{i}_default-counter:20261128T2244{i:02}Z");
+        let log = env.json(&["log", &tag]);
+        let values = log.as_array().or_else(|| log["history"].as_array()).unwrap_or_else(|| panic!("{log}"));
+        assert_eq!(values.len(), 1, "{tag} set once: {log}");
+        assert_eq!(env.json(&["show", &tag])["meta"]["kind"], "container-checkpoint");
+    }
+    assert!(
+        env.run(&["show", "k8s-cut_default-counter:20261128T224500Z"]).status.code() != Some(0),
+        "nothing tagged for the cut archive"
+    );
+    let prom = std::fs::read_to_string(&metrics).unwrap();
+    assert!(prom.contains("gstore_watch_archives_total{outcome=\"failed\"} 1"), "{prom}");
+}

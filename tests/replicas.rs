@@ -655,10 +655,13 @@ impl Soak {
     }
 
     /// Runs gc (one run) on the bucket every `every`, from a machine of its own.
+    /// A run starts `every` after the last one started (at once when that one took longer).
     /// Each run's seconds, passes and bytes reclaimed are kept for the report.
     fn collector(&self, every: Duration) {
-        while sleep_unless_stopped(&self.stop, every) {
+        let mut last = std::time::Instant::now();
+        while sleep_unless_stopped(&self.stop, every.saturating_sub(last.elapsed())) {
             let started = std::time::Instant::now();
+            last = started;
             self.attempt("gc", || {
                 let out = self.fleet.s3.cmd("gc", &["gc", "--json"]).output().unwrap();
                 if !out.status.success() {

@@ -272,9 +272,11 @@ pub enum Command {
         #[arg(required = true)]
         images: Vec<String>,
     },
-    /// Reclaim space safely while others push: apply retention (if asked), then one
-    /// mark-and-sweep pass. Unneeded packs and manifests are tombstoned first and deleted by
-    /// the next pass, so run it twice (e.g. daily) to get all the space back. See docs/GC.md.
+    /// Reclaim space safely while others push: apply retention (if asked), then mark-and-sweep
+    /// passes back to back. Unneeded packs and manifests are tombstoned by one pass and deleted
+    /// by the next, so one run gets the space back; the old copy of a pack the run rewrote
+    /// waits for the next run (restores planned before it may read it) unless
+    /// --reclaim-copies. See docs/GC.md.
     Gc(GcArgs),
     /// Check every tagged image: manifests, packs, and with --read-data every chunk's bytes.
     /// An encrypted store with no key in the environment (GSTORE_KEY_FILE, GSTORE_PASSPHRASE)
@@ -287,6 +289,34 @@ pub enum Command {
     },
     /// Serve the store over HTTP for `--store http://HOST:PORT` clients (docs/HTTP.md).
     Serve(ServeArgs),
+    /// Store each container checkpoint archive that lands in a directory (the kubelet's
+    /// /var/lib/kubelet/checkpoints), entry by entry once it is complete, tagged by pod,
+    /// container and time; a node agent (docs/CONTAINERS.md). Runs until stopped, or with
+    /// --once until what is there is stored. Prints a line per archive (JSON with --json).
+    Watch {
+        /// The directory archives land in (`checkpoint-*.tar`, `.tar.gz`, `.tar.zst`).
+        dir: PathBuf,
+        /// What each tag name starts with, e.g. the node's name.
+        #[arg(long, default_value = "k8s-")]
+        prefix: String,
+        /// Remove each archive once it is stored.
+        #[arg(long)]
+        remove: bool,
+        /// Store what is there now, then exit (1 if any archive failed).
+        #[arg(long)]
+        once: bool,
+        /// Seconds between looks at the directory.
+        #[arg(long, default_value_t = 2)]
+        interval: u64,
+        /// Seconds an archive must be unchanged before it is taken in (for writers that write
+        /// under the final name).
+        #[arg(long, default_value_t = 2)]
+        settle: u64,
+        /// Write Prometheus metrics to this file after each archive (a node exporter's
+        /// textfile collector reads it).
+        #[arg(long, value_name = "FILE")]
+        metrics: Option<PathBuf>,
+    },
     /// Version, build and platform details.
     Version,
     /// Print a shell completion script, e.g. `gstore completions bash > /etc/bash_completion.d/gstore`.

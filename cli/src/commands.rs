@@ -86,6 +86,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Gc(a) => maintain::run_gc(&location, a, &out, &bars),
         Command::Verify { read_data } => maintain::run_verify(&location, read_data, &out, &bars),
         Command::Serve(a) => crate::serve::serve(&location, a, &out),
+        Command::Watch { dir, prefix, remove, once, interval, settle, metrics } => {
+            let opts = gstore_container::watch::Options { dir, prefix, remove, settle: Duration::from_secs(settle) };
+            containers::watch(&location, &opts, once, Duration::from_secs(interval), metrics.as_deref(), &out)
+        }
         Command::Index { action: IndexAction::Rebuild } => maintain::index_rebuild(&location, &out, &bars),
         Command::Key { action } => crate::init::key(&location, action, &out),
         Command::Policy { action } => crate::policy::run(&location, action, &out),

@@ -1,10 +1,10 @@
 //! The container commands: `checkpoint --container`, `restore --container`, `restore
-//! --archive` and the push of a checkpoint archive.
+//! --archive`, the push of a checkpoint archive, and `watch` (the node agent).
 
 use crate::args::RuntimeArg;
 use crate::commands::{open_image, open_indexed, plural, push_summary, Output};
 use anyhow::{Context, Result};
-use gstore_container::{archive, checkpoint, podman::Podman, restore, runc, ContainerError, Runtime};
+use gstore_container::{archive, checkpoint, podman::Podman, restore, runc, watch, ContainerError, Runtime};
 use gstore_progress::Bars;
 use gstore_store::{StoreLocation, TagRef};
 use indicatif::HumanBytes;
@@ -242,5 +242,117 @@ pub fn write_archive(location: &StoreLocation, image: &str, file: &Path, out: &O
         Ok(())
     } else {
         out.emit(&r, text)
+    }
+}
+
+/// What `gstore watch` has done since it started, for its metrics.
+#[derive(Default)]
+struct Watched {
+    stored: u64,
+    already: u64,
+    failed: u64,
+    bytes: u64,
+    stored_bytes: u64,
+    last_stored_s: u64,
+}
+
+impl Watched {
+    fn count(&mut self, t: &watch::Taken) {
+        match t.outcome {
+            "stored" => {
+                self.stored += 1;
+                self.bytes += t.bytes;
+                self.stored_bytes += t.stored_bytes;
+                self.last_stored_s =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+            }
+            "already stored" => self.already += 1,
+            _ => self.failed += 1,
+        }
+    }
+
+    /// The Prometheus text of the counters.
+    fn metrics(&self) -> String {
+        format!(
+            "# HELP gstore_watch_archives_total Checkpoint archives taken in, by outcome.\n\
+             # TYPE gstore_watch_archives_total counter\n\
+             gstore_watch_archives_total{{outcome=\"stored\"}} {}\n\
+             gstore_watch_archives_total{{outcome=\"already_stored\"}} {}\n\
+             gstore_watch_archives_total{{outcome=\"failed\"}} {}\n\
+             # HELP gstore_watch_archive_bytes_total Bytes of the archives stored.\n\
+             # TYPE gstore_watch_archive_bytes_total counter\n\
+             gstore_watch_archive_bytes_total {}\n\
+             # HELP gstore_watch_stored_bytes_total Bytes the store gained for them.\n\
+             # TYPE gstore_watch_stored_bytes_total counter\n\
+             gstore_watch_stored_bytes_total {}\n\
+             # HELP gstore_watch_last_stored_timestamp_seconds When an archive was last stored.\n\
+             # TYPE gstore_watch_last_stored_timestamp_seconds gauge\n\
+             gstore_watch_last_stored_timestamp_seconds {}\n",
+            self.stored, self.already, self.failed, self.bytes, self.stored_bytes, self.last_stored_s
+        )
+    }
+}
+
+/// `gstore watch DIR`: every archive that lands in the directory, stored once
+/// ([`watch::take_in`]); one line each. An archive that failed is tried again once it changes.
+pub fn watch(
+    location: &StoreLocation,
+    opts: &watch::Options,
+    once: bool,
+    interval: std::time::Duration,
+    metrics: Option<&Path>,
+    out: &Output,
+) -> Result<()> {
+    let mut failed: BTreeMap<std::path::PathBuf, (u64, u128)> = BTreeMap::new();
+    let mut watched = Watched::default();
+    loop {
+        let found = watch::scan(opts).with_context(|| format!("cannot read {}", opts.dir.display()))?;
+        let mut failed_now = false;
+        for f in found {
+            if failed.get(&f.path) == Some(&(f.size, f.modified_ns)) {
+                continue;
+            }
+            // Opened for each archive: other gstore commands on the node run in between.
+            let taken = watch::take_in(&open_indexed(location)?, &f, opts);
+            watched.count(&taken);
+            if taken.outcome == "failed" {
+                failed_now = true;
+                failed.insert(f.path.clone(), (f.size, f.modified_ns));
+            } else {
+                failed.remove(&f.path);
+            }
+            if let Some(path) = metrics {
+                watch::write_whole(path, &watched.metrics())
+                    .with_context(|| format!("cannot write the metrics to {}", path.display()))?;
+            }
+            if out.json {
+                out.emit_line(&taken)?;
+            } else {
+                out.emit(&taken, || watch_text(&taken))?;
+            }
+        }
+        if once {
+            if failed_now {
+                return Err(anyhow::anyhow!("some archives could not be stored (above)"));
+            }
+            return Ok(());
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+fn watch_text(t: &watch::Taken) -> String {
+    let removed = if t.removed { ", removed" } else { "" };
+    match (t.outcome, &t.error) {
+        ("failed", Some(e)) => format!("{}: not stored: {e}", t.archive),
+        (outcome, Some(e)) => format!("{}: {outcome} as {}, but {e}", t.archive, t.tag),
+        (outcome, None) => format!(
+            "{}: {outcome} as {} ({}, {} new, {:.1} s{removed})",
+            t.archive,
+            t.tag,
+            HumanBytes(t.bytes),
+            HumanBytes(t.stored_bytes),
+            t.seconds
+        ),
     }
 }

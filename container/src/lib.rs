@@ -18,6 +18,7 @@ mod error;
 pub mod podman;
 pub mod restore;
 pub mod runc;
+pub mod watch;
 
 pub use error::{ContainerError, Result};
 
