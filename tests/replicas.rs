@@ -128,10 +128,11 @@ impl Fleet {
     }
 }
 
-impl Drop for Fleet {
+impl Drop for Replica {
     fn drop(&mut self) {
-        for i in 0..self.len() {
-            self.kill(i);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }
@@ -821,8 +822,5 @@ fn sixteen_clients_through_haproxy_ride_out_replica_kills_and_gc() {
     for (kind, (n, first)) in soak.recovered.lock().unwrap().iter() {
         eprintln!("soak: {n} {kind} retried, the first error: {}", first.lines().last().unwrap_or_default());
     }
-    if let Some(mut c) = tier.child.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    drop(tier);
 }

@@ -282,7 +282,7 @@ impl Uploads {
             return Err(RegistryError::DigestInvalid(format!("the upload's bytes are {got}, not {digest}")));
         }
         let key = ObjectKey::Upload(UploadKey::Staged { owner, digest: digest.hex().to_string(), id: id.to_string() });
-        self.backend.put(&key, Vec::new())?;
+        self.backend.put(&key, end.to_string().into_bytes())?;
         Ok(end)
     }
 
@@ -309,15 +309,23 @@ impl Uploads {
         let mut listed = self.backend.list(&UploadKey::staged_prefix(owner, digest.hex()))?;
         listed.sort_by_key(|l| std::cmp::Reverse(l.modified));
         for l in listed {
-            let ObjectKey::Upload(UploadKey::Staged { id, .. }) = l.key else { continue };
+            let ObjectKey::Upload(UploadKey::Staged { id, .. }) = &l.key else { continue };
+            // Its length as the upload ended; parts found short of it (an upload being
+            // removed) do not make the blob.
+            let Some(size) =
+                self.backend.get_opt(&l.key)?.and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u64>().ok())
+            else {
+                continue;
+            };
             let mut found = Listing::default();
-            for p in self.backend.list(&UploadKey::upload_prefix(owner, &id))? {
+            for p in self.backend.list(&UploadKey::upload_prefix(owner, id))? {
                 if let ObjectKey::Upload(UploadKey::Part { offset, .. }) = p.key {
                     found.parts.insert(offset, p.size);
                 }
             }
-            let end = found.received();
-            return Ok(Some(Staged { owner, parts: in_order(&found, end), id }));
+            if found.received() == size {
+                return Ok(Some(Staged { owner, parts: in_order(&found, size), id: id.clone() }));
+            }
         }
         Ok(None)
     }
@@ -330,10 +338,11 @@ impl Uploads {
     /// Removes the blobs `owner` uploaded as `digests`, which a stored manifest has taken in.
     pub fn taken_in(&self, owner: u64, digests: &[&Digest]) -> Result<()> {
         for d in digests {
+            // The staged record first: a blob is staged only while its upload is whole.
             for l in self.backend.list(&UploadKey::staged_prefix(owner, d.hex()))? {
                 let ObjectKey::Upload(u) = &l.key else { continue };
-                self.remove(owner, u.id())?;
                 self.backend.delete(&l.key)?;
+                self.remove(owner, u.id())?;
             }
         }
         Ok(())
@@ -361,8 +370,8 @@ impl Uploads {
             let ObjectKey::Upload(u) = &l.key else { continue };
             let upload = (u.owner(), u.id().to_string());
             if older(l, STAGED_FOR) || !newest.contains_key(&upload) {
-                self.remove(upload.0, &upload.1)?;
                 self.backend.delete(&l.key)?;
+                self.remove(upload.0, &upload.1)?;
                 removed += 1;
             }
             newest.remove(&upload);
