@@ -283,7 +283,7 @@ fn an_upload_goes_on_across_replicas_and_past_one_killed_midway() {
     let status = curl("GET", &at(2), &[], None);
     let stood = status.expect(204).header("range");
     let held: u64 = stood.split('-').nth(1).unwrap().parse::<u64>().unwrap() + 1;
-    assert!(held >= 20 << 20 && (held - (20 << 20)) % PART == 0 && held < len, "{stood}");
+    assert!(held >= 20 << 20 && (held - (20 << 20)).is_multiple_of(PART) && held < len, "{stood}");
     // A client sending from elsewhere is told so; the rest from where it stands goes on.
     let wrong = file(tmp.path(), "wrong", &layer[..10]);
     curl("PATCH", &at(0), &["Content-Range: 0-9"], Some(&wrong)).expect(416);
@@ -607,7 +607,8 @@ impl Soak {
         }
     }
 
-    /// Pulls registry client `n`'s newest image with podman, checking its digest.
+    /// Pulls one of registry client `n`'s images with podman (the last by name), checking its
+    /// digest.
     fn podman_client(&self, n: u64) {
         while !self.stop.load(Ordering::Relaxed) {
             let newest = self
@@ -615,8 +616,8 @@ impl Soak {
                 .lock()
                 .unwrap()
                 .iter()
-                .filter(|(k, _)| k.contains(&format!("/reg{n}:")))
-                .last()
+                .rev()
+                .find(|(k, _)| k.contains(&format!("/reg{n}:")))
                 .map(|(k, p)| (k.clone(), p.clone()));
             let Some((image, src)) = newest else {
                 std::thread::sleep(Duration::from_millis(500));
