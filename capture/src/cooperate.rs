@@ -16,6 +16,7 @@ use crate::error::{CaptureError, Result};
 use gstore_gpu_dump::{procfs, CudaDriver};
 use gstore_restore::{Budget, DeviceImage};
 use gstore_store::format::manifest::Manifest;
+use gstore_store::format::meta;
 use gstore_store::progress::Silent;
 use gstore_store::IndexedStore;
 use gstore_store::{ObjectId, ObjectKind, StoreError};
@@ -24,10 +25,6 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
-
-/// Image metadata key: the [`Registration`]s of the processes whose weights the image leaves
-/// out, a list.
-pub const META_RELEASED_WEIGHTS: &str = "released_weights";
 
 /// How long a process gets to release its weights (wait for its GPUs, free the memory).
 const RELEASE_WAIT: Duration = Duration::from_secs(120);
@@ -218,28 +215,28 @@ pub fn refill(regs: &[Registration], prefetch: bool) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64())
 }
 
-/// The metadata a checkpoint of `regs` records: [`META_RELEASED_WEIGHTS`], and the model
-/// images under [`gstore_store::META_USES`] so that gc keeps them while the image lives.
+/// The metadata a checkpoint of `regs` records: [`meta::RELEASED_WEIGHTS`], and the model
+/// images under [`meta::USES`] so that gc keeps them while the image lives.
 pub fn metadata(regs: &[Registration]) -> std::collections::BTreeMap<String, Value> {
     let mut meta = std::collections::BTreeMap::new();
     if !regs.is_empty() {
-        meta.insert(META_RELEASED_WEIGHTS.to_string(), serde_json::json!(regs));
+        meta.insert(meta::RELEASED_WEIGHTS.to_string(), serde_json::json!(regs));
         let mut uses: Vec<&str> = regs.iter().map(|r| r.image.as_str()).collect();
         uses.sort_unstable();
         uses.dedup();
-        meta.insert(gstore_store::META_USES.to_string(), serde_json::json!(uses));
+        meta.insert(meta::USES.to_string(), serde_json::json!(uses));
     }
     meta
 }
 
 /// The registrations an image's metadata records (empty when it left no weights out).
 pub fn recorded(meta: &std::collections::BTreeMap<String, Value>) -> Result<Vec<Registration>> {
-    match meta.get(META_RELEASED_WEIGHTS) {
+    match meta.get(meta::RELEASED_WEIGHTS) {
         None => Ok(Vec::new()),
         Some(v) => serde_json::from_value(v.clone()).map_err(|e| CaptureError::Cooperation {
             pid: 0,
             step: "read",
-            detail: format!("the image's {META_RELEASED_WEIGHTS} cannot be read: {e}"),
+            detail: format!("the image's {} cannot be read: {e}", meta::RELEASED_WEIGHTS),
         }),
     }
 }
@@ -369,7 +366,7 @@ mod tests {
     fn metadata_records_the_registrations_and_the_images_gc_must_keep() {
         let meta = metadata(&[reg(7), reg(9)]);
         assert_eq!(recorded(&meta).expect("read back"), vec![reg(7), reg(9)]);
-        assert_eq!(meta[gstore_store::META_USES], serde_json::json!(["ab".repeat(32)]));
+        assert_eq!(meta[meta::USES], serde_json::json!(["ab".repeat(32)]));
         assert!(metadata(&[]).is_empty());
         assert!(recorded(&metadata(&[])).expect("none").is_empty());
     }

@@ -4,7 +4,7 @@ use crate::checkpoint::CriuChoice;
 use crate::cooperate;
 use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
-use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_KIND, META_PID};
+use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_PID};
 use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuMap, ImageMeta, MachineInfo};
 use gstore_lazy::mode::Mode;
 use gstore_store::format::manifest::Manifest;
@@ -66,7 +66,7 @@ pub fn run(
     let id = store.resolve(reference)?;
     let m = store.get_manifest(&id)?;
     let image = ImageMeta::from_metadata(&m.meta).map_err(|e| {
-        let detail = match m.meta.get(META_KIND).and_then(|k| k.as_str()) {
+        let detail = match m.kind() {
             None => "it holds files, as `gstore push` stores them".to_string(),
             Some(kind) if !kind.ends_with("-process") => format!("it is a {kind} image"),
             Some(_) => e.to_string(),

@@ -12,6 +12,7 @@ use gstore_restore::cat::FileIndex;
 use gstore_store::commands::push::stream::{self, Meta, StreamSink};
 use gstore_store::commands::push::PushReport;
 use gstore_store::format::manifest::{EntryKind, Manifest};
+use gstore_store::format::meta;
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::{IndexedStore, StoreError, TagRef};
 use serde::Serialize;
@@ -146,7 +147,7 @@ impl ContainerMeta {
 
     /// The container recorded in an image's metadata, if any.
     pub fn of(m: &Manifest) -> Option<ContainerMeta> {
-        serde_json::from_value(m.meta.get("container")?.clone()).ok()
+        serde_json::from_value(m.meta.get(meta::CONTAINER)?.clone()).ok()
     }
 }
 
@@ -239,10 +240,10 @@ pub fn feed(sink: StreamSink, input: impl Read, what: &str, mut meta: Meta) -> R
     // the end (a compressed stream followed by other bytes) is no error of the archive.
     let _ = std::io::copy(&mut watch, &mut std::io::sink());
     if info.checkpoint {
-        meta.insert("kind".into(), crate::KIND.into());
+        meta.insert(meta::KIND.into(), crate::KIND.into());
     }
     if let Some(c) = &info.container {
-        meta.insert("container".into(), serde_json::to_value(c).expect("plain strings"));
+        meta.insert(meta::CONTAINER.into(), serde_json::to_value(c).expect("plain strings"));
     }
     sink.finish(meta)?;
     Ok(info)

@@ -8,6 +8,7 @@ use crate::error::{ContainerError, Result};
 use crate::podman::Podman;
 use gstore_store::commands::push::stream::Meta;
 use gstore_store::commands::push::PushReport;
+use gstore_store::format::meta;
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, TagRef};
 use serde::Serialize;
@@ -63,9 +64,9 @@ pub fn checkpoint(
     let fifo = dir.path().join("checkpoint.tar");
     gstore_gpu_dump::fifo::make(&fifo).map_err(|e| ContainerError::io("creating FIFO", &fifo, e))?;
     let mut meta = Meta::new();
-    meta.insert("runtime".into(), serde_json::json!({ "engine": "podman", "version": podman.version() }));
-    meta.insert("criu_version".into(), podman.criu().version().into());
-    meta.insert("kernel".into(), kernel().into());
+    meta.insert(meta::RUNTIME.into(), serde_json::json!({ "engine": "podman", "version": podman.version() }));
+    meta.insert(meta::CRIU_VERSION.into(), podman.criu().version().into());
+    meta.insert(meta::KERNEL.into(), kernel().into());
     let (mut reader, held) =
         gstore_gpu_dump::fifo::open_held(&fifo).map_err(|e| ContainerError::io("opening FIFO", &fifo, e))?;
     let (child, command) = podman.start_checkpoint(&c.name, &fifo, leave_running)?;

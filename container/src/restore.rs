@@ -33,7 +33,7 @@ pub struct ContainerRestoreReport {
 /// Checks that image `m` (named `image`) is a container checkpoint this machine can restore
 /// as `name` (else the name it was checkpointed under); returns its container.
 pub fn check(podman: &Podman, image: &str, m: &Manifest, name: Option<&str>) -> Result<ContainerMeta> {
-    let kind = m.meta.get("kind").and_then(|k| k.as_str()).unwrap_or("files");
+    let kind = m.kind().unwrap_or("files");
     if kind != crate::KIND {
         return Err(ContainerError::NotACheckpoint(format!(
             "{image} is not a container checkpoint (its kind is {kind}); `gstore restore {image} --to DIR` writes its files"

@@ -14,8 +14,8 @@ use crate::checkpoint::kernel;
 use crate::error::{ContainerError, Result};
 use crate::podman::{failed, on_path, path_with_criu_first, succeeds};
 use gstore_gpu_dump::checkpoint::{
-    gpu_processes, on_each, resume_all, CaptureTimings, META_CAPTURE_TIMINGS, META_CRIU_VERSION,
-    META_CUDA_DRIVER_VERSION, META_GPUS, META_GPU_PIDS, META_KIND,
+    gpu_processes, on_each, resume_all, CaptureTimings, META_CAPTURE_TIMINGS, META_CUDA_DRIVER_VERSION, META_GPUS,
+    META_GPU_PIDS,
 };
 use gstore_gpu_dump::cuda::{self, ffi::GpuPair};
 use gstore_gpu_dump::{
@@ -25,6 +25,7 @@ use gstore_lazy::mode::Mode;
 use gstore_store::commands::push::stream::Meta;
 use gstore_store::commands::push::{self, PushReport};
 use gstore_store::format::manifest::Manifest;
+use gstore_store::format::meta;
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, ObjectId, TagRef};
 use serde::{Deserialize, Serialize};
@@ -34,8 +35,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-/// The metadata key of what a runc restore needs (bundle, rootfs).
-pub const META_RUNC: &str = "runc";
 /// Where the image keeps CRIU's images.
 const IMAGES: &str = "checkpoint";
 /// Where the image keeps the bundle's configuration.
@@ -64,7 +63,7 @@ pub struct State {
     pub rootfs: PathBuf,
 }
 
-/// What a runc image records for its restore (metadata key [`META_RUNC`]).
+/// What a runc image records for its restore (metadata key [`meta::RUNC`]).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RuncMeta {
     /// The bundle directory it ran from (and is restored from).
@@ -407,14 +406,17 @@ fn dump_failed(runc: &Runc, id: &str, gpu: Option<&CudaDriver>, gpu_pids: &[u32]
 
 /// The metadata of a runc checkpoint image of container `id`.
 fn describe(meta: &mut Meta, runc: &Runc, id: &str, st: &State, leave_running: bool, timings: &CaptureTimings) {
-    meta.insert(META_KIND.into(), crate::KIND.into());
-    meta.insert("runtime".into(), serde_json::json!({ "engine": "runc", "version": runc.version() }));
+    meta.insert(meta::KIND.into(), crate::KIND.into());
+    meta.insert(meta::RUNTIME.into(), serde_json::json!({ "engine": "runc", "version": runc.version() }));
     let container = ContainerMeta { name: id.into(), id: id.into(), runtime: "runc".into(), ..Default::default() };
-    meta.insert("container".into(), serde_json::json!(container));
-    meta.insert(META_RUNC.into(), serde_json::json!(RuncMeta { bundle: st.bundle.clone(), rootfs: st.rootfs.clone() }));
-    meta.insert(META_CRIU_VERSION.into(), runc.criu().version().into());
-    meta.insert("kernel".into(), kernel().into());
-    meta.insert("leave_running".into(), leave_running.into());
+    meta.insert(meta::CONTAINER.into(), serde_json::json!(container));
+    meta.insert(
+        meta::RUNC.into(),
+        serde_json::json!(RuncMeta { bundle: st.bundle.clone(), rootfs: st.rootfs.clone() }),
+    );
+    meta.insert(meta::CRIU_VERSION.into(), runc.criu().version().into());
+    meta.insert(meta::KERNEL.into(), kernel().into());
+    meta.insert(meta::LEAVE_RUNNING.into(), leave_running.into());
     meta.insert(META_CAPTURE_TIMINGS.into(), serde_json::json!(timings));
 }
 
@@ -467,7 +469,7 @@ fn resume_restored(
 
 /// Whether image `m` was checkpointed through runc.
 pub fn is_runc_image(m: &Manifest) -> bool {
-    m.meta.get("runtime").and_then(|r| r.get("engine")).and_then(|e| e.as_str()) == Some("runc")
+    m.meta.get(meta::RUNTIME).and_then(|r| r.get("engine")).and_then(|e| e.as_str()) == Some("runc")
 }
 
 /// A runc image checked for its restore here.
@@ -485,7 +487,7 @@ pub struct Checked {
 /// free, and for a GPU image a driver and GPUs that can take it.
 pub fn check(runc: &Runc, image: &str, m: &Manifest, name: Option<&str>) -> Result<Checked> {
     let incompatible = |why: String| ContainerError::Incompatible { image: image.to_string(), why };
-    let kind = m.meta.get(META_KIND).and_then(|k| k.as_str()).unwrap_or("files");
+    let kind = m.kind().unwrap_or("files");
     if kind != crate::KIND || !is_runc_image(m) {
         return Err(ContainerError::NotACheckpoint(format!(
             "{image} is not a container checkpoint made through runc (its kind is {kind}); `gstore restore {image} \
@@ -495,7 +497,7 @@ pub fn check(runc: &Runc, image: &str, m: &Manifest, name: Option<&str>) -> Resu
     let c = ContainerMeta::of(m).unwrap_or_default();
     let r: RuncMeta = m
         .meta
-        .get(META_RUNC)
+        .get(meta::RUNC)
         .and_then(|v| serde_json::from_value(v.clone()).ok())
         .ok_or_else(|| incompatible("its metadata names no bundle".into()))?;
     if !r.bundle.is_dir() {
@@ -520,7 +522,7 @@ pub fn check(runc: &Runc, image: &str, m: &Manifest, name: Option<&str>) -> Resu
     }
     let gpu = if m.meta.contains_key(META_GPU_PIDS) {
         let mut as_process = m.meta.clone();
-        as_process.insert(META_KIND.into(), ImageKind::GpuProcess.as_str().into());
+        as_process.insert(meta::KIND.into(), ImageKind::GpuProcess.as_str().into());
         let wants = ImageMeta::from_metadata(&as_process).map_err(|e| incompatible(e.to_string()))?;
         let cuda = CudaDriver::load();
         let machine = MachineInfo::probe(Some(runc.criu()), &cuda);

@@ -14,15 +14,13 @@
 
 use crate::archive;
 use crate::{ContainerError, Result};
+use gstore_store::format::meta;
 use gstore_store::progress::Silent;
 use gstore_store::{IndexedStore, TagRef};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
-
-/// The metadata key naming the archive an image was stored from.
-pub const META_SOURCE: &str = "source_archive";
 
 /// The longest tag name ([`gstore_store::TagRef`]'s parts).
 const NAME_MAX: usize = 128;
@@ -199,14 +197,14 @@ fn store_once(store: &IndexedStore, found: &Found, opts: &Options, taken: &mut T
     taken.tag = tag.to_string();
     if let Some(rec) = store.get_tag(&tag)? {
         let id = rec.manifest_id()?;
-        if store.get_manifest(&id)?.meta.get(META_SOURCE) == Some(&found.identity()) {
+        if store.get_manifest(&id)?.meta.get(meta::SOURCE_ARCHIVE) == Some(&found.identity()) {
             taken.outcome = "already stored";
             taken.manifest = Some(id.to_hex());
             return Ok(());
         }
     }
     let mut meta = gstore_store::commands::push::stream::Meta::new();
-    meta.insert(META_SOURCE.into(), found.identity());
+    meta.insert(meta::SOURCE_ARCHIVE.into(), found.identity());
     let file = std::fs::File::open(&found.path).map_err(|e| ContainerError::io("opening", &found.path, e))?;
     let what = found.path.display().to_string();
     let input = std::io::BufReader::with_capacity(1 << 20, file);

@@ -25,7 +25,8 @@ pub const DEFAULT_LOCK_TIMEOUT_MS: u32 = 10_000;
 /// Default time a restore waits for the image's pids to be free: 10 s.
 pub const DEFAULT_PID_WAIT: Duration = Duration::from_secs(10);
 
-/// Manifest metadata key: the image kind, "gpu-process" or "cpu-process".
+/// Manifest metadata key: the image kind, "gpu-process" or "cpu-process" (the store's
+/// `format::meta::KIND`: gpu-dump sits below the store; so do the next two).
 pub const META_KIND: &str = "kind";
 /// Manifest metadata key: the pid the process had (and gets back on restore).
 pub const META_PID: &str = "pid";
@@ -474,6 +475,15 @@ fn seconds(start: Instant) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_keys_shared_with_container_images_are_the_store_s() {
+        use gstore_store::format::meta;
+        assert_eq!(
+            [META_KIND, META_LEAVE_RUNNING, META_CRIU_VERSION],
+            [meta::KIND, meta::LEAVE_RUNNING, meta::CRIU_VERSION]
+        );
+    }
 
     fn report(kind: ImageKind) -> CaptureReport {
         CaptureReport {

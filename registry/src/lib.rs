@@ -30,6 +30,7 @@ use gstore_store::backend::Backend;
 use gstore_store::commands::push::stream::{self, Meta};
 use gstore_store::format::key::ObjectKey;
 use gstore_store::format::manifest::{EntryKind, Manifest};
+use gstore_store::format::meta;
 use gstore_store::progress::Silent;
 use gstore_store::{IndexedStore, ObjectId, Store, StoreError, StoreLocation, TagRef};
 use oci::{CheckpointImage, Descriptor, Pushed};
@@ -147,10 +148,10 @@ enum ImageKind {
 }
 
 fn kind_of(m: &Manifest) -> ImageKind {
-    let kind = m.meta.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let kind = m.kind().unwrap_or_default();
     if kind == LAYOUT_KIND {
         ImageKind::Layout
-    } else if kind == gstore_container::KIND || m.meta.get(oci::META_KEY).is_some_and(|o| o.get("config").is_some()) {
+    } else if kind == gstore_container::KIND || m.meta.get(meta::OCI).is_some_and(|o| o.get("config").is_some()) {
         ImageKind::Unpacked
     } else {
         ImageKind::Other(if kind.is_empty() { "unset".into() } else { kind.to_string() })
@@ -549,7 +550,7 @@ impl Registry {
         let config = String::from_utf8(config)
             .map_err(|_| RegistryError::ManifestInvalid("the image's config is not UTF-8 JSON".into()))?;
         let mut meta = Meta::new();
-        meta.insert(oci::META_KEY.into(), json!({ "config": config, "annotations": pushed.annotations }));
+        meta.insert(meta::OCI.into(), json!({ "config": config, "annotations": pushed.annotations }));
         let (layer_digest, layer) = &blobs[1];
         let what = format!("layer {layer_digest}");
         let mut report = None;
@@ -578,8 +579,8 @@ impl Registry {
                             "annotations": { "org.opencontainers.image.ref.name": tag.version } }],
         });
         let mut meta = Meta::new();
-        meta.insert("kind".into(), LAYOUT_KIND.into());
-        meta.insert(oci::META_KEY.into(), json!({ "media_type": pushed.media_type, "manifest": digest.to_string() }));
+        meta.insert(meta::KIND.into(), LAYOUT_KIND.into());
+        meta.insert(meta::OCI.into(), json!({ "media_type": pushed.media_type, "manifest": digest.to_string() }));
         let (report, ()) = stream::push_fed(store, tag, PUSH_BUFFER, &Silent, |sink| -> Result<()> {
             let small = |path: &str, b: &[u8]| sink.file(path, 0o644)?.read_from(&mut &b[..]).map(drop);
             small("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
@@ -606,7 +607,7 @@ impl Registry {
 
 /// The media type and digest of a layout image's manifest.
 fn layout_manifest(m: &Manifest) -> Result<(String, Digest)> {
-    let o = m.meta.get(oci::META_KEY);
+    let o = m.meta.get(meta::OCI);
     let text = |k: &str| o.and_then(|o| o.get(k)).and_then(Value::as_str);
     let digest =
         text("manifest").ok_or_else(|| RegistryError::ManifestInvalid("the image names no manifest".into()))?;

@@ -5,6 +5,7 @@ use crate::digest::Digest;
 use crate::error::{RegistryError, Result};
 use gstore_container::archive::ContainerMeta;
 use gstore_store::format::manifest::Manifest;
+use gstore_store::format::meta;
 use serde_json::{json, Map, Value};
 
 /// An OCI image manifest.
@@ -100,14 +101,10 @@ pub struct CheckpointImage {
     pub layer: Descriptor,
 }
 
-/// Metadata key under which an image keeps what a pushed checkpoint image's documents said
-/// (its config, as text, and its manifest's annotations).
-pub const META_KEY: &str = "oci";
-
 impl CheckpointImage {
     /// The documents of checkpoint image `m` whose layer is `layer`.
     pub fn new(m: &Manifest, layer: Descriptor) -> CheckpointImage {
-        let kept = m.meta.get(META_KEY);
+        let kept = m.meta.get(meta::OCI);
         let diff_ids = json!([layer.digest.to_string()]);
         let config = match kept
             .and_then(|o| o.get("config"))

@@ -3,6 +3,7 @@
 //! explicit access order when the image carries one).
 
 use gstore_store::format::manifest::Manifest;
+use gstore_store::format::meta;
 use gstore_store::repo::index::{ChunkLocation, PlanRecord};
 use gstore_store::ObjectKind;
 use gstore_store::{IndexedStore, ObjectId, Result, StoreError};
@@ -10,9 +11,6 @@ use std::collections::HashMap;
 
 /// Two chunks of one pack are read together when at most this many bytes lie between them.
 pub const MAX_GAP: u64 = 64 * 1024;
-/// Manifest metadata key holding a recorded access order: a JSON array of entry paths, most
-/// urgent first. Entries it does not name follow in manifest order.
-pub const META_ACCESS_ORDER: &str = "access_order";
 
 /// Where one restored copy of a chunk goes: (entry index in the manifest, byte offset).
 pub type Target = (usize, u64);
@@ -106,7 +104,7 @@ impl Plan {
 /// Entry indices in restore order: a recorded access order first, the rest in manifest order.
 fn entry_order(m: &Manifest) -> Vec<usize> {
     let mut rank: Vec<usize> = (0..m.entries.len()).map(|i| m.entries.len() + i).collect();
-    if let Some(order) = m.meta.get(META_ACCESS_ORDER).and_then(|v| v.as_array()) {
+    if let Some(order) = m.meta.get(meta::ACCESS_ORDER).and_then(|v| v.as_array()) {
         let by_path: HashMap<&str, usize> = m.entries.iter().enumerate().map(|(i, e)| (e.path.as_str(), i)).collect();
         for (r, p) in order.iter().filter_map(|p| p.as_str()).enumerate() {
             if let Some(&i) = by_path.get(p) {

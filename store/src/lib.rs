@@ -23,7 +23,6 @@ pub mod units;
 pub use error::{ErrorKind, ObjectKind, Result, StoreError};
 pub use format::config::{StoreConfig, FORMAT_VERSION};
 pub use format::id::{ChunkIds, ObjectId};
-pub use format::manifest::META_USES;
 pub use format::tag::TagRef;
 pub use repo::bases::{BaseReader, HeldBases};
 pub use repo::indexed::IndexedStore;

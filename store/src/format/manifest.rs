@@ -4,6 +4,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
+use crate::format::meta;
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -15,11 +16,6 @@ pub const CHUNK_REF_LEN: usize = 37;
 /// Flag bit: the chunk is all zero bytes and is not stored in any pack.
 pub const FLAG_ZERO: u8 = 1;
 
-/// Metadata key: the manifest ids (hex) of the images this image needs to be restored (a
-/// process image whose weights are left out names the model image they come from); gc keeps
-/// them, their chunks included, for as long as it keeps this image.
-pub const META_USES: &str = "uses";
-
 /// [`Manifest::pieces`] starts each piece at a multiple of this many bytes of its file.
 const PIECE_ALIGN: u64 = 4096;
 
@@ -28,7 +24,7 @@ const PIECE_ALIGN: u64 = 4096;
 pub struct References {
     /// Its chunk references.
     pub chunks: Vec<ChunkRef>,
-    /// The images it needs ([`META_USES`]).
+    /// The images it needs ([`meta::USES`]).
     pub uses: Vec<ObjectId>,
     /// Why readers refuse it, if they do.
     pub refused: Option<String>,
@@ -251,9 +247,14 @@ impl Manifest {
         Ok(References { chunks: m.chunks, uses, refused })
     }
 
-    /// The images this one needs ([`META_USES`]); ids that do not parse are left out.
+    /// The image's kind ([`meta::KIND`]), if its metadata says.
+    pub fn kind(&self) -> Option<&str> {
+        self.meta.get(meta::KIND).and_then(|k| k.as_str())
+    }
+
+    /// The images this one needs ([`meta::USES`]); ids that do not parse are left out.
     pub fn uses(&self) -> Vec<ObjectId> {
-        let listed = self.meta.get(META_USES).and_then(|v| v.as_array());
+        let listed = self.meta.get(meta::USES).and_then(|v| v.as_array());
         listed.into_iter().flatten().filter_map(|v| ObjectId::from_hex(v.as_str()?).ok()).collect()
     }
 

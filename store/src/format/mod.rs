@@ -8,6 +8,7 @@ pub(crate) mod id;
 pub mod key;
 pub mod lease;
 pub mod manifest;
+pub mod meta;
 pub mod pack;
 pub mod profile;
 pub mod record;

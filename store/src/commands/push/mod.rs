@@ -298,7 +298,7 @@ fn push_entries(
             })
             .collect();
         let out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
-        let parent = meta.get("parent").and_then(|p| p.as_str()).and_then(|p| TagRef::parse(p).ok());
+        let parent = meta.get(crate::format::meta::PARENT).and_then(|p| p.as_str()).and_then(|p| TagRef::parse(p).ok());
         let deltas = Deltas::new(store, lease.as_ref(), tag, parent);
         if reader.as_ref().is_some_and(|r| r.entries.iter().any(|e| crate::dedup::deltas::is_tensor_file(&e.rel))) {
             deltas.parent_files();
