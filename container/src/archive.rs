@@ -276,9 +276,11 @@ pub struct WriteReport {
 }
 
 /// A writer that counts what passes through it.
-struct Counting<W> {
-    inner: W,
-    bytes: u64,
+pub struct Counting<W> {
+    /// Where the bytes go.
+    pub inner: W,
+    /// How many went.
+    pub bytes: u64,
 }
 
 impl<W: Write> Write for Counting<W> {

@@ -420,13 +420,13 @@ impl Registry {
     /// image is found gone midway (gc removed it), it is forgotten, so the next request for the
     /// blob looks for it again.
     pub fn write_blob(&self, blob: &Blob, out: &mut dyn Write) -> Result<()> {
-        let mut counted = Counted { out, written: 0 };
+        let mut counted = archive::Counting { inner: out, bytes: 0 };
         let mut copied = self.copy_blob(blob, &mut counted);
         if copied.as_ref().is_err_and(not_found) {
             // The index may be behind the store ([`Registry::fresh`]): brought up to date, the
             // copy starts again if nothing was sent yet, else the client's retry finds it so.
             self.store()?.sync_index()?;
-            if counted.written == 0 {
+            if counted.bytes == 0 {
                 copied = self.copy_blob(blob, &mut counted);
             }
         }
@@ -612,23 +612,6 @@ fn layout_manifest(m: &Manifest) -> Result<(String, Digest)> {
     let digest =
         text("manifest").ok_or_else(|| RegistryError::ManifestInvalid("the image names no manifest".into()))?;
     Ok((text("media_type").unwrap_or(oci::MANIFEST_V1).to_string(), Digest::parse(digest)?))
-}
-
-/// A writer counting what passes through it.
-struct Counted<'a> {
-    out: &'a mut dyn Write,
-    written: u64,
-}
-
-impl Write for Counted<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(buf)?;
-        self.written += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
-    }
 }
 
 /// Whether `e` says that something of the store is not there.
