@@ -423,11 +423,6 @@ fn curl(host: &str, token: Option<&str>, args: &[&str], path: &str) -> (bool, u1
     (out.status.success(), code, h, std::fs::read(&body).unwrap_or_default())
 }
 
-fn sha256(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
-}
-
 #[test]
 fn the_registry_serves_images_byte_for_byte_and_refuses_bad_pushes() {
     let env = Env::new(&[]);

@@ -4,7 +4,6 @@
 //! client errors answered 4xx, and an encrypted store's answer.
 
 use gstore_tests::*;
-use std::process::Command;
 
 /// Write tokens: two without a prefix, one limited to `team-a`.
 const WRITE_A: &str = "registry-write-token-000a";
@@ -22,79 +21,9 @@ fn serve(env: &Env, extra: &[&str]) -> Server {
     Server::start(&env.store, &args)
 }
 
-/// What a request sent.
-#[derive(Default)]
-struct Req<'a> {
-    token: Option<&'a str>,
-    headers: &'a [&'a str],
-    body: Option<&'a [u8]>,
-    /// Sent with `Transfer-Encoding: chunked` rather than a `Content-Length`.
-    chunked: bool,
-}
-
-/// What came back: the status, the headers (lowercased) and the body.
-struct Answer {
-    status: u16,
-    headers: String,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).to_string()
-    }
-
-    /// The value of header `name` (lowercase).
-    fn header(&self, name: &str) -> String {
-        let line = self.headers.lines().find_map(|l| l.strip_prefix(&format!("{name}: ")));
-        line.unwrap_or_else(|| panic!("no {name} in {}", self.headers)).trim().to_string()
-    }
-
-    /// Asserts the status and, for an error, the distribution API's error code.
-    fn expect(&self, status: u16, code: Option<&str>) {
-        assert_eq!(self.status, status, "{}", self.text());
-        if let Some(c) = code {
-            assert!(self.text().contains(&format!("\"code\":\"{c}\"")), "not {c}: {}", self.text());
-        }
-    }
-}
-
-/// `METHOD PATH` to `server` with curl.
+/// `METHOD PATH` to `server` ([`http`]).
 fn request(server: &Server, method: &str, path: &str, r: Req) -> Answer {
-    let tmp = tempfile::tempdir().unwrap();
-    let (headers, body) = (tmp.path().join("h"), tmp.path().join("b"));
-    let mut c = Command::new("curl");
-    c.args(["-s", "-D"]).arg(&headers).arg("-o").arg(&body).args(["-w", "%{http_code}"]);
-    if method == "HEAD" {
-        c.arg("-I");
-    } else {
-        c.args(["-X", method]);
-    }
-    if let Some(t) = r.token {
-        c.args(["-u", &format!("podman:{t}")]);
-    }
-    for h in r.headers {
-        c.args(["-H", h]);
-    }
-    if let Some(b) = r.body {
-        let file = tmp.path().join("data");
-        std::fs::write(&file, b).unwrap();
-        c.arg("--data-binary").arg(format!("@{}", file.display()));
-        if r.chunked {
-            c.args(["-H", "Transfer-Encoding: chunked"]);
-        }
-    }
-    let out = c.arg(format!("{}{path}", server.url())).output().expect("curl runs");
-    Answer {
-        status: String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0),
-        headers: std::fs::read_to_string(&headers).unwrap_or_default().to_lowercase(),
-        body: std::fs::read(&body).unwrap_or_default(),
-    }
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+    http(method, &format!("{}{path}", server.url()), r)
 }
 
 /// Uploads `bytes` to `repo` in one request (`POST ?digest=`).

@@ -181,73 +181,9 @@ impl Drop for Balancer {
     }
 }
 
-/// What a request got back: status, headers (lowercase names) and body.
-struct Answer {
-    status: u16,
-    headers: String,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> String {
-        let line = self.headers.lines().find_map(|l| l.strip_prefix(&format!("{name}: ")));
-        line.unwrap_or_else(|| panic!("no {name} in {}", self.headers)).trim().to_string()
-    }
-
-    fn expect(&self, status: u16) -> &Answer {
-        assert_eq!(self.status, status, "{}", String::from_utf8_lossy(&self.body));
-        self
-    }
-}
-
-/// `METHOD URL` with curl, the write token, `headers` and the body in file `body`.
-fn curl(method: &str, url: &str, headers: &[&str], body: Option<&Path>) -> Answer {
-    curl_with(method, url, headers, body, &[]).wait()
-}
-
-/// A curl request running in the background.
-struct Pending {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Pending {
-    fn wait(self) -> Answer {
-        let Pending { child, dir } = self;
-        let out = child.wait_with_output().unwrap();
-        let code = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
-        let headers = std::fs::read_to_string(dir.path().join("h")).unwrap_or_default().to_lowercase();
-        let body = std::fs::read(dir.path().join("b")).unwrap_or_default();
-        Answer { status: code, headers, body }
-    }
-}
-
-/// As [`curl`], started in the background with `extra` curl arguments.
-fn curl_with(method: &str, url: &str, headers: &[&str], body: Option<&Path>, extra: &[&str]) -> Pending {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = Command::new("curl");
-    c.args(["-s", "-D"]).arg(dir.path().join("h")).arg("-o").arg(dir.path().join("b"));
-    c.args(["-w", "%{http_code}", "-X", method, "-u", &format!("any:{WRITE}")]).args(extra);
-    for h in headers {
-        c.args(["-H", h]);
-    }
-    if let Some(b) = body {
-        c.arg("--data-binary").arg(format!("@{}", b.display()));
-    }
-    let child = c.arg(url).stdout(Stdio::piped()).spawn().unwrap();
-    Pending { child, dir }
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
-}
-
-/// Writes `bytes` to a file in `dir`; returns its path.
-fn file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
+/// `METHOD URL` ([`http`]) with the write token, `headers` and `body`.
+fn curl(method: &str, url: &str, headers: &[&str], body: Option<&[u8]>) -> Answer {
+    http(method, url, Req { token: Some(WRITE), headers, body, ..Req::default() })
 }
 
 /// The range header of a registry upload holding `n` bytes.
@@ -258,43 +194,44 @@ fn range_of(n: u64) -> String {
 #[test]
 fn an_upload_goes_on_across_replicas_and_past_one_killed_midway() {
     let fleet = Fleet::start(3);
-    let tmp = tempfile::tempdir().unwrap();
     let layer = ustar(&[("data", &random_bytes((48 << 20) - 4096, 1))]);
     let len = layer.len() as u64;
     let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
 
     // Started on replica 0; the first 20 MiB through replica 1.
     let start = curl("POST", &format!("{}/v2/web/blobs/uploads/", fleet.url(0)), &[], None);
-    let location = start.expect(202).header("location");
+    let location = start.expect(202, None).header("location");
     let at = |i: usize| format!("{}{location}", fleet.url(i));
-    let first = file(tmp.path(), "first", &layer[..20 << 20]);
-    let a = curl("PATCH", &at(1), &[&format!("Content-Range: 0-{}", (20 << 20) - 1)], Some(&first));
-    assert_eq!(a.expect(202).header("range"), range_of(20 << 20));
+    let a = curl("PATCH", &at(1), &[&format!("Content-Range: 0-{}", (20 << 20) - 1)], Some(&layer[..20 << 20]));
+    assert_eq!(a.expect(202, None).header("range"), range_of(20 << 20));
 
     // The rest through replica 1 again, slowly; replica 1 is killed midway.
-    let rest = file(tmp.path(), "rest", &layer[20 << 20..]);
     let range = format!("Content-Range: {}-{}", 20 << 20, len - 1);
-    let cut = curl_with("PATCH", &at(1), &[&range], Some(&rest), &["--limit-rate", "8M"]);
+    let slowly = Req {
+        token: Some(WRITE),
+        headers: &[&range],
+        body: Some(&layer[20 << 20..]),
+        extra: &["--limit-rate", "8M"],
+        ..Req::default()
+    };
+    let cut = http_start("PATCH", &at(1), slowly);
     std::thread::sleep(Duration::from_millis(2800));
     fleet.kill(1);
     assert_ne!(cut.wait().status, 202, "the request was cut");
 
     // Replica 2 says where the upload stands: what replica 1 stored, whole parts only.
     let status = curl("GET", &at(2), &[], None);
-    let stood = status.expect(204).header("range");
+    let stood = status.expect(204, None).header("range");
     let held: u64 = stood.split('-').nth(1).unwrap().parse::<u64>().unwrap() + 1;
     assert!(held >= 20 << 20 && (held - (20 << 20)).is_multiple_of(PART) && held < len, "{stood}");
     // A client sending from elsewhere is told so; the rest from where it stands goes on.
-    let wrong = file(tmp.path(), "wrong", &layer[..10]);
-    curl("PATCH", &at(0), &["Content-Range: 0-9"], Some(&wrong)).expect(416);
-    let tail = file(tmp.path(), "tail", &layer[held as usize..]);
-    let a = curl("PATCH", &at(2), &[&format!("Content-Range: {held}-{}", len - 1)], Some(&tail));
-    assert_eq!(a.expect(202).header("range"), range_of(len));
+    curl("PATCH", &at(0), &["Content-Range: 0-9"], Some(&layer[..10])).expect(416, None);
+    let a = curl("PATCH", &at(2), &[&format!("Content-Range: {held}-{}", len - 1)], Some(&layer[held as usize..]));
+    assert_eq!(a.expect(202, None).header("range"), range_of(len));
     // Ended on replica 0, checked against its digest read back from the bucket.
-    curl("PUT", &format!("{}?digest={}", at(0), sha256(&layer)), &[], None).expect(201);
-    let config_file = file(tmp.path(), "config", config);
+    curl("PUT", &format!("{}?digest={}", at(0), sha256(&layer)), &[], None).expect(201, None);
     let url = format!("{}/v2/web/blobs/uploads/?digest={}", fleet.url(2), sha256(config));
-    curl("POST", &url, &[], Some(&config_file)).expect(201);
+    curl("POST", &url, &[], Some(config)).expect(201, None);
 
     // The manifest through replica 1, restarted: the blobs other replicas took are there.
     fleet.restart(1);
@@ -304,24 +241,23 @@ fn an_upload_goes_on_across_replicas_and_past_one_killed_midway() {
         "layers": [{ "mediaType": LAYER, "digest": sha256(&layer), "size": len }],
     }))
     .unwrap();
-    let m = file(tmp.path(), "manifest", &manifest);
     let ct = format!("Content-Type: {OCI_MANIFEST}");
-    curl("PUT", &format!("{}/v2/web/manifests/1", fleet.url(1)), &[&ct], Some(&m)).expect(201);
+    curl("PUT", &format!("{}/v2/web/manifests/1", fleet.url(1)), &[&ct], Some(&manifest)).expect(201, None);
     assert_eq!(fleet.uploads_left(), 0, "the uploads a manifest took in are removed");
 
     // Read back through the others, byte for byte.
     let got = curl("GET", &format!("{}/v2/web/blobs/{}", fleet.url(0), sha256(&layer)), &[], None);
-    assert!(got.expect(200).body == layer, "the layer comes back as pushed");
+    assert!(got.expect(200, None).body == layer, "the layer comes back as pushed");
     let got = curl("GET", &format!("{}/v2/web/manifests/1", fleet.url(2)), &[], None);
-    assert_eq!(got.expect(200).body, manifest);
+    assert_eq!(got.expect(200, None).body, manifest);
 }
 
 /// Pushes an image of `config` and `layer` as `repo:tag` through the registry at `url`, in
 /// one request per blob; returns the manifest.
-fn push_image(url: &str, dir: &Path, repo: &str, tag: &str, config: &[u8], layer: &[u8]) -> Vec<u8> {
+fn push_image(url: &str, repo: &str, tag: &str, config: &[u8], layer: &[u8]) -> Vec<u8> {
     for blob in [config, layer] {
-        let f = file(dir, "blob", blob);
-        curl("POST", &format!("{url}/v2/{repo}/blobs/uploads/?digest={}", sha256(blob)), &[], Some(&f)).expect(201);
+        curl("POST", &format!("{url}/v2/{repo}/blobs/uploads/?digest={}", sha256(blob)), &[], Some(blob))
+            .expect(201, None);
     }
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
@@ -329,37 +265,30 @@ fn push_image(url: &str, dir: &Path, repo: &str, tag: &str, config: &[u8], layer
         "layers": [{ "mediaType": LAYER, "digest": sha256(layer), "size": layer.len() }],
     }))
     .unwrap();
-    let m = file(dir, "manifest", &manifest);
     let ct = format!("Content-Type: {OCI_MANIFEST}");
-    curl("PUT", &format!("{url}/v2/{repo}/manifests/{tag}"), &[&ct], Some(&m)).expect(201);
+    curl("PUT", &format!("{url}/v2/{repo}/manifests/{tag}"), &[&ct], Some(&manifest)).expect(201, None);
     manifest
 }
 
 #[test]
 fn a_busy_replica_serves_what_another_pushed_since_it_last_read_the_store() {
     let fleet = Fleet::start(2);
-    let tmp = tempfile::tempdir().unwrap();
     let config = br#"{"architecture":"amd64","os":"linux"}"#;
     let big = ustar(&[("big", &random_bytes(24 << 20, 1))]);
-    push_image(&fleet.url(0), tmp.path(), "web", "1", config, &big);
+    push_image(&fleet.url(0), "web", "1", config, &big);
     // Replica 1 busy: a slow pull keeps its store (and index) open, as under steady load.
-    let slow = curl_with(
-        "GET",
-        &format!("{}/v2/web/blobs/{}", fleet.url(1), sha256(&big)),
-        &[],
-        None,
-        &["--limit-rate", "2M"],
-    );
+    let slowly = Req { token: Some(WRITE), extra: &["--limit-rate", "2M"], ..Req::default() };
+    let slow = http_start("GET", &format!("{}/v2/web/blobs/{}", fleet.url(1), sha256(&big)), slowly);
     std::thread::sleep(Duration::from_millis(1500));
     // A new image through replica 0; then through replica 1, still busy.
     let layer = ustar(&[("new", &random_bytes(3 << 20, 2))]);
-    let manifest = push_image(&fleet.url(0), tmp.path(), "web", "2", config, &layer);
+    let manifest = push_image(&fleet.url(0), "web", "2", config, &layer);
     let got = curl("GET", &format!("{}/v2/web/manifests/2", fleet.url(1)), &[], None);
-    assert_eq!(got.expect(200).body, manifest);
+    assert_eq!(got.expect(200, None).body, manifest);
     let got = curl("GET", &format!("{}/v2/web/blobs/{}", fleet.url(1), sha256(&layer)), &[], None);
-    assert!(got.expect(200).body == layer, "the new layer comes back as pushed");
+    assert!(got.expect(200, None).body == layer, "the new layer comes back as pushed");
     let pulled = slow.wait();
-    assert!(pulled.expect(200).body == big, "the slow pull went on meanwhile");
+    assert!(pulled.expect(200, None).body == big, "the slow pull went on meanwhile");
 }
 
 /// An OCI image layout in `dir` of `layers` (plain tars, stored gzipped as registries keep

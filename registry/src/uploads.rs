@@ -182,12 +182,8 @@ impl Uploads {
         Ok(())
     }
 
-    /// What the store holds of upload `id` of `owner`; unknown unless it was started in `repo`.
-    fn listing(&self, owner: u64, repo: &str, id: &str) -> Result<Listing> {
-        let unknown = || RegistryError::BlobUploadUnknown(id.to_string());
-        if !well_formed(id) {
-            return Err(unknown());
-        }
+    /// What the store holds of upload `id` of `owner`.
+    fn list_upload(&self, owner: u64, id: &str) -> Result<Listing> {
         let mut l = Listing::default();
         for listed in self.backend.list(&UploadKey::upload_prefix(owner, id))? {
             match listed.key {
@@ -199,6 +195,16 @@ impl Uploads {
                 _ => {}
             }
         }
+        Ok(l)
+    }
+
+    /// [`Uploads::list_upload`], for a request: unknown unless the upload was started in `repo`.
+    fn listing(&self, owner: u64, repo: &str, id: &str) -> Result<Listing> {
+        let unknown = || RegistryError::BlobUploadUnknown(id.to_string());
+        if !well_formed(id) {
+            return Err(unknown());
+        }
+        let l = self.list_upload(owner, id)?;
         if l.repo.as_deref() != Some(repo) {
             return Err(unknown());
         }
@@ -317,12 +323,7 @@ impl Uploads {
             else {
                 continue;
             };
-            let mut found = Listing::default();
-            for p in self.backend.list(&UploadKey::upload_prefix(owner, id))? {
-                if let ObjectKey::Upload(UploadKey::Part { offset, .. }) = p.key {
-                    found.parts.insert(offset, p.size);
-                }
-            }
+            let found = self.list_upload(owner, id)?;
             if found.received() == size {
                 return Ok(Some(Staged { owner, parts: in_order(&found, size), id: id.clone() }));
             }
