@@ -20,8 +20,9 @@ Loaders: `pinned` (pinned host -> device copy rate: the ceiling), `safetensors` 
 per shard), `instanttensor` (0.2.2, `BackendPolicy.BUFFERED`; with --cold also `instanttensor-
 direct`, its default O_DIRECT path), `gstore` (`Store.load`), `gstore-iter` (`Store.weights`,
 the (name, tensor) iterator), `gstore-into` (`Store.load_into` preallocated parameters),
-`gstore-cli` (`gstore load --device cuda:0`). --variant adds `gstore-cli` loads
-under other environment variables or memory budgets, labelled, for diagnosis.
+`gstore-cli` (`gstore load --device cuda:0`). --variant adds the gstore loads again under
+other environment variables or memory budgets, labelled: e.g. `'old PYTHONPATH=DIR
+GSTORE_BENCH_BIN=BIN'` loads with another build of the package and the binary, for A/B runs.
 
 Prints one JSON object per load, then a table: best seconds, GB/s of tensor bytes, x pinned, x
 the best plain-file loader, peak RSS.
@@ -265,7 +266,7 @@ def run_cli(args, variant, check, cold):
     store = os.path.join(args.work, "store")
     # No --check: reading 16 GiB back to the host and hashing it takes ~20 s; the Python loads
     # of the same store check every tensor.
-    cmd = [args.gstore_bin, "--store", store, "--json", "load", "w", "--device", "cuda:0",
+    cmd = [variant.env.get("GSTORE_BENCH_BIN", args.gstore_bin), "--store", store, "--json", "load", "w", "--device", "cuda:0",
            "--memory-budget", str(variant.budget)]
     if cold:
         drop_caches()
@@ -342,7 +343,7 @@ def main():
     plain = Variant("default")
     jobs = [(l, plain) for l in loaders]
     for v in map(Variant, args.variant):
-        jobs += [(l, v) for l in loaders if l == "gstore-cli"]
+        jobs += [(l, v) for l in loaders if l.startswith("gstore")]
     if args.cold:
         print(json.dumps({"disk_gbps": {"model": disk_rate(model), "store": disk_rate(store)}}), flush=True)
     results = {}

@@ -1,4 +1,4 @@
-// Runs the hashing code of src/cuda/kernels/verify.cu on the host, one emulated thread block
+// Runs the hashing code of src/cuda/kernels/load.cu (blake3.cuh) on the host, one emulated thread block
 // at a time, so CI (no GPU) checks it against the BLAKE3 reference. Phases the kernel splits
 // with __syncthreads run here one after the other, over every thread.
 // Usage: check_kernel_host FILE KEY OFFSET:LEN... — prints the BLAKE3 hex of each slice of
@@ -6,7 +6,7 @@
 // copies each slice as the kernel places a chunk, to every offset from a 16-byte boundary, and
 // prints "copied N" after N copies that matched and wrote nothing around them.
 #include "host_cuda.h"
-#include "../src/cuda/kernels/verify.cu"
+#include "../src/cuda/kernels/load.cu"
 
 static void hash(const unsigned char *src, unsigned len, const IdKey &key, unsigned out[8]) {
     unsigned chunks = len == 0 ? 1u : (len + CHUNK_LEN - 1) / CHUNK_LEN;
@@ -31,6 +31,7 @@ static void hash(const unsigned char *src, unsigned len, const IdKey &key, unsig
 }
 
 int main(int argc, char **argv) {
+    static_assert(sizeof(Job) == 80, "Job is 80 bytes, as the Rust side writes it");
     FILE *f = fopen(argv[1], "rb");
     if (!f) return 2;
     std::vector<unsigned char> data;

@@ -1,9 +1,10 @@
-//! gstore's GPU kernels compiled for the host with the system C++ compiler. The chunk check's
-//! BLAKE3 (src/cuda/kernels/verify.cu), run over slices of every shape the tree takes — empty,
+//! gstore's GPU load kernel (src/cuda/kernels/load.cu) compiled for the host with the system C++
+//! compiler, its parts run one emulated thread at a time. The chunk check's BLAKE3
+//! (blake3.cuh), run over slices of every shape the tree takes — empty,
 //! one block, one chunk, powers of two and one past them, subtrees of several chunks per
 //! thread, unaligned starts — must agree with the blake3 crate, and its copy of each chunk to
 //! its place must land whole at every offset from a 16-byte boundary; the float lanes' join
-//! (src/cuda/kernels/floats.cu) must rebuild words of 2 and 4 bytes with their tails, at every
+//! (floats.cuh) must rebuild words of 2 and 4 bytes with their tails, at every
 //! such offset, and refuse lanes that did not decode whole. The kernels themselves run on a GPU in
 //! tests/gpu/load_bench.sh.
 

@@ -1,6 +1,8 @@
 """torch tensors through the store, on the CPU and (where there is one) a CUDA GPU. Skipped
 where torch is not installed (CI); run on a GPU machine (tests/gpu/README.md)."""
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -61,6 +63,44 @@ def test_cuda_tensors_load_into_vram_without_a_copy(store):
     del blob
     torch.cuda.synchronize()
     assert same(loaded["t0.float32"] * 1, s["t0.float32"])
+
+
+def float_state():
+    """Weights the GPU decodes (float-coded chunks, Huffman lanes): bf16, fp16 and fp32 of
+    realistic magnitudes in sizes that cut chunks at odd lengths, a constant tensor (lanes of
+    one byte value) and a tensor of random bits (raw lanes)."""
+    g = torch.Generator().manual_seed(5)
+    out = {}
+    for i, n in enumerate([1, 3, 1001, 65_537, 300_007, 1_000_003]):
+        for dtype, scale in ((torch.bfloat16, 0.02), (torch.float16, 0.05), (torch.float32, 1.0)):
+            out[f"w{i}.{str(dtype).removeprefix('torch.')}"] = (torch.randn(n, generator=g) * scale).to(dtype)
+    out["ones"] = torch.ones(200_000, dtype=torch.bfloat16)
+    out["bits"] = torch.randint(-(2**15), 2**15, (150_001,), generator=g, dtype=torch.int16).view(torch.bfloat16)
+    return out
+
+
+@cuda
+def test_float_coded_weights_load_bit_exact_on_the_gpu_and_a_flipped_byte_fails(store, tmp_path):
+    s = float_state()
+    store.save(s, "f:v1")
+    loaded = store.load("f:v1", device="cuda:0")
+    for name in s:
+        assert same(loaded[name], s[name]), name
+    # One byte flipped at a time, at positions spread over the packs' chunk bytes: every load
+    # into VRAM fails naming a chunk (Huffman code, substream ends and bits, raw lanes, tails).
+    root = pathlib.Path(store._native.describe())
+    packs = sorted(root.rglob("*.pack"))
+    assert packs
+    for trial in range(12):
+        p = packs[trial % len(packs)]
+        data = p.read_bytes()
+        at = len(data) * (trial + 1) // 16
+        p.write_bytes(data[:at] + bytes([data[at] ^ (1 << (trial % 8))]) + data[at + 1 :])
+        with pytest.raises(gstore.CorruptError, match="chunk"):
+            store.load("f:v1", device="cuda:0")
+        p.write_bytes(data)
+    loaded = store.load("f:v1", device="cuda:0")
+    assert all(same(loaded[name], s[name]) for name in s)
 
 
 @cuda

@@ -7,13 +7,17 @@ use gstore_store::format::meta;
 use gstore_store::repo::index::{ChunkLocation, PlanRecord};
 use gstore_store::ObjectKind;
 use gstore_store::{IndexedStore, ObjectId, Result, StoreError};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 /// Two chunks of one pack are read together when at most this many bytes lie between them.
 pub const MAX_GAP: u64 = 64 * 1024;
 
 /// Where one restored copy of a chunk goes: (entry index in the manifest, byte offset).
 pub type Target = (usize, u64);
+
+/// Every place one chunk goes: most chunks go to one place, held inline.
+pub type Targets = SmallVec<[Target; 1]>;
 
 /// One distinct chunk and every place it is written to.
 #[derive(Debug, Clone)]
@@ -23,7 +27,7 @@ pub struct PlannedChunk {
     /// Where it is stored.
     pub loc: ChunkLocation,
     /// Where it goes.
-    pub targets: Vec<Target>,
+    pub targets: Targets,
 }
 
 /// One range read of one pack and the chunks it yields.
@@ -105,7 +109,8 @@ impl Plan {
 fn entry_order(m: &Manifest) -> Vec<usize> {
     let mut rank: Vec<usize> = (0..m.entries.len()).map(|i| m.entries.len() + i).collect();
     if let Some(order) = m.meta.get(meta::ACCESS_ORDER).and_then(|v| v.as_array()) {
-        let by_path: HashMap<&str, usize> = m.entries.iter().enumerate().map(|(i, e)| (e.path.as_str(), i)).collect();
+        let by_path: std::collections::HashMap<&str, usize> =
+            m.entries.iter().enumerate().map(|(i, e)| (e.path.as_str(), i)).collect();
         for (r, p) in order.iter().filter_map(|p| p.as_str()).enumerate() {
             if let Some(&i) = by_path.get(p) {
                 rank[i] = rank[i].min(r);
@@ -149,6 +154,10 @@ enum Locations {
     LookedUp(PlanRecord),
 }
 
+/// Distinct chunks in the first planning batch (later batches grow fourfold, up to the
+/// caller's batch size).
+const FIRST_BATCH: usize = 512;
+
 /// Distinct chunks one index iterator looks up while planning.
 const LOOKUP_GROUP: usize = 512;
 
@@ -166,7 +175,7 @@ struct Needed {
     /// The entry of its first use.
     entry: usize,
     len: u32,
-    targets: Vec<Target>,
+    targets: Targets,
 }
 
 /// What an image needs, from its manifest alone: its distinct chunks in order of first use,
@@ -182,8 +191,10 @@ impl Needs {
     /// Reads `m`: no index lookups, no I/O.
     pub fn of(m: &Manifest) -> Needs {
         let files: Vec<_> = m.files().collect();
-        let mut chunks: Vec<Needed> = Vec::new();
-        let mut slot: HashMap<ObjectId, usize> = HashMap::new();
+        let refs = files.iter().map(|(_, list)| list.len()).sum();
+        let mut chunks: Vec<Needed> = Vec::with_capacity(refs);
+        // Chunk ids are uniformly random: a fast hash of them does.
+        let mut slot: FxHashMap<ObjectId, usize> = FxHashMap::with_capacity_and_hasher(refs, Default::default());
         let mut zeros = Vec::new();
         for i in entry_order(m) {
             let (_, list) = files[i];
@@ -200,7 +211,7 @@ impl Needs {
                     chunks[k].targets.push((i, off));
                 } else {
                     slot.insert(c.id, chunks.len());
-                    chunks.push(Needed { id: c.id, entry: i, len: c.len, targets: vec![(i, off)] });
+                    chunks.push(Needed { id: c.id, entry: i, len: c.len, targets: [(i, off)].into() });
                 }
                 off += c.len as u64;
             }
@@ -211,13 +222,14 @@ impl Needs {
     /// The name under which this image's plan is recorded: a hash of its distinct chunks
     /// and their lengths in order of first use.
     pub fn key(&self) -> ObjectId {
-        let mut h = blake3::Hasher::new();
-        h.update(b"gstore plan 1");
+        // The same bytes as one hasher update per chunk would give, hashed in one go.
+        let mut bytes = Vec::with_capacity(13 + 36 * self.chunks.len());
+        bytes.extend_from_slice(b"gstore plan 1");
         for n in &self.chunks {
-            h.update(&n.id.0);
-            h.update(&n.len.to_le_bytes());
+            bytes.extend_from_slice(&n.id.0);
+            bytes.extend_from_slice(&n.len.to_le_bytes());
         }
-        ObjectId(*h.finalize().as_bytes())
+        ObjectId(*blake3::hash(&bytes).as_bytes())
     }
 
     /// Plans the reads in batches of `batch` distinct chunks (in order of first use), handing
@@ -243,10 +255,15 @@ impl Needs {
             Some(recorded) => Locations::Recorded(recorded.into_iter()),
             None => Locations::LookedUp(PlanRecord::default()),
         };
-        let mut chunks = self.chunks;
+        let total = self.chunks.len();
+        let mut needed = self.chunks.into_iter();
+        // The first batches are small, so that the first reads go out early; later ones grow
+        // to `batch`.
+        let mut size = FIRST_BATCH.min(batch).max(1);
         let mut first = 0;
-        while !chunks.is_empty() {
-            let rest = chunks.split_off(batch.min(chunks.len()));
+        while first < total {
+            let chunks: Vec<Needed> = needed.by_ref().take(size).collect();
+            size = size.saturating_mul(4).min(batch);
             let found: Vec<Option<ChunkLocation>> = match &mut source {
                 Locations::Recorded(r) => r.by_ref().take(chunks.len()).map(Some).collect(),
                 Locations::LookedUp(_) => {
@@ -271,7 +288,6 @@ impl Needs {
             }
             first += located.len();
             emit(coalesce(located, max_read))?;
-            chunks = rest;
         }
         if let Locations::LookedUp(record) = source {
             // A cache, like the range cache: a restore whose plan cannot be recorded (a full
@@ -334,7 +350,7 @@ pub fn plan(store: &IndexedStore, m: &Manifest, max_read: u64) -> Result<Plan> {
     let zeros = needs.zeros.clone();
     let mut reads = Vec::new();
     needs.plan_batches(store, m, max_read, usize::MAX, |batch| {
-        reads = batch;
+        reads.extend(batch);
         Ok(())
     })?;
     Ok(Plan { reads, zeros })
@@ -356,7 +372,7 @@ mod tests {
             codec: if delta { Codec::Delta } else { Codec::Zstd },
             bases: delta.then(|| DeltaBases::one(ObjectId::of(b"base"))),
         };
-        (i as usize, PlannedChunk { id, loc, targets: vec![(0, i * 4000)] })
+        (i as usize, PlannedChunk { id, loc, targets: [(0, i * 4000)].into() })
     }
 
     #[test]

@@ -179,7 +179,7 @@ mod tests {
             codec: Codec::Raw,
             bases: None,
         };
-        PlannedChunk { id: ids.id(plain), loc, targets: vec![(0, 7)] }
+        PlannedChunk { id: ids.id(plain), loc, targets: [(0, 7)].into() }
     }
 
     #[test]

@@ -14,10 +14,9 @@
 //! [`join`] (float lanes back into words) are gstore's own kernels, and [`nvcomp`] NVIDIA's
 //! batched GPU decoder, loaded at run time when present.
 
-pub mod check;
 pub mod ffi;
-pub mod join;
 mod kernel;
+pub mod load;
 mod memory;
 pub mod nvcomp;
 

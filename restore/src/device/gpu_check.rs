@@ -1,12 +1,12 @@
 //! Loads that check chunks on the GPU. A worker copies a range read of a pack, as stored,
-//! into a pinned buffer; one DMA moves it to a device staging area; zstd chunks are decoded
-//! there by nvCOMP (or, without it, on the host into a second pinned area, pinned when first
-//! needed, moved beside it);
-//! float-coded chunks have their Huffman lanes decoded by the `decode_huffman` kernel (their
-//! zstd lanes by nvCOMP; without it such a chunk decodes on the host) and their lanes joined
-//! into words by the `join_lanes` kernel; then the `verify_chunks` kernel hashes every chunk
-//! with BLAKE3 against its id and copies it to its place in the image's buffers. The CPU never
-//! hashes, and decodes only zstd (without nvCOMP) and deltas.
+//! into a pinned buffer and writes the read's jobs behind it; one DMA moves both to a device
+//! staging area; zstd chunks are decoded there by nvCOMP (or, without it, on the host into a
+//! second pinned area, pinned when first needed, moved beside it); then one launch of the
+//! `load_chunks` kernel, a thread block per chunk, decodes the Huffman lanes of float-coded
+//! chunks (their zstd lanes by nvCOMP; without it such a chunk decodes on the host) and joins
+//! their lanes into words in place, hashes every chunk with BLAKE3 against its id and copies it
+//! to its place in the image's buffers. The CPU never hashes, and decodes only zstd (without
+//! nvCOMP) and deltas.
 //!
 //! A failing chunk lowers one device word to its number; the load reads that word once every
 //! stream is done and fails naming the chunk and its pack, so nothing unchecked is returned.
@@ -14,8 +14,7 @@
 use super::{HeldAt, Planned, PlannedRead, Pool, TransferWaits};
 use crate::engine::Buffers;
 use crate::plan::{PlannedChunk, RangeRead, ZeroRange, MAX_CHUNKS_PER_READ};
-use gstore_gpu_dump::cuda::check::{CheckJob, ChunkCheck, NO_FAILURE};
-use gstore_gpu_dump::cuda::join::{FloatLanes, HuffJob, LaneJob};
+use gstore_gpu_dump::cuda::load::{CheckJob, ChunkLoad, LaneJob, NO_FAILURE};
 use gstore_gpu_dump::cuda::nvcomp::{Nvcomp, ZstdBatch};
 use gstore_gpu_dump::cuda::{Context, DeviceBuffer, Event, HostMemory, PinnedBuffer, Stream};
 use gstore_gpu_dump::GpuDumpError;
@@ -31,31 +30,43 @@ use std::time::Instant;
 /// nVCOMP frames a read may need per chunk: a float-coded chunk has up to four zstd lanes.
 const FRAMES_PER_CHUNK: usize = 4;
 
-/// One staging slot: range and decode areas, per-chunk metadata, a stream.
+/// One staging slot: range and decode areas, the read's metadata, a stream.
 struct Slot {
-    /// The range as stored.
+    /// The range as stored, then (at [`meta_at`] of its length) the read's metadata; a read
+    /// whose bytes are held elsewhere puts its metadata at the start.
     pinned: PinnedBuffer,
     /// Chunks decoded on the host (zstd without nvCOMP, deltas, float-coded ones the GPU
     /// cannot decode), pinned the first time a read of this slot has some: a load with none
     /// pins nothing for them.
     host_decoded: Option<PinnedBuffer>,
-    /// The range, then decoded chunks, then (with the float lane kernels) decoded float lanes, in
-    /// device memory.
+    /// The range and its metadata, then decoded chunks, then decoded float lanes, in device
+    /// memory ([`Areas`]).
     device: DeviceBuffer,
-    meta_host: PinnedBuffer,
-    meta_device: DeviceBuffer,
     /// nVCOMP's scratch memory.
     temp: Option<DeviceBuffer>,
+    /// Its own stream: a slot's DMA is queued before its kernels (shared streams, copies on
+    /// some and kernels on others, measured slower on the H200: docs/BENCHMARKS.md, issue #62).
     stream: Stream,
     done: Event,
     in_flight: bool,
 }
 
+/// Where a read of `len` bytes puts its metadata, behind its range: the next 256-byte
+/// boundary, so that one DMA moves both.
+fn meta_at(len: usize) -> usize {
+    len.next_multiple_of(256)
+}
+
+/// Bytes of pinned staging one slot needs for range reads of up to `read_cap` bytes (0: reads
+/// whose bytes are all held elsewhere), their metadata included.
+pub(super) fn staging_len(read_cap: usize) -> usize {
+    meta_at(read_cap) + MetaLayout::for_chunks(MAX_CHUNKS_PER_READ).bytes()
+}
+
 /// Where each array lives in a read's metadata (laid out for the read's own number of chunks,
 /// so that a read of few chunks copies little): for `chunks` chunks and `frames` nvCOMP
-/// frames, check jobs, five u64 nvCOMP arrays (frame address and length,
-/// output capacity, decoded length, output address) and i32 statuses per frame, then lane jobs
-/// and joined lengths (u64) per float-coded chunk, then Huffman lane jobs, up to four per
+/// frames, check jobs, five u64 nvCOMP arrays (frame address and length, output capacity,
+/// decoded length, output address) and i32 statuses per frame, then lane jobs per float-coded
 /// chunk.
 #[derive(Clone, Copy)]
 struct MetaLayout {
@@ -70,7 +81,7 @@ impl MetaLayout {
     }
 
     fn bytes(self) -> usize {
-        self.huff_job(4 * self.chunks)
+        self.lane_job(self.chunks)
     }
     fn job(self, k: usize) -> usize {
         size_of::<CheckJob>() * k
@@ -84,24 +95,19 @@ impl MetaLayout {
         self.array(5, 0) + 4 * k
     }
     fn lane_job(self, k: usize) -> usize {
-        self.status(self.frames) + size_of::<LaneJob>() * k
-    }
-    fn joined_len(self, k: usize) -> usize {
-        self.lane_job(self.chunks) + 8 * k
-    }
-    fn huff_job(self, k: usize) -> usize {
-        self.joined_len(self.chunks) + size_of::<HuffJob>() * k
+        (self.status(self.frames)).next_multiple_of(8) + size_of::<LaneJob>() * k
     }
 }
+
+/// Bytes of the lane area beyond a read's length: each decoded lane starts on a 16-byte
+/// boundary (the kernel writes four symbols at a time), up to four lanes per chunk.
+const LANE_SLACK: usize = 16 * 4 * MAX_CHUNKS_PER_READ;
 
 /// A GPU-checked load, prepared (kernel loaded, staging allocated) alongside the plan.
 pub(super) struct GpuLoad {
     ctx: Context,
-    check: ChunkCheck,
+    kernel: ChunkLoad,
     nvcomp: std::result::Result<Nvcomp, GpuDumpError>,
-    /// The Huffman lane decode and the lane join (else float-coded chunks decode on the
-    /// host), or why not.
-    lanes: std::result::Result<FloatLanes, GpuDumpError>,
     slots: Vec<Slot>,
     layout: MetaLayout,
     read_cap: usize,
@@ -117,68 +123,59 @@ struct Queue {
 }
 
 impl GpuLoad {
-    /// Loads the check kernel (and nvCOMP when present) and makes one staging slot per mapping
-    /// of `staging` (each registered, and taken from it) for range reads of up to `read_cap`
-    /// bytes, whose chunks are at most `chunk_max` bytes. `Ok(Err(e))` when the check kernel
-    /// does not load here (the caller then checks on the host, with `staging` untouched).
+    /// Loads the load kernel (and nvCOMP when present) and makes one staging slot per mapping
+    /// of `staging` (each registered, and taken from it; each at least [`staging_len`] of the
+    /// reads it will stage) for range reads of up to `read_cap` bytes, whose chunks are at
+    /// most `chunk_max` bytes. `Ok(Err(e))` when the kernel does not load here (the caller
+    /// then checks on the host, with `staging` untouched).
     pub(super) fn prepare(
         ctx: &Context,
         staging: &mut Vec<HostMemory>,
         read_cap: usize,
         chunk_max: usize,
     ) -> Result<std::result::Result<GpuLoad, GpuDumpError>> {
-        let check = match ChunkCheck::load(ctx) {
-            Ok(c) => c,
+        let kernel = match ChunkLoad::load(ctx) {
+            Ok(k) => k,
             Err(e) => return Ok(Err(e)),
         };
         let nvcomp = Nvcomp::load();
-        let lanes = FloatLanes::load(ctx);
         let layout = MetaLayout::for_chunks(MAX_CHUNKS_PER_READ);
         let temp_bytes = match &nvcomp {
             Ok(n) => n.zstd_temp_bytes(ctx, layout.frames, chunk_max, read_cap).map_err(StoreError::device)?,
             Err(_) => 0,
         };
-        let device_areas = if lanes.is_ok() { 3 } else { 2 };
+        let device_bytes = Areas::bytes(read_cap);
         let slot = |memory| {
             Ok::<_, StoreError>(Slot {
                 pinned: ctx.register(memory).map_err(StoreError::device)?,
                 host_decoded: None,
-                device: ctx.alloc(device_areas * read_cap).map_err(StoreError::device)?,
-                meta_host: ctx.alloc_pinned(layout.bytes()).map_err(StoreError::device)?,
-                meta_device: ctx.alloc(layout.bytes()).map_err(StoreError::device)?,
+                device: ctx.alloc(device_bytes).map_err(StoreError::device)?,
                 temp: if temp_bytes > 0 { Some(ctx.alloc(temp_bytes).map_err(StoreError::device)?) } else { None },
                 stream: ctx.stream().map_err(StoreError::device)?,
                 done: ctx.event().map_err(StoreError::device)?,
                 in_flight: false,
             })
         };
-        // Slots are made on several threads at once (device staging, metadata, streams).
+        // Slots are made on several threads at once (device staging, streams).
         let all = std::thread::scope(|s| {
             let made: Vec<_> = std::mem::take(staging).into_iter().map(|m| s.spawn(|| slot(m))).collect();
             made.into_iter().map(|h| h.join().expect("allocating a slot does not panic")).collect::<Result<Vec<_>>>()
         })?;
-        Ok(Ok(GpuLoad { ctx: ctx.clone(), check, nvcomp, lanes, slots: all, layout, read_cap, temp_bytes }))
+        Ok(Ok(GpuLoad { ctx: ctx.clone(), kernel, nvcomp, slots: all, layout, read_cap, temp_bytes }))
     }
 
     /// What checks and decodes the chunks, for reports.
     pub(super) fn describe(&self) -> String {
-        let floats = match (&self.lanes, &self.nvcomp) {
-            (Ok(_), Ok(_)) => "float lanes decoded and joined on the GPU".to_string(),
-            (Ok(_), Err(_)) => {
-                "Huffman float lanes decoded and joined on the GPU (chunks with zstd lanes on the host)".to_string()
-            }
-            (Err(why), _) => format!("float lanes decoded on the host (the float lane kernels are unavailable: {why})"),
-        };
         match &self.nvcomp {
-            Ok(n) => {
-                format!(
-                    "chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the GPU by {}; {floats}",
-                    n.describe()
-                )
-            }
-            Err(why) => {
-                format!("chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the host ({why}); {floats}")
-            }
+            Ok(n) => format!(
+                "chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the GPU by {}; float lanes decoded and \
+                 joined on the GPU",
+                n.describe()
+            ),
+            Err(why) => format!(
+                "chunks checked on the GPU (BLAKE3 kernel); zstd decoded on the host ({why}); Huffman float lanes \
+                 decoded and joined on the GPU (chunks with zstd lanes on the host)"
+            ),
         }
     }
 
@@ -207,9 +204,8 @@ impl GpuLoad {
             store,
             held,
             buffers,
-            check: &self.check,
+            kernel: &self.kernel,
             nvcomp: self.nvcomp.as_ref().ok(),
-            lanes: self.lanes.as_ref().ok(),
             layout: self.layout,
             read_cap: self.read_cap,
             temp_bytes: self.temp_bytes,
@@ -282,9 +278,8 @@ struct Loader<'a> {
     store: &'a Store,
     held: &'a [PinnedBuffer],
     buffers: &'a Buffers,
-    check: &'a ChunkCheck,
+    kernel: &'a ChunkLoad,
     nvcomp: Option<&'a Nvcomp>,
-    lanes: Option<&'a FloatLanes>,
     layout: MetaLayout,
     read_cap: usize,
     temp_bytes: usize,
@@ -295,14 +290,28 @@ fn put_u64(buf: &mut [u8], at: usize, v: u64) {
     buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
-/// Where a slot's areas start on the device: the range as stored, chunks decoded (by nvCOMP,
-/// or on the host and moved over), decoded float lanes, and the metadata.
+/// Where a slot's areas start on the device: the range as stored, then its metadata; chunks
+/// decoded (by nvCOMP, or on the host and moved over); decoded float lanes.
 #[derive(Clone, Copy)]
 struct Areas {
     range: u64,
+    meta: u64,
     decoded: u64,
     lanes: u64,
-    meta: u64,
+}
+
+impl Areas {
+    /// The areas of a slot's device buffer at `base`, for a read of `len` bytes among reads of
+    /// up to `read_cap`.
+    fn of(base: u64, len: usize, read_cap: usize) -> Areas {
+        let decoded = base + staging_len(read_cap) as u64;
+        Areas { range: base, meta: base + meta_at(len) as u64, decoded, lanes: decoded + read_cap as u64 }
+    }
+
+    /// Bytes of a slot's device buffer for reads of up to `read_cap` bytes.
+    fn bytes(read_cap: usize) -> usize {
+        staging_len(read_cap) + 2 * read_cap + LANE_SLACK
+    }
 }
 
 /// What one read queues on its slot, gathered chunk by chunk.
@@ -313,9 +322,8 @@ struct Queued {
     host_decoded: usize,
     /// nvCOMP frames.
     frames: usize,
-    /// Float-coded chunks to join, and Huffman lanes to decode.
+    /// Float-coded chunks the kernel decodes.
     joins: usize,
-    huffs: usize,
     /// Bytes of the lane area given out.
     lanes_used: u64,
     /// Where the read's metadata lies.
@@ -335,7 +343,6 @@ impl Queued {
             host_decoded: 0,
             frames: 0,
             joins: 0,
-            huffs: 0,
             lanes_used: 0,
             layout: MetaLayout::for_chunks(chunks),
             fills: Vec::new(),
@@ -345,15 +352,19 @@ impl Queued {
     }
 }
 
-/// A read's bytes as staged for the DMA: the pinned buffer holding the range from `src_at`
-/// (`len` bytes), chunks decoded on the host, the metadata, nvCOMP's scratch.
+/// A read as staged for the DMA: its range as stored (`len` bytes of `src` from `src_at`),
+/// then its metadata (`meta_len` bytes of the slot's pinned buffer from `meta_from`), chunks
+/// decoded on the host, nvCOMP's scratch. A range read into the slot lies just before its
+/// metadata, and one copy moves both.
 #[derive(Clone, Copy)]
 struct Staged<'a> {
     src: &'a PinnedBuffer,
     src_at: usize,
     len: usize,
+    pinned: &'a PinnedBuffer,
+    meta_from: usize,
+    meta_len: usize,
     host_decoded: Option<&'a PinnedBuffer>,
-    meta: &'a PinnedBuffer,
     temp: Option<&'a DeviceBuffer>,
 }
 
@@ -429,26 +440,29 @@ impl Loader<'_> {
                 read.chunks.len()
             )));
         }
-        let Slot { pinned, host_decoded: decoded_area, device, meta_host, meta_device, temp, stream, done, .. } = slot;
-        let (src, src_at): (&PinnedBuffer, usize) = match held {
-            Some(h) => (&self.held[h.buffer], h.offset),
+        let Slot { pinned, host_decoded: decoded_area, device, temp, stream, done, .. } = slot;
+        let ctx = pinned.context().clone();
+        let mut q = Queued::for_read(read.chunks.len());
+        // A range read into the slot has its metadata behind it; a held one, at the start.
+        let meta_from = if held.is_some() { 0 } else { meta_at(len) };
+        if meta_from + q.layout.bytes() > pinned.len() {
+            return Err(StoreError::Internal(format!(
+                "a read of {len} bytes in {} chunks exceeds the slot's pinned staging",
+                read.chunks.len()
+            )));
+        }
+        let (range, meta): (&[u8], &mut [u8]) = match held {
+            Some(h) => (&self.held[h.buffer].as_slice()[h.offset..h.offset + len], pinned.as_mut_slice()),
             None => {
                 let t = Instant::now();
-                self.store.read_pack_range_into(&read.pack, read.start..read.end, &mut pinned.as_mut_slice()[..len])?;
+                let (head, meta) = pinned.as_mut_slice().split_at_mut(meta_from);
+                self.store.read_pack_range_into(&read.pack, read.start..read.end, &mut head[..len])?;
                 waits.reading_s += t.elapsed().as_secs_f64();
-                (pinned, 0)
+                (&head[..len], meta)
             }
         };
         let building = Instant::now();
-        let range = &src.as_slice()[src_at..src_at + len];
-        let a = Areas {
-            range: device.ptr(),
-            decoded: device.ptr() + self.read_cap as u64,
-            lanes: device.ptr() + 2 * self.read_cap as u64,
-            meta: meta_device.ptr(),
-        };
-        let meta = meta_host.as_mut_slice();
-        let mut q = Queued::for_read(read.chunks.len());
+        let a = Areas::of(device.ptr(), len, self.read_cap);
         for (k, c) in read.chunks.iter().enumerate() {
             let at = (c.loc.offset - read.start) as usize;
             let stored = &range[at..at + c.loc.stored_len as usize];
@@ -456,34 +470,36 @@ impl Loader<'_> {
             let (entry, offset) = c.targets[0];
             let dst = self.buffers.address(entry, offset, plain)?;
             let mut job = CheckJob::new(a.range + at as u64, dst, c.loc.plain_len, first_tag + k as u32, &c.id.0);
-            match c.loc.codec {
-                Codec::Raw => {}
-                Codec::Zero => {
+            let stored_at = a.range + at as u64;
+            match (c.loc.codec, self.gpu_floats(stored, plain, c, read)?) {
+                (Codec::Raw, _) => {}
+                (Codec::Zero, _) => {
                     // Filled in place, then hashed there.
                     q.fills.push((dst, plain));
                     (job.src, job.dst) = (dst, 0);
                 }
-                // Deltas are decoded on the host (their bases come from the store).
-                Codec::Zstd | Codec::Floats | Codec::Delta => {
+                (Codec::Zstd, _) if self.nvcomp.is_some() => {
                     job.src = a.decoded + q.decoded as u64;
-                    let stored_at = a.range + at as u64;
-                    if let (Some(_), Codec::Zstd) = (self.nvcomp, c.loc.codec) {
-                        self.whole_frame(stored, plain, c, read)?;
-                        (job.actual_len, job.status) =
-                            self.frame(&mut q, meta, a, stored_at, stored.len(), plain, job.src);
-                    } else if let Some(f) = self.gpu_floats(stored, plain, c, read)? {
-                        job.actual_len = self.queue_lanes(&mut q, meta, a, &f, stored, stored_at, job.src, c, read)?;
-                    } else {
-                        let area = match decoded_area {
-                            Some(area) => area,
-                            None => decoded_area
-                                .insert(src.context().alloc_pinned(self.read_cap).map_err(StoreError::device)?),
-                        };
-                        let out = &mut area.as_mut_slice()[q.decoded..][..plain];
-                        self.decode_on_host(decoder, stored, out, c, read)?;
-                        q.host_decoded = q.decoded + plain;
-                    }
+                    self.whole_frame(stored, plain, c, read)?;
+                    (job.actual_len, job.status) = self.frame(&mut q, meta, a, stored_at, stored.len(), plain, job.src);
                     q.decoded += plain;
+                }
+                // Joined in place, then hashed there.
+                (Codec::Floats, Some(f)) => {
+                    (job.src, job.dst) = (dst, 0);
+                    job.lanes = self.queue_lanes(&mut q, meta, a, &f, stored, stored_at, c, read)?;
+                }
+                // Deltas are decoded on the host (their bases come from the store).
+                (Codec::Zstd | Codec::Floats | Codec::Delta, _) => {
+                    job.src = a.decoded + q.decoded as u64;
+                    let area = match decoded_area {
+                        Some(area) => area,
+                        None => decoded_area.insert(ctx.alloc_pinned(self.read_cap).map_err(StoreError::device)?),
+                    };
+                    let out = &mut area.as_mut_slice()[q.decoded..][..plain];
+                    self.decode_on_host(decoder, stored, out, c, read)?;
+                    q.decoded += plain;
+                    q.host_decoded = q.decoded;
                 }
             }
             put_job(meta, q.layout.job(k), job.as_bytes());
@@ -493,8 +509,20 @@ impl Loader<'_> {
             q.written += (plain * c.targets.len()) as u64;
         }
         let written = q.written;
-        let staged =
-            Staged { src, src_at, len, host_decoded: decoded_area.as_ref(), meta: meta_host, temp: temp.as_ref() };
+        let src = match held {
+            Some(h) => &self.held[h.buffer],
+            None => &*pinned,
+        };
+        let staged = Staged {
+            src,
+            src_at: held.map_or(0, |h| h.offset),
+            len,
+            pinned,
+            meta_from,
+            meta_len: q.layout.bytes(),
+            host_decoded: decoded_area.as_ref(),
+            temp: temp.as_ref(),
+        };
         let launching = Instant::now();
         waits.building_s += (launching - building).as_secs_f64();
         self.launch(stream, &staged, a, q, read.chunks.len() as u32)?;
@@ -507,22 +535,27 @@ impl Loader<'_> {
 
 impl Loader<'_> {
     /// Queues what `q` gathered for a read of `chunks` chunks staged in `staged` on `stream`:
-    /// the DMA of the range (and of chunks decoded on the host) and the metadata, zero fills,
-    /// nvCOMP, the Huffman and join kernels, the check, then the copies of repeated chunks.
+    /// the DMA of the range and its metadata (and of chunks decoded on the host), zero fills,
+    /// nvCOMP, the load kernel, then the copies of repeated chunks.
     fn launch(&self, stream: &Stream, staged: &Staged<'_>, a: Areas, q: Queued, chunks: u32) -> Result<()> {
-        let Queued { host_decoded, frames, huffs, joins, fills, repeats, layout, .. } = q;
-        let (base, decoded_base, meta_base) = (a.range, a.decoded, a.meta);
-        let Staged { src, src_at, len, host_decoded: decoded_area, meta: meta_host, temp } = *staged;
+        let Queued { host_decoded, frames, fills, repeats, layout, .. } = q;
+        let meta_base = a.meta;
+        let Staged { src, src_at, len, pinned, meta_from, meta_len, host_decoded: decoded_area, temp } = *staged;
         // SAFETY (the copies and fills below): this slot's pinned buffers are not written again
-        // before its event (recorded last) is waited on, held bytes never are, its device buffers are its own, and
-        // every destination lies in a file's buffer (checked by `address`) that no other read
-        // writes.
+        // before its event (recorded last) is waited on, held bytes never are, its device
+        // buffers are its own, and every destination lies in a file's buffer (checked by
+        // `address`) that no other read writes.
         unsafe {
-            stream.copy_to_device_async(base, src, src_at, len).map_err(StoreError::device)?;
-            if let (Some(area), true) = (decoded_area, host_decoded > 0) {
-                stream.copy_to_device_async(decoded_base, area, 0, host_decoded).map_err(StoreError::device)?;
+            if std::ptr::eq(src, pinned) {
+                // The range and, behind it, its metadata: one DMA.
+                stream.copy_to_device_async(a.range, pinned, 0, meta_from + meta_len).map_err(StoreError::device)?;
+            } else {
+                stream.copy_to_device_async(a.range, src, src_at, len).map_err(StoreError::device)?;
+                stream.copy_to_device_async(a.meta, pinned, meta_from, meta_len).map_err(StoreError::device)?;
             }
-            stream.copy_to_device_async(meta_base, meta_host, 0, layout.bytes()).map_err(StoreError::device)?;
+            if let (Some(area), true) = (decoded_area, host_decoded > 0) {
+                stream.copy_to_device_async(a.decoded, area, 0, host_decoded).map_err(StoreError::device)?;
+            }
             for (dst, len) in fills {
                 stream.fill_async(dst, 0, len).map_err(StoreError::device)?;
             }
@@ -545,22 +578,19 @@ impl Loader<'_> {
             // above and kept alive (and unreused) until the slot's event says the work is done.
             unsafe { nvcomp.zstd_decompress_async(stream, &batch) }.map_err(StoreError::device)?;
         }
-        if let (Some(lanes), true) = (self.lanes, huffs > 0) {
-            // SAFETY: the Huffman jobs (copied above) point into this slot's staging and lane
-            // areas and its metadata, alive (and unreused) until its event is waited on.
-            unsafe { lanes.decode(stream, meta_base + layout.huff_job(0) as u64, huffs as u32) }
-                .map_err(StoreError::device)?;
+        // SAFETY: the jobs and lane jobs (copied above) point into this slot's buffers and
+        // into the image's buffers, all alive until the load drains every stream.
+        unsafe {
+            self.kernel.launch(
+                stream,
+                meta_base + layout.job(0) as u64,
+                meta_base + layout.lane_job(0) as u64,
+                chunks,
+                self.failed,
+                self.store.chunk_ids().key(),
+            )
         }
-        if let (Some(lanes), true) = (self.lanes, joins > 0) {
-            // SAFETY: the lane jobs (copied above) point into this slot's staging, lane and
-            // decode areas and its metadata, alive (and unreused) until its event is waited on.
-            unsafe { lanes.join(stream, meta_base + layout.lane_job(0) as u64, joins as u32) }
-                .map_err(StoreError::device)?;
-        }
-        // SAFETY: the jobs (copied above) point into this slot's buffers and into the image's
-        // buffers, all alive until the load drains every stream.
-        unsafe { self.check.launch(stream, meta_base, chunks, self.failed, self.store.chunk_ids().key()) }
-            .map_err(StoreError::device)?;
+        .map_err(StoreError::device)?;
         for (dst, src, len) in repeats {
             // SAFETY: `src` was placed by the kernel queued before on this stream; `dst` is
             // another place of the same chunk in a file's buffer.
@@ -578,7 +608,7 @@ impl Loader<'_> {
         c: &PlannedChunk,
         read: &RangeRead,
     ) -> Result<Option<FloatLayout>> {
-        if self.lanes.is_none() || c.loc.codec != Codec::Floats {
+        if c.loc.codec != Codec::Floats {
             return Ok(None);
         }
         let f = float_layout(stored, plain, &c.id).map_err(|e| in_pack(e, read))?;
@@ -612,9 +642,9 @@ impl Loader<'_> {
         (a.meta + l.array(3, n) as u64, a.meta + l.status(n) as u64)
     }
 
-    /// Queues the lanes of float-coded chunk `c` (stored at `stored_at` on the device) for
-    /// decoding into the lane area and joining into `dst`; returns the device address of the
-    /// joined length the check job compares.
+    /// Queues the lanes of float-coded chunk `c` (stored at `stored_at` on the device) for the
+    /// kernel to decode into the lane area and join; returns what its check job names: 1 + the
+    /// index of its lane job.
     #[allow(clippy::too_many_arguments)]
     fn queue_lanes(
         &self,
@@ -624,15 +654,11 @@ impl Loader<'_> {
         f: &FloatLayout,
         stored: &[u8],
         stored_at: u64,
-        dst: u64,
         c: &PlannedChunk,
         read: &RangeRead,
-    ) -> Result<u64> {
-        let l = q.layout;
+    ) -> Result<u32> {
         let mut lane_job = LaneJob {
             tail: stored_at + f.tail.start as u64,
-            dst,
-            joined_len: a.meta + l.joined_len(q.joins) as u64,
             words: f.words as u32,
             width: f.width as u16,
             tail_len: f.tail.len() as u16,
@@ -648,14 +674,7 @@ impl Loader<'_> {
                         self.frame(q, meta, a, src, lane.stored.len(), f.words, out);
                 }
                 FloatLaneCodec::Huffman => {
-                    let h =
-                        HuffJob { src, out, words: f.words as u64, stored_len: lane.stored.len() as u32, status: 0 };
-                    let at = l.huff_job(q.huffs);
-                    put_job(meta, at, h.as_bytes());
-                    let job_at = a.meta + at as u64;
-                    (lane_job.lane_len[i], lane_job.lane_status[i]) =
-                        (job_at + HuffJob::WORDS_AT, job_at + HuffJob::STATUS_AT);
-                    q.huffs += 1;
+                    (lane_job.huff[i], lane_job.huff_len[i]) = (src, lane.stored.len() as u32);
                 }
                 FloatLaneCodec::Raw => {
                     lane_job.lane[i] = src;
@@ -663,11 +682,12 @@ impl Loader<'_> {
                 }
             }
             lane_job.lane[i] = out;
-            q.lanes_used += f.words as u64;
+            // The next lane starts on a 16-byte boundary (within the area's slack).
+            q.lanes_used = (q.lanes_used + f.words as u64).next_multiple_of(16);
         }
-        put_job(meta, l.lane_job(q.joins), lane_job.as_bytes());
+        put_job(meta, q.layout.lane_job(q.joins), lane_job.as_bytes());
         q.joins += 1;
-        Ok(lane_job.joined_len)
+        Ok(q.joins as u32)
     }
 
     /// Decodes chunk `c` on the host into `out` (its plain length), without hashing: the

@@ -15,7 +15,7 @@
 //!    chunk is checked in place or the load failed: `{"bytes": N, "path": TEXT}`, or
 //!    `{"error": TEXT}`.
 
-use super::gpu_check::GpuLoad;
+use super::gpu_check::{staging_len, GpuLoad};
 use super::{check_room, DeviceEntry, DeviceImage, HeldAt, Planned, PlannedRead, TransferWaits, PLAN_BATCH};
 use crate::budget::Budget;
 use crate::engine::Buffers;
@@ -70,8 +70,9 @@ impl Holder {
     pub fn new(ctx: &Context, budget: Budget, chunk_max: usize) -> Result<Holder> {
         let read_cap = budget.max_read() as usize;
         let workers = rayon::current_num_threads().max(2);
-        let mut staging: Vec<HostMemory> =
-            (0..workers + 4).map(|_| HostMemory::map(0).map_err(StoreError::device)).collect::<Result<_>>()?;
+        let mut staging: Vec<HostMemory> = (0..workers + 4)
+            .map(|_| HostMemory::map(staging_len(0)).map_err(StoreError::device))
+            .collect::<Result<_>>()?;
         let load = GpuLoad::prepare(ctx, &mut staging, read_cap, chunk_max)?.map_err(|e| {
             StoreError::device(e).stopped(
                 "gstore hold checks every chunk on the GPU and cannot start",

@@ -256,7 +256,7 @@ pub fn restore_to_device_with(
     // staging's host memory is mapped meanwhile too, before the CUDA context is up, which
     // then only locks it.
     std::thread::scope(|s| {
-        let mapping = s.spawn(move || map_staging(staging_slots as usize, max_read as usize));
+        let mapping = s.spawn(move || map_staging(staging_slots as usize, gpu_check::staging_len(max_read as usize)));
         // A local store's reads go through the read-ahead on their way to the workers.
         let reads = if store.is_remote() {
             planned

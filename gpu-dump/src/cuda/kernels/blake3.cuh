@@ -1,19 +1,12 @@
-// gstore's chunk check on the GPU: BLAKE3 (the reference algorithm, 32-byte output; keyed
-// with the store's chunk-id key in an encrypted store, unkeyed otherwise) of every chunk a
-// load places in device memory, compared with the chunk's id, plus the copy
-// of its bytes from where they arrived (the staging buffer or a decode area) to where they go.
+// BLAKE3 on the GPU, as gstore's chunk check uses it (the reference algorithm, 32-byte output;
+// keyed with the store's chunk-id key in an encrypted store, unkeyed otherwise), and the
+// block-wide copy of checked bytes. Device functions only: load.cu holds the kernel.
 //
-// One thread block per job. A job's bytes are cut into BLAKE3's 1 KiB chunks; each thread
-// hashes a run of 2^k consecutive chunks (a complete subtree of BLAKE3's tree, k as small as
-// the block's thread count allows) and the block merges the subtree chaining values pairwise,
-// which yields BLAKE3's left-balanced tree. A mismatch (or a decode that reported an error or
-// a wrong length) lowers `*failed` to the job's tag with atomicMin; the host reads it back
-// once the load's streams are done.
-//
-// Built to PTX with scripts/build-ptx.sh (nvcc); the PTX is embedded in the binary and
-// compiled by the driver when a load starts, so a machine needs no CUDA toolkit.
+// A chunk's bytes are cut into BLAKE3's 1 KiB chunks; each thread hashes a run of 2^k
+// consecutive chunks (a complete subtree of BLAKE3's tree, k as small as the block's thread
+// count allows) and the block merges the subtree chaining values pairwise, which yields
+// BLAKE3's left-balanced tree.
 
-#define THREADS 128
 #define CHUNK_LEN 1024u
 #define BLOCK_LEN 64u
 #define CHUNK_START 1u
@@ -22,22 +15,6 @@
 #define ROOT 8u
 #define KEYED_HASH 16u
 #define MAX_DEPTH 32
-
-/// Hash the job's bytes and compare with `expect`.
-#define JOB_HASH 1u
-
-/// One chunk to check and place. 80 bytes, laid out as gstore's Rust side writes it.
-struct Job {
-    unsigned long long src;        // device address of the bytes to hash
-    unsigned long long dst;        // where to copy them (0: nowhere)
-    unsigned long long actual_len; // device address of a u64 decoded length to check (0: none)
-    unsigned long long status;     // device address of an i32 decode status, 0 = good (0: none)
-    unsigned int len;              // plain length in bytes
-    unsigned int tag;              // reported through `failed` on a mismatch
-    unsigned int flags;            // JOB_*
-    unsigned int reserved;
-    unsigned int expect[8];        // the chunk id: BLAKE3 of the plain bytes, as LE words
-};
 
 /// How chunk ids are made: BLAKE3 keyed with `words` (as LE words) when `keyed`, else plain
 /// BLAKE3. Passed to the kernel by value.
@@ -200,53 +177,43 @@ __device__ __forceinline__ void copy_share(unsigned char *__restrict__ dst, cons
     for (unsigned int i = end + t; i < len; i += THREADS) dst[i] = src[i];
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) verify_chunks(const Job *jobs, unsigned int *failed,
-                                                                    const IdKey key) {
-    __shared__ unsigned int cvs[THREADS][8];
-    const Job &job = jobs[blockIdx.x];
-    const unsigned char *src = (const unsigned char *)job.src;
-    unsigned int len = job.len;
-    unsigned int t = threadIdx.x;
 
-    if (job.flags & JOB_HASH) {
-        unsigned int chunks = len == 0 ? 1u : (len + CHUNK_LEN - 1) / CHUNK_LEN;
-        unsigned int per = 1;
-        while ((chunks + per - 1) / per > THREADS) per <<= 1;
-        unsigned int groups = (chunks + per - 1) / per;
-        unsigned int cv[8];
-        if (t < groups) {
-            unsigned int first = t * per;
-            unsigned int count = chunks - first < per ? chunks - first : per;
-            subtree_cv(src, len, first, count, groups == 1, key, cv);
+/// The BLAKE3 hash of the `len` bytes at `src`, computed by the block's `THREADS` threads
+/// through `cvs` (shared); every thread returns after the block's last barrier, and thread 0's
+/// `out` holds the hash.
+__device__ __forceinline__ void block_hash(const unsigned char *src, unsigned int len, const IdKey &key,
+                                           unsigned int cvs[THREADS][8], unsigned int out[8]) {
+    unsigned int t = threadIdx.x;
+    unsigned int chunks = len == 0 ? 1u : (len + CHUNK_LEN - 1) / CHUNK_LEN;
+    unsigned int per = 1;
+    while ((chunks + per - 1) / per > THREADS) per <<= 1;
+    unsigned int groups = (chunks + per - 1) / per;
+    unsigned int cv[8];
+    if (t < groups) {
+        unsigned int first = t * per;
+        unsigned int count = chunks - first < per ? chunks - first : per;
+        subtree_cv(src, len, first, count, groups == 1, key, cv);
 #pragma unroll
-            for (int i = 0; i < 8; i++) cvs[t][i] = cv[i];
+        for (int i = 0; i < 8; i++) cvs[t][i] = cv[i];
+    }
+    __syncthreads();
+    for (unsigned int n = groups; n > 1; n = (n + 1) / 2) {
+        bool merge = t < n / 2;
+        if (merge) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) cv[i] = cvs[2 * t][i];
+            parent_cv(cv, cvs[2 * t + 1], n == 2, key);
         }
         __syncthreads();
-        for (unsigned int n = groups; n > 1; n = (n + 1) / 2) {
-            bool merge = t < n / 2;
-            if (merge) {
+        if (merge) {
 #pragma unroll
-                for (int i = 0; i < 8; i++) cv[i] = cvs[2 * t][i];
-                parent_cv(cv, cvs[2 * t + 1], n == 2, key);
-            }
-            __syncthreads();
-            if (merge) {
+            for (int i = 0; i < 8; i++) cvs[t][i] = cv[i];
+        } else if (t == n / 2 && (n & 1u)) {
 #pragma unroll
-                for (int i = 0; i < 8; i++) cvs[t][i] = cv[i];
-            } else if (t == n / 2 && (n & 1u)) {
-#pragma unroll
-                for (int i = 0; i < 8; i++) cvs[t][i] = cvs[n - 1][i];
-            }
-            __syncthreads();
+            for (int i = 0; i < 8; i++) cvs[t][i] = cvs[n - 1][i];
         }
-        if (t == 0) {
-            bool bad = false;
-#pragma unroll
-            for (int i = 0; i < 8; i++) bad |= cvs[0][i] != job.expect[i];
-            if (job.actual_len) bad |= *(const unsigned long long *)job.actual_len != len;
-            if (job.status) bad |= *(const int *)job.status != 0;
-            if (bad) atomicMin(failed, job.tag);
-        }
+        __syncthreads();
     }
-    if (job.dst) copy_share((unsigned char *)job.dst, src, len, t);
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = cvs[0][i];
 }
