@@ -12,9 +12,13 @@ const MAX_READ_CEILING: u64 = 16 << 20;
 const MAX_READ_FLOOR: u64 = 1 << 20;
 /// Range reads of a load into VRAM that checks its chunks on the GPU. Reading the page cache
 /// into pinned staging and the DMA out of it share the host's memory: on the H200 machine 16
-/// threads moved 49.5 GB/s through 4 MiB buffers, 43-44 through 16 MiB and 15-17 through 1 MiB
-/// (docs/BENCHMARKS.md, issue #62).
-const DEVICE_READ: u64 = 4 << 20;
+/// threads moved 49.5 GB/s through 4 MiB buffers, 43-44 through 16 MiB and 15-17 through 1 MiB;
+/// with one kernel launch per read, 3 MiB reads loaded fastest (docs/BENCHMARKS.md, issue #62).
+const DEVICE_READ: u64 = 3 << 20;
+/// Pinned staging of such a load, all slots together: the DMA reads what the workers just
+/// wrote, and loads with more in flight (128-256 MiB) ran slower on the H200 machine than with
+/// 72 MiB (docs/BENCHMARKS.md, issue #62).
+const DEVICE_STAGING: u64 = 72 << 20;
 
 impl Budget {
     /// The default: 1 GiB.
@@ -45,11 +49,13 @@ impl Budget {
 
     /// Pinned staging slots of `read` bytes for a load into VRAM: checked on the GPU, two
     /// slots' worth of half the budget per slot (device staging beside the pinned range, no
-    /// decoded copies on the host); checked on the host, a quarter of the budget. Two per
-    /// worker thread at most: a worker reads into one while the GPU works on its other.
+    /// decoded copies on the host), and no more than [`DEVICE_STAGING`] in all; checked on the
+    /// host, a quarter of the budget. Two per worker thread at most: a worker reads into one
+    /// while the GPU works on its other.
     pub fn staging_slots(self, checked_on_gpu: bool, read: u64) -> u64 {
         let threads = rayon::current_num_threads().max(2) as u64;
-        let share = if checked_on_gpu { (self.0 / 2) / (2 * read) } else { (self.0 / 4) / read };
+        let share =
+            if checked_on_gpu { ((self.0 / 2) / (2 * read)).min(DEVICE_STAGING / read) } else { (self.0 / 4) / read };
         share.clamp(2, 2 * threads)
     }
 }
@@ -66,6 +72,7 @@ mod tests {
         assert_eq!(Budget::of(1 << 30).share(0), Budget::of(1 << 30));
         assert!(Budget::of(1).staging_slots(true, 1 << 20) >= 2 && Budget::of(1).staging_slots(false, 1 << 20) >= 2);
         assert_eq!(Budget::DEFAULT.device_read(256 << 10), DEVICE_READ);
+        assert!(Budget::DEFAULT.staging_slots(true, DEVICE_READ) * DEVICE_READ <= DEVICE_STAGING);
         assert_eq!(Budget::of(1).device_read(256 << 10), MAX_READ_FLOOR);
         assert_eq!(Budget::DEFAULT.device_read(16 << 20), 16 << 20);
     }
