@@ -47,6 +47,10 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install cargo-nextest --locked
 fi
+if ! cargo hakari --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-hakari"  # checks the workspace-hack crate (scripts/test.sh)
+  cargo install cargo-hakari --version 0.9.39 --locked
+fi
 bash "$(dirname "$0")/criu.sh" >/dev/null
 # podman with runc, and ulimits this machine's hard limits allow (docs/CONTAINERS.md); an
 # existing configuration is left alone.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test: unit tests and the integration tests in tests/, which drive the real
 # release `gstore` binary (kill -9 during push, corruption, concurrency, disk full on a
-# small tmpfs: run as root) and replay every kept fuzz input (tests/fuzz_replay.rs), then the
-# Python package's tests (scripts/python.sh). Coverage-guided fuzzing under AddressSanitizer
-# (scripts/fuzz.sh) needs a second build of every crate and runs by hand.
+# small tmpfs: run as root) and replay every kept fuzz input (tests/fuzz_replay.rs), the
+# doctests and the workspace-hack check, then the Python package's tests (scripts/python.sh).
+# Coverage-guided fuzzing under AddressSanitizer (scripts/fuzz.sh) needs a second build of
+# every crate and runs by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,5 +16,9 @@ source scripts/env.sh
 cargo build --release --workspace --bins
 bash scripts/prune-target.sh "$CARGO_TARGET_DIR/release/deps"
 cargo nextest run --release --workspace --no-fail-fast "$@"
+# nextest runs no doctests: compile (and run) them here; and the workspace-hack crate must
+# still unify every crate's features (`cargo hakari generate` rewrites it when not).
+cargo test --doc --release --workspace
+cargo hakari verify
 # The Python package: its wheel built and tested with pytest.
 bash scripts/python.sh

@@ -4,7 +4,7 @@
 //! ([`restore_to_device`], through pinned staging buffers on several CUDA streams).
 //!
 //! Memory stays under a budget whatever the image size: each worker thread holds one range
-//! read and its decoded bytes ([`engine::max_read_for`]).
+//! read and its decoded bytes ([`Budget::max_read`]).
 //!
 //! Filling buffers from a program:
 //!
@@ -14,7 +14,7 @@
 //! let store = Store::open_indexed(&StoreLocation::parse("/var/lib/gstore")?, &|msg| eprintln!("{msg}"))?;
 //! let id = store.resolve("llama:v1")?;
 //! let manifest = store.get_manifest(&id)?;
-//! let image = gstore_restore::restore_to_memory(&store, &manifest, gstore_restore::engine::DEFAULT_MEMORY_BUDGET, &Silent)?;
+//! let image = gstore_restore::restore_to_memory(&store, &manifest, gstore_restore::Budget::DEFAULT, &Silent)?;
 //! let weights: &[u8] = image.get("model.safetensors").expect("in the image");
 //! println!("{} bytes, first byte {}", weights.len(), weights[0]);
 //! # Ok::<(), gstore_store::StoreError>(())

@@ -19,27 +19,26 @@ mod catalog;
 mod lock;
 pub mod policies;
 pub mod retention;
+mod sweep;
 mod temps;
 
 use crate::backend::{self, Backend};
-use crate::codec::{decode_base, BaseSource};
-use crate::commands::pack_fill::PackFill;
 use crate::error::{Result, StoreError};
 use crate::format::damage::{self, DamagedCopy};
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
 use crate::format::lease::LeaseRecord;
 use crate::format::now_unix;
-use crate::format::pack::{PackBuilder, PackEntry};
+use crate::format::pack::PackEntry;
 use crate::format::tag::{TagRecord, TagRef};
 use crate::progress::{Progress, Unit};
 use crate::repo::store::Store;
-use crate::ObjectKind;
 use catalog::Catalog;
 use rayon::prelude::*;
 use retention::{Outcome, Policy, Verdict};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use sweep::{Settled, Sweep};
 
 /// What an error that stops gc before its sweep says stopped.
 const STOPPED: &str = "gc stopped before deleting anything";
@@ -783,181 +782,6 @@ fn pick_homes(
         *bytes.entry(packs[i].id).or_default() += len as u64;
     }
     (best.into_iter().map(|(c, (i, _, _))| (c, packs[i].id)).collect(), bytes)
-}
-
-/// The writes of a pass (none with `dry_run`).
-struct Sweep<'a> {
-    store: &'a Store,
-    catalog: &'a Catalog<'a>,
-    dry_run: bool,
-    /// Packs that have a damage record, which goes with the pack.
-    damage_records: &'a HashSet<ObjectId>,
-    /// Leave tombstoned the unneeded packs that hold a copy of a live chunk ([`Pass::Again`]
-    /// without [`GcOptions::reclaim_copies`]).
-    keep_live_copies: bool,
-}
-
-/// What a pass did with one pack or manifest.
-enum Settled {
-    /// Needed, and had no tombstone: nothing to do.
-    Kept,
-    /// Needed again: its tombstone was removed.
-    Revived,
-    /// Tombstoned by an earlier pass and still unneeded: deleted.
-    Deleted,
-    /// Unneeded: tombstoned, for a later pass to delete.
-    Tombstoned,
-}
-
-impl Sweep<'_> {
-    /// Settles the object under `key` by whether it is needed and whether it had a tombstone
-    /// when this pass began.
-    fn settle(&self, key: &ObjectKey, needed: bool, tombstoned: bool) -> Result<Settled> {
-        Ok(match (needed, tombstoned) {
-            (true, false) => Settled::Kept,
-            (true, true) => {
-                self.revive(key)?;
-                Settled::Revived
-            }
-            (false, true) => {
-                self.delete(key)?;
-                Settled::Deleted
-            }
-            (false, false) => {
-                self.tombstone(key)?;
-                Settled::Tombstoned
-            }
-        })
-    }
-
-    /// Marks the object under `key` for deletion by a later pass.
-    fn tombstone(&self, key: &ObjectKey) -> Result<()> {
-        if self.dry_run {
-            return Ok(());
-        }
-        let body = serde_json::to_vec(&serde_json::json!({ "format": 1, "object": key.to_string() })).expect("json");
-        match self.store.backend().put_new(&key.tombstone(), body) {
-            Ok(()) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Removes the tombstone of an object that is needed again.
-    fn revive(&self, key: &ObjectKey) -> Result<()> {
-        if self.dry_run {
-            return Ok(());
-        }
-        self.store.backend().delete(&key.tombstone())
-    }
-
-    /// Deletes a tombstoned object, then its tombstone (and a pack's damage record, if any).
-    fn delete(&self, key: &ObjectKey) -> Result<()> {
-        if self.dry_run {
-            return Ok(());
-        }
-        let b = self.store.backend();
-        b.delete(key)?;
-        self.catalog.forget(key);
-        b.delete(&key.tombstone())?;
-        if let Some(pack) = key.pack().filter(|p| self.damage_records.contains(p)) {
-            b.delete(&ObjectKey::Damage(pack))?;
-        }
-        Ok(())
-    }
-
-    /// Copies the chunks each of `packs` is home to into new packs, checking every one, and
-    /// returns the packs that were copied out (to be tombstoned). A pack with a damaged chunk
-    /// is left as it is.
-    fn repack<'p>(
-        &self,
-        packs: &[&'p PackInfo],
-        all: &[PackInfo],
-        homes: &HashMap<ObjectId, ObjectId>,
-        progress: &dyn Progress,
-        report: &mut GcReport,
-    ) -> Result<Vec<&'p PackInfo>> {
-        if packs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut out = PackFill::new(self.store);
-        let mut copied = Vec::new();
-        let bases = FooterBases { store: self.store, homes, packs: all.iter().map(|p| (p.id, p)).collect() };
-        let mut decoder = self.store.decoder_over(&bases);
-        let mut scratch = Vec::new();
-        progress.start("gc: rewriting mostly-dead packs", packs.len() as u64, Unit::Items);
-        for p in packs {
-            progress.advance(1);
-            let keep: Vec<&PackEntry> = p.entries.iter().filter(|e| homes.get(&e.id) == Some(&p.id)).collect();
-            let bytes = match self.store.read_pack_range(&p.id, 0..p.size) {
-                Ok(b) => b,
-                Err(e) if e.is_damage() || matches!(e, StoreError::NotFound { .. }) => continue,
-                Err(e) => return Err(e),
-            };
-            let ok = keep.iter().all(|e| {
-                scratch.clear();
-                let stored = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
-                decoder.decode_append(e.codec, stored, e.plain_len as usize, &e.id, &mut scratch).is_ok()
-            });
-            if !ok {
-                report.damaged_packs.push(p.id.to_hex());
-                continue;
-            }
-            if self.dry_run {
-                // What the rewrite would write: the chunks' stored bytes (a pack adds a few
-                // bytes of header and footer per chunk).
-                report.bytes_repacked += keep.iter().map(|e| e.stored_len as u64).sum::<u64>();
-                copied.push(*p);
-                continue;
-            }
-            for e in keep {
-                let stored = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
-                out.push_entry(e, stored);
-            }
-            copied.push(*p);
-            if let Some(full) = out.full() {
-                self.put_new_pack(full, report)?;
-            }
-        }
-        if let Some(last) = out.last() {
-            self.put_new_pack(last, report)?;
-        }
-        progress.finish();
-        report.packs_repacked += copied.len();
-        Ok(copied)
-    }
-
-    fn put_new_pack(&self, p: PackBuilder, report: &mut GcReport) -> Result<()> {
-        let p = p.finish();
-        report.bytes_repacked += p.size();
-        self.store.backend().put(&ObjectKey::Pack(p.id), p.pieces)
-    }
-}
-
-/// Delta bases as gc finds them: in their home pack, per the footers it read (gc runs without
-/// the index). Checked like any chunk; never cached (a repack reads few).
-struct FooterBases<'a> {
-    store: &'a Store,
-    homes: &'a HashMap<ObjectId, ObjectId>,
-    /// Every pack read, by id.
-    packs: HashMap<ObjectId, &'a PackInfo>,
-}
-
-impl BaseSource for FooterBases<'_> {
-    fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
-        let missing = || StoreError::NotFound { what: ObjectKind::DeltaBase, key: id.to_hex() };
-        let pack = self.homes.get(id).and_then(|home| self.packs.get(home)).ok_or_else(missing)?;
-        let e = pack.entries.iter().find(|e| e.id == *id && e.bases.is_none()).ok_or_else(missing)?;
-        let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
-        let plain = decode_base(
-            e.codec,
-            &stored,
-            e.plain_len as usize,
-            id,
-            self.store.config().chunk_max,
-            self.store.chunk_ids(),
-        )?;
-        Ok(std::sync::Arc::new(plain))
-    }
 }
 
 #[cfg(test)]
