@@ -80,6 +80,31 @@ impl Store {
         }
     }
 
+    /// [`Store::open_image`], and what the image needs (`plan::Needs`) worked out while the
+    /// index opens (without an index slot).
+    fn open_image_needs(
+        &self,
+        image: &str,
+    ) -> Result<(IndexedStore, Manifest, Option<gstore_restore::plan::Needs>), StoreError> {
+        if self.index_slot.is_some() {
+            let (store, m) = self.open_image(image)?;
+            return Ok((store, m, None));
+        }
+        std::thread::scope(|s| {
+            let indexed = s.spawn(|| self.open_indexed());
+            let read = || -> Result<_, StoreError> {
+                let plain = self.open()?;
+                let m = plain.get_manifest(&plain.resolve(image)?)?;
+                let needs = gstore_restore::plan::Needs::of(&m);
+                Ok((m, needs))
+            };
+            let read = read();
+            let store = indexed.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+            let (m, needs) = read?;
+            Ok((store, m, Some(needs)))
+        })
+    }
+
     /// Opens the store with its index and reads the manifest `image` names (the two overlap
     /// without an index slot).
     fn open_image(&self, image: &str) -> Result<(IndexedStore, Manifest), StoreError> {
@@ -240,12 +265,13 @@ impl Store {
             }
             let started = std::thread::spawn(move || CudaDriver::load()?.context(device));
             let t = std::time::Instant::now();
-            let (store, m) = self.open_image(image)?;
+            let (store, m, needs) = self.open_image_needs(image)?;
             open_s = t.elapsed().as_secs_f64();
             let open = || started.join().expect("CUDA start does not panic").map_err(StoreError::device);
-            gstore_restore::restore_to_device_with(
+            gstore_restore::restore_to_device_needing(
                 &store,
                 &m,
+                needs,
                 open,
                 gstore_restore::Budget::of(memory_budget),
                 &Bars::new(progress),

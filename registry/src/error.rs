@@ -2,7 +2,7 @@
 //! is answered with.
 
 use gstore_container::ContainerError;
-use gstore_store::StoreError;
+use gstore_store::{ErrorKind, StoreError};
 
 /// Result with a [`RegistryError`].
 pub type Result<T> = std::result::Result<T, RegistryError>;
@@ -83,7 +83,7 @@ impl RegistryError {
             RegistryError::DigestInvalid(_) => "DIGEST_INVALID",
             RegistryError::Unsupported(_) => "UNSUPPORTED",
             RegistryError::Store(StoreError::NotFound { .. }) => "MANIFEST_UNKNOWN",
-            RegistryError::Store(StoreError::Invalid(_)) => "NAME_INVALID",
+            RegistryError::Store(e) if e.kind() == ErrorKind::Usage => "NAME_INVALID",
             RegistryError::Container(e) if pushed_wrong(e) => "MANIFEST_INVALID",
             RegistryError::Store(_) | RegistryError::Container(_) | RegistryError::Io { .. } => "UNKNOWN",
         }
@@ -100,8 +100,8 @@ impl RegistryError {
             RegistryError::NameInvalid(_)
             | RegistryError::ManifestInvalid(_)
             | RegistryError::ManifestBlobUnknown(_)
-            | RegistryError::DigestInvalid(_)
-            | RegistryError::Store(StoreError::Invalid(_)) => 400,
+            | RegistryError::DigestInvalid(_) => 400,
+            RegistryError::Store(e) if e.kind() == ErrorKind::Usage => 400,
             RegistryError::Container(e) if pushed_wrong(e) => 400,
             RegistryError::UploadLimit(_) => 413,
             RegistryError::RangeInvalid(_) => 416,
@@ -114,5 +114,9 @@ impl RegistryError {
 /// Whether a pushed layer was refused for what it holds (not a tar, an unsafe path, an entry
 /// twice): the client's fault, which sending it again does not mend.
 fn pushed_wrong(e: &ContainerError) -> bool {
-    matches!(e, ContainerError::BadArchive { .. } | ContainerError::Store(StoreError::Invalid(_)))
+    match e {
+        ContainerError::BadArchive { .. } => true,
+        ContainerError::Store(s) => s.kind() == ErrorKind::Usage,
+        _ => false,
+    }
 }

@@ -55,7 +55,10 @@ impl<'m> FileIndex<'m> {
         })?;
         let entry = &self.m.entries[i];
         if entry.kind != EntryKind::File {
-            return Err(StoreError::Invalid(format!("{path} is a {}, not a file", entry.kind.name())));
+            return Err(StoreError::Entry {
+                entry: path.to_string(),
+                why: format!("is a {}, not a file", entry.kind.name()),
+            });
         }
         let file = Manifest {
             created_unix: self.m.created_unix,

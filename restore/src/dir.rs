@@ -175,10 +175,10 @@ impl Dirs {
             match fs::symlink_metadata(&path) {
                 Ok(md) if md.file_type().is_dir() => {}
                 Ok(_) => {
-                    return Err(StoreError::Invalid(format!(
-                        "{} is not a directory; a restore never writes through it",
-                        path.display()
-                    )))
+                    return Err(StoreError::Path {
+                        path,
+                        why: "not a directory; a restore never writes through it".into(),
+                    })
                 }
                 Err(e) if e.kind() == ErrorKind::NotFound => {
                     fs::create_dir(&path).map_err(|err| StoreError::io("creating", &path, err))?
@@ -384,16 +384,17 @@ fn check_destination(dest: &Path) -> Result<()> {
     match fs::symlink_metadata(dest) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(StoreError::io("checking destination", dest, e)),
-        Ok(md) if !md.is_dir() => {
-            Err(StoreError::Invalid(format!("destination {} exists and is not a directory", dest.display())))
-        }
+        Ok(md) if !md.is_dir() => Err(StoreError::Path {
+            path: dest.to_path_buf(),
+            why: "the destination exists and is not a directory".into(),
+        }),
         Ok(_) => {
             let mut rd = fs::read_dir(dest).map_err(|e| StoreError::io("reading destination", dest, e))?;
             if rd.next().is_some() {
-                Err(StoreError::Invalid(format!(
-                    "destination {} is not empty; restore into a new or empty directory",
-                    dest.display()
-                )))
+                Err(StoreError::Path {
+                    path: dest.to_path_buf(),
+                    why: "the destination is not empty; restore into a new or empty directory".into(),
+                })
             } else {
                 Ok(())
             }
@@ -402,12 +403,12 @@ fn check_destination(dest: &Path) -> Result<()> {
 }
 
 fn staging_path(dest: &Path) -> Result<PathBuf> {
-    let name = dest.file_name().ok_or_else(|| {
-        StoreError::Invalid(format!(
-            "destination {} names no directory of its own (like . or ..): a restore builds the image beside \
-                 its destination and renames it into place, so give a new directory's name, e.g. --to ./restored",
-            dest.display()
-        ))
+    let name = dest.file_name().ok_or_else(|| StoreError::Path {
+        path: dest.to_path_buf(),
+        why: "the destination names no directory of its own (like . or ..): a restore builds the image \
+                  beside its destination and renames it into place, so give a new directory's name, e.g. --to \
+                  ./restored"
+            .into(),
     })?;
     let parent = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

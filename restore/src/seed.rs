@@ -50,7 +50,9 @@ impl Seed {
         for dir in dirs {
             match fs::symlink_metadata(dir) {
                 Ok(md) if md.is_dir() => collect_files(dir, &mut files)?,
-                Ok(_) => return Err(StoreError::Invalid(format!("seed {} is not a directory", dir.display()))),
+                Ok(_) => {
+                    return Err(StoreError::Path { path: dir.to_path_buf(), why: "the seed is not a directory".into() })
+                }
                 Err(e) => return Err(StoreError::io("reading seed", dir, e)),
             }
         }

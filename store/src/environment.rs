@@ -76,7 +76,10 @@ pub fn store() -> Option<String> {
 pub fn cache_bytes() -> Result<Option<u64>> {
     set(GSTORE_CACHE_BYTES)
         .map(|v| {
-            v.trim().parse().map_err(|_| StoreError::Invalid(format!("{GSTORE_CACHE_BYTES}={v}: not a byte count")))
+            v.trim().parse().map_err(|_| StoreError::Setting {
+                name: format!("{GSTORE_CACHE_BYTES}={v}"),
+                why: "not a byte count".into(),
+            })
         })
         .transpose()
 }
@@ -104,8 +107,10 @@ pub fn tiers() -> Option<String> {
 /// A duration variable (`30s`, `2m`, `500ms`), else `default`.
 pub fn duration(name: &str, default: Duration) -> Result<Duration> {
     match set(name) {
-        Some(v) => humantime::parse_duration(v.trim())
-            .map_err(|e| StoreError::Invalid(format!("{name}={v}: not a duration such as 30s or 2m ({e})"))),
+        Some(v) => humantime::parse_duration(v.trim()).map_err(|e| StoreError::Setting {
+            name: format!("{name}={v}"),
+            why: format!("not a duration such as 30s or 2m ({e})"),
+        }),
         None => Ok(default),
     }
 }

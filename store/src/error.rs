@@ -176,7 +176,54 @@ pub enum StoreError {
     /// The store directory holds no gstore store.
     #[error("no gstore store at {0}: create one with `gstore init` (Python: `Store.init`), or name another store")]
     NotInitialized(String),
-    /// User input was invalid (tag names, chunk parameters, paths, ...).
+    /// A setting is wrong: an environment variable, an option of the store's backend, a
+    /// codec level.
+    #[error("{name}: {why}")]
+    Setting {
+        /// The setting, as the user wrote it (`GSTORE_TIERS`, `GSTORE_CACHE_BYTES=12x`).
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A store location names no place gstore can keep a store.
+    #[error("{location}: {why}")]
+    Location {
+        /// The location as given (a path or URL).
+        location: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A name does not parse or names nothing for certain: a tag, an object id, a pattern.
+    #[error("{name}: {why}")]
+    Name {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A local path is not what the command needs (a directory, a file, a socket).
+    #[error("{path}: {why}")]
+    Path {
+        /// The path.
+        path: PathBuf,
+        /// What it is, or is not.
+        why: String,
+    },
+    /// An entry of an image cannot be stored or read as asked: a path given twice, bytes
+    /// past a file's end, a path that is not UTF-8.
+    #[error("{entry}: {why}")]
+    Entry {
+        /// The entry, as named in the image (or on disk).
+        entry: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The store refuses a request that is well-formed but would do harm or make no sense
+    /// here (removing the last key, treating an unencrypted store as encrypted, options
+    /// that contradict each other): the message says which and what to do instead.
+    #[error("{0}")]
+    Refused(String),
+    /// User input was invalid, in a way none of the variants above names.
     #[error("{0}")]
     Invalid(String),
     /// A failure inside gstore or its host that is neither the caller's input nor damage in
@@ -264,7 +311,15 @@ impl StoreError {
             StoreError::NotFound { .. } | StoreError::NotInitialized(_) => ErrorKind::NotFound,
             StoreError::Corrupt { .. } => ErrorKind::Damage,
             StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => ErrorKind::Conflict,
-            StoreError::Invalid(_) | StoreError::KeyRequired(_) | StoreError::KeyRejected(_) => ErrorKind::Usage,
+            StoreError::Invalid(_)
+            | StoreError::Setting { .. }
+            | StoreError::Location { .. }
+            | StoreError::Name { .. }
+            | StoreError::Path { .. }
+            | StoreError::Entry { .. }
+            | StoreError::Refused(_)
+            | StoreError::KeyRequired(_)
+            | StoreError::KeyRejected(_) => ErrorKind::Usage,
             StoreError::Unavailable { .. } => ErrorKind::Unavailable,
             StoreError::Io { .. }
             | StoreError::Backend { .. }

@@ -276,7 +276,7 @@ impl Holder {
         send(writer, &ImageAnswer { image: img.id.to_hex(), files })?;
         let LoadRequest { device, handles } = receive(reader)?;
         if device != self.ctx.device() {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Refused(format!(
                 "this gstore hold loads into cuda:{}, not cuda:{device}",
                 self.ctx.device()
             )));
@@ -346,7 +346,7 @@ fn room_to_hold(bytes: u64, meminfo: &str) -> Result<()> {
         .map(|kb| kb * 1024)
         .ok_or_else(|| StoreError::Internal("/proc/meminfo has no MemAvailable line".into()))?;
     if bytes > available {
-        return Err(StoreError::Invalid(format!(
+        return Err(StoreError::Refused(format!(
             "holding these images takes {bytes} bytes of pinned memory and the machine has {available} available; nothing was held"
         )));
     }
@@ -354,7 +354,7 @@ fn room_to_hold(bytes: u64, meminfo: &str) -> Result<()> {
 }
 
 fn bad_request(detail: &str) -> StoreError {
-    StoreError::Invalid(format!("a load request to gstore hold: {detail}"))
+    StoreError::Refused(format!("a load request to gstore hold: {detail}"))
 }
 
 fn parse_handle(digits: &str) -> Result<IpcHandle> {
@@ -389,7 +389,7 @@ fn receive<T: serde::de::DeserializeOwned>(reader: &mut impl BufRead) -> Result<
         });
     }
     if let Ok(ErrorAnswer { error }) = serde_json::from_str::<ErrorAnswer>(&line) {
-        return Err(StoreError::Invalid(format!("gstore hold: {error}")));
+        return Err(StoreError::Refused(format!("gstore hold: {error}")));
     }
     serde_json::from_str(&line).map_err(|e| bad_request(&format!("unreadable message ({e})")))
 }
@@ -444,7 +444,10 @@ pub fn bind_hold_socket(path: &Path) -> Result<UnixListener> {
             std::fs::remove_file(path).map_err(|e| StoreError::io("removing the stale socket", path, e))?;
         }
         Ok(_) => {
-            return Err(StoreError::Invalid(format!("{} exists and is not a socket: not replacing it", path.display())))
+            return Err(StoreError::Path {
+                path: path.to_path_buf(),
+                why: "exists and is not a socket: not replacing it".into(),
+            })
         }
         Err(_) => {}
     }

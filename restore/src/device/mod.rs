@@ -241,6 +241,19 @@ pub fn restore_to_device_with(
     budget: Budget,
     progress: &dyn Progress,
 ) -> Result<DeviceImage> {
+    restore_to_device_needing(store, m, None, open_context, budget, progress)
+}
+
+/// [`restore_to_device_with`], given what `m` needs (`plan::Needs::of(m)`) where the caller
+/// worked it out already, e.g. while the store's index opened.
+pub fn restore_to_device_needing(
+    store: &IndexedStore,
+    m: &Manifest,
+    needs: Option<plan::Needs>,
+    open_context: impl FnOnce() -> Result<Context>,
+    budget: Budget,
+    progress: &dyn Progress,
+) -> Result<DeviceImage> {
     let t = std::time::Instant::now();
     // Remote stores check on the host, in the engine's reads; local ones on the GPU.
     let max_read =
@@ -267,7 +280,7 @@ pub fn restore_to_device_with(
         };
         let planner = s.spawn(move || {
             let t = std::time::Instant::now();
-            let needs = plan::Needs::of(m);
+            let needs = needs.unwrap_or_else(|| plan::Needs::of(m));
             let _ = zeros_sender.send(needs.zeros.clone());
             needs.plan_batches(store, m, max_read, PLAN_BATCH, |batch| {
                 for read in batch {

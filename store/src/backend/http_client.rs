@@ -45,7 +45,7 @@ impl HttpClient {
             let pem = std::fs::read(&path)
                 .map_err(|e| StoreError::io("reading GSTORE_CA_CERT", std::path::PathBuf::from(&path), e))?;
             let cert = reqwest::Certificate::from_pem(&pem)
-                .map_err(|e| StoreError::Invalid(format!("GSTORE_CA_CERT: {e}")))?;
+                .map_err(|e| StoreError::Setting { name: "GSTORE_CA_CERT".into(), why: e.to_string() })?;
             builder = builder.add_root_certificate(cert);
         }
         let client = builder.build().map_err(|e| StoreError::Internal(format!("HTTP client: {e}")))?;
@@ -116,7 +116,7 @@ impl HttpClient {
 
     /// A request the server refused for what it asked or who asked (a usage error).
     fn refused(&self, path: &str, why: &str) -> StoreError {
-        StoreError::Invalid(format!("{}{path}: {why}", self.base))
+        StoreError::Refused(format!("{}{path}: {why}", self.base))
     }
 
     /// Turns a non-success answer into the store's error.

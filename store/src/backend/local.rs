@@ -39,7 +39,7 @@ impl LocalDir {
         // missing, instead of leaving an empty directory behind.
         match std::fs::metadata(root) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(StoreError::Invalid(format!("{} is not a directory", root.display()))),
+            Ok(_) => return Err(StoreError::Path { path: root.to_path_buf(), why: "not a directory".into() }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(StoreError::NotInitialized(root.display().to_string()))
             }

@@ -19,10 +19,10 @@ pub(super) fn open(bucket: &str, prefix: &str, patience: Patience) -> Result<Obj
         });
     let file = config_file();
     for (key, value) in &file {
-        let parsed = key
-            .to_ascii_lowercase()
-            .parse()
-            .map_err(|_| StoreError::Invalid(format!("S3 config file: unknown setting {key}")))?;
+        let parsed = key.to_ascii_lowercase().parse().map_err(|_| StoreError::Setting {
+            name: "S3 config file".into(),
+            why: format!("unknown setting {key}"),
+        })?;
         b = b.with_config(parsed, value);
     }
     let setting =
@@ -35,9 +35,10 @@ pub(super) fn open(bucket: &str, prefix: &str, patience: Patience) -> Result<Obj
     let endpoint = setting("AWS_ENDPOINT").or_else(|| setting("AWS_ENDPOINT_URL"));
     let allow_http = setting("AWS_ALLOW_HTTP").is_some_and(|v| v.eq_ignore_ascii_case("true"));
     if let Some(e) = endpoint.filter(|e| e.to_ascii_lowercase().starts_with("http://") && !allow_http) {
-        return Err(StoreError::Invalid(format!(
-            "S3 endpoint {e} is plain http://: set AWS_ALLOW_HTTP=true to allow it (or use https://)"
-        )));
+        return Err(StoreError::Setting {
+            name: format!("S3 endpoint {e}"),
+            why: "plain http:// is refused: set AWS_ALLOW_HTTP=true to allow it (or use https://)".into(),
+        });
     }
     // object_store's own whole-request limit (30 s) would cut large uploads on slow links;
     // stalls are caught by the read timeout instead.

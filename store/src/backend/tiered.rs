@@ -40,9 +40,10 @@ pub fn tiers_from_env() -> Result<Vec<String>> {
             if u.starts_with("http://") || u.starts_with("https://") {
                 Ok(u.trim_end_matches('/').to_string())
             } else {
-                Err(StoreError::Invalid(format!(
-                    "GSTORE_TIERS: {u:?} is not a tier's URL (http://HOST:PORT or https://HOST:PORT)"
-                )))
+                Err(StoreError::Setting {
+                    name: "GSTORE_TIERS".into(),
+                    why: format!("{u:?} is not a tier's URL (http://HOST:PORT or https://HOST:PORT)"),
+                })
             }
         })
         .collect()

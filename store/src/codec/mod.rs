@@ -105,7 +105,7 @@ impl Encoder {
     /// An encoder compressing at zstd `level`, trying the float codec on chunks that look like
     /// 2- or 4-byte floats when `floats` is set.
     pub fn new(level: i32, floats: bool) -> Result<Encoder> {
-        let bad = |e: std::io::Error| StoreError::Invalid(format!("zstd level {level}: {e}"));
+        let bad = |e: std::io::Error| StoreError::Setting { name: format!("zstd level {level}"), why: e.to_string() };
         let zstd = zstd::bulk::Compressor::new(level).map_err(bad)?;
         let mut lanes = zstd::bulk::Compressor::new(level).map_err(bad)?;
         lanes.set_parameter(zstd::zstd_safe::CParameter::MinMatch(7)).map_err(bad)?;

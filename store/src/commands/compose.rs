@@ -26,11 +26,10 @@ pub fn compose(store: &IndexedStore, tag: &TagRef, parts: &[ObjectId], meta: Met
             match by_path.get(e.path.as_str()) {
                 Some((seen, _)) if seen.kind == EntryKind::Dir && e.kind == EntryKind::Dir => {}
                 Some(_) => {
-                    return Err(StoreError::Invalid(format!(
-                        "{} is in more than one of the images composed (image {} among them)",
-                        e.path,
-                        id.to_hex()
-                    )))
+                    return Err(StoreError::Entry {
+                        entry: e.path.clone(),
+                        why: format!("in more than one of the images composed (image {} among them)", id.to_hex()),
+                    })
                 }
                 None => {
                     by_path.insert(&e.path, (e, chunks));
@@ -107,7 +106,7 @@ mod tests {
         let again = push(&rank1, "run.part-2:step-1", &[("shared/rank-0", &b)]);
         let clash = TagRef::parse("run:step-2").unwrap();
         let err = compose(&rank0, &clash, &[p0, again], Meta::new()).unwrap_err();
-        assert!(err.to_string().contains("shared/rank-0 is in more than one"), "{err}");
+        assert!(err.to_string().contains("shared/rank-0: in more than one"), "{err}");
         assert!(rank0.get_tag(&clash).unwrap().is_none());
     }
 }

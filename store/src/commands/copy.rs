@@ -48,7 +48,7 @@ pub fn copy(src: &IndexedStore, dst: &IndexedStore, tag: &TagRef, progress: &dyn
     if src.chunk_ids() != dst.chunk_ids() {
         // Chunks are copied as stored, under their ids; ids made with one store's key are not
         // the other's.
-        return Err(StoreError::Invalid(format!(
+        return Err(StoreError::Refused(format!(
             "{} and {} name chunks differently (an encrypted store names them with its own key): copy between them by restoring the image and pushing it",
             src.describe(),
             dst.describe()
@@ -58,7 +58,7 @@ pub fn copy(src: &IndexedStore, dst: &IndexedStore, tag: &TagRef, progress: &dyn
     let mut manifest = src.get_manifest(&id)?;
     let sizes: BTreeMap<ObjectId, u32> = manifest.chunks.iter().filter(|c| !c.zero).map(|c| (c.id, c.len)).collect();
     if let Some((c, len)) = sizes.iter().find(|(_, &len)| len > dst.config().chunk_max) {
-        return Err(StoreError::Invalid(format!(
+        return Err(StoreError::Refused(format!(
             "chunk {} is {len} bytes, more than the target store's chunk_max ({}): it cannot hold this image",
             c.short(),
             dst.config().chunk_max

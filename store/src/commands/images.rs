@@ -321,7 +321,7 @@ pub fn remove_tags(store: &Store, names: &[&str]) -> Result<Vec<RemovedTag>> {
         let record = store.get_tag(&tag)?;
         let id_like = name.len() >= crate::format::tag::ID_LIKE_MIN_LEN && name.bytes().all(|b| b.is_ascii_hexdigit());
         if id_like && record.is_none() {
-            return Err(crate::StoreError::Invalid(format!(
+            return Err(crate::StoreError::Refused(format!(
                 "{name} is an image id: rm removes tags (NAME[:VERSION]); `gstore ls` shows the tags pointing at it"
             )));
         }

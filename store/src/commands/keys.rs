@@ -30,7 +30,7 @@ fn encrypted_store(location: &StoreLocation) -> Result<(Backend, StoreConfig)> {
     let backend = location.backend()?;
     let config = Store::read_config(&backend, location)?;
     if config.encryption.is_none() {
-        return Err(StoreError::Invalid(format!(
+        return Err(StoreError::Refused(format!(
             "{} is not encrypted: keys belong to encrypted stores (`gstore init --encrypt`)",
             location.describe()
         )));

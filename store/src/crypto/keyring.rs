@@ -252,7 +252,7 @@ pub fn remove(backend: &Backend, master: &MasterKey, id: &str) -> Result<()> {
             r != id && !retired.retired.contains(r) && rec.as_ref().is_ok_and(|rec| rec.is_key_of(r, master))
         });
         if others.count() == 0 {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Refused(format!(
                 "key {id} is the store's last key: without it nobody could open the store again; add another first (`gstore key add`)"
             )));
         }

@@ -24,7 +24,7 @@ impl Secret {
         let text =
             Zeroizing::new(std::fs::read_to_string(path).map_err(|e| StoreError::io("reading key file", path, e))?);
         Secret::from_text(text.trim_end_matches(['\n', '\r']))
-            .ok_or_else(|| StoreError::Invalid(format!("key file {} is empty", path.display())))
+            .ok_or_else(|| StoreError::Path { path: path.to_path_buf(), why: "the key file is empty".into() })
     }
 
     /// The secret `text` gives: 64 hex digits are a key, anything else a passphrase; `None`
@@ -71,7 +71,7 @@ impl Secret {
             rpassword::prompt_password(question)
                 .map_err(|e| StoreError::io("reading a passphrase from", "/dev/tty", e))?,
         );
-        Secret::from_text(&text).ok_or_else(|| StoreError::Invalid("an empty passphrase is not a key".into()))
+        Secret::from_text(&text).ok_or_else(|| StoreError::Refused("an empty passphrase is not a key".into()))
     }
 
     /// The text of a new key file: 32 random bytes as 64 hex digits and a newline.

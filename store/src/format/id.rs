@@ -22,7 +22,7 @@ impl ObjectId {
     pub fn from_hex(s: &str) -> Result<Self> {
         let mut out = [0u8; 32];
         hex::decode_to_slice(s, &mut out)
-            .map_err(|_| StoreError::Invalid(format!("not a 64-hex-digit object id: {s:?}")))?;
+            .map_err(|_| StoreError::Name { name: format!("{s:?}"), why: "not a 64-hex-digit object id".into() })?;
         Ok(ObjectId(out))
     }
 

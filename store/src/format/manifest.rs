@@ -170,11 +170,9 @@ impl Manifest {
             let (entry, chunks) = files
                 .get(path.as_str())
                 .ok_or_else(|| StoreError::NotFound { what: ObjectKind::ImageFile, key: path.clone() })?;
-            let end = offset.checked_add(*len).filter(|&end| end <= entry.size).ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "{len} bytes at {offset} run past the end of {path} ({} bytes)",
-                    entry.size
-                ))
+            let end = offset.checked_add(*len).filter(|&end| end <= entry.size).ok_or_else(|| StoreError::Entry {
+                entry: path.clone(),
+                why: format!("{len} bytes at {offset} run past the end of {path} ({} bytes)", entry.size),
             })?;
             let (mut at, mut first, mut picked) = (0u64, None, Vec::new());
             for c in chunks.iter() {
@@ -261,7 +259,7 @@ impl Manifest {
     /// Refuses, before anything is stored or tagged, a manifest that readers would refuse
     /// ([`Manifest::decode`]'s entry checks): every writer calls it.
     pub fn validate(&self) -> Result<()> {
-        self.check().map_err(|d| StoreError::Invalid(format!("the image cannot be stored: {d}")))
+        self.check().map_err(|d| StoreError::Refused(format!("the image cannot be stored: {d}")))
     }
 
     /// Parses the byte layout of a manifest whose hash must equal `id`, without the entry

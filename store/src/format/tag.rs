@@ -63,9 +63,12 @@ fn check_part(what: &str, s: &str, full: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(StoreError::Invalid(format!(
-            "invalid tag {full:?}: the {what} must be 1-{MAX_PART_LEN} characters of A-Z a-z 0-9 . _ - and not start with . or -"
-        )))
+        Err(StoreError::Name {
+            name: format!("invalid tag {full:?}"),
+            why: format!(
+                "the {what} must be 1-{MAX_PART_LEN} characters of A-Z a-z 0-9 . _ - and not start with . or -"
+            ),
+        })
     }
 }
 
@@ -104,10 +107,13 @@ impl TagRef {
     /// removable, written `NAME:VERSION`.
     pub fn check_new(&self) -> Result<()> {
         if self.name.len() >= ID_LIKE_MIN_LEN && self.name.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(StoreError::Invalid(format!(
-                "invalid tag {self}: a name of {ID_LIKE_MIN_LEN} or more hex digits only would read as a manifest id; \
-                 add a letter outside a-f or another character"
-            )));
+            return Err(StoreError::Name {
+                name: format!("invalid tag {self}"),
+                why: format!(
+                    "a name of {ID_LIKE_MIN_LEN} or more hex digits only would read as a manifest id; add a letter \
+                     outside a-f or another character"
+                ),
+            });
         }
         Ok(())
     }

@@ -47,7 +47,8 @@ impl Store {
 
     /// Opens a store with its index (as [`Store::open_indexed`]) and reads the manifest of the
     /// image `reference` names (see [`Store::resolve`]). The tag and manifest reads run beside
-    /// the index's catch-up, so a remote store's round trips overlap.
+    /// the index's opening and catch-up: a remote store's round trips overlap, and a local
+    /// store's manifest (9.7 MB for 16 GiB of weights) is read and checked meanwhile.
     pub fn open_image(
         location: &StoreLocation,
         reference: &str,
@@ -58,11 +59,6 @@ impl Store {
             let id = store.resolve(reference)?;
             Ok((id, store.get_manifest(&id)?))
         };
-        if !location.over_network() {
-            let store = Store::open_indexed(location, on_wait)?;
-            let (id, manifest) = read_image()?;
-            return Ok((store, id, manifest));
-        }
         std::thread::scope(|s| {
             let image = s.spawn(read_image);
             let store = Store::open_indexed(location, on_wait);

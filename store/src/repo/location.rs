@@ -45,7 +45,10 @@ impl StoreLocation {
         if let Some(rest) = s.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
-                return Err(StoreError::Invalid(format!("{s:?}: no bucket name (expected s3://BUCKET[/PREFIX])")));
+                return Err(StoreError::Location {
+                    location: format!("{s:?}"),
+                    why: "no bucket name (expected s3://BUCKET[/PREFIX])".into(),
+                });
             }
             return Ok(StoreLocation::S3 { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
         }
@@ -53,20 +56,26 @@ impl StoreLocation {
             return Ok(StoreLocation::Http { url: s.trim_end_matches('/').to_string() });
         }
         if let Some((scheme, _)) = s.split_once("://") {
-            return Err(StoreError::Invalid(format!(
-                "store URL scheme {scheme}:// is not supported; give a local directory, s3://BUCKET[/PREFIX] or http://HOST:PORT"
-            )));
+            return Err(StoreError::Location {
+                location: format!("{s:?}"),
+                why: format!(
+                    "store URL scheme {scheme}:// is not supported; give a local directory, s3://BUCKET[/PREFIX] or http://HOST:PORT"
+                ),
+            });
         }
         if s.is_empty() {
-            return Err(StoreError::Invalid("empty store path".into()));
+            return Err(StoreError::Location { location: "\"\"".into(), why: "empty store path".into() });
         }
         // `s3:/bucket`, `http:host`, `S3://…`: a URL mistyped, not a directory to make.
         if let Some((scheme, _)) = s.split_once(':') {
             if ["s3", "http", "https"].contains(&scheme.to_ascii_lowercase().as_str()) {
-                return Err(StoreError::Invalid(format!(
-                    "{s:?} looks like a mistyped URL: write {}://… (for a local directory of that name, write ./{s})",
-                    scheme.to_ascii_lowercase()
-                )));
+                return Err(StoreError::Location {
+                    location: format!("{s:?}"),
+                    why: format!(
+                        "looks like a mistyped URL: write {}://… (for a local directory of that name, write ./{s})",
+                        scheme.to_ascii_lowercase()
+                    ),
+                });
             }
         }
         Ok(StoreLocation::Local(PathBuf::from(s)))
@@ -95,9 +104,10 @@ impl StoreLocation {
             StoreLocation::Local(p) => Backend::local(p),
             StoreLocation::S3 { bucket, prefix } => Backend::s3(bucket, prefix)?.through_tiers(&tiers()?),
             StoreLocation::Http { url } => Backend::http(url)?.through_tiers(&tiers()?),
-            StoreLocation::Custom { description, .. } => {
-                Err(StoreError::Invalid(format!("{description}: a custom backend is opened with Store::open_backend")))
-            }
+            StoreLocation::Custom { description, .. } => Err(StoreError::Location {
+                location: description.clone(),
+                why: "a custom backend is opened with Store::open_backend".into(),
+            }),
         }
     }
 

@@ -56,7 +56,7 @@ fn truncated(key: String, size: u64, needed: u64) -> StoreError {
 fn probe_conditional_writes(backend: &Backend) -> Result<()> {
     let key = ObjectKey::Probe(format!("conditional-{}", ObjectId::unique().short()));
     let refuse = |what: &str| {
-        StoreError::Invalid(format!(
+        StoreError::Refused(format!(
             "{} does not honour {what}: two machines updating one tag could lose an update, so gstore will not keep a store there",
             backend.description()
         ))
@@ -215,7 +215,7 @@ impl Store {
             return Ok((backend.sealed(master.sealer()), master.chunk_ids()));
         }
         if Secret::in_env() {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Refused(format!(
                 "{store} is not encrypted, but GSTORE_KEY_FILE or GSTORE_PASSPHRASE is set: refusing to use it as if it were; unset them for this store"
             )));
         }

@@ -176,11 +176,14 @@ impl Store {
                 key: format!("{prefix} (no image's id starts with it)"),
             }),
             1 => Ok(found[0]),
-            n => Err(StoreError::Invalid(format!(
-                "{prefix} is ambiguous: {n} image ids start with it ({}{}); give more digits",
-                found.iter().take(4).map(|id| id.to_hex()[..16].to_string()).collect::<Vec<_>>().join(", "),
-                if n > 4 { ", ..." } else { "" }
-            ))),
+            n => Err(StoreError::Name {
+                name: prefix.to_string(),
+                why: format!(
+                    "ambiguous: {n} image ids start with it ({}{}); give more digits",
+                    found.iter().take(4).map(|id| id.to_hex()[..16].to_string()).collect::<Vec<_>>().join(", "),
+                    if n > 4 { ", ..." } else { "" }
+                ),
+            }),
         }
     }
 

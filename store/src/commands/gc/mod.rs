@@ -69,7 +69,7 @@ impl GcOptions {
     /// 0..=1) before anything is read.
     pub fn check(&self) -> Result<()> {
         if !(0.0..=1.0).contains(&self.repack_below) {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Refused(format!(
                 "repack-below must be a fraction between 0 and 1, not {}",
                 self.repack_below
             )));

@@ -61,8 +61,9 @@ fn check_pattern(pattern: &str) -> Result<()> {
     if name.is_empty() && pattern == "*" {
         return Ok(());
     }
-    TagRef::from_parts(name, "latest").map(|_| ()).map_err(|e| {
-        StoreError::Invalid(format!("{pattern:?} is not a tag name or a name prefix followed by '*': {e}"))
+    TagRef::from_parts(name, "latest").map(|_| ()).map_err(|e| StoreError::Name {
+        name: format!("{pattern:?}"),
+        why: format!("not a tag name or a name prefix followed by '*': {e}"),
     })
 }
 
@@ -75,11 +76,11 @@ pub fn read(store: &Store) -> Result<Policies> {
 pub fn set(store: &Store, pattern: &str, policy: Policy) -> Result<Policies> {
     check_pattern(pattern)?;
     if policy.prefix.is_some() {
-        return Err(StoreError::Invalid("a stored policy's pattern says which names it covers: no prefix".into()));
+        return Err(StoreError::Refused("a stored policy's pattern says which names it covers: no prefix".into()));
     }
     policy.check()?;
     if policy.is_none() {
-        return Err(StoreError::Invalid(
+        return Err(StoreError::Refused(
             "a policy needs a rule: keep-last, keep-within, keep-daily or keep-weekly".into(),
         ));
     }

@@ -139,7 +139,7 @@ impl Policy {
     /// Refuses rules that would keep nothing by themselves, or a prefix with no rule to limit
     /// (the command line and the Python package both come through here).
     pub fn check(&self) -> Result<()> {
-        let refuse = |why: &str| Err(StoreError::Invalid(why.to_string()));
+        let refuse = |why: &str| Err(StoreError::Refused(why.to_string()));
         if self.keep_last == Some(0) || self.keep_within_secs == Some(0) {
             return refuse("keep-last 0 and keep-within 0 would remove every image of a name: remove tags with rm");
         }

@@ -212,9 +212,9 @@ pub fn push_pieces(
     let mut contents = Vec::with_capacity(files.len());
     for (path, parts) in files {
         crate::format::manifest::check_relative_path(path)
-            .map_err(|why| StoreError::Invalid(format!("file {path:?}: {why}")))?;
+            .map_err(|why| StoreError::Entry { entry: format!("file {path:?}"), why })?;
         if !names.insert(path.as_str()) {
-            return Err(StoreError::Invalid(format!("file {path:?} is given twice")));
+            return Err(StoreError::Entry { entry: format!("file {path:?}"), why: "given twice".into() });
         }
         let mut starts = Vec::with_capacity(parts.len());
         let mut size = 0u64;

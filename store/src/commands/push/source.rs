@@ -38,8 +38,9 @@ impl SourceEntry {
 }
 
 fn utf8(p: &Path) -> Result<String> {
-    p.to_str().map(str::to_string).ok_or_else(|| {
-        StoreError::Invalid(format!("path {} is not valid UTF-8; gstore stores UTF-8 paths only", p.display()))
+    p.to_str().map(str::to_string).ok_or_else(|| StoreError::Path {
+        path: p.to_path_buf(),
+        why: "not valid UTF-8; gstore stores UTF-8 paths only".into(),
     })
 }
 
@@ -57,10 +58,10 @@ fn entry(abs: PathBuf, rel: String, follow: bool) -> Result<SourceEntry> {
         let t = std::fs::read_link(&abs).map_err(|e| StoreError::io("reading link", &abs, e))?;
         (EntryKind::Symlink, 0, Some(utf8(&t)?))
     } else {
-        return Err(StoreError::Invalid(format!(
-            "{} is not a regular file, directory or symlink; gstore cannot store it",
-            abs.display()
-        )));
+        return Err(StoreError::Path {
+            path: abs,
+            why: "not a regular file, directory or symlink; gstore cannot store it".into(),
+        });
     };
     Ok(SourceEntry { rel, abs, kind, mode, size, target })
 }
@@ -72,8 +73,9 @@ fn entry(abs: PathBuf, rel: String, follow: bool) -> Result<SourceEntry> {
 pub fn scan(root: &Path) -> Result<Vec<SourceEntry>> {
     let md = std::fs::metadata(root).map_err(|e| StoreError::io("reading source", root, e))?;
     if !md.is_dir() {
-        let name =
-            root.file_name().ok_or_else(|| StoreError::Invalid(format!("{} has no file name", root.display())))?;
+        let name = root
+            .file_name()
+            .ok_or_else(|| StoreError::Path { path: root.to_path_buf(), why: "no file name".into() })?;
         return Ok(vec![entry(root.to_path_buf(), utf8(Path::new(name))?, true)?]);
     }
     let mut out = Vec::new();

@@ -96,10 +96,10 @@ impl StreamSink {
     /// Adds an entry; returns its number.
     fn entry(&self, path: &str, kind: EntryKind, mode: u32, target: Option<String>) -> Result<usize> {
         crate::format::manifest::check_relative_path(path)
-            .map_err(|why| StoreError::Invalid(format!("streamed {} {path:?}: {why}", kind.name())))?;
+            .map_err(|why| StoreError::Entry { entry: format!("streamed {} {path:?}", kind.name()), why })?;
         let mut files = self.files.lock().expect("streamed files lock");
         if !files.insert(path.to_string()) {
-            return Err(StoreError::Invalid(format!("streamed entry {path:?} arrived twice")));
+            return Err(StoreError::Entry { entry: format!("streamed entry {path:?}"), why: "arrived twice".into() });
         }
         // Sent under the lock: the push numbers entries in the order it receives them.
         self.send(Streamed::Entry { path: path.to_string(), kind, mode, target })?;
