@@ -1,7 +1,6 @@
 //! Per-store settings, kept in the backend as `config.json` and fixed at `gstore init`.
 
 use crate::error::{Result, StoreError};
-use crate::format::pack::PackIds;
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 
@@ -192,6 +191,32 @@ impl StoreConfig {
             .map_err(|e| StoreError::corrupt(ObjectKind::Config, "config.json", e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+/// How a store names its packs (docs/FORMAT.md, "Pack names"). Readers check a pack's name only
+/// for a tail that came through a caching tier ([`read_tail`]): every reader checks each chunk
+/// it decodes against the chunk's id, but nothing else covers a footer's entries. An HTTP
+/// server checks an uploaded pack's name either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PackIds {
+    /// BLAKE3 of all the pack's bytes: every stored byte hashed a second time, after its
+    /// chunk's id (stores made before `HeaderFooter`).
+    Whole,
+    /// BLAKE3 of the pack's header (magic and salt) followed by its footer and trailer: the
+    /// footer names every chunk's id, offset, lengths and codec, and each chunk's id is the
+    /// hash of its plain bytes, which every reader checks.
+    HeaderFooter,
+}
+
+impl PackIds {
+    pub(crate) fn whole() -> PackIds {
+        PackIds::Whole
+    }
+
+    pub(crate) fn is_whole(&self) -> bool {
+        *self == PackIds::Whole
     }
 }
 

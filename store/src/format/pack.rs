@@ -10,7 +10,6 @@ use crate::format::key::ObjectKey;
 use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::PutPayload;
-use serde::{Deserialize, Serialize};
 
 /// Magic bytes at the start of every pack.
 pub const PACK_MAGIC: &[u8; 8] = b"GSPACK01";
@@ -41,31 +40,7 @@ fn entry_len(version: u32) -> usize {
     }
 }
 
-/// How a store names its packs (docs/FORMAT.md, "Pack names"). Readers check a pack's name only
-/// for a tail that came through a caching tier ([`read_tail`]): every reader checks each chunk
-/// it decodes against the chunk's id, but nothing else covers a footer's entries. An HTTP
-/// server checks an uploaded pack's name either way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PackIds {
-    /// BLAKE3 of all the pack's bytes: every stored byte hashed a second time, after its
-    /// chunk's id (stores made before `HeaderFooter`).
-    Whole,
-    /// BLAKE3 of the pack's header (magic and salt) followed by its footer and trailer: the
-    /// footer names every chunk's id, offset, lengths and codec, and each chunk's id is the
-    /// hash of its plain bytes, which every reader checks.
-    HeaderFooter,
-}
-
-impl PackIds {
-    pub(crate) fn whole() -> PackIds {
-        PackIds::Whole
-    }
-
-    pub(crate) fn is_whole(&self) -> bool {
-        *self == PackIds::Whole
-    }
-}
+pub use crate::format::config::PackIds;
 
 /// One chunk as listed in a pack footer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

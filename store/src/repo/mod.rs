@@ -2,6 +2,7 @@
 //! with and without the local index, tags, the process lock, the range cache, the
 //! delta-base cache and the tags seen of an encrypted store.
 
+pub(crate) mod base_cache;
 pub(crate) mod bases;
 pub mod cache;
 pub mod index;

@@ -13,7 +13,7 @@ use crate::format::id::{ChunkIds, ObjectId};
 use crate::format::key::ObjectKey;
 use crate::format::manifest::Manifest;
 use crate::format::pack::{self, PackEntry};
-use crate::repo::bases::BaseCache;
+use crate::repo::base_cache::BaseCache;
 use crate::repo::cache::RangeCache;
 use crate::repo::location::{looks_like_host_port, StoreLocation};
 use crate::repo::seen::SeenTags;
