@@ -104,7 +104,7 @@ fn parse_key(key: &str) -> Result<Key, Response> {
         Ok(Key::Probe(_) | Key::Upload(_)) => {
             Err(error(StatusCode::BAD_REQUEST, format!("not a served gstore object key: {key:?}")))
         }
-        other => other.map_err(|e| error(StatusCode::BAD_REQUEST, e)),
+        other => other.map_err(|e| error(StatusCode::BAD_REQUEST, e.to_string())),
     }
 }
 

@@ -240,8 +240,8 @@ impl ObjectKey {
     }
 
     /// Parses a key, accepting exactly the shapes the store writes.
-    pub fn parse(key: &str) -> Result<ObjectKey, String> {
-        let bad = || format!("not a gstore object key: {:?}", key.chars().take(200).collect::<String>());
+    pub fn parse(key: &str) -> Result<ObjectKey, NotAKey> {
+        let bad = || NotAKey(key.chars().take(200).collect());
         match key {
             CONFIG => return Ok(ObjectKey::Config),
             GC_LOCK => return Ok(ObjectKey::GcLock),
@@ -290,6 +290,12 @@ impl ObjectKey {
         parsed.ok_or_else(bad)
     }
 }
+
+/// A name in a store that is none of the keys gstore writes (its first 200 characters): a
+/// foreign object, or one written under another spelling.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a gstore object key: {0:?}")]
+pub struct NotAKey(pub String);
 
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
