@@ -20,17 +20,50 @@ def target(path):
         if m in mods:
             return m
     return None
+def paths_at(src, i, prefix):
+    """The module paths a `use`-like path starting at `src[i]` names: `a::b::c`, or with
+    `{...}` groups (nested too), every path in them, each prefixed with `prefix`."""
+    out = []
+    m = re.match(r'((?:[a-z_0-9]+::)*)([a-z_0-9]*)', src[i:])
+    head = prefix + m.group(1) + m.group(2)
+    j = i + m.end()
+    if m.group(2) == '' and src.startswith('{', j):
+        depth, start, k = 0, j + 1, j
+        items = []
+        while k < len(src):
+            ch = src[k]
+            if ch == '{':
+                depth += 1
+            elif ch == '}':
+                depth -= 1
+                if depth == 0:
+                    items.append((start, k))
+                    break
+            elif ch == ',' and depth == 1:
+                items.append((start, k))
+                start = k + 1
+            k += 1
+        for a, _ in items:
+            while a < len(src) and src[a] in ' \n\t':
+                a += 1
+            out += paths_at(src, a, head)
+        return out
+    return [head.rstrip(':')] if head else []
+
+
 edges = {m: set() for m in mods}
 for m, p in mods.items():
     src = open(p).read()
     src = re.split(r'#\[cfg\(test\)\]\s*mod tests', src)[0]
     src = re.sub(r'//[^\n]*', '', src)
-    for mt in re.finditer(r'crate::((?:[a-z_0-9]+::)*[a-z_0-9]+)(?:::\{([^}]*)\})?', src):
-        base = mt.group(1)
-        paths = [base] + ([base + '::' + x.strip().split(' ')[0] for x in mt.group(2).split(',') if x.strip()] if mt.group(2) else [])
-        for q in paths:
+    at = 0
+    while (i := src.find('crate::', at)) >= 0:
+        at = i + len('crate::')
+        if i > 0 and (src[i - 1].isalnum() or src[i - 1] in '_$'):
+            continue  # `gstore_crate::`, not this crate
+        for q in paths_at(src, at, ''):
             t = target(q)
-            if t and t != m and t != '':
+            if t and t != m:
                 edges[m].add(t)
 # tarjan
 index = {}; low = {}; st = []; on = set(); out = []; c = [0]

@@ -2,20 +2,20 @@
 
 use crate::args::{Cli, Command, CriuArgs, IndexAction, Sort};
 use crate::failure::Usage;
+use crate::output::{plural, push_summary, rate, Output};
+use crate::stores::{open_image, open_indexed};
 use crate::{containers, hold, load, maintain};
 use anyhow::{Context, Result};
 use clap::CommandFactory;
 use gstore_capture as capture;
 use gstore_progress::Bars;
-use gstore_store::format::manifest::Manifest;
 use gstore_store::{
-    commands::images, commands::push, commands::usage, IndexedStore, ObjectId, ObjectKind, Store, StoreError,
-    StoreLocation, TagRef,
+    commands::images, commands::push, commands::usage, IndexedStore, ObjectKind, Store, StoreError, StoreLocation,
+    TagRef,
 };
 use indicatif::HumanBytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::time::Duration;
 
 /// Runs the parsed command line.
@@ -133,20 +133,6 @@ fn push(
         .with_context(|| format!("push of {} failed", path.display()))?;
     let verb = if r.dry_run { "would push" } else { "pushed" };
     out.emit(&r, || push_summary(verb, &path.display().to_string(), &r))
-}
-
-/// A push's summary: "pushed WHAT as TAG (entries, logical, new in packs, rate)" and its manifest.
-pub(crate) fn push_summary(verb: &str, what: &str, r: &push::PushReport) -> String {
-    format!(
-        "{verb} {what} as {} ({}, {} logical, {} new in {}, {})\nmanifest {}",
-        r.tag,
-        plural(r.entries as u64, "entry", "entries"),
-        HumanBytes(r.logical_bytes),
-        HumanBytes(r.new_stored_bytes),
-        plural(r.packs, "pack", "packs"),
-        rate(r.logical_bytes, r.seconds),
-        r.manifest
-    )
 }
 
 /// `gstore restore --run`.
@@ -574,67 +560,6 @@ fn man(dir: &std::path::Path, out: &Output) -> Result<()> {
 
 fn criu_choice(a: &CriuArgs) -> capture::CriuChoice<'_> {
     capture::CriuChoice { path: a.criu.as_deref(), extra: a.criu_opts.clone(), shell_job: a.shell_job }
-}
-
-/// `n` and the word for it: "1 pack", "2 packs".
-pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
-/// A rate in the binary units sizes are shown in: "812.40 MiB/s".
-pub(crate) fn rate(bytes: u64, seconds: f64) -> String {
-    format!("{}/s", HumanBytes((bytes as f64 / seconds.max(1e-9)) as u64))
-}
-
-/// Where results go: human text or JSON on stdout.
-pub(crate) struct Output {
-    /// Print JSON instead of the human summary.
-    pub(crate) json: bool,
-}
-
-/// Stdout was closed by its reader (`gstore ls | head -1`): not a failure, nothing to report.
-#[derive(Debug, thiserror::Error)]
-#[error("stdout closed by its reader")]
-pub struct StdoutClosed;
-
-/// Set once a command has printed its result on stdout (a failing `verify --json` has printed
-/// its report; its error then goes to stderr only, so stdout holds one JSON value).
-static EMITTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether the command printed its result on stdout.
-pub fn emitted() -> bool {
-    EMITTED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-impl Output {
-    pub(crate) fn emit<T: Serialize>(&self, value: &T, text: impl FnOnce() -> String) -> Result<()> {
-        let out = if self.json { serde_json::to_string_pretty(value)? } else { text() };
-        Self::write(out)
-    }
-
-    /// Writes `value` as one line of JSON, for a reader waiting on a long-running command's
-    /// stdout (`serve --json`'s ready line).
-    pub(crate) fn emit_line<T: Serialize>(&self, value: &T) -> Result<()> {
-        Self::write(serde_json::to_string(value)?)
-    }
-
-    fn write(out: String) -> Result<()> {
-        EMITTED.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut stdout = std::io::stdout().lock();
-        match writeln!(stdout, "{out}").and_then(|()| stdout.flush()) {
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
-            other => Ok(other?),
-        }
-    }
-}
-
-pub(crate) fn open_indexed(location: &StoreLocation) -> Result<IndexedStore> {
-    Ok(Store::open_indexed(location, &|msg| eprintln!("gstore: {msg}"))?)
-}
-
-/// Opens the store with its index and reads the manifest `image` names (the two overlap).
-pub(crate) fn open_image(location: &StoreLocation, image: &str) -> Result<(IndexedStore, ObjectId, Manifest)> {
-    Ok(Store::open_image(location, image, &|msg| eprintln!("gstore: {msg}"))?)
 }
 
 fn parse_meta(items: &[String]) -> Result<BTreeMap<String, serde_json::Value>> {

@@ -2,7 +2,8 @@
 //! --archive`, the push of a checkpoint archive, and `watch` (the node agent).
 
 use crate::args::RuntimeArg;
-use crate::commands::{open_image, open_indexed, plural, push_summary, Output};
+use crate::output::{plural, push_summary, Output};
+use crate::stores::{open_image, open_indexed};
 use anyhow::{Context, Result};
 use gstore_container::{archive, checkpoint, podman::Podman, restore, runc, watch, ContainerError, Runtime};
 use gstore_progress::Bars;

@@ -1,8 +1,8 @@
 //! `gstore init` and the user keys of encrypted stores (`gstore key`).
 
 use crate::args::{InitArgs, KeyAction};
-use crate::commands::Output;
 use crate::failure::Usage;
+use crate::output::Output;
 use anyhow::{Context, Result};
 use gstore_store::commands::keys;
 use gstore_store::crypto::Secret;

@@ -8,8 +8,10 @@ mod hold;
 mod init;
 mod load;
 mod maintain;
+mod output;
 mod policy;
 mod serve;
+mod stores;
 mod units;
 
 use clap::Parser;
@@ -25,13 +27,13 @@ fn main() {
         let pipe_closed = |c: &(dyn std::error::Error + 'static)| {
             c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
         };
-        if e.is::<commands::StdoutClosed>() || e.chain().any(pipe_closed) {
+        if e.is::<output::StdoutClosed>() || e.chain().any(pipe_closed) {
             return;
         }
         let code = failure::classify(&e);
         let message = failure::message(&e, code);
         eprintln!("gstore: error: {message}");
-        if json && !commands::emitted() {
+        if json && !output::emitted() {
             let report =
                 failure::ErrorReport { error: failure::ErrorBody { code, exit_status: code.exit_status(), message } };
             println!("{}", serde_json::to_string_pretty(&report).expect("an error report serializes"));

@@ -1,8 +1,9 @@
 //! Store maintenance: `gstore verify`, `gstore gc` and `gstore index rebuild`.
 
 use crate::args::GcArgs;
-use crate::commands::{open_indexed, plural, Output};
 use crate::failure::Damaged;
+use crate::output::{plural, Output};
+use crate::stores::open_indexed;
 use anyhow::Result;
 use gstore_progress::Bars;
 use gstore_store::crypto::Secret;

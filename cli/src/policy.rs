@@ -1,7 +1,7 @@
 //! `gstore policy`: the retention policies stored in the store (docs/GC.md).
 
 use crate::args::PolicyAction;
-use crate::commands::Output;
+use crate::output::Output;
 use anyhow::Result;
 use gstore_store::commands::gc::policies::{self, Policies};
 use gstore_store::commands::gc::retention::Policy;

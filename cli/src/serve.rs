@@ -1,8 +1,8 @@
 //! `gstore serve`: the store over HTTP (docs/HTTP.md), until Ctrl-C or SIGTERM.
 
 use crate::args::ServeArgs;
-use crate::commands::Output;
 use crate::failure::Usage;
+use crate::output::Output;
 use anyhow::Result;
 use gstore_store::{Store, StoreLocation};
 use std::time::Duration;

@@ -244,7 +244,7 @@ pub enum GpuDumpError {
         /// The pid.
         pid: u32,
         /// The state it is in.
-        state: crate::cuda::ProcessState,
+        state: crate::cuda::state::ProcessState,
         /// What could not be done.
         action: &'static str,
     },

@@ -2,8 +2,11 @@
 //! directory or S3 bucket), so several can run behind a balancer over one bucket. Routes,
 //! status codes and headers are in docs/HTTP.md.
 
+mod answers;
 pub mod auth;
 pub mod chunks;
+mod headers;
+mod lookup;
 pub mod metrics;
 pub mod quota;
 pub mod registry;

@@ -7,8 +7,8 @@
 #![allow(clippy::result_large_err)]
 
 use crate::auth::{Denied, Scope, Token};
+use crate::headers::{declared_length, parse_range};
 use crate::quota;
-use crate::routes::declared_length;
 use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
@@ -269,7 +269,7 @@ async fn get_blob(
     let r = reg.clone();
     let blob = blocking(move || r.blob(&n, &d, who)).await?;
     // One range (`bytes=A-B` / `bytes=A-`), as a client resuming a pull asks.
-    let range = match headers.get(header::RANGE).map(|v| v.to_str().ok().and_then(crate::routes::parse_range)) {
+    let range = match headers.get(header::RANGE).map(|v| v.to_str().ok().and_then(parse_range)) {
         None => 0..blob.size,
         Some(Some(object_store::GetRange::Bounded(r))) if r.start < blob.size => r.start..r.end.min(blob.size),
         Some(Some(object_store::GetRange::Offset(start))) if start < blob.size => start..blob.size,

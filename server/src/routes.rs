@@ -2,8 +2,10 @@
 // Handlers return early with ready-made responses; boxing them would buy nothing.
 #![allow(clippy::result_large_err)]
 
+use crate::answers::{error, store_error, store_failure};
 use crate::auth::{Denied, Scope, Token};
-use crate::chunks::ChunkMap;
+use crate::headers::{declared_length, parse_range};
+use crate::lookup::{known_bases, locate, pack_path, refreshed, stored_bases, StoredBase};
 use crate::tier::Served;
 use crate::{quota, verify, AppState, Settings};
 use axum::body::Bytes;
@@ -16,11 +18,10 @@ use axum::{Json, Router};
 use futures::{StreamExt, TryStreamExt};
 use gstore_store::backend::ListEntry;
 use gstore_store::backend::Version;
-use gstore_store::codec::{decode_base, Decoder, KnownBases};
+use gstore_store::codec::Decoder;
 use gstore_store::format::key::{Family, ObjectKey as Key};
 use gstore_store::format::tag::{TagRecord, TagRef};
-use gstore_store::repo::index::ChunkLocation;
-use gstore_store::{ChunkIds, ObjectId, StoreError};
+use gstore_store::ObjectId;
 use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use std::sync::Arc;
@@ -67,15 +68,6 @@ async fn refuse_oversized(limit: usize, req: Request, next: Next) -> Response {
     }
 }
 
-/// The length a request says its body has (`Content-Length`), if it says one.
-pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
-}
-
-fn error(status: StatusCode, msg: impl Into<String>) -> Response {
-    (status, Json(serde_json::json!({ "error": msg.into() }))).into_response()
-}
-
 /// Checks the request's token for `scope` (on tag `tag`): the token, or `None` when the
 /// server has no tokens; else the 401/403 answer.
 fn authorize(
@@ -106,57 +98,6 @@ fn parse_key(key: &str) -> Result<Key, Response> {
         }
         other => other.map_err(|e| error(StatusCode::BAD_REQUEST, e.to_string())),
     }
-}
-
-/// The answer to a failure of the store's protocol helpers.
-fn store_failure(e: StoreError) -> Response {
-    match e {
-        StoreError::NotFound { .. } => error(StatusCode::NOT_FOUND, "no such object"),
-        StoreError::Conflict(_) | StoreError::AlreadyExists { .. } => {
-            error(StatusCode::PRECONDITION_FAILED, "the object changed (or exists): re-read and retry")
-        }
-        other => error(StatusCode::BAD_GATEWAY, format!("store: {other}")),
-    }
-}
-
-/// Runs a chunk map refresh (blocking store requests) on a blocking thread.
-async fn refreshed(state: &AppState, tombstones_only: bool) -> Result<(), Response> {
-    let (chunks, backend) = (state.chunks.clone(), state.backend.clone());
-    let done = tokio::task::spawn_blocking(move || {
-        if tombstones_only {
-            chunks.refresh_tombstones(&backend)
-        } else {
-            chunks.refresh(&backend)
-        }
-    })
-    .await;
-    match done {
-        Ok(r) => r.map_err(store_failure),
-        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
-    }
-}
-
-fn store_error(e: object_store::Error) -> Response {
-    match e {
-        object_store::Error::NotFound { .. } => error(StatusCode::NOT_FOUND, "no such object"),
-        object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. } => {
-            error(StatusCode::PRECONDITION_FAILED, "the object changed (or exists): re-read and retry")
-        }
-        object_store::Error::NotModified { .. } => StatusCode::NOT_MODIFIED.into_response(),
-        other => error(StatusCode::BAD_GATEWAY, format!("store: {other}")),
-    }
-}
-
-/// Parses `bytes=A-B` / `bytes=A-` (one range).
-pub(crate) fn parse_range(v: &str) -> Option<GetRange> {
-    let (a, b) = v.strip_prefix("bytes=")?.split_once('-')?;
-    let start: u64 = a.parse().ok()?;
-    if b.is_empty() {
-        return Some(GetRange::Offset(start));
-    }
-    let end: u64 = b.parse().ok()?;
-    let stop = end.checked_add(1)?;
-    (end >= start).then_some(GetRange::Bounded(start..stop))
 }
 
 async fn get_object(
@@ -461,32 +402,6 @@ async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>, headers
     }
 }
 
-/// The object path of the pack holding a chunk.
-fn pack_path(l: &ChunkLocation) -> ObjPath {
-    ObjPath::from(Key::Pack(l.pack).to_string().as_str())
-}
-
-/// Finds a chunk, reading new pack footers once if it is not known yet.
-async fn locate(state: &AppState, id: &ObjectId) -> Result<Option<ChunkLocation>, Response> {
-    locate_by(state, id, ChunkMap::get).await
-}
-
-/// Finds a chunk through `find` on the chunk map, reading new pack footers once if `find`
-/// finds nothing yet.
-async fn locate_by(
-    state: &AppState,
-    id: &ObjectId,
-    find: fn(&ChunkMap, &ObjectId) -> Option<ChunkLocation>,
-) -> Result<Option<ChunkLocation>, Response> {
-    if let Some(found) = find(&state.chunks, id) {
-        state.metrics.chunk_lookups.with_label_values(&["hit"]).inc();
-        return Ok(Some(found));
-    }
-    state.metrics.chunk_lookups.with_label_values(&["miss"]).inc();
-    refreshed(state, false).await?;
-    Ok(find(&state.chunks, id))
-}
-
 #[derive(serde::Deserialize)]
 struct ChunkQuery {
     #[serde(default)]
@@ -544,49 +459,6 @@ async fn get_chunk(
         Ok(Err(err)) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("stored chunk is damaged: {err}")),
         Err(err) => error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
     }
-}
-
-/// Why a delta base could not be read from the store.
-pub(crate) enum StoredBase {
-    /// No pack holds it whole.
-    Missing(ObjectId),
-    /// The request failed: the answer to give.
-    Failed(Response),
-}
-
-/// The stored bytes of delta bases `ids`, each from a pack holding it whole (a base is never
-/// a delta), for [`known_bases`] to decode on a blocking thread.
-pub(crate) async fn stored_bases(
-    state: &AppState,
-    ids: Vec<ObjectId>,
-) -> Result<Vec<(ObjectId, ChunkLocation, Bytes)>, StoredBase> {
-    let mut out = Vec::new();
-    for b in ids {
-        match locate_by(state, &b, ChunkMap::get_whole).await {
-            Ok(Some(l)) => match state.objects.get_range(&pack_path(&l), l.range()).await {
-                Ok(bytes) => out.push((b, l, bytes)),
-                Err(err) => return Err(StoredBase::Failed(store_error(err))),
-            },
-            Ok(_) => return Err(StoredBase::Missing(b)),
-            Err(r) => return Err(StoredBase::Failed(r)),
-        }
-    }
-    Ok(out)
-}
-
-/// Decodes and checks the bases [`stored_bases`] read. Chunk routes and delta checks serve
-/// unencrypted stores only (an encrypted one answers 409 or is not decoded): plain ids.
-pub(crate) fn known_bases(
-    bases: Vec<(ObjectId, ChunkLocation, Bytes)>,
-    chunk_max: u32,
-) -> gstore_store::Result<KnownBases> {
-    bases
-        .into_iter()
-        .map(|(b, l, bytes)| {
-            let plain = decode_base(l.codec, &bytes, l.plain_len as usize, &b, chunk_max, ChunkIds::Plain)?;
-            Ok((b, std::sync::Arc::new(plain)))
-        })
-        .collect()
 }
 
 /// Of the chunk ids posted (a JSON array of hex ids), the ones no pack without a gc tombstone

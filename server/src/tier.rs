@@ -14,7 +14,7 @@
 //! `GSTORE_TIERS` names a tier nearer the store (a rack's, a region's) reads its misses through
 //! that one, and from the store when it is down.
 
-use crate::routes::{stored_bases, StoredBase};
+use crate::lookup::{known_bases, stored_bases, StoredBase};
 use crate::AppState;
 use bytes::Bytes;
 use gstore_store::codec::{Codec, Decoder, KnownBases};
@@ -200,7 +200,7 @@ impl Tier {
         let asked = bytes.slice((range.start - check.from) as usize..);
         let (tier, chunk_max, kept) = (Arc::clone(self), state.chunk_max, asked.clone());
         let checked = tokio::task::spawn_blocking(move || {
-            let known = crate::routes::known_bases(bases, chunk_max)?;
+            let known = known_bases(bases, chunk_max)?;
             check_chunks(&bytes, check.from, &check.chunks, &known, chunk_max)?;
             tier.cache.put(&pack, &range, &kept);
             Ok::<(), StoreError>(())

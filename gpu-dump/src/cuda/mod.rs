@@ -19,6 +19,7 @@ mod kernel;
 pub mod load;
 mod memory;
 pub mod nvcomp;
+pub mod state;
 
 use std::ffi::CStr;
 use std::sync::{Arc, OnceLock};
@@ -31,6 +32,7 @@ use crate::error::{GpuDumpError, Result};
 use ffi::CuResult;
 pub use kernel::Kernel;
 pub use memory::{Context, DeviceBuffer, Event, HostMemory, IpcBuffer, IpcHandle, PinnedBuffer, Stream};
+pub use state::ProcessState;
 
 /// The library names tried by [`CudaDriver::load`], in order.
 pub const LIBCUDA_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
@@ -69,46 +71,6 @@ pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
         *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(out)
-}
-
-/// `CUprocessState`: where a process stands in the checkpoint cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProcessState {
-    /// 0: running normally.
-    Running,
-    /// 1: CUDA API locked; further calls block.
-    Locked,
-    /// 2: GPU memory moved to host memory; device handles released.
-    Checkpointed,
-    /// 3: an uncorrectable error during checkpoint or restore.
-    Failed,
-    /// Any other value (CUDA 13.4 adds 4 checkpointing and 5 restoring).
-    Other(i32),
-}
-
-impl ProcessState {
-    /// Maps a raw `CUprocessState` value.
-    pub fn from_raw(raw: i32) -> Self {
-        match raw {
-            0 => ProcessState::Running,
-            1 => ProcessState::Locked,
-            2 => ProcessState::Checkpointed,
-            3 => ProcessState::Failed,
-            other => ProcessState::Other(other),
-        }
-    }
-}
-
-impl std::fmt::Display for ProcessState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ProcessState::Running => f.write_str("running"),
-            ProcessState::Locked => f.write_str("locked"),
-            ProcessState::Checkpointed => f.write_str("checkpointed"),
-            ProcessState::Failed => f.write_str("failed"),
-            ProcessState::Other(raw) => write!(f, "state {raw}"),
-        }
-    }
 }
 
 /// The driver entry points gstore uses, resolved once at load.

@@ -1,0 +1,15 @@
+//! Opening a store for a command, waiting (and saying so) while another process holds its
+//! index.
+
+use anyhow::Result;
+use gstore_store::format::manifest::Manifest;
+use gstore_store::{IndexedStore, ObjectId, Store, StoreLocation};
+
+pub(crate) fn open_indexed(location: &StoreLocation) -> Result<IndexedStore> {
+    Ok(Store::open_indexed(location, &|msg| eprintln!("gstore: {msg}"))?)
+}
+
+/// Opens the store with its index and reads the manifest `image` names (the two overlap).
+pub(crate) fn open_image(location: &StoreLocation, image: &str) -> Result<(IndexedStore, ObjectId, Manifest)> {
+    Ok(Store::open_image(location, image, &|msg| eprintln!("gstore: {msg}"))?)
+}
