@@ -713,3 +713,34 @@ impl Loader<'_> {
 fn in_pack(e: StoreError, read: &RangeRead) -> StoreError {
     crate::engine::in_pack(e, &read.pack)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reads_metadata_lies_behind_its_range_and_every_area_fits_the_slot() {
+        let read_cap = 3 << 20;
+        for chunks in [1, 2, 47, MAX_CHUNKS_PER_READ] {
+            let l = MetaLayout::for_chunks(chunks);
+            // Jobs, nvCOMP arrays, statuses and lane jobs follow one another without overlap,
+            // the lane jobs 8-byte aligned as the kernel reads them.
+            assert_eq!(l.job(chunks), l.array(0, 0));
+            assert_eq!(l.array(4, l.frames), l.status(0));
+            assert!(l.status(l.frames) <= l.lane_job(0) && l.lane_job(0) % 8 == 0);
+            assert_eq!(l.bytes(), l.lane_job(chunks));
+            for len in [0, 1, 4097, read_cap - 1, read_cap] {
+                // A range read into the slot, then its metadata, 256-byte aligned, in the slot.
+                assert!(meta_at(len) >= len && meta_at(len) % 256 == 0);
+                assert!(meta_at(len) + l.bytes() <= staging_len(read_cap));
+                let a = Areas::of(1 << 40, len, read_cap);
+                assert_eq!(a.meta - a.range, meta_at(len) as u64);
+                assert!(a.meta + l.bytes() as u64 <= a.decoded);
+                assert_eq!(a.lanes - a.decoded, read_cap as u64);
+                assert_eq!(a.lanes + (read_cap + LANE_SLACK) as u64, a.range + Areas::bytes(read_cap) as u64);
+            }
+            // A held read's metadata starts the slot's pinned buffer (one without range room).
+            assert!(l.bytes() <= staging_len(0));
+        }
+    }
+}
