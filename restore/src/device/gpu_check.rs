@@ -727,11 +727,11 @@ mod tests {
             // the lane jobs 8-byte aligned as the kernel reads them.
             assert_eq!(l.job(chunks), l.array(0, 0));
             assert_eq!(l.array(4, l.frames), l.status(0));
-            assert!(l.status(l.frames) <= l.lane_job(0) && l.lane_job(0) % 8 == 0);
+            assert!(l.status(l.frames) <= l.lane_job(0) && l.lane_job(0).is_multiple_of(8));
             assert_eq!(l.bytes(), l.lane_job(chunks));
             for len in [0, 1, 4097, read_cap - 1, read_cap] {
                 // A range read into the slot, then its metadata, 256-byte aligned, in the slot.
-                assert!(meta_at(len) >= len && meta_at(len) % 256 == 0);
+                assert!(meta_at(len) >= len && meta_at(len).is_multiple_of(256));
                 assert!(meta_at(len) + l.bytes() <= staging_len(read_cap));
                 let a = Areas::of(1 << 40, len, read_cap);
                 assert_eq!(a.meta - a.range, meta_at(len) as u64);
