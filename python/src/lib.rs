@@ -90,19 +90,10 @@ impl Store {
             let (store, m) = self.open_image(image)?;
             return Ok((store, m, None));
         }
-        std::thread::scope(|s| {
-            let indexed = s.spawn(|| self.open_indexed());
-            let read = || -> Result<_, StoreError> {
-                let plain = self.open()?;
-                let m = plain.get_manifest(&plain.resolve(image)?)?;
-                let needs = gstore_restore::plan::Needs::of(&m);
-                Ok((m, needs))
-            };
-            let read = read();
-            let store = indexed.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
-            let (m, needs) = read?;
-            Ok((store, m, Some(needs)))
-        })
+        let on_wait = |msg: &str| eprintln!("gstore: {msg}");
+        let (store, _, m, needs) =
+            RustStore::open_image_then(&self.location, image, &on_wait, gstore_restore::plan::Needs::of)?;
+        Ok((store, m, Some(needs)))
     }
 
     /// Opens the store with its index and reads the manifest `image` names (the two overlap

@@ -54,18 +54,32 @@ impl Store {
         reference: &str,
         on_wait: &dyn Fn(&str),
     ) -> Result<(IndexedStore, ObjectId, Manifest)> {
+        let (store, id, manifest, ()) = Store::open_image_then(location, reference, on_wait, |_| ())?;
+        Ok((store, id, manifest))
+    }
+
+    /// [`Store::open_image`], with `then` run on the manifest beside the index's opening too
+    /// (a load works out what the image needs meanwhile); returns what it gives as well.
+    pub fn open_image_then<T: Send>(
+        location: &StoreLocation,
+        reference: &str,
+        on_wait: &dyn Fn(&str),
+        then: impl FnOnce(&Manifest) -> T + Send,
+    ) -> Result<(IndexedStore, ObjectId, Manifest, T)> {
         let read_image = || -> Result<_> {
             let store = Store::open(location)?;
             let id = store.resolve(reference)?;
-            Ok((id, store.get_manifest(&id)?))
+            let manifest = store.get_manifest(&id)?;
+            let more = then(&manifest);
+            Ok((id, manifest, more))
         };
         std::thread::scope(|s| {
             let image = s.spawn(read_image);
             let store = Store::open_indexed(location, on_wait);
             let image = image.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             let store = store?;
-            let (id, manifest) = image?;
-            Ok((store, id, manifest))
+            let (id, manifest, more) = image?;
+            Ok((store, id, manifest, more))
         })
     }
 
