@@ -57,6 +57,16 @@ fn meta_at(len: usize) -> usize {
     len.next_multiple_of(256)
 }
 
+/// Where a read's metadata starts in the slot's pinned buffer: behind its `len` bytes read
+/// into the slot, or at the start when its range is held elsewhere.
+fn meta_from(held: bool, len: usize) -> usize {
+    if held {
+        0
+    } else {
+        meta_at(len)
+    }
+}
+
 /// Bytes of pinned staging one slot needs for range reads of up to `read_cap` bytes (0: reads
 /// whose bytes are all held elsewhere), their metadata included.
 pub(super) fn staging_len(read_cap: usize) -> usize {
@@ -352,18 +362,15 @@ impl Queued {
     }
 }
 
-/// A read as staged for the DMA: its range as stored (`len` bytes of `src` from `src_at`),
-/// then its metadata (`meta_len` bytes of the slot's pinned buffer from `meta_from`), chunks
-/// decoded on the host, nvCOMP's scratch. A range read into the slot lies just before its
-/// metadata, and one copy moves both.
+/// A read as staged for the DMA: its `len` bytes as stored and its metadata in the slot's
+/// `pinned` buffer (the range first, then at [`meta_at`] the metadata: one copy moves both),
+/// or, for a range `held` elsewhere (buffer and offset), the metadata alone at its start;
+/// chunks decoded on the host; nvCOMP's scratch.
 #[derive(Clone, Copy)]
 struct Staged<'a> {
-    src: &'a PinnedBuffer,
-    src_at: usize,
     len: usize,
     pinned: &'a PinnedBuffer,
-    meta_from: usize,
-    meta_len: usize,
+    held: Option<(&'a PinnedBuffer, usize)>,
     host_decoded: Option<&'a PinnedBuffer>,
     temp: Option<&'a DeviceBuffer>,
 }
@@ -444,7 +451,7 @@ impl Loader<'_> {
         let ctx = pinned.context().clone();
         let mut q = Queued::for_read(read.chunks.len());
         // A range read into the slot has its metadata behind it; a held one, at the start.
-        let meta_from = if held.is_some() { 0 } else { meta_at(len) };
+        let meta_from = meta_from(held.is_some(), len);
         if meta_from + q.layout.bytes() > pinned.len() {
             return Err(StoreError::Internal(format!(
                 "a read of {len} bytes in {} chunks exceeds the slot's pinned staging",
@@ -509,17 +516,10 @@ impl Loader<'_> {
             q.written += (plain * c.targets.len()) as u64;
         }
         let written = q.written;
-        let src = match held {
-            Some(h) => &self.held[h.buffer],
-            None => &*pinned,
-        };
         let staged = Staged {
-            src,
-            src_at: held.map_or(0, |h| h.offset),
             len,
             pinned,
-            meta_from,
-            meta_len: q.layout.bytes(),
+            held: held.map(|h| (&self.held[h.buffer], h.offset)),
             host_decoded: decoded_area.as_ref(),
             temp: temp.as_ref(),
         };
@@ -540,19 +540,21 @@ impl Loader<'_> {
     fn launch(&self, stream: &Stream, staged: &Staged<'_>, a: Areas, q: Queued, chunks: u32) -> Result<()> {
         let Queued { host_decoded, frames, fills, repeats, layout, .. } = q;
         let meta_base = a.meta;
-        let Staged { src, src_at, len, pinned, meta_from, meta_len, host_decoded: decoded_area, temp } = *staged;
+        let Staged { len, pinned, held, host_decoded: decoded_area, temp } = *staged;
+        let meta_from = meta_from(held.is_some(), len);
         // SAFETY (the copies and fills below): this slot's pinned buffers are not written again
         // before its event (recorded last) is waited on, held bytes never are, its device
         // buffers are its own, and every destination lies in a file's buffer (checked by
         // `address`) that no other read writes.
         unsafe {
-            if std::ptr::eq(src, pinned) {
+            match held {
                 // The range and, behind it, its metadata: one DMA.
-                stream.copy_to_device_async(a.range, pinned, 0, meta_from + meta_len).map_err(StoreError::device)?;
-            } else {
-                stream.copy_to_device_async(a.range, src, src_at, len).map_err(StoreError::device)?;
-                stream.copy_to_device_async(a.meta, pinned, meta_from, meta_len).map_err(StoreError::device)?;
+                None => stream.copy_to_device_async(a.range, pinned, 0, meta_from + layout.bytes()),
+                Some((src, at)) => stream
+                    .copy_to_device_async(a.range, src, at, len)
+                    .and_then(|()| stream.copy_to_device_async(a.meta, pinned, meta_from, layout.bytes())),
             }
+            .map_err(StoreError::device)?;
             if let (Some(area), true) = (decoded_area, host_decoded > 0) {
                 stream.copy_to_device_async(a.decoded, area, 0, host_decoded).map_err(StoreError::device)?;
             }
@@ -733,6 +735,7 @@ mod tests {
                 // A range read into the slot, then its metadata, 256-byte aligned, in the slot.
                 assert!(meta_at(len) >= len && meta_at(len).is_multiple_of(256));
                 assert!(meta_at(len) + l.bytes() <= staging_len(read_cap));
+                assert_eq!((meta_from(false, len), meta_from(true, len)), (meta_at(len), 0));
                 let a = Areas::of(1 << 40, len, read_cap);
                 assert_eq!(a.meta - a.range, meta_at(len) as u64);
                 assert!(a.meta + l.bytes() as u64 <= a.decoded);
