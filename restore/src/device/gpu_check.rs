@@ -448,7 +448,6 @@ impl Loader<'_> {
             )));
         }
         let Slot { pinned, host_decoded: decoded_area, device, temp, stream, done, .. } = slot;
-        let ctx = pinned.context().clone();
         let mut q = Queued::for_read(read.chunks.len());
         // A range read into the slot has its metadata behind it; a held one, at the start.
         let meta_from = meta_from(held.is_some(), len);
@@ -501,7 +500,8 @@ impl Loader<'_> {
                     job.src = a.decoded + q.decoded as u64;
                     let area = match decoded_area {
                         Some(area) => area,
-                        None => decoded_area.insert(ctx.alloc_pinned(self.read_cap).map_err(StoreError::device)?),
+                        None => decoded_area
+                            .insert(device.context().alloc_pinned(self.read_cap).map_err(StoreError::device)?),
                     };
                     let out = &mut area.as_mut_slice()[q.decoded..][..plain];
                     self.decode_on_host(decoder, stored, out, c, read)?;
