@@ -5,6 +5,7 @@ use anyhow::Result;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::{IndexedStore, ObjectId, Store, StoreLocation};
 
+/// Opens the store at `location` with its index.
 pub(crate) fn open_indexed(location: &StoreLocation) -> Result<IndexedStore> {
     Ok(Store::open_indexed(location, &|msg| eprintln!("gstore: {msg}"))?)
 }
