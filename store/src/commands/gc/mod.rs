@@ -272,8 +272,9 @@ fn pass(store: &Store, opts: &GcOptions, which: Pass, progress: &dyn Progress) -
         b.list(Family::Tombstones.prefix())?.iter().filter_map(|l| Some(l.key.tombstoned()?.clone())).collect();
 
     // 3. Leases; then the temporary files no live lease covers go.
-    let (leased_packs, leased_manifests) = read_leases(b, opts.dry_run, &mut report)?;
-    temps::sweep(temp_files, &leased_packs, &leased_manifests, opts.dry_run, &mut report)?;
+    let leases = read_leases(b, opts.dry_run, &mut report)?;
+    temps::sweep(temp_files, &leases, opts.dry_run, &mut report)?;
+    let Leases { packs: leased_packs, manifests: leased_manifests, .. } = leases;
 
     // 4. Retention, then the roots.
     let mut tagged: BTreeSet<ObjectId> = BTreeSet::new();
@@ -618,12 +619,21 @@ fn in_flight<T: Sync, R: Send>(store: &Store, items: &[T], f: impl Fn(&T) -> R +
     Ok(pool.install(|| items.par_iter().map(&f).collect()))
 }
 
-/// Reads every lease: returns the packs and manifests live leases protect. Leases whose owner
-/// is provably dead here are deleted (unless `dry_run`). A damaged lease stops gc: what it
-/// protects is unknown.
-fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
-    let mut packs = HashSet::new();
-    let mut manifests = HashSet::new();
+/// What the leases of a store say, as one pass read them.
+#[derive(Default)]
+pub(super) struct Leases {
+    /// The packs live leases protect.
+    pub packs: HashSet<ObjectId>,
+    /// The manifests live leases protect.
+    pub manifests: HashSet<ObjectId>,
+    /// The keys of the leases whose owner is provably dead (deleted by this pass).
+    pub dead: HashSet<ObjectKey>,
+}
+
+/// Reads every lease. Leases whose owner is provably dead here are deleted (unless
+/// `dry_run`). A damaged lease stops gc: what it protects is unknown.
+fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<Leases> {
+    let mut leases = Leases::default();
     for l in b.list(Family::Leases.prefix())? {
         let Some(bytes) = b.get_opt(&l.key)? else { continue };
         let rec = LeaseRecord::from_json(&bytes, &l.key.to_string())
@@ -633,13 +643,14 @@ fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<(Has
             if !dry_run {
                 b.delete(&l.key)?;
             }
+            leases.dead.insert(l.key);
             continue;
         }
         report.leases_live += 1;
-        packs.extend(rec.pack_ids());
-        manifests.extend(rec.manifest_ids());
+        leases.packs.extend(rec.pack_ids());
+        leases.manifests.extend(rec.manifest_ids());
     }
-    Ok((packs, manifests))
+    Ok(leases)
 }
 
 /// The tag records one retention policy decides.

@@ -11,15 +11,17 @@
 //!   and each is checked again afterwards: one that no live lease covers and that is still
 //!   there, unchanged, was not removed by its writer although the lease is gone — so its
 //!   writer is dead, and no one else writes that file.
-//! - A lease's temporary file holds the lease, naming its owner: swept once that owner is
-//!   provably dead.
+//! - A lease's temporary file belongs to the lease's holder (lease names are random and
+//!   written only by their holder): swept once that owner is provably dead, as the file names
+//!   it or, when the file was cut short (its writer killed mid-write), as the lease under its
+//!   key does.
 //! - Tombstones are written only by the gc that holds the gc lock: one left behind is from a
 //!   gc that died.
 //!
-//! Anything else (a file that cannot be read or parsed, `config.json`, the gc lock, which a
-//! gc that is refused the lock writes for a moment) is left alone.
+//! Anything else (a file that cannot be read or parsed, other than a lease's; `config.json`;
+//! the gc lock, which a gc that is refused the lock writes for a moment) is left alone.
 
-use super::GcReport;
+use super::{GcReport, Leases};
 use crate::backend::Backend;
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
@@ -110,29 +112,22 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<TempFile>) -> Result<()> {
 }
 
 /// Removes the temporary files of `temps` whose writers are gone (module docs), given the
-/// packs and manifests live leases protect (read after `temps` was listed); with `dry_run`,
-/// only counts them. Needs the gc lock unless `dry_run`.
-pub(super) fn sweep(
-    temps: Vec<TempFile>,
-    leased_packs: &HashSet<ObjectId>,
-    leased_manifests: &HashSet<ObjectId>,
-    dry_run: bool,
-    report: &mut GcReport,
-) -> Result<()> {
+/// leases as read after `temps` was listed; with `dry_run`, only counts them. Needs the gc
+/// lock unless `dry_run`.
+pub(super) fn sweep(temps: Vec<TempFile>, leases: &Leases, dry_run: bool, report: &mut GcReport) -> Result<()> {
     for t in temps {
-        let writer_gone = if let Some(pack) = ObjectKey::parse(&t.key).ok().and_then(|k| k.pack()) {
-            !leased_packs.contains(&pack)
-        } else if let Some(manifest) = ObjectKey::parse(&t.key).ok().and_then(|k| k.manifest()) {
-            !leased_manifests.contains(&manifest)
-        } else if matches!(ObjectKey::parse(&t.key), Ok(ObjectKey::Tag(_))) {
-            tag_manifest(&t.path).is_some_and(|m| !leased_manifests.contains(&m))
-        } else if matches!(ObjectKey::parse(&t.key), Ok(ObjectKey::Lease(_))) {
-            std::fs::read(&t.path)
-                .ok()
-                .and_then(|b| LeaseRecord::from_json(&b, &t.key).ok())
-                .is_some_and(|l| l.owner.is_dead_here())
-        } else {
-            matches!(ObjectKey::parse(&t.key), Ok(ObjectKey::Tombstone(_)))
+        let writer_gone = match ObjectKey::parse(&t.key) {
+            Ok(key @ ObjectKey::Lease(_)) => match std::fs::read(&t.path).map(|b| LeaseRecord::from_json(&b, &t.key)) {
+                Ok(Ok(l)) => l.owner.is_dead_here(),
+                // Cut short: the lease under its key names the owner.
+                Ok(Err(_)) => leases.dead.contains(&key),
+                Err(_) => false,
+            },
+            Ok(ObjectKey::Tag(_)) => tag_manifest(&t.path).is_some_and(|m| !leases.manifests.contains(&m)),
+            Ok(ObjectKey::Tombstone(_)) => true,
+            Ok(ObjectKey::Pack(pack)) => !leases.packs.contains(&pack),
+            Ok(ObjectKey::Manifest(manifest)) => !leases.manifests.contains(&manifest),
+            _ => false,
         };
         // Still there and unchanged since it was listed (before the leases were read).
         if !writer_gone || Identity::of(&t.path).as_ref() != Some(&t.identity) {
@@ -227,8 +222,8 @@ mod tests {
         let (dir, _b, temps) = listed(&files);
         assert_eq!(temps.len(), 10, "objects, config.json and the gc lock are not listed");
         let mut report = GcReport::default();
-        let packs: HashSet<ObjectId> = [leased].into();
-        sweep(temps, &packs, &packs, false, &mut report).unwrap();
+        let leases = Leases { packs: [leased].into(), manifests: [leased].into(), dead: HashSet::new() };
+        sweep(temps, &leases, false, &mut report).unwrap();
         let left = files_below(dir.path(), dir.path());
         let expect_left: HashSet<String> = [
             format!("{}#1", ObjectKey::Pack(leased)),
@@ -253,13 +248,32 @@ mod tests {
         // Its writer was still writing, or it went and another took the name.
         std::fs::write(dir.path().join(&key), b"longer now").unwrap();
         let mut report = GcReport::default();
-        sweep(temps, &HashSet::new(), &HashSet::new(), false, &mut report).unwrap();
+        sweep(temps, &Leases::default(), false, &mut report).unwrap();
         assert!(dir.path().join(&key).exists());
         assert_eq!(report.temp_files_swept, 0);
         // A dry run counts and removes nothing.
         let temps = list(&Backend::local(dir.path()).unwrap()).unwrap();
-        sweep(temps, &HashSet::new(), &HashSet::new(), true, &mut report).unwrap();
+        sweep(temps, &Leases::default(), true, &mut report).unwrap();
         assert!(dir.path().join(&key).exists());
         assert_eq!((report.temp_files_swept, report.temp_bytes_swept), (1, 10));
+    }
+
+    /// A push killed while it rewrote its lease leaves the lease's temporary file empty or cut
+    /// short: it goes once the lease under its key is found to have a dead owner, and stays
+    /// while that owner may live or the lease is not there to say.
+    #[test]
+    fn a_cut_short_lease_file_goes_with_its_dead_leases_owner() {
+        let (dead, alive, gone) =
+            (ObjectKey::Lease("cc".repeat(16)), ObjectKey::Lease("dd".repeat(16)), ObjectKey::Lease("ee".repeat(16)));
+        let names = [format!("{dead}#1"), format!("{dead}#2"), format!("{alive}#1"), format!("{gone}#1")];
+        let files: Vec<(&str, &[u8])> =
+            vec![(&names[0], b""), (&names[1], b"{\n  \"format\": 1,\n  \"own"), (&names[2], b""), (&names[3], b"")];
+        let (dir, _b, temps) = listed(&files);
+        let leases = Leases { dead: [dead].into(), ..Leases::default() };
+        let mut report = GcReport::default();
+        sweep(temps, &leases, false, &mut report).unwrap();
+        let left = files_below(dir.path(), dir.path());
+        assert_eq!(left, [names[2].clone(), names[3].clone()].into());
+        assert_eq!(report.temp_files_swept, 2);
     }
 }
