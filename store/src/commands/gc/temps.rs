@@ -27,7 +27,6 @@ use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
 use crate::format::lease::LeaseRecord;
-use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -156,6 +155,7 @@ fn tag_manifest(path: &Path) -> Option<ObjectId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
     #[test]
     fn temporary_names_are_recognised() {
