@@ -80,20 +80,35 @@ impl Store {
         }
     }
 
-    /// [`Store::open_image`], and what the image needs (`plan::Needs`) worked out while the
-    /// index opens (without an index slot).
-    fn open_image_needs(
+    /// Loads `image` into the memory of the GPU whose context `open_context` gives. Without
+    /// an index slot, what the image needs (`plan::Needs`) is worked out and the load made
+    /// ready (VRAM, staging, kernel) while the index opens. Returns the load and the seconds
+    /// until the store and the image were open.
+    fn load_to_device(
         &self,
         image: &str,
-    ) -> Result<(IndexedStore, Manifest, Option<gstore_restore::plan::Needs>), StoreError> {
+        open_context: impl FnOnce() -> Result<gstore_gpu_dump::cuda::Context, StoreError> + Send,
+        budget: gstore_restore::Budget,
+        progress: &dyn gstore_store::progress::Progress,
+    ) -> Result<(gstore_restore::DeviceImage, f64), StoreError> {
+        let t = std::time::Instant::now();
         if self.index_slot.is_some() {
             let (store, m) = self.open_image(image)?;
-            return Ok((store, m, None));
+            let open_s = t.elapsed().as_secs_f64();
+            let image = gstore_restore::restore_to_device_needing(&store, &m, None, open_context, budget, progress)?;
+            return Ok((image, open_s));
         }
         let on_wait = |msg: &str| eprintln!("gstore: {msg}");
-        let (store, _, m, needs) =
-            RustStore::open_image_then(&self.location, image, &on_wait, gstore_restore::plan::Needs::of)?;
-        Ok((store, m, Some(needs)))
+        let (store, _, m, (needs, prepared)) =
+            RustStore::open_image_then(&self.location, image, &on_wait, |plain, m| {
+                std::thread::scope(|s| {
+                    let needs = s.spawn(|| gstore_restore::plan::Needs::of(m));
+                    let prepared = gstore_restore::PreparedLoad::prepare(plain, m, open_context, budget);
+                    (needs.join().expect("working out what an image needs does not panic"), prepared)
+                })
+            })?;
+        let open_s = t.elapsed().as_secs_f64();
+        Ok((gstore_restore::restore_prepared(&store, &m, Some(needs), prepared?, progress)?, open_s))
     }
 
     /// Opens the store with its index and reads the manifest `image` names (the two overlap
@@ -248,27 +263,16 @@ impl Store {
         progress: bool,
         held: Option<std::path::PathBuf>,
     ) -> PyResult<(Vec<(String, CudaFile)>, String)> {
-        let mut open_s = 0.0;
         let loaded = py.detach(|| {
             if let Some(socket) = held {
                 let ctx = CudaDriver::load().and_then(|d| d.context(device)).map_err(StoreError::device)?;
-                return gstore_restore::load_held(&socket, image, &ctx);
+                return gstore_restore::load_held(&socket, image, &ctx).map(|image| (image, 0.0));
             }
             let started = std::thread::spawn(move || CudaDriver::load()?.context(device));
-            let t = std::time::Instant::now();
-            let (store, m, needs) = self.open_image_needs(image)?;
-            open_s = t.elapsed().as_secs_f64();
             let open = || started.join().expect("CUDA start does not panic").map_err(StoreError::device);
-            gstore_restore::restore_to_device_needing(
-                &store,
-                &m,
-                needs,
-                open,
-                gstore_restore::Budget::of(memory_budget),
-                &Bars::new(progress),
-            )
+            self.load_to_device(image, open, gstore_restore::Budget::of(memory_budget), &Bars::new(progress))
         });
-        let image = loaded.map_err(py_err)?;
+        let (image, open_s) = loaded.map_err(py_err)?;
         let phases = serde_json::json!({
             "plan_s": image.plan_s, "alloc_s": image.alloc_s, "transfer_s": image.transfer_s, "path": image.path,
             "waits": image.waits, "open_s": open_s,

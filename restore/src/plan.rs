@@ -4,7 +4,7 @@
 
 use gstore_store::format::manifest::Manifest;
 use gstore_store::format::meta;
-use gstore_store::repo::index::{ChunkLocation, PlanRecord};
+use gstore_store::repo::index::{ChunkLocation, PlanRecord, RecordedPlan};
 use gstore_store::ObjectKind;
 use gstore_store::{IndexedStore, ObjectId, Result, StoreError};
 use rustc_hash::FxHashMap;
@@ -150,7 +150,7 @@ fn check_location(found: Option<ChunkLocation>, id: &ObjectId, len: u32, path: &
 /// Where a plan's locations come from: the image's recorded plan, or index lookups (recorded
 /// as they are made, for the next plan).
 enum Locations {
-    Recorded(std::vec::IntoIter<ChunkLocation>),
+    Recorded(RecordedPlan),
     LookedUp(PlanRecord),
 }
 
@@ -185,6 +185,9 @@ pub struct Needs {
     chunks: Vec<Needed>,
     /// The image's zero runs.
     pub zeros: Vec<ZeroRange>,
+    /// The name under which its plan is recorded: a hash of its distinct chunks and their
+    /// lengths in order of first use (worked out with the needs, off the planner's way).
+    key: ObjectId,
 }
 
 impl Needs {
@@ -216,20 +219,15 @@ impl Needs {
                 off += c.len as u64;
             }
         }
-        Needs { chunks, zeros }
-    }
-
-    /// The name under which this image's plan is recorded: a hash of its distinct chunks
-    /// and their lengths in order of first use.
-    pub fn key(&self) -> ObjectId {
         // The same bytes as one hasher update per chunk would give, hashed in one go.
-        let mut bytes = Vec::with_capacity(13 + 36 * self.chunks.len());
+        let mut bytes = Vec::with_capacity(13 + 36 * chunks.len());
         bytes.extend_from_slice(b"gstore plan 1");
-        for n in &self.chunks {
+        for n in &chunks {
             bytes.extend_from_slice(&n.id.0);
             bytes.extend_from_slice(&n.len.to_le_bytes());
         }
-        ObjectId(*blake3::hash(&bytes).as_bytes())
+        let key = ObjectId(*blake3::hash(&bytes).as_bytes());
+        Needs { chunks, zeros, key }
     }
 
     /// Plans the reads in batches of `batch` distinct chunks (in order of first use), handing
@@ -250,9 +248,9 @@ impl Needs {
     ) -> Result<()> {
         use rayon::prelude::*;
         let paths: Vec<&str> = m.entries.iter().map(|e| e.path.as_str()).collect();
-        let key = self.key();
+        let key = self.key;
         let mut source = match store.recorded_plan(&key)?.filter(|r| r.len() == self.chunks.len()) {
-            Some(recorded) => Locations::Recorded(recorded.into_iter()),
+            Some(recorded) => Locations::Recorded(recorded),
             None => Locations::LookedUp(PlanRecord::default()),
         };
         let total = self.chunks.len();
@@ -265,7 +263,14 @@ impl Needs {
             let chunks: Vec<Needed> = needed.by_ref().take(size).collect();
             size = size.saturating_mul(4).min(batch);
             let found: Vec<Option<ChunkLocation>> = match &mut source {
-                Locations::Recorded(r) => r.by_ref().take(chunks.len()).map(Some).collect(),
+                // A location whose record does not decode is looked up.
+                Locations::Recorded(r) => chunks
+                    .iter()
+                    .map(|n| match r.next().flatten() {
+                        Some(loc) => Ok(Some(loc)),
+                        None => store.locate(&n.id),
+                    })
+                    .collect::<Result<_>>()?,
                 Locations::LookedUp(_) => {
                     // Index lookups in parallel, a group of distinct chunks per index iterator.
                     let ids: Vec<ObjectId> = chunks.iter().map(|n| n.id).collect();

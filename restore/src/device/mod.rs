@@ -25,7 +25,7 @@ use gstore_gpu_dump::GpuDumpError;
 use gstore_store::format::manifest::{EntryKind, Manifest};
 use gstore_store::progress::Progress;
 use gstore_store::ObjectKind;
-use gstore_store::{ChunkIds, IndexedStore, Result, StoreError};
+use gstore_store::{ChunkIds, IndexedStore, Result, Store, StoreError};
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 
@@ -43,10 +43,12 @@ pub struct DeviceImage {
     pub entries: Vec<DeviceEntry>,
     /// Seconds the planner took (index lookups), alongside allocation and the first transfers.
     pub plan_s: f64,
-    /// Seconds until the device buffers and staging were allocated and the check kernel
-    /// loaded (waiting for the CUDA context included), while the planner ran.
+    /// Seconds the device buffers and staging took to allocate and the check kernel to load
+    /// (waiting for the CUDA context included), while the planner ran or before it, while
+    /// the store's index opened ([`restore_prepared`]).
     pub alloc_s: f64,
-    /// Seconds from then until every byte was checked in place.
+    /// Seconds from then (from the planner's start, for a load prepared before) until every
+    /// byte was checked in place.
     pub transfer_s: f64,
     /// Where chunks were checked and decoded, and why there.
     pub path: String,
@@ -254,22 +256,104 @@ pub fn restore_to_device_needing(
     budget: Budget,
     progress: &dyn Progress,
 ) -> Result<DeviceImage> {
+    let max_read = device_read_cap(store, budget);
+    load_planned(store, m, needs, max_read, || PreparedLoad::prepare(store, m, open_context, budget), progress)
+}
+
+/// [`restore_to_device_needing`] with the load prepared already ([`PreparedLoad::prepare`]),
+/// e.g. while the store's index opened: the planner starts at once, the transfer with its
+/// first reads.
+pub fn restore_prepared(
+    store: &IndexedStore,
+    m: &Manifest,
+    needs: Option<plan::Needs>,
+    prepared: PreparedLoad,
+    progress: &dyn Progress,
+) -> Result<DeviceImage> {
+    let max_read = prepared.max_read;
+    load_planned(store, m, needs, max_read, || Ok(prepared), progress)
+}
+
+/// The largest range read of a device load from `store`: remote stores check on the host, in
+/// the engine's reads; local ones on the GPU.
+fn device_read_cap(store: &Store, budget: Budget) -> u64 {
+    if store.is_remote() {
+        budget.max_read()
+    } else {
+        budget.device_read(u64::from(store.config().chunk_max))
+    }
+}
+
+/// A device load made ready before (or while) it is planned: VRAM for every file, the staging
+/// mapped and pinned, and how chunks will be checked (the load kernel loaded).
+pub struct PreparedLoad {
+    owned: Vec<(String, DeviceBuffer)>,
+    buffers: Buffers,
+    checker: Checker,
+    max_read: u64,
+    /// Seconds it took, waiting for the CUDA context included.
+    alloc_s: f64,
+}
+
+impl PreparedLoad {
+    /// Prepares a load of `m` from `store` onto the context `open_context` gives, staging
+    /// through the part of `budget` [`restore_to_device`] says. The staging's host memory is
+    /// mapped while `open_context` runs (a caller still starting CUDA passes a function that
+    /// waits for it), so that CUDA then only locks it. Fails before anything is allocated when
+    /// the device has no room for the image.
+    pub fn prepare(
+        store: &Store,
+        m: &Manifest,
+        open_context: impl FnOnce() -> Result<Context>,
+        budget: Budget,
+    ) -> Result<PreparedLoad> {
+        let t = std::time::Instant::now();
+        let max_read = device_read_cap(store, budget);
+        let staging_slots = budget.staging_slots(!store.is_remote(), max_read);
+        std::thread::scope(|s| {
+            let mapping =
+                s.spawn(move || map_staging(staging_slots as usize, gpu_check::staging_len(max_read as usize)));
+            let ctx = &open_context()?;
+            let mut staging = mapping.join().expect("mapping staging memory does not panic")?;
+            let (owned, buffers) = allocate_files(ctx, m)?;
+            let gpu = if store.is_remote() {
+                Err(HostChecks::RemoteStore)
+            } else {
+                gpu_check::GpuLoad::prepare(ctx, &mut staging, max_read as usize, store.config().chunk_max as usize)?
+                    .map_err(HostChecks::NoCheckKernel)
+            };
+            let checker = match gpu {
+                Ok(g) => Checker::Gpu(g),
+                Err(why) => Checker::Host(
+                    host_check::Ring::allocate(ctx, staging, budget.staging_slots(false, max_read), max_read as usize)?,
+                    why,
+                ),
+            };
+            Ok(PreparedLoad { owned, buffers, checker, max_read, alloc_s: t.elapsed().as_secs_f64() })
+        })
+    }
+}
+
+/// Plans the load of `m` from `store` in reads of up to `max_read` bytes, on a thread of its
+/// own, while `prepare` makes the load ready (or gives the load made ready before); then
+/// loads each read as it arrives.
+fn load_planned(
+    store: &IndexedStore,
+    m: &Manifest,
+    needs: Option<plan::Needs>,
+    max_read: u64,
+    prepare: impl FnOnce() -> Result<PreparedLoad>,
+    progress: &dyn Progress,
+) -> Result<DeviceImage> {
     let t = std::time::Instant::now();
-    // Remote stores check on the host, in the engine's reads; local ones on the GPU.
-    let max_read =
-        if store.is_remote() { budget.max_read() } else { budget.device_read(u64::from(store.config().chunk_max)) };
     let threads = rayon::current_num_threads().max(2) as u64;
     let (sender, planned) = mpsc::channel();
     // What the manifest needs (tens of milliseconds for a large model) is worked out on the
-    // planner's thread, alongside the allocation; its zero runs come back from there.
+    // planner's thread, alongside the preparation; its zero runs come back from there.
     let (zeros_sender, zeros_from_planner) = mpsc::sync_channel(1);
-    let staging_slots = budget.staging_slots(!store.is_remote(), max_read);
-    // The planner looks chunks up batch by batch while the device buffers, the staging and
-    // the check kernel are made ready; the GPU path then loads each read as it arrives. The
-    // staging's host memory is mapped meanwhile too, before the CUDA context is up, which
-    // then only locks it.
+    // The planner looks chunks up batch by batch while the load is made ready; the GPU path
+    // then loads each read as it arrives.
     std::thread::scope(|s| {
-        let mapping = s.spawn(move || map_staging(staging_slots as usize, gpu_check::staging_len(max_read as usize)));
         // A local store's reads go through the read-ahead on their way to the workers.
         let reads = if store.is_remote() {
             planned
@@ -292,27 +376,10 @@ pub fn restore_to_device_needing(
             })?;
             Ok::<f64, StoreError>(t.elapsed().as_secs_f64())
         });
-        let prepared = (|| {
-            let ctx = &open_context()?;
-            let mut staging = mapping.join().expect("mapping staging memory does not panic")?;
-            let (owned, buffers) = allocate_files(ctx, m)?;
-            let gpu = if store.is_remote() {
-                Err(HostChecks::RemoteStore)
-            } else {
-                gpu_check::GpuLoad::prepare(ctx, &mut staging, max_read as usize, store.config().chunk_max as usize)?
-                    .map_err(HostChecks::NoCheckKernel)
-            };
-            let checker = match gpu {
-                Ok(g) => Checker::Gpu(g),
-                Err(why) => Checker::Host(
-                    host_check::Ring::allocate(ctx, staging, budget.staging_slots(false, max_read), max_read as usize)?,
-                    why,
-                ),
-            };
-            Ok::<_, StoreError>((owned, buffers, checker))
-        })();
-        let alloc_s = t.elapsed().as_secs_f64();
-        let loaded = prepared.and_then(|(owned, buffers, checker)| {
+        let prepared = prepare();
+        let ready = t.elapsed().as_secs_f64();
+        let alloc_s = prepared.as_ref().map_or(ready, |p| p.alloc_s);
+        let loaded = prepared.and_then(|PreparedLoad { owned, buffers, checker, .. }| {
             let zeros: Vec<ZeroRange> = zeros_from_planner
                 .recv()
                 .map_err(|_| StoreError::Internal("the planner stopped before it read the manifest".into()))?;
@@ -329,7 +396,7 @@ pub fn restore_to_device_needing(
             (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
         };
         let entries = owned.into_iter().map(|(path, buffer)| DeviceEntry { path, buffer }).collect();
-        Ok(DeviceImage { entries, plan_s, alloc_s, transfer_s: t.elapsed().as_secs_f64() - alloc_s, path, waits })
+        Ok(DeviceImage { entries, plan_s, alloc_s, transfer_s: t.elapsed().as_secs_f64() - ready, path, waits })
     })
 }
 

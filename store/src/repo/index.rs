@@ -147,27 +147,71 @@ impl PlanRecord {
         out.extend_from_slice(&self.body);
         out
     }
+}
 
-    fn decode(v: &[u8]) -> Option<(Vec<ObjectId>, Vec<ChunkLocation>)> {
+/// A plan [`Index::put_plan`] recorded, read back: its framing checked, its locations decoded
+/// one by one as they are taken (a large model's plan holds hundreds of thousands), each
+/// `None` where its value does not decode.
+pub struct RecordedPlan {
+    value: Vec<u8>,
+    packs: Vec<ObjectId>,
+    /// Where the next location starts.
+    at: usize,
+    left: usize,
+}
+
+impl RecordedPlan {
+    /// Checks the framing of a recorded value: the pack list, and every location's pack
+    /// number and length within it, with nothing behind the last.
+    fn parse(value: Vec<u8>) -> Option<RecordedPlan> {
+        let v = &value;
         let u32_at = |at: usize| Some(u32::from_le_bytes(v.get(at..at + 4)?.try_into().ok()?) as usize);
         let np = u32_at(0)?;
-        let packs: Vec<ObjectId> =
-            v.get(4..4 + 32 * np)?.chunks_exact(32).map(ObjectId::from_slice).collect::<Option<_>>()?;
-        let mut at = 4 + 32 * np;
-        let count = u32_at(at)?;
-        at += 4;
-        let mut key = [0u8; 64];
-        // A damaged count cannot make this allocate more than the value could hold: each
-        // location takes at least its pack number, length byte and a 17-byte chunk entry.
-        let mut locations = Vec::with_capacity(count.min(v.len() / (5 + 17)));
+        let packs: Vec<ObjectId> = v
+            .get(4..4usize.checked_add(np.checked_mul(32)?)?)?
+            .chunks_exact(32)
+            .map(ObjectId::from_slice)
+            .collect::<Option<_>>()?;
+        let first = 4 + 32 * np + 4;
+        let count = u32_at(first - 4)?;
+        let mut at = first;
         for _ in 0..count {
-            let pack = packs.get(u32_at(at)?)?;
-            let len = *v.get(at + 4)? as usize;
-            key[32..].copy_from_slice(&pack.0);
-            locations.push(ChunkLocation::decode(&key, v.get(at + 5..at + 5 + len)?)?);
-            at += 5 + len;
+            if u32_at(at)? >= packs.len() {
+                return None;
+            }
+            at += 5 + *v.get(at + 4)? as usize;
         }
-        (at == v.len()).then_some((packs, locations))
+        (at == v.len()).then_some(RecordedPlan { value, packs, at: first, left: count })
+    }
+
+    /// The locations it holds.
+    pub fn len(&self) -> usize {
+        self.left
+    }
+
+    /// True when it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.left == 0
+    }
+}
+
+impl Iterator for RecordedPlan {
+    type Item = Option<ChunkLocation>;
+
+    fn next(&mut self) -> Option<Option<ChunkLocation>> {
+        if self.left == 0 {
+            return None;
+        }
+        let v = &self.value;
+        // The framing was checked when the plan was read.
+        let pack = &self.packs[u32::from_le_bytes(v[self.at..self.at + 4].try_into().expect("four bytes")) as usize];
+        let len = v[self.at + 4] as usize;
+        let mut key = [0u8; 64];
+        key[32..].copy_from_slice(&pack.0);
+        let loc = ChunkLocation::decode(&key, &v[self.at + 5..self.at + 5 + len]);
+        self.at += 5 + len;
+        self.left -= 1;
+        Some(loc)
     }
 }
 
@@ -568,25 +612,25 @@ impl Index {
     /// hold: every pack they name is indexed, not tombstoned and holds no copy a damage
     /// record names (a pack is written once and never changed while it exists:
     /// docs/FORMAT.md; a plan made before a healing push names the damaged copy, the index
-    /// now a good one). A damaged record counts as none.
-    pub fn plan(&self, key: &ObjectId) -> Result<Option<Vec<ChunkLocation>>> {
-        let Some(v) = self.db.get_pinned_cf(self.cf(CF_PLANS), key.0).map_err(|e| self.ierr(e))? else {
+    /// now a good one). A record whose framing is damaged counts as none.
+    pub fn plan(&self, key: &ObjectId) -> Result<Option<RecordedPlan>> {
+        let Some(v) = self.db.get_cf(self.cf(CF_PLANS), key.0).map_err(|e| self.ierr(e))? else {
             return Ok(None);
         };
-        let Some((packs, locations)) = PlanRecord::decode(&v) else { return Ok(None) };
+        let Some(plan) = RecordedPlan::parse(v) else { return Ok(None) };
         {
             let doomed = self.doomed.read().expect("doomed set lock");
             let damaged = self.damaged.read().expect("damaged set lock");
-            if packs.iter().any(|p| doomed.contains(p) || damaged.iter().any(|(_, d)| d == p)) {
+            if plan.packs.iter().any(|p| doomed.contains(p) || damaged.iter().any(|(_, d)| d == p)) {
                 return Ok(None);
             }
         }
-        for p in &packs {
+        for p in &plan.packs {
             if self.db.get_pinned_cf(self.cf(CF_PACKS), p.0).map_err(|e| self.ierr(e))?.is_none() {
                 return Ok(None);
             }
         }
-        Ok(Some(locations))
+        Ok(Some(plan))
     }
 
     /// Statistics of one pack, if indexed.
@@ -692,6 +736,7 @@ mod tests {
             .iter()
             .map(|n| idx.locate(&ObjectId::of(n)).unwrap().unwrap())
             .collect();
+        let located: Vec<Option<ChunkLocation>> = locations.iter().cloned().map(Some).collect();
         let key = ObjectId::of(b"image");
         assert!(idx.plan(&key).unwrap().is_none());
         let record_plan = || {
@@ -700,12 +745,12 @@ mod tests {
             idx.put_plan(&key, record).unwrap();
         };
         record_plan();
-        assert_eq!(idx.plan(&key).unwrap().unwrap(), locations);
+        assert_eq!(idx.plan(&key).unwrap().unwrap().collect::<Vec<_>>(), located);
         // A tombstoned pack: not used (its chunks may have moved).
         idx.set_doomed(&[p2].into()).unwrap();
         assert!(idx.plan(&key).unwrap().is_none());
         idx.set_doomed(&HashSet::new()).unwrap();
-        assert_eq!(idx.plan(&key).unwrap().unwrap(), locations);
+        assert_eq!(idx.plan(&key).unwrap().unwrap().collect::<Vec<_>>(), located);
         // A plan recorded once a copy in it was known damaged (by the restore that failed on
         // it) is not used once a push stored a good copy: it names the pack holding the bad one.
         idx.set_damaged(&[(ObjectId::of(b"b"), p2)].into()).unwrap();
@@ -713,10 +758,25 @@ mod tests {
         assert!(idx.plan(&key).unwrap().is_none(), "a plan naming a damaged copy was used");
         idx.set_damaged(&HashSet::new()).unwrap();
         record_plan();
-        assert_eq!(idx.plan(&key).unwrap().unwrap(), locations);
-        // A damaged record counts as none.
+        assert_eq!(idx.plan(&key).unwrap().unwrap().collect::<Vec<_>>(), located);
+        // A record whose framing is damaged counts as none; a location whose value does not
+        // decode comes back as none, the others as they were.
         idx.db.put_cf(idx.cf(CF_PLANS), key.0, [1u8, 0, 0]).unwrap();
         assert!(idx.plan(&key).unwrap().is_none());
+        record_plan();
+        let mut value = idx.db.get_cf(idx.cf(CF_PLANS), key.0).unwrap().unwrap();
+        let mut cut = value.clone();
+        cut.pop();
+        idx.db.put_cf(idx.cf(CF_PLANS), key.0, &cut).unwrap();
+        assert!(idx.plan(&key).unwrap().is_none(), "a record cut short was used");
+        // The first location's codec byte (behind the pack list, the count, its pack number,
+        // its length and 16 bytes of offset and lengths).
+        let codec_at = 4 + 32 * 2 + 4 + 5 + 16;
+        value[codec_at] = 0xee;
+        idx.db.put_cf(idx.cf(CF_PLANS), key.0, &value).unwrap();
+        let mut damaged_first = located.clone();
+        damaged_first[0] = None;
+        assert_eq!(idx.plan(&key).unwrap().unwrap().collect::<Vec<_>>(), damaged_first);
         record_plan();
         // A pack gc removed takes every record with it.
         idx.remove_pack(&p2).unwrap();

@@ -54,23 +54,24 @@ impl Store {
         reference: &str,
         on_wait: &dyn Fn(&str),
     ) -> Result<(IndexedStore, ObjectId, Manifest)> {
-        let (store, id, manifest, ()) = Store::open_image_then(location, reference, on_wait, |_| ())?;
+        let (store, id, manifest, ()) = Store::open_image_then(location, reference, on_wait, |_, _| ())?;
         Ok((store, id, manifest))
     }
 
-    /// [`Store::open_image`], with `then` run on the manifest beside the index's opening too
-    /// (a load works out what the image needs meanwhile); returns what it gives as well.
+    /// [`Store::open_image`], with `then` run on the store (without its index) and the
+    /// manifest beside the index's opening too (a load works out what the image needs and
+    /// allocates its memory meanwhile); returns what it gives as well.
     pub fn open_image_then<T: Send>(
         location: &StoreLocation,
         reference: &str,
         on_wait: &dyn Fn(&str),
-        then: impl FnOnce(&Manifest) -> T + Send,
+        then: impl FnOnce(&Store, &Manifest) -> T + Send,
     ) -> Result<(IndexedStore, ObjectId, Manifest, T)> {
         let read_image = || -> Result<_> {
             let store = Store::open(location)?;
             let id = store.resolve(reference)?;
             let manifest = store.get_manifest(&id)?;
-            let more = then(&manifest);
+            let more = then(&store, &manifest);
             Ok((id, manifest, more))
         };
         std::thread::scope(|s| {
@@ -159,7 +160,7 @@ impl IndexedStore {
     /// Where every chunk of an image was when a restore last planned it, recorded under `key`
     /// (which names the image's chunk list), if those packs are all still there
     /// ([`crate::repo::index::Index::plan`]).
-    pub fn recorded_plan(&self, key: &ObjectId) -> Result<Option<Vec<ChunkLocation>>> {
+    pub fn recorded_plan(&self, key: &ObjectId) -> Result<Option<crate::repo::index::RecordedPlan>> {
         self.index.plan(key)
     }
 
