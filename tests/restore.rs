@@ -362,7 +362,8 @@ fn a_restore_records_its_plan_and_the_next_restore_of_the_image_reads_it() {
     {
         // The record holds what the index says, chunk by chunk, in order of first use.
         let store = open();
-        let recorded = store.recorded_plan(&key).unwrap().expect("the restore recorded its plan");
+        let recorded: Vec<_> =
+            store.recorded_plan(&key).unwrap().expect("the restore recorded its plan").map(Option::unwrap).collect();
         let looked_up: Vec<_> = store.locate_many(&ids).unwrap().into_iter().map(Option::unwrap).collect();
         assert_eq!(recorded, looked_up);
     }

@@ -158,6 +158,17 @@ enum Locations {
 /// caller's batch size).
 const FIRST_BATCH: usize = 512;
 
+/// Shards of chunk ids [`Needs::of`] searches in parallel for later uses of a chunk.
+const NEED_SHARDS: usize = 16;
+
+/// Bytes of chunk ids and lengths hashed at a time for a plan's key.
+const KEY_BLOCK: usize = 64 << 10;
+
+/// The [`NEED_SHARDS`] shard of chunk `id`.
+fn shard_of(id: &ObjectId) -> usize {
+    id.0[0] as usize % NEED_SHARDS
+}
+
 /// Distinct chunks one index iterator looks up while planning.
 const LOOKUP_GROUP: usize = 512;
 
@@ -178,56 +189,137 @@ struct Needed {
     targets: Targets,
 }
 
+/// A use of a stored chunk: its place in the manifest's chunk table, and where it goes.
+#[derive(Clone, Copy)]
+struct Use {
+    chunk: u32,
+    entry: u32,
+    offset: u64,
+}
+
 /// What an image needs, from its manifest alone: its distinct chunks in order of first use,
 /// with every place each goes, and its zero runs. Planning it ([`Needs::plan_batches`]) asks
 /// the index where each chunk is stored.
 pub struct Needs {
-    chunks: Vec<Needed>,
+    /// Every use of a stored chunk, in order (entries in access order, each from its start).
+    uses: Vec<Use>,
+    /// Whether each use is a later use of a chunk used before.
+    repeated: Vec<bool>,
+    /// The later uses of each first use that has some, in order.
+    more: FxHashMap<usize, Vec<usize>>,
+    /// Distinct chunks (first uses).
+    distinct: usize,
     /// The image's zero runs.
     pub zeros: Vec<ZeroRange>,
-    /// The name under which its plan is recorded: a hash of its distinct chunks and their
-    /// lengths in order of first use (worked out with the needs, off the planner's way).
+    /// The name under which its plan is recorded: a hash of every use's chunk id and length,
+    /// in order (worked out with the needs, off the planner's way).
     key: ObjectId,
 }
 
 impl Needs {
-    /// Reads `m`: no index lookups, no I/O.
+    /// Reads `m`: no index lookups, no I/O. Later uses of a chunk are found in parallel, a
+    /// shard of chunk ids per thread (a large model's manifest has hundreds of thousands),
+    /// beside the plan's key; the distinct chunks are listed as they are planned.
     pub fn of(m: &Manifest) -> Needs {
+        use rayon::prelude::*;
+        use std::collections::hash_map::Entry;
         let files: Vec<_> = m.files().collect();
-        let refs = files.iter().map(|(_, list)| list.len()).sum();
-        let mut chunks: Vec<Needed> = Vec::with_capacity(refs);
-        // Chunk ids are uniformly random: a fast hash of them does.
-        let mut slot: FxHashMap<ObjectId, usize> = FxHashMap::with_capacity_and_hasher(refs, Default::default());
-        let mut zeros = Vec::new();
+        let starts: Vec<usize> = files
+            .iter()
+            .scan(0, |at, (_, list)| {
+                let start = *at;
+                *at += list.len();
+                Some(start)
+            })
+            .collect();
+        let mut uses: Vec<Use> = Vec::with_capacity(m.chunks.len());
+        let mut zeros: Vec<ZeroRange> = Vec::new();
         for i in entry_order(m) {
-            let (_, list) = files[i];
             let mut off = 0u64;
-            for c in list {
-                if c.zero {
-                    match zeros.last_mut() {
-                        Some(ZeroRange { entry: e, offset, len }) if *e == i && *offset + *len == off => {
-                            *len += c.len as u64
-                        }
-                        _ => zeros.push(ZeroRange { entry: i, offset: off, len: c.len as u64 }),
-                    }
-                } else if let Some(&k) = slot.get(&c.id) {
-                    chunks[k].targets.push((i, off));
+            for (j, c) in files[i].1.iter().enumerate() {
+                if !c.zero {
+                    uses.push(Use { chunk: (starts[i] + j) as u32, entry: i as u32, offset: off });
+                } else if let Some(z) = zeros.last_mut().filter(|z| z.entry == i && z.offset + z.len == off) {
+                    z.len += c.len as u64;
                 } else {
-                    slot.insert(c.id, chunks.len());
-                    chunks.push(Needed { id: c.id, entry: i, len: c.len, targets: [(i, off)].into() });
+                    zeros.push(ZeroRange { entry: i, offset: off, len: c.len as u64 });
                 }
                 off += c.len as u64;
             }
         }
-        // The same bytes as one hasher update per chunk would give, hashed in one go.
-        let mut bytes = Vec::with_capacity(13 + 36 * chunks.len());
-        bytes.extend_from_slice(b"gstore plan 1");
-        for n in &chunks {
-            bytes.extend_from_slice(&n.id.0);
-            bytes.extend_from_slice(&n.len.to_le_bytes());
+        let chunk = |u: &Use| &m.chunks[u.chunk as usize];
+        // (first use, later use) of every chunk used more than once. Chunk ids are uniformly
+        // random: their first byte shards them, and a fast hash of them does.
+        let find_later = || -> Vec<Vec<(usize, usize)>> {
+            (0..NEED_SHARDS)
+                .into_par_iter()
+                .map(|shard| {
+                    let mut first: FxHashMap<&ObjectId, usize> =
+                        FxHashMap::with_capacity_and_hasher(uses.len() / NEED_SHARDS * 9 / 8, Default::default());
+                    let mut later = Vec::new();
+                    for (k, u) in uses.iter().enumerate() {
+                        let id = &chunk(u).id;
+                        if shard_of(id) != shard {
+                            continue;
+                        }
+                        match first.entry(id) {
+                            Entry::Occupied(f) => later.push((*f.get(), k)),
+                            Entry::Vacant(v) => {
+                                v.insert(k);
+                            }
+                        }
+                    }
+                    later
+                })
+                .collect()
+        };
+        // The key, from a buffer hashed a block at a time (the same hash as of all the bytes
+        // at once).
+        let key = || {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(b"gstore plan 2");
+            let mut block = Vec::with_capacity(KEY_BLOCK + 36);
+            for u in &uses {
+                block.extend_from_slice(&chunk(u).id.0);
+                block.extend_from_slice(&chunk(u).len.to_le_bytes());
+                if block.len() >= KEY_BLOCK {
+                    hasher.update(&block);
+                    block.clear();
+                }
+            }
+            hasher.update(&block);
+            ObjectId(*hasher.finalize().as_bytes())
+        };
+        let (later, key) = rayon::join(find_later, key);
+        let mut repeated = vec![false; uses.len()];
+        let mut more: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
+        for (f, k) in later.into_iter().flatten() {
+            repeated[k] = true;
+            more.entry(f).or_default().push(k);
         }
-        let key = ObjectId(*blake3::hash(&bytes).as_bytes());
-        Needs { chunks, zeros, key }
+        let distinct = repeated.iter().filter(|r| !**r).count();
+        Needs { uses, repeated, more, distinct, zeros, key }
+    }
+
+    /// The name under which the image's plan is recorded in the index.
+    pub fn key(&self) -> ObjectId {
+        self.key
+    }
+
+    /// The distinct chunks of `m` (the manifest these needs were worked out from), in order
+    /// of first use, each with every place it goes.
+    fn into_needed(self, m: &Manifest) -> impl Iterator<Item = Needed> + '_ {
+        let Needs { uses, repeated, mut more, .. } = self;
+        let place = |u: &Use| (u.entry as usize, u.offset);
+        (0..uses.len()).filter(move |&k| !repeated[k]).map(move |k| {
+            let u = &uses[k];
+            let c = &m.chunks[u.chunk as usize];
+            let mut targets: Targets = [place(u)].into();
+            if let Some(later) = more.remove(&k) {
+                targets.extend(later.into_iter().map(|j| place(&uses[j])));
+            }
+            Needed { id: c.id, entry: u.entry as usize, len: c.len, targets }
+        })
     }
 
     /// Plans the reads in batches of `batch` distinct chunks (in order of first use), handing
@@ -249,12 +341,12 @@ impl Needs {
         use rayon::prelude::*;
         let paths: Vec<&str> = m.entries.iter().map(|e| e.path.as_str()).collect();
         let key = self.key;
-        let mut source = match store.recorded_plan(&key)?.filter(|r| r.len() == self.chunks.len()) {
+        let total = self.distinct;
+        let mut source = match store.recorded_plan(&key)?.filter(|r| r.len() == total) {
             Some(recorded) => Locations::Recorded(recorded),
             None => Locations::LookedUp(PlanRecord::default()),
         };
-        let total = self.chunks.len();
-        let mut needed = self.chunks.into_iter();
+        let mut needed = self.into_needed(m);
         // The first batches are small, so that the first reads go out early; later ones grow
         // to `batch`.
         let mut size = FIRST_BATCH.min(batch).max(1);
@@ -394,5 +486,59 @@ mod tests {
         offsets.sort_unstable();
         assert_eq!(offsets, (0..300).map(|i| i * 1000).collect::<Vec<_>>());
         assert_eq!(coalesce((0..300).map(|i| chunk(i, false)).collect(), 16 << 20).len(), 1);
+    }
+
+    /// Every distinct chunk once, in order of first use (entries in access order), with every
+    /// place it goes in order; zero runs merged within an entry; the same key for the same
+    /// chunks used whichever image names them.
+    #[test]
+    fn needs_list_each_chunk_once_with_all_its_places() {
+        use gstore_store::format::manifest::{ChunkRef, Entry, EntryKind};
+        let chunk = |n: u64, len: u32| ChunkRef { id: ObjectId::of(&n.to_le_bytes()), len, zero: false };
+        let zero = |len: u32| ChunkRef { id: ObjectId::of(&[0u8; 8]), len, zero: true };
+        let entry = |path: &str, list: &[ChunkRef]| Entry {
+            path: path.into(),
+            kind: EntryKind::File,
+            mode: 0o644,
+            size: list.iter().map(|c| c.len as u64).sum(),
+            target: None,
+            chunks: list.len() as u64,
+        };
+        // 600 distinct chunks (every shard), some used again in the same and the other file.
+        let a: Vec<ChunkRef> = (0..300).map(|n| chunk(n, 10)).chain([zero(5), zero(7), chunk(3, 10)]).collect();
+        let b: Vec<ChunkRef> =
+            (300..600).map(|n| chunk(n, 10)).chain([chunk(3, 10), zero(4), chunk(599, 10)]).collect();
+        let m = Manifest {
+            created_unix: 0,
+            meta: Default::default(),
+            entries: vec![entry("a", &a), entry("b", &b)],
+            chunks: a.iter().chain(&b).cloned().collect(),
+        };
+        let key = Needs::of(&m).key;
+        let needed: Vec<Needed> = Needs::of(&m).into_needed(&m).collect();
+        let ids: Vec<ObjectId> = needed.iter().map(|n| n.id).collect();
+        assert_eq!(ids, (0..600).map(|n| chunk(n, 10).id).collect::<Vec<_>>());
+        let places = |n: usize| needed[n].targets.to_vec();
+        assert_eq!(places(3), vec![(0, 30), (0, 3012), (1, 3000)]);
+        assert_eq!(places(599), vec![(1, 2990), (1, 3014)]);
+        assert_eq!(places(7), vec![(0, 70)]);
+        assert_eq!(needed[400].entry, 1);
+        assert_eq!(
+            Needs::of(&m).zeros.iter().map(|z| (z.entry, z.offset, z.len)).collect::<Vec<_>>(),
+            vec![(0, 3000, 12), (1, 3010, 4)]
+        );
+        // The key names the chunks used in order: other metadata keeps it, fewer chunks
+        // change it, and it is the hash of them all at once.
+        let mut other = m.clone();
+        other.meta.insert("x".into(), 1.into());
+        assert_eq!(Needs::of(&other).key, key);
+        let fewer = Manifest { entries: vec![entry("a", &a)], chunks: a.clone(), ..m.clone() };
+        assert_ne!(Needs::of(&fewer).key, key);
+        let mut bytes = b"gstore plan 2".to_vec();
+        for c in a.iter().chain(&b).filter(|c| !c.zero) {
+            bytes.extend_from_slice(&c.id.0);
+            bytes.extend_from_slice(&c.len.to_le_bytes());
+        }
+        assert_eq!(key, ObjectId(*blake3::hash(&bytes).as_bytes()));
     }
 }

@@ -216,8 +216,8 @@ pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 pub type CuModule = *mut c_void;
 /// `CUfunction`: an opaque kernel handle inside a module.
 pub type CuFunction = *mut c_void;
-/// `cuModuleLoadData(CUmodule *module, const void *image)`: `image` is PTX text (NUL-terminated)
-/// or a cubin; PTX is compiled by the driver for the current device.
+/// `cuModuleLoadData(CUmodule *module, const void *image)`: `image` is PTX text (NUL-terminated),
+/// a cubin or a fatbin; PTX is compiled by the driver for the current device.
 pub type CuModuleLoadData = unsafe extern "C" fn(module: *mut CuModule, image: *const c_void) -> CuResult;
 /// `cuModuleUnload(CUmodule module)`.
 pub type CuModuleUnload = unsafe extern "C" fn(module: CuModule) -> CuResult;

@@ -1,5 +1,5 @@
-//! Kernels and device-side stream work: loading a PTX module, launching one of its kernels,
-//! and the memset and device-to-device copies a restore queues beside them.
+//! Kernels and device-side stream work: loading a module from a fatbin, launching one of its
+//! kernels, and the memset and device-to-device copies a restore queues beside them.
 //!
 //! These entry points are resolved apart from the memory API: a driver (or a test library)
 //! without them still loads data through host-side paths, which ask
@@ -93,23 +93,24 @@ impl Context {
         })
     }
 
-    /// Loads `ptx` (PTX text embedded in the binary, NUL-terminated as `cuModuleLoadData`
-    /// wants it) into this context (the driver compiles it for the device) and looks up its
+    /// Loads `fatbin` (a fatbin embedded in the binary: the driver takes the device's machine
+    /// code from it, or compiles its PTX for the device) into this context and looks up its
     /// kernel `name`.
-    pub fn load_kernel(&self, ptx: &'static str, name: &CStr) -> Result<Kernel> {
-        let [kernel] = self.load_kernels(ptx, [name])?;
+    pub fn load_kernel(&self, fatbin: &'static [u8], name: &CStr) -> Result<Kernel> {
+        let [kernel] = self.load_kernels(fatbin, [name])?;
         Ok(kernel)
     }
 
-    /// Loads `ptx` as [`Context::load_kernel`] does, once, and looks up each of its kernels
+    /// Loads `fatbin` as [`Context::load_kernel`] does, once, and looks up each of its kernels
     /// `names`.
-    pub fn load_kernels<const N: usize>(&self, ptx: &'static str, names: [&CStr; N]) -> Result<[Kernel; N]> {
-        let image = CStr::from_bytes_with_nul(ptx.as_bytes()).expect("embedded PTX ends with its only NUL");
+    pub fn load_kernels<const N: usize>(&self, fatbin: &'static [u8], names: [&CStr; N]) -> Result<[Kernel; N]> {
+        let image = fatbin.as_ptr();
         let api = self.kernel_api()?;
         self.bind()?;
         let mut module: ffi::CuModule = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer and a NUL-terminated image that outlives the call.
-        let code = unsafe { (api.module_load_data)(&mut module, image.as_ptr().cast()) };
+        // SAFETY: a valid out-pointer and a fatbin (its header gives its length) that outlives
+        // the call.
+        let code = unsafe { (api.module_load_data)(&mut module, image.cast()) };
         self.check(code, || "cuModuleLoadData".to_string())?;
         let module = std::sync::Arc::new(Module { module, ctx: self.clone() });
         let mut kernels = Vec::with_capacity(N);

@@ -1,19 +1,29 @@
-//! gstore's load kernel on the GPU (`load_chunks` in kernels/load.cu, built to the PTX embedded
-//! here by scripts/build-ptx.sh): for every chunk of a range read already in device memory, in
+//! gstore's load kernel on the GPU (`load_chunks` in kernels/load.cu, built to the fatbin
+//! embedded here by scripts/build-kernels.sh): for every chunk of a range read already in device memory, in
 //! one launch, one thread block decodes it where the GPU can (a float-coded chunk's Huffman
 //! lanes, then its lanes joined into words), hashes it with BLAKE3, compares the hash with its
 //! id and copies the bytes on to where they belong.
 //!
-//! The PTX targets compute capability 7.5 and is compiled by the driver when loaded; a driver
-//! older than the PTX (CUDA 13.0, driver 580) refuses it, and loads then check on the host.
+//! The fatbin holds machine code for compute capability 8.0, 9.0 and 10.0, loaded as it is, and
+//! PTX for 7.5, which the driver compiles for other GPUs when loaded; a driver older than the
+//! fatbin (CUDA 13.0, driver 580) refuses it, and loads then check on the host.
 
 use libc::c_void;
 
 use super::{Context, Kernel, Stream};
 use crate::error::Result;
 
-/// The kernel's PTX, NUL-terminated as `cuModuleLoadData` wants it.
-const PTX: &str = concat!(include_str!("kernels/load.ptx"), "\0");
+/// Bytes aligned as `A` (the driver reads a fatbin's header in 8-byte words).
+#[repr(C)]
+struct AlignedAs<A, B: ?Sized> {
+    _align: [A; 0],
+    bytes: B,
+}
+
+static ALIGNED: &AlignedAs<u64, [u8]> = &AlignedAs { _align: [], bytes: *include_bytes!("kernels/load.fatbin") };
+
+/// The kernel's fatbin.
+const FATBIN: &[u8] = &ALIGNED.bytes;
 /// Threads per block, as the kernel is built for (`THREADS` in load.cu).
 const THREADS: u32 = 128;
 /// Flag: hash the job's bytes and compare with `expect`.
@@ -120,9 +130,9 @@ pub struct ChunkLoad {
 
 impl ChunkLoad {
     /// Loads the kernel into `ctx`. Fails when the driver lacks the kernel API or cannot
-    /// compile the PTX (a driver older than CUDA 13.0).
+    /// load the fatbin (a driver older than CUDA 13.0).
     pub fn load(ctx: &Context) -> Result<ChunkLoad> {
-        Ok(ChunkLoad { kernel: ctx.load_kernel(PTX, c"load_chunks")? })
+        Ok(ChunkLoad { kernel: ctx.load_kernel(FATBIN, c"load_chunks")? })
     }
 
     /// Queues the `count` jobs stored at device address `jobs` on `stream`, their lane jobs at
@@ -221,8 +231,9 @@ mod tests {
     }
 
     #[test]
-    fn the_ptx_defines_the_kernel_for_the_job_layout() {
-        assert!(PTX.contains(".entry load_chunks("), "scripts/build-ptx.sh regenerates the PTX");
-        assert!(PTX.ends_with('\0'));
+    fn the_fatbin_is_one_and_names_the_kernel() {
+        assert_eq!(FATBIN.as_ptr() as usize % 8, 0);
+        assert_eq!(&FATBIN[..4], &0xBA55_ED50u32.to_le_bytes(), "scripts/build-kernels.sh regenerates it");
+        assert!(FATBIN.windows(11).any(|w| w == b"load_chunks"));
     }
 }

@@ -256,8 +256,18 @@ pub fn restore_to_device_needing(
     budget: Budget,
     progress: &dyn Progress,
 ) -> Result<DeviceImage> {
-    let max_read = device_read_cap(store, budget);
-    load_planned(store, m, needs, max_read, || PreparedLoad::prepare(store, m, open_context, budget), progress)
+    std::thread::scope(|s| {
+        // The staging's host memory is mapped while the CUDA context comes up (a caller still
+        // starting CUDA passes a function that waits for it), so that CUDA then only locks it.
+        let staging = s.spawn(|| Staging::map(store, budget));
+        let prepare = || PreparedLoad::prepare(store, m, open_context, || joined(staging));
+        load_planned(store, m, needs, device_read_cap(store, budget), prepare, progress)
+    })
+}
+
+/// What the thread `handle` gave (its panic goes on).
+fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
 /// [`restore_to_device_needing`] with the load prepared already ([`PreparedLoad::prepare`]),
@@ -284,6 +294,36 @@ fn device_read_cap(store: &Store, budget: Budget) -> u64 {
     }
 }
 
+/// The host memory of a device load's pinned staging, mapped and faulted in (CPU work, done
+/// before or while CUDA comes up, which then only locks it): a slot per range read in flight.
+pub struct Staging {
+    slots: Vec<HostMemory>,
+    /// The largest range read of the load ([`device_read_cap`]).
+    max_read: u64,
+    /// Whether the load checks its chunks on the GPU (a local store), which sizes the slots.
+    on_gpu: bool,
+    /// Slots of a load whose chunks are checked on the host (when the kernel does not load
+    /// here, those not mapped yet are mapped then).
+    host_slots: u64,
+}
+
+impl Staging {
+    /// Maps the staging of a load from `store` within `budget` ([`restore_to_device`] says
+    /// how much), each slot faulted in on a thread of its own.
+    pub fn map(store: &Store, budget: Budget) -> Result<Staging> {
+        let max_read = device_read_cap(store, budget);
+        let on_gpu = !store.is_remote();
+        let slots = budget.staging_slots(on_gpu, max_read) as usize;
+        let len = gpu_check::staging_len(max_read as usize);
+        let slots = std::thread::scope(|m| {
+            let made: Vec<_> =
+                (0..slots).map(|_| m.spawn(move || HostMemory::map(len).map_err(StoreError::device))).collect();
+            made.into_iter().map(joined).collect::<Result<Vec<_>>>()
+        })?;
+        Ok(Staging { slots, max_read, on_gpu, host_slots: budget.staging_slots(false, max_read) })
+    }
+}
+
 /// A device load made ready before (or while) it is planned: VRAM for every file, the staging
 /// mapped and pinned, and how chunks will be checked (the load kernel loaded).
 pub struct PreparedLoad {
@@ -291,46 +331,41 @@ pub struct PreparedLoad {
     buffers: Buffers,
     checker: Checker,
     max_read: u64,
-    /// Seconds it took, waiting for the CUDA context included.
+    /// Seconds it took, waiting for the CUDA context and the staging included.
     alloc_s: f64,
 }
 
 impl PreparedLoad {
-    /// Prepares a load of `m` from `store` onto the context `open_context` gives, staging
-    /// through the part of `budget` [`restore_to_device`] says. The staging's host memory is
-    /// mapped while `open_context` runs (a caller still starting CUDA passes a function that
-    /// waits for it), so that CUDA then only locks it. Fails before anything is allocated when
-    /// the device has no room for the image.
+    /// Prepares a load of `m` from `store` onto the context `open_context` gives, through the
+    /// staging `staging` gives ([`Staging::map`], e.g. on another thread, started earlier).
+    /// Fails before anything is allocated when the device has no room for the image.
     pub fn prepare(
         store: &Store,
         m: &Manifest,
         open_context: impl FnOnce() -> Result<Context>,
-        budget: Budget,
+        staging: impl FnOnce() -> Result<Staging>,
     ) -> Result<PreparedLoad> {
         let t = std::time::Instant::now();
-        let max_read = device_read_cap(store, budget);
-        let staging_slots = budget.staging_slots(!store.is_remote(), max_read);
-        std::thread::scope(|s| {
-            let mapping =
-                s.spawn(move || map_staging(staging_slots as usize, gpu_check::staging_len(max_read as usize)));
-            let ctx = &open_context()?;
-            let mut staging = mapping.join().expect("mapping staging memory does not panic")?;
-            let (owned, buffers) = allocate_files(ctx, m)?;
-            let gpu = if store.is_remote() {
-                Err(HostChecks::RemoteStore)
+        let ctx = &open_context()?;
+        let Staging { slots: mut staging, max_read, on_gpu, host_slots } = staging()?;
+        // The files' VRAM is allocated while the kernel loads and the staging is pinned.
+        let (files, gpu) = std::thread::scope(|s| {
+            let files = s.spawn(|| allocate_files(ctx, m));
+            let gpu = if !on_gpu {
+                Ok(Err(HostChecks::RemoteStore))
             } else {
-                gpu_check::GpuLoad::prepare(ctx, &mut staging, max_read as usize, store.config().chunk_max as usize)?
-                    .map_err(HostChecks::NoCheckKernel)
+                gpu_check::GpuLoad::prepare(ctx, &mut staging, max_read as usize, store.config().chunk_max as usize)
+                    .map(|g| g.map_err(HostChecks::NoCheckKernel))
             };
-            let checker = match gpu {
-                Ok(g) => Checker::Gpu(g),
-                Err(why) => Checker::Host(
-                    host_check::Ring::allocate(ctx, staging, budget.staging_slots(false, max_read), max_read as usize)?,
-                    why,
-                ),
-            };
-            Ok(PreparedLoad { owned, buffers, checker, max_read, alloc_s: t.elapsed().as_secs_f64() })
-        })
+            (joined(files), gpu)
+        });
+        let (owned, buffers) = files?;
+        let gpu = gpu?;
+        let checker = match gpu {
+            Ok(g) => Checker::Gpu(g),
+            Err(why) => Checker::Host(host_check::Ring::allocate(ctx, staging, host_slots, max_read as usize)?, why),
+        };
+        Ok(PreparedLoad { owned, buffers, checker, max_read, alloc_s: t.elapsed().as_secs_f64() })
     }
 }
 
@@ -397,17 +432,6 @@ fn load_planned(
         };
         let entries = owned.into_iter().map(|(path, buffer)| DeviceEntry { path, buffer }).collect();
         Ok(DeviceImage { entries, plan_s, alloc_s, transfer_s: t.elapsed().as_secs_f64() - ready, path, waits })
-    })
-}
-
-/// `slots` mappings of `len` bytes of host memory for staging, each faulted in on a thread of
-/// its own: faulting pages in is CPU work, and where CUDA is already up (a Python process)
-/// the load waits for it.
-fn map_staging(slots: usize, len: usize) -> Result<Vec<HostMemory>> {
-    std::thread::scope(|m| {
-        let made: Vec<_> =
-            (0..slots).map(|_| m.spawn(move || HostMemory::map(len).map_err(StoreError::device))).collect();
-        made.into_iter().map(|h| h.join().expect("mapping staging memory does not panic")).collect()
     })
 }
 
