@@ -192,8 +192,8 @@ struct Needed {
 /// A use of a stored chunk: its place in the manifest's chunk table, and where it goes.
 #[derive(Clone, Copy)]
 struct Use {
-    chunk: u32,
-    entry: u32,
+    chunk: usize,
+    entry: usize,
     offset: u64,
 }
 
@@ -238,7 +238,7 @@ impl Needs {
             let mut off = 0u64;
             for (j, c) in files[i].1.iter().enumerate() {
                 if !c.zero {
-                    uses.push(Use { chunk: (starts[i] + j) as u32, entry: i as u32, offset: off });
+                    uses.push(Use { chunk: starts[i] + j, entry: i, offset: off });
                 } else if let Some(z) = zeros.last_mut().filter(|z| z.entry == i && z.offset + z.len == off) {
                     z.len += c.len as u64;
                 } else {
@@ -247,7 +247,7 @@ impl Needs {
                 off += c.len as u64;
             }
         }
-        let chunk = |u: &Use| &m.chunks[u.chunk as usize];
+        let chunk = |u: &Use| &m.chunks[u.chunk];
         // (first use, later use) of every chunk used more than once. Chunk ids are uniformly
         // random: their first byte shards them, and a fast hash of them does.
         let find_later = || -> Vec<Vec<(usize, usize)>> {
@@ -310,15 +310,15 @@ impl Needs {
     /// of first use, each with every place it goes.
     fn into_needed(self, m: &Manifest) -> impl Iterator<Item = Needed> + '_ {
         let Needs { uses, repeated, mut more, .. } = self;
-        let place = |u: &Use| (u.entry as usize, u.offset);
+        let place = |u: &Use| (u.entry, u.offset);
         (0..uses.len()).filter(move |&k| !repeated[k]).map(move |k| {
             let u = &uses[k];
-            let c = &m.chunks[u.chunk as usize];
+            let c = &m.chunks[u.chunk];
             let mut targets: Targets = [place(u)].into();
             if let Some(later) = more.remove(&k) {
                 targets.extend(later.into_iter().map(|j| place(&uses[j])));
             }
-            Needed { id: c.id, entry: u.entry as usize, len: c.len, targets }
+            Needed { id: c.id, entry: u.entry, len: c.len, targets }
         })
     }
 
