@@ -1,8 +1,8 @@
 //! gstore's load kernel on the GPU (`load_chunks` in kernels/load.cu, built to the fatbin
-//! embedded here by scripts/build-kernels.sh): for every chunk of a range read already in device memory, in
-//! one launch, one thread block decodes it where the GPU can (a float-coded chunk's Huffman
-//! lanes, then its lanes joined into words), hashes it with BLAKE3, compares the hash with its
-//! id and copies the bytes on to where they belong.
+//! embedded here by scripts/build-kernels.sh): for every chunk of a range read already in
+//! device memory, in one launch, one thread block decodes it where the GPU can (a float-coded
+//! chunk's Huffman lanes, then its lanes joined into words), hashes it with BLAKE3, compares
+//! the hash with its id and copies the bytes on to where they belong.
 //!
 //! The fatbin holds machine code for compute capability 8.0, 9.0 and 10.0, loaded as it is, and
 //! PTX for 7.5, which the driver compiles for other GPUs when loaded; a driver older than the

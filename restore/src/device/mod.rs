@@ -300,8 +300,6 @@ pub struct Staging {
     slots: Vec<HostMemory>,
     /// The largest range read of the load ([`device_read_cap`]).
     max_read: u64,
-    /// Whether the load checks its chunks on the GPU (a local store), which sizes the slots.
-    on_gpu: bool,
     /// Slots of a load whose chunks are checked on the host (when the kernel does not load
     /// here, those not mapped yet are mapped then).
     host_slots: u64,
@@ -312,15 +310,14 @@ impl Staging {
     /// how much), each slot faulted in on a thread of its own.
     pub fn map(store: &Store, budget: Budget) -> Result<Staging> {
         let max_read = device_read_cap(store, budget);
-        let on_gpu = !store.is_remote();
-        let slots = budget.staging_slots(on_gpu, max_read) as usize;
+        let slots = budget.staging_slots(!store.is_remote(), max_read) as usize;
         let len = gpu_check::staging_len(max_read as usize);
         let slots = std::thread::scope(|m| {
             let made: Vec<_> =
                 (0..slots).map(|_| m.spawn(move || HostMemory::map(len).map_err(StoreError::device))).collect();
             made.into_iter().map(joined).collect::<Result<Vec<_>>>()
         })?;
-        Ok(Staging { slots, max_read, on_gpu, host_slots: budget.staging_slots(false, max_read) })
+        Ok(Staging { slots, max_read, host_slots: budget.staging_slots(false, max_read) })
     }
 }
 
@@ -347,11 +344,12 @@ impl PreparedLoad {
     ) -> Result<PreparedLoad> {
         let t = std::time::Instant::now();
         let ctx = &open_context()?;
-        let Staging { slots: mut staging, max_read, on_gpu, host_slots } = staging()?;
+        let Staging { slots: mut staging, max_read, host_slots } = staging()?;
         // The files' VRAM is allocated while the kernel loads and the staging is pinned.
         let (files, gpu) = std::thread::scope(|s| {
             let files = s.spawn(|| allocate_files(ctx, m));
-            let gpu = if !on_gpu {
+            // A remote store's slots are sized for host checks (`Staging::map`).
+            let gpu = if store.is_remote() {
                 Ok(Err(HostChecks::RemoteStore))
             } else {
                 gpu_check::GpuLoad::prepare(ctx, &mut staging, max_read as usize, store.config().chunk_max as usize)
