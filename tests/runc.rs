@@ -59,7 +59,11 @@ impl Counter {
         std::fs::write(&config, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
         let id = format!("gstore-runc-{tag}-{}", std::process::id());
         runc(&["delete", "-f", &id]);
+        // runc's own messages go to a log file: its standard streams are the container's.
+        let log = dir.path().join("runc.log");
         let out = Command::new("runc")
+            .arg("--log")
+            .arg(&log)
             .args(["run", "-d", &id])
             .current_dir(&bundle)
             .stdin(Stdio::null())
@@ -67,7 +71,7 @@ impl Counter {
             .stderr(Stdio::null())
             .status()
             .unwrap();
-        assert!(out.success(), "runc run -d {id}");
+        assert!(out.success(), "runc run -d {id}: {}", std::fs::read_to_string(&log).unwrap_or_default());
         let counted = CountFile::new(dir.path().join("state/count"), &id);
         let c = Counter { id, dir, counted };
         c.wait_above(2);
