@@ -7,9 +7,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gstore_benches::{fill_region, Region};
-use gstore_store::codec::huffman;
+use gstore_format::codec::huffman;
+use gstore_format::{chunker, codec, similar, ObjectId, StoreConfig};
 use gstore_store::crypto::sealed::{Header, Sealer};
-use gstore_store::{codec, dedup::chunker, dedup::similar, ObjectId, StoreConfig};
 use rand::SeedableRng;
 use std::hint::black_box;
 
@@ -171,8 +171,8 @@ fn bench_sealed(c: &mut Criterion) {
 /// Index lookups: 400 k chunks in 800 packs of 500 (a 24 GiB image of 64 KiB chunks), looked
 /// up 20 k at a time in the order a plan asks for them.
 fn bench_index(c: &mut Criterion) {
-    use gstore_store::codec::Codec;
-    use gstore_store::format::pack::PackEntry;
+    use gstore_format::codec::Codec;
+    use gstore_format::pack::PackEntry;
     use gstore_store::repo::index::Index;
     let dir = tempfile::tempdir().expect("temporary directory");
     let index = Index::open(dir.path()).expect("index opens");

@@ -311,6 +311,7 @@ fn a_lease_belongs_to_the_token_that_wrote_it() {
         ObjectKey::Lease(format!("{prefix}{}", format!("{n:02x}").repeat(8))).to_string()
     };
     let record = env.path("lease.json");
+    use gstore_store::repo::leases::Liveness;
     let owner = gstore_store::format::lease::Owner::current();
     let body = serde_json::json!({ "format": 1, "owner": owner, "purpose": "push team-b:1" });
     fs::write(&record, serde_json::to_vec(&body).unwrap()).unwrap();

@@ -302,7 +302,8 @@ fn tag(location: &StoreLocation, source: &str, target: &str, out: &Output) -> Re
 /// `gstore pin` / `gstore unpin`.
 fn pin(location: &StoreLocation, tags: &[String], pinned: bool, out: &Output) -> Result<()> {
     let store = Store::open(location)?;
-    let tags = tags.iter().map(|t| TagRef::parse(t)).collect::<gstore_store::Result<Vec<_>>>()?;
+    let tags =
+        tags.iter().map(|t| TagRef::parse(t).map_err(StoreError::from)).collect::<gstore_store::Result<Vec<_>>>()?;
     for tag in &tags {
         store.set_pinned(tag, pinned)?;
     }
@@ -353,7 +354,8 @@ fn copy(location: &StoreLocation, images: &[String], to: &str, out: &Output, bar
     if target == *location {
         return Err(Usage(format!("--to {to} is the store the images are in")).into());
     }
-    let tags = images.iter().map(|i| TagRef::parse(i)).collect::<gstore_store::Result<Vec<_>>>()?;
+    let tags =
+        images.iter().map(|i| TagRef::parse(i).map_err(StoreError::from)).collect::<gstore_store::Result<Vec<_>>>()?;
     let src = open_indexed(location)?;
     for t in &tags {
         src.resolve(&t.to_string())?;

@@ -91,6 +91,13 @@ pub enum ContainerError {
     },
 }
 
+impl From<gstore_store::FormatError> for ContainerError {
+    /// An object of the store that failed its layout's checks: the store's error for it.
+    fn from(e: gstore_store::FormatError) -> Self {
+        ContainerError::Store(e.into())
+    }
+}
+
 impl ContainerError {
     /// An I/O error at `path`.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> ContainerError {

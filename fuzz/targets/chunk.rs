@@ -1,8 +1,8 @@
 //! A stored chunk decoded by each codec (zstd, float lanes, ...): first byte the codec,
 //! next four the plain length; never more than the plain length comes out, and nothing
 //! panics on damaged lanes or frames.
-use gstore_store::codec::{Codec, Decoder};
-use gstore_store::ObjectId;
+use gstore_format::codec::{Codec, Decoder};
+use gstore_format::ObjectId;
 
 const CHUNK_MAX: u32 = 1 << 20;
 

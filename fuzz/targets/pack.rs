@@ -1,6 +1,6 @@
 //! A pack read from a store: its trailer and footer parsed, every entry checked to lie
 //! inside the pack (parse_pack), and the tail alone as a remote reader parses it.
-use gstore_store::format::pack;
+use gstore_format::pack;
 
 /// Runs one input; panics on a bug.
 pub fn run(data: &[u8]) {

@@ -1,8 +1,7 @@
 //! The small records a store holds and the names it parses, chosen by the first byte: tag
 //! records, leases, restore profiles, the store config, object keys and tag names.
-use gstore_store::{
-    format::key::ObjectKey, format::lease::LeaseRecord, format::profile::Profile, format::tag::TagRecord, ObjectId,
-    StoreConfig, TagRef,
+use gstore_format::{
+    key::ObjectKey, lease::LeaseRecord, profile::Profile, tag::TagRecord, ObjectId, StoreConfig, TagRef,
 };
 
 /// Runs one input; panics on a bug.
@@ -20,7 +19,6 @@ pub fn run(data: &[u8]) {
         1 => {
             if let Ok(l) = LeaseRecord::from_json(rest, "leases/fuzz.lease") {
                 let _ = l.owner.describe();
-                let _ = l.owner.is_dead_here();
                 let _ = l.pack_ids().count() + l.manifest_ids().count();
             }
         }

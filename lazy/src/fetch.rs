@@ -174,8 +174,8 @@ impl FileChunks {
     }
 
     /// `e` with the pack and this file named, for damage found in a chunk of it.
-    fn in_pack(&self, e: StoreError, pack: &ObjectId) -> StoreError {
-        e.found_in(format_args!("pack {}, file {}", pack.to_hex(), self.path))
+    fn in_pack(&self, e: impl Into<StoreError>, pack: &ObjectId) -> StoreError {
+        e.into().found_in(format_args!("pack {}, file {}", pack.to_hex(), self.path))
     }
 
     /// The error of a failed read of `group`, chunks stored one after another in one pack: a

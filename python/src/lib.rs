@@ -41,7 +41,8 @@ create_exception!(
 );
 
 /// The Python exception for a store error, with the CLI's message.
-fn py_err(e: StoreError) -> PyErr {
+fn py_err(e: impl Into<StoreError>) -> PyErr {
+    let e: StoreError = e.into();
     let msg = e.to_string();
     match e.kind() {
         ErrorKind::NotFound => NotFoundError::new_err(msg),

@@ -62,6 +62,13 @@ pub enum RegistryError {
     },
 }
 
+impl From<gstore_store::FormatError> for RegistryError {
+    /// A name or object that failed its layout's checks: the store's error for it.
+    fn from(e: gstore_store::FormatError) -> Self {
+        RegistryError::Store(e.into())
+    }
+}
+
 impl RegistryError {
     /// An I/O error at `path`.
     pub fn io(action: &'static str, path: &std::path::Path, source: std::io::Error) -> RegistryError {

@@ -179,6 +179,6 @@ fn fetch_decode_write(
 }
 
 /// Adds the pack to a chunk error so the user learns which object is damaged.
-pub(crate) fn in_pack(e: StoreError, pack: &ObjectId) -> StoreError {
-    e.found_in(format_args!("pack {}", pack.to_hex()))
+pub(crate) fn in_pack(e: impl Into<StoreError>, pack: &ObjectId) -> StoreError {
+    e.into().found_in(format_args!("pack {}", pack.to_hex()))
 }

@@ -7,9 +7,9 @@
 //! `IndexedStore::sync_index` uses); they block, so callers run refreshes on blocking threads.
 
 use gstore_store::backend::Backend;
-use gstore_store::format::pack;
+
 use gstore_store::repo::index::ChunkLocation;
-use gstore_store::{format::lease, ObjectId, Result};
+use gstore_store::{repo::leases as lease, ObjectId, Result};
 use std::collections::{HashMap, HashSet};
 use std::sync::RwLock;
 
@@ -107,7 +107,7 @@ impl ChunkMap {
             if !known.insert(id) {
                 continue;
             }
-            if let Ok((entries, _)) = pack::read_tail(backend, &id, l.size, self.chunk_max) {
+            if let Ok((entries, _)) = gstore_store::repo::packs::read_tail(backend, &id, l.size, self.chunk_max) {
                 let mut k = self.known_mut();
                 k.packs.insert(id);
                 for e in &entries {

@@ -448,7 +448,8 @@ async fn get_chunk(
         let known = known_bases(bases, chunk_max)?;
         let mut decoder = Decoder::with_bases(chunk_max, &known);
         let mut plain = Vec::with_capacity(e.plain_len as usize);
-        decoder.decode_append(e.codec, &stored, e.plain_len as usize, &id, &mut plain).map(|()| plain)
+        decoder.decode_append(e.codec, &stored, e.plain_len as usize, &id, &mut plain)?;
+        Ok::<_, gstore_store::StoreError>(plain)
     })
     .await;
     match decoded {

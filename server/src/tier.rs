@@ -19,7 +19,7 @@ use crate::AppState;
 use bytes::Bytes;
 use gstore_store::codec::{Codec, Decoder, KnownBases};
 use gstore_store::format::key::ObjectKey;
-use gstore_store::format::pack::{self, PackEntry};
+use gstore_store::format::pack::PackEntry;
 use gstore_store::repo::cache::RangeCache;
 use gstore_store::ObjectKind;
 use gstore_store::{ObjectId, StoreError};
@@ -61,7 +61,7 @@ pub struct Tier {
 
 /// A pack's length, footer entries and tail (footer and trailer, as stored), read from the
 /// store and checked (through this server's own tiers, against the pack's name:
-/// [`pack::read_tail`]).
+/// [`gstore_store::repo::packs::read_tail`]).
 struct Footer {
     len: u64,
     entries: Vec<PackEntry>,
@@ -219,7 +219,11 @@ impl Tier {
             let size = backend
                 .size(&ObjectKey::Pack(pack))?
                 .ok_or(StoreError::NotFound { what: ObjectKind::Pack, key: pack.to_hex() })?;
-            pack::read_tail(&backend, &pack, size, chunk_max).map(|(entries, tail)| Footer { len: size, entries, tail })
+            gstore_store::repo::packs::read_tail(&backend, &pack, size, chunk_max).map(|(entries, tail)| Footer {
+                len: size,
+                entries,
+                tail,
+            })
         })
         .await
         .ok()?

@@ -4,18 +4,20 @@
 //! (header and length) and a key record's shape, and relies on its write tokens for the rest;
 //! every reader checks what it opens (docs/SECURITY.md).
 
-use gstore_store::codec::{check_zstd_frame, split_delta, Codec, Decoder, KnownBases};
+use gstore_format::codec::{check_zstd_frame, split_delta, Codec, Decoder, KnownBases};
+use gstore_format::damage;
+use gstore_format::key::ObjectKey as Key;
+use gstore_format::lease::{LeaseRecord, Owner};
+use gstore_format::manifest::Manifest;
+use gstore_format::profile::Profile;
+use gstore_format::tag::TagRecord;
+use gstore_format::ObjectKind;
+use gstore_format::{pack, ObjectId, StoreConfig};
+// The store's own records (retention policies, key records, sealed objects) are laid out by
+// the store, not the format crate.
 use gstore_store::commands::gc::policies::Policies;
 use gstore_store::crypto::keyring::{KeyRecord, RetiredKeys};
 use gstore_store::crypto::sealed::Header;
-use gstore_store::format::damage;
-use gstore_store::format::key::ObjectKey as Key;
-use gstore_store::format::lease::{LeaseRecord, Owner};
-use gstore_store::format::manifest::Manifest;
-use gstore_store::format::profile::Profile;
-use gstore_store::format::tag::TagRecord;
-use gstore_store::ObjectKind;
-use gstore_store::{format::pack, ObjectId, StoreConfig};
 use std::collections::HashSet;
 
 /// Checks a delta chunk's stored bytes without its bases: they name the bases the footer
@@ -26,7 +28,7 @@ fn check_delta(stored: &[u8], e: &pack::PackEntry) -> gstore_store::Result<()> {
     if Some(bases) != e.bases {
         return Err(bad("its stored base ids differ from its footer's"));
     }
-    check_zstd_frame(frame, e.plain_len as usize, &e.id)
+    Ok(check_zstd_frame(frame, e.plain_len as usize, &e.id)?)
 }
 
 /// The delta bases an upload of `body` under `key` names but does not hold whole itself:

@@ -24,81 +24,8 @@ pub enum ErrorKind {
     Failure,
 }
 
-/// What kind of object an error is about: what callers match on (the CLI's advice to run
-/// `verify` after damage in stored data), and the first word of the message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ObjectKind {
-    /// A chunk of an image.
-    Chunk,
-    /// A chunk a delta chunk is stored against.
-    DeltaBase,
-    /// A pack object.
-    Pack,
-    /// An image's manifest.
-    Manifest,
-    /// A tag record.
-    Tag,
-    /// A tag's name (every version of it).
-    TagName,
-    /// A push's or tag copy's lease.
-    Lease,
-    /// The store's `config.json`.
-    Config,
-    /// An image's restore profile.
-    Profile,
-    /// A record of damage `verify` found.
-    DamageRecord,
-    /// A key record of an encrypted store.
-    KeyRecord,
-    /// The retired keys of an encrypted store.
-    RetiredKeys,
-    /// The store's retention policies (`policies.json`).
-    Policies,
-    /// A key of an encrypted store.
-    Key,
-    /// A sealed object of an encrypted store.
-    SealedObject,
-    /// A store.
-    Store,
-    /// A backend object of any kind.
-    Object,
-    /// A file in an image.
-    ImageFile,
-    /// An image named by its id.
-    ImageId,
-    /// An image a `gstore hold` process holds.
-    HeldImage,
-    /// A device buffer read back.
-    DeviceBuffer,
-}
-
-impl std::fmt::Display for ObjectKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ObjectKind::Chunk => "chunk",
-            ObjectKind::DeltaBase => "delta base chunk",
-            ObjectKind::Pack => "pack",
-            ObjectKind::Manifest => "manifest",
-            ObjectKind::Tag => "tag",
-            ObjectKind::TagName => "tag name",
-            ObjectKind::Lease => "lease",
-            ObjectKind::Config => "config",
-            ObjectKind::Profile => "profile",
-            ObjectKind::DamageRecord => "damage record",
-            ObjectKind::KeyRecord => "key record",
-            ObjectKind::RetiredKeys => "retired keys",
-            ObjectKind::Policies => "retention policies",
-            ObjectKind::Key => "key",
-            ObjectKind::SealedObject => "sealed object",
-            ObjectKind::Store => "store",
-            ObjectKind::Object => "object",
-            ObjectKind::ImageFile => "file in the image",
-            ObjectKind::ImageId => "image id",
-            ObjectKind::HeldImage => "held image",
-            ObjectKind::DeviceBuffer => "device buffer",
-        })
-    }
-}
+use gstore_format::FormatError;
+pub use gstore_format::ObjectKind;
 
 /// Everything that can go wrong inside the store.
 #[derive(Debug, thiserror::Error)]
@@ -261,6 +188,27 @@ pub enum StoreError {
         /// RocksDB's message.
         message: String,
     },
+}
+
+impl From<FormatError> for StoreError {
+    /// A layout's error as the store's of the same name and kind; a delta-base reader's error
+    /// (the store's own, boxed by the codec) comes back as it was.
+    fn from(e: FormatError) -> Self {
+        match e {
+            FormatError::Corrupt { what, key, detail } => StoreError::Corrupt { what, key, detail },
+            FormatError::NotFound { what, key } => StoreError::NotFound { what, key },
+            FormatError::Name { name, why } => StoreError::Name { name, why },
+            FormatError::Setting { name, why } => StoreError::Setting { name, why },
+            FormatError::Entry { entry, why } => StoreError::Entry { entry, why },
+            FormatError::Refused(m) => StoreError::Refused(m),
+            FormatError::Invalid(m) => StoreError::Invalid(m),
+            FormatError::NoBases(m) => StoreError::Internal(m),
+            FormatError::Bases(e) => match e.downcast::<StoreError>() {
+                Ok(e) => *e,
+                Err(e) => StoreError::Internal(e.to_string()),
+            },
+        }
+    }
 }
 
 impl StoreError {

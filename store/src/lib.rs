@@ -8,7 +8,7 @@
 //! and can be rebuilt from the pack footers. docs/FORMAT.md gives the byte layouts.
 
 pub mod backend;
-pub mod codec;
+pub use gstore_format::codec;
 pub mod commands;
 pub mod crypto;
 pub mod dedup;
@@ -24,6 +24,7 @@ pub use error::{ErrorKind, ObjectKind, Result, StoreError};
 pub use format::config::{StoreConfig, FORMAT_VERSION};
 pub use format::id::{ChunkIds, ObjectId};
 pub use format::tag::TagRef;
+pub use gstore_format::FormatError;
 pub use repo::bases::{BaseReader, HeldBases};
 pub use repo::indexed::IndexedStore;
 pub use repo::location::StoreLocation;

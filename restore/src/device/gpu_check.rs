@@ -712,7 +712,7 @@ impl Loader<'_> {
 }
 
 /// Adds the pack to a chunk error so the user learns which object is damaged.
-fn in_pack(e: StoreError, read: &RangeRead) -> StoreError {
+fn in_pack(e: impl Into<StoreError>, read: &RangeRead) -> StoreError {
     crate::engine::in_pack(e, &read.pack)
 }
 

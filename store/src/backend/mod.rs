@@ -240,7 +240,7 @@ impl Backend {
 
     /// The store itself, past the caching tiers this backend reads packs through first
     /// ([`Backend::through_tiers`]): where to read what a tier served that its pack's name did
-    /// not cover ([`crate::format::pack::read_tail`]). `None` when no tier is named, or when
+    /// not cover ([`crate::repo::packs::read_tail`]). `None` when no tier is named, or when
     /// every pack read is opened with an encrypted store's key ([`Backend::sealed`]).
     pub fn past_tiers(&self) -> Option<Backend> {
         let objects = self.past_tiers.clone()?;

@@ -8,7 +8,7 @@
 //!
 //! Nothing a tier serves is used unless it is checked against an id the store gave: chunk
 //! bytes against their chunk ids, by whoever decodes them, and a pack's tail (footer and
-//! trailer) against the pack's name, by [`crate::format::pack::read_tail`], which reads it from
+//! trailer) against the pack's name, by [`crate::repo::packs::read_tail`], which reads it from
 //! the store itself ([`super::Backend::past_tiers`]) when it is not covered.
 
 use super::http::HttpObjects;

@@ -6,9 +6,9 @@
 use crate::commands::push::store_manifest;
 use crate::commands::push::stream::Meta;
 use crate::error::{Result, StoreError};
-use crate::format::lease::Lease;
 use crate::format::manifest::{Entry, EntryKind, Manifest};
 use crate::format::tag::{TagRecord, TagRef};
+use crate::repo::leases::Lease;
 use crate::{IndexedStore, ObjectId};
 use std::collections::BTreeMap;
 

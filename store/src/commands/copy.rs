@@ -10,11 +10,11 @@ use crate::commands::pack_fill::PackFill;
 use crate::commands::push::{store_manifest, write_pack};
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
-use crate::format::lease::{self, Lease};
 use crate::format::tag::TagRef;
 use crate::progress::{Progress, Unit};
 use crate::repo::index::Index;
 use crate::repo::indexed::IndexedStore;
+use crate::repo::leases::{self as lease, Lease};
 use crate::ObjectKind;
 use crate::StoreConfig;
 use serde::Serialize;
@@ -180,12 +180,12 @@ fn transfer(
         report.copied_stored_bytes += stored_len as u64;
         progress.advance(len as u64);
         if let Some(full) = pack.full() {
-            write_pack(dst, lease, full.finish())?;
+            write_pack(dst, lease, full.pack.finish(), &full.sketches)?;
             report.packs += 1;
         }
     }
     if let Some(last) = pack.last() {
-        write_pack(dst, lease, last.finish())?;
+        write_pack(dst, lease, last.pack.finish(), &last.sketches)?;
         report.packs += 1;
     }
     progress.finish();

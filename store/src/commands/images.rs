@@ -40,7 +40,7 @@ pub fn list(store: &Store) -> Result<Vec<ImageRow>> {
     for t in store.list_tags()? {
         rows.push(match t {
             Ok(rec) => {
-                let m = rec.manifest_id().and_then(|id| store.get_manifest(&id));
+                let m = rec.manifest_id().map_err(crate::StoreError::from).and_then(|id| store.get_manifest(&id));
                 ImageRow {
                     tag: rec.tag().to_string(),
                     manifest: rec.manifest.clone(),

@@ -7,14 +7,15 @@ use crate::backend::Backend;
 use crate::codec;
 use crate::crypto::{keyring, sealed};
 use crate::error::{Result, StoreError};
-use crate::format::damage;
 use crate::format::id::ObjectId;
 use crate::format::key::Family;
 use crate::format::manifest::Manifest;
 use crate::format::pack::PackEntry;
 use crate::progress::{Progress, Unit};
+use crate::repo::damage;
 use crate::repo::index::ChunkLocation;
 use crate::repo::indexed::IndexedStore;
+use gstore_format::FormatError;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -391,7 +392,7 @@ fn check_pack(
                 bad_chunks.insert(*id, "its stored delta bases differ from its footer's".into());
             } else if let Err(err) = decoder.decode_append(e.codec, stored, e.plain_len as usize, id, &mut plain) {
                 let detail = match err {
-                    StoreError::Corrupt { detail, .. } => detail,
+                    FormatError::Corrupt { detail, .. } => detail,
                     other => other.to_string(),
                 };
                 bad_chunks.insert(*id, detail);

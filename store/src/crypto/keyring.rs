@@ -189,9 +189,9 @@ pub fn unlock(backend: &Backend, secret: &Secret, store: &str, config: &StoreCon
     let mut opened = None;
     for (id, rec) in &records {
         if let Some(master) = rec.as_ref().ok().and_then(|r| r.open(id, secret)) {
-            match config.check_sealed(&master, store) {
+            match config.check_sealed(|b| master.config_check(b), store) {
                 Ok(()) => return Ok(master),
-                Err(e) => opened = Some(e),
+                Err(e) => opened = Some(StoreError::from(e)),
             }
         }
     }
@@ -231,7 +231,7 @@ impl record::Versioned for RetiredKeys {
 impl RetiredKeys {
     /// Parses and checks the object read from `keys/retired.json`.
     pub fn from_json(bytes: &[u8]) -> Result<RetiredKeys> {
-        record::decode(bytes, ObjectKind::RetiredKeys, "keys/retired.json")
+        Ok(record::decode(bytes, ObjectKind::RetiredKeys, "keys/retired.json")?)
     }
 }
 
@@ -294,7 +294,7 @@ mod tests {
     fn keys_are_added_listed_and_removed_but_never_the_last() {
         let backend = Backend::memory();
         let master = MasterKey::generate();
-        let config = StoreConfig::default().encrypted(&master);
+        let config = StoreConfig::default().encrypted(|b| master.config_check(b));
         // A record of another master key (an init that lost a race) is passed over.
         add(&backend, &MasterKey::generate(), &key_secret(2)).unwrap();
         let a = add(&backend, &master, &key_secret(1)).unwrap();

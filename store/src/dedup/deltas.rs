@@ -6,10 +6,10 @@ use crate::dedup::similar::{self, Sketch};
 use crate::error::Result;
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
-use crate::format::lease::{self, Lease};
 use crate::format::manifest::{ChunkRef, Manifest};
 use crate::format::tag::{TagRecord, TagRef};
 use crate::repo::indexed::IndexedStore;
+use crate::repo::leases::{self as lease, Lease};
 use crate::repo::store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -254,7 +254,7 @@ impl<'a> Deltas<'a> {
         if loc.codec == Codec::Delta || !self.vet(loc.pack)? {
             return Ok(None);
         }
-        match self.store.base_plain(base) {
+        match self.store.base_plain(base).map_err(crate::StoreError::from) {
             Ok(b) => Ok(Some(b)),
             // Gone or damaged meanwhile: not a base.
             Err(e) if e.is_damage() => Ok(None),

@@ -1,6 +1,5 @@
-//! Deduplication: content-defined chunking, similarity sketches of page-image chunks, and the
+//! Deduplication: content-defined chunking and similarity sketches (`gstore-format`), and the
 //! deltas a push stores against similar chunks.
 
-pub mod chunker;
+pub use gstore_format::{chunker, similar};
 pub(crate) mod deltas;
-pub mod similar;

@@ -7,15 +7,19 @@ use crate::format::id::ObjectId;
 use crate::repo::index::ChunkLocation;
 use crate::repo::indexed::IndexedStore;
 use crate::ObjectKind;
+use gstore_format::FormatError;
 use rayon::prelude::*;
 
 impl BaseSource for IndexedStore {
-    fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
-        if let Some(hit) = self.bases.get(id) {
-            return Ok(hit);
-        }
-        let loc = self.locate(id)?;
-        self.read_base(id, loc)
+    fn base_plain(&self, id: &ObjectId) -> gstore_format::Result<std::sync::Arc<Vec<u8>>> {
+        let read = || {
+            if let Some(hit) = self.bases.get(id) {
+                return Ok(hit);
+            }
+            let loc = self.locate(id)?;
+            self.read_base(id, loc)
+        };
+        read().map_err(|e| FormatError::Bases(Box::new(e)))
     }
 }
 
@@ -157,7 +161,7 @@ impl IndexedStore {
 
     /// Decodes and checks base `id` (at `loc`) from its stored bytes.
     fn decode_base(&self, id: &ObjectId, loc: &ChunkLocation, stored: &[u8]) -> Result<Vec<u8>> {
-        decode_base(loc.codec, stored, loc.plain_len as usize, id, self.config.chunk_max, self.chunk_ids)
+        Ok(decode_base(loc.codec, stored, loc.plain_len as usize, id, self.config.chunk_max, self.chunk_ids)?)
     }
 
     /// Puts base `id` into the base cache.

@@ -178,14 +178,13 @@ impl IndexedStore {
     pub fn put_pack(&self, p: pack::FinishedPack) -> Result<()> {
         let size = p.size();
         let key = ObjectKey::Pack(p.id);
+        let pieces: object_store::PutPayload = p.pieces.into_iter().collect();
         if self.is_remote() && size > backend::MULTIPART_ABOVE {
-            self.backend.put_multipart(&key, p.pieces)?;
+            self.backend.put_multipart(&key, pieces)?;
         } else {
-            self.backend.put(&key, p.pieces)?;
+            self.backend.put(&key, pieces)?;
         }
-        let index = &self.index;
-        index.add_pack(p.id, size, &p.entries)?;
-        index.add_sketches(&p.sketches)
+        self.index.add_pack(p.id, size, &p.entries)
     }
 
     /// Points `tag` at an image already in the store (`gstore tag`). A lease protects the
@@ -195,7 +194,7 @@ impl IndexedStore {
     /// ([`TagRef::check_new`]). Needs the index.
     pub fn tag_existing(&self, tag: &TagRef, id: ObjectId) -> Result<TagRecord> {
         tag.check_new()?;
-        let lease = crate::format::lease::Lease::take(&self.backend, &format!("tag {tag}"))?;
+        let lease = crate::repo::leases::Lease::take(&self.backend, &format!("tag {tag}"))?;
         self.hold_images(&lease, &[id])?;
         let rec = self.set_tag(tag, id)?;
         drop(lease);
@@ -205,12 +204,12 @@ impl IndexedStore {
     /// Names images `ids` in `lease` so that gc keeps them, and reads their manifests; an
     /// image gc has begun to remove (its manifest, or a pack its chunks are only in,
     /// tombstoned) is refused: gc might delete it any moment. Needs the index.
-    pub(crate) fn hold_images(&self, lease: &crate::format::lease::Lease, ids: &[ObjectId]) -> Result<Vec<Manifest>> {
+    pub(crate) fn hold_images(&self, lease: &crate::repo::leases::Lease, ids: &[ObjectId]) -> Result<Vec<Manifest>> {
         lease.protect(&[], ids)?;
         self.sync_index()?;
         let mut manifests = Vec::with_capacity(ids.len());
         for id in ids {
-            let manifest_doomed = crate::format::lease::has_tombstone(&self.backend, &ObjectKey::Manifest(*id))?;
+            let manifest_doomed = crate::repo::leases::has_tombstone(&self.backend, &ObjectKey::Manifest(*id))?;
             let m = self.get_manifest(id)?;
             let mut chunks_doomed = false;
             for c in m.chunks.iter().filter(|c| !c.zero) {
@@ -345,8 +344,8 @@ struct Listing {
 
 impl Listing {
     fn read(backend: &Backend) -> Result<Listing> {
-        let (doomed, packs) = crate::format::lease::doomed_then_listed(backend)?;
-        let (damaged, _) = crate::format::damage::read_all(backend)?;
+        let (doomed, packs) = crate::repo::leases::doomed_then_listed(backend)?;
+        let (damaged, _) = crate::repo::damage::read_all(backend)?;
         Ok(Listing { doomed, packs, damaged })
     }
 }

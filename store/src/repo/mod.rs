@@ -5,10 +5,14 @@
 pub(crate) mod base_cache;
 pub(crate) mod bases;
 pub mod cache;
+pub mod damage;
 pub mod index;
 pub(crate) mod indexed;
+pub mod leases;
 pub(crate) mod location;
 pub(crate) mod lock;
+pub mod packs;
+pub(crate) mod profiles;
 pub(crate) mod seen;
 #[cfg(feature = "simulation")]
 pub(crate) mod simulation;

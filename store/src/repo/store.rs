@@ -108,7 +108,7 @@ impl Store {
             return Err(StoreError::AlreadyExists { what: ObjectKind::Store, key: location.describe() });
         }
         let master = MasterKey::generate();
-        let config = config.clone().encrypted(&master);
+        let config = config.clone().encrypted(|b| master.config_check(b));
         config.validate()?;
         // The record first: a config without a record that opens it would be a store nobody
         // can open. An init that then loses the race deletes its record; one killed first
@@ -200,7 +200,7 @@ impl Store {
     pub fn read_config(backend: &Backend, location: &StoreLocation) -> Result<StoreConfig> {
         let bytes =
             backend.get_opt(&ObjectKey::Config)?.ok_or_else(|| StoreError::NotInitialized(location.describe()))?;
-        StoreConfig::from_json(&bytes)
+        Ok(StoreConfig::from_json(&bytes)?)
     }
 
     /// `backend` as the store configured by `config` is read, and how it names chunks: sealed
@@ -384,7 +384,7 @@ impl Store {
     /// Reads and checks the footer of a pack `size` bytes long (as listed): its entries, and
     /// the raw tail they were parsed from (footer entries, then trailer).
     pub fn read_pack_tail(&self, pack: &ObjectId, size: u64) -> Result<(Vec<PackEntry>, Vec<u8>)> {
-        pack::read_tail(&self.backend, pack, size, self.config.chunk_max)
+        crate::repo::packs::read_tail(&self.backend, pack, size, self.config.chunk_max)
     }
 
     /// This handle for a deterministic simulation seeded with `seed` (tests only): pack salts
@@ -449,7 +449,7 @@ impl Store {
             }
             other => other?,
         };
-        Manifest::decode(&bytes, id)
+        Ok(Manifest::decode(&bytes, id)?)
     }
 }
 

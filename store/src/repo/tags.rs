@@ -128,7 +128,7 @@ impl Store {
         for l in self.backend.list(Family::Tags.prefix())? {
             let rec = self.backend.get(&l.key);
             let ObjectKey::Tag(tag) = l.key else { continue };
-            let rec = rec.and_then(|b| TagRecord::from_json(&b, &tag));
+            let rec = rec.and_then(|b| Ok(TagRecord::from_json(&b, &tag)?));
             match rec {
                 Ok(r) if r.removed_unix.is_some() => {}
                 // Gone between the listing and the read: deleted meanwhile.
@@ -149,13 +149,13 @@ impl Store {
     pub fn resolve(&self, reference: &str) -> Result<ObjectId> {
         if let Some(prefix) = id_prefix(reference) {
             if prefix.len() == 64 {
-                return ObjectId::from_hex(&prefix);
+                return Ok(ObjectId::from_hex(&prefix)?);
             }
             return self.resolve_prefix(&prefix);
         }
         let tag = TagRef::parse(reference)?;
         match self.get_tag(&tag)? {
-            Some(r) => r.manifest_id(),
+            Some(r) => Ok(r.manifest_id()?),
             None => Err(self.no_such_tag(&tag)),
         }
     }

@@ -65,13 +65,13 @@ impl<'a> Catalog<'a> {
     /// What a manifest references, checked against its id, from the cache or the store
     /// ([`Manifest::references`]).
     pub fn manifest_references(&self, id: &ObjectId) -> Result<References> {
-        self.manifest_read(id, |bytes| Manifest::references(bytes, id))
+        self.manifest_read(id, |bytes| Ok(Manifest::references(bytes, id)?))
     }
 
     /// When the image `id` names was made (its manifest's `created_unix`), if its manifest
     /// can be read: what retention dates images by.
     pub fn manifest_created(&self, id: &ObjectId) -> Option<u64> {
-        self.manifest_read(id, |bytes| Manifest::decode_unchecked(bytes, id)).ok().map(|m| m.created_unix)
+        self.manifest_read(id, |bytes| Ok(Manifest::decode_unchecked(bytes, id)?)).ok().map(|m| m.created_unix)
     }
 
     /// Reads a manifest through `parse` (which checks it against its id), from the cache or
@@ -114,5 +114,5 @@ fn parse_tail(tail: &[u8], size: u64, key: &str, chunk_max: u32) -> Result<Vec<P
     if size - t.footer_offset != tail.len() as u64 {
         return Err(bad());
     }
-    pack::parse_footer(&tail[..split], &t, key, chunk_max)
+    Ok(pack::parse_footer(&tail[..split], &t, key, chunk_max)?)
 }

@@ -7,6 +7,7 @@ use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::ObjectKey;
 use crate::format::lease::Owner;
+use crate::repo::leases::Liveness;
 use serde::Serialize;
 
 /// What the lock object holds: its owner, and a nonce that makes every record unique, so a

@@ -24,7 +24,7 @@ mod temps;
 
 use crate::backend::{self, Backend};
 use crate::error::{Result, StoreError};
-use crate::format::damage::{self, DamagedCopy};
+use crate::format::damage::DamagedCopy;
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
 use crate::format::lease::LeaseRecord;
@@ -32,6 +32,8 @@ use crate::format::now_unix;
 use crate::format::pack::PackEntry;
 use crate::format::tag::{TagRecord, TagRef};
 use crate::progress::{Progress, Unit};
+use crate::repo::damage;
+use crate::repo::leases::Liveness;
 use crate::repo::store::Store;
 use catalog::Catalog;
 use rayon::prelude::*;
@@ -637,7 +639,7 @@ fn read_leases(b: &Backend, dry_run: bool, report: &mut GcReport) -> Result<Leas
     for l in b.list(Family::Leases.prefix())? {
         let Some(bytes) = b.get_opt(&l.key)? else { continue };
         let rec = LeaseRecord::from_json(&bytes, &l.key.to_string())
-            .map_err(|e| e.stopped(STOPPED, format!("delete {} if no push is running", l.key)))?;
+            .map_err(|e| StoreError::from(e).stopped(STOPPED, format!("delete {} if no push is running", l.key)))?;
         if rec.owner.is_dead_here() {
             report.leases_dropped.push(format!("{} ({})", rec.purpose, rec.owner.describe()));
             if !dry_run {

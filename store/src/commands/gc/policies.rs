@@ -32,7 +32,7 @@ impl record::Versioned for Policies {
 impl Policies {
     /// Parses `policies.json`, refusing other formats and unknown fields.
     pub fn from_json(bytes: &[u8]) -> Result<Policies> {
-        record::decode(bytes, ObjectKind::Policies, "policies.json")
+        Ok(record::decode(bytes, ObjectKind::Policies, "policies.json")?)
     }
 
     /// The policies `policies.json` holds (`None`: the store has none yet).

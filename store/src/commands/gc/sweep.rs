@@ -4,14 +4,15 @@
 use super::catalog::Catalog;
 use super::{GcReport, PackInfo};
 use crate::codec::{decode_base, BaseSource};
-use crate::commands::pack_fill::PackFill;
+use crate::commands::pack_fill::{Filled, PackFill};
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::ObjectKey;
-use crate::format::pack::{PackBuilder, PackEntry};
+use crate::format::pack::PackEntry;
 use crate::progress::{Progress, Unit};
 use crate::repo::store::Store;
 use crate::ObjectKind;
+use gstore_format::FormatError;
 use std::collections::{HashMap, HashSet};
 
 /// The writes of a pass (none with `dry_run`).
@@ -155,10 +156,10 @@ impl Sweep<'_> {
         Ok(copied)
     }
 
-    pub(super) fn put_new_pack(&self, p: PackBuilder, report: &mut GcReport) -> Result<()> {
-        let p = p.finish();
+    pub(super) fn put_new_pack(&self, p: Filled, report: &mut GcReport) -> Result<()> {
+        let p = p.pack.finish();
         report.bytes_repacked += p.size();
-        self.store.backend().put(&ObjectKey::Pack(p.id), p.pieces)
+        self.store.backend().put(&ObjectKey::Pack(p.id), p.pieces.into_iter().collect::<object_store::PutPayload>())
     }
 }
 
@@ -172,11 +173,14 @@ struct FooterBases<'a> {
 }
 
 impl BaseSource for FooterBases<'_> {
-    fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
-        let missing = || StoreError::NotFound { what: ObjectKind::DeltaBase, key: id.to_hex() };
+    fn base_plain(&self, id: &ObjectId) -> gstore_format::Result<std::sync::Arc<Vec<u8>>> {
+        let missing = || FormatError::NotFound { what: ObjectKind::DeltaBase, key: id.to_hex() };
         let pack = self.homes.get(id).and_then(|home| self.packs.get(home)).ok_or_else(missing)?;
         let e = pack.entries.iter().find(|e| e.id == *id && e.bases.is_none()).ok_or_else(missing)?;
-        let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
+        let stored = self
+            .store
+            .read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)
+            .map_err(|e| FormatError::Bases(Box::new(e)))?;
         let plain = decode_base(
             e.codec,
             &stored,

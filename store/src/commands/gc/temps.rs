@@ -27,6 +27,7 @@ use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
 use crate::format::lease::LeaseRecord;
+use crate::repo::leases::Liveness;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 

@@ -20,20 +20,19 @@ pub(crate) mod source;
 pub mod stream;
 
 use crate::codec::{self, Codec, DeltaBases};
-use crate::commands::pack_fill::PackFill;
+use crate::commands::pack_fill::{Filled, PackFill};
 use crate::dedup::chunker;
 use crate::dedup::deltas::Deltas;
 use crate::dedup::similar::{self, Sketch};
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::ObjectKey;
-use crate::format::lease::{self, Lease};
 use crate::format::manifest::{ChunkRef, Entry, EntryKind, Manifest};
 use crate::format::now_unix;
-use crate::format::pack::PackBuilder;
 use crate::format::tag::{TagRecord, TagRef};
 use crate::progress::Progress;
 use crate::repo::indexed::IndexedStore;
+use crate::repo::leases::{self as lease, Lease};
 use crate::repo::store::Store;
 pub(crate) use packs::write_pack;
 use packs::{join_writers, pack_writer, PackQueue};
@@ -286,7 +285,7 @@ fn push_entries(
     let mut file_chunks: Vec<Vec<ChunkRef>> = Vec::new();
 
     let writers = store.upload_concurrency();
-    let (tx, rx) = mpsc::sync_channel::<PackBuilder>(writers);
+    let (tx, rx) = mpsc::sync_channel::<Filled>(writers);
     let rx = std::sync::Mutex::new(rx);
     let writer_failed = AtomicBool::new(false);
     let queue = PackQueue { tx, writer_failed: &writer_failed };
@@ -806,7 +805,7 @@ fn reupload_unreliable(
     let mut pack = PackFill::new(store);
     let mut seen = HashSet::new();
     let mut n = 0;
-    let flush = |pack: PackBuilder| write_pack(store, lease, pack.finish());
+    let flush = |f: Filled| write_pack(store, lease, f.pack.finish(), &f.sketches);
     let mut bad: Vec<ObjectId> = bad.into_iter().collect();
     bad.sort();
     for p in bad {

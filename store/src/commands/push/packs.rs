@@ -2,11 +2,13 @@
 //! the lease before it stores it (docs/GC.md, push step 2).
 
 use super::PushReport;
+use crate::commands::pack_fill::Filled;
+use crate::dedup::similar::Sketch;
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
-use crate::format::lease::Lease;
-use crate::format::pack::{FinishedPack, PackBuilder};
+use crate::format::pack::FinishedPack;
 use crate::repo::indexed::IndexedStore;
+use crate::repo::leases::Lease;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
@@ -39,7 +41,7 @@ pub(super) fn join_writers(
 /// write sets `failed`, so the producer stops, and drains the queue before it returns.
 pub(super) fn pack_writer(
     store: &IndexedStore,
-    rx: &std::sync::Mutex<mpsc::Receiver<PackBuilder>>,
+    rx: &std::sync::Mutex<mpsc::Receiver<Filled>>,
     lease: Option<&Lease>,
     failed: &AtomicBool,
 ) -> Written {
@@ -48,15 +50,15 @@ pub(super) fn pack_writer(
     loop {
         // The guard is released before the upload: other writers take the next pack.
         let next = rx.lock().expect("pack queue lock").recv();
-        let Ok(builder) = next else { return Ok((written, busy)) };
+        let Ok(filled) = next else { return Ok((written, busy)) };
         let t = std::time::Instant::now();
         // Naming the pack hashes all of it: done here, on the writers, not on the thread that
         // appends chunks in order.
-        let p = builder.finish();
+        let p = filled.pack.finish();
         written.push(p.id);
         // A dry run counts its packs and drops them.
         let Some(lease) = lease else { continue };
-        let stored = write_pack(store, lease, p);
+        let stored = write_pack(store, lease, p, &filled.sketches);
         busy += t.elapsed().as_secs_f64();
         if let Err(e) = stored {
             // Stop the producer, and take what it already queued so it never waits on a queue
@@ -70,13 +72,13 @@ pub(super) fn pack_writer(
 
 /// Full packs on their way to the writer threads.
 pub(super) struct PackQueue<'a> {
-    pub(super) tx: mpsc::SyncSender<PackBuilder>,
+    pub(super) tx: mpsc::SyncSender<Filled>,
     /// Set by a writer that failed: the push stops producing packs.
     pub(super) writer_failed: &'a AtomicBool,
 }
 
 impl PackQueue<'_> {
-    pub(super) fn send(&self, p: PackBuilder) -> Result<()> {
+    pub(super) fn send(&self, p: Filled) -> Result<()> {
         let gone = || StoreError::Internal("pack writer stopped".into());
         if self.writer_failed.load(Ordering::SeqCst) {
             return Err(gone());
@@ -85,8 +87,15 @@ impl PackQueue<'_> {
     }
 }
 
-/// Stores a pack this push wrote, naming it in the lease first (docs/GC.md, push step 2).
-pub(crate) fn write_pack(store: &IndexedStore, lease: &Lease, p: FinishedPack) -> Result<()> {
+/// Stores a pack this push wrote, naming it in the lease first (docs/GC.md, push step 2), then
+/// records the `sketches` of its chunks in the index.
+pub(crate) fn write_pack(
+    store: &IndexedStore,
+    lease: &Lease,
+    p: FinishedPack,
+    sketches: &[(ObjectId, Sketch)],
+) -> Result<()> {
     lease.protect(&[p.id], &[])?;
-    store.put_pack(p)
+    store.put_pack(p)?;
+    store.index().add_sketches(sketches)
 }

@@ -1,8 +1,8 @@
 //! Tags: `name[:version]` → manifest id, with the history of earlier values.
 
-use crate::error::{Result, StoreError};
-use crate::format::id::ObjectId;
-use crate::format::record;
+use crate::error::{FormatError, Result};
+use crate::id::ObjectId;
+use crate::record;
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -63,7 +63,7 @@ fn check_part(what: &str, s: &str, full: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(StoreError::Name {
+        Err(FormatError::Name {
             name: format!("invalid tag {full:?}"),
             why: format!(
                 "the {what} must be 1-{MAX_PART_LEN} characters of A-Z a-z 0-9 . _ - and not start with . or -"
@@ -107,7 +107,7 @@ impl TagRef {
     /// removable, written `NAME:VERSION`.
     pub fn check_new(&self) -> Result<()> {
         if self.name.len() >= ID_LIKE_MIN_LEN && self.name.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(StoreError::Name {
+            return Err(FormatError::Name {
                 name: format!("invalid tag {self}"),
                 why: format!(
                     "a name of {ID_LIKE_MIN_LEN} or more hex digits only would read as a manifest id; add a letter \
@@ -245,7 +245,7 @@ impl TagRecord {
     /// The current manifest id.
     pub fn manifest_id(&self) -> Result<ObjectId> {
         ObjectId::from_hex(&self.manifest)
-            .map_err(|_| StoreError::corrupt(ObjectKind::Tag, self.tag().to_string(), "bad manifest id"))
+            .map_err(|_| FormatError::corrupt(ObjectKind::Tag, self.tag().to_string(), "bad manifest id"))
     }
 
     /// The tag this record is for.
@@ -257,7 +257,7 @@ impl TagRecord {
     pub fn from_json(bytes: &[u8], tag: &TagRef) -> Result<TagRecord> {
         let r: TagRecord = record::decode(bytes, ObjectKind::Tag, &tag.to_string())?;
         if &r.tag() != tag {
-            return Err(StoreError::corrupt(
+            return Err(FormatError::corrupt(
                 ObjectKind::Tag,
                 tag.to_string(),
                 format!("the record names tag {}", r.tag()),

@@ -2,9 +2,9 @@
 //! a list of chunk references. A manifest is a content-addressed object; its id (BLAKE3 of its
 //! bytes) is the image's root hash. Byte layout in docs/FORMAT.md.
 
-use crate::error::{Result, StoreError};
-use crate::format::id::ObjectId;
-use crate::format::meta;
+use crate::error::{FormatError, Result};
+use crate::id::ObjectId;
+use crate::meta;
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -169,8 +169,8 @@ impl Manifest {
         for (i, (path, offset, len)) in ranges.iter().enumerate() {
             let (entry, chunks) = files
                 .get(path.as_str())
-                .ok_or_else(|| StoreError::NotFound { what: ObjectKind::ImageFile, key: path.clone() })?;
-            let end = offset.checked_add(*len).filter(|&end| end <= entry.size).ok_or_else(|| StoreError::Entry {
+                .ok_or_else(|| FormatError::NotFound { what: ObjectKind::ImageFile, key: path.clone() })?;
+            let end = offset.checked_add(*len).filter(|&end| end <= entry.size).ok_or_else(|| FormatError::Entry {
                 entry: path.clone(),
                 why: format!("{len} bytes at {offset} run past the end of {path} ({} bytes)", entry.size),
             })?;
@@ -230,7 +230,7 @@ impl Manifest {
     /// Parses and checks a manifest: its hash must equal `id`, and every entry must be sane.
     pub fn decode(bytes: &[u8], id: &ObjectId) -> Result<Manifest> {
         let m = Self::decode_unchecked(bytes, id)?;
-        m.check().map_err(|d| StoreError::corrupt(ObjectKind::Manifest, id.to_hex(), d))?;
+        m.check().map_err(|d| FormatError::corrupt(ObjectKind::Manifest, id.to_hex(), d))?;
         Ok(m)
     }
 
@@ -259,14 +259,14 @@ impl Manifest {
     /// Refuses, before anything is stored or tagged, a manifest that readers would refuse
     /// ([`Manifest::decode`]'s entry checks): every writer calls it.
     pub fn validate(&self) -> Result<()> {
-        self.check().map_err(|d| StoreError::Refused(format!("the image cannot be stored: {d}")))
+        self.check().map_err(|d| FormatError::Refused(format!("the image cannot be stored: {d}")))
     }
 
     /// Parses the byte layout of a manifest whose hash must equal `id`, without the entry
     /// checks of [`Manifest::decode`]: for gc, which keeps the chunks of any manifest and
     /// dates images by it, never for a restore.
     pub fn decode_unchecked(bytes: &[u8], id: &ObjectId) -> Result<Manifest> {
-        let bad = |d: String| StoreError::corrupt(ObjectKind::Manifest, id.to_hex(), d);
+        let bad = |d: String| FormatError::corrupt(ObjectKind::Manifest, id.to_hex(), d);
         if &ObjectId::of(bytes) != id {
             return Err(bad("content does not match its id (BLAKE3 mismatch)".into()));
         }
@@ -385,7 +385,7 @@ mod tests {
         assert_eq!(skips, vec![12, 5, 0, 0]);
         assert_eq!(p.entries.iter().map(|e| e.size).collect::<Vec<_>>(), vec![30, 60, 0, 5]);
         assert!(m.pieces(&[("a".to_string(), 50, 11)]).unwrap_err().to_string().contains("run past the end of a"));
-        assert!(matches!(m.pieces(&[("c".to_string(), 0, 1)]), Err(StoreError::NotFound { .. })));
+        assert!(matches!(m.pieces(&[("c".to_string(), 0, 1)]), Err(FormatError::NotFound { .. })));
     }
 
     use super::*;
@@ -479,7 +479,7 @@ mod tests {
         m.entries.push(entry("link", EntryKind::Symlink, Some("/tmp")));
         m.entries.push(entry("link/f", EntryKind::Dir, None));
         let err = m.validate().unwrap_err();
-        assert_eq!(err.kind(), crate::error::ErrorKind::Usage);
+        assert!(matches!(err, crate::FormatError::Refused(_)), "{err}");
         assert!(err.to_string().contains("lies below \"link\""), "{err}");
         let bytes = m.encode();
         let id = ObjectId::of(&bytes);

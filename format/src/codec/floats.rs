@@ -10,8 +10,8 @@
 //! `plain_len mod W` bytes past the last whole word, raw. Every lane decodes to
 //! `plain_len / W` bytes.
 
-use crate::error::{Result, StoreError};
-use crate::format::id::ObjectId;
+use crate::error::{FormatError, Result};
+use crate::id::ObjectId;
 use crate::ObjectKind;
 
 /// Lane codec byte: the lane's bytes as they are.
@@ -326,8 +326,8 @@ pub fn encode(
 }
 
 /// The error for float-coded chunk `id` whose lanes are inconsistent.
-fn corrupt(id: &ObjectId, detail: String) -> StoreError {
-    StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), format!("float lanes: {detail}"))
+fn corrupt(id: &ObjectId, detail: String) -> FormatError {
+    FormatError::corrupt(ObjectKind::Chunk, id.to_hex(), format!("float lanes: {detail}"))
 }
 
 /// How one lane of a float-coded chunk is stored.

@@ -4,7 +4,7 @@
 //! core. A segment edge is therefore always a chunk edge, which keeps the cut points
 //! deterministic for a given store configuration while letting big files use every core.
 
-use crate::format::config::StoreConfig;
+use crate::config::StoreConfig;
 use std::ops::Range;
 
 /// The byte range of one chunk within its input.

@@ -3,8 +3,8 @@
 //! exactly the shapes the store writes, so a key from a listing or a request cannot name
 //! anything outside the store's namespace (no `..`, no NUL, no unknown prefix).
 
-use crate::format::id::ObjectId;
-use crate::format::tag::TagRef;
+use crate::id::ObjectId;
+use crate::tag::TagRef;
 use std::fmt;
 
 /// An object of a store.
@@ -31,7 +31,7 @@ pub enum ObjectKey {
     /// `keys/<16 lowercase hex>.key`: a key record of an encrypted store.
     KeyRecord(String),
     /// `damage/<first 2 hex>/<pack hex>.json`: chunks `gstore verify --read-data` found damaged
-    /// in that pack ([`crate::format::damage`]).
+    /// in that pack ([`crate::damage`]).
     Damage(ObjectId),
     /// `keys/retired.json`: the key records being removed (compare-and-swap writes make two
     /// removals at once see each other, so the last key is never removed).

@@ -1,15 +1,11 @@
 //! Pack objects: chunks appended one after another, then a footer that lists them, then a
 //! fixed-size trailer that locates and checksums the footer. Byte layout in docs/FORMAT.md.
 
-use crate::backend::Backend;
 use crate::codec::{Codec, DeltaBases};
-use crate::dedup::similar::Sketch;
-use crate::error::{Result, StoreError};
-use crate::format::id::ObjectId;
-use crate::format::key::ObjectKey;
+use crate::error::{FormatError, Result};
+use crate::id::ObjectId;
 use crate::ObjectKind;
 use bytes::Bytes;
-use object_store::PutPayload;
 
 /// Magic bytes at the start of every pack.
 pub const PACK_MAGIC: &[u8; 8] = b"GSPACK01";
@@ -22,9 +18,6 @@ pub const ENTRY_LEN: usize = 49;
 pub const ENTRY_LEN_V2: usize = ENTRY_LEN + 64;
 /// Bytes in the trailer.
 pub const TRAILER_LEN: usize = 56;
-/// Bytes [`read_tail`] reads from a pack's end in its first request: the trailer and, for most
-/// packs, the whole footer.
-const TAIL_GUESS: u64 = 64 << 10;
 /// Pack layout version written in the trailer of packs without delta chunks (readable by
 /// every gstore).
 pub const PACK_VERSION: u32 = 1;
@@ -40,7 +33,7 @@ fn entry_len(version: u32) -> usize {
     }
 }
 
-pub use crate::format::config::PackIds;
+pub use crate::config::PackIds;
 
 /// One chunk as listed in a pack footer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +67,7 @@ impl PackEntry {
     }
 
     fn read_from(b: &[u8], pack: &str) -> Result<Self> {
-        let bad = |why: String| StoreError::corrupt(ObjectKind::Pack, pack, why);
+        let bad = |why: String| FormatError::corrupt(ObjectKind::Pack, pack, why);
         let codec = Codec::from_byte(b[48]).ok_or_else(|| bad(format!("unknown codec byte {}", b[48])))?;
         let id = ObjectId::from_slice(&b[..32]).expect("32 bytes");
         // Only a version 2 entry has base fields; all zeros is none.
@@ -134,8 +127,6 @@ pub struct PackBuilder {
     entries: Vec<PackEntry>,
     /// Bytes of the pack so far (header and chunk data).
     len: u64,
-    /// Resemblance sketches of chunks in it, for the index (not part of the pack).
-    sketches: Vec<(ObjectId, Sketch)>,
 }
 
 /// A finished pack, ready to upload.
@@ -144,17 +135,15 @@ pub struct FinishedPack {
     pub id: ObjectId,
     /// The pack's bytes, in pieces (the header, each chunk's stored bytes, the footer and
     /// trailer) that make up the pack one after the other.
-    pub pieces: PutPayload,
+    pub pieces: Vec<Bytes>,
     /// Its chunks, in order.
     pub entries: Vec<PackEntry>,
-    /// Resemblance sketches of chunks in it, which the index records once the pack is stored.
-    pub sketches: Vec<(ObjectId, Sketch)>,
 }
 
 /// Length of the salt written after the magic.
 pub const SALT_LEN: usize = 16;
 /// Bytes of a pack's header: the magic, then the salt.
-const HEADER_LEN: usize = PACK_MAGIC.len() + SALT_LEN;
+pub const HEADER_LEN: usize = PACK_MAGIC.len() + SALT_LEN;
 
 /// Bytes no other pack starts with, so that every pack written gets a new id even when it
 /// holds the same chunks as an earlier one (which gc may have tombstoned: docs/GC.md, I4).
@@ -170,7 +159,7 @@ impl PackBuilder {
 
     /// Starts an empty pack with the given salt (deterministic simulations choose their own).
     pub fn with_salt(salt: [u8; SALT_LEN], ids: PackIds) -> Self {
-        PackBuilder { salt, ids, parts: Vec::new(), entries: Vec::new(), len: HEADER_LEN as u64, sketches: Vec::new() }
+        PackBuilder { salt, ids, parts: Vec::new(), entries: Vec::new(), len: HEADER_LEN as u64 }
     }
 
     /// Appends one stored chunk (copied).
@@ -191,12 +180,6 @@ impl PackBuilder {
     /// Appends a chunk as a footer entry describes it (a copy of `e`'s chunk, from another pack).
     pub fn push_entry(&mut self, e: &PackEntry, stored: &[u8]) {
         self.append(e.id, e.codec, e.bases, stored.to_vec(), e.plain_len);
-    }
-
-    /// Notes the resemblance sketch of chunk `id` (added to this pack), so that later chunks
-    /// like it can be stored as deltas against it.
-    pub fn add_sketch(&mut self, id: ObjectId, sketch: Sketch) {
-        self.sketches.push((id, sketch));
     }
 
     fn append(&mut self, id: ObjectId, codec: Codec, bases: Option<DeltaBases>, stored: Vec<u8>, plain_len: u32) {
@@ -246,14 +229,14 @@ impl PackBuilder {
             .chain(self.parts.into_iter().map(Bytes::from))
             .chain(std::iter::once(tail))
             .collect();
-        FinishedPack { id, pieces, entries: self.entries, sketches: self.sketches }
+        FinishedPack { id, pieces, entries: self.entries }
     }
 }
 
 impl FinishedPack {
     /// The pack's length in bytes.
     pub fn size(&self) -> u64 {
-        self.pieces.content_length() as u64
+        self.pieces.iter().map(|p| p.len() as u64).sum()
     }
 }
 
@@ -272,7 +255,7 @@ pub struct Trailer {
 
 /// Parses the last [`TRAILER_LEN`] bytes of a pack of `pack_len` bytes.
 pub fn parse_trailer(tail: &[u8], pack_len: u64, pack: &str) -> Result<Trailer> {
-    let bad = |d: String| StoreError::corrupt(ObjectKind::Pack, pack, d);
+    let bad = |d: String| FormatError::corrupt(ObjectKind::Pack, pack, d);
     if pack_len < (PACK_MAGIC.len() + TRAILER_LEN) as u64 || tail.len() != TRAILER_LEN {
         return Err(bad(format!("only {pack_len} bytes long: truncated")));
     }
@@ -303,108 +286,30 @@ pub fn parse_trailer(tail: &[u8], pack_len: u64, pack: &str) -> Result<Trailer> 
 /// lengths that fit a store whose chunks are at most `chunk_max` bytes (its config's).
 pub fn parse_footer(footer: &[u8], t: &Trailer, pack: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
     if blake3::hash(footer).as_bytes() != &t.footer_hash {
-        return Err(StoreError::corrupt(ObjectKind::Pack, pack, "footer checksum mismatch"));
+        return Err(FormatError::corrupt(ObjectKind::Pack, pack, "footer checksum mismatch"));
     }
     let mut entries = Vec::with_capacity(t.count as usize);
     for raw in footer.chunks_exact(entry_len(t.version)) {
         let e = PackEntry::read_from(raw, pack)?;
         let end = e.offset + e.stored_len as u64;
         if e.offset < PACK_MAGIC.len() as u64 || end > t.footer_offset {
-            return Err(StoreError::corrupt(
+            return Err(FormatError::corrupt(
                 ObjectKind::Pack,
                 pack,
                 format!("chunk {} lies outside the data area", e.id.short()),
             ));
         }
         if let Some(why) = e.bad_lengths(chunk_max) {
-            return Err(StoreError::corrupt(ObjectKind::Pack, pack, format!("chunk {}: {why}", e.id.short())));
+            return Err(FormatError::corrupt(ObjectKind::Pack, pack, format!("chunk {}: {why}", e.id.short())));
         }
         entries.push(e);
     }
     Ok(entries)
 }
 
-/// Reads and checks the footer of the pack `pack`, `size` bytes long (as listed), in a store
-/// whose chunks are at most `chunk_max` bytes: its entries, and the raw tail they were parsed
-/// from (footer entries, then trailer). Two range reads (three through tiers: the header
-/// too); the chunk data is not read.
-///
-/// Where pack reads go through caching tiers ([`Backend::past_tiers`]), the tail is used only
-/// when the pack's name covers it ([`read_named_tail`]): the footer's own hash does not, as a
-/// tier that rewrote an entry recomputes it, and a node trusting such an entry would
-/// deduplicate pushes against a chunk the store does not hold, or read other bytes for one.
-pub fn read_tail(backend: &Backend, pack: &ObjectId, size: u64, chunk_max: u32) -> Result<(Vec<PackEntry>, Vec<u8>)> {
-    let key = ObjectKey::Pack(*pack);
-    if let Some(store) = backend.past_tiers() {
-        return read_named_tail(backend, &store, pack, size, chunk_max);
-    }
-    match read_tail_once(backend, &key, size, chunk_max) {
-        // Bytes that came through a caching tier (and failed to open with an encrypted
-        // store's key) are read once more, past it.
-        Err(e) if e.is_damage() && backend.distrust(&key) => read_tail_once(backend, &key, size, chunk_max),
-        other => other,
-    }
-}
-
-/// [`read_tail`] through caching tiers (`backend`), with `store` the store past them. The
-/// pack's header is read too, and the tail is used when the header followed by it hashes to
-/// the pack's name (docs/FORMAT.md, "Pack names"). Any other tail — changed by a tier, or of a
-/// pack named by all its bytes, which no tail shows — is read again from `store`; a tier whose
-/// tail was not the store's is distrusted ([`Backend::distrust`]) as one that served damaged
-/// bytes.
-fn read_named_tail(
-    backend: &Backend,
-    store: &Backend,
-    pack: &ObjectId,
-    size: u64,
-    chunk_max: u32,
-) -> Result<(Vec<PackEntry>, Vec<u8>)> {
-    let key = ObjectKey::Pack(*pack);
-    // The header first, so that the tier the tail came from is the one distrusted.
-    let header = backend.get_range(&key, 0..HEADER_LEN as u64);
-    let served = read_tail_once(backend, &key, size, chunk_max);
-    match (&header, &served) {
-        (Ok(header), Ok((_, tail))) if header_footer_id(header, tail) == *pack => return served,
-        // The store's own answer (a tier that fails is gone around): nothing to read again.
-        (_, Err(e)) if !e.is_damage() => return served,
-        _ => {}
-    }
-    let stored = read_tail_once(store, &key, size, chunk_max)?;
-    if !served.is_ok_and(|(_, tail)| tail == stored.1) {
-        backend.distrust(&key);
-    }
-    Ok(stored)
-}
-
-fn read_tail_once(
-    backend: &Backend,
-    object: &ObjectKey,
-    size: u64,
-    chunk_max: u32,
-) -> Result<(Vec<PackEntry>, Vec<u8>)> {
-    let key = &object.to_string();
-    if size < TRAILER_LEN as u64 + 8 {
-        return Err(StoreError::corrupt(ObjectKind::Pack, key, format!("only {size} bytes long: truncated")));
-    }
-    // One read fetches the trailer with the footer of a pack of up to TAIL_GUESS / ENTRY_LEN
-    // chunks; a longer footer takes a second read for the rest.
-    let start = size.saturating_sub(TAIL_GUESS);
-    let guess = backend.get_range(object, start..size)?;
-    let footer_end = guess.len() - TRAILER_LEN;
-    let t = parse_trailer(&guess[footer_end..], size, key)?;
-    let footer = if t.footer_offset >= start {
-        guess.slice((t.footer_offset - start) as usize..footer_end)
-    } else {
-        let head = backend.get_range(object, t.footer_offset..start)?;
-        [&head[..], &guess[..footer_end]].concat().into()
-    };
-    let entries = parse_footer(&footer, &t, key, chunk_max)?;
-    Ok((entries, [&footer[..], &guess[footer_end..]].concat()))
-}
-
 /// The [`PackIds::HeaderFooter`] name of a pack with this header (magic and salt) and tail
 /// (footer entries, then trailer).
-fn header_footer_id(header: &[u8], tail: &[u8]) -> ObjectId {
+pub fn header_footer_id(header: &[u8], tail: &[u8]) -> ObjectId {
     let mut hasher = blake3::Hasher::new();
     hasher.update(header).update(tail);
     ObjectId(*hasher.finalize().as_bytes())
@@ -426,7 +331,7 @@ pub fn is_named(bytes: &[u8], id: &ObjectId) -> bool {
 /// Parses a whole pack held in memory: header, trailer, footer (see [`parse_footer`]).
 pub fn parse_pack(bytes: &[u8], pack: &str, chunk_max: u32) -> Result<Vec<PackEntry>> {
     if bytes.len() < PACK_MAGIC.len() || &bytes[..8] != PACK_MAGIC {
-        return Err(StoreError::corrupt(ObjectKind::Pack, pack, "header magic missing"));
+        return Err(FormatError::corrupt(ObjectKind::Pack, pack, "header magic missing"));
     }
     let len = bytes.len() as u64;
     let t = parse_trailer(&bytes[bytes.len().saturating_sub(TRAILER_LEN)..], len, pack)?;
@@ -442,7 +347,7 @@ mod tests {
 
     /// The pack's pieces joined: the bytes a backend stores.
     fn joined(p: &FinishedPack) -> Vec<u8> {
-        Bytes::from(p.pieces.clone()).to_vec()
+        p.pieces.concat()
     }
 
     fn sample() -> FinishedPack {
@@ -497,26 +402,6 @@ mod tests {
         let entries = parse_pack(&joined(&p), "p", MAX).unwrap();
         assert_eq!(entries, p.entries);
         assert_eq!(&joined(&p)[entries[1].offset as usize..][..3], b"two");
-    }
-
-    #[test]
-    fn footers_read_back_from_the_end_whatever_their_length() {
-        let backend = Backend::memory();
-        for chunks in [2usize, 3000] {
-            let mut b = PackBuilder::new(PackIds::HeaderFooter);
-            for i in 0..chunks {
-                let data = i.to_le_bytes();
-                b.push(ObjectId::of(&data), Codec::Raw, &data, data.len() as u32);
-            }
-            let p = b.finish();
-            assert_eq!(p.entries.len() * ENTRY_LEN > TAIL_GUESS as usize, chunks == 3000);
-            let size = p.size();
-            backend.put(&ObjectKey::Pack(p.id), p.pieces.clone()).unwrap();
-            let (entries, tail) = read_tail(&backend, &p.id, size, MAX).unwrap();
-            assert_eq!(entries, p.entries);
-            assert_eq!(&tail[..], &joined(&p)[p.size() as usize - tail.len()..]);
-            assert_eq!(tail.len(), chunks * ENTRY_LEN + TRAILER_LEN);
-        }
     }
 
     #[test]

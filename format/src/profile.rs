@@ -3,11 +3,9 @@
 //! first. A profile is only a hint: a missing or unreadable one changes the fill order, never
 //! what is restored. FORMAT.md describes the object.
 
-use crate::error::{Result, StoreError};
-use crate::format::id::ObjectId;
-use crate::format::key::ObjectKey;
-use crate::format::record;
-use crate::repo::store::Store;
+use crate::error::{FormatError, Result};
+use crate::id::ObjectId;
+use crate::record;
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 
@@ -43,7 +41,7 @@ impl Profile {
 
     /// Parses a stored profile of the image `id`.
     pub fn from_json(bytes: &[u8], id: &ObjectId) -> Result<Profile> {
-        let corrupt = |detail: String| StoreError::Corrupt { what: ObjectKind::Profile, key: id.to_hex(), detail };
+        let corrupt = |detail: String| FormatError::Corrupt { what: ObjectKind::Profile, key: id.to_hex(), detail };
         if bytes.len() > MAX_PROFILE_BYTES {
             return Err(corrupt(format!("{} bytes, more than the {MAX_PROFILE_BYTES} allowed", bytes.len())));
         }
@@ -57,21 +55,6 @@ impl Profile {
     /// The stored form.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a profile serializes")
-    }
-}
-
-impl Store {
-    /// The restore profile stored for image `id`, if any.
-    pub fn profile(&self, id: &ObjectId) -> Result<Option<Profile>> {
-        match self.backend().get_opt(&ObjectKey::Profile(*id))? {
-            Some(bytes) => Profile::from_json(&bytes, id).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// Stores `profile` for image `id`, replacing any earlier one.
-    pub fn put_profile(&self, id: &ObjectId, profile: &Profile) -> Result<()> {
-        self.backend().put(&ObjectKey::Profile(*id), profile.to_json())
     }
 }
 
@@ -92,20 +75,5 @@ mod tests {
         assert!(bad(r#"{"format":1,"segment_bytes":4096,"order":[],"x":1}"#).contains("unknown field"));
         let huge = vec![b' '; MAX_PROFILE_BYTES + 1];
         assert!(Profile::from_json(&huge, &id).expect_err("too big").to_string().contains("more than"));
-    }
-
-    #[test]
-    fn a_local_store_keeps_one_profile_per_image() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let location = crate::StoreLocation::Local(dir.path().to_path_buf());
-        Store::init(&location, &crate::StoreConfig::default()).expect("init");
-        let store = Store::open(&location).expect("open");
-        let id = ObjectId::of(b"image");
-        assert_eq!(store.profile(&id).expect("read"), None);
-        store.put_profile(&id, &Profile::new(4096, vec![(1, 0)])).expect("put");
-        store.put_profile(&id, &Profile::new(4096, vec![(1, 4096)])).expect("replace");
-        assert_eq!(store.profile(&id).expect("read"), Some(Profile::new(4096, vec![(1, 4096)])));
-        std::fs::write(dir.path().join(ObjectKey::Profile(id).to_string()), b"garbage").expect("damage");
-        assert!(store.profile(&id).expect_err("damaged").to_string().contains("corrupt profile"));
     }
 }

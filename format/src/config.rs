@@ -1,6 +1,6 @@
 //! Per-store settings, kept in the backend as `config.json` and fixed at `gstore init`.
 
-use crate::error::{Result, StoreError};
+use crate::error::{FormatError, Result};
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
 
@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 pub const FORMAT_VERSION: u32 = 1;
 /// The store format version of an encrypted store (gstore before encryption refuses it).
 pub const FORMAT_ENCRYPTED: u32 = 2;
-/// How an encrypted store seals its objects ([`crate::crypto::sealed`]).
+/// How an encrypted store seals its objects (docs/FORMAT.md, "Encrypted stores").
 pub const SEALING: &str = "aes-256-gcm-16k";
 /// How an encrypted store names chunks: their keyed BLAKE3 ([`crate::ChunkIds::Keyed`]).
 pub const CHUNK_IDS: &str = "blake3-keyed";
@@ -111,7 +111,7 @@ impl Default for StoreConfig {
 impl StoreConfig {
     /// Checks the parameters against FastCDC's limits and each other.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(StoreError::Invalid(m));
+        let bad = |m: String| Err(FormatError::Invalid(m));
         if self.min_saving > 100 {
             return bad(format!("min_saving is {} %: at most 100", self.min_saving));
         }
@@ -158,25 +158,27 @@ impl StoreConfig {
         Ok(())
     }
 
-    /// This config as an encrypted store's, checked by `master`.
-    pub fn encrypted(mut self, master: &crate::crypto::MasterKey) -> StoreConfig {
+    /// This config as an encrypted store's, with the check `check` (the master key's keyed
+    /// hash of a config) makes of it.
+    pub fn encrypted(mut self, check: impl Fn(&[u8]) -> blake3::Hash) -> StoreConfig {
         self.format = FORMAT_ENCRYPTED;
         self.encryption =
             Some(Encryption { objects: SEALING.into(), chunk_ids: CHUNK_IDS.into(), check: String::new() });
-        let check = master.config_check(&serde_json::to_vec(&self).expect("config serializes")).to_hex().to_string();
-        self.encryption.as_mut().expect("just set").check = check;
+        let made = check(&serde_json::to_vec(&self).expect("config serializes")).to_hex().to_string();
+        self.encryption.as_mut().expect("just set").check = made;
         self
     }
 
-    /// Checks that an encrypted store's config carries the check `master` makes of it.
-    pub fn check_sealed(&self, master: &crate::crypto::MasterKey, store: &str) -> Result<()> {
+    /// Checks that an encrypted store's config carries the check `check` (the master key's
+    /// keyed hash of a config) makes of it.
+    pub fn check_sealed(&self, check: impl Fn(&[u8]) -> blake3::Hash, store: &str) -> Result<()> {
         let Some(e) = &self.encryption else { return Ok(()) };
         let mut blank = self.clone();
         blank.encryption.as_mut().expect("encrypted").check = String::new();
-        let want = master.config_check(&serde_json::to_vec(&blank).expect("config serializes"));
+        let want = check(&serde_json::to_vec(&blank).expect("config serializes"));
         // blake3::Hash compares in constant time.
         if blake3::Hash::from_hex(&e.check).ok() != Some(want) {
-            return Err(StoreError::corrupt(
+            return Err(FormatError::corrupt(
                 ObjectKind::Config,
                 store,
                 "its check does not match the store's key: config.json was changed by someone without the key",
@@ -188,14 +190,14 @@ impl StoreConfig {
     /// Parses and validates `config.json`.
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
         let cfg: StoreConfig = serde_json::from_slice(bytes)
-            .map_err(|e| StoreError::corrupt(ObjectKind::Config, "config.json", e.to_string()))?;
+            .map_err(|e| FormatError::corrupt(ObjectKind::Config, "config.json", e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
 }
 
 /// How a store names its packs (docs/FORMAT.md, "Pack names"). Readers check a pack's name only
-/// for a tail that came through a caching tier ([`read_tail`]): every reader checks each chunk
+/// for a tail that came through a caching tier (the store's `read_tail`): every reader checks each chunk
 /// it decodes against the chunk's id, but nothing else covers a footer's entries. An HTTP
 /// server checks an uploaded pack's name either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

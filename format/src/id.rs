@@ -1,6 +1,6 @@
 //! 32-byte BLAKE3 object ids (chunks, packs, manifests) and their hex form.
 
-use crate::error::{Result, StoreError};
+use crate::error::{FormatError, Result};
 use std::fmt;
 
 /// A BLAKE3-256 digest naming a chunk, pack or manifest.
@@ -22,7 +22,7 @@ impl ObjectId {
     pub fn from_hex(s: &str) -> Result<Self> {
         let mut out = [0u8; 32];
         hex::decode_to_slice(s, &mut out)
-            .map_err(|_| StoreError::Name { name: format!("{s:?}"), why: "not a 64-hex-digit object id".into() })?;
+            .map_err(|_| FormatError::Name { name: format!("{s:?}"), why: "not a 64-hex-digit object id".into() })?;
         Ok(ObjectId(out))
     }
 
@@ -32,8 +32,9 @@ impl ObjectId {
     }
 
     /// An id no other call returns, in this process or any other, here or on another
-    /// machine: a hash of the time, the machine's boot id, the process and a process-wide
-    /// counter. Unpredictable enough for names and salts; not a secret.
+    /// machine: a hash of the time, the process, a process-wide counter and random bits the
+    /// standard library takes from the OS. Unpredictable enough for names and salts; not a
+    /// secret.
     pub fn unique() -> ObjectId {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -41,7 +42,8 @@ impl ObjectId {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let mut h = blake3::Hasher::new();
         h.update(&nanos.to_le_bytes()).update(&std::process::id().to_le_bytes()).update(&n.to_le_bytes());
-        h.update(&std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default());
+        // The standard library seeds each RandomState from the OS: bits no other process has.
+        h.update(&std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), n).to_le_bytes());
         ObjectId(*h.finalize().as_bytes())
     }
 

@@ -1,35 +1,26 @@
-//! Leases: objects a push (or a tag copy) holds while it relies on packs and manifests that no
-//! tag names yet, so that gc keeps them. docs/GC.md gives the protocol; docs/FORMAT.md the
-//! record layout.
+//! Leases in the store (`leases/<name>`): taken, grown and confirmed by a push or tag copy,
+//! dropped when its tag is written (docs/GC.md gives the protocol). The record's layout is
+//! `gstore_format::lease`.
 //!
-//! A lease names its owner by machine boot, pid namespace, pid and process start time. Only a
-//! gstore on the same boot and pid namespace can tell that the owner died (the pid is gone
-//! or belongs to a later process), and only then is a lease dropped without the operator's
-//! word: no clock is trusted.
+//! Only a gstore on the owner's boot and pid namespace can tell that the owner died (the pid
+//! is gone or belongs to a later process), and only then is a lease dropped without the
+//! operator's word: no clock is trusted.
 
 use crate::backend::{self, Backend};
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::{Family, ObjectKey};
-use crate::format::record;
-use crate::ObjectKind;
-use serde::{Deserialize, Serialize};
+use crate::format::lease::{owner_prefix, LeaseRecord, Owner};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Mutex;
 
-/// Which process holds a lease (or the gc lock).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Owner {
-    /// Host name, for messages.
-    pub host: String,
-    /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`).
-    pub boot_id: String,
-    /// The pid namespace (`/proc/self/ns/pid` link text).
-    pub pid_ns: String,
-    /// Process id.
-    pub pid: u32,
-    /// Process start time in clock ticks after boot (`/proc/PID/stat` field 22).
-    pub start_ticks: u64,
+/// What this machine can say of a lease's owner.
+pub trait Liveness {
+    /// The calling process.
+    fn current() -> Self;
+    /// True only when this process can prove the owner is gone: same boot and pid namespace,
+    /// and the pid no longer exists or now belongs to a process started at another time.
+    fn is_dead_here(&self) -> bool;
 }
 
 fn read_trimmed(path: &str) -> String {
@@ -44,9 +35,8 @@ fn start_ticks(pid: &str) -> Option<u64> {
     rest.split(' ').nth(19)?.parse().ok()
 }
 
-impl Owner {
-    /// The calling process.
-    pub fn current() -> Owner {
+impl Liveness for Owner {
+    fn current() -> Owner {
         Owner {
             host: read_trimmed("/proc/sys/kernel/hostname"),
             boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
@@ -56,60 +46,12 @@ impl Owner {
         }
     }
 
-    /// True only when this process can prove the owner is gone: same boot and pid namespace,
-    /// and the pid no longer exists or now belongs to a process started at another time.
-    pub fn is_dead_here(&self) -> bool {
+    fn is_dead_here(&self) -> bool {
         let me = Owner::current();
         if self.boot_id.is_empty() || self.boot_id != me.boot_id || self.pid_ns != me.pid_ns {
             return false;
         }
         start_ticks(&self.pid.to_string()) != Some(self.start_ticks)
-    }
-
-    /// `pid P on HOST`, for messages.
-    pub fn describe(&self) -> String {
-        format!("pid {} on {}", self.pid, self.host)
-    }
-}
-
-/// The stored form of a lease (JSON).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseRecord {
-    /// Format version (1).
-    pub format: u32,
-    /// Who holds it.
-    pub owner: Owner,
-    /// What it is for, e.g. `push app:latest`.
-    pub purpose: String,
-    /// Packs gc must keep whole (hex ids): those the holder wrote or deduplicated against.
-    #[serde(default)]
-    pub packs: BTreeSet<String>,
-    /// Manifests gc must keep, with every chunk they name (hex ids).
-    #[serde(default)]
-    pub manifests: BTreeSet<String>,
-}
-
-impl record::Versioned for LeaseRecord {
-    const FORMAT: u32 = 1;
-    fn format(&self) -> u32 {
-        self.format
-    }
-}
-
-impl LeaseRecord {
-    /// Parses a stored lease.
-    pub fn from_json(bytes: &[u8], key: &str) -> Result<LeaseRecord> {
-        record::decode(bytes, ObjectKind::Lease, key)
-    }
-
-    /// The packs it protects.
-    pub fn pack_ids(&self) -> impl Iterator<Item = ObjectId> + '_ {
-        self.packs.iter().filter_map(|h| ObjectId::from_hex(h).ok())
-    }
-
-    /// The manifests it protects.
-    pub fn manifest_ids(&self) -> impl Iterator<Item = ObjectId> + '_ {
-        self.manifests.iter().filter_map(|h| ObjectId::from_hex(h).ok())
     }
 }
 
@@ -123,14 +65,6 @@ pub struct Lease {
     /// Set when a write found the lease gone: someone removed it while it was held, and a gc
     /// may have deleted what it protected meanwhile ([`Lease::confirm`]).
     lost: std::sync::atomic::AtomicBool,
-}
-
-/// The first 16 hex digits of the name of every lease a client holding `token` writes
-/// through a `gstore serve` with tokens: the server lets a token that is not an admin's
-/// write and delete only leases named so (docs/SECURITY.md), so that one token cannot remove
-/// another's leases. Derived by BLAKE3 in key-derivation mode, so it reveals nothing of the token.
-pub fn owner_prefix(token: &[u8]) -> String {
-    hex::encode(&blake3::derive_key("gstore 2026-11 lease owner", token)[..8])
 }
 
 /// A new lease name: 32 lowercase hex digits, the first 16 [`owner_prefix`] of
@@ -250,6 +184,7 @@ pub fn has_tombstone(backend: &Backend, key: &ObjectKey) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::lease::LeaseRecord;
 
     #[test]
     fn owner_is_alive_here_and_a_gone_pid_is_dead() {
@@ -280,7 +215,7 @@ mod tests {
         assert_eq!(rec.pack_ids().collect::<Vec<_>>(), vec![p]);
         drop(lease);
         assert!(b.get_opt(&key).unwrap().is_none());
-        assert!(LeaseRecord::from_json(b"{", "k").unwrap_err().is_damage());
+        assert!(StoreError::from(LeaseRecord::from_json(b"{", "k").unwrap_err()).is_damage());
     }
 
     #[test]
@@ -303,13 +238,5 @@ mod tests {
         assert_eq!(err.kind(), crate::error::ErrorKind::Conflict, "{err}");
         assert!(err.to_string().contains("nothing was tagged"), "{err}");
         assert!(b.get_opt(lease.key()).unwrap().is_some(), "the lease is written again");
-    }
-
-    #[test]
-    fn lease_names_carry_the_owner_prefix_of_the_token() {
-        let p = owner_prefix(b"some-token-0123456789");
-        assert_eq!(p.len(), 16);
-        assert_ne!(p, owner_prefix(b"other-token-0123456789"));
-        assert!(ObjectKey::parse(&ObjectKey::Lease(format!("{p}{}", "0".repeat(16))).to_string()).is_ok());
     }
 }

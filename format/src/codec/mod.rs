@@ -1,6 +1,6 @@
 //! Per-chunk codecs: how a chunk's plain bytes are kept in a pack.
 
-pub(crate) mod floats;
+pub mod floats;
 pub mod huffman;
 pub(crate) mod prefix_zstd;
 
@@ -8,8 +8,8 @@ pub use crate::codec::floats::{
     layout as float_layout, Lane as FloatLane, LaneCodec as FloatLaneCodec, LaneCoding, Layout as FloatLayout,
 };
 use crate::codec::prefix_zstd::PrefixCompressor;
-use crate::error::{Result, StoreError};
-use crate::format::id::{ChunkIds, ObjectId};
+use crate::error::{FormatError, Result};
+use crate::id::{ChunkIds, ObjectId};
 use crate::ObjectKind;
 
 /// How a chunk is stored. The numeric value is the codec byte in pack footers.
@@ -105,7 +105,7 @@ impl Encoder {
     /// An encoder compressing at zstd `level`, trying the float codec on chunks that look like
     /// 2- or 4-byte floats when `floats` is set.
     pub fn new(level: i32, floats: bool) -> Result<Encoder> {
-        let bad = |e: std::io::Error| StoreError::Setting { name: format!("zstd level {level}"), why: e.to_string() };
+        let bad = |e: std::io::Error| FormatError::Setting { name: format!("zstd level {level}"), why: e.to_string() };
         let zstd = zstd::bulk::Compressor::new(level).map_err(bad)?;
         let mut lanes = zstd::bulk::Compressor::new(level).map_err(bad)?;
         lanes.set_parameter(zstd::zstd_safe::CParameter::MinMatch(7)).map_err(bad)?;
@@ -122,7 +122,7 @@ impl Encoder {
             scratch: floats::Scratch::default(),
             level,
             deltas: None,
-            min_saving: crate::format::config::MIN_SAVING_DEFAULT,
+            min_saving: crate::config::MIN_SAVING_DEFAULT,
         })
     }
 
@@ -300,7 +300,7 @@ pub fn decode_base(
     ids: ChunkIds,
 ) -> Result<Vec<u8>> {
     if codec == Codec::Delta {
-        return Err(StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), "a delta base is itself stored as a delta"));
+        return Err(FormatError::corrupt(ObjectKind::Chunk, id.to_hex(), "a delta base is itself stored as a delta"));
     }
     thread_local! {
         /// One decoder per thread for bases (a zstd context is costly to make per chunk).
@@ -371,7 +371,7 @@ impl IntoIterator for KnownBases {
 
 impl BaseSource for KnownBases {
     fn base_plain(&self, id: &ObjectId) -> Result<std::sync::Arc<Vec<u8>>> {
-        self.0.get(id).cloned().ok_or_else(|| StoreError::NotFound {
+        self.0.get(id).cloned().ok_or_else(|| FormatError::NotFound {
             what: ObjectKind::DeltaBase,
             key: format!("{} (not among the bases read ahead)", id.to_hex()),
         })
@@ -398,7 +398,7 @@ const ZSTD_DICT_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
 /// Checks `plain` against the chunk id (in a store naming chunks by `ids`) and expected length.
 pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId, ids: &ChunkIds) -> Result<()> {
     if plain.len() != plain_len {
-        return Err(StoreError::corrupt(
+        return Err(FormatError::corrupt(
             ObjectKind::Chunk,
             id.to_hex(),
             format!("decoded to {} bytes, expected {plain_len}", plain.len()),
@@ -406,7 +406,7 @@ pub fn verify(plain: &[u8], plain_len: usize, id: &ObjectId, ids: &ChunkIds) -> 
     }
     let got = ids.id(plain);
     if &got != id {
-        return Err(StoreError::corrupt(
+        return Err(FormatError::corrupt(
             ObjectKind::Chunk,
             id.to_hex(),
             format!("BLAKE3 mismatch: content hashes to {}", got.short()),
@@ -424,7 +424,7 @@ pub fn check_zstd_frame(frame: &[u8], plain_len: usize, id: &ObjectId) -> Result
     let walked = zstd::zstd_safe::find_frame_compressed_size(frame);
     match (declared, walked) {
         (Ok(Some(n)), Ok(len)) if n == plain_len as u64 && len == frame.len() => Ok(()),
-        (declared, walked) => Err(StoreError::corrupt(
+        (declared, walked) => Err(FormatError::corrupt(
             ObjectKind::Chunk,
             id.to_hex(),
             format!(
@@ -466,14 +466,14 @@ impl<'s> Decoder<'s> {
     /// Decodes a delta chunk into `out` (its plain length): looks up its bases, then decodes
     /// the frame with their plain bytes as its prefix. Returns the decoded length.
     fn expand_delta(&mut self, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<usize> {
-        let corrupt = |why: String| StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), why);
+        let corrupt = |why: String| FormatError::corrupt(ObjectKind::Chunk, id.to_hex(), why);
         let (bases, frame) =
             split_delta(stored).ok_or_else(|| corrupt(format!("a delta of {} bytes names no bases", stored.len())))?;
         if bases.contains(id) {
             return Err(corrupt("a delta names itself as its base".into()));
         }
         let source = self.bases.ok_or_else(|| {
-            StoreError::Internal(format!(
+            FormatError::NoBases(format!(
                 "chunk {} is stored as a delta against chunk {}, and this reader cannot look up bases",
                 id.short(),
                 bases.first.short()
@@ -525,7 +525,7 @@ impl<'s> Decoder<'s> {
         out: &mut Vec<u8>,
     ) -> Result<()> {
         if plain_len > self.chunk_max as usize {
-            return Err(StoreError::corrupt(
+            return Err(FormatError::corrupt(
                 ObjectKind::Chunk,
                 id.to_hex(),
                 format!("plain length {plain_len} exceeds the store's chunk max {}", self.chunk_max),
@@ -557,7 +557,7 @@ impl<'s> Decoder<'s> {
                         out.truncate(start + n);
                         Ok(())
                     }
-                    Err(e) => Err(StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), format!("zstd: {e}"))),
+                    Err(e) => Err(FormatError::corrupt(ObjectKind::Chunk, id.to_hex(), format!("zstd: {e}"))),
                 }
             }
         };
@@ -583,7 +583,7 @@ impl Decoder<'_> {
     pub fn expand_into(&mut self, codec: Codec, stored: &[u8], id: &ObjectId, out: &mut [u8]) -> Result<usize> {
         let plain_len = out.len();
         if plain_len > self.chunk_max as usize {
-            return Err(StoreError::corrupt(
+            return Err(FormatError::corrupt(
                 ObjectKind::Chunk,
                 id.to_hex(),
                 format!("plain length {plain_len} exceeds the store's chunk max {}", self.chunk_max),
@@ -607,7 +607,7 @@ impl Decoder<'_> {
             Codec::Zstd => self
                 .zstd
                 .decompress_to_buffer(stored, out)
-                .map_err(|e| StoreError::corrupt(ObjectKind::Chunk, id.to_hex(), format!("zstd: {e}")))?,
+                .map_err(|e| FormatError::corrupt(ObjectKind::Chunk, id.to_hex(), format!("zstd: {e}")))?,
         })
     }
 }
@@ -793,7 +793,7 @@ mod tests {
             let last = bad.len() - 1;
             bad[last] ^= 1;
             let err = Decoder::new(MAX).decode_into(codec, &bad, &id, &mut out).unwrap_err();
-            assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+            assert!(matches!(err, FormatError::Corrupt { .. }), "{err}");
         }
     }
 
