@@ -2,7 +2,7 @@
 the same files in the same run (issue #62).
 
     python3 benches/weights_load.py --gib 16 --work DIR --gstore-bin BIN [--rounds 2] [--cold]
-        [--loaders pinned,safetensors,instanttensor,gstore,gstore-iter,gstore-into,gstore-cli]
+        [--loaders pinned,safetensors,fastsafetensors,instanttensor,gstore,gstore-iter,gstore-into,gstore-cli]
         [--random-bits] [--variant 'LABEL ENV=V ... [--budget BYTES]'...]
 
 Writes GIB of bf16 weights shaped like a Qwen3-8B checkpoint (embeddings, attention and MLP
@@ -17,7 +17,8 @@ and the disk's own read rate is measured. The first round checks every tensor of
 against checksums taken when the weights were made.
 
 Loaders: `pinned` (pinned host -> device copy rate: the ceiling), `safetensors` (`load_file`
-per shard), `instanttensor` (0.2.2, `BackendPolicy.BUFFERED`; with --cold also `instanttensor-
+per shard), `fastsafetensors` (0.5.0, `fastsafe_open(..., nogds=True)`: its host path, on any machine),
+`instanttensor` (0.2.2, `BackendPolicy.BUFFERED`; with --cold also `instanttensor-
 direct`, its default O_DIRECT path), `gstore` (`Store.load`), `gstore-iter` (`Store.weights`,
 the (name, tensor) iterator), `gstore-into` (`Store.load_into` preallocated parameters),
 `gstore-cli` (`gstore load --device cuda:0`). --variant adds the gstore loads again under
@@ -195,6 +196,12 @@ def child(args):
         with safe_open(files, framework="pt", device=0, **kw) as f:
             for name, tensor in f.tensors():
                 out[name] = tensor
+    elif loader == "fastsafetensors":
+        from fastsafetensors import fastsafe_open
+
+        # Without GPUDirect Storage (`nogds`): its host path, on every machine.
+        with fastsafe_open(filenames=files, device="cuda:0", nogds=True) as f:
+            out = {name: f.get_tensor(name) for name in f.keys()}
     elif loader == "gstore":
         out = store.load("w", device="cuda:0", progress=False, memory_budget=args.budget)
         report = store.last_load

@@ -5,7 +5,7 @@ use gstore_capture::CaptureError;
 use gstore_container::ContainerError;
 use gstore_gpu_dump::GpuDumpError;
 use gstore_store::ObjectKind;
-use gstore_store::{ErrorKind, StoreError};
+use gstore_store::{format_kind, ErrorKind, FormatError, StoreError};
 use serde::Serialize;
 
 /// A command line gstore refuses beyond what the argument parser checks.
@@ -61,7 +61,10 @@ pub fn classify(e: &anyhow::Error) -> Code {
             return Code::Damaged;
         }
         if let Some(s) = cause.downcast_ref::<StoreError>() {
-            return store_code(s);
+            return store_code(s.kind());
+        }
+        if let Some(f) = cause.downcast_ref::<FormatError>() {
+            return store_code(format_kind(f));
         }
         if let Some(c) = cause.downcast_ref::<ContainerError>() {
             match c {
@@ -71,7 +74,7 @@ pub fn classify(e: &anyhow::Error) -> Code {
                 _ => {}
             }
             if let Some(s) = c.store_error() {
-                return store_code(s);
+                return store_code(s.kind());
             }
         }
         if let Some(GpuDumpError::NoSuchProcess { .. }) = cause.downcast_ref::<GpuDumpError>() {
@@ -84,7 +87,7 @@ pub fn classify(e: &anyhow::Error) -> Code {
                 return Code::Usage;
             }
             if let Some(s) = c.store_error() {
-                return store_code(s);
+                return store_code(s.kind());
             }
         }
     }
@@ -92,8 +95,8 @@ pub fn classify(e: &anyhow::Error) -> Code {
 }
 
 /// The exit status of a store failure, by its kind.
-fn store_code(s: &StoreError) -> Code {
-    match s.kind() {
+fn store_code(kind: ErrorKind) -> Code {
+    match kind {
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::Damage => Code::Damaged,
         ErrorKind::Conflict => Code::Conflict,
@@ -114,15 +117,15 @@ pub fn message(e: &anyhow::Error, code: Code) -> String {
             said = format!("{said}: {cause}");
         }
     }
-    let stored_data = |c: &(dyn std::error::Error + 'static)| {
-        matches!(
-            c.downcast_ref::<StoreError>(),
-            Some(StoreError::Corrupt {
-                what: ObjectKind::Chunk | ObjectKind::Pack | ObjectKind::Manifest | ObjectKind::SealedObject,
-                ..
-            })
-        )
+    let stored = |what: &ObjectKind| {
+        matches!(what, ObjectKind::Chunk | ObjectKind::Pack | ObjectKind::Manifest | ObjectKind::SealedObject)
     };
+    let stored_data =
+        |c: &(dyn std::error::Error + 'static)| match (c.downcast_ref::<StoreError>(), c.downcast_ref::<FormatError>())
+        {
+            (Some(StoreError::Corrupt { what, .. }), _) | (_, Some(FormatError::Corrupt { what, .. })) => stored(what),
+            _ => false,
+        };
     if code == Code::Damaged && e.chain().any(stored_data) {
         said.push_str(" (`gstore verify --read-data` lists every image the damage breaks)");
     }

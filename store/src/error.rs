@@ -211,6 +211,22 @@ impl From<FormatError> for StoreError {
     }
 }
 
+/// The kind of a layout's error: that of the store's error it becomes (for callers that hold
+/// one behind a reference, as an error chain does).
+pub fn format_kind(e: &FormatError) -> ErrorKind {
+    match e {
+        FormatError::Corrupt { .. } => ErrorKind::Damage,
+        FormatError::NotFound { .. } => ErrorKind::NotFound,
+        FormatError::Name { .. }
+        | FormatError::Setting { .. }
+        | FormatError::Entry { .. }
+        | FormatError::Refused(_)
+        | FormatError::Invalid(_) => ErrorKind::Usage,
+        FormatError::Bases(e) => e.downcast_ref::<StoreError>().map_or(ErrorKind::Failure, StoreError::kind),
+        FormatError::NoBases(_) => ErrorKind::Failure,
+    }
+}
+
 impl StoreError {
     /// Wraps an I/O error with the action and path it happened on.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
@@ -314,5 +330,21 @@ mod tests {
         let gone =
             StoreError::Unavailable { action: "reading", key: "k".into(), message: "reset".into(), reached: true };
         assert!(gone.stopped("gc stopped", "retry").is_transient());
+    }
+
+    #[test]
+    fn a_layouts_error_keeps_its_kind_as_the_stores() {
+        let errors = [
+            FormatError::corrupt(ObjectKind::Pack, "p", "magic"),
+            FormatError::NotFound { what: ObjectKind::ImageFile, key: "f".into() },
+            FormatError::Name { name: "bad tag".into(), why: "spaces".into() },
+            FormatError::Refused("no".into()),
+            FormatError::NoBases("delta".into()),
+            FormatError::Bases(Box::new(StoreError::lost_race("tag a:b"))),
+        ];
+        for e in errors {
+            let kind = format_kind(&e);
+            assert_eq!(StoreError::from(e).kind(), kind);
+        }
     }
 }

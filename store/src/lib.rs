@@ -20,7 +20,7 @@ pub mod progress;
 pub mod repo;
 pub mod units;
 
-pub use error::{ErrorKind, ObjectKind, Result, StoreError};
+pub use error::{format_kind, ErrorKind, ObjectKind, Result, StoreError};
 pub use format::config::{StoreConfig, FORMAT_VERSION};
 pub use format::id::{ChunkIds, ObjectId};
 pub use format::tag::TagRef;
