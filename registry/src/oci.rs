@@ -154,8 +154,13 @@ fn annotations_of(m: &Manifest) -> Map<String, Value> {
     let c = ContainerMeta::of(m).unwrap_or_default();
     let text = |k: &str| m.meta.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
     let runtime = if c.runtime.is_empty() { "runc".to_string() } else { c.runtime.clone() };
-    let podman_version =
-        m.meta.get("runtime").and_then(|r| r.get("version")).and_then(Value::as_str).unwrap_or_default().to_string();
+    let podman_version = m
+        .meta
+        .get(meta::RUNTIME)
+        .and_then(|r| r.get("version"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let p = |k: &str| format!("io.podman.annotations.checkpoint.{k}");
     let mut a = Map::new();
     a.insert(p("name"), c.name.clone().into());

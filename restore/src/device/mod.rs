@@ -204,8 +204,10 @@ enum Checker {
 const PLAN_BATCH: usize = 8192;
 
 /// Reads whose ranges a local store is asked to read ahead of the workers (see
-/// [`read_ahead`]): 32 device reads are 128 MiB in flight from a cold disk.
-const READ_AHEAD: usize = 32;
+/// [`read_ahead`]): 128 device reads are 384 MiB asked of a cold disk ahead of the workers. On
+/// the H200 machine's disk an 8 GiB cold load took 3.64 s with 128, 3.91 s with 64 and 3.93 s
+/// with 32 (docs/BENCHMARKS.md, issue #62); a warm load reads nothing ahead either way.
+const READ_AHEAD: usize = 128;
 
 /// Passes the reads `planned` sends on to the workers, each once a local `store` has been
 /// told it will be read: the kernel reads up to [`READ_AHEAD`] reads ahead of the workers
