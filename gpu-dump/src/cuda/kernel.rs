@@ -97,31 +97,19 @@ impl Context {
     /// code from it, or compiles its PTX for the device) into this context and looks up its
     /// kernel `name`.
     pub fn load_kernel(&self, fatbin: &'static [u8], name: &CStr) -> Result<Kernel> {
-        let [kernel] = self.load_kernels(fatbin, [name])?;
-        Ok(kernel)
-    }
-
-    /// Loads `fatbin` as [`Context::load_kernel`] does, once, and looks up each of its kernels
-    /// `names`.
-    pub fn load_kernels<const N: usize>(&self, fatbin: &'static [u8], names: [&CStr; N]) -> Result<[Kernel; N]> {
-        let image = fatbin.as_ptr();
         let api = self.kernel_api()?;
         self.bind()?;
         let mut module: ffi::CuModule = std::ptr::null_mut();
         // SAFETY: a valid out-pointer and a fatbin (its header gives its length) that outlives
         // the call.
-        let code = unsafe { (api.module_load_data)(&mut module, image.cast()) };
+        let code = unsafe { (api.module_load_data)(&mut module, fatbin.as_ptr().cast()) };
         self.check(code, || "cuModuleLoadData".to_string())?;
         let module = std::sync::Arc::new(Module { module, ctx: self.clone() });
-        let mut kernels = Vec::with_capacity(N);
-        for name in names {
-            let mut function: ffi::CuFunction = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer, a live module and a NUL-terminated name.
-            let code = unsafe { (api.module_get_function)(&mut function, module.module, name.as_ptr()) };
-            self.check(code, || format!("cuModuleGetFunction({name:?})"))?;
-            kernels.push(Kernel { module: std::sync::Arc::clone(&module), function });
-        }
-        Ok(kernels.try_into().expect("one kernel per name"))
+        let mut function: ffi::CuFunction = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer, a live module and a NUL-terminated name.
+        let code = unsafe { (api.module_get_function)(&mut function, module.module, name.as_ptr()) };
+        self.check(code, || format!("cuModuleGetFunction({name:?})"))?;
+        Ok(Kernel { module, function })
     }
 }
 
