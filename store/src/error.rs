@@ -211,6 +211,14 @@ impl From<FormatError> for StoreError {
     }
 }
 
+impl From<StoreError> for FormatError {
+    /// The store's error met while reading a delta base for a decoder, kept whole: the
+    /// conversion back ([`StoreError::from`]) returns it as it was.
+    fn from(e: StoreError) -> Self {
+        FormatError::Bases(Box::new(e))
+    }
+}
+
 /// The kind of a layout's error: that of the store's error it becomes (for callers that hold
 /// one behind a reference, as an error chain does).
 pub fn format_kind(e: &FormatError) -> ErrorKind {

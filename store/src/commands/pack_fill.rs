@@ -22,10 +22,17 @@ pub(crate) struct Filled {
     pub(crate) sketches: Vec<(ObjectId, Sketch)>,
 }
 
+impl Filled {
+    /// An empty pack of `store`'s, with no sketches.
+    fn empty(store: &Store) -> Filled {
+        Filled { pack: store.new_pack(), sketches: Vec::new() }
+    }
+}
+
 impl<'a> PackFill<'a> {
     /// An empty pack of `store`'s.
     pub(crate) fn new(store: &'a Store) -> PackFill<'a> {
-        PackFill { store, pack: Filled { pack: store.new_pack(), sketches: Vec::new() } }
+        PackFill { store, pack: Filled::empty(store) }
     }
 
     /// Notes the resemblance sketch of chunk `id` (added to this pack).
@@ -36,7 +43,7 @@ impl<'a> PackFill<'a> {
     /// The pack, once it has reached the store's target size, a new one taking its place.
     pub(crate) fn full(&mut self) -> Option<Filled> {
         (self.pack.pack.len() >= self.store.config().pack_target)
-            .then(|| std::mem::replace(&mut self.pack, Filled { pack: self.store.new_pack(), sketches: Vec::new() }))
+            .then(|| std::mem::replace(&mut self.pack, Filled::empty(self.store)))
     }
 
     /// The last pack, unless it is empty.

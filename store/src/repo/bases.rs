@@ -7,19 +7,15 @@ use crate::format::id::ObjectId;
 use crate::repo::index::ChunkLocation;
 use crate::repo::indexed::IndexedStore;
 use crate::ObjectKind;
-use gstore_format::FormatError;
 use rayon::prelude::*;
 
 impl BaseSource for IndexedStore {
     fn base_plain(&self, id: &ObjectId) -> gstore_format::Result<std::sync::Arc<Vec<u8>>> {
-        let read = || {
-            if let Some(hit) = self.bases.get(id) {
-                return Ok(hit);
-            }
-            let loc = self.locate(id)?;
-            self.read_base(id, loc)
-        };
-        read().map_err(|e| FormatError::Bases(Box::new(e)))
+        if let Some(hit) = self.bases.get(id) {
+            return Ok(hit);
+        }
+        let loc = self.locate(id)?;
+        Ok(self.read_base(id, loc)?)
     }
 }
 

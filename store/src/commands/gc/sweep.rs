@@ -177,10 +177,7 @@ impl BaseSource for FooterBases<'_> {
         let missing = || FormatError::NotFound { what: ObjectKind::DeltaBase, key: id.to_hex() };
         let pack = self.homes.get(id).and_then(|home| self.packs.get(home)).ok_or_else(missing)?;
         let e = pack.entries.iter().find(|e| e.id == *id && e.bases.is_none()).ok_or_else(missing)?;
-        let stored = self
-            .store
-            .read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)
-            .map_err(|e| FormatError::Bases(Box::new(e)))?;
+        let stored = self.store.read_pack_range(&pack.id, e.offset..e.offset + e.stored_len as u64)?;
         let plain = decode_base(
             e.codec,
             &stored,
