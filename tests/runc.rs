@@ -2,7 +2,8 @@
 //! (>= 4): `gstore checkpoint --container ID --runtime runc` into the store, the container
 //! gone, `gstore restore TAG --container` back into runc, counting on from its checkpoint; a
 //! checkpoint left running found through runc without `--runtime` and adding little; and the
-//! failures (no runc, no such container, a stopped container, the wrong runtime, a taken id).
+//! failures (no runc, no such container, a stopped container, the wrong runtime, a taken id, a
+//! store that fills up while the dump is pushed).
 //! The container is the static counter of tests/containers/counter.c in an OCI bundle of its
 //! own, writing its count into a bind-mounted directory. scripts/setup.sh installs runc.
 
@@ -217,6 +218,34 @@ fn runc_failures_are_clear_and_tag_nothing() {
     // --no-lazy restarts something: alone it is refused.
     let err = fails(&env, &["restore", "gone:1", "--to", &env.path("x").to_string_lossy(), "--no-lazy"]);
     assert!(err.contains("--no-lazy"), "{err}");
+}
+
+#[test]
+fn a_store_that_fills_up_mid_push_leaves_the_runc_container_running() {
+    // The page images are pushed while runc writes them; the store's disk (2 MiB) fills long
+    // before the dump of 32 MiB ends.
+    let mut env = Env::uninitialized();
+    let disk = SmallDisk::mount(&env.path("disk"), "2M");
+    env.store = disk.dir.join("store");
+    env.ok(&["init"]);
+    let c = Counter::start("full", 32);
+    for leave_running in [true, false] {
+        let mut args = vec!["checkpoint", "--container", &c.id, "--runtime", "runc", "--tag", "x:1"];
+        if leave_running {
+            args.push("--leave-running");
+        }
+        let err = fails(&env, &args);
+        let after = if leave_running {
+            "the container kept running"
+        } else {
+            "the container was restored from the staged image and runs again"
+        };
+        assert!(err.contains("No space left on device") && err.contains(after), "{err}");
+        assert_eq!(c.status().as_deref(), Some("running"));
+        let v = c.wait_above(0);
+        c.wait_above(v + 2);
+    }
+    assert!(env.ok(&["ls"]).lines().all(|l| !l.starts_with("x:1")), "nothing tagged");
 }
 
 #[test]

@@ -15,6 +15,7 @@
 pub mod archive;
 pub mod checkpoint;
 mod error;
+mod follow;
 pub mod podman;
 pub mod restore;
 pub mod runc;

@@ -4,13 +4,15 @@
 //! processes), so no `cuda-checkpoint` binary and no CRIU CUDA plugin is needed; after the dump
 //! (with `--leave-running`) and after `runc restore` it brings their GPU state back.
 //!
-//! runc writes CRIU's images into a directory (it has no streaming), so the image is staged:
-//! `checkpoint/` (runc's `--image-path`) and the bundle's `config.json`, pushed as one image whose
-//! page images get page-level deltas against earlier checkpoints. A push that fails after runc
-//! stopped the container restores it from the staged images.
+//! runc writes CRIU's images into a directory (CRIU's RPC mode has no streaming), so the image
+//! is staged there: `checkpoint/` (runc's `--image-path`) and the bundle's `config.json`. The
+//! page images are pushed while CRIU writes them ([`crate::follow`]), the rest once runc returns,
+//! as one image whose page images get page-level deltas against earlier checkpoints. A push
+//! that fails after runc stopped the container restores it from the staged images.
 
 use crate::archive::ContainerMeta;
 use crate::checkpoint::kernel;
+use crate::follow;
 use crate::error::{ContainerError, Result};
 use crate::podman::{failed, on_path, path_with_criu_first, succeeds};
 use gstore_gpu_dump::checkpoint::{
@@ -23,7 +25,7 @@ use gstore_gpu_dump::{
 };
 use gstore_lazy::mode::Mode;
 use gstore_store::commands::push::stream::Meta;
-use gstore_store::commands::push::{self, PushReport};
+use gstore_store::commands::push::PushReport;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::format::meta;
 use gstore_store::progress::Progress;
@@ -260,7 +262,7 @@ pub struct RuncCheckpointReport {
     pub timings: CaptureTimings,
     /// Seconds from the GPU lock (or the dump) until the container ran again (left running).
     pub paused_s: Option<f64>,
-    /// The push of the staged image into the store.
+    /// The push of the image into the store (its page images while runc wrote them).
     pub push: PushReport,
     /// Seconds in all.
     pub total_s: f64,
@@ -268,8 +270,9 @@ pub struct RuncCheckpointReport {
 
 /// Checkpoints the running container `id` through runc into the store as `tag`: its GPU
 /// processes locked and checkpointed through the driver (all before any is moved), `runc
-/// checkpoint` into a staging directory, their GPU state resumed (with `leave_running`), then
-/// the staged image pushed. Without `leave_running` runc stops the container; if the push
+/// checkpoint` into a staging directory whose page images are pushed as they are written,
+/// their GPU state resumed (with `leave_running`) as soon as the dump ends, the rest of the
+/// staged image pushed once runc returns. Without `leave_running` runc stops the container; if the push
 /// fails, it is restored from the staged image and runs again (the error says so). A store
 /// that refuses the tag (a server token that may not write it) fails the call before the
 /// container is touched.
@@ -320,33 +323,36 @@ pub fn checkpoint(
             .map_err(|e| gpu_failed(id, "the GPU checkpoint", e, resumed(cuda, &gpu_pids)))?;
         timings.gpu_checkpoint_s = Some(t.elapsed().as_secs_f64());
     }
-    let t = Instant::now();
-    let dumped = runc.checkpoint(id, &images, &staging.path().join("work"), leave_running);
-    timings.criu_dump_s = t.elapsed().as_secs_f64();
-    if let Err(e) = dumped {
-        return Err(dump_failed(runc, id, gpu, &gpu_pids, e));
-    }
-    let mut paused_s = None;
-    if let (true, Some(cuda)) = (leave_running, gpu) {
+    // The dump, and with `leave_running` the GPU state's return: the pause ends here, while
+    // the push may go on.
+    let work = staging.path().join("work");
+    let dump = || -> Result<Dumped> {
+        let mut timings = timings.clone();
         let t = Instant::now();
-        resume_all(cuda, &gpu_pids, &[])
-            .map_err(|e| gpu_failed(id, "the GPU resume after the dump", e, "its GPU processes may be lost".into()))?;
-        timings.gpu_resume_s = Some(t.elapsed().as_secs_f64());
-    }
-    if leave_running {
-        paused_s = Some(frozen.elapsed().as_secs_f64());
-    }
-
-    describe(&mut meta, runc, id, &st, leave_running, &timings);
-    match push::push(store, &image, tag, meta, progress) {
+        runc.checkpoint(id, &images, &work, leave_running).map_err(|e| dump_failed(runc, id, gpu, &gpu_pids, e))?;
+        timings.criu_dump_s = t.elapsed().as_secs_f64();
+        if let (true, Some(cuda)) = (leave_running, gpu) {
+            let t = Instant::now();
+            resume_all(cuda, &gpu_pids, &[]).map_err(|e| {
+                gpu_failed(id, "the GPU resume after the dump", e, "its GPU processes may be lost".into())
+            })?;
+            timings.gpu_resume_s = Some(t.elapsed().as_secs_f64());
+        }
+        Ok(Dumped { timings, paused_s: leave_running.then(|| frozen.elapsed().as_secs_f64()) })
+    };
+    let (dumped, pushed) = follow::push_while_written(store, &image, IMAGES, tag, progress, dump, |d| {
+        describe(&mut meta, runc, id, &st, leave_running, &d.timings);
+        meta
+    })?;
+    match pushed {
         Ok(push) => Ok(RuncCheckpointReport {
             container: id.into(),
             pid: st.pid,
             bundle: st.bundle,
             gpu_pids,
             left_running: leave_running,
-            timings,
-            paused_s,
+            timings: dumped.timings,
+            paused_s: dumped.paused_s,
             push,
             total_s: started.elapsed().as_secs_f64(),
         }),
@@ -363,6 +369,12 @@ pub fn checkpoint(
             })
         }
     }
+}
+
+/// What the dump did: its phases' times, and with `leave_running` the pause.
+struct Dumped {
+    timings: CaptureTimings,
+    paused_s: Option<f64>,
 }
 
 /// The CUDA driver and the container's GPU processes (its processes that use CUDA and have a

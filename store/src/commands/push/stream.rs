@@ -7,7 +7,7 @@
 //! deduplicate against each other. At most about `buffer` bytes wait between the feeders and
 //! the push; past that a feeder waits.
 
-use crate::commands::push::source::SourceEntry;
+use crate::commands::push::source::{self, SourceEntry};
 use crate::commands::push::source::Unit;
 use crate::dedup::similar;
 use crate::error::{Result, StoreError};
@@ -15,7 +15,7 @@ use crate::format::manifest::EntryKind;
 use crate::repo::indexed::IndexedStore;
 use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::Mutex;
 
@@ -91,6 +91,22 @@ impl StreamSink {
     /// Adds a symlink at `path` pointing at `target`.
     pub fn symlink(&self, path: &str, target: &str) -> Result<()> {
         self.entry(path, EntryKind::Symlink, 0o777, Some(target.to_string())).map(drop)
+    }
+
+    /// Adds every entry below `root` (as a push of the directory finds them) but those whose
+    /// path is in `skip`, files read from disk to their ends.
+    pub fn tree(&self, root: &Path, skip: &HashSet<String>) -> Result<()> {
+        for e in source::scan(root)?.into_iter().filter(|e| !skip.contains(&e.rel)) {
+            match e.kind {
+                EntryKind::Dir => self.dir(&e.rel, e.mode)?,
+                EntryKind::Symlink => self.symlink(&e.rel, e.target.as_deref().unwrap_or_default())?,
+                EntryKind::File => {
+                    let mut f = std::fs::File::open(&e.abs).map_err(|err| StoreError::io("reading", &e.abs, err))?;
+                    self.file(&e.rel, e.mode)?.read_from(&mut f)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Adds an entry; returns its number.
