@@ -16,13 +16,17 @@
 # of the network to dump). Its standard streams are /dev/null (CRIU dumps only files it can
 # reach from inside the container). It runs serve.py (SIZE: medium, large or qwen8b), whose
 # answer to a request is a greedy generation that must equal the one computed before any
-# checkpoint.
+# checkpoint; or with SIZE pair:P:C (default pair = pair:28:11) holder.py as two processes that
+# both hold CUDA state and compute, a parent with P GiB and its child with C GiB of fp16
+# N(0, 0.02), whose answer is both processes' checksums. CRIU's images (raw) and gstore's
+# staging go to the same filesystem ($CTR_WORK).
 #
 # Steps: a probe container (torch sees the GPU); the model container; raw path (lock+checkpoint
 # via the driver, runc checkpoint, runc restore, restore+unlock via the driver, answer); gstore
 # (checkpoint --container --runtime runc, restore --container (lazy), answer; the same restore
 # with --no-lazy, answer); a second gstore
-# checkpoint --leave-running (what it adds, the pause). Prints the times and ratios, exits
+# checkpoint --leave-running (what it adds, the pause), against raw's pause (driver lock+checkpoint,
+# runc checkpoint --leave-running, driver restore+unlock). Prints the times and ratios, exits
 # non-zero if a check fails.
 # Usage: tests/gpu/container.sh [CARRY_DIR] [SIZE]
 set -uo pipefail
@@ -70,7 +74,9 @@ export GSTORE_STORE="$W/store"
 B="$W/bundle"
 mkdir -p "$B/rootfs"
 mount --bind / "$B/rootfs" && mount -o remount,bind,ro "$B/rootfs" || { say "FAIL  cannot bind / read-only"; exit 1; }
-cp "${CTR_SERVE:-$HERE/serve.py}" "$W/state/serve.py"
+cp "${CTR_SERVE:-$HERE/serve.py}" "$W/state/serve.py"; cp "$HERE/holder.py" "$W/state/holder.py"
+mkdir -p "$W/tmp"; export TMPDIR="$W/tmp"
+say "$(df -h --output=target,size,avail "$W" | tail -1); $(free -g | awk '/Mem:/ {print $2 " GiB memory"}')"
 runc spec --bundle "$B" || exit 1
 python3 - "$B" "$W" "$(python3 -c 'import sys; print(sys.executable)')" "$SIZE" <<'PY' | tee -a "$OUTFILE"
 import json, os, stat, sys
@@ -101,8 +107,12 @@ print("devices:", ", ".join(d["path"] for d in devices))
 env = [f"{k}={v}" for k, v in os.environ.items()
        if k not in ("OUT", "PWD", "OLDPWD", "SHLVL", "_", "GSTORE_STORE") and not k.startswith("BASH_FUNC")]
 state = os.path.join(work, "state")
-c["process"].update(terminal=False, cwd="/", env=env + ["PYTHONUNBUFFERED=1"],
-                    args=[python, os.path.join(state, "serve.py"), os.path.join(state, "serve"), "7", size])
+args = [python, os.path.join(state, "serve.py"), os.path.join(state, "serve"), "7", size]
+if size.startswith("pair"):
+    parent_gib, child_gib = (size.split(":") + ["28", "11"])[1:3] if ":" in size else ("28", "11")
+    args = [python, os.path.join(state, "holder.py"), parent_gib, os.path.join(state, "serve"), "1"]
+    env += [f"HOLDER_WORKER_GIB={child_gib}", "HOLDER_HALF=1", "HOLDER_ANSWER_ALL=1"]
+c["process"].update(terminal=False, cwd="/", env=env + ["PYTHONUNBUFFERED=1"], args=args)
 c["root"] = {"path": "rootfs", "readonly": True}
 c["mounts"] += extra + [
     {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
@@ -180,12 +190,28 @@ check "verified answer after the raw restore" "answer_ok"
 check "computes on after the raw restore" "progressing"
 rm -rf "$img"
 
+# Raw, left running: the pause from the driver's lock to the driver's unlock around
+# runc checkpoint --leave-running.
+img="$W/raw-live"; mkdir -p "$img"
+pids=$(gpu_pids)
+t0=$(now)
+if [ -n "$pids" ]; then python3 "$HERE/raw_cr.py" suspend $pids >"$W/raw-live-suspend.txt" || { say "FAIL  raw suspend (left running)"; exit 1; }; fi
+t1=$(now)
+runc checkpoint --leave-running --image-path "$img" --work-path "$W/raw-live-work" "$ID" || { say "FAIL  raw runc checkpoint --leave-running"; grep Error "$W/raw-live-work/dump.log" | tail; exit 1; }
+t2=$(now)
+if [ -n "$pids" ]; then python3 "$HERE/raw_cr.py" resume $pids >"$W/raw-live-resume.txt" || { say "FAIL  raw resume (left running)"; exit 1; }; fi
+t3=$(now)
+RAW_PAUSE_S=$(dt "$t0" "$t3")
+say "raw --leave-running: paused $RAW_PAUSE_S s (driver lock+checkpoint $(dt "$t0" "$t1") s, runc checkpoint --leave-running $(dt "$t1" "$t2") s, driver restore+unlock $(dt "$t2" "$t3") s)"
+check "computes on after the raw --leave-running checkpoint" "progressing"
+rm -rf "$img"
+
 # gstore: checkpoint through runc (GPU state through the driver), the container gone, restore.
 t0=$(now)
 "$G" --json checkpoint --container "$ID" --runtime runc --tag ctr:full --criu "$W/bin/criu" >"$W/g-ckpt.json" 2>"$W/g-ckpt.err" || { say "FAIL  gstore checkpoint --container"; cat "$W/g-ckpt.err" | tee -a "$OUTFILE"; exit 1; }
 t1=$(now)
 G_CKPT_S=$(dt "$t0" "$t1")
-say "gstore checkpoint: $G_CKPT_S s ($(js "$W/g-ckpt.json" "'GPU pids %s; lock %.2f + gpu %.2f + runc checkpoint %.2f, store %.2f; %.2f GB logical, %.2f GB new' % (d['gpu_pids'], d['timings']['lock_s'] or 0, d['timings']['gpu_checkpoint_s'] or 0, d['timings']['criu_dump_s'], d['push']['seconds'], d['push']['logical_bytes']/1e9, d['push']['new_stored_bytes']/1e9)"))"
+say "gstore checkpoint: $G_CKPT_S s ($(js "$W/g-ckpt.json" "'GPU pids %s; lock %.2f + gpu %.2f + runc checkpoint %.2f, push %.2f (beside the dump); %.2f GB logical, %.2f GB new' % (d['gpu_pids'], d['timings']['lock_s'] or 0, d['timings']['gpu_checkpoint_s'] or 0, d['timings']['criu_dump_s'], d['push']['seconds'], d['push']['logical_bytes']/1e9, d['push']['new_stored_bytes']/1e9)"))"
 check "the checkpoint names the container's GPU process" "[ -n \"\$(js $W/g-ckpt.json \"' '.join(map(str, d['gpu_pids']))\")\" ]"
 check "the container is gone after the checkpoint" "! runc state $ID >/dev/null 2>&1"
 ask
@@ -211,7 +237,9 @@ check "verified answer after the eager gstore restore" "answer_ok"
 
 # A second checkpoint, left running: what it adds, and how long the model paused.
 "$G" --json checkpoint --container "$ID" --runtime runc --tag ctr:live --leave-running --criu "$W/bin/criu" >"$W/g-live.json" 2>"$W/g-live.err" || { say "FAIL  gstore checkpoint --leave-running"; cat "$W/g-live.err" | tee -a "$OUTFILE"; }
+G_PAUSE_S=?
 if [ -s "$W/g-live.json" ]; then
+  G_PAUSE_S=$(js "$W/g-live.json" "'%.2f' % d['paused_s']")
   say "gstore --leave-running: paused $(js "$W/g-live.json" "round(d['paused_s'], 2)") s, total $(js "$W/g-live.json" "round(d['total_s'], 2)") s; adds $(js "$W/g-live.json" "'%.3f GB of %.2f GB' % (d['push']['new_stored_bytes']/1e9, d['push']['logical_bytes']/1e9)")"
   check "computes on after a --leave-running checkpoint" "progressing"
   ask; wait_answer
@@ -220,6 +248,7 @@ fi
 say ""
 say "container ($SIZE)         raw        gstore     ratio"
 say "checkpoint (s)          $RAW_CKPT_S       $G_CKPT_S       $(ratio "$G_CKPT_S" "$RAW_CKPT_S") x raw"
+say "--leave-running pause   $RAW_PAUSE_S       $G_PAUSE_S       $(ratio "$G_PAUSE_S" "$RAW_PAUSE_S") x raw"
 say "restore to answer (s)   $RAW_ANS_S       $G_ANS_S       $(ratio "$G_ANS_S" "$RAW_ANS_S") x raw (eager: $G_EAGER_S s, $(ratio "$G_EAGER_S" "$RAW_ANS_S") x raw)"
 runc delete -f "$ID" >/dev/null 2>&1
 umount "$B/rootfs"

@@ -13,6 +13,10 @@ the recomputed checksum in OUTDIR/answer, which must equal OUTDIR/expect (the ch
 start): a request file made before a restore starts is answered as soon as the restored
 process runs.
 HOLDER_MARK_GIB=G puts G GiB more on the first GPU alone.
+HOLDER_WORKER_GIB=G gives each worker G GiB instead of GIB. HOLDER_HALF=1 holds fp16 N(0, 0.02)
+(weights' magnitudes) instead of fp32 N(0, 1). HOLDER_ANSWER_ALL=1 (with WORKERS > 0) makes the
+parent's answer (and OUTDIR/expect) its checksum followed by each worker's, which it asks for
+through the workers' own ask files: one request checks the whole tree.
 HOLDER_CPU_PARENT=1 (with WORKERS > 0) keeps the parent off the GPUs, as torchrun's or vLLM's
 parent is: it maps libcuda (as importing torch does) but never initialises CUDA, and holds its
 tensors in host memory; only the workers hold GPU state.
@@ -40,8 +44,11 @@ def put(name, text):
 
 put("pid", str(os.getpid()))
 cpu_parent = workers > 0 and os.environ.pop("HOLDER_CPU_PARENT", "") == "1"
+answer_all = workers > 0 and os.environ.pop("HOLDER_ANSWER_ALL", "") == "1"
+worker_gib = os.environ.get("HOLDER_WORKER_GIB", str(gib))
+dtype = torch.float16 if os.environ.get("HOLDER_HALF") == "1" else torch.float32
 children = [
-    subprocess.Popen([sys.executable, __file__, str(gib), os.path.join(out, f"w{k}"), "0", str(k)],
+    subprocess.Popen([sys.executable, __file__, worker_gib, os.path.join(out, f"w{k}"), "0", str(k)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for k in range(1, workers + 1)
 ]
@@ -56,8 +63,11 @@ else:
     device = lambda i: f"cuda:{(first_gpu + i) % gpus}"  # noqa: E731
 torch.manual_seed(1234 + first_gpu)
 n = 8
-per = int(gib * 2**30 / 4 / n)
-tensors = [torch.randn(per, device=device(i)) for i in range(n)]
+per = int(gib * 2**30 / dtype.itemsize / n) // 2 * 2
+tensors = [torch.randn(per, device=device(i), dtype=dtype) for i in range(n)]
+if dtype == torch.float16:
+    for t in tensors:
+        t.mul_(0.02)
 # HOLDER_MARK_GIB: that much more on the first GPU alone, so the GPUs' memory use tells which
 # GPU holds which part (the swap case checks that a restore moved it).
 mark_gib = float(os.environ.get("HOLDER_MARK_GIB", "0"))
@@ -74,6 +84,20 @@ def checksum():
     return str(total)
 
 
+def answer():
+    """This process's checksum, and with HOLDER_ANSWER_ALL each worker's after it."""
+    parts = [checksum()]
+    for k in range(1, workers + 1) if answer_all else ():
+        wd = os.path.join(out, f"w{k}")
+        if os.path.exists(os.path.join(wd, "answer")):
+            os.remove(os.path.join(wd, "answer"))
+        open(os.path.join(wd, "ask"), "w").close()
+        while not os.path.exists(os.path.join(wd, "answer")):
+            time.sleep(0.005)
+        parts.append(open(os.path.join(wd, "answer")).read())
+    return " ".join(parts)
+
+
 asked = []
 signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
 start_sum = checksum()
@@ -82,6 +106,8 @@ for k in range(1, workers + 1):
         if children[k - 1].poll() is not None:
             sys.exit(f"worker {k} exited with {children[k - 1].returncode}")
         time.sleep(0.05)
+if answer_all:
+    start_sum = " ".join([start_sum] + [open(os.path.join(out, f"w{k}", "expect")).read() for k in range(1, workers + 1)])
 put("expect", start_sum)
 put("ready", start_sum)
 step = 0
@@ -96,5 +122,5 @@ while True:
         put("checksum", checksum())
     if os.path.exists(os.path.join(out, "ask")):
         os.remove(os.path.join(out, "ask"))
-        put("answer", checksum())
+        put("answer", answer())
     time.sleep(0.01)
