@@ -183,7 +183,9 @@ mod tests {
             let start = Instant::now();
             while self.0.load(Ordering::Relaxed) < n {
                 if start.elapsed() > Duration::from_secs(60) {
-                    return Err(ContainerError::NoRuntime(format!("the push stored {self:?} of {n} bytes in a minute")));
+                    return Err(ContainerError::NoRuntime(format!(
+                        "the push stored {self:?} of {n} bytes in a minute"
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -255,7 +257,11 @@ mod tests {
         let out = tmp.path().join("out");
         gstore_restore::restore_to_dir(&store, &id, &m, &out, gstore_restore::Budget::DEFAULT, &stored).unwrap();
         let back = std::fs::read(out.join("checkpoint/pages-1.img")).unwrap();
-        assert!(back.len() == first.len() + second.len() && back[..first.len()] == first[..] && back[first.len()..] == second[..]);
+        assert!(
+            back.len() == first.len() + second.len()
+                && back[..first.len()] == first[..]
+                && back[first.len()..] == second[..]
+        );
         assert_eq!(std::fs::read(out.join("checkpoint/pagemap-1.img")).unwrap(), b"pagemap");
     }
 
@@ -295,7 +301,8 @@ mod tests {
             std::fs::OpenOptions::new().write(true).open(&pages_at).unwrap().set_len(1 << 20).unwrap();
             Ok(())
         };
-        let (_, pushed) = push_while_written(&store, &root, "checkpoint", &tag, &stored, write, |_| Meta::new()).unwrap();
+        let (_, pushed) =
+            push_while_written(&store, &root, "checkpoint", &tag, &stored, write, |_| Meta::new()).unwrap();
         let e = pushed.unwrap_err();
         assert!(matches!(e, StoreError::Conflict(_)) && e.to_string().contains("changed while it was pushed"), "{e}");
         assert!(store.resolve("ctr:1").is_err(), "nothing is tagged");

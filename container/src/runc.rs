@@ -12,8 +12,8 @@
 
 use crate::archive::ContainerMeta;
 use crate::checkpoint::kernel;
-use crate::follow;
 use crate::error::{ContainerError, Result};
+use crate::follow;
 use crate::podman::{failed, on_path, path_with_criu_first, succeeds};
 use gstore_gpu_dump::checkpoint::{
     gpu_processes, on_each, resume_all, CaptureTimings, META_CAPTURE_TIMINGS, META_CUDA_DRIVER_VERSION, META_GPUS,

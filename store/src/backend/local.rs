@@ -33,6 +33,11 @@ pub(super) struct LocalDir {
 }
 
 impl LocalDir {
+    /// The file store that holds the directory's objects.
+    pub(super) fn object_store(&self) -> Arc<dyn ObjectStore> {
+        self.durable.store()
+    }
+
     /// The store in `root`, which must exist (`Store::init` makes it).
     pub(super) fn open(root: &Path) -> Result<LocalDir> {
         // Only `init` makes a store's directory: any other command names a missing one as
@@ -166,13 +171,5 @@ impl Objects for LocalDir {
 
     fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.durable.delete(key)
-    }
-
-    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
-        self.durable.object_store()
-    }
-
-    fn local_root(&self) -> Option<&Path> {
-        Some(&self.root)
     }
 }

@@ -4,7 +4,9 @@
 //! [`Backend::from_object_store`]) and [`http`] (a gstore chunk server), wrappers ([`sealed`]
 //! for encrypted stores, [`retry`], [`tiered`]) — and [`Backend`], the blocking facade every
 //! store uses, which counts requests and turns a retried conditional write that had landed
-//! into the success it was. Every implementation runs on one shared tokio runtime.
+//! into the success it was, and knows what it was opened on (a directory, an `object_store`, a
+//! server) without asking through the wrappers. Every implementation runs on one shared tokio
+//! runtime.
 //! Keys are built and parsed by [`crate::format::key`] alone.
 
 pub(crate) mod http_client;
@@ -23,7 +25,7 @@ use crate::ObjectKind;
 use bytes::Bytes;
 use object_store::{ObjectStore, PutPayload};
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -123,14 +125,6 @@ pub(crate) trait Objects: Send + Sync {
     fn list(&self, prefix: &str) -> Result<Vec<ListEntry>>;
     /// Deletes an object.
     fn delete(&self, key: &ObjectKey) -> Result<()>;
-    /// The `object_store` behind this backend, for serving it over HTTP.
-    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
-        None
-    }
-    /// The directory of a local store.
-    fn local_root(&self) -> Option<&Path> {
-        None
-    }
     /// Fails when this client may not write tags named `name`: a server's token may be
     /// limited to some (docs/HTTP.md). Other backends let whoever may write, write any tag.
     fn check_tag_write(&self, _name: &str) -> Result<()> {
@@ -159,6 +153,18 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// What a backend keeps its objects in, as it was opened; the wrappers around it (retries,
+/// tiers, sealing) leave it as it is.
+#[derive(Clone)]
+enum Origin {
+    /// A directory on this machine, whose file store is `objects`.
+    Local { root: PathBuf, objects: Arc<dyn ObjectStore> },
+    /// An `object_store`: a bucket, or one the caller built.
+    Objects(Arc<dyn ObjectStore>),
+    /// A gstore server.
+    Server,
+}
+
 /// A blocking handle on an object store. Cheap to clone (clones share the store and the
 /// request count); safe to use from many threads.
 #[derive(Clone)]
@@ -168,13 +174,16 @@ pub struct Backend {
     /// ([`Backend::past_tiers`]).
     past_tiers: Option<Arc<dyn Objects>>,
     description: String,
+    origin: Origin,
     requests: Arc<AtomicU64>,
 }
 
 impl Backend {
     /// A directory on local disk; writes are fsynced and published atomically (rename).
     pub fn local(root: &Path) -> Result<Backend> {
-        Ok(Self::wrap(Arc::new(local::LocalDir::open(root)?), root.display().to_string()))
+        let dir = local::LocalDir::open(root)?;
+        let origin = Origin::Local { root: root.to_path_buf(), objects: dir.object_store() };
+        Ok(Self::wrap(Arc::new(dir), root.display().to_string(), origin))
     }
 
     /// An S3-compatible bucket, optionally under a key prefix. Endpoint, region, credentials
@@ -186,8 +195,10 @@ impl Backend {
     /// are retried for up to [`Patience::retry_for`].
     pub fn s3(bucket: &str, prefix: &str) -> Result<Backend> {
         let patience = Patience::from_env()?;
-        let objects = retry::Retrying::new(Box::new(s3::open(bucket, prefix, patience)?), patience);
-        Ok(Self::wrap(Arc::new(objects), format!("s3://{bucket}/{prefix}")))
+        let bucket_objects = s3::open(bucket, prefix, patience)?;
+        let origin = Origin::Objects(bucket_objects.store());
+        let objects = retry::Retrying::new(Box::new(bucket_objects), patience);
+        Ok(Self::wrap(Arc::new(objects), format!("s3://{bucket}/{prefix}"), origin))
     }
 
     /// Any `object_store` the caller builds (another cloud, an in-memory store, a wrapper of
@@ -195,7 +206,8 @@ impl Backend {
     /// [`crate::Store::open_backend`] and a [`crate::StoreLocation::Custom`] naming where this
     /// machine keeps its index.
     pub fn from_object_store(store: Arc<dyn ObjectStore>, description: impl Into<String>) -> Backend {
-        Self::wrap(Arc::new(objects::ObjectStoreObjects::new(store)), description.into())
+        let origin = Origin::Objects(store.clone());
+        Self::wrap(Arc::new(objects::ObjectStoreObjects::new(store)), description.into(), origin)
     }
 
     /// An in-memory store, for unit tests.
@@ -209,7 +221,7 @@ impl Backend {
     pub fn http(url: &str) -> Result<Backend> {
         let patience = Patience::from_env()?;
         let objects = retry::Retrying::new(Box::new(http::HttpObjects::new(url, patience)?), patience);
-        Ok(Self::wrap(Arc::new(objects), url.to_string()))
+        Ok(Self::wrap(Arc::new(objects), url.to_string(), Origin::Server))
     }
 
     /// This store with its pack reads going first through the caching tiers at `urls`
@@ -225,8 +237,8 @@ impl Backend {
         Ok(Backend { objects: Arc::new(tiered), past_tiers: Some(store), description, ..self })
     }
 
-    fn wrap(objects: Arc<dyn Objects>, description: String) -> Backend {
-        Backend { objects, past_tiers: None, description, requests: Arc::default() }
+    fn wrap(objects: Arc<dyn Objects>, description: String, origin: Origin) -> Backend {
+        Backend { objects, past_tiers: None, description, origin, requests: Arc::default() }
     }
 
     /// This backend as an encrypted store sees it: objects that hold data sealed with
@@ -234,7 +246,7 @@ impl Backend {
     pub fn sealed(&self, sealer: crate::crypto::sealed::Sealer) -> Backend {
         // Every pack read is opened with the store's key, block by block: bytes a tier changed
         // fail to open (and are read again past it, [`Backend::distrust`]).
-        let objects = Arc::new(sealed::SealedObjects::new(self.objects.clone(), sealer));
+        let objects = Arc::new(sealed::SealedObjects::new(self.objects.clone(), sealer, self.local_root().is_some()));
         Backend { objects, past_tiers: None, ..self.clone() }
     }
 
@@ -260,13 +272,19 @@ impl Backend {
     /// The `object_store` this backend reads and writes (for serving it over HTTP); `None` for
     /// an HTTP backend.
     pub fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
-        self.objects.object_store()
+        match &self.origin {
+            Origin::Local { objects, .. } | Origin::Objects(objects) => Some(objects.clone()),
+            Origin::Server => None,
+        }
     }
 
     /// The directory of a local store, where an object's key is its path (`None` for other
     /// backends).
     pub fn local_root(&self) -> Option<&Path> {
-        self.objects.local_root()
+        match &self.origin {
+            Origin::Local { root, .. } => Some(root),
+            Origin::Objects(_) | Origin::Server => None,
+        }
     }
 
     /// Fails when this client may not write tags named `name` (a server token limited to other

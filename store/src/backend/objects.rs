@@ -23,6 +23,11 @@ impl ObjectStoreObjects {
         ObjectStoreObjects { store }
     }
 
+    /// The store it wraps.
+    pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
     /// The object's entity tag, or `None` if it does not exist (for the local
     /// compare-and-swap, which compares it under a lock).
     pub(super) fn e_tag(&self, key: &ObjectKey) -> Result<Option<Option<String>>> {
@@ -108,10 +113,6 @@ impl Objects for ObjectStoreObjects {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(err("deleting", key, e)),
         }
-    }
-
-    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
-        Some(self.store.clone())
     }
 }
 

@@ -13,7 +13,6 @@ use crate::format::key::ObjectKey;
 use bytes::Bytes;
 use object_store::PutPayload;
 use std::ops::Range;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -126,14 +125,6 @@ impl Objects for Retrying {
 
     fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.call(|| self.inner.delete(key))
-    }
-
-    fn object_store(&self) -> Option<std::sync::Arc<dyn object_store::ObjectStore>> {
-        self.inner.object_store()
-    }
-
-    fn local_root(&self) -> Option<&Path> {
-        self.inner.local_root()
     }
 
     fn check_tag_write(&self, name: &str) -> Result<()> {

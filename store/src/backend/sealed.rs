@@ -10,10 +10,9 @@ use crate::format::key::ObjectKey;
 use crate::memory::KEPT;
 use crate::ObjectKind;
 use bytes::Bytes;
-use object_store::{ObjectStore, PutPayload};
+use object_store::PutPayload;
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// Headers kept at most; past it the map starts again (a pack's header costs one small read).
@@ -23,6 +22,8 @@ const HEADERS_KEPT: usize = 65_536;
 pub(crate) struct SealedObjects {
     inner: Arc<dyn Objects>,
     sealer: Sealer,
+    /// `inner` is a local directory: sealed ranges are read into kept buffers.
+    local: bool,
     headers: Mutex<HashMap<ObjectKey, Header>>,
 }
 
@@ -38,8 +39,8 @@ fn in_parts(sealed: Bytes) -> PutPayload {
 }
 
 impl SealedObjects {
-    pub(crate) fn new(inner: Arc<dyn Objects>, sealer: Sealer) -> SealedObjects {
-        SealedObjects { inner, sealer, headers: Mutex::default() }
+    pub(crate) fn new(inner: Arc<dyn Objects>, sealer: Sealer, local: bool) -> SealedObjects {
+        SealedObjects { inner, sealer, local, headers: Mutex::default() }
     }
 
     fn forget(&self, key: &ObjectKey) {
@@ -70,7 +71,7 @@ impl SealedObjects {
     /// bases beside a restore's own left its cores idle (a cold restore on two cores took
     /// 1.16-1.20x the unencrypted time, which reads bases with `pread`).
     fn read_sealed(&self, key: &ObjectKey, span: Range<u64>) -> Result<Bytes> {
-        if self.inner.local_root().is_none() {
+        if !self.local {
             return self.inner.get_range(key, span);
         }
         KEPT.read((span.end - span.start) as usize, |sealed| self.inner.get_range_into(key, span, sealed))
@@ -185,14 +186,6 @@ impl Objects for SealedObjects {
     fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.forget(key);
         self.inner.delete(key)
-    }
-
-    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
-        self.inner.object_store()
-    }
-
-    fn local_root(&self) -> Option<&Path> {
-        self.inner.local_root()
     }
 
     fn check_tag_write(&self, name: &str) -> Result<()> {

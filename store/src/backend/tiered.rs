@@ -17,10 +17,9 @@ use crate::error::{Result, StoreError};
 use crate::format::key::ObjectKey;
 use crate::ObjectKind;
 use bytes::Bytes;
-use object_store::{ObjectStore, PutPayload};
+use object_store::PutPayload;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -157,14 +156,6 @@ impl Objects for Tiered {
 
     fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.origin.delete(key)
-    }
-
-    fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
-        self.origin.object_store()
-    }
-
-    fn local_root(&self) -> Option<&Path> {
-        self.origin.local_root()
     }
 
     fn check_tag_write(&self, name: &str) -> Result<()> {

@@ -7,8 +7,8 @@
 //! deduplicate against each other. At most about `buffer` bytes wait between the feeders and
 //! the push; past that a feeder waits.
 
-use crate::commands::push::source::{self, SourceEntry};
 use crate::commands::push::source::Unit;
+use crate::commands::push::source::{self, SourceEntry};
 use crate::dedup::similar;
 use crate::error::{Result, StoreError};
 use crate::format::manifest::EntryKind;
