@@ -5,7 +5,6 @@ use gstore_store::format::key::ObjectKey;
 use gstore_store::format::manifest::{ChunkRef, Entry, EntryKind, Manifest};
 use gstore_store::{ObjectId, Store, StoreLocation, TagRef};
 use gstore_tests::*;
-use std::collections::BTreeMap;
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -27,7 +26,7 @@ fn plant(env: &Env, m: &Manifest, tag: &str) -> ObjectId {
 }
 
 fn crafted(entries: Vec<Entry>) -> Manifest {
-    Manifest { created_unix: 1, meta: BTreeMap::new(), entries, chunks: vec![] }
+    Manifest { created_unix: 1, meta: Default::default(), entries, chunks: vec![] }
 }
 
 #[test]

@@ -16,12 +16,11 @@ use crate::error::{CaptureError, Result};
 use gstore_gpu_dump::{procfs, CudaDriver};
 use gstore_restore::{Budget, DeviceImage};
 use gstore_store::format::manifest::Manifest;
-use gstore_store::format::meta;
+use gstore_store::format::meta::ImageMeta;
 use gstore_store::progress::Silent;
 use gstore_store::IndexedStore;
 use gstore_store::{ObjectId, ObjectKind, StoreError};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
@@ -215,28 +214,26 @@ pub fn refill(regs: &[Registration], prefetch: bool) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64())
 }
 
-/// The metadata a checkpoint of `regs` records: [`meta::RELEASED_WEIGHTS`], and the model
-/// images under [`meta::USES`] so that gc keeps them while the image lives.
-pub fn metadata(regs: &[Registration]) -> std::collections::BTreeMap<String, Value> {
-    let mut meta = std::collections::BTreeMap::new();
-    if !regs.is_empty() {
-        meta.insert(meta::RELEASED_WEIGHTS.to_string(), serde_json::json!(regs));
-        let mut uses: Vec<&str> = regs.iter().map(|r| r.image.as_str()).collect();
-        uses.sort_unstable();
-        uses.dedup();
-        meta.insert(meta::USES.to_string(), serde_json::json!(uses));
+/// The metadata a checkpoint of `regs` records: [`ImageMeta::released_weights`], and the
+/// model images under [`ImageMeta::uses`] so that gc keeps them while the image lives.
+pub fn metadata(regs: &[Registration]) -> ImageMeta {
+    if regs.is_empty() {
+        return ImageMeta::default();
     }
-    meta
+    let mut uses: Vec<String> = regs.iter().map(|r| r.image.clone()).collect();
+    uses.sort_unstable();
+    uses.dedup();
+    ImageMeta { released_weights: Some(serde_json::json!(regs)), uses: Some(uses), ..ImageMeta::default() }
 }
 
 /// The registrations an image's metadata records (empty when it left no weights out).
-pub fn recorded(meta: &std::collections::BTreeMap<String, Value>) -> Result<Vec<Registration>> {
-    match meta.get(meta::RELEASED_WEIGHTS) {
+pub fn recorded(meta: &ImageMeta) -> Result<Vec<Registration>> {
+    match &meta.released_weights {
         None => Ok(Vec::new()),
         Some(v) => serde_json::from_value(v.clone()).map_err(|e| CaptureError::Cooperation {
             pid: 0,
             step: "read",
-            detail: format!("the image's {} cannot be read: {e}", meta::RELEASED_WEIGHTS),
+            detail: format!("the image's released_weights cannot be read: {e}"),
         }),
     }
 }
@@ -383,7 +380,7 @@ mod tests {
     fn metadata_records_the_registrations_and_the_images_gc_must_keep() {
         let meta = metadata(&[reg(7), reg(9)]);
         assert_eq!(recorded(&meta).expect("read back"), vec![reg(7), reg(9)]);
-        assert_eq!(meta[meta::USES], serde_json::json!(["ab".repeat(32)]));
+        assert_eq!(meta.to_map()["uses"], serde_json::json!(["ab".repeat(32)]));
         assert!(metadata(&[]).is_empty());
         assert!(recorded(&metadata(&[])).expect("none").is_empty());
     }

@@ -4,8 +4,8 @@ use crate::checkpoint::CriuChoice;
 use crate::cooperate;
 use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
-use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport, META_PID};
-use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuMap, ImageMeta, MachineInfo};
+use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport};
+use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuMap, ImageNeeds, MachineInfo};
 use gstore_lazy::mode::Mode;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
@@ -65,10 +65,10 @@ pub fn run(
     let started = Instant::now();
     let id = store.resolve(reference)?;
     let m = store.get_manifest(&id)?;
-    let image = ImageMeta::from_metadata(&m.meta).map_err(|e| {
+    let image = ImageNeeds::from_metadata(&m.meta).map_err(|e| {
         let detail = match m.kind() {
             None => "it holds files, as `gstore push` stores them".to_string(),
-            Some(kind) if !kind.ends_with("-process") => format!("it is a {kind} image"),
+            Some(kind) if !kind.is_process() => format!("it is a {kind} image"),
             Some(_) => e.to_string(),
         };
         CaptureError::NotAProcess { reference: reference.to_string(), detail }
@@ -84,7 +84,7 @@ pub fn run(
     cooperate::ask_refill_on_restore(&weights, prefetch)?;
     let models = weights.iter().zip(models.into_iter().map(Ok));
     cooperate::while_prefetching(store, models, budget, prefetch, || -> Result<RunReport> {
-        let original_pid = m.meta.get(META_PID).and_then(|v| v.as_u64()).map(|p| p as u32);
+        let original_pid = m.meta.pid;
         let staged = Staged::new(keep_at, "restore")?;
         let dir = staged.path();
         let write_out =

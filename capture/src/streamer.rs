@@ -246,7 +246,7 @@ fn os(what: &str, e: std::io::Error) -> CaptureError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gstore_store::format::meta;
+    use gstore_store::format::meta::{ImageMeta, Kind};
     use gstore_store::progress::Silent;
     use gstore_store::{commands::push, commands::push::stream, IndexedStore, Store, StoreLocation, TagRef};
     use std::os::fd::{FromRawFd, OwnedFd};
@@ -319,7 +319,7 @@ mod tests {
             let pushing = s.spawn(|| push::push_stream(&store, source, &tag, &Silent));
             let criu = s.spawn(|| play_criu(&images, &files));
             assert_eq!(receive(&listener, &gate, &sink).unwrap(), Ended::Dumped);
-            let meta = stream::Meta::from([(meta::KIND.to_string(), serde_json::json!("cpu-process"))]);
+            let meta = ImageMeta::of_kind(Kind::CpuProcess);
             sink.finish(meta).unwrap();
             let pushed = pushing.join().unwrap().unwrap();
             gate.answer(true);

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::CommandFactory;
 use gstore_capture as capture;
 use gstore_progress::Bars;
+use gstore_store::format::meta::ImageMeta;
 use gstore_store::{
     commands::images, commands::push, commands::usage, IndexedStore, ObjectKind, Store, StoreError, StoreLocation,
     TagRef,
@@ -564,7 +565,7 @@ fn criu_choice(a: &CriuArgs) -> capture::CriuChoice<'_> {
     capture::CriuChoice { path: a.criu.as_deref(), extra: a.criu_opts.clone(), shell_job: a.shell_job }
 }
 
-fn parse_meta(items: &[String]) -> Result<BTreeMap<String, serde_json::Value>> {
+fn parse_meta(items: &[String]) -> Result<ImageMeta> {
     let mut meta = BTreeMap::new();
     for item in items {
         let Some((k, v)) = item.split_once('=') else {
@@ -572,7 +573,7 @@ fn parse_meta(items: &[String]) -> Result<BTreeMap<String, serde_json::Value>> {
         };
         meta.insert(k.to_string(), serde_json::Value::String(v.to_string()));
     }
-    Ok(meta)
+    Ok(ImageMeta::from_map(meta))
 }
 
 fn ls(store: &Store, name: Option<&str>, sort: Sort, latest: bool, out: &Output) -> Result<()> {
@@ -637,7 +638,7 @@ fn show(store: &Store, image: &str, out: &Output) -> Result<()> {
             plural(info.entries.len() as u64, "entry", "entries"),
             plural(info.chunks as u64, "chunk", "chunks")
         );
-        for (k, v) in &info.meta {
+        for (k, v) in &info.meta.to_map() {
             s.push_str(&format!("\nmeta {k} = {v}"));
         }
         s.push_str(&format!("\n{:<7} {:>6} {:>12} {:>8} {:>6}  PATH", "KIND", "MODE", "SIZE", "CHUNKS", "ZERO"));

@@ -7,6 +7,7 @@ use crate::stores::{open_image, open_indexed};
 use anyhow::{Context, Result};
 use gstore_container::{archive, checkpoint, podman::Podman, restore, runc, watch, ContainerError, Runtime};
 use gstore_progress::Bars;
+use gstore_store::format::meta::ImageMeta;
 use gstore_store::{StoreLocation, TagRef};
 use indicatif::HumanBytes;
 use std::collections::BTreeMap;
@@ -17,7 +18,7 @@ pub fn push_archive(
     location: &StoreLocation,
     path: &Path,
     tag: &TagRef,
-    meta: BTreeMap<String, serde_json::Value>,
+    meta: ImageMeta,
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {

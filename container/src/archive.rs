@@ -9,10 +9,11 @@
 
 use crate::error::{ContainerError, Result};
 use gstore_restore::cat::FileIndex;
-use gstore_store::commands::push::stream::{self, Meta, StreamSink};
+use gstore_store::commands::push::stream::{self, StreamSink};
 use gstore_store::commands::push::PushReport;
 use gstore_store::format::manifest::{EntryKind, Manifest};
-use gstore_store::format::meta;
+pub use gstore_store::format::meta::ContainerMeta;
+use gstore_store::format::meta::{ImageMeta, Kind};
 use gstore_store::progress::{Progress, Unit};
 use gstore_store::{IndexedStore, StoreError, TagRef};
 use serde::Serialize;
@@ -107,48 +108,20 @@ pub struct ArchiveInfo {
     pub container: Option<ContainerMeta>,
 }
 
-/// A checkpointed container as its archive's `config.dump` describes it (podman's keys, or
-/// CRI-O's), recorded in the image's metadata under `container`.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct ContainerMeta {
-    /// The container's name.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
-    /// The container's id.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub id: String,
-    /// The image it was created from, by name.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub image: String,
-    /// That image's id: the runtime needs it present to restore.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub image_id: String,
-    /// The OCI runtime that ran it (runc, crun).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub runtime: String,
-}
-
-impl ContainerMeta {
-    /// Reads a `config.dump` (podman: `rootfsImageID` / `rootfsImageName`; CRI-O:
-    /// `rootfsImageRef` / `rootfsImageName`); `None` if it is not JSON.
-    fn from_config_dump(bytes: &[u8]) -> Option<ContainerMeta> {
-        let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-        let s = |keys: &[&str]| {
-            keys.iter().find_map(|k| v.get(*k).and_then(|x| x.as_str())).unwrap_or_default().to_string()
-        };
-        Some(ContainerMeta {
-            name: s(&["name"]),
-            id: s(&["id"]),
-            image: s(&["rootfsImageName", "rootfsImage"]),
-            image_id: s(&["rootfsImageID", "rootfsImageRef"]),
-            runtime: s(&["runtime", "OCIRuntime"]),
-        })
-    }
-
-    /// The container recorded in an image's metadata, if any.
-    pub fn of(m: &Manifest) -> Option<ContainerMeta> {
-        serde_json::from_value(m.meta.get(meta::CONTAINER)?.clone()).ok()
-    }
+/// The checkpointed container a `config.dump` describes (podman: `rootfsImageID` /
+/// `rootfsImageName`; CRI-O: `rootfsImageRef` / `rootfsImageName`), as the image records it;
+/// `None` if it is not JSON.
+fn container_of(config_dump: &[u8]) -> Option<ContainerMeta> {
+    let v: serde_json::Value = serde_json::from_slice(config_dump).ok()?;
+    let s =
+        |keys: &[&str]| keys.iter().find_map(|k| v.get(*k).and_then(|x| x.as_str())).unwrap_or_default().to_string();
+    Some(ContainerMeta {
+        name: s(&["name"]),
+        id: s(&["id"]),
+        image: s(&["rootfsImageName", "rootfsImage"]),
+        image_id: s(&["rootfsImageID", "rootfsImageRef"]),
+        runtime: s(&["runtime", "OCIRuntime"]),
+    })
 }
 
 /// A reader that notes whether its source ever ran dry: a tar whose reader stops at the end of
@@ -177,7 +150,7 @@ const CONFIG_DUMP_MAX: u64 = 16 << 20;
 /// the archive says of itself). Regular files, directories and symlinks only; anything else,
 /// an unsafe path, or an archive cut short is an error, and the sink is dropped unfinished so
 /// that nothing is tagged.
-pub fn feed(sink: StreamSink, input: impl Read, what: &str, mut meta: Meta) -> Result<ArchiveInfo> {
+pub fn feed(sink: StreamSink, input: impl Read, what: &str, mut meta: ImageMeta) -> Result<ArchiveInfo> {
     let (plain, compression) = decompressed(input, what)?;
     let mut watch = EndWatch { inner: plain, bytes: 0, ran_dry: false };
     let mut info = ArchiveInfo { compression: Some(compression), ..ArchiveInfo::default() };
@@ -200,7 +173,7 @@ pub fn feed(sink: StreamSink, input: impl Read, what: &str, mut meta: Meta) -> R
                 if path == "config.dump" && entry.size() <= CONFIG_DUMP_MAX {
                     let mut bytes = Vec::with_capacity(entry.size() as usize);
                     entry.read_to_end(&mut bytes).map_err(|e| bad(what, format!("{path}: {e}")))?;
-                    info.container = ContainerMeta::from_config_dump(&bytes);
+                    info.container = container_of(&bytes);
                     file.read_from(&mut &bytes[..])
                 } else {
                     file.read_from(&mut entry)
@@ -240,10 +213,10 @@ pub fn feed(sink: StreamSink, input: impl Read, what: &str, mut meta: Meta) -> R
     // the end (a compressed stream followed by other bytes) is no error of the archive.
     let _ = std::io::copy(&mut watch, &mut std::io::sink());
     if info.checkpoint {
-        meta.insert(meta::KIND.into(), crate::KIND.into());
+        meta.kind = Some(Kind::ContainerCheckpoint);
     }
     if let Some(c) = &info.container {
-        meta.insert(meta::CONTAINER.into(), serde_json::to_value(c).expect("plain strings"));
+        meta.container = Some(c.clone());
     }
     sink.finish(meta)?;
     Ok(info)
@@ -257,7 +230,7 @@ pub fn push_archive(
     input: impl Read,
     what: &str,
     tag: &TagRef,
-    meta: Meta,
+    meta: ImageMeta,
     progress: &dyn Progress,
 ) -> Result<(PushReport, ArchiveInfo)> {
     tag.check_new()?;
@@ -381,11 +354,11 @@ mod tests {
     #[test]
     fn podman_and_crio_config_dumps_name_the_base_image() {
         let podman = br#"{"id":"7f73","name":"ctr1","rootfsImageID":"2627","rootfsImageName":"localhost/bb:1","runtime":"runc"}"#;
-        let c = ContainerMeta::from_config_dump(podman).unwrap();
+        let c = container_of(podman).unwrap();
         assert_eq!((c.name.as_str(), c.image.as_str(), c.image_id.as_str()), ("ctr1", "localhost/bb:1", "2627"));
         let crio = br#"{"id":"ab","name":"k8s_ctr","rootfsImage":"docker.io/x:1","rootfsImageRef":"beef"}"#;
-        let c = ContainerMeta::from_config_dump(crio).unwrap();
+        let c = container_of(crio).unwrap();
         assert_eq!((c.image.as_str(), c.image_id.as_str()), ("docker.io/x:1", "beef"));
-        assert!(ContainerMeta::from_config_dump(b"not json").is_none());
+        assert!(container_of(b"not json").is_none());
     }
 }

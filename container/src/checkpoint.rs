@@ -6,9 +6,9 @@
 use crate::archive::{self, ArchiveInfo};
 use crate::error::{ContainerError, Result};
 use crate::podman::Podman;
-use gstore_store::commands::push::stream::Meta;
+
 use gstore_store::commands::push::PushReport;
-use gstore_store::format::meta;
+use gstore_store::format::meta::{ImageMeta, Runtime};
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, TagRef};
 use serde::Serialize;
@@ -63,10 +63,12 @@ pub fn checkpoint(
         .map_err(|e| ContainerError::io("creating", std::env::temp_dir(), e))?;
     let fifo = dir.path().join("checkpoint.tar");
     gstore_gpu_dump::fifo::make(&fifo).map_err(|e| ContainerError::io("creating FIFO", &fifo, e))?;
-    let mut meta = Meta::new();
-    meta.insert(meta::RUNTIME.into(), serde_json::json!({ "engine": "podman", "version": podman.version() }));
-    meta.insert(meta::CRIU_VERSION.into(), podman.criu().version().into());
-    meta.insert(meta::KERNEL.into(), kernel().into());
+    let meta = ImageMeta {
+        runtime: Some(Runtime { engine: "podman".into(), version: podman.version() }),
+        criu_version: Some(podman.criu().version()),
+        kernel: Some(kernel()),
+        ..ImageMeta::default()
+    };
     let (mut reader, held) =
         gstore_gpu_dump::fifo::open_held(&fifo).map_err(|e| ContainerError::io("opening FIFO", &fifo, e))?;
     let (child, command) = podman.start_checkpoint(&c.name, &fifo, leave_running)?;

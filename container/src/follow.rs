@@ -10,9 +10,10 @@
 //! removes it, so a push that fails can still restore the container from it.
 
 use crate::error::Result;
-use gstore_store::commands::push::stream::{self, Meta, StreamSink};
+use gstore_store::commands::push::stream::{self, StreamSink};
 use gstore_store::commands::push::{self, PushReport};
 use gstore_store::dedup::similar::is_page_image_path;
+use gstore_store::format::meta::ImageMeta;
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, StoreError, TagRef};
 use std::collections::HashSet;
@@ -42,7 +43,7 @@ pub(crate) fn push_while_written<T: Send>(
     tag: &TagRef,
     progress: &dyn Progress,
     write: impl FnOnce() -> Result<T> + Send,
-    meta: impl FnOnce(&T) -> Meta,
+    meta: impl FnOnce(&T) -> ImageMeta,
 ) -> Result<(T, std::result::Result<PushReport, StoreError>)> {
     let (sink, source) = stream::channel(store, BUFFER);
     std::thread::scope(|s| {
@@ -61,7 +62,7 @@ fn feed<T: Send>(
     root: &Path,
     dir: &str,
     write: impl FnOnce() -> Result<T> + Send,
-    meta: impl FnOnce(&T) -> Meta,
+    meta: impl FnOnce(&T) -> ImageMeta,
 ) -> Result<(T, std::result::Result<(), StoreError>)> {
     let done = AtomicBool::new(false);
     let followed = Mutex::new(HashSet::new());
@@ -244,14 +245,14 @@ mod tests {
             std::fs::write(root.join("checkpoint/pagemap-1.img"), b"pagemap").unwrap();
             Ok(7u32)
         };
-        let meta = |t: &u32| Meta::from([("written".to_string(), serde_json::json!(t))]);
+        let meta = |t: &u32| ImageMeta { pid: Some(*t), ..ImageMeta::default() };
         let (t, pushed) = push_while_written(&store, &root, "checkpoint", &tag, &stored, write, meta).unwrap();
         assert_eq!(t, 7);
         pushed.unwrap();
 
         let id = store.resolve("ctr:1").unwrap();
         let m = store.get_manifest(&id).unwrap();
-        assert_eq!(m.meta["written"], 7);
+        assert_eq!(m.meta.pid, Some(7));
         let paths: Vec<_> = m.entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["checkpoint", "checkpoint/pagemap-1.img", "checkpoint/pages-1.img", "config.json"]);
         let out = tmp.path().join("out");
@@ -278,7 +279,7 @@ mod tests {
             Err(ContainerError::NoRuntime("CRIU failed".into()))
         };
         let e = push_while_written(&store, &root, "checkpoint", &tag, &gstore_store::progress::Silent, write, |_| {
-            Meta::new()
+            ImageMeta::default()
         })
         .err()
         .unwrap();
@@ -302,7 +303,7 @@ mod tests {
             Ok(())
         };
         let (_, pushed) =
-            push_while_written(&store, &root, "checkpoint", &tag, &stored, write, |_| Meta::new()).unwrap();
+            push_while_written(&store, &root, "checkpoint", &tag, &stored, write, |_| ImageMeta::default()).unwrap();
         let e = pushed.unwrap_err();
         assert!(matches!(e, StoreError::Conflict(_)) && e.to_string().contains("changed while it was pushed"), "{e}");
         assert!(store.resolve("ctr:1").is_err(), "nothing is tagged");

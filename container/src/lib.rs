@@ -23,9 +23,6 @@ pub mod watch;
 
 pub use error::{ContainerError, Result};
 
-/// The `kind` an image of a container checkpoint records in its metadata.
-pub const KIND: &str = "container-checkpoint";
-
 /// The container runtimes gstore drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Runtime {

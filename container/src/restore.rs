@@ -6,6 +6,7 @@ use crate::archive::{self, ContainerMeta};
 use crate::error::{ContainerError, Result};
 use crate::podman::Podman;
 use gstore_store::format::manifest::Manifest;
+use gstore_store::format::meta::Kind;
 use gstore_store::progress::Progress;
 use gstore_store::IndexedStore;
 use serde::Serialize;
@@ -33,13 +34,13 @@ pub struct ContainerRestoreReport {
 /// Checks that image `m` (named `image`) is a container checkpoint this machine can restore
 /// as `name` (else the name it was checkpointed under); returns its container.
 pub fn check(podman: &Podman, image: &str, m: &Manifest, name: Option<&str>) -> Result<ContainerMeta> {
-    let kind = m.kind().unwrap_or("files");
-    if kind != crate::KIND {
+    if m.kind() != Some(&Kind::ContainerCheckpoint) {
+        let kind = m.kind().map_or("files", |k| k.as_str());
         return Err(ContainerError::NotACheckpoint(format!(
             "{image} is not a container checkpoint (its kind is {kind}); `gstore restore {image} --to DIR` writes its files"
         )));
     }
-    let c = ContainerMeta::of(m).unwrap_or_default();
+    let c = m.meta.container.clone().unwrap_or_default();
     let incompatible = |why: String| ContainerError::Incompatible { image: image.to_string(), why };
     let wanted = if c.image_id.is_empty() { &c.image } else { &c.image_id };
     if wanted.is_empty() {

@@ -10,24 +10,19 @@
 //! as one image whose page images get page-level deltas against earlier checkpoints. A push
 //! that fails after runc stopped the container restores it from the staged images.
 
-use crate::archive::ContainerMeta;
 use crate::checkpoint::kernel;
 use crate::error::{ContainerError, Result};
 use crate::follow;
 use crate::podman::{failed, on_path, path_with_criu_first, succeeds};
-use gstore_gpu_dump::checkpoint::{
-    gpu_processes, on_each, resume_all, CaptureTimings, META_CAPTURE_TIMINGS, META_CUDA_DRIVER_VERSION, META_GPUS,
-    META_GPU_PIDS,
-};
+use gstore_gpu_dump::checkpoint::{gpu_processes, on_each, resume_all, CaptureTimings};
 use gstore_gpu_dump::cuda::{self, ffi::GpuPair};
 use gstore_gpu_dump::{
-    check_compatible, Criu, CudaDriver, GpuDumpError, GpuMap, ImageKind, ImageMeta, MachineInfo, ProcessState,
+    check_compatible, Criu, CudaDriver, GpuDumpError, GpuMap, ImageNeeds, MachineInfo, ProcessState,
 };
 use gstore_lazy::mode::Mode;
-use gstore_store::commands::push::stream::Meta;
 use gstore_store::commands::push::PushReport;
 use gstore_store::format::manifest::Manifest;
-use gstore_store::format::meta;
+use gstore_store::format::meta::{ContainerMeta, ImageMeta, Kind, RuncMeta, Runtime};
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, ObjectId, TagRef};
 use serde::{Deserialize, Serialize};
@@ -60,15 +55,6 @@ pub struct State {
     /// "running", "paused", "stopped", "created".
     pub status: String,
     /// Its bundle directory.
-    pub bundle: PathBuf,
-    /// Its root filesystem.
-    pub rootfs: PathBuf,
-}
-
-/// What a runc image records for its restore (metadata key [`meta::RUNC`]).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct RuncMeta {
-    /// The bundle directory it ran from (and is restored from).
     pub bundle: PathBuf,
     /// Its root filesystem.
     pub rootfs: PathBuf,
@@ -296,7 +282,7 @@ pub fn checkpoint(
             stderr: "only a running container can be checkpointed".into(),
         });
     }
-    let mut meta = Meta::new();
+    let mut meta = ImageMeta::default();
     let mut timings = CaptureTimings::default();
     let (cuda, gpu_pids) = gpu_state(runc, id, &st, &mut meta)?;
     let gpu = cuda.as_ref().filter(|_| !gpu_pids.is_empty());
@@ -380,7 +366,7 @@ struct Dumped {
 /// The CUDA driver and the container's GPU processes (its processes that use CUDA and have a
 /// context), and their metadata in `meta`; none when no process uses CUDA. The driver is
 /// asked before any lock: cuInit can take seconds and must not extend the freeze.
-fn gpu_state(runc: &Runc, id: &str, st: &State, meta: &mut Meta) -> Result<(Option<CudaDriver>, Vec<u32>)> {
+fn gpu_state(runc: &Runc, id: &str, st: &State, meta: &mut ImageMeta) -> Result<(Option<CudaDriver>, Vec<u32>)> {
     let users: Vec<u32> = runc.pids(id)?.into_iter().filter(|&p| cuda::process_uses_cuda(p)).collect();
     let Some(&first) = users.first() else { return Ok((None, Vec::new())) };
     let cuda = CudaDriver::load().map_err(|e| {
@@ -392,9 +378,9 @@ fn gpu_state(runc: &Runc, id: &str, st: &State, meta: &mut Meta) -> Result<(Opti
     let gpus = cuda.devices().map_err(not_started)?;
     let gpu_pids = gpu_processes(&cuda, st.pid, &users);
     if !gpu_pids.is_empty() {
-        meta.insert(META_CUDA_DRIVER_VERSION.into(), format!("{major}.{minor}").into());
-        meta.insert(META_GPUS.into(), serde_json::json!(gpus));
-        meta.insert(META_GPU_PIDS.into(), serde_json::json!(gpu_pids));
+        meta.cuda_driver_version = Some(format!("{major}.{minor}"));
+        meta.gpus = Some(gpus);
+        meta.gpu_pids = Some(gpu_pids.clone());
     }
     Ok((Some(cuda), gpu_pids))
 }
@@ -417,19 +403,16 @@ fn dump_failed(runc: &Runc, id: &str, gpu: Option<&CudaDriver>, gpu_pids: &[u32]
 }
 
 /// The metadata of a runc checkpoint image of container `id`.
-fn describe(meta: &mut Meta, runc: &Runc, id: &str, st: &State, leave_running: bool, timings: &CaptureTimings) {
-    meta.insert(meta::KIND.into(), crate::KIND.into());
-    meta.insert(meta::RUNTIME.into(), serde_json::json!({ "engine": "runc", "version": runc.version() }));
-    let container = ContainerMeta { name: id.into(), id: id.into(), runtime: "runc".into(), ..Default::default() };
-    meta.insert(meta::CONTAINER.into(), serde_json::json!(container));
-    meta.insert(
-        meta::RUNC.into(),
-        serde_json::json!(RuncMeta { bundle: st.bundle.clone(), rootfs: st.rootfs.clone() }),
-    );
-    meta.insert(meta::CRIU_VERSION.into(), runc.criu().version().into());
-    meta.insert(meta::KERNEL.into(), kernel().into());
-    meta.insert(meta::LEAVE_RUNNING.into(), leave_running.into());
-    meta.insert(META_CAPTURE_TIMINGS.into(), serde_json::json!(timings));
+fn describe(meta: &mut ImageMeta, runc: &Runc, id: &str, st: &State, leave_running: bool, timings: &CaptureTimings) {
+    meta.kind = Some(Kind::ContainerCheckpoint);
+    meta.runtime = Some(Runtime { engine: "runc".into(), version: runc.version() });
+    meta.container =
+        Some(ContainerMeta { name: id.into(), id: id.into(), runtime: "runc".into(), ..Default::default() });
+    meta.runc = Some(RuncMeta { bundle: st.bundle.clone(), rootfs: st.rootfs.clone() });
+    meta.criu_version = Some(runc.criu().version());
+    meta.kernel = Some(kernel());
+    meta.leave_running = Some(leave_running);
+    meta.capture_timings = Some(timings.clone());
 }
 
 /// After a failed push of a dump that ended container `id`: restores it from the image staged
@@ -481,7 +464,7 @@ fn resume_restored(
 
 /// Whether image `m` was checkpointed through runc.
 pub fn is_runc_image(m: &Manifest) -> bool {
-    m.meta.get(meta::RUNTIME).and_then(|r| r.get("engine")).and_then(|e| e.as_str()) == Some("runc")
+    m.meta.runtime.as_ref().is_some_and(|r| r.engine == "runc")
 }
 
 /// A runc image checked for its restore here.
@@ -499,19 +482,15 @@ pub struct Checked {
 /// free, and for a GPU image a driver and GPUs that can take it.
 pub fn check(runc: &Runc, image: &str, m: &Manifest, name: Option<&str>) -> Result<Checked> {
     let incompatible = |why: String| ContainerError::Incompatible { image: image.to_string(), why };
-    let kind = m.kind().unwrap_or("files");
-    if kind != crate::KIND || !is_runc_image(m) {
+    let kind = m.kind().map_or("files", |k| k.as_str());
+    if m.kind() != Some(&Kind::ContainerCheckpoint) || !is_runc_image(m) {
         return Err(ContainerError::NotACheckpoint(format!(
             "{image} is not a container checkpoint made through runc (its kind is {kind}); `gstore restore {image} \
              --to DIR` writes its files"
         )));
     }
-    let c = ContainerMeta::of(m).unwrap_or_default();
-    let r: RuncMeta = m
-        .meta
-        .get(meta::RUNC)
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
-        .ok_or_else(|| incompatible("its metadata names no bundle".into()))?;
+    let c = m.meta.container.clone().unwrap_or_default();
+    let r = m.meta.runc.as_ref().ok_or_else(|| incompatible("its metadata names no bundle".into()))?;
     if !r.bundle.is_dir() {
         return Err(incompatible(format!(
             "its bundle {} is not here: runc restores the container from the bundle (and root filesystem) it ran \
@@ -532,10 +511,9 @@ pub fn check(runc: &Runc, image: &str, m: &Manifest, name: Option<&str>) -> Resu
             taken: format!("runc has a container {id}: restore under another id with --name, or `runc delete -f {id}`"),
         });
     }
-    let gpu = if m.meta.contains_key(META_GPU_PIDS) {
-        let mut as_process = m.meta.clone();
-        as_process.insert(meta::KIND.into(), ImageKind::GpuProcess.as_str().into());
-        let wants = ImageMeta::from_metadata(&as_process).map_err(|e| incompatible(e.to_string()))?;
+    let gpu = if m.meta.gpu_pids.is_some() || m.meta.other.contains_key("gpu_pids") {
+        let as_process = ImageMeta { kind: Some(Kind::GpuProcess), ..m.meta.clone() };
+        let wants = ImageNeeds::from_metadata(&as_process).map_err(|e| incompatible(e.to_string()))?;
         let cuda = CudaDriver::load();
         let machine = MachineInfo::probe(Some(runc.criu()), &cuda);
         let pairs = check_compatible(&wants, &machine, &GpuMap::default()).map_err(|e| incompatible(e.to_string()))?;
@@ -543,7 +521,7 @@ pub fn check(runc: &Runc, image: &str, m: &Manifest, name: Option<&str>) -> Resu
     } else {
         None
     };
-    Ok(Checked { id, bundle: r.bundle, gpu })
+    Ok(Checked { id, bundle: r.bundle.clone(), gpu })
 }
 
 /// What a runc restore reports.

@@ -14,11 +14,10 @@
 
 use crate::archive;
 use crate::{ContainerError, Result};
-use gstore_store::format::meta;
+use gstore_store::format::meta::{ImageMeta, SourceArchive};
 use gstore_store::progress::Silent;
 use gstore_store::{IndexedStore, TagRef};
 use serde::Serialize;
-use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -53,8 +52,8 @@ pub struct Found {
 
 impl Found {
     /// What the image records of the archive it came from.
-    fn identity(&self) -> Value {
-        json!({ "name": self.name, "size": self.size, "modified_ns": self.modified_ns.to_string() })
+    fn identity(&self) -> SourceArchive {
+        SourceArchive { name: self.name.clone(), size: self.size, modified_ns: self.modified_ns.to_string() }
     }
 }
 
@@ -197,14 +196,13 @@ fn store_once(store: &IndexedStore, found: &Found, opts: &Options, taken: &mut T
     taken.tag = tag.to_string();
     if let Some(rec) = store.get_tag(&tag)? {
         let id = rec.manifest_id()?;
-        if store.get_manifest(&id)?.meta.get(meta::SOURCE_ARCHIVE) == Some(&found.identity()) {
+        if store.get_manifest(&id)?.meta.source_archive == Some(found.identity()) {
             taken.outcome = "already stored";
             taken.manifest = Some(id.to_hex());
             return Ok(());
         }
     }
-    let mut meta = gstore_store::commands::push::stream::Meta::new();
-    meta.insert(meta::SOURCE_ARCHIVE.into(), found.identity());
+    let meta = ImageMeta { source_archive: Some(found.identity()), ..ImageMeta::default() };
     let file = std::fs::File::open(&found.path).map_err(|e| ContainerError::io("opening", &found.path, e))?;
     let what = found.path.display().to_string();
     let input = std::io::BufReader::with_capacity(1 << 20, file);

@@ -4,10 +4,10 @@
 
 use crate::error::{FormatError, Result};
 use crate::id::ObjectId;
-use crate::meta;
+use crate::meta::{ImageMeta, Kind};
 use crate::ObjectKind;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 /// Magic bytes at the start of every manifest.
 pub const MANIFEST_MAGIC: &[u8; 8] = b"GSMANIF1";
@@ -24,7 +24,7 @@ const PIECE_ALIGN: u64 = 4096;
 pub struct References {
     /// Its chunk references.
     pub chunks: Vec<ChunkRef>,
-    /// The images it needs ([`meta::USES`]).
+    /// The images it needs ([`ImageMeta::uses`]).
     pub uses: Vec<ObjectId>,
     /// Why readers refuse it, if they do.
     pub refused: Option<String>,
@@ -89,7 +89,7 @@ struct Header {
     format: u32,
     created_unix: u64,
     #[serde(default)]
-    meta: BTreeMap<String, serde_json::Value>,
+    meta: ImageMeta,
     entries: Vec<Entry>,
 }
 
@@ -98,8 +98,8 @@ struct Header {
 pub struct Manifest {
     /// Seconds since the Unix epoch when the image was pushed.
     pub created_unix: u64,
-    /// Free-form metadata (image kind, capture timings, versions, ...).
-    pub meta: BTreeMap<String, serde_json::Value>,
+    /// What the image is and how it was made (docs/FORMAT.md, "Image metadata").
+    pub meta: ImageMeta,
     /// Entries in image order.
     pub entries: Vec<Entry>,
     /// All chunk references, entry after entry (`entries[i].chunks` of them each).
@@ -161,7 +161,7 @@ impl Manifest {
             self.files().filter(|(e, _)| e.kind == EntryKind::File).map(|(e, c)| (e.path.as_str(), (e, c))).collect();
         let mut out = Manifest {
             created_unix: self.created_unix,
-            meta: BTreeMap::new(),
+            meta: ImageMeta::default(),
             entries: Vec::new(),
             chunks: Vec::new(),
         };
@@ -245,15 +245,14 @@ impl Manifest {
         Ok(References { chunks: m.chunks, uses, refused })
     }
 
-    /// The image's kind ([`meta::KIND`]), if its metadata says.
-    pub fn kind(&self) -> Option<&str> {
-        self.meta.get(meta::KIND).and_then(|k| k.as_str())
+    /// The image's kind, if its metadata says.
+    pub fn kind(&self) -> Option<&Kind> {
+        self.meta.kind.as_ref()
     }
 
-    /// The images this one needs ([`meta::USES`]); ids that do not parse are left out.
+    /// The images this one needs ([`ImageMeta::uses`]); ids that do not parse are left out.
     pub fn uses(&self) -> Vec<ObjectId> {
-        let listed = self.meta.get(meta::USES).and_then(|v| v.as_array());
-        listed.into_iter().flatten().filter_map(|v| ObjectId::from_hex(v.as_str()?).ok()).collect()
+        self.meta.uses.iter().flatten().filter_map(|hex| ObjectId::from_hex(hex).ok()).collect()
     }
 
     /// Refuses, before anything is stored or tagged, a manifest that readers would refuse
@@ -367,7 +366,7 @@ mod tests {
         };
         let m = Manifest {
             created_unix: 1,
-            meta: BTreeMap::new(),
+            meta: ImageMeta::default(),
             entries: vec![file("a", 60, 3), file("b", 5, 1)],
             chunks: vec![chunk(1, 10), chunk(2, 20), chunk(3, 30), chunk(4, 5)],
         };
@@ -395,7 +394,7 @@ mod tests {
         let z = ChunkRef { id: ObjectId::of(&[0u8; 4]), len: 4, zero: true };
         Manifest {
             created_unix: 1,
-            meta: BTreeMap::from([("kind".to_string(), serde_json::json!("files"))]),
+            meta: ImageMeta::of_kind(Kind::Other("files".into())),
             entries: vec![
                 Entry { path: "d".into(), kind: EntryKind::Dir, mode: 0o755, size: 0, target: None, chunks: 0 },
                 Entry { path: "d/f".into(), kind: EntryKind::File, mode: 0o644, size: 5, target: None, chunks: 2 },

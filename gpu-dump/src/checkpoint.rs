@@ -6,13 +6,12 @@
 //! be free → `criu restore --restore-detached` → restore + unlock the GPU state.
 //! Nothing here knows about the store; [`CaptureReport::metadata`] is what goes into a manifest.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
+use gstore_format::meta::{ImageMeta, Kind};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::criu::{self, Criu, DumpOptions};
 use crate::cuda::ffi::GpuPair;
@@ -24,25 +23,6 @@ use crate::procfs;
 pub const DEFAULT_LOCK_TIMEOUT_MS: u32 = 10_000;
 /// Default time a restore waits for the image's pids to be free: 10 s.
 pub const DEFAULT_PID_WAIT: Duration = Duration::from_secs(10);
-
-/// Manifest metadata key: the image kind, "gpu-process" or "cpu-process" (the store's
-/// `format::meta::KIND`: gpu-dump sits below the store; so do the next two).
-pub const META_KIND: &str = "kind";
-/// Manifest metadata key: the pid the process had (and gets back on restore).
-pub const META_PID: &str = "pid";
-/// Manifest metadata key: whether the process kept running after the checkpoint.
-pub const META_LEAVE_RUNNING: &str = "leave_running";
-/// Manifest metadata key: the CRIU version that dumped the image.
-pub const META_CRIU_VERSION: &str = "criu_version";
-/// Manifest metadata key: the CUDA version of the driver at capture, "major.minor" (GPU images).
-pub const META_CUDA_DRIVER_VERSION: &str = "cuda_driver_version";
-/// Manifest metadata key: the GPUs of the capturing machine, a list of [`GpuInfo`] (GPU images).
-pub const META_GPUS: &str = "gpus";
-/// Manifest metadata key: the pids of the processes whose GPU state was checkpointed (GPU
-/// images): the checkpointed process and those below it that held CUDA contexts.
-pub const META_GPU_PIDS: &str = "gpu_pids";
-/// Manifest metadata key: the capture's [`CaptureTimings`].
-pub const META_CAPTURE_TIMINGS: &str = "capture_timings";
 
 /// What kind of process an image holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,9 +43,22 @@ impl ImageKind {
         }
     }
 
-    /// The kind named by [`ImageKind::as_str`], if any.
-    pub fn parse(name: &str) -> Option<Self> {
-        [ImageKind::GpuProcess, ImageKind::CpuProcess].into_iter().find(|kind| kind.as_str() == name)
+    /// The process kind an image's kind is, if it is one.
+    pub fn of(kind: &Kind) -> Option<Self> {
+        match kind {
+            Kind::GpuProcess => Some(ImageKind::GpuProcess),
+            Kind::CpuProcess => Some(ImageKind::CpuProcess),
+            _ => None,
+        }
+    }
+}
+
+impl From<ImageKind> for Kind {
+    fn from(k: ImageKind) -> Kind {
+        match k {
+            ImageKind::GpuProcess => Kind::GpuProcess,
+            ImageKind::CpuProcess => Kind::CpuProcess,
+        }
     }
 }
 
@@ -98,7 +91,7 @@ pub struct CheckpointOptions<'a> {
     /// The CUDA driver, if one could be loaded; required for processes that use CUDA.
     pub cuda: Option<&'a CudaDriver>,
     /// More metadata for the image, from the caller ([`CaptureReport::extra`]).
-    pub metadata: BTreeMap<String, Value>,
+    pub metadata: ImageMeta,
 }
 
 impl<'a> CheckpointOptions<'a> {
@@ -114,24 +107,12 @@ impl<'a> CheckpointOptions<'a> {
             dump_starts: None,
             criu,
             cuda: None,
-            metadata: BTreeMap::new(),
+            metadata: ImageMeta::default(),
         }
     }
 }
 
-/// Seconds spent in each capture phase; `None` for phases that did not run. With several GPU
-/// processes, each GPU phase is timed from its start for all of them to its end for the last.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CaptureTimings {
-    /// `cuCheckpointProcessLock`.
-    pub lock_s: Option<f64>,
-    /// `cuCheckpointProcessCheckpoint` (GPU memory → host memory).
-    pub gpu_checkpoint_s: Option<f64>,
-    /// `criu dump`.
-    pub criu_dump_s: f64,
-    /// Restore + unlock after a `--leave-running` dump.
-    pub gpu_resume_s: Option<f64>,
-}
+pub use gstore_format::meta::CaptureTimings;
 
 /// What a checkpoint did and what the image needs to be restored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,27 +136,25 @@ pub struct CaptureReport {
     /// Phase timings.
     pub timings: CaptureTimings,
     /// Metadata the caller added ([`CheckpointOptions::metadata`]), recorded beside the rest.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: BTreeMap<String, Value>,
+    #[serde(default, skip_serializing_if = "ImageMeta::is_empty")]
+    pub extra: ImageMeta,
 }
 
 impl CaptureReport {
-    /// The metadata to record in the image manifest (keys are the `META_*` constants);
-    /// [`crate::compat::ImageMeta::from_metadata`] reads it back.
-    pub fn metadata(&self) -> BTreeMap<String, Value> {
+    /// The metadata to record in the image manifest;
+    /// [`crate::compat::ImageNeeds::from_metadata`] reads what a restore needs back.
+    pub fn metadata(&self) -> ImageMeta {
         let mut meta = self.extra.clone();
-        meta.insert(META_KIND.to_string(), Value::from(self.image_kind.as_str()));
-        meta.insert(META_PID.to_string(), Value::from(self.pid));
-        meta.insert(META_LEAVE_RUNNING.to_string(), Value::from(self.leave_running));
-        meta.insert(META_CRIU_VERSION.to_string(), Value::from(self.criu_version.as_str()));
-        if let Some(version) = &self.cuda_driver_version {
-            meta.insert(META_CUDA_DRIVER_VERSION.to_string(), Value::from(version.as_str()));
-        }
+        meta.kind = Some(self.image_kind.into());
+        meta.pid = Some(self.pid);
+        meta.leave_running = Some(self.leave_running);
+        meta.criu_version = Some(self.criu_version.clone());
+        meta.cuda_driver_version.clone_from(&self.cuda_driver_version);
         if self.image_kind == ImageKind::GpuProcess {
-            meta.insert(META_GPUS.to_string(), serde_json::json!(self.gpus));
-            meta.insert(META_GPU_PIDS.to_string(), serde_json::json!(self.gpu_pids));
+            meta.gpus = Some(self.gpus.clone());
+            meta.gpu_pids = Some(self.gpu_pids.clone());
         }
-        meta.insert(META_CAPTURE_TIMINGS.to_string(), serde_json::json!(self.timings));
+        meta.capture_timings = Some(self.timings.clone());
         meta
     }
 }
@@ -476,15 +455,6 @@ fn seconds(start: Instant) -> f64 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_keys_shared_with_container_images_are_the_store_s() {
-        use gstore_store::format::meta;
-        assert_eq!(
-            [META_KIND, META_LEAVE_RUNNING, META_CRIU_VERSION],
-            [meta::KIND, meta::LEAVE_RUNNING, meta::CRIU_VERSION]
-        );
-    }
-
     fn report(kind: ImageKind) -> CaptureReport {
         CaptureReport {
             pid: 42,
@@ -499,37 +469,40 @@ mod tests {
                 Vec::new()
             },
             timings: CaptureTimings { criu_dump_s: 0.5, ..CaptureTimings::default() },
-            extra: BTreeMap::new(),
+            extra: ImageMeta::default(),
         }
     }
 
     #[test]
     fn image_kind_names() {
         assert_eq!(ImageKind::GpuProcess.as_str(), "gpu-process");
-        assert_eq!(ImageKind::parse("cpu-process"), Some(ImageKind::CpuProcess));
-        assert_eq!(ImageKind::parse("files"), None);
-        assert_eq!(serde_json::to_value(ImageKind::GpuProcess).expect("json"), Value::from("gpu-process"));
+        assert_eq!(ImageKind::of(&Kind::parse("cpu-process")), Some(ImageKind::CpuProcess));
+        assert_eq!(ImageKind::of(&Kind::parse("files")), None);
+        assert_eq!(serde_json::to_value(ImageKind::GpuProcess).expect("json"), "gpu-process");
+        assert_eq!(Kind::from(ImageKind::GpuProcess).as_str(), "gpu-process");
     }
 
     #[test]
     fn metadata_of_a_gpu_capture() {
-        let meta = report(ImageKind::GpuProcess).metadata();
-        assert_eq!(meta[META_KIND], "gpu-process");
-        assert_eq!(meta[META_PID], 42);
-        assert_eq!(meta[META_CRIU_VERSION], "4.1.1");
-        assert_eq!(meta[META_CUDA_DRIVER_VERSION], "13.0");
-        assert_eq!(meta[META_GPUS][0]["name"], "NVIDIA H200");
-        assert_eq!(meta[META_GPU_PIDS], serde_json::json!([42, 57]));
-        assert_eq!(meta[META_CAPTURE_TIMINGS]["criu_dump_s"], 0.5);
-        assert!(meta[META_CAPTURE_TIMINGS]["lock_s"].is_null());
+        // As written into the manifest.
+        let meta = report(ImageKind::GpuProcess).metadata().to_map();
+        assert_eq!(meta["kind"], "gpu-process");
+        assert_eq!(meta["pid"], 42);
+        assert_eq!(meta["leave_running"], true);
+        assert_eq!(meta["criu_version"], "4.1.1");
+        assert_eq!(meta["cuda_driver_version"], "13.0");
+        assert_eq!(meta["gpus"][0]["name"], "NVIDIA H200");
+        assert_eq!(meta["gpu_pids"], serde_json::json!([42, 57]));
+        assert_eq!(meta["capture_timings"]["criu_dump_s"], 0.5);
+        assert!(meta["capture_timings"]["lock_s"].is_null());
     }
 
     #[test]
     fn metadata_of_a_cpu_capture_has_no_gpu_fields() {
-        let meta = report(ImageKind::CpuProcess).metadata();
-        assert_eq!(meta[META_KIND], "cpu-process");
-        assert!(!meta.contains_key(META_GPUS) && !meta.contains_key(META_CUDA_DRIVER_VERSION));
-        assert!(!meta.contains_key(META_GPU_PIDS));
+        let meta = report(ImageKind::CpuProcess).metadata().to_map();
+        assert_eq!(meta["kind"], "cpu-process");
+        assert!(!meta.contains_key("gpus") && !meta.contains_key("cuda_driver_version"));
+        assert!(!meta.contains_key("gpu_pids"));
         let json = serde_json::to_string(&report(ImageKind::CpuProcess)).expect("serialize");
         let back: CaptureReport = serde_json::from_str(&json).expect("deserialize");
         assert_eq!(back, report(ImageKind::CpuProcess));

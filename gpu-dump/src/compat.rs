@@ -1,20 +1,18 @@
 //! Whether an image can be restored on this machine, decided from the metadata recorded at
 //! capture before anything is touched.
 
-use std::collections::BTreeMap;
-
-use serde_json::Value;
-
-use crate::checkpoint::{ImageKind, META_CRIU_VERSION, META_CUDA_DRIVER_VERSION, META_GPUS, META_GPU_PIDS, META_KIND};
+use crate::checkpoint::ImageKind;
 use crate::criu::{self, Criu};
 use crate::cuda::ffi::GpuPair;
 use crate::cuda::{CudaDriver, GpuInfo};
 use crate::error::{GpuDumpError, Result};
 use crate::gpumap::{self, GpuMap};
+use gstore_format::meta::ImageMeta;
 
-/// What an image needs, as recorded at capture ([`crate::checkpoint::CaptureReport::metadata`]).
+/// What a process image needs to be restored, as recorded at capture
+/// ([`crate::checkpoint::CaptureReport::metadata`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageMeta {
+pub struct ImageNeeds {
     /// GPU or CPU-only process.
     pub kind: ImageKind,
     /// The CRIU version that dumped it.
@@ -28,47 +26,47 @@ pub struct ImageMeta {
     pub gpu_pids: Vec<u32>,
 }
 
-impl ImageMeta {
-    /// Reads the fields back from manifest metadata; GPU images must carry the driver version
-    /// and the GPU list.
-    pub fn from_metadata(meta: &BTreeMap<String, Value>) -> Result<ImageMeta> {
-        let text = |key: &'static str| -> Result<&str> {
-            meta.get(key).and_then(Value::as_str).ok_or_else(|| GpuDumpError::Metadata {
-                key,
-                detail: "missing or not a string; was this image captured by gstore checkpoint?".to_string(),
-            })
-        };
-        let kind_name = text(META_KIND)?;
-        let kind = ImageKind::parse(kind_name).ok_or_else(|| GpuDumpError::Metadata {
-            key: META_KIND,
-            detail: format!("{kind_name:?} is not a process image (expected gpu-process or cpu-process)"),
+impl ImageNeeds {
+    /// Reads them from an image's metadata; GPU images must carry the driver version and the
+    /// GPU list.
+    pub fn from_metadata(meta: &ImageMeta) -> Result<ImageNeeds> {
+        let kind = need(meta.kind.as_ref(), meta, "kind")?;
+        let kind = ImageKind::of(kind).ok_or_else(|| GpuDumpError::Metadata {
+            key: "kind",
+            detail: format!("{:?} is not a process image (expected gpu-process or cpu-process)", kind.as_str()),
         })?;
-        let criu_version = text(META_CRIU_VERSION)?.to_string();
+        let criu_version = need(meta.criu_version.as_ref(), meta, "criu_version")?.clone();
         let (cuda_driver_version, gpus, gpu_pids) = match kind {
             ImageKind::CpuProcess => (None, Vec::new(), Vec::new()),
             ImageKind::GpuProcess => {
-                let version = text(META_CUDA_DRIVER_VERSION)?;
+                let version = need(meta.cuda_driver_version.as_ref(), meta, "cuda_driver_version")?;
                 let (major, minor, _) = criu::parse_version(version).ok_or_else(|| GpuDumpError::Metadata {
-                    key: META_CUDA_DRIVER_VERSION,
+                    key: "cuda_driver_version",
                     detail: format!("{version:?} is not \"major.minor\""),
                 })?;
-                let gpus = json_field::<Vec<GpuInfo>>(meta, META_GPUS)?
-                    .ok_or_else(|| GpuDumpError::Metadata { key: META_GPUS, detail: "missing".to_string() })?;
-                let gpu_pids = json_field::<Vec<u32>>(meta, META_GPU_PIDS)?.unwrap_or_default();
+                let gpus = need(meta.gpus.as_ref(), meta, "gpus")?.clone();
+                let gpu_pids = match meta.gpu_pids.as_ref() {
+                    // Images of before process trees do not say: their root alone.
+                    None if !meta.other.contains_key("gpu_pids") => Vec::new(),
+                    pids => need(pids, meta, "gpu_pids")?.clone(),
+                };
                 (Some((major, minor)), gpus, gpu_pids)
             }
         };
-        Ok(ImageMeta { kind, criu_version, cuda_driver_version, gpus, gpu_pids })
+        Ok(ImageNeeds { kind, criu_version, cuda_driver_version, gpus, gpu_pids })
     }
 }
 
-/// The metadata value under `key` read as a `T`, or `None` when it is absent.
-fn json_field<T: serde::de::DeserializeOwned>(meta: &BTreeMap<String, Value>, key: &'static str) -> Result<Option<T>> {
-    meta.get(key)
-        .cloned()
-        .map(serde_json::from_value::<T>)
-        .transpose()
-        .map_err(|e| GpuDumpError::Metadata { key, detail: e.to_string() })
+/// The metadata field under `key`, or an error saying that it is missing or is not what gstore
+/// writes there (kept aside by [`ImageMeta`]).
+fn need<'a, T>(field: Option<&'a T>, meta: &ImageMeta, key: &'static str) -> Result<&'a T> {
+    field.ok_or_else(|| GpuDumpError::Metadata {
+        key,
+        detail: match meta.other.get(key) {
+            Some(v) => format!("{v} is not what gstore checkpoint writes there"),
+            None => "missing (was this image captured by gstore checkpoint?)".to_string(),
+        },
+    })
 }
 
 /// What this machine offers for a restore.
@@ -103,7 +101,7 @@ impl MachineInfo {
 /// on, or a CPU image), or [`GpuDumpError::Incompatible`] with the reason: no CRIU >= 4.0
 /// here; a GPU image but no CUDA driver; an older driver major version than at capture; GPUs
 /// that cannot be placed by [`crate::gpumap`]'s rule (`map` may be empty).
-pub fn check_compatible(image: &ImageMeta, machine: &MachineInfo, map: &GpuMap) -> Result<Vec<GpuPair>> {
+pub fn check_compatible(image: &ImageNeeds, machine: &MachineInfo, map: &GpuMap) -> Result<Vec<GpuPair>> {
     let refuse = |reason: String| Err(GpuDumpError::Incompatible { reason });
     match machine.criu_version.as_deref() {
         None => return refuse("no CRIU here; install CRIU >= 4.0 with scripts/criu.sh".to_string()),
@@ -137,13 +135,14 @@ pub fn check_compatible(image: &ImageMeta, machine: &MachineInfo, map: &GpuMap) 
 mod tests {
     use super::*;
     use crate::checkpoint::{CaptureReport, CaptureTimings};
+    use gstore_format::meta::Kind;
 
     fn h200(index: u32) -> GpuInfo {
         GpuInfo { index, name: "NVIDIA H200".into(), total_mem_bytes: 150_754_820_096, uuid: None }
     }
 
-    fn gpu_image() -> ImageMeta {
-        ImageMeta {
+    fn gpu_image() -> ImageNeeds {
+        ImageNeeds {
             kind: ImageKind::GpuProcess,
             criu_version: "4.1.1".into(),
             cuda_driver_version: Some((13, 0)),
@@ -152,8 +151,8 @@ mod tests {
         }
     }
 
-    fn cpu_image() -> ImageMeta {
-        ImageMeta {
+    fn cpu_image() -> ImageNeeds {
+        ImageNeeds {
             kind: ImageKind::CpuProcess,
             cuda_driver_version: None,
             gpus: vec![],
@@ -166,7 +165,7 @@ mod tests {
         MachineInfo { criu_version: Some("4.1.1".into()), cuda: Ok(((13, 0), vec![h200(0), h200(1)])) }
     }
 
-    fn refusal(image: &ImageMeta, machine: &MachineInfo) -> String {
+    fn refusal(image: &ImageNeeds, machine: &MachineInfo) -> String {
         let err = check_compatible(image, machine, &GpuMap::default()).expect_err("must be refused");
         assert!(matches!(err, GpuDumpError::Incompatible { .. }), "{err:?}");
         err.to_string()
@@ -238,21 +237,22 @@ mod tests {
             timings: CaptureTimings::default(),
             extra: Default::default(),
         };
-        assert_eq!(ImageMeta::from_metadata(&report.metadata()).expect("parse"), gpu_image());
+        assert_eq!(ImageNeeds::from_metadata(&report.metadata()).expect("parse"), gpu_image());
         let mut meta = report.metadata();
-        meta.remove(META_GPU_PIDS);
-        let before_trees = ImageMeta::from_metadata(&meta).expect("an image of before process trees");
+        meta.gpu_pids = None;
+        let before_trees = ImageNeeds::from_metadata(&meta).expect("an image of before process trees");
         assert!(before_trees.gpu_pids.is_empty(), "its root alone");
-        meta.insert(META_GPU_PIDS.into(), Value::from("seven"));
-        let err = ImageMeta::from_metadata(&meta).expect_err("pids not a list");
+        let meta = ImageMeta::from_map(
+            [("gpu_pids".to_string(), serde_json::json!("seven"))].into_iter().chain(meta.to_map()).collect(),
+        );
+        let err = ImageNeeds::from_metadata(&meta).expect_err("pids not a list");
         assert!(err.to_string().contains("\"gpu_pids\""), "{err}");
-        meta.remove(META_GPUS);
-        let err = ImageMeta::from_metadata(&meta).expect_err("no gpus");
+        let err = ImageNeeds::from_metadata(&ImageMeta { gpus: None, ..meta.clone() }).expect_err("no gpus");
         assert!(err.to_string().contains("\"gpus\": missing"), "{err}");
-        meta.insert(META_KIND.into(), Value::from("files"));
-        let err = ImageMeta::from_metadata(&meta).expect_err("not a process image");
+        let files = ImageMeta { kind: Some(Kind::Other("files".into())), ..meta };
+        let err = ImageNeeds::from_metadata(&files).expect_err("not a process image");
         assert!(err.to_string().contains("not a process image"), "{err}");
-        let err = ImageMeta::from_metadata(&BTreeMap::new()).expect_err("empty");
+        let err = ImageNeeds::from_metadata(&ImageMeta::default()).expect_err("empty");
         assert!(err.to_string().contains("\"kind\": missing"), "{err}");
     }
 }

@@ -28,7 +28,7 @@ pub mod procfs;
 mod testutil;
 
 pub use checkpoint::{CaptureReport, CheckpointOptions, ImageKind, RestoreReport};
-pub use compat::{check_compatible, ImageMeta, MachineInfo};
+pub use compat::{check_compatible, ImageNeeds, MachineInfo};
 pub use criu::Criu;
 pub use cuda::{CudaDriver, GpuInfo, ProcessState};
 pub use error::{CriuCause, GpuDumpError, Phase, Result};

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{criu, Counter};
 use gstore_gpu_dump::checkpoint::{self, CheckpointOptions, ImageKind, RestoreOptions};
-use gstore_gpu_dump::compat::{check_compatible, ImageMeta, MachineInfo};
+use gstore_gpu_dump::compat::{check_compatible, ImageNeeds, MachineInfo};
 use gstore_gpu_dump::cuda::{process_uses_cuda, CudaDriver, GpuInfo, ProcessState};
 use gstore_gpu_dump::{procfs, Criu, GpuDumpError, GpuMap, Phase};
 
@@ -128,13 +128,13 @@ fn restores_onto_other_gpus_pass_uuid_pairs_through_the_c_abi() {
         let dir = counter.image_dir("img");
         let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
         let report = checkpoint::checkpoint(counter.pid, &dir, &opts).expect("checkpoint");
-        let meta = ImageMeta::from_metadata(&report.metadata()).expect("metadata");
+        let meta = ImageNeeds::from_metadata(&report.metadata()).expect("metadata");
         assert_eq!(meta.gpus, vec![fake_gpu(0), fake_gpu(1)], "UUIDs are recorded");
         let map = if map.is_empty() { GpuMap::default() } else { GpuMap::parse(map).expect("map") };
         let pairs = check_compatible(&meta, &machine, &map).expect("fits");
         if !map.entries.is_empty() {
             // An image captured under CUDA 12.8, restored under 12.8 onto other GPUs.
-            let old_image = ImageMeta { cuda_driver_version: Some((12, 8)), ..meta.clone() };
+            let old_image = ImageNeeds { cuda_driver_version: Some((12, 8)), ..meta.clone() };
             let err = check_compatible(&old_image, &old_machine, &map).expect_err("no pairs before CUDA 13.0");
             assert!(err.to_string().contains("needs a driver for CUDA 13.0 or later"), "{err}");
         }
@@ -197,7 +197,7 @@ fn leave_running_checkpoint_locks_checkpoints_dumps_and_resumes() {
     counter.wait_above(now + 3, Duration::from_secs(5));
 
     // What the manifest records lets this machine (same fake GPU) restore it.
-    let meta = ImageMeta::from_metadata(&report.metadata()).expect("metadata");
+    let meta = ImageNeeds::from_metadata(&report.metadata()).expect("metadata");
     let machine = MachineInfo::probe(Some(&criu), &Ok(driver()));
     check_compatible(&meta, &machine, &GpuMap::default()).expect("same machine");
     eprintln!("gpu capture: {}", serde_json::to_string(&report).expect("json"));
@@ -367,7 +367,7 @@ fn every_gpu_process_of_a_tree_is_locked_checkpointed_and_restored() {
     let dir = tree.image_dir("img2");
     let opts = CheckpointOptions { cuda: Some(&cuda), ..CheckpointOptions::new(&criu) };
     let report = checkpoint::checkpoint(tree.pid, &dir, &opts).expect("checkpoint");
-    let meta = ImageMeta::from_metadata(&report.metadata()).expect("metadata");
+    let meta = ImageNeeds::from_metadata(&report.metadata()).expect("metadata");
     assert_eq!(meta.gpu_pids, [tree.pid, worker]);
     for pid in [tree.pid, worker] {
         assert_eq!(cuda.state(pid).expect("state"), ProcessState::Checkpointed, "pid {pid}");

@@ -8,6 +8,7 @@ use gstore_gpu_dump::cuda::DeviceBuffer;
 use gstore_gpu_dump::CudaDriver;
 use gstore_progress::Bars;
 use gstore_store::format::manifest::Manifest;
+use gstore_store::format::meta::ImageMeta;
 use gstore_store::{
     commands::gc, commands::images, commands::push, commands::usage, ErrorKind, IndexedStore, Store as RustStore,
     StoreConfig, StoreError, StoreLocation, TagRef,
@@ -17,7 +18,6 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::collections::BTreeMap;
 
 create_exception!(_gstore, GstoreError, PyException, "Any failure of a gstore operation; the message is the CLI's.");
 create_exception!(_gstore, NotFoundError, GstoreError, "The named image, tag, object or store does not exist.");
@@ -179,7 +179,7 @@ impl Store {
         progress: bool,
     ) -> PyResult<String> {
         let tag = TagRef::parse_new(tag).map_err(py_err)?;
-        let meta: BTreeMap<String, serde_json::Value> = serde_json::from_str(meta)
+        let meta: ImageMeta = serde_json::from_str(meta)
             .map_err(|e| InvalidError::new_err(format!("meta must be a JSON object: {e}")))?;
         let mut pieces: Vec<(String, Vec<&[u8]>)> = Vec::with_capacity(files.len());
         for (path, buffers) in &files {
@@ -319,7 +319,7 @@ impl Store {
     #[pyo3(signature = (tag, parts, meta="{}"))]
     fn compose(&self, py: Python<'_>, tag: &str, parts: Vec<String>, meta: &str) -> PyResult<String> {
         let tag = TagRef::parse_new(tag).map_err(py_err)?;
-        let meta: BTreeMap<String, serde_json::Value> = serde_json::from_str(meta)
+        let meta: ImageMeta = serde_json::from_str(meta)
             .map_err(|e| InvalidError::new_err(format!("meta must be a JSON object: {e}")))?;
         let rec = py.detach(|| {
             let ids = parts.iter().map(|p| gstore_store::ObjectId::from_hex(p)).collect::<Result<Vec<_>, _>>()?;

@@ -27,10 +27,10 @@ use digest::{Digest, Hashing};
 use gstore_container::archive;
 use gstore_restore::cat::FileReader;
 use gstore_store::backend::Backend;
-use gstore_store::commands::push::stream::{self, Meta};
+use gstore_store::commands::push::stream;
 use gstore_store::format::key::ObjectKey;
 use gstore_store::format::manifest::{EntryKind, Manifest};
-use gstore_store::format::meta;
+use gstore_store::format::meta::{ImageMeta, Kind};
 use gstore_store::progress::Silent;
 use gstore_store::{IndexedStore, ObjectId, Store, StoreError, StoreLocation, TagRef};
 use oci::{CheckpointImage, Descriptor, Pushed};
@@ -40,9 +40,6 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 use uploads::{Limits, Staged, Uploads};
-
-/// The `kind` of an image kept as an OCI image layout.
-pub const LAYOUT_KIND: &str = "oci-image";
 
 /// Bytes at most between a registry push's feeder and the push.
 const PUSH_BUFFER: u64 = 256 << 20;
@@ -148,13 +145,12 @@ enum ImageKind {
 }
 
 fn kind_of(m: &Manifest) -> ImageKind {
-    let kind = m.kind().unwrap_or_default();
-    if kind == LAYOUT_KIND {
-        ImageKind::Layout
-    } else if kind == gstore_container::KIND || m.meta.get(meta::OCI).is_some_and(|o| o.get("config").is_some()) {
-        ImageKind::Unpacked
-    } else {
-        ImageKind::Other(if kind.is_empty() { "unset".into() } else { kind.to_string() })
+    match m.kind() {
+        Some(Kind::OciImage) => ImageKind::Layout,
+        Some(Kind::ContainerCheckpoint) => ImageKind::Unpacked,
+        _ if m.meta.oci.as_ref().is_some_and(|o| o.get("config").is_some()) => ImageKind::Unpacked,
+        Some(kind) => ImageKind::Other(kind.to_string()),
+        None => ImageKind::Other("unset".into()),
     }
 }
 
@@ -549,8 +545,10 @@ impl Registry {
         })?;
         let config = String::from_utf8(config)
             .map_err(|_| RegistryError::ManifestInvalid("the image's config is not UTF-8 JSON".into()))?;
-        let mut meta = Meta::new();
-        meta.insert(meta::OCI.into(), json!({ "config": config, "annotations": pushed.annotations }));
+        let meta = ImageMeta {
+            oci: Some(json!({ "config": config, "annotations": pushed.annotations })),
+            ..ImageMeta::default()
+        };
         let (layer_digest, layer) = &blobs[1];
         let what = format!("layer {layer_digest}");
         let mut report = None;
@@ -578,9 +576,11 @@ impl Registry {
             "manifests": [{ "mediaType": pushed.media_type, "digest": digest.to_string(), "size": bytes.len(),
                             "annotations": { "org.opencontainers.image.ref.name": tag.version } }],
         });
-        let mut meta = Meta::new();
-        meta.insert(meta::KIND.into(), LAYOUT_KIND.into());
-        meta.insert(meta::OCI.into(), json!({ "media_type": pushed.media_type, "manifest": digest.to_string() }));
+        let meta = ImageMeta {
+            kind: Some(Kind::OciImage),
+            oci: Some(json!({ "media_type": pushed.media_type, "manifest": digest.to_string() })),
+            ..ImageMeta::default()
+        };
         let (report, ()) = stream::push_fed(store, tag, PUSH_BUFFER, &Silent, |sink| -> Result<()> {
             let small = |path: &str, b: &[u8]| sink.file(path, 0o644)?.read_from(&mut &b[..]).map(drop);
             small("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
@@ -607,7 +607,7 @@ impl Registry {
 
 /// The media type and digest of a layout image's manifest.
 fn layout_manifest(m: &Manifest) -> Result<(String, Digest)> {
-    let o = m.meta.get(meta::OCI);
+    let o = m.meta.oci.as_ref();
     let text = |k: &str| o.and_then(|o| o.get(k)).and_then(Value::as_str);
     let digest =
         text("manifest").ok_or_else(|| RegistryError::ManifestInvalid("the image names no manifest".into()))?;

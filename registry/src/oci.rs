@@ -3,9 +3,7 @@
 
 use crate::digest::Digest;
 use crate::error::{RegistryError, Result};
-use gstore_container::archive::ContainerMeta;
 use gstore_store::format::manifest::Manifest;
-use gstore_store::format::meta;
 use serde_json::{json, Map, Value};
 
 /// An OCI image manifest.
@@ -104,7 +102,7 @@ pub struct CheckpointImage {
 impl CheckpointImage {
     /// The documents of checkpoint image `m` whose layer is `layer`.
     pub fn new(m: &Manifest, layer: Descriptor) -> CheckpointImage {
-        let kept = m.meta.get(meta::OCI);
+        let kept = m.meta.oci.as_ref();
         let diff_ids = json!([layer.digest.to_string()]);
         let config = match kept
             .and_then(|o| o.get("config"))
@@ -151,16 +149,9 @@ fn oci_arch() -> &'static str {
 /// The checkpoint annotations podman and CRI-O look for, from what `gstore checkpoint
 /// --container` or `gstore push` recorded of the container.
 fn annotations_of(m: &Manifest) -> Map<String, Value> {
-    let c = ContainerMeta::of(m).unwrap_or_default();
-    let text = |k: &str| m.meta.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let c = m.meta.container.clone().unwrap_or_default();
     let runtime = if c.runtime.is_empty() { "runc".to_string() } else { c.runtime.clone() };
-    let podman_version = m
-        .meta
-        .get(meta::RUNTIME)
-        .and_then(|r| r.get("version"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
+    let podman_version = m.meta.runtime.as_ref().map(|r| r.version.clone()).unwrap_or_default();
     let p = |k: &str| format!("io.podman.annotations.checkpoint.{k}");
     let mut a = Map::new();
     a.insert(p("name"), c.name.clone().into());
@@ -168,8 +159,8 @@ fn annotations_of(m: &Manifest) -> Map<String, Value> {
     a.insert(p("rootfsImageName"), c.image.clone().into());
     a.insert(p("rootfsImageID"), c.image_id.clone().into());
     a.insert(p("runtime.name"), runtime.into());
-    a.insert(p("criu.version"), criu_number(&text("criu_version")).into());
-    a.insert(p("host.kernel"), text("kernel").into());
+    a.insert(p("criu.version"), criu_number(m.meta.criu_version.as_deref().unwrap_or_default()).into());
+    a.insert(p("host.kernel"), m.meta.kernel.clone().unwrap_or_default().into());
     a.insert(p("host.arch"), oci_arch().into());
     a.insert(p("podman.version"), podman_version.into());
     a.insert(CRIO_CHECKPOINT_NAME.into(), c.name.into());
@@ -189,10 +180,9 @@ fn criu_number(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     fn manifest(meta: Value) -> Manifest {
-        let meta: BTreeMap<String, Value> = serde_json::from_value(meta).unwrap();
+        let meta = serde_json::from_value(meta).unwrap();
         Manifest { created_unix: 1, meta, entries: vec![], chunks: vec![] }
     }
 

@@ -3,7 +3,6 @@
 //! explicit access order when the image carries one).
 
 use gstore_store::format::manifest::Manifest;
-use gstore_store::format::meta;
 use gstore_store::repo::index::{ChunkLocation, PlanRecord, RecordedPlan};
 use gstore_store::ObjectKind;
 use gstore_store::{IndexedStore, ObjectId, Result, StoreError};
@@ -108,11 +107,11 @@ impl Plan {
 /// Entry indices in restore order: a recorded access order first, the rest in manifest order.
 fn entry_order(m: &Manifest) -> Vec<usize> {
     let mut rank: Vec<usize> = (0..m.entries.len()).map(|i| m.entries.len() + i).collect();
-    if let Some(order) = m.meta.get(meta::ACCESS_ORDER).and_then(|v| v.as_array()) {
+    if let Some(order) = &m.meta.access_order {
         let by_path: std::collections::HashMap<&str, usize> =
             m.entries.iter().enumerate().map(|(i, e)| (e.path.as_str(), i)).collect();
-        for (r, p) in order.iter().filter_map(|p| p.as_str()).enumerate() {
-            if let Some(&i) = by_path.get(p) {
+        for (r, p) in order.iter().enumerate() {
+            if let Some(&i) = by_path.get(p.as_str()) {
                 rank[i] = rank[i].min(r);
             }
         }
@@ -530,7 +529,7 @@ mod tests {
         // The key names the chunks used in order: other metadata keeps it, fewer chunks
         // change it, and it is the hash of them all at once.
         let mut other = m.clone();
-        other.meta.insert("x".into(), 1.into());
+        other.meta.other.insert("x".into(), 1.into());
         assert_eq!(Needs::of(&other).key, key);
         let fewer = Manifest { entries: vec![entry("a", &a)], chunks: a.clone(), ..m.clone() };
         assert_ne!(Needs::of(&fewer).key, key);

@@ -26,7 +26,6 @@ use std::sync::{Arc, OnceLock};
 
 use libc::{c_char, c_int, c_uint};
 use libloading::Library;
-use serde::{Deserialize, Serialize};
 
 use crate::error::{GpuDumpError, Result};
 use ffi::CuResult;
@@ -37,20 +36,9 @@ pub use state::ProcessState;
 /// The library names tried by [`CudaDriver::load`], in order.
 pub const LIBCUDA_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
 
-/// One CUDA device as the driver reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuInfo {
-    /// The device ordinal (as the driver enumerates it in this process).
-    pub index: u32,
-    /// The device name, e.g. "NVIDIA H200".
-    pub name: String,
-    /// Total device memory in bytes.
-    pub total_mem_bytes: u64,
-    /// The GPU's UUID as `nvidia-smi -L` prints it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`);
-    /// absent in images captured before gstore recorded it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uuid: Option<String>,
-}
+/// A GPU as the driver describes it (the format crate's record: images list their capturing
+/// machine's GPUs in it).
+pub use gstore_format::meta::GpuInfo;
 
 /// Formats a UUID's 16 bytes as `nvidia-smi` does: `GPU-` and 8-4-4-4-12 hex digits.
 pub fn format_uuid(bytes: &[u8; 16]) -> String {

@@ -4,9 +4,9 @@
 //! once every part is stored: the tag appears all at once or not at all.
 
 use crate::commands::push::store_manifest;
-use crate::commands::push::stream::Meta;
 use crate::error::{Result, StoreError};
 use crate::format::manifest::{Entry, EntryKind, Manifest};
+use crate::format::meta::ImageMeta;
 use crate::format::tag::{TagRecord, TagRef};
 use crate::repo::leases::Lease;
 use crate::{IndexedStore, ObjectId};
@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 /// metadata `meta`. A file path in two parts is refused (a directory may repeat). The parts
 /// are held by a lease while the image is made, and refused if gc has begun to remove them.
 /// Needs the index.
-pub fn compose(store: &IndexedStore, tag: &TagRef, parts: &[ObjectId], meta: Meta) -> Result<TagRecord> {
+pub fn compose(store: &IndexedStore, tag: &TagRef, parts: &[ObjectId], meta: ImageMeta) -> Result<TagRecord> {
     tag.check_new()?;
     let lease = Lease::take(store.backend(), &format!("compose {tag}"))?;
     let manifests = store.hold_images(&lease, parts)?;
@@ -53,6 +53,7 @@ pub fn compose(store: &IndexedStore, tag: &TagRef, parts: &[ObjectId], meta: Met
 mod tests {
     use super::*;
     use crate::commands::push::stream::push_fed;
+    use crate::format::meta::Kind;
     use crate::progress::Silent;
     use crate::repo::location::StoreLocation;
     use crate::Store;
@@ -65,7 +66,7 @@ mod tests {
             for (path, bytes) in files {
                 sink.file(path, 0o644)?.read_from(&mut &bytes[..])?;
             }
-            sink.finish(Meta::new())
+            sink.finish(ImageMeta::default())
         })
         .unwrap();
         r.manifest
@@ -85,14 +86,13 @@ mod tests {
         let p0 = push(&rank0, "run.part-0:step-1", &[("shared/rank-0", &a)]);
         let p1 = push(&rank1, "run.part-1:step-1", &[("shared/rank-1", &b)]);
         let tag = TagRef::parse("run:step-1").unwrap();
-        let mut meta = Meta::new();
-        meta.insert("kind".into(), "test".into());
+        let meta = ImageMeta::of_kind(Kind::Other("test".into()));
         let rec = compose(&rank0, &tag, &[p1, p0], meta).unwrap();
         let m = rank0.get_manifest(&rec.manifest_id().unwrap()).unwrap();
         let paths: Vec<&str> = m.entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["shared", "shared/rank-0", "shared/rank-1"]);
         assert_eq!(m.logical_size(), (a.len() + b.len()) as u64);
-        assert_eq!(m.meta["kind"], "test");
+        assert_eq!(m.meta.kind, Some(Kind::Other("test".into())));
         let (_, c0) = m.files().find(|(e, _)| e.path == "shared/rank-0").unwrap();
         let (_, c0_part) = rank0
             .get_manifest(&p0)
@@ -105,7 +105,7 @@ mod tests {
         // A file in two parts is refused, and nothing is tagged.
         let again = push(&rank1, "run.part-2:step-1", &[("shared/rank-0", &b)]);
         let clash = TagRef::parse("run:step-2").unwrap();
-        let err = compose(&rank0, &clash, &[p0, again], Meta::new()).unwrap_err();
+        let err = compose(&rank0, &clash, &[p0, again], ImageMeta::default()).unwrap_err();
         assert!(err.to_string().contains("shared/rank-0: in more than one"), "{err}");
         assert!(rank0.get_tag(&clash).unwrap().is_none());
     }

@@ -5,6 +5,7 @@
 use crate::error::Result;
 use crate::format::id::ObjectId;
 use crate::format::manifest::EntryKind;
+use crate::format::meta::ImageMeta;
 use crate::format::tag::{TagRecord, TagRef};
 use crate::repo::indexed::IndexedStore;
 use crate::repo::store::Store;
@@ -101,7 +102,7 @@ pub struct ImageInfo {
     /// Chunk references in the image.
     pub chunks: usize,
     /// The metadata it was pushed with.
-    pub meta: BTreeMap<String, serde_json::Value>,
+    pub meta: ImageMeta,
     /// Its entries, in manifest order.
     pub entries: Vec<EntryInfo>,
 }

@@ -348,7 +348,7 @@ fn pass(store: &Store, opts: &GcOptions, which: Pass, progress: &dyn Progress) -
     Ok(report)
 }
 
-/// The non-zero chunks of every root manifest and of the images they use ([`crate::format::meta::USES`],
+/// The non-zero chunks of every root manifest and of the images they use ([`crate::format::meta::ImageMeta::uses`],
 /// followed to the end), which join `roots`. A tagged or used manifest that is missing is
 /// reported; a leased one may not be written yet. One whose entries readers refuse is
 /// reported and its chunks kept; one that does not match its id or parse stops gc.

@@ -28,6 +28,7 @@ use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
 use crate::format::key::ObjectKey;
 use crate::format::manifest::{ChunkRef, Entry, EntryKind, Manifest};
+use crate::format::meta::ImageMeta;
 use crate::format::now_unix;
 use crate::format::tag::{TagRecord, TagRef};
 use crate::progress::Progress;
@@ -39,7 +40,7 @@ use packs::{join_writers, pack_writer, PackQueue};
 use read::{open_files, read_ahead, Content, Reader};
 use serde::Serialize;
 use source::{SourceEntry, Unit};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 
@@ -157,7 +158,7 @@ pub fn push(
     store: &IndexedStore,
     source: &std::path::Path,
     tag: &TagRef,
-    meta: BTreeMap<String, serde_json::Value>,
+    meta: ImageMeta,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
     push_selected(store, source, &|_| true, false, tag, meta, progress)
@@ -172,7 +173,7 @@ pub fn push_selected(
     keep: &dyn Fn(&str) -> bool,
     dry_run: bool,
     tag: &TagRef,
-    meta: BTreeMap<String, serde_json::Value>,
+    meta: ImageMeta,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
     // Refused before any work rather than when the tag is written.
@@ -202,7 +203,7 @@ pub fn push_pieces(
     store: &IndexedStore,
     files: &[(String, Vec<&[u8]>)],
     tag: &TagRef,
-    meta: BTreeMap<String, serde_json::Value>,
+    meta: ImageMeta,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
     tag.check_new()?;
@@ -244,7 +245,7 @@ pub fn push_stream(
     progress: &dyn Progress,
 ) -> Result<PushReport> {
     tag.check_new()?;
-    push_entries(store, Input::Stream(source), false, tag, BTreeMap::new(), progress)
+    push_entries(store, Input::Stream(source), false, tag, ImageMeta::default(), progress)
 }
 
 /// Where a push's files come from.
@@ -265,7 +266,7 @@ fn push_entries(
     input: Input<'_>,
     dry_run: bool,
     tag: &TagRef,
-    mut meta: BTreeMap<String, serde_json::Value>,
+    mut meta: ImageMeta,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
     let started = std::time::Instant::now();
@@ -297,7 +298,7 @@ fn push_entries(
             })
             .collect();
         let out = Appended { file_chunks: &mut file_chunks, report: &mut report, relied: &mut relied };
-        let parent = meta.get(crate::format::meta::PARENT).and_then(|p| p.as_str()).and_then(|p| TagRef::parse(p).ok());
+        let parent = meta.parent.as_deref().and_then(|p| TagRef::parse(p).ok());
         let deltas = Deltas::new(store, lease.as_ref(), tag, parent);
         if reader.as_ref().is_some_and(|r| r.entries.iter().any(|e| crate::dedup::deltas::is_tensor_file(&e.rel))) {
             deltas.parent_files();
@@ -364,7 +365,7 @@ fn batches_of<'a>(
 /// order; the metadata the stream ended with goes into `meta`.
 fn streamed_in_order(
     streamed: &stream::Received,
-    meta: &mut BTreeMap<String, serde_json::Value>,
+    meta: &mut ImageMeta,
     file_chunks: &mut Vec<Vec<ChunkRef>>,
 ) -> Vec<SourceEntry> {
     let (entries, more) = streamed.take();
@@ -379,11 +380,7 @@ fn streamed_in_order(
 
 /// The manifest of a push of `entries`, whose chunks are `file_chunks` (one list per entry),
 /// with metadata `meta`, created now (or at `SOURCE_DATE_EPOCH`).
-fn manifest_of(
-    entries: &[SourceEntry],
-    file_chunks: Vec<Vec<ChunkRef>>,
-    meta: BTreeMap<String, serde_json::Value>,
-) -> Manifest {
+fn manifest_of(entries: &[SourceEntry], file_chunks: Vec<Vec<ChunkRef>>, meta: ImageMeta) -> Manifest {
     Manifest {
         created_unix: creation_time(),
         meta,

@@ -12,15 +12,13 @@ use crate::commands::push::source::{self, SourceEntry};
 use crate::dedup::similar;
 use crate::error::{Result, StoreError};
 use crate::format::manifest::EntryKind;
+use crate::format::meta::ImageMeta;
 use crate::repo::indexed::IndexedStore;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::Mutex;
-
-/// Metadata a stream ends with, recorded in the image's manifest.
-pub type Meta = BTreeMap<String, serde_json::Value>;
 
 /// What feeders send to the push.
 enum Streamed {
@@ -30,7 +28,7 @@ enum Streamed {
     /// The next piece of file number `file`.
     Piece { file: usize, data: Vec<u8> },
     /// Every file is complete; the manifest gets this metadata.
-    End(Meta),
+    End(ImageMeta),
 }
 
 /// The two ends of a streamed push into `store`, with at most about `buffer` bytes waiting
@@ -124,7 +122,7 @@ impl StreamSink {
 
     /// Says that every file is complete, adding `meta` to the image's metadata: the push then
     /// writes the image and its tag. A sink dropped without this fails the push.
-    pub fn finish(self, meta: Meta) -> Result<()> {
+    pub fn finish(self, meta: ImageMeta) -> Result<()> {
         self.send(Streamed::End(meta))
     }
 
@@ -171,11 +169,11 @@ pub struct StreamSource {
 /// What a stream delivered besides its pieces: its files (sizes as received) and the
 /// metadata it ended with.
 #[derive(Default)]
-pub(crate) struct Received(Mutex<(Vec<SourceEntry>, Meta)>);
+pub(crate) struct Received(Mutex<(Vec<SourceEntry>, ImageMeta)>);
 
 impl Received {
     /// The files and metadata, taken out.
-    pub(crate) fn take(&self) -> (Vec<SourceEntry>, Meta) {
+    pub(crate) fn take(&self) -> (Vec<SourceEntry>, ImageMeta) {
         std::mem::take(&mut *self.0.lock().expect("received files lock"))
     }
 }
@@ -241,6 +239,7 @@ impl StreamSource {
 mod tests {
     use super::*;
     use crate::commands::push::{self, PushReport};
+    use crate::format::meta::Kind;
     use crate::progress::Silent;
     use crate::repo::location::StoreLocation;
     use crate::Store;
@@ -276,7 +275,7 @@ mod tests {
                 }
             });
             if finish {
-                let meta = Meta::from([("kind".to_string(), serde_json::json!("cpu-process"))]);
+                let meta = ImageMeta::of_kind(Kind::CpuProcess);
                 sink.finish(meta).unwrap();
             } else {
                 drop(sink);
@@ -297,7 +296,7 @@ mod tests {
         for (path, bytes) in &files {
             std::fs::write(tree.join(path), bytes).unwrap();
         }
-        let pushed = push::push(&store, &tree, &TagRef::parse("s:2").unwrap(), BTreeMap::new(), &Silent).unwrap();
+        let pushed = push::push(&store, &tree, &TagRef::parse("s:2").unwrap(), ImageMeta::default(), &Silent).unwrap();
         assert_eq!(pushed.new_chunks, 0, "every chunk of the same bytes was already stored by the stream");
         let manifest = |r: &PushReport| store.get_manifest(&r.manifest).unwrap();
         let (a, b) = (manifest(&streamed), manifest(&pushed));
@@ -307,7 +306,7 @@ mod tests {
         };
         assert_eq!(paths(&a), paths(&b), "files in path order, sizes as streamed");
         assert!(a.entries.iter().all(|e| e.mode == 0o600));
-        assert_eq!(a.meta["kind"], "cpu-process", "the metadata the stream ended with");
+        assert_eq!(a.meta.kind, Some(Kind::CpuProcess), "the metadata the stream ended with");
     }
 
     #[test]

@@ -13,7 +13,7 @@ fn a_manifest_id_with_a_tombstone_is_not_reused() {
     let loc = StoreLocation::Custom { description: "memory".into(), dir: dir.path().to_path_buf() };
     Store::init_backend(&b, &loc, &crate::StoreConfig::default()).unwrap();
     let store = Store::open_backend(b.clone(), &loc).unwrap();
-    let mut m = Manifest { created_unix: 100, meta: BTreeMap::new(), entries: Vec::new(), chunks: Vec::new() };
+    let mut m = Manifest { created_unix: 100, meta: ImageMeta::default(), entries: Vec::new(), chunks: Vec::new() };
     let first = ObjectId::of(&m.encode());
     // gc tombstoned an identical manifest: the push must take another id.
     b.put(&ObjectKey::Manifest(first).tombstone(), b"{}".to_vec()).unwrap();
@@ -67,7 +67,7 @@ fn a_file_the_page_cache_lacks_is_read_ahead_into_the_same_image() {
         let loc = StoreLocation::Local(dir.path().join(name));
         Store::init(&loc, &crate::StoreConfig::default()).unwrap();
         let store = Store::open_indexed(&loc, &|_| {}).unwrap();
-        let r = push(&store, &file, &TagRef::parse("m:x").unwrap(), BTreeMap::new(), &silent).unwrap();
+        let r = push(&store, &file, &TagRef::parse("m:x").unwrap(), ImageMeta::default(), &silent).unwrap();
         store.get_manifest(&r.manifest).unwrap().chunks
     };
     let from_cache = pushed("cached");
@@ -109,17 +109,17 @@ fn pieces_push_as_the_file_they_make_up() {
     let file = dir.path().join("model.bin");
     std::fs::write(&file, &data).unwrap();
     let silent = crate::progress::Silent;
-    let a = push(&store, &file, &TagRef::parse("m:file").unwrap(), BTreeMap::new(), &silent).unwrap();
+    let a = push(&store, &file, &TagRef::parse("m:file").unwrap(), ImageMeta::default(), &silent).unwrap();
     let pieces = vec![&data[..10], &data[10..10], &data[10..1_234_567], &data[1_234_567..]];
     let files = vec![("model.bin".to_string(), pieces)];
-    let b = push_pieces(&store, &files, &TagRef::parse("m:pieces").unwrap(), BTreeMap::new(), &silent).unwrap();
+    let b = push_pieces(&store, &files, &TagRef::parse("m:pieces").unwrap(), ImageMeta::default(), &silent).unwrap();
     assert_eq!((b.new_chunks, b.logical_bytes, b.entries), (0, data.len() as u64, 1), "every chunk deduplicated");
     let chunks = |r: &PushReport| store.get_manifest(&r.manifest).unwrap().chunks;
     assert_eq!(chunks(&a), chunks(&b));
     let bad = vec![("../x".to_string(), vec![&data[..1]])];
-    let e = push_pieces(&store, &bad, &TagRef::parse("m:bad").unwrap(), BTreeMap::new(), &silent).unwrap_err();
+    let e = push_pieces(&store, &bad, &TagRef::parse("m:bad").unwrap(), ImageMeta::default(), &silent).unwrap_err();
     assert!(e.to_string().contains("../x"), "{e}");
     let twice = vec![("a".to_string(), vec![&data[..1]]), ("a".to_string(), vec![&data[..1]])];
-    let e = push_pieces(&store, &twice, &TagRef::parse("m:twice").unwrap(), BTreeMap::new(), &silent).unwrap_err();
+    let e = push_pieces(&store, &twice, &TagRef::parse("m:twice").unwrap(), ImageMeta::default(), &silent).unwrap_err();
     assert!(e.to_string().contains("given twice"), "{e}");
 }
