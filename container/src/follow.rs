@@ -25,6 +25,58 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// Where a checkpoint of about `bytes` is staged: `$GSTORE_STAGING_DIR` when set; else in
+/// memory (`/dev/shm`) when the dump would outrun the disk and memory has room for it
+/// ([`in_memory`]); else the system's temporary directory.
+pub(crate) fn staging_root(bytes: u64) -> PathBuf {
+    if let Some(dir) = std::env::var_os("GSTORE_STAGING_DIR") {
+        return PathBuf::from(dir);
+    }
+    let shm = Path::new("/dev/shm");
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let ratio = std::fs::read_to_string("/proc/sys/vm/dirty_background_ratio").ok().and_then(|r| r.trim().parse().ok());
+    if in_memory(bytes, &meminfo, ratio.unwrap_or(10), free_bytes(shm)) {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// Whether a checkpoint of `bytes` is staged in memory, given `/proc/meminfo`'s text, the
+/// kernel's background write-back threshold (`vm.dirty_background_ratio`, percent of memory)
+/// and the bytes free in `/dev/shm`: when it is larger than the threshold (on disk, CRIU would
+/// wait for write-back, and the push beside it writes the store to the same disk) and memory
+/// holds it with an eighth of the machine's memory to spare.
+fn in_memory(bytes: u64, meminfo: &str, dirty_background_ratio: u64, shm_free: u64) -> bool {
+    let field = |name: &str| {
+        meminfo.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    };
+    let (Some(total), Some(available)) = (field("MemTotal:"), field("MemAvailable:")) else { return false };
+    let (total, available) = (total * 1024, available * 1024);
+    bytes > total / 100 * dirty_background_ratio && bytes + total / 8 <= available && bytes <= shm_free
+}
+
+/// Bytes free to an unprivileged writer in the file system at `dir` (0 if unknown).
+fn free_bytes(dir: &Path) -> u64 {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else { return 0 };
+    // SAFETY: `statvfs` writes into the zeroed struct it is given; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    st.f_bavail as u64 * st.f_frsize as u64
+}
+
+/// The memory the processes `pids` hold resident (their images' size, near enough).
+pub(crate) fn resident_bytes(pids: &[u32]) -> u64 {
+    let page = 4096;
+    let resident = |pid: &u32| {
+        let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+        statm.split_whitespace().nth(1)?.parse::<u64>().ok()
+    };
+    pids.iter().filter_map(resident).sum::<u64>() * page
+}
+
 /// Bytes at most between the followers and the push.
 const BUFFER: u64 = 256 << 20;
 /// How often the directory is looked at for new page images, and a caught-up follower for
@@ -264,6 +316,17 @@ mod tests {
                 && back[first.len()..] == second[..]
         );
         assert_eq!(std::fs::read(out.join("checkpoint/pagemap-1.img")).unwrap(), b"pagemap");
+    }
+
+    #[test]
+    fn a_checkpoint_is_staged_in_memory_only_when_the_disk_would_hold_it_back_and_memory_has_room() {
+        let meminfo = "MemTotal:       131072000 kB\nMemFree:  1000 kB\nMemAvailable:    104857600 kB\n";
+        let (gib, shm) = (1u64 << 30, 64u64 << 30);
+        assert!(!in_memory(4 * gib, meminfo, 10, shm), "below the write-back threshold (12.5 GiB): the disk keeps up");
+        assert!(in_memory(26 * gib, meminfo, 10, shm));
+        assert!(!in_memory(26 * gib, meminfo, 10, 20 * gib), "/dev/shm too small");
+        assert!(!in_memory(90 * gib, meminfo, 10, 128 * gib), "less than an eighth of memory would be left");
+        assert!(!in_memory(26 * gib, "", 10, shm), "memory unknown");
     }
 
     #[test]

@@ -287,16 +287,6 @@ pub fn checkpoint(
     let (cuda, gpu_pids) = gpu_state(runc, id, &st, &mut meta)?;
     let gpu = cuda.as_ref().filter(|_| !gpu_pids.is_empty());
 
-    let staging = tempfile::Builder::new()
-        .prefix("gstore-runc-")
-        .tempdir()
-        .map_err(|e| ContainerError::io("creating", std::env::temp_dir(), e))?;
-    let image = staging.path().join("image");
-    let images = image.join(IMAGES);
-    std::fs::create_dir_all(&images).map_err(|e| ContainerError::io("creating", &images, e))?;
-    let config = st.bundle.join(CONFIG);
-    std::fs::copy(&config, image.join(CONFIG)).map_err(|e| ContainerError::io("copying", &config, e))?;
-
     let frozen = Instant::now();
     if let Some(cuda) = gpu {
         let t = Instant::now();
@@ -309,6 +299,20 @@ pub fn checkpoint(
             .map_err(|e| gpu_failed(id, "the GPU checkpoint", e, resumed(cuda, &gpu_pids)))?;
         timings.gpu_checkpoint_s = Some(t.elapsed().as_secs_f64());
     }
+    // Staged where the dump is fastest, sized by what it holds now that its GPU memory is in
+    // host memory.
+    let staged = runc.pids(id).map(|pids| follow::resident_bytes(&pids)).and_then(|bytes| stage(&st, bytes));
+    let (staging, image, images) = match staged {
+        Ok(s) => s,
+        Err(e) => {
+            let after = gpu.map_or_else(|| "the container runs on".to_string(), |cuda| resumed(cuda, &gpu_pids));
+            return Err(ContainerError::Runtime {
+                command: format!("gstore checkpoint --container {id}"),
+                status: format!("not started ({after})"),
+                stderr: format!("staging the checkpoint failed: {e}"),
+            });
+        }
+    };
     // The dump, and with `leave_running` the GPU state's return: the pause ends here, while
     // the push may go on.
     let work = staging.path().join("work");
@@ -355,6 +359,23 @@ pub fn checkpoint(
             })
         }
     }
+}
+
+/// A staging directory for a checkpoint of about `bytes` ([`follow::staging_root`]), with
+/// the image directory in it (the bundle's configuration copied in) and CRIU's images
+/// directory below that.
+fn stage(st: &State, bytes: u64) -> Result<(tempfile::TempDir, PathBuf, PathBuf)> {
+    let root = follow::staging_root(bytes);
+    let staging = tempfile::Builder::new()
+        .prefix("gstore-runc-")
+        .tempdir_in(&root)
+        .map_err(|e| ContainerError::io("creating", &root, e))?;
+    let image = staging.path().join("image");
+    let images = image.join(IMAGES);
+    std::fs::create_dir_all(&images).map_err(|e| ContainerError::io("creating", &images, e))?;
+    let config = st.bundle.join(CONFIG);
+    std::fs::copy(&config, image.join(CONFIG)).map_err(|e| ContainerError::io("copying", &config, e))?;
+    Ok((staging, image, images))
 }
 
 /// What the dump did: its phases' times, and with `leave_running` the pause.
