@@ -266,7 +266,7 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
-            let v = if x % 61 == 0 { 0.0 } else { (x as f32 / u32::MAX as f32 - 0.5) * 0.04 };
+            let v = if x.is_multiple_of(61) { 0.0 } else { (x as f32 / u32::MAX as f32 - 0.5) * 0.04 };
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.truncate(n);

@@ -28,7 +28,7 @@ enum Streamed {
     /// The next piece of file number `file`.
     Piece { file: usize, data: Vec<u8> },
     /// Every file is complete; the manifest gets this metadata.
-    End(ImageMeta),
+    End(Box<ImageMeta>),
 }
 
 /// The two ends of a streamed push into `store`, with at most about `buffer` bytes waiting
@@ -123,7 +123,7 @@ impl StreamSink {
     /// Says that every file is complete, adding `meta` to the image's metadata: the push then
     /// writes the image and its tag. A sink dropped without this fails the push.
     pub fn finish(self, meta: ImageMeta) -> Result<()> {
-        self.send(Streamed::End(meta))
+        self.send(Streamed::End(Box::new(meta)))
     }
 
     fn send(&self, s: Streamed) -> Result<()> {
@@ -213,7 +213,7 @@ impl StreamSource {
                         return Some(Err(StoreError::StreamStopped));
                     }
                     Some(Streamed::End(meta)) => {
-                        got.1 = meta;
+                        got.1 = *meta;
                         ended = true;
                         break;
                     }
