@@ -18,6 +18,17 @@ pub(super) struct HttpObjects {
 
 impl HttpObjects {
     /// The server at `url`.
+    /// Fails when this client's token may not write tags named `name` (docs/HTTP.md).
+    pub(super) fn check_tag_write(&self, name: &str) -> Result<()> {
+        let path = format!("/v1/may-write/tags/{name}");
+        let a = runtime().block_on(self.client.send(Method::GET, &path, &[], None))?;
+        match a.status {
+            // A server older than this route: the tag's own write decides, as before.
+            StatusCode::NOT_FOUND => Ok(()),
+            _ => self.client.check(&format!("tags/{name}"), &a),
+        }
+    }
+
     pub(super) fn new(url: &str, patience: Patience) -> Result<HttpObjects> {
         Ok(HttpObjects { client: HttpClient::new(url, patience.stall)? })
     }
@@ -50,16 +61,6 @@ impl Objects for HttpObjects {
                 Err(StoreError::AlreadyExists { what: ObjectKind::Object, key: key.to_string() })
             }
             other => other.map(|_| ()),
-        }
-    }
-
-    fn check_tag_write(&self, name: &str) -> Result<()> {
-        let path = format!("/v1/may-write/tags/{name}");
-        let a = runtime().block_on(self.client.send(Method::GET, &path, &[], None))?;
-        match a.status {
-            // A server older than this route: the tag's own write decides, as before.
-            StatusCode::NOT_FOUND => Ok(()),
-            _ => self.client.check(&format!("tags/{name}"), &a),
         }
     }
 

@@ -125,18 +125,6 @@ pub(crate) trait Objects: Send + Sync {
     fn list(&self, prefix: &str) -> Result<Vec<ListEntry>>;
     /// Deletes an object.
     fn delete(&self, key: &ObjectKey) -> Result<()>;
-    /// Fails when this client may not write tags named `name`: a server's token may be
-    /// limited to some (docs/HTTP.md). Other backends let whoever may write, write any tag.
-    fn check_tag_write(&self, _name: &str) -> Result<()> {
-        Ok(())
-    }
-    /// Says that bytes just read of `key` failed their check. A wrapper that may have read them
-    /// from elsewhere than the store itself (a caching tier) reads `key` from the store from
-    /// now on and returns true: reading it again may give good bytes. False (the default):
-    /// the same bytes would come again.
-    fn distrust(&self, _key: &ObjectKey) -> bool {
-        false
-    }
 }
 
 /// The tokio runtime every backend runs its requests on (two workers: the requests are
@@ -162,7 +150,7 @@ enum Origin {
     /// An `object_store`: a bucket, or one the caller built.
     Objects(Arc<dyn ObjectStore>),
     /// A gstore server.
-    Server,
+    Server(Arc<http::HttpObjects>),
 }
 
 /// A blocking handle on an object store. Cheap to clone (clones share the store and the
@@ -173,6 +161,8 @@ pub struct Backend {
     /// The store itself, where `objects` reads packs through caching tiers first
     /// ([`Backend::past_tiers`]).
     past_tiers: Option<Arc<dyn Objects>>,
+    /// The caching tiers pack reads go through first, if any.
+    tiers: Option<Arc<tiered::Tiered>>,
     description: String,
     origin: Origin,
     requests: Arc<AtomicU64>,
@@ -197,7 +187,7 @@ impl Backend {
         let patience = Patience::from_env()?;
         let bucket_objects = s3::open(bucket, prefix, patience)?;
         let origin = Origin::Objects(bucket_objects.store());
-        let objects = retry::Retrying::new(Box::new(bucket_objects), patience);
+        let objects = retry::Retrying::new(Arc::new(bucket_objects), patience);
         Ok(Self::wrap(Arc::new(objects), format!("s3://{bucket}/{prefix}"), origin))
     }
 
@@ -220,8 +210,9 @@ impl Backend {
     /// `GSTORE_TOKEN`. Retries as for [`Backend::s3`].
     pub fn http(url: &str) -> Result<Backend> {
         let patience = Patience::from_env()?;
-        let objects = retry::Retrying::new(Box::new(http::HttpObjects::new(url, patience)?), patience);
-        Ok(Self::wrap(Arc::new(objects), url.to_string(), Origin::Server))
+        let server = Arc::new(http::HttpObjects::new(url, patience)?);
+        let objects = retry::Retrying::new(server.clone(), patience);
+        Ok(Self::wrap(Arc::new(objects), url.to_string(), Origin::Server(server)))
     }
 
     /// This store with its pack reads going first through the caching tiers at `urls`
@@ -232,13 +223,13 @@ impl Backend {
             return Ok(self);
         }
         let store = self.objects.clone();
-        let tiered = tiered::Tiered::new(store.clone(), urls, Patience::from_env()?)?;
+        let tiered = Arc::new(tiered::Tiered::new(store.clone(), urls, Patience::from_env()?)?);
         let description = format!("{} (through {})", self.description, urls.join(", "));
-        Ok(Backend { objects: Arc::new(tiered), past_tiers: Some(store), description, ..self })
+        Ok(Backend { objects: tiered.clone(), past_tiers: Some(store), tiers: Some(tiered), description, ..self })
     }
 
     fn wrap(objects: Arc<dyn Objects>, description: String, origin: Origin) -> Backend {
-        Backend { objects, past_tiers: None, description, origin, requests: Arc::default() }
+        Backend { objects, past_tiers: None, tiers: None, description, origin, requests: Arc::default() }
     }
 
     /// This backend as an encrypted store sees it: objects that hold data sealed with
@@ -256,7 +247,7 @@ impl Backend {
     /// every pack read is opened with an encrypted store's key ([`Backend::sealed`]).
     pub fn past_tiers(&self) -> Option<Backend> {
         let objects = self.past_tiers.clone()?;
-        Some(Backend { objects, past_tiers: None, ..self.clone() })
+        Some(Backend { objects, past_tiers: None, tiers: None, ..self.clone() })
     }
 
     /// Requests sent so far through this backend and its clones.
@@ -274,7 +265,7 @@ impl Backend {
     pub fn object_store(&self) -> Option<Arc<dyn ObjectStore>> {
         match &self.origin {
             Origin::Local { objects, .. } | Origin::Objects(objects) => Some(objects.clone()),
-            Origin::Server => None,
+            Origin::Server(_) => None,
         }
     }
 
@@ -283,21 +274,27 @@ impl Backend {
     pub fn local_root(&self) -> Option<&Path> {
         match &self.origin {
             Origin::Local { root, .. } => Some(root),
-            Origin::Objects(_) | Origin::Server => None,
+            Origin::Objects(_) | Origin::Server(_) => None,
         }
     }
 
     /// Fails when this client may not write tags named `name` (a server token limited to other
     /// tags): asked before a push or copy uploads anything, so a refused tag costs no upload.
     pub fn check_tag_write(&self, name: &str) -> Result<()> {
-        self.count();
-        self.objects.check_tag_write(name)
+        match &self.origin {
+            Origin::Server(server) => {
+                self.count();
+                server.check_tag_write(name)
+            }
+            // Whoever may write a directory or a bucket may write any tag.
+            Origin::Local { .. } | Origin::Objects(_) => Ok(()),
+        }
     }
 
     /// Says that bytes just read of `key` failed their check; true when reading `key` again
     /// may give other bytes (they came through a caching tier, which `key` now goes past).
     pub fn distrust(&self, key: &ObjectKey) -> bool {
-        self.objects.distrust(key)
+        self.tiers.as_ref().is_some_and(|t| t.distrust(key))
     }
 
     /// Where this backend points, for messages.

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use object_store::PutPayload;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long remote requests wait, from the environment.
@@ -43,7 +44,7 @@ const MAX_PAUSE: Duration = Duration::from_secs(5);
 
 /// A remote backend whose requests are tried again while the store is unavailable.
 pub(super) struct Retrying {
-    inner: Box<dyn Objects>,
+    inner: Arc<dyn Objects>,
     retry_for: Duration,
     /// Set once any request got an answer: from then on the store is known to exist, and a
     /// failure in transit is an outage to wait out, not a wrong address.
@@ -52,7 +53,7 @@ pub(super) struct Retrying {
 
 impl Retrying {
     /// Wraps `inner`.
-    pub(super) fn new(inner: Box<dyn Objects>, patience: Patience) -> Retrying {
+    pub(super) fn new(inner: Arc<dyn Objects>, patience: Patience) -> Retrying {
         Retrying { inner, retry_for: patience.retry_for, answered: AtomicBool::new(false) }
     }
 
@@ -126,14 +127,6 @@ impl Objects for Retrying {
     fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.call(|| self.inner.delete(key))
     }
-
-    fn check_tag_write(&self, name: &str) -> Result<()> {
-        self.inner.check_tag_write(name)
-    }
-
-    fn distrust(&self, key: &ObjectKey) -> bool {
-        self.inner.distrust(key)
-    }
 }
 
 #[cfg(test)]
@@ -203,7 +196,7 @@ mod tests {
             answer_first: Mutex::new(answer_first),
             reached,
         };
-        (Retrying::new(Box::new(inner), Patience { stall: Duration::from_secs(1), retry_for }), tries)
+        (Retrying::new(Arc::new(inner), Patience { stall: Duration::from_secs(1), retry_for }), tries)
     }
 
     #[test]

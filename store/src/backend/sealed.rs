@@ -187,12 +187,4 @@ impl Objects for SealedObjects {
         self.forget(key);
         self.inner.delete(key)
     }
-
-    fn check_tag_write(&self, name: &str) -> Result<()> {
-        self.inner.check_tag_write(name)
-    }
-
-    fn distrust(&self, key: &ObjectKey) -> bool {
-        self.inner.distrust(key)
-    }
 }

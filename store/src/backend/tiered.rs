@@ -157,14 +157,13 @@ impl Objects for Tiered {
     fn delete(&self, key: &ObjectKey) -> Result<()> {
         self.origin.delete(key)
     }
+}
 
-    fn check_tag_write(&self, name: &str) -> Result<()> {
-        self.origin.check_tag_write(name)
-    }
-
-    /// The tier that served `key` rests, and `key` is read from the store from now on (the
-    /// damage may be in every tier, each reading through the next).
-    fn distrust(&self, key: &ObjectKey) -> bool {
+impl Tiered {
+    /// Says that the bytes of `key` just read failed their check: the tier that served them
+    /// rests, and `key` is read from the store from now on (the damage may be in every tier,
+    /// each reading through the next). False when no tier served `key`.
+    pub(super) fn distrust(&self, key: &ObjectKey) -> bool {
         let Some(i) = self.served.lock().expect("tier lock").remove(key) else { return false };
         let why = StoreError::corrupt(ObjectKind::Pack, key.to_string(), "its bytes from this tier failed their check");
         self.tiers[i].rest(&why);
