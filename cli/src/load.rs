@@ -2,6 +2,7 @@
 //! the throughput. `--check` reads device buffers back and checks every chunk's hash
 //! ([`DeviceImage::read_back_and_check`]).
 
+use crate::output::rate;
 use anyhow::{bail, Context, Result};
 use gstore_gpu_dump::cuda::Context as CudaContext;
 use gstore_gpu_dump::CudaDriver;
@@ -9,6 +10,7 @@ use gstore_progress::Bars;
 use gstore_restore::{DeviceImage, Spread, TransferWaits};
 use gstore_store::format::manifest::Manifest;
 use gstore_store::{IndexedStore, StoreError};
+use indicatif::HumanBytes;
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
@@ -212,4 +214,21 @@ fn report(image: &str, device: &str, bytes: u64, seconds: f64) -> LoadReport {
         waits: None,
         per_device: None,
     }
+}
+
+/// `gstore load`'s summary.
+pub(crate) fn load_text(r: &LoadReport) -> String {
+    format!(
+        "loaded {} into {} in {:.2} s: {}{}{}{}{}",
+        HumanBytes(r.bytes),
+        r.device,
+        r.seconds,
+        rate(r.bytes, r.seconds),
+        r.phases
+            .map(|[p, a, t]| format!(" (plan {p:.2} s, allocate {a:.2} s, transfer {t:.2} s: {})", rate(r.bytes, t)))
+            .unwrap_or_default(),
+        if r.checked { " (read back and checked)" } else { "" },
+        r.per_device.iter().flatten().map(|d| format!("\n{}: {}", d.device, HumanBytes(d.bytes))).collect::<String>(),
+        r.path.as_deref().map(|p| format!("\n{p}")).unwrap_or_default()
+    )
 }

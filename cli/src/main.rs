@@ -1,15 +1,19 @@
 //! The `gstore` command-line tool.
 
+mod about;
 mod args;
 mod commands;
 mod containers;
 mod failure;
+mod files;
 mod hold;
+mod images;
 mod init;
 mod load;
 mod maintain;
 mod output;
 mod policy;
+mod process;
 mod serve;
 mod stores;
 mod units;
