@@ -12,7 +12,6 @@ use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, ObjectId};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// What a restore-and-run reports.
@@ -98,8 +97,6 @@ pub fn run(
         // start costs a GPU machine ~0.2 s, so a CPU image does not start it. Nothing runs before
         // the check passes.
         let t = Instant::now();
-        // The lazy memory is decoded ahead for as long as the check takes.
-        let checked = AtomicBool::new(false);
         let (machine, prepared) = std::thread::scope(|s| {
             let machine = s.spawn(|| {
                 let cuda = gpu_image.then(CudaDriver::load);
@@ -107,14 +104,9 @@ pub fn run(
                     Some(cuda) => MachineInfo::probe(Some(&criu_bin), cuda),
                     None => MachineInfo::probe_without_gpus(Some(&criu_bin)),
                 };
-                checked.store(true, Ordering::Release);
                 (cuda, check_compatible(&image, &machine, &opts.gpu_map))
             });
-            let prepared = lazy.then(|| {
-                let mut p = gstore_lazy::prepare(store, &id, &m, dir, opts.memory_budget, progress)?;
-                p.decode_ahead(store, &id, &checked);
-                Ok(p)
-            });
+            let prepared = lazy.then(|| gstore_lazy::prepare(store, &id, &m, dir, opts.memory_budget, progress));
             (machine.join().expect("the machine check does not panic"), prepared)
         });
         let materialize_s = t.elapsed().as_secs_f64();

@@ -54,7 +54,7 @@ pub fn serve_during<R, E>(
     let (restored, filled) = std::thread::scope(|scope| {
         let daemon = scope.spawn(|| {
             let conn = socket.accept(&abort)?;
-            serve(store, layout, chunks, &prepared.decoded, conn, &guard, &fill_opts, &abort)
+            serve(store, layout, chunks, conn, &guard, &fill_opts, &abort)
         });
         let restored = restore(&guard);
         if restored.is_err() {

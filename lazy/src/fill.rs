@@ -18,7 +18,6 @@
 //!   kernel fills natively. On any failure the restored processes are killed.
 
 use crate::ahead::Readahead;
-use crate::decoded::Decoded;
 use crate::error::{LazyError, Result};
 use crate::fetch::FileChunks;
 use crate::guard::Guard;
@@ -69,8 +68,6 @@ pub struct FillReport {
     pub criu_s: f64,
     /// Seconds from then until every lazy page was in place.
     pub fill_s: f64,
-    /// Bytes of it decoded before the restore started ([`crate::decoded`]).
-    pub decoded_ahead: u64,
     /// Whether the fill followed a recorded profile.
     pub used_profile: bool,
     /// The order memory was first needed in this restore (store it for the next one).
@@ -87,19 +84,15 @@ struct Segment {
 }
 
 /// A process image's lazy memory, cut into segments.
-pub(crate) struct Image {
+struct Image {
     pid: u32,
-    /// The chunks of its pages file.
-    pub(crate) chunks: FileChunks,
+    chunks: FileChunks,
     segments: Vec<Segment>,
-    /// Segment indices in fill order.
-    pub(crate) order: Vec<usize>,
+    order: Vec<usize>,
 }
 
 impl Image {
-    /// Process `p`'s lazy memory, whose pages file's chunks are `chunks`, cut into segments
-    /// put in fill order (`profile` first).
-    pub(crate) fn new(p: &Process, chunks: FileChunks, profile: Option<&Profile>) -> Image {
+    fn new(p: &Process, chunks: FileChunks, profile: Option<&Profile>) -> Image {
         let mut segments: Vec<Segment> = Vec::new();
         for r in &p.lazy {
             let mut at = 0;
@@ -122,11 +115,6 @@ impl Image {
         let areas: Vec<u64> = segments.iter().map(|s| s.area_len).collect();
         let order = profile::fill_order(p.pid, &starts, &areas, profile);
         Image { pid: p.pid, chunks, segments, order }
-    }
-
-    /// The bytes of its pages file that segment `seg` holds.
-    pub(crate) fn segment_range(&self, seg: usize) -> std::ops::Range<u64> {
-        self.segments[seg].file.clone()
     }
 
     /// The segment holding image address `vaddr`, if it is lazy.
@@ -225,7 +213,6 @@ struct FirstNeed {
 /// State shared by the event thread and the workers.
 struct Shared<'a> {
     store: &'a IndexedStore,
-    decoded: &'a Decoded,
     guard: &'a Guard,
     images: Vec<Image>,
     tasks: RwLock<Vec<Arc<Task>>>,
@@ -356,17 +343,12 @@ fn worker(sh: &Shared<'_>) {
 fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decoder: &mut Decoder<'_>) -> Result<()> {
     let image = &sh.images[task.image];
     let s = &image.segments[seg];
-    // Decoded ahead, or raw chunks one after another in a pack, copied in straight from the
-    // pack's range read; anything else is decoded into `buf` first.
-    let ahead = sh.decoded.take(task.image, seg);
-    let view = match ahead {
-        Some(_) => None,
-        None => image.chunks.raw_view(sh.store, &s.file).transpose()?,
-    };
-    let (src, at): (&[u8], usize) = match (&ahead, &view) {
-        (Some(d), _) => (d.bytes(), 0),
-        (None, Some(v)) => (v, 0),
-        (None, None) => {
+    // Raw chunks one after another in a pack are copied in straight from the pack's range
+    // read; anything else is decoded into `buf` first.
+    let view = image.chunks.raw_view(sh.store, &s.file).transpose()?;
+    let (src, at): (&[u8], usize) = match &view {
+        Some(v) => (v, 0),
+        None => {
             let at = image.chunks.read_into(sh.store, s.file.clone(), buf, decoder)?;
             (buf, at)
         }
@@ -483,7 +465,6 @@ pub fn serve(
     store: &IndexedStore,
     layout: &Layout,
     chunks: Vec<FileChunks>,
-    decoded: &Decoded,
     conn: UnixStream,
     guard: &Guard,
     opts: &FillOptions,
@@ -496,7 +477,6 @@ pub fn serve(
     let (tasks, remaining) = tasks_of(announced, &images);
     let sh = Shared {
         store,
-        decoded,
         guard,
         images,
         tasks: RwLock::new(tasks),
@@ -535,7 +515,6 @@ pub fn serve(
                 faults: sh.faults.load(Ordering::Acquire),
                 criu_s: events.criu_s,
                 fill_s,
-                decoded_ahead: decoded.bytes(),
                 used_profile: profile.is_some(),
                 profile: Profile::new(SEGMENT, std::mem::take(&mut sh.needed.lock().expect("profile lock").order)),
             })

@@ -12,7 +12,6 @@
 //!   lazy page from many threads with large `UFFDIO_COPY`s ([`uffd`]), decoding chunks
 //!   straight from the store ([`fetch`]), reading ahead behind faults ([`ahead`]), otherwise in
 //!   profile order ([`profile`]), then closes the userfaultfds so that the kernel handles everything that is left (holes) itself.
-//! - [`decoded`] decodes lazy memory ahead, in fill order, while the caller readies the restore.
 //! - [`during`] runs it all around a caller's restore (gstore's CRIU, or runc's).
 //! - [`guard`] keeps a restored process from ever running on missing memory: a small forked
 //!   process holds the userfaultfds too and kills the restored tree if the daemon dies first.
@@ -20,7 +19,6 @@
 #![deny(missing_docs)]
 
 pub mod ahead;
-pub mod decoded;
 pub mod during;
 pub mod error;
 pub mod fetch;

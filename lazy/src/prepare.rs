@@ -2,10 +2,8 @@
 //! files in full (they are small), and each `pages-N.img` as a sparse file of its full size
 //! holding only the pages CRIU restores itself. CRIU never reads the lazy byte ranges.
 
-use crate::decoded::{self, Decoded};
 use crate::error::{LazyError, Result};
 use crate::fetch::FileChunks;
-use crate::fill::SEGMENT;
 use crate::layout::Layout;
 use gstore_store::dedup::similar::is_page_image;
 use gstore_store::format::manifest::Manifest;
@@ -13,7 +11,6 @@ use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, ObjectId};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 
 /// Bytes of eager pages fetched at a time.
 const EAGER_READ: u64 = 4 << 20;
@@ -26,30 +23,6 @@ pub struct Prepared {
     pub chunks: Vec<FileChunks>,
     /// Bytes written to disk.
     pub written_bytes: u64,
-    /// Lazy memory decoded ahead ([`Prepared::decode_ahead`]).
-    pub decoded: Decoded,
-}
-
-impl Prepared {
-    /// Decodes the lazy memory of image `id` ahead ([`crate::decoded`]), in the order the fill
-    /// will take it, until `until` is set: for as long as the caller's other preparations take,
-    /// holding at most an eighth of the memory available (4 GiB at most).
-    pub fn decode_ahead(&mut self, store: &IndexedStore, id: &ObjectId, until: &AtomicBool) {
-        let profile = store.profile(id).ok().flatten();
-        let profile = profile.as_ref().filter(|p| p.segment_bytes == SEGMENT);
-        let workers = std::thread::available_parallelism().map_or(4, |n| n.get());
-        let budget = (available_memory() / 8).min(4 << 30);
-        self.decoded = decoded::decode_ahead(store, &self.layout, &self.chunks, profile, until, budget, workers);
-    }
-}
-
-/// Bytes of memory available (`MemAvailable`), 0 if unknown.
-fn available_memory() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kib = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok());
-    kib.unwrap_or(0) * 1024
 }
 
 /// Writes image `id` (manifest `m`) out to the new directory `dir` for a lazy restore.
@@ -103,7 +76,7 @@ pub fn prepare(
         }
         chunks.push(file);
     }
-    Ok(Prepared { layout, chunks, written_bytes: written, decoded: Decoded::default() })
+    Ok(Prepared { layout, chunks, written_bytes: written })
 }
 
 #[cfg(test)]
