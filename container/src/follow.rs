@@ -29,8 +29,8 @@ use std::time::Duration;
 /// memory (`/dev/shm`) when the dump would outrun the disk and memory has room for it
 /// ([`in_memory`]); else the system's temporary directory.
 pub(crate) fn staging_root(bytes: u64) -> PathBuf {
-    if let Some(dir) = std::env::var_os("GSTORE_STAGING_DIR") {
-        return PathBuf::from(dir);
+    if let Some(dir) = gstore_store::environment::staging_dir() {
+        return dir;
     }
     let shm = Path::new("/dev/shm");
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();

@@ -68,11 +68,53 @@ pub struct FillReport {
     pub criu_s: f64,
     /// Seconds from then until every lazy page was in place.
     pub fill_s: f64,
+    /// Where the workers spent the fill: seconds per worker, averaged over the workers.
+    pub waits: FillWaits,
     /// Whether the fill followed a recorded profile.
     pub used_profile: bool,
     /// The order memory was first needed in this restore (store it for the next one).
     #[serde(skip)]
     pub profile: Profile,
+}
+
+/// Where a fill's workers spent their time: seconds per worker, averaged over the workers.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct FillWaits {
+    /// Reading segments' chunks from the store, checking and decoding them.
+    pub reading_s: f64,
+    /// Copying segments into the tasks (`UFFDIO_COPY`, and waiting for a task's memory
+    /// events to be read when a copy met them).
+    pub copying_s: f64,
+    /// Waiting for a segment to fill (before the restore has finished, only faulted ones).
+    pub waiting_s: f64,
+    /// Copies that met a task's pending memory events and were tried again.
+    pub retried: u64,
+}
+
+/// [`FillWaits`] as the workers add to it, in nanoseconds summed over the workers.
+#[derive(Default)]
+struct Spent {
+    reading: AtomicU64,
+    copying: AtomicU64,
+    waiting: AtomicU64,
+    retried: AtomicU64,
+}
+
+impl Spent {
+    fn add(counter: &AtomicU64, since: Instant) {
+        counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Per worker, of `workers`.
+    fn mean(&self, workers: usize) -> FillWaits {
+        let s = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64 / 1e9 / workers.max(1) as f64;
+        FillWaits {
+            reading_s: s(&self.reading),
+            copying_s: s(&self.copying),
+            waiting_s: s(&self.waiting),
+            retried: self.retried.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// One segment: a run of a pages file and where its pages go.
@@ -228,6 +270,7 @@ struct Shared<'a> {
     stop: AtomicBool,
     failure: Mutex<Option<LazyError>>,
     faults: AtomicU64,
+    spent: Spent,
 }
 
 impl Shared<'_> {
@@ -325,7 +368,9 @@ fn worker(sh: &Shared<'_>) {
         Err(e) => return sh.fail(0, LazyError::os("allocating a fill buffer", e)),
     };
     let mut decoder = sh.store.decoder();
+    let mut idle = Instant::now();
     while let Some((task, seg)) = sh.next() {
+        Spent::add(&sh.spent.waiting, idle);
         sh.in_flight.fetch_add(1, Ordering::AcqRel);
         let r = fill_segment(sh, &task, seg, &mut buf, &mut decoder);
         match r {
@@ -336,6 +381,7 @@ fn worker(sh: &Shared<'_>) {
             }
         }
         sh.in_flight.fetch_sub(1, Ordering::AcqRel);
+        idle = Instant::now();
     }
 }
 
@@ -345,6 +391,7 @@ fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decode
     let s = &image.segments[seg];
     // Raw chunks one after another in a pack are copied in straight from the pack's range
     // read; anything else is decoded into `buf` first.
+    let reading = Instant::now();
     let view = image.chunks.raw_view(sh.store, &s.file).transpose()?;
     let (src, at): (&[u8], usize) = match &view {
         Some(v) => (v, 0),
@@ -353,6 +400,8 @@ fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decode
             (buf, at)
         }
     };
+    Spent::add(&sh.spent.reading, reading);
+    let copying = Instant::now();
     let mut ops = task.gate.read().expect("gate");
     for &(vaddr, file_off, len) in &s.pieces {
         let from = at + (file_off - s.file.start) as usize;
@@ -374,6 +423,7 @@ fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decode
                     // Events are pending: let the event thread read them, then go on with the
                     // translation they bring.
                     pos += done;
+                    sh.spent.retried.fetch_add(1, Ordering::Relaxed);
                     drop(ops);
                     std::thread::sleep(Duration::from_micros(50));
                     ops = task.gate.read().expect("gate");
@@ -381,11 +431,13 @@ fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decode
                 Copied::Gone => {
                     drop(ops);
                     sh.retire(task);
+                    Spent::add(&sh.spent.copying, copying);
                     return Ok(());
                 }
             }
         }
     }
+    Spent::add(&sh.spent.copying, copying);
     Ok(())
 }
 
@@ -490,6 +542,7 @@ pub fn serve(
         stop: AtomicBool::new(false),
         failure: Mutex::new(None),
         faults: AtomicU64::new(0),
+        spent: Spent::default(),
     };
     let mut events = EventLoop { conn: Some(conn), criu_s: 0.0, forked: 0 };
     let outcome = std::thread::scope(|scope| {
@@ -515,6 +568,7 @@ pub fn serve(
                 faults: sh.faults.load(Ordering::Acquire),
                 criu_s: events.criu_s,
                 fill_s,
+                waits: sh.spent.mean(opts.workers.max(1)),
                 used_profile: profile.is_some(),
                 profile: Profile::new(SEGMENT, std::mem::take(&mut sh.needed.lock().expect("profile lock").order)),
             })

@@ -32,6 +32,8 @@ pub const GSTORE_PASSPHRASE: &str = "GSTORE_PASSPHRASE";
 pub const GSTORE_NEW_PASSPHRASE: &str = "GSTORE_NEW_PASSPHRASE";
 /// The creation time pushes record (seconds since the epoch), for reproducible images.
 pub const SOURCE_DATE_EPOCH: &str = "SOURCE_DATE_EPOCH";
+/// Where a container checkpoint through runc is staged while CRIU writes it.
+pub const GSTORE_STAGING_DIR: &str = "GSTORE_STAGING_DIR";
 
 /// A variable's value when it is set and not empty.
 fn set(name: &str) -> Option<String> {
@@ -161,6 +163,11 @@ impl Keys {
 /// `$SOURCE_DATE_EPOCH` (seconds), when set to a number.
 pub fn source_date_epoch() -> Option<u64> {
     set(SOURCE_DATE_EPOCH).and_then(|v| v.trim().parse().ok())
+}
+
+/// `$GSTORE_STAGING_DIR`, when set.
+pub fn staging_dir() -> Option<PathBuf> {
+    set_os(GSTORE_STAGING_DIR).map(PathBuf::from)
 }
 
 /// `$USER`, for labels.
