@@ -74,13 +74,16 @@ impl FileChunks {
         (range_len + 2 * chunk_max as u64 + 2 * PAGE_SIZE) as usize
     }
 
-    /// Fetches, checks and decodes the chunks covering `range` (page-aligned) into `buf`.
-    /// Returns where `range.start` landed in `buf` (page-aligned, since `buf` is).
+    /// Fetches, checks and decodes the chunks covering `range` (page-aligned) into `buf`; a
+    /// local store's stored bytes are read into `scratch` first
+    /// ([`gstore_store::Store::read_checked_range_buffered`]). Returns where `range.start`
+    /// landed in `buf` (page-aligned, since `buf` is).
     pub fn read_into(
         &self,
         store: &IndexedStore,
         range: Range<u64>,
         buf: &mut [u8],
+        scratch: &mut Vec<u8>,
         decoder: &mut codec::Decoder<'_>,
     ) -> Result<usize> {
         if range.end > self.size {
@@ -120,7 +123,7 @@ impl FileChunks {
                 j += 1;
             }
             let group = &chunks[i..j];
-            let read = store.read_checked_range(&first.pack, first.offset..end, |data| {
+            let read = store.read_checked_range_buffered(&first.pack, first.offset..end, scratch, |data| {
                 for c in group {
                     let loc = c.loc.expect("grouped chunks are stored");
                     let stored = &data[(loc.offset - first.offset) as usize..][..loc.stored_len as usize];
@@ -138,7 +141,7 @@ impl FileChunks {
     }
 
     /// The bytes of `range` (page-aligned) from `range.start` on, straight from the store's
-    /// range read (a local store's mapping) without a copy, when every chunk covering it is
+    /// range read without a copy, when every chunk covering it is
     /// stored raw, one after the other in one pack: each is checked against its id in place.
     /// `None` when the range is stored otherwise ([`FileChunks::read_into`] then decodes it).
     pub fn raw_view(

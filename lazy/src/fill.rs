@@ -367,12 +367,12 @@ fn worker(sh: &Shared<'_>) {
         Ok(b) => b,
         Err(e) => return sh.fail(0, LazyError::os("allocating a fill buffer", e)),
     };
-    let mut decoder = sh.store.decoder();
+    let (mut decoder, mut scratch) = (sh.store.decoder(), Vec::new());
     let mut idle = Instant::now();
     while let Some((task, seg)) = sh.next() {
         Spent::add(&sh.spent.waiting, idle);
         sh.in_flight.fetch_add(1, Ordering::AcqRel);
-        let r = fill_segment(sh, &task, seg, &mut buf, &mut decoder);
+        let r = fill_segment(sh, &task, seg, &mut buf, &mut scratch, &mut decoder);
         match r {
             Ok(()) => sh.finish(&task, seg),
             Err(e) => {
@@ -386,17 +386,28 @@ fn worker(sh: &Shared<'_>) {
 }
 
 /// Decodes segment `seg` and copies it into `task`.
-fn fill_segment(sh: &Shared<'_>, task: &Task, seg: usize, buf: &mut [u8], decoder: &mut Decoder<'_>) -> Result<()> {
+fn fill_segment(
+    sh: &Shared<'_>,
+    task: &Task,
+    seg: usize,
+    buf: &mut [u8],
+    scratch: &mut Vec<u8>,
+    decoder: &mut Decoder<'_>,
+) -> Result<()> {
     let image = &sh.images[task.image];
     let s = &image.segments[seg];
-    // Raw chunks one after another in a pack are copied in straight from the pack's range
-    // read; anything else is decoded into `buf` first.
+    // From a remote store, raw chunks one after another in a pack are copied in straight from
+    // the range read; anything else (and everything of a local store, read with `pread`, not
+    // mapped) is decoded into `buf` first.
     let reading = Instant::now();
-    let view = image.chunks.raw_view(sh.store, &s.file).transpose()?;
+    let view = match sh.store.is_remote() {
+        true => image.chunks.raw_view(sh.store, &s.file).transpose()?,
+        false => None,
+    };
     let (src, at): (&[u8], usize) = match &view {
         Some(v) => (v, 0),
         None => {
-            let at = image.chunks.read_into(sh.store, s.file.clone(), buf, decoder)?;
+            let at = image.chunks.read_into(sh.store, s.file.clone(), buf, scratch, decoder)?;
             (buf, at)
         }
     };

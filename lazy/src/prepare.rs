@@ -40,7 +40,7 @@ pub fn prepare(
     let report = gstore_restore::restore_to_dir(store, id, &small, dir, budget, progress)?;
     let mut written = report.logical_bytes;
     let layout = Layout::read(dir)?;
-    let mut decoder = store.decoder();
+    let (mut decoder, mut scratch) = (store.decoder(), Vec::new());
     let mut buf = vec![0u8; FileChunks::buffer_len(EAGER_READ, store.config().chunk_max) + 4096];
     let align = buf.as_ptr().align_offset(4096);
     for p in &layout.processes {
@@ -66,7 +66,7 @@ pub fn prepare(
                 let mut at = range.start;
                 while at < range.end {
                     let end = range.end.min(at + EAGER_READ);
-                    let off = file.read_into(store, at..end, &mut buf[align..], &mut decoder)?;
+                    let off = file.read_into(store, at..end, &mut buf[align..], &mut scratch, &mut decoder)?;
                     let bytes = &buf[align + off..align + off + (end - at) as usize];
                     f.write_all_at(bytes, at).map_err(|e| LazyError::os(format!("writing {}", path.display()), e))?;
                     written += end - at;

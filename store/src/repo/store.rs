@@ -345,6 +345,29 @@ impl Store {
         Ok(checked)
     }
 
+    /// [`Store::read_checked_range`] for many threads reading at once: a local store's range is
+    /// read with `pread` into `scratch` (grown to fit) rather than mapped, since threads that
+    /// map and unmap at once wait on each other and every unmapping interrupts them all;
+    /// other stores' ranges go through the range cache as [`Store::read_checked_range`] reads
+    /// them.
+    pub fn read_checked_range_buffered<T>(
+        &self,
+        pack: &ObjectId,
+        range: std::ops::Range<u64>,
+        scratch: &mut Vec<u8>,
+        mut check: impl FnMut(&[u8]) -> Result<T>,
+    ) -> Result<T> {
+        if self.cache.is_some() || self.backend.local_root().is_none() {
+            return self.read_checked_range(pack, range, |bytes| check(bytes));
+        }
+        let len = (range.end - range.start) as usize;
+        if scratch.len() < len {
+            scratch.resize(len, 0);
+        }
+        self.read_pack_range_into(pack, range, &mut scratch[..len])?;
+        check(&scratch[..len])
+    }
+
     /// Reads a pack range and checks it; bytes that fail the check are read once more where
     /// they may come out differently (they came through a caching tier, which the pack now
     /// goes past), and checked again.
