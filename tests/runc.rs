@@ -222,13 +222,14 @@ fn runc_failures_are_clear_and_tag_nothing() {
 
 #[test]
 fn a_store_that_fills_up_mid_push_leaves_the_runc_container_running() {
-    // The page images are pushed while runc writes them; the store's disk (2 MiB) fills long
-    // before the dump of 32 MiB ends.
+    // The page images are pushed while runc writes them; the store's disk (2 MiB) fills when
+    // the first pack (48 MiB) is written, long before the dump of 400 MiB is read (more than
+    // the 256 MiB that may wait for the push): the push's error, not the stopped feeding's.
     let mut env = Env::uninitialized();
     let disk = SmallDisk::mount(&env.path("disk"), "2M");
     env.store = disk.dir.join("store");
     env.ok(&["init"]);
-    let c = Counter::start("full", 32);
+    let c = Counter::start("full", 400);
     for leave_running in [true, false] {
         let mut args = vec!["checkpoint", "--container", &c.id, "--runtime", "runc", "--tag", "x:1"];
         if leave_running {

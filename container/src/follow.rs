@@ -102,7 +102,16 @@ pub(crate) fn push_while_written<T: Send>(
         let pushing = s.spawn(|| push::push_stream(store, source, tag, progress));
         let written = feed(sink, root, dir, write, meta);
         let pushed = pushing.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-        written.map(|(t, fed)| (t, fed.and(pushed)))
+        // A push that failed says why the feeding stopped; a push stopped by the feeding,
+        // the feeding's error does.
+        written.map(|(t, fed)| {
+            let outcome = match (pushed, fed) {
+                (Err(StoreError::StreamStopped), Err(e)) | (Ok(_), Err(e)) => Err(e),
+                (Err(e), _) => Err(e),
+                (Ok(report), Ok(())) => Ok(report),
+            };
+            (t, outcome)
+        })
     })
 }
 
