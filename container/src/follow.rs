@@ -42,6 +42,42 @@ pub(crate) fn staging_root(bytes: u64) -> PathBuf {
     }
 }
 
+/// The name a staging directory of this process starts with: `gstore-runc-PID-`.
+pub(crate) fn staging_prefix() -> String {
+    format!("{STAGING}{}-", std::process::id())
+}
+
+/// Staging directories start with this, then their maker's pid.
+const STAGING: &str = "gstore-runc-";
+
+/// Removes the staging directories in `root` that a gstore killed mid-checkpoint left behind
+/// (their maker's pid, in their names, runs no more): in `/dev/shm` each holds memory. A
+/// directory whose maker may still run is left alone.
+pub(crate) fn remove_stale(root: &Path) {
+    let Ok(listing) = std::fs::read_dir(root) else { return };
+    for e in listing.flatten() {
+        let name = e.file_name();
+        let maker = name.to_str().and_then(|n| n.strip_prefix(STAGING)?.split('-').next()?.parse::<i32>().ok());
+        let Some(pid) = maker.filter(|&p| p > 0) else { continue };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone =
+            unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// A staging directory kept for its user (the restore from it failed), renamed so that
+/// [`remove_stale`] leaves it once this gstore is gone; where it is now.
+pub(crate) fn kept(dir: PathBuf) -> PathBuf {
+    let name = dir.file_name().and_then(|n| n.to_str()).map(|n| n.replacen(STAGING, "gstore-kept-runc-", 1));
+    match name {
+        Some(name) if std::fs::rename(&dir, dir.with_file_name(&name)).is_ok() => dir.with_file_name(name),
+        _ => dir,
+    }
+}
+
 /// Whether a checkpoint of `bytes` is staged in memory, given `/proc/meminfo`'s text, the
 /// kernel's background write-back threshold (`vm.dirty_background_ratio`, percent of memory)
 /// and the bytes free in `/dev/shm`: when it is larger than the threshold (on disk, CRIU would
@@ -336,6 +372,27 @@ mod tests {
         assert!(!in_memory(26 * gib, meminfo, 10, 20 * gib), "/dev/shm too small");
         assert!(!in_memory(90 * gib, meminfo, 10, 128 * gib), "less than an eighth of memory would be left");
         assert!(!in_memory(26 * gib, "", 10, shm), "memory unknown");
+    }
+
+    #[test]
+    fn staging_left_by_a_dead_gstore_is_removed_and_a_live_or_kept_one_is_not() {
+        let root = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let dir = |name: String| {
+            let d = root.path().join(name);
+            std::fs::create_dir_all(d.join("image")).unwrap();
+            d
+        };
+        let stale = dir(format!("{STAGING}{dead}-a"));
+        let live = dir(format!("{}b", staging_prefix()));
+        let other = dir("gstore-runc-x".into());
+        let kept = kept(dir(format!("{STAGING}{dead}-c")));
+        assert!(kept.file_name().unwrap().to_str().unwrap().starts_with("gstore-kept-runc-"), "{}", kept.display());
+        remove_stale(root.path());
+        assert!(!stale.exists(), "its maker is gone");
+        assert!(live.exists() && other.exists() && kept.join("image").exists());
     }
 
     #[test]

@@ -366,8 +366,9 @@ pub fn checkpoint(
 /// directory below that.
 fn stage(st: &State, bytes: u64) -> Result<(tempfile::TempDir, PathBuf, PathBuf)> {
     let root = follow::staging_root(bytes);
+    follow::remove_stale(&root);
     let staging = tempfile::Builder::new()
-        .prefix("gstore-runc-")
+        .prefix(&follow::staging_prefix())
         .tempdir_in(&root)
         .map_err(|e| ContainerError::io("creating", &root, e))?;
     let image = staging.path().join("image");
@@ -449,7 +450,7 @@ fn restore_staged(runc: &Runc, id: &str, st: &State, gpu: Option<&CudaDriver>, s
     match back {
         Ok(()) => "; the container was restored from the staged image and runs again".into(),
         Err(e) => {
-            let kept = staging.keep();
+            let kept = follow::kept(staging.keep());
             format!(
                 "; restoring the container from the staged image failed too ({e}); the image is kept at {}",
                 kept.join("image").display()
