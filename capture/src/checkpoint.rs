@@ -298,10 +298,7 @@ fn streamed_via(
 /// Bytes of image that may wait in memory between CRIU and the store: a quarter of the memory
 /// available, from 256 MiB to 8 GiB. The more, the sooner CRIU is done with the process.
 fn stream_buffer() -> u64 {
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
-    });
+    let available = gstore_gpu_dump::procfs::meminfo_bytes(&gstore_gpu_dump::procfs::meminfo(), "MemAvailable");
     (available.unwrap_or(0) / 4).clamp(256 << 20, 8 << 30)
 }
 

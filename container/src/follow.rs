@@ -10,6 +10,7 @@
 //! removes it, so a push that fails can still restore the container from it.
 
 use crate::error::Result;
+use gstore_gpu_dump::procfs;
 use gstore_store::commands::push::stream::{self, StreamSink};
 use gstore_store::commands::push::{self, PushReport};
 use gstore_store::dedup::similar::is_page_image_path;
@@ -32,8 +33,8 @@ pub(crate) fn staging_root(bytes: u64) -> PathBuf {
     if let Some(dir) = gstore_store::environment::staging_dir() {
         return dir;
     }
-    let shm = Path::new("/dev/shm");
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let shm = Path::new(SHM);
+    let meminfo = procfs::meminfo();
     let ratio = std::fs::read_to_string("/proc/sys/vm/dirty_background_ratio").ok().and_then(|r| r.trim().parse().ok());
     if in_memory(bytes, &meminfo, ratio.unwrap_or(10), free_bytes(shm)) {
         shm.to_path_buf()
@@ -47,22 +48,33 @@ pub(crate) fn staging_prefix() -> String {
     format!("{STAGING}{}-", std::process::id())
 }
 
+/// Where a checkpoint is staged in memory.
+const SHM: &str = "/dev/shm";
 /// Staging directories start with this, then their maker's pid.
 const STAGING: &str = "gstore-runc-";
+
+/// Removes, wherever [`staging_root`] may stage, what a gstore killed mid-checkpoint left
+/// ([`remove_stale`]).
+pub(crate) fn remove_stale_staging() {
+    match gstore_store::environment::staging_dir() {
+        Some(dir) => remove_stale(&dir),
+        None => {
+            remove_stale(Path::new(SHM));
+            remove_stale(&std::env::temp_dir());
+        }
+    }
+}
 
 /// Removes the staging directories in `root` that a gstore killed mid-checkpoint left behind
 /// (their maker's pid, in their names, runs no more): in `/dev/shm` each holds memory. A
 /// directory whose maker may still run is left alone.
-pub(crate) fn remove_stale(root: &Path) {
+fn remove_stale(root: &Path) {
     let Ok(listing) = std::fs::read_dir(root) else { return };
     for e in listing.flatten() {
         let name = e.file_name();
-        let maker = name.to_str().and_then(|n| n.strip_prefix(STAGING)?.split('-').next()?.parse::<i32>().ok());
-        let Some(pid) = maker.filter(|&p| p > 0) else { continue };
-        // SAFETY: signal 0 only asks whether the process exists.
-        let gone =
-            unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        if gone {
+        let maker = name.to_str().and_then(|n| n.strip_prefix(STAGING)?.split('-').next()?.parse::<u32>().ok());
+        let Some(pid) = maker else { continue };
+        if !procfs::exists(pid) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -84,11 +96,8 @@ pub(crate) fn kept(dir: PathBuf) -> PathBuf {
 /// wait for write-back, and the push beside it writes the store to the same disk) and memory
 /// holds it with an eighth of the machine's memory to spare.
 fn in_memory(bytes: u64, meminfo: &str, dirty_background_ratio: u64, shm_free: u64) -> bool {
-    let field = |name: &str| {
-        meminfo.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-    };
-    let (Some(total), Some(available)) = (field("MemTotal:"), field("MemAvailable:")) else { return false };
-    let (total, available) = (total * 1024, available * 1024);
+    let field = |name| procfs::meminfo_bytes(meminfo, name);
+    let (Some(total), Some(available)) = (field("MemTotal"), field("MemAvailable")) else { return false };
     bytes > total / 100 * dirty_background_ratio && bytes + total / 8 <= available && bytes <= shm_free
 }
 
@@ -101,16 +110,6 @@ fn free_bytes(dir: &Path) -> u64 {
         return 0;
     }
     st.f_bavail as u64 * st.f_frsize as u64
-}
-
-/// The memory the processes `pids` hold resident (their images' size, near enough).
-pub(crate) fn resident_bytes(pids: &[u32]) -> u64 {
-    let page = 4096;
-    let resident = |pid: &u32| {
-        let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
-        statm.split_whitespace().nth(1)?.parse::<u64>().ok()
-    };
-    pids.iter().filter_map(resident).sum::<u64>() * page
 }
 
 /// Bytes at most between the followers and the push.
@@ -138,16 +137,7 @@ pub(crate) fn push_while_written<T: Send>(
         let pushing = s.spawn(|| push::push_stream(store, source, tag, progress));
         let written = feed(sink, root, dir, write, meta);
         let pushed = pushing.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-        // A push that failed says why the feeding stopped; a push stopped by the feeding,
-        // the feeding's error does.
-        written.map(|(t, fed)| {
-            let outcome = match (pushed, fed) {
-                (Err(StoreError::StreamStopped), Err(e)) | (Ok(_), Err(e)) => Err(e),
-                (Err(e), _) => Err(e),
-                (Ok(report), Ok(())) => Ok(report),
-            };
-            (t, outcome)
-        })
+        written.map(|(t, fed)| (t, stream::outcome(pushed, fed).map(|(report, ())| report)))
     })
 }
 

@@ -16,6 +16,7 @@ use crate::follow;
 use crate::podman::{failed, on_path, path_with_criu_first, succeeds};
 use gstore_gpu_dump::checkpoint::{gpu_processes, on_each, resume_all, CaptureTimings};
 use gstore_gpu_dump::cuda::{self, ffi::GpuPair};
+use gstore_gpu_dump::procfs;
 use gstore_gpu_dump::{
     check_compatible, Criu, CudaDriver, GpuDumpError, GpuMap, ImageNeeds, MachineInfo, ProcessState,
 };
@@ -286,6 +287,8 @@ pub fn checkpoint(
     let mut timings = CaptureTimings::default();
     let (cuda, gpu_pids) = gpu_state(runc, id, &st, &mut meta)?;
     let gpu = cuda.as_ref().filter(|_| !gpu_pids.is_empty());
+    // Before the freeze: removing what a killed gstore left may take a while.
+    follow::remove_stale_staging();
 
     let frozen = Instant::now();
     if let Some(cuda) = gpu {
@@ -301,7 +304,8 @@ pub fn checkpoint(
     }
     // Staged where the dump is fastest, sized by what it holds now that its GPU memory is in
     // host memory.
-    let staged = runc.pids(id).map(|pids| follow::resident_bytes(&pids)).and_then(|bytes| stage(&st, bytes));
+    let resident = |pids: Vec<u32>| pids.into_iter().filter_map(procfs::resident_bytes).sum();
+    let staged = runc.pids(id).map(resident).and_then(|bytes| stage(&st, bytes));
     let (staging, image, images) = match staged {
         Ok(s) => s,
         Err(e) => {
@@ -366,7 +370,6 @@ pub fn checkpoint(
 /// directory below that.
 fn stage(st: &State, bytes: u64) -> Result<(tempfile::TempDir, PathBuf, PathBuf)> {
     let root = follow::staging_root(bytes);
-    follow::remove_stale(&root);
     let staging = tempfile::Builder::new()
         .prefix(&follow::staging_prefix())
         .tempdir_in(&root)

@@ -1,4 +1,4 @@
-//! Small `/proc` queries about processes.
+//! Small `/proc` queries about processes and the machine's memory.
 
 /// The state letter of process `pid` from `/proc/PID/stat` (`R`, `S`, `Z`, ...), or `None`
 /// when there is no such process.
@@ -16,6 +16,27 @@ pub fn is_alive(pid: u32) -> bool {
 /// True when `pid` is taken, by a live process or a zombie.
 pub fn exists(pid: u32) -> bool {
     pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The memory process `pid` holds resident (`/proc/PID/statm`), in bytes, or `None` when
+/// there is no such process.
+pub fn resident_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * crate::images::PAGE_SIZE)
+}
+
+/// Field `name` of `/proc/meminfo`'s text `meminfo` (e.g. `MemAvailable`), in bytes.
+pub fn meminfo_bytes(meminfo: &str, name: &str) -> Option<u64> {
+    meminfo.lines().find_map(|l| {
+        let kib = l.strip_prefix(name)?.strip_prefix(':')?.trim().strip_suffix("kB")?;
+        kib.trim().parse::<u64>().ok().map(|k| k * 1024)
+    })
+}
+
+/// `/proc/meminfo`'s text (empty when it cannot be read).
+pub fn meminfo() -> String {
+    std::fs::read_to_string("/proc/meminfo").unwrap_or_default()
 }
 
 /// The parent of process `pid`, from `/proc/PID/stat`, or `None` when there is no such process.
@@ -79,6 +100,16 @@ fn parse_stat_state(stat: &str) -> Option<char> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn meminfo_fields_are_read_in_bytes() {
+        let meminfo = "MemTotal:       131072000 kB\nMemFree:   1000 kB\nMemAvailable:    2048 kB\n";
+        assert_eq!(meminfo_bytes(meminfo, "MemAvailable"), Some(2048 * 1024));
+        assert_eq!(meminfo_bytes(meminfo, "MemTotal"), Some(131_072_000 * 1024));
+        assert_eq!(meminfo_bytes(meminfo, "Mem"), None, "a whole name only");
+        assert_eq!(meminfo_bytes("MemTotal: 5 kB\n", "MemAvailable"), None);
+        assert!(resident_bytes(std::process::id()).is_some_and(|b| b > 0));
+    }
 
     #[test]
     fn command_lines_and_caught_signals() {

@@ -338,12 +338,7 @@ impl Holder {
 /// available: pinned memory cannot be swapped or reclaimed, and touching more than there is
 /// would end in the kernel's OOM killer rather than an error.
 fn room_to_hold(bytes: u64, meminfo: &str) -> Result<()> {
-    let available = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
+    let available = gstore_gpu_dump::procfs::meminfo_bytes(meminfo, "MemAvailable")
         .ok_or_else(|| StoreError::Internal("/proc/meminfo has no MemAvailable line".into()))?;
     if bytes > available {
         return Err(StoreError::Refused(format!(

@@ -41,8 +41,7 @@ pub fn channel(store: &IndexedStore, buffer: u64) -> (StreamSink, StreamSource) 
 
 /// Pushes image `tag` fed by `feed` on this thread while the push runs beside it, with at
 /// most about `buffer` bytes between them; `feed` finishes the sink (or drops it, and nothing
-/// is tagged). When both fail, the feeder's error is the one returned: it says why the push
-/// stopped.
+/// is tagged). When both fail, the error that says why is returned ([`outcome`]).
 pub fn push_fed<T, E: From<StoreError>>(
     store: &IndexedStore,
     tag: &crate::TagRef,
@@ -55,13 +54,23 @@ pub fn push_fed<T, E: From<StoreError>>(
         let pushing = s.spawn(|| crate::commands::push::push_stream(store, source, tag, progress));
         let fed = feed(sink);
         let pushed = pushing.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-        match (pushed, fed) {
-            (Ok(r), Ok(t)) => Ok((r, t)),
-            (Err(StoreError::StreamStopped), Err(e)) => Err(e),
-            (Err(e), _) => Err(e.into()),
-            (Ok(_), Err(e)) => Err(e),
-        }
+        outcome(pushed, fed)
     })
+}
+
+/// How a streamed push and its feeding went, together: when both failed, a push that failed
+/// on its own says why (the feeding only met its end), and a push stopped by the feeding
+/// leaves the feeding's error.
+pub fn outcome<T, E: From<StoreError>>(
+    pushed: Result<crate::commands::push::PushReport>,
+    fed: std::result::Result<T, E>,
+) -> std::result::Result<(crate::commands::push::PushReport, T), E> {
+    match (pushed, fed) {
+        (Ok(r), Ok(t)) => Ok((r, t)),
+        (Err(StoreError::StreamStopped), Err(e)) => Err(e),
+        (Err(e), _) => Err(e.into()),
+        (Ok(_), Err(e)) => Err(e),
+    }
 }
 
 /// The feeding end of a streamed push: files are added and filled from any thread.
