@@ -337,6 +337,61 @@ fn float_weights_take_the_float_codec_restore_exactly_and_damage_is_caught() {
     assert!(err.contains("corrupt chunk"), "{err}");
 }
 
+/// The index directory's files, with their sizes and times: what a writable open of RocksDB
+/// changes (a new manifest and options file at least) and a read-only one does not.
+fn index_files(env: &Env) -> Vec<(String, u64, std::time::SystemTime)> {
+    let mut files: Vec<_> = fs::read_dir(env.store.join("index"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let meta = e.metadata().unwrap();
+            (e.file_name().to_string_lossy().into_owned(), meta.len(), meta.modified().unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_restore_opens_an_up_to_date_index_read_only_and_catches_up_one_that_is_not() {
+    use gstore_store::format::meta::ImageMeta;
+    use gstore_store::{progress::Silent, Store, StoreLocation, TagRef};
+    let env = Env::new(&[]);
+    let src = env.path("src");
+    make_tree(&src, 4, 3_000_000);
+    env.ok(&["push", src.to_str().unwrap(), "--tag", "a"]);
+    // The push added packs: the first restore catches the index up (writable), the next one
+    // finds it as it was caught up and writes nothing to it.
+    env.ok(&["restore", "a", "--to", env.path("one").to_str().unwrap()]);
+    let before = index_files(&env);
+    env.ok(&["restore", "a", "--to", env.path("two").to_str().unwrap()]);
+    assert_same_tree(&src, &env.path("two"));
+    assert_eq!(index_files(&env), before, "a restore of an unchanged store wrote to its index");
+    assert!(env.store.join("index.plans").read_dir().unwrap().count() >= 1, "the restores recorded no plan");
+    // Another machine (here: another index of the store) pushes: the packs it wrote are not
+    // in this index, which is caught up again before the restore reads them.
+    let other = env.path("other");
+    make_tree(&other, 3, 2_000_000);
+    {
+        let location = StoreLocation::Local(env.store.clone());
+        let store = Store::open(&location).unwrap().with_index_slot(7).with_index(&|_| {}).unwrap();
+        let tag = TagRef::parse_new("b").unwrap();
+        gstore_store::commands::push::push(&store, &other, &tag, ImageMeta::default(), &Silent).unwrap();
+    }
+    env.ok(&["restore", "b", "--to", env.path("three").to_str().unwrap()]);
+    assert_same_tree(&other, &env.path("three"));
+    assert_ne!(index_files(&env), before, "the index was not caught up with the other machine's packs");
+    let caught_up = index_files(&env);
+    env.ok(&["restore", "b", "--to", env.path("four").to_str().unwrap()]);
+    assert_same_tree(&other, &env.path("four"));
+    assert_eq!(index_files(&env), caught_up, "once caught up, a restore wrote to the index again");
+    // gc removes packs: plans naming them are not used, and restores read the right bytes.
+    env.ok(&["rm", "a"]);
+    env.ok(&["gc"]);
+    env.ok(&["restore", "b", "--to", env.path("five").to_str().unwrap()]);
+    assert_same_tree(&other, &env.path("five"));
+}
+
 #[test]
 fn a_restore_records_its_plan_and_the_next_restore_of_the_image_reads_it() {
     use gstore_restore::plan::Needs;

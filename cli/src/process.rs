@@ -2,7 +2,7 @@
 
 use crate::args::CriuArgs;
 use crate::output::Output;
-use crate::stores::open_indexed;
+use crate::stores::{open_indexed, open_to_read};
 use anyhow::Result;
 use gstore_capture as capture;
 use gstore_progress::Bars;
@@ -68,7 +68,7 @@ pub(crate) fn restore_run(
     out: &Output,
     bars: &Bars,
 ) -> Result<()> {
-    let store = open_indexed(location)?;
+    let store = open_to_read(location)?;
     let r = capture::run(&store, image, criu_choice(criu), to, opts, bars)?;
     out.emit(&r, || {
             let t = &r.restore.timings;

@@ -100,22 +100,26 @@ impl Store {
             return Ok((image, open_s));
         }
         let on_wait = |msg: &str| eprintln!("gstore: {msg}");
-        let (store, m, needs, prepared) = std::thread::scope(|s| {
-            // The staging is mapped from the start, the rest once the manifest is read.
-            let staging = s.spawn(|| gstore_restore::Staging::map(&RustStore::open(&self.location)?, budget));
-            let (store, _, m, (needs, prepared)) =
-                RustStore::open_image_then(&self.location, image, &on_wait, |plain, m| {
-                    std::thread::scope(|s| {
-                        let needs = s.spawn(|| gstore_restore::plan::Needs::of(m));
-                        let staging = || staging.join().expect("mapping staging memory does not panic");
-                        let prepared = gstore_restore::PreparedLoad::prepare(plain, m, open_context, staging);
-                        (needs.join().expect("working out what an image needs does not panic"), prepared)
-                    })
-                })?;
-            Ok::<_, StoreError>((store, m, needs, prepared))
-        })?;
-        let open_s = t.elapsed().as_secs_f64();
-        Ok((gstore_restore::restore_prepared(&store, &m, Some(needs), prepared?, progress)?, open_s))
+        std::thread::scope(|s| {
+            // The device side (staging, kernel) is made ready from the start; the image's
+            // manifest, what it needs and the index meanwhile.
+            let device = s.spawn(|| {
+                let plain = RustStore::open(&self.location)?;
+                let staging = std::thread::scope(|s| {
+                    let staging = s.spawn(|| gstore_restore::Staging::map(&plain, budget));
+                    let ctx = open_context();
+                    (ctx, staging.join().expect("mapping staging memory does not panic"))
+                });
+                let (ctx, staging) = staging;
+                gstore_restore::PreparedDevice::prepare(&plain, ctx?, || staging)
+            });
+            let device = || device.join().expect("preparing the device does not panic");
+            let (store, _, m, needs) =
+                RustStore::open_image_then(&self.location, image, &on_wait, |_, m| gstore_restore::plan::Needs::of(m))?;
+            let open_s = t.elapsed().as_secs_f64();
+            let image = gstore_restore::restore_prepared(&store, &m, Some(needs), device, budget, progress)?;
+            Ok((image, open_s))
+        })
     }
 
     /// Opens the store with its index and reads the manifest `image` names (the two overlap

@@ -33,7 +33,7 @@ pub mod seed;
 pub use budget::Budget;
 pub use device::{
     bind_hold_socket, load_held, restore_prepared, restore_to_device, restore_to_device_needing,
-    restore_to_device_with, restore_to_devices, DeviceImage, Holder, PreparedLoad, Spread, Staging, TransferWaits,
+    restore_to_device_with, restore_to_devices, DeviceImage, Holder, PreparedDevice, Spread, Staging, TransferWaits,
 };
 pub use dir::{restore_to_dir, restore_to_dir_seeded, RestoreReport};
 pub use host::{restore_to_memory, HostImage};

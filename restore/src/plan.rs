@@ -3,7 +3,8 @@
 //! explicit access order when the image carries one).
 
 use gstore_store::format::manifest::Manifest;
-use gstore_store::repo::index::{ChunkLocation, PlanRecord, RecordedPlan};
+use gstore_store::repo::index::ChunkLocation;
+use gstore_store::repo::plans::{PlanRecord, RecordedPlan};
 use gstore_store::ObjectKind;
 use gstore_store::{IndexedStore, ObjectId, Result, StoreError};
 use rustc_hash::FxHashMap;

@@ -35,7 +35,8 @@
 # under its pid. For medium a second replica with the same seed is checkpointed and must add
 # <= 10 % of its image size to the store.
 # Prints a table of raw vs gstore times and exits non-zero if a check fails.
-# With E2E_ENCRYPT=1 the store is encrypted (`init --encrypt`, a key file).
+# With E2E_ENCRYPT=1 the store is encrypted (`init --encrypt`, a key file). E2E_INIT_ARGS are
+# passed to `gstore init` (e.g. "--min-saving 20", to see what decoding costs the lazy fill).
 # Usage: tests/gpu/e2e.sh [GSTORE_BIN] [CRIU_BUNDLE_DIR] [HOLDER_GIB]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -65,10 +66,10 @@ if [ -n "${E2E_ENCRYPT:-}" ]; then
   # An encrypted store (docs/SECURITY.md): every gstore command below gets the key file.
   "$G" key generate "$W/store.key" >/dev/null
   export GSTORE_KEY_FILE="$W/store.key"
-  "$G" -q init --encrypt >/dev/null
+  "$G" -q init --encrypt ${E2E_INIT_ARGS:-} >/dev/null
   say "encrypted store"
 else
-  "$G" -q init >/dev/null
+  "$G" -q init ${E2E_INIT_ARGS:-} >/dev/null
 fi
 
 now() { date +%s.%N; }

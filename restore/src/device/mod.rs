@@ -272,18 +272,19 @@ fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
     handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
-/// [`restore_to_device_needing`] with the load prepared already ([`PreparedLoad::prepare`]),
-/// e.g. while the store's index opened: the planner starts at once, the transfer with its
-/// first reads.
+/// [`restore_to_device_needing`] with the device side of the load `device` gives
+/// ([`PreparedDevice::prepare`], e.g. on a thread started before the manifest was read): the
+/// planner starts at once, the files' VRAM is allocated meanwhile, and the transfer starts
+/// with the first reads. `budget` must be the one the device side's staging was mapped for.
 pub fn restore_prepared(
     store: &IndexedStore,
     m: &Manifest,
     needs: Option<plan::Needs>,
-    prepared: PreparedLoad,
+    device: impl FnOnce() -> Result<PreparedDevice>,
+    budget: Budget,
     progress: &dyn Progress,
 ) -> Result<DeviceImage> {
-    let max_read = prepared.max_read;
-    load_planned(store, m, needs, max_read, || Ok(prepared), progress)
+    load_planned(store, m, needs, device_read_cap(store, budget), || device()?.with_files(m), progress)
 }
 
 /// The largest range read of a device load from `store`: remote stores check on the host, in
@@ -323,49 +324,74 @@ impl Staging {
     }
 }
 
+/// What a device load needs before its image's manifest is read: the CUDA context, the
+/// staging mapped and pinned, and how chunks will be checked (the load kernel loaded).
+pub struct PreparedDevice {
+    ctx: Context,
+    checker: Checker,
+    /// When its preparation started.
+    started: std::time::Instant,
+}
+
+impl PreparedDevice {
+    /// Prepares loads from `store` on `ctx`'s device through the staging `staging` gives
+    /// ([`Staging::map`], e.g. on another thread, started earlier).
+    pub fn prepare(store: &Store, ctx: Context, staging: impl FnOnce() -> Result<Staging>) -> Result<PreparedDevice> {
+        let started = std::time::Instant::now();
+        let Staging { slots: mut staging, max_read, host_slots } = staging()?;
+        // A remote store's slots are sized for host checks (`Staging::map`).
+        let gpu = if store.is_remote() {
+            Err(HostChecks::RemoteStore)
+        } else {
+            gpu_check::GpuLoad::prepare(&ctx, &mut staging, max_read as usize, store.config().chunk_max as usize)?
+                .map_err(HostChecks::NoCheckKernel)
+        };
+        let checker = match gpu {
+            Ok(g) => Checker::Gpu(g),
+            Err(why) => Checker::Host(host_check::Ring::allocate(&ctx, staging, host_slots, max_read as usize)?, why),
+        };
+        Ok(PreparedDevice { ctx, checker, started })
+    }
+
+    /// The load of `m` made ready: VRAM for every file allocated. Fails before any is
+    /// allocated when the device has no room for the image.
+    fn with_files(self, m: &Manifest) -> Result<PreparedLoad> {
+        let (owned, buffers) = allocate_files(&self.ctx, m)?;
+        let alloc_s = self.started.elapsed().as_secs_f64();
+        Ok(PreparedLoad { owned, buffers, checker: self.checker, alloc_s })
+    }
+}
+
 /// A device load made ready before (or while) it is planned: VRAM for every file, the staging
-/// mapped and pinned, and how chunks will be checked (the load kernel loaded).
-pub struct PreparedLoad {
+/// mapped and pinned, and how chunks will be checked.
+struct PreparedLoad {
     owned: Vec<(String, DeviceBuffer)>,
     buffers: Buffers,
     checker: Checker,
-    max_read: u64,
     /// Seconds it took, waiting for the CUDA context and the staging included.
     alloc_s: f64,
 }
 
 impl PreparedLoad {
     /// Prepares a load of `m` from `store` onto the context `open_context` gives, through the
-    /// staging `staging` gives ([`Staging::map`], e.g. on another thread, started earlier).
-    /// Fails before anything is allocated when the device has no room for the image.
-    pub fn prepare(
+    /// staging `staging` gives: the files' VRAM is allocated while the kernel loads and the
+    /// staging is pinned. Fails before any file's VRAM is allocated when the device has no
+    /// room for the image.
+    fn prepare(
         store: &Store,
         m: &Manifest,
         open_context: impl FnOnce() -> Result<Context>,
         staging: impl FnOnce() -> Result<Staging>,
     ) -> Result<PreparedLoad> {
         let t = std::time::Instant::now();
-        let ctx = &open_context()?;
-        let Staging { slots: mut staging, max_read, host_slots } = staging()?;
-        // The files' VRAM is allocated while the kernel loads and the staging is pinned.
-        let (files, gpu) = std::thread::scope(|s| {
-            let files = s.spawn(|| allocate_files(ctx, m));
-            // A remote store's slots are sized for host checks (`Staging::map`).
-            let gpu = if store.is_remote() {
-                Ok(Err(HostChecks::RemoteStore))
-            } else {
-                gpu_check::GpuLoad::prepare(ctx, &mut staging, max_read as usize, store.config().chunk_max as usize)
-                    .map(|g| g.map_err(HostChecks::NoCheckKernel))
-            };
-            (joined(files), gpu)
+        let ctx = open_context()?;
+        let (files, device) = std::thread::scope(|s| {
+            let files = s.spawn(|| allocate_files(&ctx, m));
+            let device = PreparedDevice::prepare(store, ctx.clone(), staging);
+            (joined(files), device)
         });
         let (owned, buffers) = files?;
-        let gpu = gpu?;
-        let checker = match gpu {
-            Ok(g) => Checker::Gpu(g),
-            Err(why) => Checker::Host(host_check::Ring::allocate(ctx, staging, host_slots, max_read as usize)?, why),
-        };
-        Ok(PreparedLoad { owned, buffers, checker, max_read, alloc_s: t.elapsed().as_secs_f64() })
+        Ok(PreparedLoad { owned, buffers, checker: device?.checker, alloc_s: t.elapsed().as_secs_f64() })
     }
 }
 

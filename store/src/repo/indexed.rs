@@ -45,8 +45,9 @@ impl Store {
         Store::open(location)?.with_index(on_wait)
     }
 
-    /// Opens a store with its index (as [`Store::open_indexed`]) and reads the manifest of the
-    /// image `reference` names (see [`Store::resolve`]). The tag and manifest reads run beside
+    /// Opens a store with its index to read an image (as [`Store::with_index_to_read`]:
+    /// read-only while it is up to date) and reads the manifest of the image `reference` names
+    /// (see [`Store::resolve`]). The tag and manifest reads run beside
     /// the index's opening and catch-up: a remote store's round trips overlap, and a local
     /// store's manifest (9.7 MB for 16 GiB of weights) is read and checked meanwhile.
     pub fn open_image(
@@ -76,7 +77,7 @@ impl Store {
         };
         std::thread::scope(|s| {
             let image = s.spawn(read_image);
-            let store = Store::open_indexed(location, on_wait);
+            let store = Store::open(location).and_then(|s| s.with_index_to_read(on_wait));
             let image = image.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             let store = store?;
             let (id, manifest, more) = image?;
@@ -88,10 +89,39 @@ impl Store {
     /// (damaged) is an error that says to run `gstore index rebuild`.
     pub fn with_index(self, on_wait: &dyn Fn(&str)) -> Result<IndexedStore> {
         let (dir, lock) = self.lock_index(on_wait)?;
+        self.open_index_writable(dir, lock, None)
+    }
+
+    /// [`Store::with_index`] for a command that only reads chunks (a restore, a load): the
+    /// index is opened read-only, which is several times faster, when it is up to date with
+    /// the backend (no pack pushed or removed elsewhere, nothing newly tombstoned or damaged
+    /// since it was last caught up); otherwise writable, and caught up. Plans are recorded
+    /// either way ([`crate::repo::plans`]); anything else written through a read-only index
+    /// fails.
+    pub fn with_index_to_read(self, on_wait: &dyn Fn(&str)) -> Result<IndexedStore> {
+        let (dir, lock) = self.lock_index(on_wait)?;
+        let (index, listing) = std::thread::scope(|s| {
+            let listing = s.spawn(|| Listing::read(&self.backend));
+            let index = Index::open_read_only(&dir);
+            (index, listing.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        });
+        let listing = listing?;
+        if let Some(index) = index? {
+            let present: HashSet<ObjectId> = listing.packs.iter().filter_map(|l| l.key.pack()).collect();
+            if index.current_with(&present, &listing.doomed, &listing.damaged)? {
+                return Ok(IndexedStore { store: self, index, _lock: lock });
+            }
+        }
+        self.open_index_writable(dir, lock, Some(listing))
+    }
+
+    /// Opens the index at `dir` (guarded by `lock`) writable and catches it up with the
+    /// backend's `listing`, read beside the opening unless given.
+    fn open_index_writable(self, dir: PathBuf, lock: StoreLock, listing: Option<Listing>) -> Result<IndexedStore> {
         // Under the lock, the backend's listing (round trips on a remote store) runs while
         // the index opens.
         let (index, listing) = std::thread::scope(|s| {
-            let listing = s.spawn(|| Listing::read(&self.backend));
+            let listing = s.spawn(|| listing.map_or_else(|| Listing::read(&self.backend), Ok));
             let index = Index::open(&dir);
             (index, listing.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
         });
@@ -123,6 +153,7 @@ impl Store {
             }
             _ => {}
         }
+        crate::repo::plans::PlanFiles::of(&dir).forget_all()?;
         let store = IndexedStore { index: Index::open(&dir)?, store: self, _lock: lock };
         let (indexed, damaged) = store.rebuild_index(progress)?;
         Ok((store, indexed, damaged))
@@ -160,12 +191,12 @@ impl IndexedStore {
     /// Where every chunk of an image was when a restore last planned it, recorded under `key`
     /// (which names the image's chunk list), if those packs are all still there
     /// ([`crate::repo::index::Index::plan`]).
-    pub fn recorded_plan(&self, key: &ObjectId) -> Result<Option<crate::repo::index::RecordedPlan>> {
+    pub fn recorded_plan(&self, key: &ObjectId) -> Result<Option<crate::repo::plans::RecordedPlan>> {
         self.index.plan(key)
     }
 
     /// Records a plan's locations under `key`, for the next plan of the same image.
-    pub fn record_plan(&self, key: &ObjectId, record: crate::repo::index::PlanRecord) -> Result<()> {
+    pub fn record_plan(&self, key: &ObjectId, record: crate::repo::plans::PlanRecord) -> Result<()> {
         self.index.put_plan(key, record)
     }
 
@@ -263,6 +294,7 @@ impl IndexedStore {
             }
             Ok(())
         })?;
+        index.set_caught_up(&present)?;
         Ok(added)
     }
 
@@ -314,6 +346,7 @@ impl IndexedStore {
         index.set_doomed(&doomed)?;
         index.set_damaged(&damaged)?;
         let packs: Vec<(ObjectId, u64)> = packs.iter().filter_map(|l| Some((l.key.pack()?, l.size))).collect();
+        let present: HashSet<ObjectId> = packs.iter().map(|(id, _)| *id).collect();
         progress.start("indexing packs", packs.len() as u64, crate::progress::Unit::Items);
         let mut ok = 0;
         let mut damaged = Vec::new();
@@ -328,6 +361,7 @@ impl IndexedStore {
             progress.advance(1);
             Ok(())
         })?;
+        index.set_caught_up(&present)?;
         progress.finish();
         Ok((ok, damaged))
     }

@@ -12,6 +12,7 @@ pub mod leases;
 pub(crate) mod location;
 pub(crate) mod lock;
 pub mod packs;
+pub mod plans;
 pub(crate) mod profiles;
 pub(crate) mod seen;
 #[cfg(feature = "simulation")]

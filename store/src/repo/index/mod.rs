@@ -13,6 +13,7 @@ use crate::error::{Result, StoreError};
 use crate::format::damage::DamagedCopy;
 use crate::format::id::ObjectId;
 use crate::format::pack::PackEntry;
+use crate::repo::plans::{PlanFiles, PlanRecord, RecordedPlan};
 use rocksdb::{ColumnFamilyDescriptor, Options, SliceTransform, WriteBatch, DB};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -27,18 +28,24 @@ const CF_DOOMED: &str = "doomed";
 /// Resemblance sketches of stored chunks (crate::dedup::similar): `[feature index, super-feature
 /// u64 LE]` -> chunk id, for finding the stored chunk a new one is most like.
 const CF_SIMILAR: &str = "similar";
-/// Where every chunk of an image was found when it was last planned ([`Index::put_plan`]).
-const CF_PLANS: &str = "plans";
+/// Where layout 3 recorded plans (now files: [`crate::repo::plans`]); dropped when a
+/// writable open finds it.
+const CF_OLD_PLANS: &str = "plans";
 /// Stored copies damage records name ([`crate::format::damage`]): `[chunk id, pack id]` -> nothing.
 const CF_DAMAGED: &str = "damaged";
 /// Every column family but the default one.
-const FAMILIES: [&str; 6] = [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR, CF_PLANS, CF_DAMAGED];
+const FAMILIES: [&str; 5] = [CF_CHUNKS, CF_PACKS, CF_DOOMED, CF_SIMILAR, CF_DAMAGED];
 /// Key (in the default column family) holding the index layout version.
 const FORMAT_KEY: &[u8] = b"format";
 /// The layout written by this version: chunk entries keyed by chunk id + pack id. Layout 3
 /// adds the damaged copies and drops the plans layout 2 recorded (they may name orphan deltas:
 /// [`Index::pick`]).
 const FORMAT: &[u8] = b"3";
+/// Key (in the default column family) holding the packs the backend listed when the index was
+/// last caught up with it, ids sorted and joined; removed when a pack is added or removed.
+const CAUGHT_UP_KEY: &[u8] = b"caught-up";
+/// Table files per thread opening them (at most 16 threads, at least one).
+const TABLES_PER_OPENING_THREAD: usize = 16;
 
 /// Where one chunk's stored bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +78,7 @@ impl ChunkLocation {
     }
 
     /// Value of a chunk entry (the pack id is in its key): 17 bytes, and a delta's base ids.
-    fn encode_value(&self) -> Vec<u8> {
+    pub(crate) fn encode_value(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(81);
         v.extend_from_slice(&self.offset.to_le_bytes());
         v.extend_from_slice(&self.stored_len.to_le_bytes());
@@ -83,7 +90,7 @@ impl ChunkLocation {
         v
     }
 
-    fn decode(key: &[u8], v: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(key: &[u8], v: &[u8]) -> Option<Self> {
         if key.len() != 64 || ![17, 49, 81].contains(&v.len()) {
             return None;
         }
@@ -108,110 +115,6 @@ impl ChunkLocation {
     /// The byte range of the stored chunk inside its pack.
     pub fn range(&self) -> std::ops::Range<u64> {
         self.offset..self.offset + self.stored_len as u64
-    }
-}
-
-/// The value [`Index::put_plan`] records, built one location at a time: the packs named (32
-/// bytes each, after their count, u32 LE), then the count of locations (u32 LE) and each as
-/// its pack's number (u32 LE), its value's length (u8) and its chunk entry value.
-#[derive(Default)]
-pub struct PlanRecord {
-    packs: Vec<ObjectId>,
-    numbers: std::collections::HashMap<ObjectId, u32>,
-    body: Vec<u8>,
-    count: u32,
-}
-
-impl PlanRecord {
-    /// Appends the next location.
-    pub fn push(&mut self, loc: &ChunkLocation) {
-        let next = self.packs.len() as u32;
-        let n = *self.numbers.entry(loc.pack).or_insert_with(|| next);
-        if n == next {
-            self.packs.push(loc.pack);
-        }
-        let v = loc.encode_value();
-        self.body.extend_from_slice(&n.to_le_bytes());
-        self.body.push(v.len() as u8);
-        self.body.extend_from_slice(&v);
-        self.count += 1;
-    }
-
-    fn finish(self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 + 32 * self.packs.len() + self.body.len());
-        out.extend_from_slice(&(self.packs.len() as u32).to_le_bytes());
-        for p in &self.packs {
-            out.extend_from_slice(&p.0);
-        }
-        out.extend_from_slice(&self.count.to_le_bytes());
-        out.extend_from_slice(&self.body);
-        out
-    }
-}
-
-/// A plan [`Index::put_plan`] recorded, read back: its framing checked, its locations decoded
-/// one by one as they are taken (a large model's plan holds hundreds of thousands), each
-/// `None` where its value does not decode.
-pub struct RecordedPlan {
-    value: Vec<u8>,
-    packs: Vec<ObjectId>,
-    /// Where the next location starts.
-    at: usize,
-    left: usize,
-}
-
-impl RecordedPlan {
-    /// Checks the framing of a recorded value: the pack list, and every location's pack
-    /// number and length within it, with nothing behind the last.
-    fn parse(value: Vec<u8>) -> Option<RecordedPlan> {
-        let v = &value;
-        let u32_at = |at: usize| Some(u32::from_le_bytes(v.get(at..at + 4)?.try_into().ok()?) as usize);
-        let np = u32_at(0)?;
-        let packs: Vec<ObjectId> = v
-            .get(4..4usize.checked_add(np.checked_mul(32)?)?)?
-            .chunks_exact(32)
-            .map(ObjectId::from_slice)
-            .collect::<Option<_>>()?;
-        let first = 4 + 32 * np + 4;
-        let count = u32_at(first - 4)?;
-        let mut at = first;
-        for _ in 0..count {
-            if u32_at(at)? >= packs.len() {
-                return None;
-            }
-            at += 5 + *v.get(at + 4)? as usize;
-        }
-        (at == v.len()).then_some(RecordedPlan { value, packs, at: first, left: count })
-    }
-
-    /// The locations it holds.
-    pub fn len(&self) -> usize {
-        self.left
-    }
-
-    /// True when it holds none.
-    pub fn is_empty(&self) -> bool {
-        self.left == 0
-    }
-}
-
-impl Iterator for RecordedPlan {
-    type Item = Option<ChunkLocation>;
-
-    fn next(&mut self) -> Option<Option<ChunkLocation>> {
-        if self.left == 0 {
-            return None;
-        }
-        let v = &self.value;
-        // The framing was checked when the plan was read.
-        let pack = &self.packs[u32::from_le_bytes(v[self.at..self.at + 4].try_into().expect("four bytes")) as usize];
-        let len = v[self.at + 4] as usize;
-        let mut key = [0u8; 64];
-        key[32..].copy_from_slice(&pack.0);
-        let loc = ChunkLocation::decode(&key, &v[self.at + 5..self.at + 5 + len]);
-        self.at += 5 + len;
-        self.left -= 1;
-        Some(loc)
     }
 }
 
@@ -255,6 +158,10 @@ pub struct Index {
     /// True when the index was created (or reset from an older layout) by this open and has
     /// to be filled from the pack footers.
     empty_at_open: bool,
+    /// False when opened read-only ([`Index::open_read_only`]): nothing may be written.
+    writable: bool,
+    /// The plans recorded beside it.
+    plans: PlanFiles,
 }
 
 /// Writes what this handle added to the index into its table files before it closes, so
@@ -263,7 +170,9 @@ pub struct Index {
 /// loses nothing: the log still holds the writes.
 impl Drop for Index {
     fn drop(&mut self) {
-        let _ = self.flush();
+        if self.writable {
+            let _ = self.flush();
+        }
     }
 }
 
@@ -272,6 +181,13 @@ fn similar_key(feature: usize, sf: u64) -> [u8; 9] {
     k[0] = feature as u8;
     k[1..].copy_from_slice(&sf.to_le_bytes());
     k
+}
+
+/// The ids of `packs`, sorted and joined.
+fn sorted_ids(packs: &HashSet<ObjectId>) -> Vec<u8> {
+    let mut ids: Vec<&ObjectId> = packs.iter().collect();
+    ids.sort_unstable();
+    ids.iter().flat_map(|id| id.0).collect()
 }
 
 fn chunk_key(chunk: &ObjectId, pack: &ObjectId) -> [u8; 64] {
@@ -285,15 +201,71 @@ impl Index {
     /// Opens (creating if needed) the index at `path`. The caller holds the store lock. An
     /// index in an older layout is emptied; [`Index::needs_fill`] then says so.
     pub fn open(path: &Path) -> Result<Index> {
+        let mut opts = Index::db_options(path)?;
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let unusable = |e| Index::unusable(path, e);
+        // Every column family that exists must be opened for writing: layout 3's plans too,
+        // which go.
+        let old_plans = DB::list_cf(&opts, path).is_ok_and(|cfs| cfs.iter().any(|c| c == CF_OLD_PLANS));
+        let mut cfs = Index::families();
+        if old_plans {
+            cfs.push(ColumnFamilyDescriptor::new(CF_OLD_PLANS, Options::default()));
+        }
+        let mut db = DB::open_cf_descriptors(&opts, path, cfs).map_err(unusable)?;
+        if old_plans {
+            db.drop_cf(CF_OLD_PLANS).map_err(unusable)?;
+        }
+        let mut index = Index::with_db(path, db, true)?;
+        let format = index.db.get(FORMAT_KEY).map_err(unusable)?;
+        if format.as_deref() != Some(FORMAT) {
+            index.clear()?;
+            index.db.put(FORMAT_KEY, FORMAT).map_err(|e| index.ierr(e))?;
+            index.empty_at_open = true;
+        }
+        Ok(index)
+    }
+
+    /// Opens the index at `path` read-only (the caller holds the store lock), for a command
+    /// that only reads it: none of a writable open's own writes (a new manifest and options
+    /// file, synced), nothing flushed when it closes. None when there is no index there, or
+    /// one in another layout: open it writable then.
+    pub fn open_read_only(path: &Path) -> Result<Option<Index>> {
+        if !path.join("CURRENT").exists() {
+            return Ok(None);
+        }
+        let opts = Index::db_options(path)?;
+        // Read-only, the column families opened may be fewer than those that exist.
+        let cfs = Index::families();
+        let db = DB::open_cf_descriptors_read_only(&opts, path, cfs, false).map_err(|e| Index::unusable(path, e))?;
+        let index = Index::with_db(path, db, false)?;
+        let format = index.db.get(FORMAT_KEY).map_err(|e| index.ierr(e))?;
+        Ok((format.as_deref() == Some(FORMAT)).then_some(index))
+    }
+
+    /// The database options of both opens.
+    fn db_options(path: &Path) -> Result<Options> {
         // A command writes at most a few MB of index: preallocating each new log for a whole
         // memtable (~70 MB by default) only costs time at every open (pages zeroed on tmpfs,
         // extents on ext4): a fifth of gc_sim's time went there. (No setter in the crate.)
         let mut opts = Options::default()
             .get_options_from_string("allow_fallocate=false")
             .map_err(|e| StoreError::Internal(format!("index options: {e}")))?;
-        opts.create_if_missing(true);
-        opts.create_missing_column_families(true);
         opts.set_keep_log_file_num(2);
+        // Every open logs its options (1,500 lines): only warnings and errors are kept.
+        opts.set_log_level(rocksdb::LogLevel::Warn);
+        // Each column family's table files are opened by a pool of threads started for it:
+        // for the few files of most indexes, starting the threads took longer than opening
+        // the files (a 2 GiB store's index: 15 ms of a 17 ms open, on the H200 machine 40 ms).
+        let tables = std::fs::read_dir(path)
+            .map(|d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".sst"))).count())
+            .unwrap_or(0);
+        opts.set_max_file_opening_threads((tables / TABLES_PER_OPENING_THREAD).clamp(1, 16) as i32);
+        Ok(opts)
+    }
+
+    /// The column families' descriptors (their options), but the default one.
+    fn families() -> Vec<ColumnFamilyDescriptor> {
         let mut chunk_opts = Options::default();
         chunk_opts.set_prefix_extractor(SliceTransform::create_fixed_prefix(32));
         let mut table = rocksdb::BlockBasedOptions::default();
@@ -316,42 +288,34 @@ impl Index {
         // 4 GiB): smaller memtables are written out while the push runs, leaving less to
         // write when the handle closes.
         similar_opts.set_write_buffer_size(8 << 20);
-        let cfs = vec![
+        vec![
             ColumnFamilyDescriptor::new(CF_CHUNKS, chunk_opts),
             ColumnFamilyDescriptor::new(CF_PACKS, Options::default()),
             ColumnFamilyDescriptor::new(CF_DOOMED, Options::default()),
             ColumnFamilyDescriptor::new(CF_SIMILAR, similar_opts),
-            ColumnFamilyDescriptor::new(CF_PLANS, Options::default()),
             ColumnFamilyDescriptor::new(CF_DAMAGED, Options::default()),
-        ];
-        // Whatever stops the index from opening, rebuilding it (which deletes it unopened)
-        // gets past it: say so.
-        let unusable = |e: rocksdb::Error| StoreError::Index {
+        ]
+    }
+
+    /// Whatever stops the index at `path` from opening: rebuilding it (which deletes it
+    /// unopened) gets past it, so the error says so.
+    fn unusable(path: &Path, e: rocksdb::Error) -> StoreError {
+        StoreError::Index {
             path: path.into(),
             message: format!("cannot open the local index ({e}); {REBUILD_HINT} to build it anew"),
-        };
-        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(unusable)?;
-        let mut index = Index {
-            db,
-            path: path.into(),
-            doomed: RwLock::new(HashSet::new()),
-            damaged: RwLock::new(HashSet::new()),
-            empty_at_open: false,
-        };
-        let format = index.db.get(FORMAT_KEY).map_err(unusable)?;
-        if format.as_deref() != Some(FORMAT) {
-            index.clear()?;
-            index.db.put(FORMAT_KEY, FORMAT).map_err(|e| index.ierr(e))?;
-            index.empty_at_open = true;
         }
+    }
+
+    /// The index on `db`, opened at `path`, with its doomed packs and damaged copies read.
+    fn with_db(path: &Path, db: DB, writable: bool) -> Result<Index> {
+        let unusable = |e| Index::unusable(path, e);
         let mut doomed = HashSet::new();
-        for item in index.db.iterator_cf(index.cf(CF_DOOMED), rocksdb::IteratorMode::Start) {
+        for item in db.iterator_cf(db.cf_handle(CF_DOOMED).expect("opened"), rocksdb::IteratorMode::Start) {
             let (k, _) = item.map_err(unusable)?;
             doomed.extend(ObjectId::from_slice(&k));
         }
-        index.doomed = RwLock::new(doomed);
         let mut damaged = HashSet::new();
-        for item in index.db.iterator_cf(index.cf(CF_DAMAGED), rocksdb::IteratorMode::Start) {
+        for item in db.iterator_cf(db.cf_handle(CF_DAMAGED).expect("opened"), rocksdb::IteratorMode::Start) {
             let (k, _) = item.map_err(unusable)?;
             if let (Some(c), Some(p)) =
                 (k.get(..32).and_then(ObjectId::from_slice), k.get(32..).and_then(ObjectId::from_slice))
@@ -359,8 +323,49 @@ impl Index {
                 damaged.insert((c, p));
             }
         }
-        index.damaged = RwLock::new(damaged);
-        Ok(index)
+        Ok(Index {
+            db,
+            path: path.into(),
+            doomed: RwLock::new(doomed),
+            damaged: RwLock::new(damaged),
+            empty_at_open: false,
+            writable,
+            plans: PlanFiles::of(path),
+        })
+    }
+
+    /// True when catching up with `packs` (the packs the backend lists now), `doomed` and
+    /// `damaged` (as just read) would change nothing: the index was caught up with the same
+    /// packs ([`Index::set_caught_up`]), none was added or removed since, and the same packs
+    /// are tombstoned and copies damaged. A read-only open then serves.
+    pub fn current_with(
+        &self,
+        packs: &HashSet<ObjectId>,
+        doomed: &HashSet<ObjectId>,
+        damaged: &HashSet<DamagedCopy>,
+    ) -> Result<bool> {
+        if *self.doomed.read().expect("doomed set lock") != *doomed
+            || *self.damaged.read().expect("damaged set lock") != *damaged
+        {
+            return Ok(false);
+        }
+        let caught_up = self.db.get_pinned(CAUGHT_UP_KEY).map_err(|e| self.ierr(e))?;
+        Ok(caught_up.is_some_and(|v| *v == *sorted_ids(packs)))
+    }
+
+    /// Records that the index was just caught up with the backend's listing `packs`.
+    pub fn set_caught_up(&self, packs: &HashSet<ObjectId>) -> Result<()> {
+        self.check_writable()?;
+        self.db.put(CAUGHT_UP_KEY, sorted_ids(packs)).map_err(|e| self.ierr(e))
+    }
+
+    /// Fails unless the index was opened writable (a command that opened it read-only wrote).
+    fn check_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(StoreError::Internal(format!("the index at {} was opened read-only", self.path.display())))
+        }
     }
 
     /// True when this open created the index (or reset one in an older layout), so it must be
@@ -496,6 +501,7 @@ impl Index {
 
     /// Records a pack and all its chunks in one atomic batch.
     pub fn add_pack(&self, pack: ObjectId, size: u64, entries: &[PackEntry]) -> Result<()> {
+        self.check_writable()?;
         let mut batch = WriteBatch::default();
         let mut value = Vec::with_capacity(20 + 32 * entries.len());
         value.extend_from_slice(&[0u8; 20]);
@@ -509,12 +515,14 @@ impl Index {
         let stats = PackStats { size, chunks: entries.len() as u32, plain_bytes: plain };
         value[..20].copy_from_slice(&stats.encode());
         batch.put_cf(self.cf(CF_PACKS), pack.0, value);
+        batch.delete(CAUGHT_UP_KEY);
         self.db.write(batch).map_err(|e| self.ierr(e))
     }
 
     /// Records the resemblance sketches of newly stored chunks (a later one with the same
     /// super-feature replaces an earlier one).
     pub fn add_sketches(&self, sketches: &[(ObjectId, Sketch)]) -> Result<()> {
+        self.check_writable()?;
         let mut entries: Vec<([u8; 9], &ObjectId)> = sketches
             .iter()
             .flat_map(|(id, sketch)| sketch.iter().enumerate().map(move |(i, sf)| (similar_key(i, *sf), id)))
@@ -548,6 +556,7 @@ impl Index {
 
     /// Forgets a pack (gc deleted it) and every chunk entry pointing into it.
     pub fn remove_pack(&self, pack: &ObjectId) -> Result<()> {
+        self.check_writable()?;
         let Some(v) = self.db.get_pinned_cf(self.cf(CF_PACKS), pack.0).map_err(|e| self.ierr(e))? else {
             return Ok(());
         };
@@ -558,10 +567,11 @@ impl Index {
         }
         batch.delete_cf(self.cf(CF_PACKS), pack.0);
         batch.delete_cf(self.cf(CF_DOOMED), pack.0);
-        // Recorded plans may name the pack: they go too (the next plan of each image looks
-        // its chunks up again).
-        batch.delete_range_cf(self.cf(CF_PLANS), &[0u8; 0][..], &[0xffu8; 33][..]);
+        batch.delete(CAUGHT_UP_KEY);
         drop(v);
+        // Recorded plans may name the pack: they go first (the next plan of each image looks
+        // its chunks up again).
+        self.plans.forget_all()?;
         self.db.write(batch).map_err(|e| self.ierr(e))?;
         self.doomed.write().expect("doomed set lock").remove(pack);
         Ok(())
@@ -569,6 +579,7 @@ impl Index {
 
     /// Replaces the set of packs gc has tombstoned (as just listed).
     pub fn set_doomed(&self, packs: &HashSet<ObjectId>) -> Result<()> {
+        self.check_writable()?;
         let mut current = self.doomed.write().expect("doomed set lock");
         let mut batch = WriteBatch::default();
         for p in current.difference(packs) {
@@ -589,6 +600,8 @@ impl Index {
         if *current == *copies {
             return Ok(());
         }
+        self.check_writable()?;
+        self.plans.forget_all()?;
         let mut batch = WriteBatch::default();
         for (c, p) in current.difference(copies) {
             batch.delete_cf(self.cf(CF_DAMAGED), chunk_key(c, p));
@@ -596,7 +609,6 @@ impl Index {
         for (c, p) in copies.difference(&current) {
             batch.put_cf(self.cf(CF_DAMAGED), chunk_key(c, p), []);
         }
-        batch.delete_range_cf(self.cf(CF_PLANS), &[0u8; 0][..], &[0xffu8; 33][..]);
         self.db.write(batch).map_err(|e| self.ierr(e))?;
         *current = copies.clone();
         Ok(())
@@ -605,7 +617,7 @@ impl Index {
     /// Records where every chunk of an image is (`locations`, in the planner's order), under
     /// `key`, which names the image's chunk list ([`PlanRecord`] builds the value).
     pub fn put_plan(&self, key: &ObjectId, record: PlanRecord) -> Result<()> {
-        self.db.put_cf(self.cf(CF_PLANS), key.0, record.finish()).map_err(|e| self.ierr(e))
+        self.plans.put(key, record)
     }
 
     /// The locations recorded under `key` by [`Index::put_plan`], if there are and they still
@@ -614,19 +626,24 @@ impl Index {
     /// docs/FORMAT.md; a plan made before a healing push names the damaged copy, the index
     /// now a good one). A record whose framing is damaged counts as none.
     pub fn plan(&self, key: &ObjectId) -> Result<Option<RecordedPlan>> {
-        let Some(v) = self.db.get_cf(self.cf(CF_PLANS), key.0).map_err(|e| self.ierr(e))? else {
-            return Ok(None);
-        };
-        let Some(plan) = RecordedPlan::parse(v) else { return Ok(None) };
+        let Some(plan) = self.plans.get(key) else { return Ok(None) };
         {
             let doomed = self.doomed.read().expect("doomed set lock");
             let damaged = self.damaged.read().expect("damaged set lock");
-            if plan.packs.iter().any(|p| doomed.contains(p) || damaged.iter().any(|(_, d)| d == p)) {
+            if plan.packs().iter().any(|p| doomed.contains(p) || damaged.iter().any(|(_, d)| d == p)) {
                 return Ok(None);
             }
         }
-        for p in &plan.packs {
-            if self.db.get_pinned_cf(self.cf(CF_PACKS), p.0).map_err(|e| self.ierr(e))?.is_none() {
+        // While the index is as it was caught up, its packs are those recorded then: one read
+        // (each pack's entry holds the ids of all its chunks, megabytes for a large image).
+        let caught_up = self.db.get_pinned(CAUGHT_UP_KEY).map_err(|e| self.ierr(e))?;
+        let caught_up: Option<Vec<&[u8]>> = caught_up.as_ref().map(|ids| ids.chunks_exact(32).collect());
+        for p in plan.packs() {
+            let indexed = match &caught_up {
+                Some(ids) => ids.binary_search(&p.0.as_slice()).is_ok(),
+                None => self.db.get_pinned_cf(self.cf(CF_PACKS), p.0).map_err(|e| self.ierr(e))?.is_some(),
+            };
+            if !indexed {
                 return Ok(None);
             }
         }
@@ -653,6 +670,8 @@ impl Index {
 
     /// Removes every entry (before a rebuild).
     pub fn clear(&self) -> Result<()> {
+        self.check_writable()?;
+        self.plans.forget_all()?;
         for cf in FAMILIES {
             self.db.delete_range_cf(self.cf(cf), &[0u8; 0][..], &[0xffu8; 65][..]).map_err(|e| self.ierr(e))?;
         }
@@ -674,202 +693,4 @@ impl Index {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn add_locate_remove_clear() {
-        let dir = tempfile::tempdir().unwrap();
-        let idx = Index::open(&dir.path().join("idx")).unwrap();
-        assert!(idx.needs_fill());
-        let pack = ObjectId::of(b"pack");
-        let e = PackEntry {
-            id: ObjectId::of(b"c"),
-            offset: 8,
-            stored_len: 5,
-            plain_len: 9,
-            codec: Codec::Zstd,
-            bases: None,
-        };
-        idx.add_pack(pack, 100, &[e]).unwrap();
-        let loc = idx.locate(&e.id).unwrap().unwrap();
-        assert_eq!((loc.pack, loc.offset, loc.stored_len, loc.plain_len, loc.codec), (pack, 8, 5, 9, Codec::Zstd));
-        // A second pack with the same chunk is a second holder.
-        let other = ObjectId::of(b"other");
-        idx.add_pack(other, 50, &[PackEntry { offset: 99, ..e }]).unwrap();
-        assert_eq!(idx.holders(&e.id).unwrap().len(), 2);
-        assert_eq!(idx.packs().unwrap().len(), 2);
-        assert_eq!(idx.pack_stats(&pack).unwrap().unwrap().plain_bytes, 9);
-        // A doomed holder is used only when it is the last one, and never for dedup.
-        idx.set_doomed(&[pack].into()).unwrap();
-        assert_eq!(idx.locate(&e.id).unwrap().unwrap().pack, other);
-        idx.remove_pack(&other).unwrap();
-        assert_eq!(idx.locate(&e.id).unwrap().unwrap().pack, pack);
-        assert!(idx.locate_for_dedup(&e.id).unwrap().is_none());
-        drop(idx);
-        // The doomed set and the format survive a reopen.
-        let idx = Index::open(&dir.path().join("idx")).unwrap();
-        assert!(!idx.needs_fill());
-        assert!(idx.locate_for_dedup(&e.id).unwrap().is_none());
-        idx.clear().unwrap();
-        assert!(idx.locate(&e.id).unwrap().is_none());
-        assert!(idx.packs().unwrap().is_empty());
-    }
-
-    #[test]
-    fn a_recorded_plan_comes_back_while_its_packs_are_there() {
-        let dir = tempfile::tempdir().unwrap();
-        let idx = Index::open(&dir.path().join("idx")).unwrap();
-        let (p1, p2) = (ObjectId::of(b"p1"), ObjectId::of(b"p2"));
-        let entry = |name: &[u8], offset, codec, bases| PackEntry {
-            id: ObjectId::of(name),
-            offset,
-            stored_len: 10,
-            plain_len: 20,
-            codec,
-            bases,
-        };
-        let delta = entry(b"d", 30, Codec::Delta, Some(DeltaBases { first: ObjectId::of(b"a"), second: None }));
-        idx.add_pack(p1, 100, &[entry(b"a", 24, Codec::Raw, None), delta]).unwrap();
-        idx.add_pack(p2, 100, &[entry(b"b", 24, Codec::Zstd, None)]).unwrap();
-        let locations: Vec<ChunkLocation> = [b"b".as_slice(), b"a", b"d", b"b"]
-            .iter()
-            .map(|n| idx.locate(&ObjectId::of(n)).unwrap().unwrap())
-            .collect();
-        let located: Vec<Option<ChunkLocation>> = locations.iter().cloned().map(Some).collect();
-        let key = ObjectId::of(b"image");
-        assert!(idx.plan(&key).unwrap().is_none());
-        let record_plan = || {
-            let mut record = PlanRecord::default();
-            locations.iter().for_each(|l| record.push(l));
-            idx.put_plan(&key, record).unwrap();
-        };
-        record_plan();
-        assert_eq!(idx.plan(&key).unwrap().unwrap().collect::<Vec<_>>(), located);
-        // A tombstoned pack: not used (its chunks may have moved).
-        idx.set_doomed(&[p2].into()).unwrap();
-        assert!(idx.plan(&key).unwrap().is_none());
-        idx.set_doomed(&HashSet::new()).unwrap();
-        assert_eq!(idx.plan(&key).unwrap().unwrap().collect::<Vec<_>>(), located);
-        // A plan recorded once a copy in it was known damaged (by the restore that failed on
-        // it) is not used once a push stored a good copy: it names the pack holding the bad one.
-        idx.set_damaged(&[(ObjectId::of(b"b"), p2)].into()).unwrap();
-        record_plan();
-        assert!(idx.plan(&key).unwrap().is_none(), "a plan naming a damaged copy was used");
-        idx.set_damaged(&HashSet::new()).unwrap();
-        record_plan();
-        assert_eq!(idx.plan(&key).unwrap().unwrap().collect::<Vec<_>>(), located);
-        // A record whose framing is damaged counts as none; a location whose value does not
-        // decode comes back as none, the others as they were.
-        idx.db.put_cf(idx.cf(CF_PLANS), key.0, [1u8, 0, 0]).unwrap();
-        assert!(idx.plan(&key).unwrap().is_none());
-        record_plan();
-        let mut value = idx.db.get_cf(idx.cf(CF_PLANS), key.0).unwrap().unwrap();
-        let mut cut = value.clone();
-        cut.pop();
-        idx.db.put_cf(idx.cf(CF_PLANS), key.0, &cut).unwrap();
-        assert!(idx.plan(&key).unwrap().is_none(), "a record cut short was used");
-        // The first location's codec byte (behind the pack list, the count, its pack number,
-        // its length and 16 bytes of offset and lengths).
-        let codec_at = 4 + 32 * 2 + 4 + 5 + 16;
-        value[codec_at] = 0xee;
-        idx.db.put_cf(idx.cf(CF_PLANS), key.0, &value).unwrap();
-        let mut damaged_first = located.clone();
-        damaged_first[0] = None;
-        assert_eq!(idx.plan(&key).unwrap().unwrap().collect::<Vec<_>>(), damaged_first);
-        record_plan();
-        // A pack gc removed takes every record with it.
-        idx.remove_pack(&p2).unwrap();
-        assert!(idx.plan(&key).unwrap().is_none());
-        assert!(idx.db.get_cf(idx.cf(CF_PLANS), key.0).unwrap().is_none());
-    }
-
-    #[test]
-    fn a_delta_whose_bases_are_gone_is_no_copy() {
-        let dir = tempfile::tempdir().unwrap();
-        let idx = Index::open(dir.path()).unwrap();
-        // Pack ids ordered so that the orphan's pack comes first among the holders.
-        let (orphan_pack, whole_pack, base_pack) = (ObjectId([1; 32]), ObjectId([2; 32]), ObjectId([3; 32]));
-        let (chunk, base) = (ObjectId::of(b"chunk"), ObjectId::of(b"base"));
-        let entry = |id, codec, bases| PackEntry { id, offset: 24, stored_len: 10, plain_len: 20, codec, bases };
-        let delta = entry(chunk, Codec::Delta, Some(DeltaBases::one(base)));
-        idx.add_pack(orphan_pack, 100, &[delta]).unwrap();
-        // Its base is stored nowhere: the chunk has no usable copy.
-        assert!(idx.locate(&chunk).unwrap().is_none());
-        assert!(idx.locate_for_dedup(&chunk).unwrap().is_none());
-        assert_eq!(idx.locate_many(&[chunk]).unwrap(), vec![None]);
-        // A whole copy elsewhere is the one used.
-        idx.add_pack(whole_pack, 100, &[entry(chunk, Codec::Zstd, None)]).unwrap();
-        for found in [idx.locate(&chunk), idx.locate_for_dedup(&chunk), idx.locate_many(&[chunk]).map(|v| v[0])] {
-            assert_eq!(found.unwrap().unwrap().pack, whole_pack);
-        }
-        // With its base stored whole, the delta (first in key order) is a copy again...
-        idx.add_pack(base_pack, 100, &[entry(base, Codec::Raw, None)]).unwrap();
-        assert_eq!(idx.locate_for_dedup(&chunk).unwrap().unwrap().pack, orphan_pack);
-        // ...but not for dedup while its base's only pack is tombstoned, nor when that base
-        // is itself only a delta.
-        idx.set_doomed(&[base_pack].into()).unwrap();
-        assert_eq!(idx.locate_for_dedup(&chunk).unwrap().unwrap().pack, whole_pack);
-        assert_eq!(idx.locate(&chunk).unwrap().unwrap().pack, orphan_pack);
-        idx.remove_pack(&whole_pack).unwrap();
-        assert!(idx.locate_for_dedup(&chunk).unwrap().is_none());
-        idx.remove_pack(&base_pack).unwrap();
-        let other = ObjectId::of(b"other");
-        idx.add_pack(base_pack, 100, &[entry(base, Codec::Delta, Some(DeltaBases::one(other)))]).unwrap();
-        assert!(idx.locate(&chunk).unwrap().is_none());
-    }
-
-    #[test]
-    fn a_damaged_copy_is_used_last_and_never_for_dedup() {
-        let dir = tempfile::tempdir().unwrap();
-        let idx = Index::open(dir.path()).unwrap();
-        let (p1, p2) = (ObjectId([1; 32]), ObjectId([2; 32]));
-        let c = ObjectId::of(b"c");
-        let e = PackEntry { id: c, offset: 24, stored_len: 10, plain_len: 20, codec: Codec::Zstd, bases: None };
-        idx.add_pack(p1, 100, &[e]).unwrap();
-        idx.set_damaged(&[(c, p1)].into()).unwrap();
-        // Its only copy: read (a clear error then), never deduplicated against.
-        assert_eq!(idx.locate(&c).unwrap().unwrap().pack, p1);
-        assert!(idx.locate_for_dedup(&c).unwrap().is_none());
-        // Another copy, even in a tombstoned pack, comes first.
-        idx.add_pack(p2, 100, &[e]).unwrap();
-        idx.set_doomed(&[p2].into()).unwrap();
-        assert_eq!(idx.locate(&c).unwrap().unwrap().pack, p2);
-        assert_eq!(idx.locate_many(&[c]).unwrap()[0].unwrap().pack, p2);
-        drop(idx);
-        // The set survives a reopen.
-        let idx = Index::open(dir.path()).unwrap();
-        assert_eq!(idx.locate(&c).unwrap().unwrap().pack, p2);
-        idx.set_damaged(&HashSet::new()).unwrap();
-        assert_eq!(idx.locate(&c).unwrap().unwrap().pack, p1);
-    }
-
-    #[test]
-    fn many_lookups_answer_as_single_ones_in_the_order_asked() {
-        let dir = tempfile::tempdir().unwrap();
-        let idx = Index::open(dir.path()).unwrap();
-        let (a, b) = (ObjectId::of(b"pack a"), ObjectId::of(b"pack b"));
-        let entry = |n: u32| PackEntry {
-            id: ObjectId::of(&n.to_le_bytes()),
-            offset: u64::from(n) * 10,
-            stored_len: 10,
-            plain_len: 10,
-            codec: Codec::Raw,
-            bases: None,
-        };
-        idx.add_pack(a, 1000, &(0..50).map(entry).collect::<Vec<_>>()).unwrap();
-        // Chunks 40..60 are in both packs; pack a is doomed, so b holds them for lookups.
-        idx.add_pack(b, 1000, &(40..60).map(entry).collect::<Vec<_>>()).unwrap();
-        idx.set_doomed(&[a].into()).unwrap();
-        let ids: Vec<ObjectId> = (0..70u32).rev().map(|n| ObjectId::of(&n.to_le_bytes())).collect();
-        let many = idx.locate_many(&ids).unwrap();
-        let single: Vec<_> = ids.iter().map(|id| idx.locate(id).unwrap()).collect();
-        assert_eq!(
-            many.iter().map(|l| l.map(|l| (l.pack, l.offset))).collect::<Vec<_>>(),
-            single.iter().map(|l| l.map(|l| (l.pack, l.offset))).collect::<Vec<_>>()
-        );
-        assert_eq!(many.iter().filter(|l| l.is_none()).count(), 10, "60..70 are unknown");
-        assert_eq!(many[70 - 1 - 45].unwrap().pack, b, "a chunk in both packs comes from the live one");
-        assert_eq!(many[70 - 1 - 5].unwrap().pack, a, "a chunk only a doomed pack holds comes from it");
-    }
-}
+mod tests;
