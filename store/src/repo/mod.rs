@@ -5,6 +5,7 @@
 pub(crate) mod base_cache;
 pub(crate) mod bases;
 pub mod cache;
+pub(crate) mod chunk_location;
 pub mod damage;
 pub mod index;
 pub(crate) mod indexed;

@@ -9,7 +9,7 @@
 
 use crate::error::{Result, StoreError};
 use crate::format::id::ObjectId;
-use crate::repo::index::ChunkLocation;
+use crate::repo::chunk_location::ChunkLocation;
 use std::path::{Path, PathBuf};
 
 /// The directory of recorded plans of one index.
