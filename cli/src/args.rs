@@ -438,7 +438,8 @@ pub struct CriuArgs {
 /// `gstore index` actions.
 #[derive(Subcommand, Debug)]
 pub enum IndexAction {
-    /// Rebuild the local index from the pack footers in the store.
+    /// Rebuild the local index from the pack footers in the store (the restore plans
+    /// recorded beside it go too).
     Rebuild,
 }
 
