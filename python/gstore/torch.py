@@ -218,7 +218,9 @@ class Writer(StorageWriter):
 
 class Reader(StorageReader):
     """Loads a DCP checkpoint from image ``tag`` of ``store`` (a :class:`gstore.Store`, or
-    its location), on any number of ranks."""
+    its location), on any number of ranks. Raises :class:`gstore.NotFoundError` naming the tag
+    when there is no such image, before DCP runs (DCP reports a reader's failure differently
+    across torch versions, some only as "metadata is None")."""
 
     def __init__(self, store: Union[Store, str, None], tag: str) -> None:
         super().__init__()
@@ -226,11 +228,17 @@ class Reader(StorageReader):
         self.tag = tag
         self._native = None
         self._storage: Dict[MetadataIndex, StoredItem] = {}
+        self._check_tag()
 
     def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
         if checkpoint_id is not None:
             self.tag = str(checkpoint_id)
+            self._check_tag()
         self._native = None
+
+    def _check_tag(self) -> None:
+        """Raises NotFoundError when the store holds no image ``self.tag``."""
+        _gstore.Store(self.location, None).show(self.tag)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
