@@ -122,11 +122,12 @@ impl Store {
         })
     }
 
-    /// Opens the store with its index and reads the manifest `image` names (the two overlap
-    /// without an index slot).
+    /// Opens the store with its index to read an image (read-only while the index is up to
+    /// date: `Store::with_index_to_read`) and reads the manifest `image` names (the two
+    /// overlap without an index slot).
     fn open_image(&self, image: &str) -> Result<(IndexedStore, Manifest), StoreError> {
-        if self.index_slot.is_some() {
-            let store = self.open_indexed()?;
+        if let Some(n) = self.index_slot {
+            let store = self.open()?.with_index_slot(n).with_index_to_read(&|msg| eprintln!("gstore: {msg}"))?;
             let m = store.get_manifest(&store.resolve(image)?)?;
             return Ok((store, m));
         }

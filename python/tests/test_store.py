@@ -252,3 +252,24 @@ def test_stored_policies_trim_without_flags_and_pins_win(store):
     assert store.remove_policy("ckpt")["policies"] == {}
     with pytest.raises(gstore.NotFoundError):
         store.remove_policy("ckpt")
+
+
+def test_loads_through_an_index_slot_leave_its_index_as_they_found_it(tmp_path):
+    """A process with an index slot (a rank) opens its slot's index read-only to load, once the
+    index is up to date: nothing in it is written (a writable open writes a new manifest)."""
+    location = str(tmp_path / "store")
+    gstore.Store.init(location)
+    ranked = gstore.Store(location, index_slot=3)
+    state = weights(7, SHAPES)
+    ranked.save(state, "model:v1")
+    slot = pathlib.Path(location) / "index-slot-3"
+
+    def files():
+        return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in slot.iterdir())
+
+    ranked.load("model:v1", framework="numpy")  # catches the index up after the push
+    before = files()
+    loaded = ranked.load("model:v1", framework="numpy")
+    assert files() == before, "a load wrote to the slot's index"
+    for name, value in state.items():
+        assert np.array_equal(loaded[name], value), name
