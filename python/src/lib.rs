@@ -73,18 +73,23 @@ impl Store {
         RustStore::open(&self.location)
     }
 
-    fn open_indexed(&self) -> Result<IndexedStore, StoreError> {
-        let on_wait = |msg: &str| eprintln!("gstore: {msg}");
-        match self.index_slot {
-            Some(n) => self.open()?.with_index_slot(n).with_index(&on_wait),
-            None => RustStore::open_indexed(&self.location, &on_wait),
-        }
+    /// The store without its index, using this handle's index slot when it has one.
+    fn open_plain(&self) -> Result<RustStore, StoreError> {
+        let store = self.open()?;
+        Ok(match self.index_slot {
+            Some(n) => store.with_index_slot(n),
+            None => store,
+        })
     }
 
-    /// Loads `image` into the memory of the GPU whose context `open_context` gives. Without
-    /// an index slot, what the image needs (`plan::Needs`) is worked out and the load made
-    /// ready (VRAM, staging, kernel) while the index opens. Returns the load and the seconds
-    /// until the store and the image were open.
+    fn open_indexed(&self) -> Result<IndexedStore, StoreError> {
+        self.open_plain()?.with_index(&|msg: &str| eprintln!("gstore: {msg}"))
+    }
+
+    /// Loads `image` into the memory of the GPU whose context `open_context` gives. The
+    /// device side of the load (context, staging, kernel) is made ready from the start, while
+    /// the image's manifest is read, what it needs worked out and the index opened. Returns the
+    /// load and the seconds until the store and the image were open.
     fn load_to_device(
         &self,
         image: &str,
@@ -93,29 +98,19 @@ impl Store {
         progress: &dyn gstore_store::progress::Progress,
     ) -> Result<(gstore_restore::DeviceImage, f64), StoreError> {
         let t = std::time::Instant::now();
-        if self.index_slot.is_some() {
-            let (store, m) = self.open_image(image)?;
-            let open_s = t.elapsed().as_secs_f64();
-            let image = gstore_restore::restore_to_device_needing(&store, &m, None, open_context, budget, progress)?;
-            return Ok((image, open_s));
-        }
         let on_wait = |msg: &str| eprintln!("gstore: {msg}");
         std::thread::scope(|s| {
-            // The device side (staging, kernel) is made ready from the start; the image's
-            // manifest, what it needs and the index meanwhile.
             let device = s.spawn(|| {
-                let plain = RustStore::open(&self.location)?;
-                let staging = std::thread::scope(|s| {
+                let plain = self.open()?;
+                let (ctx, staging) = std::thread::scope(|s| {
                     let staging = s.spawn(|| gstore_restore::Staging::map(&plain, budget));
-                    let ctx = open_context();
-                    (ctx, staging.join().expect("mapping staging memory does not panic"))
+                    (open_context(), staging.join().expect("mapping staging memory does not panic"))
                 });
-                let (ctx, staging) = staging;
                 gstore_restore::PreparedDevice::prepare(&plain, ctx?, || staging)
             });
             let device = || device.join().expect("preparing the device does not panic");
             let (store, _, m, needs) =
-                RustStore::open_image_then(&self.location, image, &on_wait, |_, m| gstore_restore::plan::Needs::of(m))?;
+                RustStore::open_image_then(|| self.open_plain(), image, &on_wait, gstore_restore::plan::Needs::of)?;
             let open_s = t.elapsed().as_secs_f64();
             let image = gstore_restore::restore_prepared(&store, &m, Some(needs), device, budget, progress)?;
             Ok((image, open_s))
@@ -123,15 +118,11 @@ impl Store {
     }
 
     /// Opens the store with its index to read an image (read-only while the index is up to
-    /// date: `Store::with_index_to_read`) and reads the manifest `image` names (the two
-    /// overlap without an index slot).
+    /// date: `Store::with_index_to_read`) and reads the manifest `image` names, the two at
+    /// once.
     fn open_image(&self, image: &str) -> Result<(IndexedStore, Manifest), StoreError> {
-        if let Some(n) = self.index_slot {
-            let store = self.open()?.with_index_slot(n).with_index_to_read(&|msg| eprintln!("gstore: {msg}"))?;
-            let m = store.get_manifest(&store.resolve(image)?)?;
-            return Ok((store, m));
-        }
-        let (store, _, m) = RustStore::open_image(&self.location, image, &|msg| eprintln!("gstore: {msg}"))?;
+        let on_wait = |msg: &str| eprintln!("gstore: {msg}");
+        let (store, _, m, ()) = RustStore::open_image_then(|| self.open_plain(), image, &on_wait, |_| ())?;
         Ok((store, m))
     }
 }

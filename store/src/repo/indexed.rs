@@ -55,29 +55,30 @@ impl Store {
         reference: &str,
         on_wait: &dyn Fn(&str),
     ) -> Result<(IndexedStore, ObjectId, Manifest)> {
-        let (store, id, manifest, ()) = Store::open_image_then(location, reference, on_wait, |_, _| ())?;
+        let (store, id, manifest, ()) = Store::open_image_then(|| Store::open(location), reference, on_wait, |_| ())?;
         Ok((store, id, manifest))
     }
 
-    /// [`Store::open_image`], with `then` run on the store (without its index) and the
-    /// manifest beside the index's opening too (a load works out what the image needs and
-    /// allocates its memory meanwhile); returns what it gives as well.
+    /// [`Store::open_image`] on the store `open` opens (twice: once for the index, once for
+    /// the image, at the same time; e.g. with an index slot), with `then` run on the manifest
+    /// beside the index's opening too (a load works out what the image needs meanwhile);
+    /// returns what it gives as well.
     pub fn open_image_then<T: Send>(
-        location: &StoreLocation,
+        open: impl Fn() -> Result<Store> + Sync,
         reference: &str,
         on_wait: &dyn Fn(&str),
-        then: impl FnOnce(&Store, &Manifest) -> T + Send,
+        then: impl FnOnce(&Manifest) -> T + Send,
     ) -> Result<(IndexedStore, ObjectId, Manifest, T)> {
         let read_image = || -> Result<_> {
-            let store = Store::open(location)?;
+            let store = open()?;
             let id = store.resolve(reference)?;
             let manifest = store.get_manifest(&id)?;
-            let more = then(&store, &manifest);
+            let more = then(&manifest);
             Ok((id, manifest, more))
         };
         std::thread::scope(|s| {
             let image = s.spawn(read_image);
-            let store = Store::open(location).and_then(|s| s.with_index_to_read(on_wait));
+            let store = open().and_then(|s| s.with_index_to_read(on_wait));
             let image = image.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             let store = store?;
             let (id, manifest, more) = image?;
