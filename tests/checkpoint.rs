@@ -33,6 +33,28 @@ fn checkpoint_kill_restore_continues() {
 }
 
 #[test]
+fn a_machine_that_refuses_the_image_runs_nothing_of_it() {
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    let c = PyCounter::start(1);
+    let pid = c.pid.to_string();
+    env.ok(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "counter"], &criu));
+    c.wait_gone();
+    let at_dump = c.value().unwrap();
+    // A CPU image with a GPU map is refused by the machine check.
+    let o = env.run(&with_criu(&["restore", "counter", "--run", "--gpu-map", "0=0"], &criu));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("cannot be restored on this machine") && err.contains("--gpu-map"), "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "a refused restore left pid {pid} behind");
+    assert_eq!(c.value(), Some(at_dump), "the refused image counted");
+    // Refused is not lost: it restores where the check passes.
+    env.ok(&with_criu(&["restore", "counter", "--run"], &criu));
+    assert!(c.wait_above(at_dump) > at_dump && c.alive());
+}
+
+#[test]
 fn leave_running_and_two_runs_share_chunks() {
     let env = Env::new(&[]);
     let criu = criu_args();

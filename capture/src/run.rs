@@ -5,13 +5,16 @@ use crate::cooperate;
 use crate::error::{CaptureError, Result};
 use crate::staging::Staged;
 use gstore_gpu_dump::checkpoint::{self, ImageKind, RestoreOptions, RestoreReport};
-use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuMap, ImageNeeds, MachineInfo};
+use gstore_gpu_dump::cuda::ffi::GpuPair;
+use gstore_gpu_dump::{check_compatible, Criu, CudaDriver, GpuDumpError, GpuMap, ImageNeeds, MachineInfo};
 use gstore_lazy::mode::Mode;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, ObjectId};
 use serde::Serialize;
+use std::cell::{OnceCell, RefCell};
 use std::path::{Path, PathBuf};
+use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
 
 /// What a restore-and-run reports.
@@ -93,11 +96,12 @@ pub fn run(
             |e: CaptureError| CaptureError::Restore { reference: reference.to_string(), source: Box::new(e) };
         let mut eager_reason = None;
         let lazy = gstore_lazy::mode::lazy_here(opts.eager).map_err(|why| eager_reason = why).is_ok();
-        // The machine is checked (CUDA driver, CRIU) while the image is written out: the driver's
-        // start costs a GPU machine ~0.2 s, so a CPU image does not start it. Nothing runs before
-        // the check passes.
+        // The machine is checked (CUDA driver, CRIU) while the image is written out and, for a
+        // lazy restore, while CRIU restores the tree with its tasks left stopped: the driver's
+        // start costs a GPU machine ~0.2 s, so a CPU image does not start it. Nothing runs
+        // before the check passes (a tree restored meanwhile is killed when it fails).
         let t = Instant::now();
-        let (machine, prepared) = std::thread::scope(|s| {
+        std::thread::scope(|s| {
             let machine = s.spawn(|| {
                 let cuda = gpu_image.then(CudaDriver::load);
                 let machine = match &cuda {
@@ -107,78 +111,93 @@ pub fn run(
                 (cuda, check_compatible(&image, &machine, &opts.gpu_map))
             });
             let prepared = lazy.then(|| gstore_lazy::prepare(store, &id, &m, dir, opts.memory_budget, progress));
-            (machine.join().expect("the machine check does not panic"), prepared)
-        });
-        let materialize_s = t.elapsed().as_secs_f64();
-        let (cuda, compatible) = machine;
-        let gpu_pairs = match compatible {
-            Ok(pairs) => pairs,
-            Err(source) => {
-                staged.remove();
-                return Err(CaptureError::Incompatible { reference: reference.to_string(), source });
+            let materialize_s = t.elapsed().as_secs_f64();
+            let checked = Checked::new(machine);
+            let mut ropts = RestoreOptions::new(&criu_bin);
+            ropts.gpu_pids = image.gpu_pids.clone();
+            ropts.gpu = gpu_image;
+            ropts.original_pid = original_pid;
+            ropts.pid_wait = opts.pid_wait;
+            ropts.shell_job = criu.shell_job;
+            ropts.extra_criu_args = criu.extra.clone();
+            let checked_opts = |base| {
+                checked
+                    .options(base)
+                    .map_err(|source| CaptureError::Incompatible { reference: reference.to_string(), source })
+            };
+            let refilled = || (!weights.is_empty()).then(|| cooperate::wait_refilled(&weights)).transpose();
+            let prepared = match prepared.map(|p| gstore_lazy::mode::lazy_or_eager(p, &mut eager_reason)) {
+                Some(Err(e)) => {
+                    staged.remove_if_made();
+                    return Err(write_out(e.into()));
+                }
+                Some(Ok(None)) => {
+                    let _ = std::fs::remove_dir_all(dir);
+                    None
+                }
+                Some(Ok(Some(p))) => Some(p),
+                None => None,
+            };
+            if let Some(prepared) = prepared {
+                ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
+                let r = retrying_pid_races(|| {
+                    run_lazy(store, &id, dir, &prepared, || {
+                        // A verdict in already (a CPU image's check asks nothing slow) refuses
+                        // before CRIU; a later one kills the tree CRIU restored stopped.
+                        if checked.ready() {
+                            checked_opts(&ropts)?;
+                        }
+                        let stopped = checkpoint::restore_stopped(dir, &ropts)?;
+                        Ok(stopped.resume(&checked_opts(&ropts)?)?)
+                    })
+                });
+                staged.remove_if_made();
+                let (restore, fill, profile) = r.map_err(|e| match e {
+                    e @ CaptureError::Incompatible { .. } => e,
+                    e => restoring(e),
+                })?;
+                let weights_refill_s = refilled().map_err(restoring)?;
+                return Ok(RunReport {
+                    pid: restore.pid,
+                    mode: Mode::Lazy,
+                    eager_reason: None,
+                    materialize_s,
+                    restore,
+                    fill: Some(fill),
+                    profile: Some(profile),
+                    weights_refill_s,
+                    total_s: started.elapsed().as_secs_f64(),
+                });
             }
-        };
-        let mut ropts = RestoreOptions::new(&criu_bin);
-        ropts.gpu_pairs = gpu_pairs;
-        ropts.gpu_pids = image.gpu_pids;
-        ropts.cuda = cuda.as_ref().and_then(|c| c.as_ref().ok());
-        ropts.gpu = gpu_image;
-        ropts.original_pid = original_pid;
-        ropts.pid_wait = opts.pid_wait;
-        ropts.shell_job = criu.shell_job;
-        ropts.extra_criu_args = criu.extra;
-        let refilled = || (!weights.is_empty()).then(|| cooperate::wait_refilled(&weights)).transpose();
-        let prepared = match prepared.map(|p| gstore_lazy::mode::lazy_or_eager(p, &mut eager_reason)) {
-            Some(Err(e)) => {
+            let ropts = match checked_opts(&ropts) {
+                Ok(ropts) => ropts,
+                Err(e) => {
+                    staged.remove();
+                    return Err(e);
+                }
+            };
+            let t = Instant::now();
+            let materialized = gstore_restore::restore_to_dir(store, &id, &m, dir, opts.memory_budget, progress);
+            let materialize_s = t.elapsed().as_secs_f64();
+            if let Err(e) = materialized {
                 staged.remove_if_made();
                 return Err(write_out(e.into()));
             }
-            Some(Ok(None)) => {
-                let _ = std::fs::remove_dir_all(dir);
-                None
-            }
-            Some(Ok(Some(p))) => Some(p),
-            None => None,
-        };
-        if let Some(prepared) = prepared {
-            ropts.extra_criu_args.insert(0, "--lazy-pages".to_string());
-            let r = retrying_pid_races(|| run_lazy(store, &id, dir, &prepared, &ropts));
+            let restored = retrying_pid_races(|| Ok(checkpoint::restore(dir, &ropts)?));
             staged.remove_if_made();
-            let (restore, fill, profile) = r.map_err(restoring)?;
+            let restore = restored.map_err(restoring)?;
             let weights_refill_s = refilled().map_err(restoring)?;
-            return Ok(RunReport {
+            Ok(RunReport {
                 pid: restore.pid,
-                mode: Mode::Lazy,
-                eager_reason: None,
+                mode: Mode::Eager,
+                eager_reason,
                 materialize_s,
                 restore,
-                fill: Some(fill),
-                profile: Some(profile),
+                fill: None,
+                profile: None,
                 weights_refill_s,
                 total_s: started.elapsed().as_secs_f64(),
-            });
-        }
-        let t = Instant::now();
-        let materialized = gstore_restore::restore_to_dir(store, &id, &m, dir, opts.memory_budget, progress);
-        let materialize_s = t.elapsed().as_secs_f64();
-        if let Err(e) = materialized {
-            staged.remove_if_made();
-            return Err(write_out(e.into()));
-        }
-        let restored = retrying_pid_races(|| Ok(checkpoint::restore(dir, &ropts)?));
-        staged.remove_if_made();
-        let restore = restored.map_err(restoring)?;
-        let weights_refill_s = refilled().map_err(restoring)?;
-        Ok(RunReport {
-            pid: restore.pid,
-            mode: Mode::Eager,
-            eager_reason,
-            materialize_s,
-            restore,
-            fill: None,
-            profile: None,
-            weights_refill_s,
-            total_s: started.elapsed().as_secs_f64(),
+            })
         })
     })
 }
@@ -217,24 +236,64 @@ fn retrying_pid_races<T>(mut restore: impl FnMut() -> Result<T>) -> Result<T> {
     }
 }
 
-/// `criu restore --lazy-pages` (`ropts` asks for it) with gstore serving the memory of image
-/// `id`. The GPU state (if any) is restored while the fill goes on; the restore returns once
-/// every page is in place. A fill that fails kills the restored tree, and its error is the
-/// one reported.
+/// What [`check_compatible`] says of this machine, worked out on a thread of its own beside
+/// a restore's first steps and waited for when the restore needs it.
+struct Checked<'scope> {
+    running: RefCell<Option<ScopedJoinHandle<'scope, MachineCheck>>>,
+    cuda: OnceCell<Option<CudaDriver>>,
+    pairs: RefCell<Option<gstore_gpu_dump::Result<Vec<GpuPair>>>>,
+}
+
+/// The CUDA driver a machine check loaded (a GPU image's), and its verdict.
+type MachineCheck = (Option<gstore_gpu_dump::Result<CudaDriver>>, gstore_gpu_dump::Result<Vec<GpuPair>>);
+
+impl<'scope> Checked<'scope> {
+    fn new(running: ScopedJoinHandle<'scope, MachineCheck>) -> Self {
+        Checked { running: RefCell::new(Some(running)), cuda: OnceCell::new(), pairs: RefCell::new(None) }
+    }
+
+    /// Whether the check has finished.
+    fn ready(&self) -> bool {
+        self.running.borrow().as_ref().is_none_or(|r| r.is_finished())
+    }
+
+    /// `base` completed by the check once it passed: the driver it loaded and where the GPUs
+    /// go; or why this machine cannot run the image.
+    fn options<'a>(&'a self, base: &RestoreOptions<'a>) -> gstore_gpu_dump::Result<RestoreOptions<'a>> {
+        if let Some(running) = self.running.borrow_mut().take() {
+            let (cuda, pairs) = running.join().expect("the machine check does not panic");
+            let _ = self.cuda.set(cuda.and_then(|c| c.ok()));
+            *self.pairs.borrow_mut() = Some(pairs);
+        }
+        let pairs = match self.pairs.borrow_mut().take() {
+            Some(Ok(pairs)) => pairs,
+            Some(Err(e)) => return Err(e),
+            None => return Err(GpuDumpError::Incompatible { reason: "the machine check refused it".into() }),
+        };
+        *self.pairs.borrow_mut() = Some(Ok(pairs.clone()));
+        let mut ropts = base.clone();
+        ropts.cuda = self.cuda.get().and_then(|c| c.as_ref());
+        ropts.gpu_pairs = pairs;
+        Ok(ropts)
+    }
+}
+
+/// `criu restore --lazy-pages` (the CRIU options ask for it), started by `restore`, with gstore
+/// serving the memory of image `id`. The GPU state (if any) is restored while the fill goes
+/// on; the restore returns once every page is in place. A fill that fails kills the restored
+/// tree, and its error is the one reported.
 fn run_lazy(
     store: &IndexedStore,
     id: &ObjectId,
     dir: &Path,
     prepared: &gstore_lazy::Prepared,
-    ropts: &RestoreOptions<'_>,
+    restore: impl FnOnce() -> Result<RestoreReport>,
 ) -> Result<(RestoreReport, gstore_lazy::FillReport, String)> {
     let pids: Vec<i32> = prepared.layout.processes.iter().map(|p| p.pid as i32).collect();
-    gstore_lazy::during::serve_during(store, id, dir, prepared, &pids, |_| checkpoint::restore(dir, ropts)).map_err(
-        |e| match e {
-            gstore_lazy::during::Failed::Restore(e) => e.into(),
-            gstore_lazy::during::Failed::Fill(e) => e.into(),
-        },
-    )
+    gstore_lazy::during::serve_during(store, id, dir, prepared, &pids, |_| restore()).map_err(|e| match e {
+        gstore_lazy::during::Failed::Restore(e) => e,
+        gstore_lazy::during::Failed::Fill(e) => e.into(),
+    })
 }
 
 #[cfg(test)]

@@ -330,19 +330,16 @@ pub struct RestoreReport {
 /// [`crate::compat::check_compatible`] first to refuse unsuitable machines before this
 /// touches anything.
 pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
-    let cuda = match (opts.gpu, opts.cuda) {
-        (true, None) => {
-            return Err(GpuDumpError::Incompatible {
-                reason: "it is a GPU image but no CUDA driver was loaded".to_string(),
-            })
-        }
-        (true, Some(cuda)) => {
-            cuda.init()?;
-            Some(cuda)
-        }
-        (false, _) => None,
-    };
+    restore_stopped(dir, opts)?.resume(opts)
+}
+
+/// Restores the process tree in `dir` with its tasks left stopped (`criu restore
+/// --leave-stopped`): nothing of it has run when this returns, so work that must pass before
+/// the tree runs (a check of the machine) can go on while CRIU restores it. Waits for the
+/// image's pids to be free first. [`Stopped::resume`] lets it run; dropping it kills it.
+pub fn restore_stopped(dir: &Path, opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let mut pids = criu::image_pids(dir)?;
+    let processes = criu::image_processes(dir)?;
     pids.extend(opts.original_pid);
     let start = Instant::now();
     let deadline = start + opts.pid_wait;
@@ -352,16 +349,72 @@ pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
     }
     let mut timings = RestoreTimings { pid_wait_s: seconds(start), ..RestoreTimings::default() };
     let start = Instant::now();
-    let criu_opts = criu::RestoreOptions { shell_job: opts.shell_job, extra_args: opts.extra_criu_args.clone() };
+    let mut extra_args = vec!["--leave-stopped".to_string()];
+    extra_args.extend(opts.extra_criu_args.iter().cloned());
+    let criu_opts = criu::RestoreOptions { shell_job: opts.shell_job, extra_args };
     let pid = opts.criu.restore(dir, &criu_opts)?;
     timings.criu_restore_s = seconds(start);
-    if let Some(cuda) = cuda {
-        let gpu_pids = if opts.gpu_pids.is_empty() { vec![pid] } else { opts.gpu_pids.clone() };
-        let (restore_s, unlock_s) = resume_all(cuda, &gpu_pids, &opts.gpu_pairs)?;
-        timings.gpu_restore_s = restore_s;
-        timings.gpu_unlock_s = unlock_s;
+    Ok(Stopped { pid, processes, timings, running: false })
+}
+
+/// A process tree restored by [`restore_stopped`], its tasks stopped. Dropped before
+/// [`Stopped::resume`] (a check that failed, an error on the way), it is killed: a restored
+/// tree that never ran is never left behind.
+#[derive(Debug)]
+pub struct Stopped {
+    pid: u32,
+    processes: Vec<u32>,
+    timings: RestoreTimings,
+    running: bool,
+}
+
+impl Stopped {
+    /// The restored root (its original pid).
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
-    Ok(RestoreReport { pid, timings })
+
+    /// Lets the tree run (`SIGCONT` to each of its processes), then brings the GPU state of
+    /// a GPU image back (`opts` says which processes and onto which GPUs) and unlocks it: the
+    /// processes run CPU code meanwhile, and their CUDA calls wait for the unlock.
+    pub fn resume(mut self, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
+        let cuda = match (opts.gpu, opts.cuda) {
+            (true, None) => {
+                return Err(GpuDumpError::Incompatible {
+                    reason: "it is a GPU image but no CUDA driver was loaded".to_string(),
+                })
+            }
+            (true, Some(cuda)) => {
+                cuda.init()?;
+                Some(cuda)
+            }
+            (false, _) => None,
+        };
+        self.running = true;
+        for &p in &self.processes {
+            // SAFETY: kill(2) with a pid of the tree CRIU restored for us and a valid signal.
+            unsafe { libc::kill(p as i32, libc::SIGCONT) };
+        }
+        let mut timings = std::mem::take(&mut self.timings);
+        if let Some(cuda) = cuda {
+            let gpu_pids = if opts.gpu_pids.is_empty() { vec![self.pid] } else { opts.gpu_pids.clone() };
+            let (restore_s, unlock_s) = resume_all(cuda, &gpu_pids, &opts.gpu_pairs)?;
+            timings.gpu_restore_s = restore_s;
+            timings.gpu_unlock_s = unlock_s;
+        }
+        Ok(RestoreReport { pid: self.pid, timings })
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if !self.running {
+            for &p in &self.processes {
+                // SAFETY: kill(2) with a pid of the tree CRIU restored for us, which never ran.
+                unsafe { libc::kill(p as i32, libc::SIGKILL) };
+            }
+        }
+    }
 }
 
 /// The processes among `cuda_users` (those of the tree under `root` that map libcuda) whose

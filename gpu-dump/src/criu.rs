@@ -308,13 +308,22 @@ pub fn wait_pid_free(pid: u32, timeout: Duration) -> Result<()> {
 /// Every pid and thread id recorded in the image's process tree (`pstree.img`), sorted. A
 /// restore needs all of them free, not just the root's.
 pub fn image_pids(dir: &Path) -> Result<Vec<u32>> {
-    let path = dir.join("pstree.img");
-    let bytes = std::fs::read(&path).map_err(|e| GpuDumpError::io(format!("read {}", path.display()), e))?;
-    let tree = images::parse_pstree(&bytes).map_err(|detail| GpuDumpError::Image { path, detail })?;
-    let mut pids: Vec<u32> = tree.into_iter().flat_map(|p| std::iter::once(p.pid).chain(p.threads)).collect();
+    let mut pids: Vec<u32> = pstree(dir)?.into_iter().flat_map(|p| std::iter::once(p.pid).chain(p.threads)).collect();
     pids.sort_unstable();
     pids.dedup();
     Ok(pids)
+}
+
+/// The pids of the processes (not their other threads) of the tree in image `dir`.
+pub fn image_processes(dir: &Path) -> Result<Vec<u32>> {
+    Ok(pstree(dir)?.into_iter().map(|p| p.pid).collect())
+}
+
+/// The process tree recorded in image `dir` (`pstree.img`).
+fn pstree(dir: &Path) -> Result<Vec<images::PstreeEntry>> {
+    let path = dir.join("pstree.img");
+    let bytes = std::fs::read(&path).map_err(|e| GpuDumpError::io(format!("read {}", path.display()), e))?;
+    images::parse_pstree(&bytes).map_err(|detail| GpuDumpError::Image { path, detail })
 }
 
 #[cfg(test)]

@@ -194,3 +194,32 @@ fn restore_explains_a_file_that_grew_after_a_leave_running_dump() {
     }
     assert!(!procfs::is_alive(counter.pid), "a failed restore leaves no process behind");
 }
+
+#[test]
+fn a_tree_restored_stopped_runs_nothing_until_resumed_and_dies_when_dropped() {
+    let criu = criu();
+    let counter = Counter::start();
+    let dir = counter.image_dir("img");
+    checkpoint::checkpoint(counter.pid, &dir, &CheckpointOptions::new(&criu)).expect("checkpoint");
+    wait_for(Duration::from_secs(2), || (!procfs::is_alive(counter.pid)).then_some(())).expect("dump ended it");
+    let at_dump = counter.value();
+    let opts = RestoreOptions { original_pid: Some(counter.pid), ..RestoreOptions::new(&criu) };
+
+    // Restored stopped: it is there, stopped, and counts nothing; dropped, it is killed.
+    let stopped = checkpoint::restore_stopped(&dir, &opts).expect("restore stopped");
+    assert_eq!(stopped.pid(), counter.pid);
+    assert_eq!(procfs::state(counter.pid), Some('T'), "CRIU left it stopped");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(counter.value(), at_dump, "a stopped tree counted");
+    drop(stopped);
+    wait_for(Duration::from_secs(5), || (!procfs::is_alive(counter.pid)).then_some(())).expect("dropped: killed");
+    assert_eq!(counter.value(), at_dump, "the dropped tree never ran");
+
+    // Restored stopped again and resumed: it counts on from the dump point.
+    let stopped = checkpoint::restore_stopped(&dir, &opts).expect("restore stopped again");
+    let restored = stopped.resume(&opts).expect("resume");
+    assert_eq!(restored.pid, counter.pid);
+    let later = counter.wait_above(at_dump + 3, Duration::from_secs(5));
+    assert!(later <= at_dump + 200, "counter jumped from {at_dump} to {later}: not a continuation");
+    counter.kill();
+}

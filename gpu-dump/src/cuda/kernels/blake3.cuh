@@ -100,13 +100,20 @@ __device__ __forceinline__ void load_block(const unsigned char *p, unsigned int 
 /// root output (the whole input is this one chunk).
 __device__ void chunk_cv(const unsigned char *p, unsigned int len, unsigned long long index, bool root,
                          const IdKey &key, unsigned int cv[8]) {
-    unsigned int m[16];
+    unsigned int m[16], next[16];
 #pragma unroll
     for (int i = 0; i < 8; i++) cv[i] = key.keyed ? key.words[i] : IV[i];
     unsigned int blocks = len == 0 ? 1u : (len + BLOCK_LEN - 1) / BLOCK_LEN;
+    load_block(p, blocks == 1 ? len : BLOCK_LEN, next);
     for (unsigned int b = 0; b < blocks; b++) {
         unsigned int n = b + 1 == blocks ? len - b * BLOCK_LEN : BLOCK_LEN;
-        load_block(p + b * BLOCK_LEN, n, m);
+#pragma unroll
+        for (int i = 0; i < 16; i++) m[i] = next[i];
+        // The next block's loads are in flight while this one compresses.
+        if (b + 1 < blocks) {
+            unsigned int at = (b + 1) * BLOCK_LEN;
+            load_block(p + at, b + 2 == blocks ? len - at : BLOCK_LEN, next);
+        }
         unsigned int flags = (b == 0 ? CHUNK_START : 0u) | (b + 1 == blocks ? CHUNK_END : 0u);
         if (root && b + 1 == blocks) flags |= ROOT;
         if (key.keyed) flags |= KEYED_HASH;

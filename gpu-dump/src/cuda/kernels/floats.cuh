@@ -109,20 +109,38 @@ __device__ __forceinline__ unsigned short huff_entry(const HuffCode &c, const un
     return 0;
 }
 
+/// The little-endian word `w` read big-endian: its first byte in memory on top.
+__device__ __forceinline__ unsigned int huff_big_endian(unsigned int w) {
+    return (w >> 24) | ((w >> 8) & 0xff00u) | ((w << 8) & 0xff0000u) | (w << 24);
+}
+
 /// Decodes one substream of `symbols` symbols, its bits at `bits[start..end)`, into `out`
 /// through `table`; false when its bits start no code, run past its end, or hold more than
-/// its codes and padding. Four symbols are written at once where `out` allows.
+/// its codes and padding. Four symbols are written at once where `out` allows. The bits are
+/// read a word at a time, the next word loaded while the symbols before it decode: the
+/// aligned word holding the next byte (it lies in the lane's allocation, as `load_words` in
+/// blake3.cuh argues), its bytes before `start` and from `end` on masked off and never
+/// counted, so what is accepted is exactly what a byte-by-byte reader accepts.
 __device__ __forceinline__ bool huff_substream(const unsigned short *table, const unsigned char *bits,
                                                unsigned int start, unsigned int end, unsigned char *out,
                                                unsigned int symbols) {
     unsigned long long buf = 0;  // bits read ahead, at the top
     unsigned int held = 0, pos = start, word = 0;
+    const unsigned long long base = (unsigned long long)bits;
+    unsigned int next = pos < end ? *(const unsigned int *)((base + pos) & ~3ull) : 0;
     bool aligned = ((unsigned long long)out & 3ull) == 0;
-    for (unsigned int i = 0; i < symbols; i++) {
-        while (held <= 56 && pos < end) {
-            buf |= (unsigned long long)bits[pos++] << (56 - held);
-            held += 8;
+    for (unsigned int i = 0;; i++) {
+        while (held <= 32 && pos < end) {
+            unsigned int off = (unsigned int)((base + pos) & 3ull), n = 4 - off;
+            if (n > end - pos) n = end - pos;
+            unsigned int w = huff_big_endian(next) << (8 * off);
+            if (n < 4) w &= ~(0xffffffffu >> (8 * n));
+            buf |= (unsigned long long)w << (32 - held);
+            held += 8 * n;
+            pos += n;
+            if (pos < end) next = *(const unsigned int *)((base + pos) & ~3ull);
         }
+        if (i == symbols) break;
         unsigned int e = table[buf >> (64 - HUFF_MAX_LEN)], len = e >> 8;
         if (len == 0 || len > held) return false;
         buf <<= len;
@@ -200,16 +218,27 @@ __device__ __forceinline__ bool huff_decode_share(const unsigned char *s, unsign
     return good;
 }
 
+/// The most bytes a lane's code takes at its start: k - 1 and k (symbol, length) pairs.
+#define HUFF_HEAD (1u + 2u * 256u)
+
 /// The block's `THREADS` threads decode the Huffman lane stored in `len` bytes at `s` into
-/// `words` bytes at `out`, through `code`, `lane`, `table` and `ok` (shared); false (for every
-/// thread) when it does not decode to exactly that. Starts and ends with a barrier.
+/// `words` bytes at `out`, through `head`, `code`, `lane`, `table` and `ok` (shared); false
+/// (for every thread) when it does not decode to exactly that. The lane's first bytes (its
+/// code) are copied into `head` by the whole block first, so that thread 0 reads the code and
+/// every thread fills the table from shared memory, not one global load after another.
+/// Starts and ends with a barrier.
 __device__ bool huff_lane(const unsigned char *s, unsigned int len, unsigned int words, unsigned char *out,
-                          HuffCode &code, HuffLane &lane, unsigned short table[HUFF_TABLE], int &ok) {
-    __syncthreads();  // the previous lane's table and flag are no longer read
-    if (threadIdx.x == 0) ok = huff_begin(s, len, words, code, lane);
+                          unsigned char head[HUFF_HEAD], HuffCode &code, HuffLane &lane,
+                          unsigned short table[HUFF_TABLE], int &ok) {
+    __syncthreads();  // the previous lane's header, table and flag are no longer read
+    for (unsigned int i = threadIdx.x; i < len && i < HUFF_HEAD; i += THREADS) head[i] = s[i];
+    __syncthreads();
+    // The code lies in the first HUFF_HEAD bytes: huff_begin reads its pairs only once the
+    // lane is long enough to hold them.
+    if (threadIdx.x == 0) ok = huff_begin(head, len, words, code, lane);
     __syncthreads();
     if (!ok) return false;
-    huff_fill(code, s, table, threadIdx.x);
+    huff_fill(code, head, table, threadIdx.x);
     __syncthreads();
     if (!huff_decode_share(s, len, code, lane, table, out, threadIdx.x)) ok = 0;
     __syncthreads();

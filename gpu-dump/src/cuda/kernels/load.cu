@@ -68,12 +68,12 @@ __device__ __forceinline__ void join_lanes(const LaneJob &job, unsigned char *ds
 
 /// Decodes the Huffman lanes of `job` and joins its lanes into the `len` bytes at `dst`;
 /// false (for every thread) when a lane did not decode to exactly `words` bytes.
-__device__ bool decode_and_join(const LaneJob &job, unsigned char *dst, unsigned int len, HuffCode &code,
-                                HuffLane &lane, unsigned short table[HUFF_TABLE], int &ok) {
+__device__ bool decode_and_join(const LaneJob &job, unsigned char *dst, unsigned int len, unsigned char head[HUFF_HEAD],
+                                HuffCode &code, HuffLane &lane, unsigned short table[HUFF_TABLE], int &ok) {
     if (!lanes_whole(job, len)) return false;
     for (unsigned int i = 0; i < job.width; i++) {
         if (job.huff[i] != 0 && !huff_lane((const unsigned char *)job.huff[i], job.huff_len[i], job.words,
-                                           (unsigned char *)job.lane[i], code, lane, table, ok)) {
+                                           (unsigned char *)job.lane[i], head, code, lane, table, ok)) {
             return false;
         }
     }
@@ -86,13 +86,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) load_chunks(const Job *job
                                                                   unsigned int *failed, const IdKey key) {
     __shared__ unsigned int cvs[THREADS][8];
     __shared__ unsigned short table[HUFF_TABLE];
+    __shared__ unsigned char head[HUFF_HEAD];
     __shared__ HuffCode code;
     __shared__ HuffLane lane;
     __shared__ int ok;
     const Job &job = jobs[blockIdx.x];
     const unsigned char *src = (const unsigned char *)job.src;
     unsigned int len = job.len;
-    if (job.lanes != 0 && !decode_and_join(lane_jobs[job.lanes - 1], (unsigned char *)job.src, len, code, lane, table, ok)) {
+    if (job.lanes != 0 && !decode_and_join(lane_jobs[job.lanes - 1], (unsigned char *)job.src, len, head, code, lane, table, ok)) {
         if (threadIdx.x == 0) atomicMin(failed, job.tag);
         return;
     }
