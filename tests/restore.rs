@@ -19,9 +19,13 @@ fn an_interrupted_restore_resumes_and_repairs() {
     let partial = env.path(".out.gstore-partial");
     // Kill restores until one dies part-way (the staging directory holds some of the image).
     let mut interrupted = false;
-    // Part-way means some chunk data was written (the files start as holes: no blocks).
-    let written =
-        |p: &std::path::Path| fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) > 0).unwrap_or(false);
+    // Part-way means chunk data was written (the files start as holes: no blocks): more than
+    // three of the largest chunks, so that besides the chunk damaged below (and one a kill may
+    // have cut short) some whole chunk is there to resume from.
+    let chunk_max = gstore_store::StoreConfig::default().chunk_max as u64;
+    let written = |p: &std::path::Path| {
+        fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512 > 3 * chunk_max).unwrap_or(false)
+    };
     for delay_ms in [150u64, 100, 200, 120, 60, 250, 90, 180, 40, 300, 70, 220] {
         let mut child = env
             .cmd(&["-q", "restore", "big", "--to", dest.to_str().unwrap(), "--memory-budget", "16777216"])

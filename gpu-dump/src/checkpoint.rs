@@ -330,7 +330,23 @@ pub struct RestoreReport {
 /// [`crate::compat::check_compatible`] first to refuse unsuitable machines before this
 /// touches anything.
 pub fn restore(dir: &Path, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
+    started_driver(opts)?;
     restore_stopped(dir, opts)?.resume(opts)
+}
+
+/// The CUDA driver a GPU image's restore uses, started (`cuInit`); `None` for a CPU image.
+/// A GPU image without a driver is refused.
+fn started_driver<'a>(opts: &RestoreOptions<'a>) -> Result<Option<&'a CudaDriver>> {
+    match (opts.gpu, opts.cuda) {
+        (true, None) => {
+            Err(GpuDumpError::Incompatible { reason: "it is a GPU image but no CUDA driver was loaded".to_string() })
+        }
+        (true, Some(cuda)) => {
+            cuda.init()?;
+            Ok(Some(cuda))
+        }
+        (false, _) => Ok(None),
+    }
 }
 
 /// Restores the process tree in `dir` with its tasks left stopped (`criu restore
@@ -376,20 +392,11 @@ impl Stopped {
 
     /// Lets the tree run (`SIGCONT` to each of its processes), then brings the GPU state of
     /// a GPU image back (`opts` says which processes and onto which GPUs) and unlocks it: the
-    /// processes run CPU code meanwhile, and their CUDA calls wait for the unlock.
+    /// processes run CPU code meanwhile, and their CUDA calls wait for the unlock. A GPU image
+    /// without a driver (or one that does not start) is refused, and the tree killed, before
+    /// anything of it runs.
     pub fn resume(mut self, opts: &RestoreOptions<'_>) -> Result<RestoreReport> {
-        let cuda = match (opts.gpu, opts.cuda) {
-            (true, None) => {
-                return Err(GpuDumpError::Incompatible {
-                    reason: "it is a GPU image but no CUDA driver was loaded".to_string(),
-                })
-            }
-            (true, Some(cuda)) => {
-                cuda.init()?;
-                Some(cuda)
-            }
-            (false, _) => None,
-        };
+        let cuda = started_driver(opts)?;
         self.running = true;
         for &p in &self.processes {
             // SAFETY: kill(2) with a pid of the tree CRIU restored for us and a valid signal.
