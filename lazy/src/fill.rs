@@ -396,13 +396,13 @@ fn fill_segment(
 ) -> Result<()> {
     let image = &sh.images[task.image];
     let s = &image.segments[seg];
-    // From a remote store, raw chunks one after another in a pack are copied in straight from
-    // the range read; anything else (and everything of a local store, read with `pread`, not
-    // mapped) is decoded into `buf` first.
+    // From a store whose ranges arrive as bytes of their own (a remote one), raw chunks one
+    // after another in a pack are copied in straight from the range read; anything else (and
+    // everything of a local store, read with `pread`, not mapped) is decoded into `buf` first.
     let reading = Instant::now();
-    let view = match sh.store.is_remote() {
-        true => image.chunks.raw_view(sh.store, &s.file).transpose()?,
-        false => None,
+    let view = match sh.store.reads_into_buffers() {
+        false => image.chunks.raw_view(sh.store, &s.file).transpose()?,
+        true => None,
     };
     let (src, at): (&[u8], usize) = match &view {
         Some(v) => (v, 0),

@@ -345,6 +345,14 @@ impl Store {
         Ok(checked)
     }
 
+    /// Whether pack ranges are best read into a caller's buffer with `pread` (a local store,
+    /// no range cache) rather than taken as the shared bytes a remote backend or the range
+    /// cache hands out: threads that map and unmap a local pack at once wait on each other,
+    /// and a remote range arrives as bytes of its own anyway.
+    pub fn reads_into_buffers(&self) -> bool {
+        self.cache.is_none() && self.backend.local_root().is_some()
+    }
+
     /// [`Store::read_checked_range`] for many threads reading at once: a local store's range is
     /// read with `pread` into `scratch` (grown to fit) rather than mapped, since threads that
     /// map and unmap at once wait on each other and every unmapping interrupts them all;
@@ -357,7 +365,7 @@ impl Store {
         scratch: &mut Vec<u8>,
         mut check: impl FnMut(&[u8]) -> Result<T>,
     ) -> Result<T> {
-        if self.cache.is_some() || self.backend.local_root().is_none() {
+        if !self.reads_into_buffers() {
             return self.read_checked_range(pack, range, |bytes| check(bytes));
         }
         let len = (range.end - range.start) as usize;
