@@ -240,16 +240,18 @@ fn retrying_pid_races<T>(mut restore: impl FnMut() -> Result<T>) -> Result<T> {
 /// a restore's first steps and waited for when the restore needs it.
 struct Checked<'scope> {
     running: RefCell<Option<ScopedJoinHandle<'scope, MachineCheck>>>,
-    cuda: OnceCell<Option<CudaDriver>>,
-    pairs: RefCell<Option<gstore_gpu_dump::Result<Vec<GpuPair>>>>,
+    verdict: OnceCell<Verdict>,
 }
+
+/// The driver a machine check loaded, and where the GPUs go or why the machine refuses.
+type Verdict = (Option<CudaDriver>, std::result::Result<Vec<GpuPair>, String>);
 
 /// The CUDA driver a machine check loaded (a GPU image's), and its verdict.
 type MachineCheck = (Option<gstore_gpu_dump::Result<CudaDriver>>, gstore_gpu_dump::Result<Vec<GpuPair>>);
 
 impl<'scope> Checked<'scope> {
     fn new(running: ScopedJoinHandle<'scope, MachineCheck>) -> Self {
-        Checked { running: RefCell::new(Some(running)), cuda: OnceCell::new(), pairs: RefCell::new(None) }
+        Checked { running: RefCell::new(Some(running)), verdict: OnceCell::new() }
     }
 
     /// Whether the check has finished.
@@ -260,20 +262,19 @@ impl<'scope> Checked<'scope> {
     /// `base` completed by the check once it passed: the driver it loaded and where the GPUs
     /// go; or why this machine cannot run the image.
     fn options<'a>(&'a self, base: &RestoreOptions<'a>) -> gstore_gpu_dump::Result<RestoreOptions<'a>> {
-        if let Some(running) = self.running.borrow_mut().take() {
+        let (cuda, pairs) = self.verdict.get_or_init(|| {
+            let running = self.running.borrow_mut().take().expect("the check is joined once, here");
             let (cuda, pairs) = running.join().expect("the machine check does not panic");
-            let _ = self.cuda.set(cuda.and_then(|c| c.ok()));
-            *self.pairs.borrow_mut() = Some(pairs);
-        }
-        let pairs = match self.pairs.borrow_mut().take() {
-            Some(Ok(pairs)) => pairs,
-            Some(Err(e)) => return Err(e),
-            None => return Err(GpuDumpError::Incompatible { reason: "the machine check refused it".into() }),
-        };
-        *self.pairs.borrow_mut() = Some(Ok(pairs.clone()));
+            // check_compatible refuses with Incompatible only: its reason is kept.
+            let reason = |e| match e {
+                GpuDumpError::Incompatible { reason } => reason,
+                e => e.to_string(),
+            };
+            (cuda.and_then(|c| c.ok()), pairs.map_err(reason))
+        });
         let mut ropts = base.clone();
-        ropts.cuda = self.cuda.get().and_then(|c| c.as_ref());
-        ropts.gpu_pairs = pairs;
+        ropts.cuda = cuda.as_ref();
+        ropts.gpu_pairs = pairs.clone().map_err(|reason| GpuDumpError::Incompatible { reason })?;
         Ok(ropts)
     }
 }

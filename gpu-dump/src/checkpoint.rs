@@ -354,8 +354,7 @@ fn started_driver<'a>(opts: &RestoreOptions<'a>) -> Result<Option<&'a CudaDriver
 /// the tree runs (a check of the machine) can go on while CRIU restores it. Waits for the
 /// image's pids to be free first. [`Stopped::resume`] lets it run; dropping it kills it.
 pub fn restore_stopped(dir: &Path, opts: &RestoreOptions<'_>) -> Result<Stopped> {
-    let mut pids = criu::image_pids(dir)?;
-    let processes = criu::image_processes(dir)?;
+    let criu::ImageTree { ids: mut pids, processes } = criu::image_tree(dir)?;
     pids.extend(opts.original_pid);
     let start = Instant::now();
     let deadline = start + opts.pid_wait;

@@ -305,25 +305,26 @@ pub fn wait_pid_free(pid: u32, timeout: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Every pid and thread id recorded in the image's process tree (`pstree.img`), sorted. A
-/// restore needs all of them free, not just the root's.
-pub fn image_pids(dir: &Path) -> Result<Vec<u32>> {
-    let mut pids: Vec<u32> = pstree(dir)?.into_iter().flat_map(|p| std::iter::once(p.pid).chain(p.threads)).collect();
-    pids.sort_unstable();
-    pids.dedup();
-    Ok(pids)
+/// The ids recorded in an image's process tree (`pstree.img`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageTree {
+    /// Every pid and thread id, sorted, each once: a restore needs all of them free, not just
+    /// the root's.
+    pub ids: Vec<u32>,
+    /// The processes' pids (not their other threads), in the tree's order.
+    pub processes: Vec<u32>,
 }
 
-/// The pids of the processes (not their other threads) of the tree in image `dir`.
-pub fn image_processes(dir: &Path) -> Result<Vec<u32>> {
-    Ok(pstree(dir)?.into_iter().map(|p| p.pid).collect())
-}
-
-/// The process tree recorded in image `dir` (`pstree.img`).
-fn pstree(dir: &Path) -> Result<Vec<images::PstreeEntry>> {
+/// The process tree recorded in image `dir`, read once.
+pub fn image_tree(dir: &Path) -> Result<ImageTree> {
     let path = dir.join("pstree.img");
     let bytes = std::fs::read(&path).map_err(|e| GpuDumpError::io(format!("read {}", path.display()), e))?;
-    images::parse_pstree(&bytes).map_err(|detail| GpuDumpError::Image { path, detail })
+    let tree = images::parse_pstree(&bytes).map_err(|detail| GpuDumpError::Image { path, detail })?;
+    let processes = tree.iter().map(|p| p.pid).collect();
+    let mut ids: Vec<u32> = tree.into_iter().flat_map(|p| std::iter::once(p.pid).chain(p.threads)).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ImageTree { ids, processes })
 }
 
 #[cfg(test)]
@@ -407,7 +408,7 @@ mod tests {
     }
 
     #[test]
-    fn image_pids_lists_every_pid_and_thread_once() {
+    fn image_tree_lists_every_pid_and_thread_once_and_the_processes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut img = Vec::new();
         img.extend(images::IMG_COMMON_MAGIC.to_le_bytes());
@@ -420,8 +421,10 @@ mod tests {
             img.extend(rec);
         }
         std::fs::write(dir.path().join("pstree.img"), &img).expect("write");
-        assert_eq!(image_pids(dir.path()).expect("parse"), vec![200, 300, 301]);
-        let err = image_pids(Path::new("/nonexistent")).expect_err("no image");
+        let tree = image_tree(dir.path()).expect("parse");
+        assert_eq!(tree.ids, vec![200, 300, 301]);
+        assert_eq!(tree.processes, vec![300, 200]);
+        let err = image_tree(Path::new("/nonexistent")).expect_err("no image");
         assert!(err.to_string().contains("/nonexistent/pstree.img"), "{err}");
     }
 
