@@ -27,6 +27,9 @@ pub struct RunReport {
     pub mode: Mode,
     /// Why the eager path was taken although it was not asked for.
     pub eager_reason: Option<String>,
+    /// Seconds before the image was written: resolving it, reading its manifest and checking
+    /// the model images its left-out weights come from.
+    pub setup_s: f64,
     /// Seconds to write the image (lazy: only what CRIU reads itself) out of the store.
     pub materialize_s: f64,
     /// The CRIU and GPU phases.
@@ -101,6 +104,7 @@ pub fn run(
         // start costs a GPU machine ~0.2 s, so a CPU image does not start it. Nothing runs
         // before the check passes (a tree restored meanwhile is killed when it fails).
         let t = Instant::now();
+        let setup_s = t.duration_since(started).as_secs_f64();
         std::thread::scope(|s| {
             let machine = s.spawn(|| {
                 let cuda = gpu_image.then(CudaDriver::load);
@@ -161,6 +165,7 @@ pub fn run(
                     pid: restore.pid,
                     mode: Mode::Lazy,
                     eager_reason: None,
+                    setup_s,
                     materialize_s,
                     restore,
                     fill: Some(fill),
@@ -191,6 +196,7 @@ pub fn run(
                 pid: restore.pid,
                 mode: Mode::Eager,
                 eager_reason,
+                setup_s,
                 materialize_s,
                 restore,
                 fill: None,

@@ -72,7 +72,7 @@ pub(crate) fn restore_run(
     let r = capture::run(&store, image, criu_choice(criu), to, opts, bars)?;
     out.emit(&r, || {
             let t = &r.restore.timings;
-            let mut text = format!("restored {image} as pid {} ({} memory)\nphases: write image {:.2} s, wait for pid {:.2} s, criu restore {:.2} s", r.pid, r.mode, r.materialize_s, t.pid_wait_s, t.criu_restore_s);
+            let mut text = format!("restored {image} as pid {} ({} memory)\nphases: setup {:.2} s, write image {:.2} s, wait for pid {:.2} s, criu restore {:.2} s", r.pid, r.mode, r.setup_s, r.materialize_s, t.pid_wait_s, t.criu_restore_s);
             if let (Some(a), Some(b)) = (t.gpu_restore_s, t.gpu_unlock_s) {
                 text.push_str(&format!(", GPU restore {a:.2} s, unlock {b:.2} s"));
             }

@@ -22,7 +22,10 @@
 #           serve.py of that size whose weights come from a model image in the store
 #           (SERVE_SAVE_AS stores it first) and are registered with gstore.serving: gstore's
 #           checkpoints leave them out and its restores refill them from the store; the raw
-#           path takes the whole process as always.
+#           path takes the whole process as always. Where instanttensor imports, the raw
+#           tools' cooperative path is measured too (raw_coop: the process frees its weights,
+#           driver API + CRIU by hand, then reloads them from a safetensors folder of the same
+#           weights with InstantTensor), and gstore's lazy answers are given against it.
 #   cputree tree with HOLDER_CPU_PARENT=1: the parent maps libcuda but holds no CUDA context
 #           (as torchrun's parent does); only its worker is a GPU process, and the checkpoint
 #           must say so (gpu_pids = the worker).
@@ -35,6 +38,7 @@
 # under its pid. For medium a second replica with the same seed is checkpointed and must add
 # <= 10 % of its image size to the store.
 # Prints a table of raw vs gstore times and exits non-zero if a check fails.
+# With E2E_GSTORE_ONLY=1 the coop cases measure gstore's paths only (no raw path).
 # With E2E_ENCRYPT=1 the store is encrypted (`init --encrypt`, a key file). E2E_INIT_ARGS are
 # passed to `gstore init` (e.g. "--min-saving 20", to see what decoding costs the lazy fill).
 # Usage: tests/gpu/e2e.sh [GSTORE_BIN] [CRIU_BUNDLE_DIR] [HOLDER_GIB]
@@ -151,11 +155,39 @@ raw() {
   t5=$(now); wait_answer "$dir"
   t6=$(now)
   RAW_CKPT="$(dt "$t0" "$t1") + $(dt "$t1" "$t2")"; RAW_CKPT_S=$(dt "$t0" "$t2")
-  RAW_REST="criu $(dt "$t3" "$t4") + GPU $(dt "$t4" "$t5") [driver: $gpu]"; RAW_REST_S=$(dt "$t3" "$t5")
+  RAW_REST="criu $(dt "$t3" "$t4") + GPU $(dt "$t4" "$t5") [driver: $gpu]; $(answer_times "$dir" "$t3")"; RAW_REST_S=$(dt "$t3" "$t5")
   RAW_ANS_S=$(dt "$t3" "$t6")
   RAW_IMG=$(du -sb "$img" | cut -f1)
   rm -rf "$img"
 }
+
+# raw_coop NAME DIR: the raw tools' cooperative path (serve.py with SERVE_RAW_DIR): the process
+# frees its weights (SIGUSR1), driver API + criu dump by hand; criu restore, driver restore,
+# and the process reloads its weights with InstantTensor from the model folder (page cache
+# warm) before it answers. Sets RAWCOOP_CKPT_S, RAWCOOP_ANS_S, RAWCOOP_IMG, RAWCOOP_REST.
+raw_coop() {
+  local name=$1 dir=$2 img="$W/rawcoop-$1" t0 t1 t2 t3 t4 t5 t6 gpu i
+  mkdir -p "$img"; rm -f "$dir/released" "$dir/reloaded"
+  t0=$(now); kill -USR1 "$PID"
+  for i in $(seq 30000); do [ -e "$dir/released" ] && break; sleep 0.001; done
+  [ -e "$dir/released" ] || return 1
+  python3 "$HERE/raw_cr.py" suspend $GTREE >/dev/null || return 1
+  t1=$(now); "$W/criu" dump -t "$PID" -D "$img" -o dump.log || { tail -5 "$img/dump.log"; return 1; }
+  t2=$(now); wait "$PID" 2>/dev/null; wait_tree_gone
+  ask "$dir"; : >"$dir/reload"
+  t3=$(now); "$W/criu" restore -D "$img" --restore-detached -o restore.log || { tail -5 "$img/restore.log"; return 1; }
+  t4=$(now); gpu=$(python3 "$HERE/raw_cr.py" resume $GTREE) || return 1
+  t5=$(now); wait_answer "$dir"
+  t6=$(now)
+  RAWCOOP_CKPT_S=$(dt "$t0" "$t2"); RAWCOOP_ANS_S=$(dt "$t3" "$t6")
+  RAWCOOP_REST="criu $(dt "$t3" "$t4") + GPU $(dt "$t4" "$t5") [driver: $gpu], reload $(awk '{printf "%.2f", $2 - $1}' "$dir/reloaded") s, $(answer_times "$dir" "$t3")"
+  RAWCOOP_IMG=$(du -sb "$img" | cut -f1)
+  rm -rf "$img"
+}
+
+# answer_times DIR T0: when the process began answering, seconds after T0, how long it took, and
+# when the generation steps before it ended.
+answer_times() { awk -v t0="$2" '{printf "answer began +%.2f s, took %.2f s (steps before it ended", $1 - t0, $2 - $1; for (i = 3; i <= NF; i++) printf " +%.3f", $i - t0; printf ")"}' "$1/answer.times" 2>/dev/null; }
 
 # grestore NAME DIR TAG MODE: `gstore restore TAG --run` (MODE lazy; relazy: again, with the
 # profile the first one stored) or with --no-lazy (MODE eager), a request made before it
@@ -188,11 +220,14 @@ grestore() {
   eval "ANS_$mode=$(dt "$t0" "$t1")"
   eval "CMD_$mode=$(dt "$t0" "$tc")"
   say "  (gstore $mode json: $(tr -d '\n ' <"$json"))"
+  say "  gstore $mode: $(answer_times "$dir" "$t0")"
   check "$name: $mode restore reports mode $want" "[ \"\$(js $json \"d['mode']\")\" = $want ]"
   [ "$mode" = relazy ] && check "$name: the second lazy restore followed the stored profile" "[ \"\$(js $json \"d['profile']\")\" = 'followed the stored profile' ]"
   check "$name: restored under its pid ($mode)" "[ \"\$(js $json \"d['pid']\")\" = $PID ]"
   check "$name: verified answer after the $mode restore" "answer_ok $dir"
   check "$name: computes on after the $mode restore" "progressing $dir"
+  # A second request once the restore is long over: what an answer takes on the restored process.
+  ask "$dir"; wait_answer "$dir" && say "  gstore $mode: a second request, $(answer_times "$dir" "$(cut -d' ' -f1 "$dir/answer.times")")"
   rm -rf "$img"
 }
 
@@ -243,7 +278,7 @@ table_row() {  # NAME
   for mode in lazy relazy; do
     lazy="$W/$n-$mode.json"
     [ -s "$lazy" ] || continue
-    phases=$(js "$lazy" "'write %.2f + criu %.2f + gpu %.2f + unlock %.2f, the fill alongside, complete %.2f s after criu; total %.2f; %d faults, %.2f GB lazy; profile: %s' % (d['materialize_s'], d['restore']['timings']['criu_restore_s'], d['restore']['timings']['gpu_restore_s'] or 0, d['restore']['timings']['gpu_unlock_s'] or 0, d['fill']['fill_s'], d['total_s'], d['fill']['faults'], d['fill']['lazy_bytes'] / 1e9, d['profile'])")
+    phases=$(js "$lazy" "'setup %.2f + write %.2f + criu %.2f + gpu %.2f + unlock %.2f, the fill alongside, complete %.2f s after criu; total %.2f; %d faults, %.2f GB lazy; profile: %s' % (d['setup_s'], d['materialize_s'], d['restore']['timings']['criu_restore_s'], d['restore']['timings']['gpu_restore_s'] or 0, d['restore']['timings']['gpu_unlock_s'] or 0, d['fill']['fill_s'], d['total_s'], d['fill']['faults'], d['fill']['lazy_bytes'] / 1e9, d['profile'])")
     local ans cmd; eval "ans=\${ANS_$mode:-0}; cmd=\${CMD_$mode:-?}"
     say "  gstore $mode$( [ $mode = lazy ] && echo '  ' )     answer $ans s  ratio $(ratio "$ans" "${RAW_ANS_S:-0}") x raw (command $cmd s; $phases)"
   done
@@ -339,14 +374,28 @@ for c in $CASES; do
   if [ "${c#coop-}" != "$c" ]; then
     size=${c#coop-}
     t0=$(now)
-    SERVE_SAVE_AS="model:$size" python3 "$HERE/serve.py" "$W/$n-save" 7 "$size" >"$W/$n-save.log" 2>&1 || { say "FAIL  $n: storing the model image"; tail -20 "$W/$n-save.log" | tee -a "$OUTFILE"; fails=$((fails+1)); continue; }
-    say "$n: model image model:$size stored in $(dt "$t0" "$(now)") s"
-    t0=$(now); SERVE_WEIGHTS_FROM="model:$size" start "$n" "$HERE/serve.py" "$W/$n" 7 "$size"
+    # The model folder of the raw cooperative path, beside the model image (InstantTensor).
+    rawdir=
+    [ -z "${E2E_GSTORE_ONLY:-}" ] && python3 -c 'import instanttensor' 2>/dev/null && rawdir="$W/$n-folder"
+    SERVE_RAW_DIR=$rawdir SERVE_SAVE_AS="model:$size" python3 "$HERE/serve.py" "$W/$n-save" 7 "$size" >"$W/$n-save.log" 2>&1 || { say "FAIL  $n: storing the model image"; tail -20 "$W/$n-save.log" | tee -a "$OUTFILE"; fails=$((fails+1)); continue; }
+    say "$n: model image model:$size stored in $(dt "$t0" "$(now)") s${rawdir:+ (and a safetensors folder for the raw cooperative path)}"
+    t0=$(now); SERVE_RAW_DIR=$rawdir SERVE_WEIGHTS_FROM="model:$size" start "$n" "$HERE/serve.py" "$W/$n" 7 "$size"
     say "$n: $(cat "$W/$n/ready") parameters, started in $(dt "$t0" "$(now)") s ($(grep -h 'weights loaded' "$W/$n.log"))"
     ask "$W/$n"; wait_answer "$W/$n"
     check "$n: answers deterministically before any checkpoint" "answer_ok $W/$n"
-    raw "$n" "$W/$n" || { say "FAIL  raw path on $n"; fails=$((fails+1)); }
-    check "$n: verified answer after the raw restore" "answer_ok $W/$n"
+    say "$n: before any checkpoint, $(answer_times "$W/$n" "$(cut -d' ' -f1 "$W/$n/answer.times")")"
+    if [ -n "$rawdir" ]; then
+      raw_coop "$n" "$W/$n" || { say "FAIL  raw cooperative path on $n"; fails=$((fails+1)); }
+      check "$n: verified answer after the raw cooperative path" "answer_ok $W/$n"
+      say "$n: raw cooperative path (free the weights, driver API + criu by hand, InstantTensor reload): checkpoint ${RAWCOOP_CKPT_S:-?} s, image $(awk -v b="${RAWCOOP_IMG:-0}" 'BEGIN{printf "%.2f GB", b/1e9}'); restore: answer ${RAWCOOP_ANS_S:-?} s (${RAWCOOP_REST:-?})"
+      rm -rf "$rawdir"
+    else
+      say "$n: no instanttensor here: the raw cooperative path is not measured"
+    fi
+    if [ -z "${E2E_GSTORE_ONLY:-}" ]; then
+      raw "$n" "$W/$n" || { say "FAIL  raw path on $n"; fails=$((fails+1)); }
+      check "$n: verified answer after the raw restore" "answer_ok $W/$n"
+    fi
     gstore_paths "$n" "$W/$n" || { say "FAIL  gstore path on $n"; fails=$((fails+1)); }
     table_row "$n"
     for k in live full; do
@@ -355,6 +404,10 @@ for c in $CASES; do
     for k in lazy relazy eager; do
       [ -s "$W/$n-$k.json" ] && say "  gstore $k restore: weights refilled $(js "$W/$n-$k.json" "d.get('weights_refill_s')") s after the GPU state"
     done
+    [ -n "${RAWCOOP_ANS_S:-}" ] && for k in lazy relazy; do
+      eval "a=\${ANS_$k:-}"; [ -n "$a" ] && say "  gstore $k answer $a s  ratio $(ratio "$a" "$RAWCOOP_ANS_S") x the raw cooperative path ($RAWCOOP_ANS_S s)"
+    done
+    unset RAWCOOP_ANS_S
     check "$n: the checkpoint left the weights out" "[ \"\$(js $W/$n-full.json \"(d.get('weights') or {}).get('processes')\")\" = 1 ]"
     kill -9 "$PID" 2>/dev/null; wait_gone "$PID"
     continue

@@ -21,7 +21,17 @@ dump and restore.
 With SERVE_SAVE_AS=TAG it stores its weights in the store ($GSTORE_STORE) as image TAG and
 exits: a model image. With SERVE_WEIGHTS_FROM=TAG it builds the model empty, loads its weights
 from image TAG of that store (Store.load_into) and registers them (gstore.serving.weights_from):
-a checkpoint leaves them out and a restore refills them from the store."""
+a checkpoint leaves them out and a restore refills them from the store.
+
+With SERVE_RAW_DIR=DIR the saving run also writes the weights there as ~1 GiB safetensors
+shards (as a model folder holds them), and a serving run takes part in the raw tools'
+cooperative path: on SIGUSR1 it frees its weights' GPU memory (storages resized to nothing, the
+allocator's cache emptied), writes OUTDIR/released and waits (by stat alone) for OUTDIR/reload;
+then it reloads them from DIR with InstantTensor (buffered) into the same parameters and goes on.
+
+Each answer's wall-clock start and end (seconds since the epoch), then when the last three
+generation steps before it ended, go to OUTDIR/answer.times."""
+import collections
 import os
 import struct
 import sys
@@ -124,10 +134,22 @@ elif size == "qwen8b":
 else:
     sys.exit(f"unknown size {size!r}: medium, large or qwen8b")
 model.eval()
+raw_dir = os.environ.get("SERVE_RAW_DIR")
 if os.environ.get("SERVE_SAVE_AS"):
     import gstore
 
     gstore.Store(os.environ["GSTORE_STORE"]).save(model.state_dict(), os.environ["SERVE_SAVE_AS"], progress=False)
+    if raw_dir:
+        import safetensors.torch
+
+        os.makedirs(raw_dir, exist_ok=True)
+        shard, size, k = {}, 0, 0
+        items = list(model.state_dict().items())
+        for i, (name, t) in enumerate(items):
+            shard[name], size = t.contiguous(), size + t.nbytes
+            if size >= 1 << 30 or i == len(items) - 1:
+                safetensors.torch.save_file(shard, os.path.join(raw_dir, f"model-{k:05d}.safetensors"))
+                shard, size, k = {}, 0, k + 1
     sys.exit(0)
 if weights_from:
     import gstore
@@ -164,7 +186,45 @@ def answer():
 def serve_request():
     if os.path.exists(asked):
         os.remove(asked)
-        put("answer", answer())
+        began = time.time()
+        text = answer()
+        put("answer.times", " ".join(f"{t:.6f}" for t in (began, time.time(), *steps)))
+        put("answer", text)
+
+
+def raw_release(signum, frame):
+    """The raw tools' cooperative path: free the weights, wait for OUTDIR/reload, reload them
+    from SERVE_RAW_DIR with InstantTensor (see the module's doc)."""
+    from instanttensor import BackendPolicy, safe_open
+
+    torch.cuda.synchronize()
+    state = model.state_dict()
+    storages = {}
+    for t in state.values():
+        storages.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage(), t.untyped_storage().nbytes()))
+    for storage, _ in storages.values():
+        storage.resize_(0)
+    torch.cuda.empty_cache()
+    put("released", "1")
+    reload = os.path.join(out, "reload")
+    while not os.path.exists(reload):
+        time.sleep(0.001)
+    os.remove(reload)
+    began = time.time()
+    for storage, nbytes in storages.values():
+        storage.resize_(nbytes)
+    files = sorted(os.path.join(raw_dir, f) for f in os.listdir(raw_dir) if f.endswith(".safetensors"))
+    with safe_open(files, framework="pt", device=torch.cuda.current_device(), backend=BackendPolicy.BUFFERED) as f:
+        for name, t in f.tensors():
+            state[name].copy_(t)
+    torch.cuda.synchronize()
+    put("reloaded", f"{began:.6f} {time.time():.6f}")
+
+
+if raw_dir:
+    import signal
+
+    signal.signal(signal.SIGUSR1, raw_release)
 
 
 with torch.no_grad():
@@ -173,12 +233,14 @@ with torch.no_grad():
     put("ready", str(params))
     gen = torch.Generator(device="cuda").manual_seed(seed)
     tokens = 0
+    steps = collections.deque(maxlen=3)  # when the last generation steps ended
     while True:
         idx = torch.randint(0, V, (1, 16), device="cuda", generator=gen)
         for _ in range(16):
             nxt = model(idx)[:, -1].argmax(-1, keepdim=True)
             idx = torch.cat([idx, nxt], 1)
             torch.cuda.synchronize()
+            steps.append(time.time())
             serve_request()
         tokens += 16
         put("counter", str(tokens))
