@@ -79,7 +79,7 @@ pub fn checkpoint(
     // from the store while the process is dumped.
     let prefetch = leave_running && regs.iter().any(|r| r.gpu().is_some());
     let models = regs.iter().filter(|r| r.gpu().is_some()).map(|r| (r, cooperate::model_manifest(store, r)));
-    let (r, refilled) = cooperate::while_prefetching(store, models, gstore_restore::Budget::DEFAULT, prefetch, || {
+    let (r, refilled) = cooperate::while_prefetching(store, models, gstore_restore::Budget::DEFAULT, prefetch, |_| {
         let r = match staging_at {
             Some(dir) => Staged::new(Some(dir), "checkpoint")
                 .and_then(|staging| staged(store, pid, tag, opts, staging, started, progress)),

@@ -266,14 +266,18 @@ pub fn model_manifest(store: &IndexedStore, r: &Registration) -> Result<Manifest
 /// `prefetched.json`: `{"device": N, "files": [{"path": P, "len": BYTES, "handle": HEX}]}`
 /// (one 128-hex-digit `cuIpcMemHandle` per file, as the image orders them), or `{"error":
 /// WHY}`, on which the process loads from the store itself. The memory is held until
-/// `released` says the processes are done with it (the sender dropped).
+/// `released` says the processes are done with it (the sender dropped). `offered` is set once
+/// every model image is published, if there was one and none failed.
 fn prefetch_all<'a>(
     store: &IndexedStore,
     models: impl IntoIterator<Item = (&'a Registration, Result<Manifest>)>,
     budget: Budget,
     released: Receiver<()>,
+    offered: &Offered,
 ) {
     let mut held = Vec::new();
+    let mut failed = false;
+    let mut offers = 0;
     for (r, manifest) in models {
         let Some(device) = r.gpu() else { continue };
         let loaded = manifest.and_then(|m| prefetch(store, &m, device, budget));
@@ -285,27 +289,46 @@ fn prefetch_all<'a>(
         // A process that finds nothing published waits for its controller to end, then loads
         // from the store itself: nothing is lost if this fails.
         let _ = r.put(PREFETCHED, &text);
+        failed |= loaded.is_err();
+        offers += 1;
         held.extend(loaded.ok());
+    }
+    if offers > 0 && !failed {
+        let _ = offered.0.set(Instant::now());
     }
     let _ = released.recv();
 }
 
+/// When a prefetch had every model image it loads in GPU memory and offered to the processes
+/// ([`while_prefetching`]); unset while it loads, and for good when one failed (those processes
+/// then load from the store themselves) or nothing was prefetched.
+#[derive(Default)]
+pub struct Offered(std::sync::OnceLock<Instant>);
+
+impl Offered {
+    /// When every model image was offered, if it was.
+    pub fn at(&self) -> Option<Instant> {
+        self.0.get().copied()
+    }
+}
+
 /// Runs `body` with [`prefetch_all`] loading `models` beside it when `enabled`; the memory it
 /// loaded is let go once `body` returns (by then the processes have copied from it, or will
-/// load from the store).
+/// load from the store). `body` is given when the prefetch offered the weights ([`Offered`]).
 pub fn while_prefetching<'a, T>(
     store: &IndexedStore,
     models: impl IntoIterator<Item = (&'a Registration, Result<Manifest>)> + Send,
     budget: Budget,
     enabled: bool,
-    body: impl FnOnce() -> T,
+    body: impl FnOnce(&Offered) -> T,
 ) -> T {
+    let offered = Offered::default();
     std::thread::scope(|s| {
         let (release, released) = std::sync::mpsc::channel::<()>();
         if enabled {
-            s.spawn(move || prefetch_all(store, models, budget, released));
+            s.spawn(|| prefetch_all(store, models, budget, released, &offered));
         }
-        let out = body();
+        let out = body(&offered);
         drop(release);
         out
     })
@@ -374,6 +397,23 @@ mod tests {
             device: Some("cuda:1".into()),
             cmdline: None,
         }
+    }
+
+    #[test]
+    fn a_prefetch_of_weights_in_host_memory_offers_nothing() {
+        use gstore_store::{Store, StoreConfig, StoreLocation};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let loc = StoreLocation::Local(dir.path().join("store"));
+        Store::init(&loc, &StoreConfig::default()).expect("init");
+        let store = Store::open_indexed(&loc, &|_| {}).expect("open");
+        let host = Registration { device: Some("cpu".into()), ..reg(1) };
+        let offered = Offered::default();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        drop(release);
+        // Its manifest is never looked at: weights in host memory are not prefetched.
+        let unread: Result<Manifest> = Err(gstore_store::StoreError::Internal("not read".into()).into());
+        prefetch_all(&store, [(&host, unread)], Budget::DEFAULT, released, &offered);
+        assert!(offered.at().is_none(), "nothing was prefetched, so nothing is offered");
     }
 
     #[test]

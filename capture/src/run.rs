@@ -41,6 +41,10 @@ pub struct RunReport {
     /// Seconds from the GPU state's return until every process whose weights the image left
     /// out had refilled them from the store (`None`: it left none out).
     pub weights_refill_s: Option<f64>,
+    /// Seconds from the command's start until those weights were in this process's GPU
+    /// memory, offered to the restored processes (`None`: nothing was prefetched, or a
+    /// prefetch failed and its process loaded from the store itself).
+    pub weights_prefetch_s: Option<f64>,
     /// Seconds in all.
     pub total_s: f64,
 }
@@ -89,7 +93,7 @@ pub fn run(
     let budget = opts.memory_budget;
     cooperate::ask_refill_on_restore(&weights, prefetch)?;
     let models = weights.iter().zip(models.into_iter().map(Ok));
-    cooperate::while_prefetching(store, models, budget, prefetch, || -> Result<RunReport> {
+    cooperate::while_prefetching(store, models, budget, prefetch, |offered| -> Result<RunReport> {
         let original_pid = m.meta.pid;
         let staged = Staged::new(keep_at, "restore")?;
         let dir = staged.path();
@@ -97,6 +101,7 @@ pub fn run(
             |e: CaptureError| CaptureError::WriteOut { reference: reference.to_string(), source: Box::new(e) };
         let restoring =
             |e: CaptureError| CaptureError::Restore { reference: reference.to_string(), source: Box::new(e) };
+        let prefetch_s = |offered: &cooperate::Offered| offered.at().map(|t| t.duration_since(started).as_secs_f64());
         let mut eager_reason = None;
         let lazy = gstore_lazy::mode::lazy_here(opts.eager).map_err(|why| eager_reason = why).is_ok();
         // The machine is checked (CUDA driver, CRIU) while the image is written out and, for a
@@ -171,6 +176,7 @@ pub fn run(
                     fill: Some(fill),
                     profile: Some(profile),
                     weights_refill_s,
+                    weights_prefetch_s: prefetch_s(offered),
                     total_s: started.elapsed().as_secs_f64(),
                 });
             }
@@ -202,6 +208,7 @@ pub fn run(
                 fill: None,
                 profile: None,
                 weights_refill_s,
+                weights_prefetch_s: prefetch_s(offered),
                 total_s: started.elapsed().as_secs_f64(),
             })
         })

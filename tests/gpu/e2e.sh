@@ -402,7 +402,7 @@ for c in $CASES; do
       [ -s "$W/$n-$k.json" ] && say "  gstore $k: weights $(js "$W/$n-$k.json" "d.get('weights')"), image $(js "$W/$n-$k.json" "round(d['push']['logical_bytes'] / 1e9, 2)") GB"
     done
     for k in lazy relazy eager; do
-      [ -s "$W/$n-$k.json" ] && say "  gstore $k restore: weights refilled $(js "$W/$n-$k.json" "d.get('weights_refill_s')") s after the GPU state"
+      [ -s "$W/$n-$k.json" ] && say "  gstore $k restore: weights refilled $(js "$W/$n-$k.json" "d.get('weights_refill_s')") s after the GPU state (prefetched and offered $(js "$W/$n-$k.json" "d.get('weights_prefetch_s')") s after the command's start)"
     done
     [ -n "${RAWCOOP_ANS_S:-}" ] && for k in lazy relazy; do
       eval "a=\${ANS_$k:-}"; [ -n "$a" ] && say "  gstore $k answer $a s  ratio $(ratio "$a" "$RAWCOOP_ANS_S") x the raw cooperative path ($RAWCOOP_ANS_S s)"
