@@ -72,9 +72,11 @@ pub fn checkpoint(
     opts.lock_timeout_ms = lock_timeout_ms;
     opts.extra_criu_args = criu.extra.clone();
     opts.cuda = cuda.as_ref();
-    let regs = cooperate::find(pid);
+    let found = cooperate::find(pid);
+    let registered = !found.is_empty();
+    // The weights of a process that changed them since it registered stay in the image.
+    let cooperate::Released { regs, changed, seconds: release_s } = cooperate::release(found)?;
     opts.metadata = cooperate::metadata(&regs);
-    let release_s = if regs.is_empty() { 0.0 } else { cooperate::release(&regs)? };
     // A process left running copies its weights back from this process's GPU memory, loaded
     // from the store while the process is dumped.
     let prefetch = leave_running && regs.iter().any(|r| r.gpu().is_some());
@@ -90,13 +92,15 @@ pub fn checkpoint(
         let refilled = (!regs.is_empty()).then(|| cooperate::refill(&regs, prefetch));
         (r, refilled)
     });
-    let Some(refilled) = refilled else { return r };
+    if !registered {
+        return r;
+    }
     let mut report = r?;
-    let refill_s = refilled?;
+    let refill_s = refilled.transpose()?.filter(|_| leave_running);
     let bytes = regs.iter().map(|r| r.bytes).sum();
-    let refill_s = leave_running.then_some(refill_s);
     report.paused_s = report.paused_s.map(|p| p + release_s + refill_s.unwrap_or(0.0));
-    report.weights = Some(WeightsReport { processes: regs.len(), bytes, release_s, refill_s });
+    let changed = changed.into_iter().map(|(pid, why)| ChangedWeights { pid, why }).collect();
+    report.weights = Some(WeightsReport { processes: regs.len(), bytes, release_s, refill_s, changed });
     Ok(report)
 }
 
@@ -112,6 +116,19 @@ pub struct WeightsReport {
     /// Seconds until every process left running had them back (`None`: it was not left
     /// running).
     pub refill_s: Option<f64>,
+    /// Registered processes whose weights had changed since they registered: the image holds
+    /// those weights, as any process's memory, and their registrations ended.
+    pub changed: Vec<ChangedWeights>,
+}
+
+/// A registered process whose weights a checkpoint found changed, and kept in the image.
+#[derive(Serialize)]
+pub struct ChangedWeights {
+    /// The process.
+    pub pid: u32,
+    /// What changed, as the process said (a tensor written in place, replaced, or whose bytes
+    /// differ).
+    pub why: String,
 }
 
 /// Seconds from the lock until the process ran again, for a process left running.

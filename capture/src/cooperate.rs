@@ -115,10 +115,23 @@ impl Registration {
 
     /// Waits until `state` says `done`, the process fails or ends, or `limit` passes.
     fn wait(&self, step: &'static str, done: &str, limit: Duration) -> Result<f64> {
+        self.answer(step, done, limit).and_then(|(state, seconds)| match state {
+            Answer::Done => Ok(seconds),
+            Answer::Changed(why) => Err(CaptureError::Cooperation { pid: self.pid, step, detail: why }),
+        })
+    }
+
+    /// Waits until `state` says `done` or `changed: WHY`, the process fails or ends, or
+    /// `limit` passes; returns which, and the seconds it took.
+    fn answer(&self, step: &'static str, done: &str, limit: Duration) -> Result<(Answer, f64)> {
         let start = Instant::now();
         loop {
             match self.state() {
-                Some(s) if s == done => return Ok(start.elapsed().as_secs_f64()),
+                Some(s) if s == done => return Ok((Answer::Done, start.elapsed().as_secs_f64())),
+                Some(s) if s.starts_with("changed") => {
+                    let why = s.trim_start_matches("changed").trim_start_matches(':').trim().to_string();
+                    return Ok((Answer::Changed(why), start.elapsed().as_secs_f64()));
+                }
                 Some(s) if s.starts_with("failed") => return Err(self.failed(step, &s)),
                 _ => {}
             }
@@ -166,11 +179,35 @@ pub fn find(root: u32) -> Vec<Registration> {
         .collect()
 }
 
-/// Asks every process of `regs` to release its weights and waits for all; returns the
-/// longest wait. A failure asks those that released to refill (nothing is checkpointed
-/// then), and says which process failed and why.
-pub fn release(regs: &[Registration]) -> Result<f64> {
+/// What a process answered.
+enum Answer {
+    /// What was asked is done.
+    Done,
+    /// Its weights changed since it registered (why): it keeps them, and its registration
+    /// ended.
+    Changed(String),
+}
+
+/// What a release came to.
+pub struct Released {
+    /// The processes that freed their weights: the image leaves those out.
+    pub regs: Vec<Registration>,
+    /// The processes whose weights had changed since they registered, with why: they kept
+    /// them, so the image stores them as any process's memory.
+    pub changed: Vec<(u32, String)>,
+    /// Seconds until every process had answered.
+    pub seconds: f64,
+}
+
+/// Asks every process of `regs` to release its weights and waits for all. A process whose
+/// weights changed since it registered keeps them ([`Released::changed`]). A failure asks
+/// those that released to refill (nothing is checkpointed then), and says which process
+/// failed and why.
+pub fn release(regs: Vec<Registration>) -> Result<Released> {
     let start = Instant::now();
+    if regs.is_empty() {
+        return Ok(Released { regs, changed: Vec::new(), seconds: 0.0 });
+    }
     let mut asked = Vec::new();
     let released = regs.iter().try_for_each(|r| {
         // What an earlier prefetch offered is gone with the memory it named.
@@ -184,10 +221,19 @@ pub fn release(regs: &[Registration]) -> Result<f64> {
         }
         Ok(())
     });
-    let released =
-        released.and_then(|()| regs.iter().try_for_each(|r| r.wait("release", "released", RELEASE_WAIT).map(drop)));
-    match released {
-        Ok(()) => Ok(start.elapsed().as_secs_f64()),
+    let answers = released
+        .and_then(|()| regs.iter().map(|r| r.answer("release", "released", RELEASE_WAIT)).collect::<Result<Vec<_>>>());
+    match answers {
+        Ok(answers) => {
+            let mut out = Released { regs: Vec::new(), changed: Vec::new(), seconds: start.elapsed().as_secs_f64() };
+            for (r, (answer, _)) in regs.into_iter().zip(answers) {
+                match answer {
+                    Answer::Done => out.regs.push(r),
+                    Answer::Changed(why) => out.changed.push((r.pid, why)),
+                }
+            }
+            Ok(out)
+        }
         Err(e) => {
             // Those that did release (or do so late) take their weights back.
             for r in asked {
@@ -414,6 +460,30 @@ mod tests {
         let unread: Result<Manifest> = Err(gstore_store::StoreError::Internal("not read".into()).into());
         prefetch_all(&store, [(&host, unread)], Budget::DEFAULT, released, &offered);
         assert!(offered.at().is_none(), "nothing was prefetched, so nothing is offered");
+    }
+
+    #[test]
+    fn a_process_whose_weights_changed_keeps_them_and_is_not_left_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::env::set_var("GSTORE_COOP_DIR", dir.path());
+        let me = std::process::id();
+        // SAFETY: installs a handler that does nothing, in this test's own process.
+        unsafe { libc::signal(libc::SIGUSR2, ignore as *const () as libc::sighandler_t) };
+        let at = dir.path().join(me.to_string());
+        let out = std::thread::scope(|s| {
+            // The process's side: it finds its weights changed when asked to release them.
+            s.spawn(|| {
+                while !at.join("ctl").exists() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                std::fs::write(at.join("state"), "changed: 0.weight was written in place").unwrap();
+            });
+            release(vec![reg(me)]).expect("a change is an answer, not a failure")
+        });
+        assert!(out.regs.is_empty(), "nothing is left out of the image");
+        assert_eq!(out.changed, vec![(me, "0.weight was written in place".to_string())]);
+        assert!(metadata(&out.regs).released_weights.is_none());
+        std::env::remove_var("GSTORE_COOP_DIR");
     }
 
     #[test]

@@ -29,9 +29,13 @@ host memory (CRIU then dumps none of it). The refill opens the store through ind
 ``4096 + LOCAL_RANK`` (see :class:`Store`), so that it never waits for the ``gstore`` command
 that asked for it, which holds the default index.
 
-What the process must not do: change its registered weights in place (a fine-tune step), or
-keep raw pointers to their memory (a captured CUDA graph): after a refill they live at new
-addresses, with the image's bytes.
+Weights changed since they were registered (a fine-tune step, a parameter replaced) are no
+longer the image's: the handler then frees nothing and answers ``changed: WHY``, the checkpoint
+stores them in the process image as for any process, and the registration ends (its file is
+removed). Each tensor's version counter and a checksum of its bytes (taken when it registered)
+tell; a write that neither sees (through ``.data`` of a tensor made in inference mode, or a
+raw pointer) is the process's to avoid. Nor may it keep raw pointers to the weights' memory (a
+captured CUDA graph): after a refill they live at new addresses, with the image's bytes.
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ class Registration:
         self.tag = image
         self.tensors = _weights_of(module, device)
         self._storages = _storages_of(self.tensors)
+        self._sums = _checksums(self.tensors)
+        self._versions = _versions(self.tensors)
         self.bytes = sum(n for _, n in self._storages)
         self.dir = os.path.join(COOP_DIR, str(os.getpid()))
         self.last: Dict[str, float] = {}
@@ -125,6 +131,14 @@ class Registration:
         asked = _version(ctl_path)
         ctl = self._ctl()
         if ctl.get("action") != "release":
+            return
+        changed = self._changed()
+        if changed is not None:
+            # Not the image's bytes any more: the checkpoint stores them, and this process
+            # leaves no weights out from now on.
+            self._end()
+            self._put("state", f"changed: {changed}")
+            print(f"gstore.serving: {changed}; this process's weights are stored in its images from now on", flush=True)
             return
         try:
             self._release()
@@ -190,7 +204,35 @@ class Registration:
             self._apply(_store(self.store).weights(self.image, device=self.device))
             self.last["source"] = "store"
         _synchronize(torch, self.tensors)
+        self._versions = _versions(self.tensors)  # the refill's own writes
         self.last["refill_s"] = time.perf_counter() - start
+
+    def _changed(self) -> Optional[str]:
+        """Why the registered weights may no longer be the image's bytes: a tensor no longer
+        the module's (replaced), or one written in place since it registered or was last
+        refilled; ``None`` when they are unchanged."""
+        now = self.module.state_dict()
+        for name, t in self.tensors.items():
+            cur = now.get(name)
+            if cur is None or cur.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
+                return f"{name} is no longer the registered tensor"
+        for (name, t), before in zip(self.tensors.items(), self._versions):
+            if before is not None and _tensor_version(t) != before:
+                return f"{name} was written in place"
+        for name, before, after in zip(self.tensors, self._sums, _checksums(self.tensors)):
+            if before != after:
+                return f"{name}'s bytes changed"
+        return None
+
+    def _end(self) -> None:
+        """Ends the registration: its file removed, so no controller asks this process again."""
+        with _lock:
+            if self in _registrations:
+                _registrations.remove(self)
+        try:
+            os.remove(os.path.join(self.dir, "weights.json"))
+        except FileNotFoundError:
+            pass
 
     def _apply(self, loaded: Iterator[Tuple[str, Any]]) -> None:
         """Puts the image's ``(name, tensor)`` pairs into the module: through the engine's own
@@ -286,6 +328,43 @@ def _weights_of(module: Any, device: str) -> Dict[str, Any]:
     if not found:
         raise InvalidError("the module holds no tensors: there is nothing to leave out")
     return found
+
+
+def _tensor_version(t: Any) -> Optional[int]:
+    """``t``'s version counter (bumped by every in-place write), or ``None`` for a tensor made
+    in inference mode, which keeps none."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return None
+
+
+def _versions(tensors: Dict[str, Any]) -> List[Optional[int]]:
+    return [_tensor_version(t) for t in tensors.values()]
+
+
+def _checksums(tensors: Dict[str, Any]) -> List[int]:
+    """A checksum of each tensor's bytes: the sum of its 8-byte words (wrapping), or of its
+    bytes where it does not divide into aligned words; computed where the tensor lives, read
+    back once."""
+    torch = _torch()
+    sums = []
+    for t in tensors.values():
+        b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        if b.numel() % 8 == 0 and b.data_ptr() % 8 == 0:
+            sums.append(b.view(torch.int64).sum())
+        else:
+            sums.append(b.sum(dtype=torch.int64))
+    if not sums:
+        return []
+    by_device: Dict[Any, List[int]] = {}
+    for i, s in enumerate(sums):
+        by_device.setdefault(s.device, []).append(i)
+    out = [0] * len(sums)
+    for device, idx in by_device.items():
+        for i, v in zip(idx, torch.stack([sums[i] for i in idx]).tolist()):
+            out[i] = int(v)
+    return out
 
 
 def _storages_of(tensors: Dict[str, Any]) -> List[Tuple[Any, int]]:

@@ -66,6 +66,16 @@ SERVER = textwrap.dedent(
         if os.path.exists(os.path.join(out, "ask")):
             os.remove(os.path.join(out, "ask"))
             put("answer", answer())
+        if os.path.exists(os.path.join(out, "tweak")):
+            # A fine-tune step: the first weight changed in place, or through .data (which
+            # its version counter does not see).
+            with open(os.path.join(out, "tweak")) as f:
+                how = f.read()
+            os.remove(os.path.join(out, "tweak"))
+            p = next(model.parameters())
+            with torch.no_grad():
+                (p.data if how == "through .data" else p).add_(0.5)
+            put("tweaked", answer())
         time.sleep(0.005)
     """
 )
@@ -228,3 +238,34 @@ def test_a_restore_whose_model_image_is_damaged_starts_nothing(served, tmp_path)
     assert r.returncode == 4, (r.returncode, r.stdout, r.stderr)
     assert "weights come from model:v1" in r.stdout + r.stderr
     assert not os.path.exists(f"/proc/{proc.pid}"), "nothing may run"
+
+
+@pytest.mark.parametrize("how", ["in place", "through .data"])
+def test_weights_changed_after_registering_stay_in_the_image(served, how):
+    store, out, proc = served
+    open(os.path.join(out, "register"), "w").close()
+    wait_for(os.path.join(out, "registered"))
+    with open(os.path.join(out, "tweak"), "w") as f:
+        f.write(how)
+    tweaked = wait_for(os.path.join(out, "tweaked"))
+    assert tweaked != open(os.path.join(out, "expect")).read()
+    live = json.loads(cli(store, "checkpoint", "--pid", str(proc.pid), "--tag", "proc:tuned", "--leave-running").stdout)
+    w = live["weights"]
+    assert w["processes"] == 0 and w["bytes"] == 0, w
+    assert [c["pid"] for c in w["changed"]] == [proc.pid], w
+    assert ("written in place" if how == "in place" else "bytes changed") in w["changed"][0]["why"], w
+    assert live["push"]["logical_bytes"] >= LAYERS * WIDTH * WIDTH * 4, "the image holds the weights"
+    assert gstore.Store(store).show("proc:tuned")["meta"].get("released_weights") is None
+    assert ask(out) == tweaked, "it runs on with its own weights"
+    # Its registration ended: the next checkpoint does not ask it.
+    again = json.loads(cli(store, "checkpoint", "--pid", str(proc.pid), "--tag", "proc:again", "--leave-running").stdout)
+    assert again.get("weights") is None, again.get("weights")
+    # Killed and restored from the image: its own weights, not the model image's.
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert gone(proc.pid)
+    open(os.path.join(out, "ask"), "w").close()
+    ran = json.loads(cli(store, "restore", "proc:tuned", "--run").stdout)
+    _restored.add(ran["pid"])
+    assert ran["weights_refill_s"] is None
+    assert wait_for(os.path.join(out, "answer")) == tweaked
