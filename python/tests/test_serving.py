@@ -120,6 +120,18 @@ def gone(pid, timeout=20.0):
     return not os.path.exists(f"/proc/{pid}")
 
 
+def killed_and_restored(store, out, proc, tag):
+    """Kills the serving process, makes a request and runs `gstore restore TAG --run`; returns
+    its report (the restored process answers the request as soon as it runs)."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert gone(proc.pid)
+    open(os.path.join(out, "ask"), "w").close()
+    ran = json.loads(cli(store, "restore", tag, "--run").stdout)
+    _restored.add(ran["pid"])
+    return ran
+
+
 @pytest.fixture(params=["plain"])
 def served(tmp_path, monkeypatch, request):
     """A store holding the model image, and a serving process that loaded it (``fused``: into
@@ -178,12 +190,7 @@ def test_weights_stay_out_of_the_image_and_come_back_from_the_store(served):
     assert meta["released_weights"][0]["image"] == model
 
     # Killed, then restored: it refills from the store before it answers.
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert gone(proc.pid)
-    open(os.path.join(out, "ask"), "w").close()
-    ran = json.loads(cli(store, "restore", "proc:lean", "--run").stdout)
-    _restored.add(ran["pid"])
+    ran = killed_and_restored(store, out, proc, "proc:lean")
     assert ran["weights_refill_s"] is not None
     assert wait_for(os.path.join(out, "answer")) == expect
     # Restored, it is a process started anew, and still registered: its next checkpoint leaves
@@ -212,11 +219,7 @@ def test_an_engine_s_own_loader_refills_fused_weights(served):
     live = json.loads(cli(store, "checkpoint", "--pid", str(proc.pid), "--tag", "proc:fused", "--leave-running").stdout)
     assert live["weights"]["bytes"] == LAYERS * WIDTH * WIDTH * 4, live["weights"]
     assert ask(out) == expect
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    open(os.path.join(out, "ask"), "w").close()
-    ran = json.loads(cli(store, "restore", "proc:fused", "--run").stdout)
-    _restored.add(ran["pid"])
+    killed_and_restored(store, out, proc, "proc:fused")
     assert wait_for(os.path.join(out, "answer")) == expect
 
 
@@ -261,11 +264,6 @@ def test_weights_changed_after_registering_stay_in_the_image(served, how):
     again = json.loads(cli(store, "checkpoint", "--pid", str(proc.pid), "--tag", "proc:again", "--leave-running").stdout)
     assert again.get("weights") is None, again.get("weights")
     # Killed and restored from the image: its own weights, not the model image's.
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert gone(proc.pid)
-    open(os.path.join(out, "ask"), "w").close()
-    ran = json.loads(cli(store, "restore", "proc:tuned", "--run").stdout)
-    _restored.add(ran["pid"])
+    ran = killed_and_restored(store, out, proc, "proc:tuned")
     assert ran["weights_refill_s"] is None
     assert wait_for(os.path.join(out, "answer")) == tweaked
