@@ -99,7 +99,6 @@ pub fn checkpoint(
     let refill_s = refilled.transpose()?.filter(|_| leave_running);
     let bytes = regs.iter().map(|r| r.bytes).sum();
     report.paused_s = report.paused_s.map(|p| p + release_s + refill_s.unwrap_or(0.0));
-    let changed = changed.into_iter().map(|(pid, why)| ChangedWeights { pid, why }).collect();
     report.weights = Some(WeightsReport { processes: regs.len(), bytes, release_s, refill_s, changed });
     Ok(report)
 }
@@ -118,17 +117,7 @@ pub struct WeightsReport {
     pub refill_s: Option<f64>,
     /// Registered processes whose weights had changed since they registered: the image holds
     /// those weights, as any process's memory, and their registrations ended.
-    pub changed: Vec<ChangedWeights>,
-}
-
-/// A registered process whose weights a checkpoint found changed, and kept in the image.
-#[derive(Serialize)]
-pub struct ChangedWeights {
-    /// The process.
-    pub pid: u32,
-    /// What changed, as the process said (a tensor written in place, replaced, or whose bytes
-    /// differ).
-    pub why: String,
+    pub changed: Vec<cooperate::ChangedWeights>,
 }
 
 /// Seconds from the lock until the process ran again, for a process left running.

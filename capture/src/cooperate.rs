@@ -188,13 +188,23 @@ enum Answer {
     Changed(String),
 }
 
+/// A registered process whose weights changed since it registered, found so by a release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChangedWeights {
+    /// The process.
+    pub pid: u32,
+    /// What changed, as the process said (a tensor written in place, replaced, or whose bytes
+    /// differ).
+    pub why: String,
+}
+
 /// What a release came to.
 pub struct Released {
     /// The processes that freed their weights: the image leaves those out.
     pub regs: Vec<Registration>,
-    /// The processes whose weights had changed since they registered, with why: they kept
-    /// them, so the image stores them as any process's memory.
-    pub changed: Vec<(u32, String)>,
+    /// The processes whose weights had changed since they registered: they kept them, so the
+    /// image stores them as any process's memory.
+    pub changed: Vec<ChangedWeights>,
     /// Seconds until every process had answered.
     pub seconds: f64,
 }
@@ -229,7 +239,7 @@ pub fn release(regs: Vec<Registration>) -> Result<Released> {
             for (r, (answer, _)) in regs.into_iter().zip(answers) {
                 match answer {
                     Answer::Done => out.regs.push(r),
-                    Answer::Changed(why) => out.changed.push((r.pid, why)),
+                    Answer::Changed(why) => out.changed.push(ChangedWeights { pid: r.pid, why }),
                 }
             }
             Ok(out)
@@ -481,7 +491,7 @@ mod tests {
             release(vec![reg(me)]).expect("a change is an answer, not a failure")
         });
         assert!(out.regs.is_empty(), "nothing is left out of the image");
-        assert_eq!(out.changed, vec![(me, "0.weight was written in place".to_string())]);
+        assert_eq!(out.changed, vec![ChangedWeights { pid: me, why: "0.weight was written in place".into() }]);
         assert!(metadata(&out.regs).released_weights.is_none());
         std::env::remove_var("GSTORE_COOP_DIR");
     }

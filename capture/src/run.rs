@@ -101,7 +101,7 @@ pub fn run(
             |e: CaptureError| CaptureError::WriteOut { reference: reference.to_string(), source: Box::new(e) };
         let restoring =
             |e: CaptureError| CaptureError::Restore { reference: reference.to_string(), source: Box::new(e) };
-        let prefetch_s = |offered: &cooperate::Offered| offered.at().map(|t| t.duration_since(started).as_secs_f64());
+        let prefetch_s = || offered.at().map(|t| t.duration_since(started).as_secs_f64());
         let mut eager_reason = None;
         let lazy = gstore_lazy::mode::lazy_here(opts.eager).map_err(|why| eager_reason = why).is_ok();
         // The machine is checked (CUDA driver, CRIU) while the image is written out and, for a
@@ -176,7 +176,7 @@ pub fn run(
                     fill: Some(fill),
                     profile: Some(profile),
                     weights_refill_s,
-                    weights_prefetch_s: prefetch_s(offered),
+                    weights_prefetch_s: prefetch_s(),
                     total_s: started.elapsed().as_secs_f64(),
                 });
             }
@@ -208,7 +208,7 @@ pub fn run(
                 fill: None,
                 profile: None,
                 weights_refill_s,
-                weights_prefetch_s: prefetch_s(offered),
+                weights_prefetch_s: prefetch_s(),
                 total_s: started.elapsed().as_secs_f64(),
             })
         })

@@ -361,7 +361,7 @@ def _checksums(tensors: Dict[str, Any]) -> List[int]:
     for i, s in enumerate(sums):
         by_device.setdefault(s.device, []).append(i)
     out = [0] * len(sums)
-    for device, idx in by_device.items():
+    for idx in by_device.values():
         for i, v in zip(idx, torch.stack([sums[i] for i in idx]).tolist()):
             out[i] = int(v)
     return out
