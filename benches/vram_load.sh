@@ -47,7 +47,7 @@ rep = n / 1e9 / out["seconds"]
 p, w = out.get("phases", [0, 0, 0]), out.get("waits") or {}
 print(f"{label}: end to end {t1 - t0:.3f} s {e2e:.1f} GB/s ({e2e / pinned:.2f}x pinned) | reported {out['seconds']:.3f} s "
       f"{rep:.1f} GB/s ({rep / pinned:.2f}x) | CUDA context up at {out.get('context_s', 0):.3f} s | plan {p[0]:.3f} alloc {p[1]:.3f} transfer {p[2]:.3f} s | per worker: "
-      f"reading {w.get('reading_s', 0):.3f} gpu {w.get('gpu_s', 0):.3f} planner {w.get('planner_s', 0):.3f} s"
+      f"reading {w.get('reading_s', 0):.3f} waiting for a buffer's DMA {w.get('copy_s', 0):.3f} planner {w.get('planner_s', 0):.3f} s"
       + (" | checked" if out.get("checked") else ""))
 EOF
 }

@@ -13,8 +13,9 @@ const MAX_READ_FLOOR: u64 = 1 << 20;
 /// Range reads of a load into VRAM that checks its chunks on the GPU. Reading the page cache
 /// into pinned staging and the DMA out of it share the host's memory: on the H200 machine 16
 /// threads moved 49.5 GB/s through 4 MiB buffers, 43-44 through 16 MiB and 15-17 through 1 MiB;
-/// with one kernel launch per read, 3 MiB reads loaded fastest (docs/BENCHMARKS.md, issue #62).
-const DEVICE_READ: u64 = 3 << 20;
+/// with one kernel launch per read, 3 MiB reads loaded fastest until the kernel got shorter;
+/// since, 4 MiB reads load 16 GiB sooner (docs/BENCHMARKS.md, issue #62).
+const DEVICE_READ: u64 = 4 << 20;
 /// Pinned staging of such a load, all slots together: the DMA reads what the workers just
 /// wrote, and loads with more in flight (128-256 MiB) ran slower on the H200 machine than with
 /// 72 MiB (docs/BENCHMARKS.md, issue #62).

@@ -30,8 +30,8 @@ use std::time::Instant;
 /// nVCOMP frames a read may need per chunk: a float-coded chunk has up to four zstd lanes.
 const FRAMES_PER_CHUNK: usize = 4;
 
-/// One staging slot: range and decode areas, the read's metadata, a stream.
-struct Slot {
+/// Pinned host staging of one read: written by a worker, emptied by the read's copies.
+struct HostSlot {
     /// The range as stored, then (at [`meta_at`] of its length) the read's metadata; a read
     /// whose bytes are held elsewhere puts its metadata at the start.
     pinned: PinnedBuffer,
@@ -39,16 +39,42 @@ struct Slot {
     /// cannot decode), pinned the first time a read of this slot has some: a load with none
     /// pins nothing for them.
     host_decoded: Option<PinnedBuffer>,
-    /// The range and its metadata, then decoded chunks, then decoded float lanes, in device
-    /// memory ([`Areas`]).
+    /// Recorded behind the copies out of it (on the stream of the device slot they went to):
+    /// waited on before the slot is written again.
+    copied: Event,
+    in_flight: bool,
+}
+
+/// Device staging of one read: the DMA's target, where it is decoded and checked. Its stream
+/// orders each read it takes behind the last one's kernels, so a worker queues a read on it
+/// without waiting; the read's host slot is free again once its DMA is done. So more reads are
+/// queued on the GPU than are staged in pinned memory, and a worker waits only for a pinned
+/// buffer (docs/BENCHMARKS.md, issue #62).
+struct DeviceSlot {
+    /// The range and its metadata, then decoded chunks, then decoded float lanes ([`Areas`]).
     device: DeviceBuffer,
     /// nVCOMP's scratch memory.
     temp: Option<DeviceBuffer>,
-    /// Its own stream: a slot's DMA is queued before its kernels (shared streams, copies on
+    /// Its own stream: a read's DMA is queued before its kernels (shared streams, copies on
     /// some and kernels on others, measured slower on the H200: docs/BENCHMARKS.md, issue #62).
     stream: Stream,
-    done: Event,
-    in_flight: bool,
+}
+
+/// The staging slots of a load, taken by its workers.
+struct Pools {
+    hosts: Pool<HostSlot>,
+    devices: Pool<DeviceSlot>,
+}
+
+/// Device slots per pinned host slot (see [`DeviceSlot`]).
+const DEVICE_SLOTS_PER_HOST_SLOT: usize = 2;
+
+/// Workers of a load that reads the store into pinned staging, on a machine with `threads`
+/// threads: three quarters of them. Their reads from the page cache and the DMA out of their
+/// staging share the host's memory: on the H200 machine (16 threads) 12 workers loaded 16 GiB
+/// sooner than 16, and waited less for their buffers' DMA (docs/BENCHMARKS.md, issue #62).
+pub(super) fn readers(threads: usize) -> usize {
+    (threads * 3 / 4).max(2)
 }
 
 /// Where a read of `len` bytes puts its metadata, behind its range: the next 256-byte
@@ -118,7 +144,8 @@ pub(super) struct GpuLoad {
     ctx: Context,
     kernel: ChunkLoad,
     nvcomp: std::result::Result<Nvcomp, GpuDumpError>,
-    slots: Vec<Slot>,
+    hosts: Vec<HostSlot>,
+    devices: Vec<DeviceSlot>,
     layout: MetaLayout,
     read_cap: usize,
     temp_bytes: usize,
@@ -133,10 +160,11 @@ struct Queue {
 }
 
 impl GpuLoad {
-    /// Loads the load kernel (and nvCOMP when present) and makes one staging slot per mapping
-    /// of `staging` (each registered, and taken from it; each at least [`staging_len`] of the
-    /// reads it will stage) for range reads of up to `read_cap` bytes, whose chunks are at
-    /// most `chunk_max` bytes. `Ok(Err(e))` when the kernel does not load here (the caller
+    /// Loads the load kernel (and nvCOMP when present) and makes one host staging slot per
+    /// mapping of `staging` (each registered, and taken from it; each at least
+    /// [`staging_len`] of the reads it will stage), and [`DEVICE_SLOTS_PER_HOST_SLOT`] device
+    /// slots for each, for range reads of up to `read_cap` bytes, whose chunks are at most
+    /// `chunk_max` bytes. `Ok(Err(e))` when the kernel does not load here (the caller
     /// then checks on the host, with `staging` untouched).
     pub(super) fn prepare(
         ctx: &Context,
@@ -155,23 +183,38 @@ impl GpuLoad {
             Err(_) => 0,
         };
         let device_bytes = Areas::bytes(read_cap);
-        let slot = |memory| {
-            Ok::<_, StoreError>(Slot {
+        let host = |memory| {
+            Ok::<_, StoreError>(HostSlot {
                 pinned: ctx.register(memory).map_err(StoreError::device)?,
                 host_decoded: None,
-                device: ctx.alloc(device_bytes).map_err(StoreError::device)?,
-                temp: if temp_bytes > 0 { Some(ctx.alloc(temp_bytes).map_err(StoreError::device)?) } else { None },
-                stream: ctx.stream().map_err(StoreError::device)?,
-                done: ctx.event().map_err(StoreError::device)?,
+                copied: ctx.event().map_err(StoreError::device)?,
                 in_flight: false,
             })
         };
-        // Slots are made on several threads at once (device staging, streams).
-        let all = std::thread::scope(|s| {
-            let made: Vec<_> = std::mem::take(staging).into_iter().map(|m| s.spawn(|| slot(m))).collect();
-            made.into_iter().map(|h| h.join().expect("allocating a slot does not panic")).collect::<Result<Vec<_>>>()
-        })?;
-        Ok(Ok(GpuLoad { ctx: ctx.clone(), kernel, nvcomp, slots: all, layout, read_cap, temp_bytes }))
+        let device = || {
+            Ok::<_, StoreError>(DeviceSlot {
+                device: ctx.alloc(device_bytes).map_err(StoreError::device)?,
+                temp: if temp_bytes > 0 { Some(ctx.alloc(temp_bytes).map_err(StoreError::device)?) } else { None },
+                stream: ctx.stream().map_err(StoreError::device)?,
+            })
+        };
+        let device_slots = staging.len() * DEVICE_SLOTS_PER_HOST_SLOT;
+        // Slots are made on several threads at once (pinning, device staging, streams).
+        let (hosts, devices) = std::thread::scope(|s| {
+            let hosts: Vec<_> = std::mem::take(staging).into_iter().map(|m| s.spawn(|| host(m))).collect();
+            let devices: Vec<_> = (0..device_slots).map(|_| s.spawn(device)).collect();
+            (all_made(hosts), all_made(devices))
+        });
+        Ok(Ok(GpuLoad {
+            ctx: ctx.clone(),
+            kernel,
+            nvcomp,
+            hosts: hosts?,
+            devices: devices?,
+            layout,
+            read_cap,
+            temp_bytes,
+        }))
     }
 
     /// What checks and decodes the chunks, for reports.
@@ -209,7 +252,10 @@ impl GpuLoad {
         let Planned { reads, zeros, total } = planned;
         let failed = self.ctx.alloc(4).map_err(StoreError::device)?;
         self.clear(&failed, &zeros, buffers)?;
-        let pool = Pool::new(std::mem::take(&mut self.slots));
+        let pools = Pools {
+            hosts: Pool::new(std::mem::take(&mut self.hosts)),
+            devices: Pool::new(std::mem::take(&mut self.devices)),
+        };
         let loader = Loader {
             store,
             held,
@@ -226,7 +272,7 @@ impl GpuLoad {
         progress.start("loading", total, Unit::Bytes);
         let r = std::thread::scope(|s| {
             let handles: Vec<_> =
-                (0..workers).map(|_| s.spawn(|| loader.work(&queue, &pool, bases, &stop, progress))).collect();
+                (0..workers).map(|_| s.spawn(|| loader.work(&queue, &pools, bases, &stop, progress))).collect();
             handles
                 .into_iter()
                 .map(|h| h.join().expect("load workers do not panic"))
@@ -235,8 +281,10 @@ impl GpuLoad {
         progress.finish();
         // Every queued step finishes before any buffer it touches can be freed.
         let mut drained = Ok(());
-        self.slots = pool.into_inner();
-        for slot in &self.slots {
+        let Pools { hosts, devices } = pools;
+        self.hosts = hosts.into_inner();
+        self.devices = devices.into_inner();
+        for slot in &self.devices {
             drained = drained.and(slot.stream.synchronize().map_err(StoreError::device));
         }
         let waits = TransferWaits::mean(&r.and_then(|w| drained.map(|()| w))?);
@@ -250,9 +298,9 @@ impl GpuLoad {
     }
 
     /// Sets the failure word `failed` to "no failure" and zeroes the zero runs `zeros` of
-    /// `buffers`, on the first slot's stream.
+    /// `buffers`, on the first device slot's stream.
     fn clear(&self, failed: &DeviceBuffer, zeros: &[ZeroRange], buffers: &Buffers) -> Result<()> {
-        let first = &self.slots[0].stream;
+        let first = &self.devices[0].stream;
         // SAFETY: the failure word is this load's; zero runs lie in files' buffers (checked
         // by `address`) where no chunk goes.
         unsafe { first.fill_async(failed.ptr(), 0xff, 4) }.map_err(StoreError::device)?;
@@ -264,6 +312,11 @@ impl GpuLoad {
         }
         Ok(())
     }
+}
+
+/// What threads that each made a slot gave: every slot, or the first error.
+fn all_made<T>(made: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Result<Vec<T>> {
+    made.into_iter().map(|h| h.join().expect("allocating a slot does not panic")).collect()
 }
 
 /// The damage error for the chunk numbered `tag` (the failure word's value), found among the
@@ -382,11 +435,12 @@ fn put_job(meta: &mut [u8], at: usize, job: &[u8]) {
 
 impl Loader<'_> {
     /// One worker: takes planned reads from `queue` until it is empty (or `stop` is set by a
-    /// worker that failed), each into a staging slot of `pool`, and queues its transfer.
+    /// worker that failed), each into a host slot of `pools`, and queues its transfer through
+    /// one of its device slots.
     fn work(
         &self,
         queue: &Mutex<Queue>,
-        pool: &Pool<Slot>,
+        pools: &Pools,
         bases: &dyn BaseReader,
         stop: &AtomicBool,
         progress: &dyn Progress,
@@ -406,12 +460,10 @@ impl Loader<'_> {
             };
             waits.planner_s += asked.elapsed().as_secs_f64();
             let Some((tag, PlannedRead { read, held })) = next else { return Ok(waits) };
-            let mut slot = pool.take();
             // Delta chunks decode on the host: their bases are read first.
             let r = bases
                 .prefetch(&mut read.chunks.iter().filter_map(|c| c.loc.bases))
-                .and_then(|_bases| self.queue(&mut slot, &read, held, tag, &mut decoder, &mut waits));
-            pool.give(slot);
+                .and_then(|_bases| self.queue(pools, &read, held, tag, &mut decoder, &mut waits));
             match r {
                 Ok(n) => progress.advance(n),
                 Err(e) => {
@@ -423,22 +475,58 @@ impl Loader<'_> {
         Ok(waits)
     }
 
-    /// Reads `read` into `slot` (or takes its bytes where they are held) and queues its DMA,
-    /// decode, check and placement; returns the plain bytes it places.
+    /// Reads `read` into a host slot of `pools` (or takes its bytes where they are held),
+    /// builds its jobs for a device slot, and queues its DMA, decode, check and placement;
+    /// returns the plain bytes it places.
     fn queue(
         &self,
-        slot: &mut Slot,
+        pools: &Pools,
         read: &RangeRead,
         held: Option<HeldAt>,
         first_tag: u32,
         decoder: &mut Decoder<'_>,
         waits: &mut TransferWaits,
     ) -> Result<u64> {
-        if slot.in_flight {
+        let mut host = pools.hosts.take();
+        if let Err(e) = self.read_into(&mut host, read, held, waits) {
+            pools.hosts.give(host);
+            return Err(e);
+        }
+        let device = pools.devices.take();
+        let r = self.stage(&mut host, &device, read, held, first_tag, decoder, waits).and_then(|(q, a)| {
+            let launching = Instant::now();
+            let staged = Staged {
+                len: (read.end - read.start) as usize,
+                pinned: &host.pinned,
+                held: held.map(|h| (&self.held[h.buffer], h.offset)),
+                host_decoded: host.host_decoded.as_ref(),
+                temp: device.temp.as_ref(),
+            };
+            let written = q.written;
+            // Whatever the launch queued is waited on before the host slot is written again.
+            host.in_flight = true;
+            self.launch(&device.stream, &staged, &host.copied, a, q, read.chunks.len() as u32)?;
+            waits.launching_s += launching.elapsed().as_secs_f64();
+            Ok(written)
+        });
+        pools.hosts.give(host);
+        pools.devices.give(device);
+        r
+    }
+
+    /// Waits for `host`'s last copies, then reads `read` into it unless its bytes are held.
+    fn read_into(
+        &self,
+        host: &mut HostSlot,
+        read: &RangeRead,
+        held: Option<HeldAt>,
+        waits: &mut TransferWaits,
+    ) -> Result<()> {
+        if host.in_flight {
             let t = Instant::now();
-            slot.done.synchronize().map_err(StoreError::device)?;
-            waits.gpu_s += t.elapsed().as_secs_f64();
-            slot.in_flight = false;
+            host.copied.synchronize().map_err(StoreError::device)?;
+            waits.copy_s += t.elapsed().as_secs_f64();
+            host.in_flight = false;
         }
         let len = (read.end - read.start) as usize;
         if len > self.read_cap || read.chunks.len() > self.layout.chunks {
@@ -447,28 +535,54 @@ impl Loader<'_> {
                 read.chunks.len()
             )));
         }
-        let Slot { pinned, host_decoded: decoded_area, device, temp, stream, done, .. } = slot;
-        let mut q = Queued::for_read(read.chunks.len());
+        let layout = MetaLayout::for_chunks(read.chunks.len());
         // A range read into the slot has its metadata behind it; a held one, at the start.
         let meta_from = meta_from(held.is_some(), len);
-        if meta_from + q.layout.bytes() > pinned.len() {
+        if meta_from + layout.bytes() > host.pinned.len() {
             return Err(StoreError::Internal(format!(
                 "a read of {len} bytes in {} chunks exceeds the slot's pinned staging",
                 read.chunks.len()
             )));
         }
+        if held.is_none() {
+            let t = Instant::now();
+            self.store.read_pack_range_into(
+                &read.pack,
+                read.start..read.end,
+                &mut host.pinned.as_mut_slice()[..len],
+            )?;
+            waits.reading_s += t.elapsed().as_secs_f64();
+        }
+        Ok(())
+    }
+
+    /// Builds the jobs of `read`, read into `host` (or held), in its metadata, for `device`;
+    /// returns what to queue and where.
+    #[allow(clippy::too_many_arguments)]
+    fn stage(
+        &self,
+        host: &mut HostSlot,
+        device: &DeviceSlot,
+        read: &RangeRead,
+        held: Option<HeldAt>,
+        first_tag: u32,
+        decoder: &mut Decoder<'_>,
+        waits: &mut TransferWaits,
+    ) -> Result<(Queued, Areas)> {
+        let len = (read.end - read.start) as usize;
+        let HostSlot { pinned, host_decoded: decoded_area, .. } = host;
+        let staging = &device.device;
+        let mut q = Queued::for_read(read.chunks.len());
+        let meta_from = meta_from(held.is_some(), len);
         let (range, meta): (&[u8], &mut [u8]) = match held {
             Some(h) => (&self.held[h.buffer].as_slice()[h.offset..h.offset + len], pinned.as_mut_slice()),
             None => {
-                let t = Instant::now();
                 let (head, meta) = pinned.as_mut_slice().split_at_mut(meta_from);
-                self.store.read_pack_range_into(&read.pack, read.start..read.end, &mut head[..len])?;
-                waits.reading_s += t.elapsed().as_secs_f64();
                 (&head[..len], meta)
             }
         };
         let building = Instant::now();
-        let a = Areas::of(device.ptr(), len, self.read_cap);
+        let a = Areas::of(staging.ptr(), len, self.read_cap);
         for (k, c) in read.chunks.iter().enumerate() {
             let at = (c.loc.offset - read.start) as usize;
             let stored = &range[at..at + c.loc.stored_len as usize];
@@ -501,7 +615,7 @@ impl Loader<'_> {
                     let area = match decoded_area {
                         Some(area) => area,
                         None => decoded_area
-                            .insert(device.context().alloc_pinned(self.read_cap).map_err(StoreError::device)?),
+                            .insert(staging.context().alloc_pinned(self.read_cap).map_err(StoreError::device)?),
                     };
                     let out = &mut area.as_mut_slice()[q.decoded..][..plain];
                     self.decode_on_host(decoder, stored, out, c, read)?;
@@ -515,29 +629,25 @@ impl Loader<'_> {
             }
             q.written += (plain * c.targets.len()) as u64;
         }
-        let written = q.written;
-        let staged = Staged {
-            len,
-            pinned,
-            held: held.map(|h| (&self.held[h.buffer], h.offset)),
-            host_decoded: decoded_area.as_ref(),
-            temp: temp.as_ref(),
-        };
-        let launching = Instant::now();
-        waits.building_s += (launching - building).as_secs_f64();
-        self.launch(stream, &staged, a, q, read.chunks.len() as u32)?;
-        done.record(stream).map_err(StoreError::device)?;
-        waits.launching_s += launching.elapsed().as_secs_f64();
-        slot.in_flight = true;
-        Ok(written)
+        waits.building_s += building.elapsed().as_secs_f64();
+        Ok((q, a))
     }
 }
 
 impl Loader<'_> {
     /// Queues what `q` gathered for a read of `chunks` chunks staged in `staged` on `stream`:
-    /// the DMA of the range and its metadata (and of chunks decoded on the host), zero fills,
-    /// nvCOMP, the load kernel, then the copies of repeated chunks.
-    fn launch(&self, stream: &Stream, staged: &Staged<'_>, a: Areas, q: Queued, chunks: u32) -> Result<()> {
+    /// the DMA of the range and its metadata (and of chunks decoded on the host), `copied`
+    /// recorded behind it, zero fills, nvCOMP, the load kernel, then the copies of repeated
+    /// chunks.
+    fn launch(
+        &self,
+        stream: &Stream,
+        staged: &Staged<'_>,
+        copied: &Event,
+        a: Areas,
+        q: Queued,
+        chunks: u32,
+    ) -> Result<()> {
         let Queued { host_decoded, frames, fills, repeats, layout, .. } = q;
         let meta_base = a.meta;
         let Staged { len, pinned, held, host_decoded: decoded_area, temp } = *staged;
@@ -558,6 +668,10 @@ impl Loader<'_> {
             if let (Some(area), true) = (decoded_area, host_decoded > 0) {
                 stream.copy_to_device_async(a.decoded, area, 0, host_decoded).map_err(StoreError::device)?;
             }
+        }
+        copied.record(stream).map_err(StoreError::device)?;
+        // SAFETY: as above.
+        unsafe {
             for (dst, len) in fills {
                 stream.fill_async(dst, 0, len).map_err(StoreError::device)?;
             }

@@ -62,8 +62,8 @@ pub struct DeviceImage {
 pub struct TransferWaits {
     /// Reading stored bytes from the store into pinned staging.
     pub reading_s: f64,
-    /// Waiting for a staging slot's previous read to finish on the GPU.
-    pub gpu_s: f64,
+    /// Waiting for a pinned staging slot's previous read to be copied to the device.
+    pub copy_s: f64,
     /// Waiting for the planner to send the next read.
     pub planner_s: f64,
     /// Building a read's jobs on the host (chunk layouts, decodes the GPU cannot do).
@@ -79,7 +79,7 @@ impl TransferWaits {
         let sum = |f: fn(&TransferWaits) -> f64| each.iter().map(f).sum::<f64>() / n;
         TransferWaits {
             reading_s: sum(|w| w.reading_s),
-            gpu_s: sum(|w| w.gpu_s),
+            copy_s: sum(|w| w.copy_s),
             planner_s: sum(|w| w.planner_s),
             building_s: sum(|w| w.building_s),
             launching_s: sum(|w| w.launching_s),
@@ -475,7 +475,7 @@ impl Checker {
         match self {
             Checker::Gpu(mut g) => {
                 let path = g.describe();
-                Ok((path, g.run(store, store, planned, &[], &buffers, workers, progress)?))
+                Ok((path, g.run(store, store, planned, &[], &buffers, gpu_check::readers(workers), progress)?))
             }
             Checker::Host(ring, why) => {
                 let Planned { reads, zeros, .. } = planned;
