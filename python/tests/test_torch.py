@@ -1,5 +1,6 @@
 """torch tensors through the store, on the CPU and (where there is one) a CUDA GPU. Skipped
-where torch is not installed (CI); run on a GPU machine (tests/gpu/README.md)."""
+where torch is not installed; CI installs it (scripts/python.sh) and runs the CPU cases, a GPU
+machine the CUDA ones (tests/gpu/README.md)."""
 
 import pathlib
 
