@@ -40,9 +40,8 @@ struct HostSlot {
     /// pins nothing for them.
     host_decoded: Option<PinnedBuffer>,
     /// Recorded behind the copies out of it (on the stream of the device slot they went to):
-    /// waited on before the slot is written again.
+    /// waited on before the slot is written again (at once for a slot never used).
     copied: Event,
-    in_flight: bool,
 }
 
 /// Device staging of one read: the DMA's target, where it is decoded and checked. Its stream
@@ -188,7 +187,6 @@ impl GpuLoad {
                 pinned: ctx.register(memory).map_err(StoreError::device)?,
                 host_decoded: None,
                 copied: ctx.event().map_err(StoreError::device)?,
-                in_flight: false,
             })
         };
         let device = || {
@@ -203,7 +201,8 @@ impl GpuLoad {
         let (hosts, devices) = std::thread::scope(|s| {
             let hosts: Vec<_> = std::mem::take(staging).into_iter().map(|m| s.spawn(|| host(m))).collect();
             let devices: Vec<_> = (0..device_slots).map(|_| s.spawn(device)).collect();
-            (all_made(hosts), all_made(devices))
+            let hosts = hosts.into_iter().map(super::joined).collect::<Result<Vec<_>>>();
+            (hosts, devices.into_iter().map(super::joined).collect::<Result<Vec<_>>>())
         });
         Ok(Ok(GpuLoad {
             ctx: ctx.clone(),
@@ -312,11 +311,6 @@ impl GpuLoad {
         }
         Ok(())
     }
-}
-
-/// What threads that each made a slot gave: every slot, or the first error.
-fn all_made<T>(made: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Result<Vec<T>> {
-    made.into_iter().map(|h| h.join().expect("allocating a slot does not panic")).collect()
 }
 
 /// The damage error for the chunk numbered `tag` (the failure word's value), found among the
@@ -503,8 +497,6 @@ impl Loader<'_> {
                 temp: device.temp.as_ref(),
             };
             let written = q.written;
-            // Whatever the launch queued is waited on before the host slot is written again.
-            host.in_flight = true;
             self.launch(&device.stream, &staged, &host.copied, a, q, read.chunks.len() as u32)?;
             waits.launching_s += launching.elapsed().as_secs_f64();
             Ok(written)
@@ -522,12 +514,9 @@ impl Loader<'_> {
         held: Option<HeldAt>,
         waits: &mut TransferWaits,
     ) -> Result<()> {
-        if host.in_flight {
-            let t = Instant::now();
-            host.copied.synchronize().map_err(StoreError::device)?;
-            waits.copy_s += t.elapsed().as_secs_f64();
-            host.in_flight = false;
-        }
+        let t = Instant::now();
+        host.copied.synchronize().map_err(StoreError::device)?;
+        waits.copy_s += t.elapsed().as_secs_f64();
         let len = (read.end - read.start) as usize;
         if len > self.read_cap || read.chunks.len() > self.layout.chunks {
             return Err(StoreError::Internal(format!(
