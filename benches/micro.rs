@@ -169,7 +169,8 @@ fn bench_sealed(c: &mut Criterion) {
 }
 
 /// Index lookups: 400 k chunks in 800 packs of 500 (a 24 GiB image of 64 KiB chunks), looked
-/// up 20 k at a time in the order a plan asks for them.
+/// up 20 k at a time in the order a plan asks for them; then the same index opened read-only,
+/// as every restore and load opens it.
 fn bench_index(c: &mut Criterion) {
     use gstore_format::codec::Codec;
     use gstore_format::pack::PackEntry;
@@ -207,6 +208,11 @@ fn bench_index(c: &mut Criterion) {
         })
     });
     g.bench_function("locate_many", |b| b.iter(|| black_box(index.locate_many(batch).expect("lookups").len())));
+    drop(index);
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("open_read_only", |b| {
+        b.iter(|| black_box(Index::open_read_only(dir.path()).expect("index opens").expect("index there")))
+    });
     g.finish();
 }
 

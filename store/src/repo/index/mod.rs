@@ -106,6 +106,14 @@ impl Drop for Index {
     }
 }
 
+/// Whether an open of the index writes its memtables (a writable open) or never does (a
+/// read-only one).
+#[derive(Clone, Copy)]
+enum Memtables {
+    Written,
+    Unwritten,
+}
+
 fn similar_key(feature: usize, sf: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
     k[0] = feature as u8;
@@ -138,7 +146,7 @@ impl Index {
         // Every column family that exists must be opened for writing: layout 3's plans too,
         // which go.
         let old_plans = DB::list_cf(&opts, path).is_ok_and(|cfs| cfs.iter().any(|c| c == CF_OLD_PLANS));
-        let mut cfs = Index::families();
+        let mut cfs = Index::families(Memtables::Written);
         if old_plans {
             cfs.push(ColumnFamilyDescriptor::new(CF_OLD_PLANS, Options::default()));
         }
@@ -166,7 +174,7 @@ impl Index {
         }
         let opts = Index::db_options(path)?;
         // Read-only, the column families opened may be fewer than those that exist.
-        let cfs = Index::families();
+        let cfs = Index::families(Memtables::Unwritten);
         let db = DB::open_cf_descriptors_read_only(&opts, path, cfs, false).map_err(|e| Index::unusable(path, e))?;
         let index = Index::with_db(path, db, false)?;
         let format = index.db.get(FORMAT_KEY).map_err(|e| index.ierr(e))?;
@@ -195,15 +203,24 @@ impl Index {
         Ok(opts)
     }
 
-    /// The column families' descriptors (their options), but the default one.
-    fn families() -> Vec<ColumnFamilyDescriptor> {
+    /// The column families' descriptors (their options), but the default one, for an open
+    /// whose memtables are `written` or not.
+    fn families(memtables: Memtables) -> Vec<ColumnFamilyDescriptor> {
+        // A memtable's prefix filter (a tenth of its write buffer, ~6.4 MB for the chunks'
+        // family) is allocated and zeroed at every open; a read-only open never writes its
+        // memtables, so it goes without: that halved the first read-only open in a process
+        // (docs/BENCHMARKS.md, issue #62).
+        let memtable_filter = match memtables {
+            Memtables::Written => 0.1,
+            Memtables::Unwritten => 0.0,
+        };
         let mut chunk_opts = Options::default();
         chunk_opts.set_prefix_extractor(SliceTransform::create_fixed_prefix(32));
         let mut table = rocksdb::BlockBasedOptions::default();
         table.set_bloom_filter(10.0, false);
         table.set_whole_key_filtering(false);
         chunk_opts.set_block_based_table_factory(&table);
-        chunk_opts.set_memtable_prefix_bloom_ratio(0.1);
+        chunk_opts.set_memtable_prefix_bloom_ratio(memtable_filter);
         // Ids and features are random bytes: compressing their tables costs time and saves
         // nothing.
         chunk_opts.set_compression_type(rocksdb::DBCompressionType::None);
@@ -214,7 +231,7 @@ impl Index {
         similar_opts.set_block_based_table_factory(&similar_table);
         similar_opts.set_compression_type(rocksdb::DBCompressionType::None);
         similar_opts.set_memtable_whole_key_filtering(true);
-        similar_opts.set_memtable_prefix_bloom_ratio(0.1);
+        similar_opts.set_memtable_prefix_bloom_ratio(memtable_filter);
         // A push adds 8 entries for each new chunk of a page image (~22 MB of memtable per
         // 4 GiB): smaller memtables are written out while the push runs, leaving less to
         // write when the handle closes.
