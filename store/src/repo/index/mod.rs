@@ -206,9 +206,9 @@ impl Index {
     /// The column families' descriptors (their options), but the default one, for an open
     /// whose memtables are `written` or not.
     fn families(memtables: Memtables) -> Vec<ColumnFamilyDescriptor> {
-        // A memtable's prefix filter (a tenth of its write buffer, ~6.4 MB for the chunks'
+        // A memtable's prefix filter (a tenth of its write buffer, ~6.7 MB for the chunks'
         // family) is allocated and zeroed at every open; a read-only open never writes its
-        // memtables, so it goes without: that halved the first read-only open in a process
+        // memtables, so it goes without: that cut the first read-only open in a process to a third
         // (docs/BENCHMARKS.md, issue #62).
         let memtable_filter = match memtables {
             Memtables::Written => 0.1,
