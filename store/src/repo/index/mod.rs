@@ -208,8 +208,8 @@ impl Index {
     fn families(memtables: Memtables) -> Vec<ColumnFamilyDescriptor> {
         // A memtable's prefix filter (a tenth of its write buffer, ~6.7 MB for the chunks'
         // family) is allocated and zeroed at every open; a read-only open never writes its
-        // memtables, so it goes without: that cut the first read-only open in a process to a third
-        // (docs/BENCHMARKS.md, issue #62).
+        // memtables, so it goes without: that cut the first read-only open in a process to
+        // a third (docs/BENCHMARKS.md, issue #62).
         let memtable_filter = match memtables {
             Memtables::Written => 0.1,
             Memtables::Unwritten => 0.0,
