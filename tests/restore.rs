@@ -364,10 +364,12 @@ fn a_restore_opens_an_up_to_date_index_read_only_and_catches_up_one_that_is_not(
     let src = env.path("src");
     make_tree(&src, 4, 3_000_000);
     env.ok(&["push", src.to_str().unwrap(), "--tag", "a"]);
-    // The push added packs: the first restore catches the index up (writable), the next one
-    // finds it as it was caught up and writes nothing to it.
-    env.ok(&["restore", "a", "--to", env.path("one").to_str().unwrap()]);
+    // The push left the index current with the packs it added: restores find it so and
+    // write nothing to it.
     let before = index_files(&env);
+    env.ok(&["restore", "a", "--to", env.path("one").to_str().unwrap()]);
+    assert_same_tree(&src, &env.path("one"));
+    assert_eq!(index_files(&env), before, "the first restore after a push wrote to the index");
     env.ok(&["restore", "a", "--to", env.path("two").to_str().unwrap()]);
     assert_same_tree(&src, &env.path("two"));
     assert_eq!(index_files(&env), before, "a restore of an unchanged store wrote to its index");

@@ -18,7 +18,7 @@ use crate::repo::plans::{PlanFiles, PlanRecord, RecordedPlan};
 use rocksdb::{ColumnFamilyDescriptor, Options, SliceTransform, WriteBatch, DB};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
 /// What to do about an index that cannot be used.
 const REBUILD_HINT: &str = "it is only a cache of the pack footers: run `gstore index rebuild`";
@@ -43,7 +43,9 @@ const FORMAT_KEY: &[u8] = b"format";
 /// [`Index::pick`]).
 const FORMAT: &[u8] = b"3";
 /// Key (in the default column family) holding the packs the backend listed when the index was
-/// last caught up with it, ids sorted and joined; removed when a pack is added or removed.
+/// last caught up with it, ids sorted and joined; removed when a pack is added or removed. A
+/// handle that only added packs writes it back when it closes, with its packs among them
+/// ([`Index`]'s `kept`).
 const CAUGHT_UP_KEY: &[u8] = b"caught-up";
 /// Table files per thread opening them (at most 16 threads, at least one).
 const TABLES_PER_OPENING_THREAD: usize = 16;
@@ -92,6 +94,13 @@ pub struct Index {
     writable: bool,
     /// The plans recorded beside it.
     plans: PlanFiles,
+    /// The packs the index was caught up with, and those this handle added since (each stored
+    /// before it was added): written back as the caught-up record when the handle closes, so
+    /// that the next command finds the index current with a backend no one else changed.
+    /// `None` unless the record was there when this handle first added a pack, and once a
+    /// pack was removed or the index cleared. The record itself is removed at the first add,
+    /// so a process that stops before closing leaves none (the next open catches up).
+    kept: Mutex<Option<HashSet<ObjectId>>>,
 }
 
 /// Writes what this handle added to the index into its table files before it closes, so
@@ -101,6 +110,10 @@ pub struct Index {
 impl Drop for Index {
     fn drop(&mut self) {
         if self.writable {
+            if let Some(packs) = self.kept.get_mut().expect("kept packs lock").take() {
+                // A failed write leaves no record: the next open catches up.
+                let _ = self.db.put(CAUGHT_UP_KEY, sorted_ids(&packs));
+            }
             let _ = self.flush();
         }
     }
@@ -279,6 +292,7 @@ impl Index {
             empty_at_open: false,
             writable,
             plans: PlanFiles::of(path),
+            kept: Mutex::new(None),
         })
     }
 
@@ -304,6 +318,7 @@ impl Index {
     /// Records that the index was just caught up with the backend's listing `packs`.
     pub fn set_caught_up(&self, packs: &HashSet<ObjectId>) -> Result<()> {
         self.check_writable()?;
+        *self.kept.lock().expect("kept packs lock") = None;
         self.db.put(CAUGHT_UP_KEY, sorted_ids(packs)).map_err(|e| self.ierr(e))
     }
 
@@ -447,9 +462,20 @@ impl Index {
         self.pick(&mut it, id, holders, true)
     }
 
-    /// Records a pack and all its chunks in one atomic batch.
+    /// Records a pack (already stored) and all its chunks in one atomic batch.
     pub fn add_pack(&self, pack: ObjectId, size: u64, entries: &[PackEntry]) -> Result<()> {
         self.check_writable()?;
+        {
+            let mut kept = self.kept.lock().expect("kept packs lock");
+            if kept.is_none() {
+                // The record is there only while no pack was added or removed since it was
+                // written: the packs it names, and those added from here, are then all the
+                // index holds.
+                if let Some(ids) = self.db.get_pinned(CAUGHT_UP_KEY).map_err(|e| self.ierr(e))? {
+                    *kept = Some(ids.chunks_exact(32).filter_map(ObjectId::from_slice).collect());
+                }
+            }
+        }
         let mut batch = WriteBatch::default();
         let mut value = Vec::with_capacity(20 + 32 * entries.len());
         value.extend_from_slice(&[0u8; 20]);
@@ -464,7 +490,11 @@ impl Index {
         value[..20].copy_from_slice(&stats.encode());
         batch.put_cf(self.cf(CF_PACKS), pack.0, value);
         batch.delete(CAUGHT_UP_KEY);
-        self.db.write(batch).map_err(|e| self.ierr(e))
+        self.db.write(batch).map_err(|e| self.ierr(e))?;
+        if let Some(packs) = self.kept.lock().expect("kept packs lock").as_mut() {
+            packs.insert(pack);
+        }
+        Ok(())
     }
 
     /// Records the resemblance sketches of newly stored chunks (a later one with the same
@@ -516,6 +546,7 @@ impl Index {
         batch.delete_cf(self.cf(CF_PACKS), pack.0);
         batch.delete_cf(self.cf(CF_DOOMED), pack.0);
         batch.delete(CAUGHT_UP_KEY);
+        *self.kept.lock().expect("kept packs lock") = None;
         drop(v);
         // Recorded plans may name the pack: they go first (the next plan of each image looks
         // its chunks up again).
@@ -619,6 +650,8 @@ impl Index {
     /// Removes every entry (before a rebuild).
     pub fn clear(&self) -> Result<()> {
         self.check_writable()?;
+        *self.kept.lock().expect("kept packs lock") = None;
+        self.db.delete(CAUGHT_UP_KEY).map_err(|e| self.ierr(e))?;
         self.plans.forget_all()?;
         for cf in FAMILIES {
             self.db.delete_range_cf(self.cf(cf), &[0u8; 0][..], &[0xffu8; 65][..]).map_err(|e| self.ierr(e))?;

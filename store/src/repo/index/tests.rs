@@ -252,3 +252,57 @@ fn many_lookups_answer_as_single_ones_in_the_order_asked() {
     assert_eq!(many[70 - 1 - 45].unwrap().pack, b, "a chunk in both packs comes from the live one");
     assert_eq!(many[70 - 1 - 5].unwrap().pack, a, "a chunk only a doomed pack holds comes from it");
 }
+
+#[test]
+fn a_handle_that_only_added_packs_leaves_the_index_current_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idx");
+    let (p1, p2, p3) = (ObjectId::of(b"p1"), ObjectId::of(b"p2"), ObjectId::of(b"p3"));
+    let entry = |name: &[u8]| PackEntry {
+        id: ObjectId::of(name),
+        offset: 0,
+        stored_len: 5,
+        plain_len: 5,
+        codec: Codec::Raw,
+        bases: None,
+    };
+    let idx = Index::open(&path).unwrap();
+    idx.add_pack(p1, 10, &[entry(b"a")]).unwrap();
+    idx.set_caught_up(&[p1].into()).unwrap();
+    drop(idx);
+    // A push: the record is gone while its handle is open (a process stopped there leaves
+    // none), and comes back with the pushed pack when the handle closes.
+    let idx = Index::open(&path).unwrap();
+    idx.add_pack(p2, 10, &[entry(b"b")]).unwrap();
+    assert!(!idx.current_with(&[p1].into(), &HashSet::new(), &HashSet::new()).unwrap());
+    assert!(
+        !idx.current_with(&[p1, p2].into(), &HashSet::new(), &HashSet::new()).unwrap(),
+        "a record while the handle adds"
+    );
+    drop(idx);
+    let idx = Index::open_read_only(&path).unwrap().unwrap();
+    assert!(idx.current_with(&[p1, p2].into(), &HashSet::new(), &HashSet::new()).unwrap());
+    assert!(
+        !idx.current_with(&[p1, p2, p3].into(), &HashSet::new(), &HashSet::new()).unwrap(),
+        "another's pack went unnoticed"
+    );
+    assert!(!idx.current_with(&[p1].into(), &HashSet::new(), &HashSet::new()).unwrap());
+    drop(idx);
+    // A handle that also removed a pack leaves no record: the next open catches up.
+    let idx = Index::open(&path).unwrap();
+    idx.add_pack(p3, 10, &[entry(b"c")]).unwrap();
+    idx.remove_pack(&p1).unwrap();
+    drop(idx);
+    let idx = Index::open_read_only(&path).unwrap().unwrap();
+    assert!(!idx.current_with(&[p2, p3].into(), &HashSet::new(), &HashSet::new()).unwrap());
+    drop(idx);
+    // Nor does one that cleared the index and added packs again.
+    let idx = Index::open(&path).unwrap();
+    idx.set_caught_up(&[p2, p3].into()).unwrap();
+    idx.clear().unwrap();
+    idx.add_pack(p2, 10, &[entry(b"b")]).unwrap();
+    drop(idx);
+    let idx = Index::open_read_only(&path).unwrap().unwrap();
+    assert!(!idx.current_with(&[p2, p3].into(), &HashSet::new(), &HashSet::new()).unwrap());
+    assert!(!idx.current_with(&[p2].into(), &HashSet::new(), &HashSet::new()).unwrap());
+}
