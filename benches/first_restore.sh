@@ -9,7 +9,8 @@ store=$1 rounds=$2
 shift 2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-ms() { local t0 t1; t0=$(date +%s%N); "$@" >/dev/null 2>&1; t1=$(date +%s%N); echo $(((t1 - t0) / 1000))e-3; }
+# Milliseconds the command takes, to a tenth.
+ms() { local t0 t1; t0=$(date +%s%N); "$@" >/dev/null 2>&1 || { echo "failed: $*" >&2; return 1; }; t1=$(date +%s%N); awk "BEGIN { printf \"%.1f\", ($t1 - $t0) / 1e6 }"; }
 for round in $(seq 1 "$rounds"); do
   for bin in "$@"; do
     tag="first-restore-$$-$round-$(basename "$bin")"
@@ -18,6 +19,6 @@ for round in $(seq 1 "$rounds"); do
     first=$(ms "$bin" --store "$store" -q restore "$tag" --to "$work/one")
     second=$(ms "$bin" --store "$store" -q restore "$tag" --to "$work/two")
     rm -rf "$work/one" "$work/two"
-    echo "$bin round $round: first restore $(awk "BEGIN{printf \"%.1f\", $first}") ms, second $(awk "BEGIN{printf \"%.1f\", $second}") ms"
+    echo "$bin round $round: first restore $first ms, second $second ms"
   done
 done

@@ -45,7 +45,7 @@ const FORMAT: &[u8] = b"3";
 /// Key (in the default column family) holding the packs the backend listed when the index was
 /// last caught up with it, ids sorted and joined; removed when a pack is added or removed. A
 /// handle that only added packs writes it back when it closes, with its packs among them
-/// ([`Index`]'s `kept`).
+/// ([`Kept`]).
 const CAUGHT_UP_KEY: &[u8] = b"caught-up";
 /// Table files per thread opening them (at most 16 threads, at least one).
 const TABLES_PER_OPENING_THREAD: usize = 16;
@@ -94,13 +94,22 @@ pub struct Index {
     writable: bool,
     /// The plans recorded beside it.
     plans: PlanFiles,
-    /// The packs the index was caught up with, and those this handle added since (each stored
-    /// before it was added): written back as the caught-up record when the handle closes, so
-    /// that the next command finds the index current with a backend no one else changed.
-    /// `None` unless the record was there when this handle first added a pack, and once a
-    /// pack was removed or the index cleared. The record itself is removed at the first add,
-    /// so a process that stops before closing leaves none (the next open catches up).
-    kept: Mutex<Option<HashSet<ObjectId>>>,
+    /// What this handle writes back as the caught-up record when it closes.
+    kept: Mutex<Kept>,
+}
+
+/// The caught-up record a writable handle writes back when it closes, so that the next
+/// command finds the index current with a backend no one else changed. The record itself is
+/// removed at the first pack added, so a process that stops before closing leaves none (the
+/// next open catches up).
+enum Kept {
+    /// Not read since the handle opened or last recorded a catch-up.
+    Unread,
+    /// The packs the record named when this handle first added a pack, and those it added
+    /// since (each stored before it was added): all the index holds.
+    Keeping(HashSet<ObjectId>),
+    /// Nothing to write back: there was no record, or a pack was removed or the index cleared.
+    Dropped,
 }
 
 /// Writes what this handle added to the index into its table files before it closes, so
@@ -110,9 +119,9 @@ pub struct Index {
 impl Drop for Index {
     fn drop(&mut self) {
         if self.writable {
-            if let Some(packs) = self.kept.get_mut().expect("kept packs lock").take() {
+            if let Kept::Keeping(packs) = self.kept.get_mut().expect("kept packs lock") {
                 // A failed write leaves no record: the next open catches up.
-                let _ = self.db.put(CAUGHT_UP_KEY, sorted_ids(&packs));
+                let _ = self.db.put(CAUGHT_UP_KEY, sorted_ids(packs));
             }
             let _ = self.flush();
         }
@@ -292,7 +301,7 @@ impl Index {
             empty_at_open: false,
             writable,
             plans: PlanFiles::of(path),
-            kept: Mutex::new(None),
+            kept: Mutex::new(Kept::Unread),
         })
     }
 
@@ -318,7 +327,7 @@ impl Index {
     /// Records that the index was just caught up with the backend's listing `packs`.
     pub fn set_caught_up(&self, packs: &HashSet<ObjectId>) -> Result<()> {
         self.check_writable()?;
-        *self.kept.lock().expect("kept packs lock") = None;
+        *self.kept.lock().expect("kept packs lock") = Kept::Unread;
         self.db.put(CAUGHT_UP_KEY, sorted_ids(packs)).map_err(|e| self.ierr(e))
     }
 
@@ -467,13 +476,14 @@ impl Index {
         self.check_writable()?;
         {
             let mut kept = self.kept.lock().expect("kept packs lock");
-            if kept.is_none() {
+            if let Kept::Unread = *kept {
                 // The record is there only while no pack was added or removed since it was
                 // written: the packs it names, and those added from here, are then all the
                 // index holds.
-                if let Some(ids) = self.db.get_pinned(CAUGHT_UP_KEY).map_err(|e| self.ierr(e))? {
-                    *kept = Some(ids.chunks_exact(32).filter_map(ObjectId::from_slice).collect());
-                }
+                *kept = match self.db.get_pinned(CAUGHT_UP_KEY).map_err(|e| self.ierr(e))? {
+                    Some(ids) => Kept::Keeping(ids.chunks_exact(32).filter_map(ObjectId::from_slice).collect()),
+                    None => Kept::Dropped,
+                };
             }
         }
         let mut batch = WriteBatch::default();
@@ -491,7 +501,7 @@ impl Index {
         batch.put_cf(self.cf(CF_PACKS), pack.0, value);
         batch.delete(CAUGHT_UP_KEY);
         self.db.write(batch).map_err(|e| self.ierr(e))?;
-        if let Some(packs) = self.kept.lock().expect("kept packs lock").as_mut() {
+        if let Kept::Keeping(packs) = &mut *self.kept.lock().expect("kept packs lock") {
             packs.insert(pack);
         }
         Ok(())
@@ -546,7 +556,7 @@ impl Index {
         batch.delete_cf(self.cf(CF_PACKS), pack.0);
         batch.delete_cf(self.cf(CF_DOOMED), pack.0);
         batch.delete(CAUGHT_UP_KEY);
-        *self.kept.lock().expect("kept packs lock") = None;
+        *self.kept.lock().expect("kept packs lock") = Kept::Dropped;
         drop(v);
         // Recorded plans may name the pack: they go first (the next plan of each image looks
         // its chunks up again).
@@ -650,7 +660,7 @@ impl Index {
     /// Removes every entry (before a rebuild).
     pub fn clear(&self) -> Result<()> {
         self.check_writable()?;
-        *self.kept.lock().expect("kept packs lock") = None;
+        *self.kept.lock().expect("kept packs lock") = Kept::Dropped;
         self.db.delete(CAUGHT_UP_KEY).map_err(|e| self.ierr(e))?;
         self.plans.forget_all()?;
         for cf in FAMILIES {
