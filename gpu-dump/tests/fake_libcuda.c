@@ -13,7 +13,7 @@
  * made on a thread where the (retained) primary context is not current fails with
  * CUDA_ERROR_INVALID_CONTEXT, so a missing cuCtxSetCurrent shows. Unlike the real driver it
  * checks every copy: device ranges must lie inside one live cuMemAlloc block and the source of
- * an asynchronous copy inside one cuMemHostAlloc block (else CUDA_ERROR_INVALID_VALUE), and
+ * an asynchronous copy inside one cuMemHostRegister'ed block (else CUDA_ERROR_INVALID_VALUE), and
  * handles must be live (else CUDA_ERROR_INVALID_HANDLE). Tests read its counters and steer it
  * through the exported fake_cuda_* functions at the end.
  *
@@ -403,33 +403,7 @@ int cuIpcCloseMemHandle(uint64_t dptr) {
     return rc;
 }
 
-int cuMemHostAlloc(void **pp, size_t bytes, unsigned flags) {
-    (void)flags;
-    void *p = NULL;
-    lock();
-    int rc = need_ctx();
-    if (rc == SUCCESS && bytes == 0) rc = INVALID_VALUE;
-    if (rc == SUCCESS) {
-        /* Garbage, not zeroes, like memory the driver recycles. */
-        if (!(p = malloc(bytes))) rc = OUT_OF_MEMORY;
-        else if ((rc = add_block(&host_blocks, p, bytes)) != SUCCESS) free(p);
-        else { memset(p, 0xA5, bytes); live_host++; *pp = p; }
-    }
-    unlock();
-    return rc;
-}
-
-int cuMemFreeHost(void *p) {
-    size_t len = 0;
-    lock();
-    int rc = need_ctx();
-    if (rc == SUCCESS) rc = remove_block(&host_blocks, (uintptr_t)p, &len);
-    if (rc == SUCCESS) { free(p); live_host--; }
-    unlock();
-    return rc;
-}
-
-/* Registered memory counts as pinned, like cuMemHostAlloc's: copies from it are checked alike. */
+/* Registered memory is pinned: the source of an asynchronous copy must lie inside one block. */
 int cuMemHostRegister_v2(void *p, size_t bytes, unsigned flags) {
     (void)flags;
     lock();

@@ -163,10 +163,6 @@ pub type CuCtxSetCurrent = unsafe extern "C" fn(ctx: CuContext) -> CuResult;
 pub type CuMemAlloc = unsafe extern "C" fn(dptr: *mut CuDevicePtr, bytes: size_t) -> CuResult;
 /// `cuMemFree_v2(CUdeviceptr dptr)`.
 pub type CuMemFree = unsafe extern "C" fn(dptr: CuDevicePtr) -> CuResult;
-/// `cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)`.
-pub type CuMemHostAlloc = unsafe extern "C" fn(pp: *mut *mut c_void, bytes: size_t, flags: c_uint) -> CuResult;
-/// `cuMemFreeHost(void *p)`.
-pub type CuMemFreeHost = unsafe extern "C" fn(p: *mut c_void) -> CuResult;
 /// `cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)`.
 pub type CuMemHostRegister = unsafe extern "C" fn(p: *mut c_void, bytes: size_t, flags: c_uint) -> CuResult;
 /// `cuMemHostUnregister(void *p)`.

@@ -17,11 +17,9 @@ use super::{ffi, hint_for, resolve, CudaDriver, ErrorTexts};
 use crate::error::{GpuDumpError, Result};
 use ffi::CuResult;
 
-/// `CU_MEMHOSTALLOC_PORTABLE`: the memory counts as pinned for every context, not only the one
-/// that allocated it (else a copy from it on another device's stream silently goes through a
-/// slow pageable staging path).
-const CU_MEMHOSTALLOC_PORTABLE: libc::c_uint = 1;
-/// `CU_MEMHOSTREGISTER_PORTABLE`: the same for memory registered with `cuMemHostRegister`.
+/// `CU_MEMHOSTREGISTER_PORTABLE`: the memory counts as pinned for every context, not only the
+/// one that registered it (else a copy from it on another device's stream silently goes through
+/// a slow pageable staging path).
 const CU_MEMHOSTREGISTER_PORTABLE: libc::c_uint = 1;
 
 /// The memory API entry points, resolved at load but optional: a driver without them still
@@ -33,8 +31,6 @@ pub(super) struct MemApi {
     ctx_set_current: ffi::CuCtxSetCurrent,
     mem_alloc: ffi::CuMemAlloc,
     mem_free: ffi::CuMemFree,
-    mem_host_alloc: ffi::CuMemHostAlloc,
-    mem_free_host: ffi::CuMemFreeHost,
     mem_host_register: ffi::CuMemHostRegister,
     mem_host_unregister: ffi::CuMemHostUnregister,
     memcpy_htod: ffi::CuMemcpyHtoD,
@@ -69,8 +65,6 @@ impl MemApi {
             ctx_set_current: optional!("cuCtxSetCurrent"),
             mem_alloc: optional!("cuMemAlloc_v2"),
             mem_free: optional!("cuMemFree_v2"),
-            mem_host_alloc: optional!("cuMemHostAlloc"),
-            mem_free_host: optional!("cuMemFreeHost"),
             mem_host_register: optional!("cuMemHostRegister_v2"),
             mem_host_unregister: optional!("cuMemHostUnregister"),
             memcpy_htod: optional!("cuMemcpyHtoD_v2"),
@@ -254,29 +248,13 @@ impl Context {
         Ok(buffer)
     }
 
-    /// Allocates `bytes` of page-locked host memory (`cuMemHostAlloc`, portable to every
-    /// context), zero-filled (a memset at memory bandwidth: allocate staging buffers once),
-    /// freed when the buffer drops. A 0-byte request does not reach the driver.
+    /// Allocates `bytes` of page-locked host memory, zero-filled, freed when the buffer drops:
+    /// mapped and faulted in here ([`HostMemory::map`]), then registered ([`Context::register`]).
+    /// Not `cuMemHostAlloc`: it pins 4 KiB page by page while it holds the driver's lock, 2-5 ms
+    /// for 4 MiB on the H200 machine, and every other thread's copy call waits that long
+    /// (docs/BENCHMARKS.md, issue #62). A 0-byte request does not reach the driver.
     pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuffer> {
-        if bytes == 0 {
-            return Ok(PinnedBuffer { ptr: NonNull::dangling(), len: 0, ctx: self.clone(), mapped: None });
-        }
-        self.bind()?;
-        let mut raw: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the flags are a documented value.
-        let code = unsafe { (self.api().mem_host_alloc)(&mut raw, bytes, CU_MEMHOSTALLOC_PORTABLE) };
-        self.check(code, || format!("cuMemHostAlloc({bytes} bytes)"))?;
-        let Some(ptr) = NonNull::new(raw.cast::<u8>()) else {
-            return Err(self.inner.errors.error(
-                ffi::CUDA_ERROR_OUT_OF_MEMORY,
-                format!("cuMemHostAlloc({bytes} bytes) returned a null pointer"),
-                "",
-            ));
-        };
-        // SAFETY: the driver gave us `bytes` writable bytes at `ptr`; zeroing them makes the
-        // slices handed out later initialised memory.
-        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
-        Ok(PinnedBuffer { ptr, len: bytes, ctx: self.clone(), mapped: None })
+        self.register(HostMemory::map(bytes)?)
     }
 
     /// Page-locks `memory` (`cuMemHostRegister`, portable to every context) for fast
@@ -286,14 +264,14 @@ impl Context {
     pub fn register(&self, memory: HostMemory) -> Result<PinnedBuffer> {
         let (ptr, len) = (memory.ptr, memory.len);
         if len == 0 {
-            return Ok(PinnedBuffer { ptr, len, ctx: self.clone(), mapped: Some(memory) });
+            return Ok(PinnedBuffer { ptr, len, ctx: self.clone(), _mapped: memory });
         }
         self.bind()?;
         // SAFETY: `memory` maps `len` bytes at `ptr`, kept mapped (the buffer owns it) until
         // they are unregistered.
         let code = unsafe { (self.api().mem_host_register)(ptr.as_ptr().cast(), len, CU_MEMHOSTREGISTER_PORTABLE) };
         self.check(code, || format!("cuMemHostRegister({len} bytes)"))?;
-        Ok(PinnedBuffer { ptr, len, ctx: self.clone(), mapped: Some(memory) })
+        Ok(PinnedBuffer { ptr, len, ctx: self.clone(), _mapped: memory })
     }
 
     /// Maps device memory another process exported with [`DeviceBuffer::ipc_handle`]
@@ -465,15 +443,15 @@ impl std::fmt::Debug for DeviceBuffer {
     }
 }
 
-/// Page-locked host memory from [`Context::alloc_pinned`] (freed with `cuMemFreeHost` on drop)
-/// or [`Context::register`] (unregistered, then unmapped). The source of fast asynchronous
-/// copies ([`Stream::copy_to_device_async`]). Holds its context.
+/// Page-locked host memory: a mapping registered with the driver ([`Context::register`],
+/// [`Context::alloc_pinned`]), unregistered, then unmapped, when dropped. The source of fast
+/// asynchronous copies ([`Stream::copy_to_device_async`]). Holds its context.
 pub struct PinnedBuffer {
     ptr: NonNull<u8>,
     len: usize,
     ctx: Context,
-    /// The mapping a registered buffer locks; `None` for the driver's own allocation.
-    mapped: Option<HostMemory>,
+    /// The mapping it locks, unmapped after it is unregistered (fields drop after `drop`).
+    _mapped: HostMemory,
 }
 
 // SAFETY: the buffer owns its memory like a Box<[u8]>; nothing about it is tied to a thread.
@@ -518,16 +496,10 @@ impl Drop for PinnedBuffer {
         if self.len > 0 {
             let _ = self.ctx.bind();
             let p = self.ptr.as_ptr().cast();
-            // SAFETY: `ptr` came from cuMemHostAlloc, or was registered, in this (still
-            // retained) context, and is freed or unregistered once; no slice of it outlives
-            // self. A registered mapping is unmapped after (when `mapped` drops).
-            unsafe {
-                if self.mapped.is_some() {
-                    (self.ctx.api().mem_host_unregister)(p);
-                } else {
-                    (self.ctx.api().mem_free_host)(p);
-                }
-            }
+            // SAFETY: `ptr` was registered in this (still retained) context and is unregistered
+            // once; no slice of it outlives self. Its mapping is unmapped after (when `_mapped`
+            // drops).
+            unsafe { (self.ctx.api().mem_host_unregister)(p) };
         }
     }
 }
