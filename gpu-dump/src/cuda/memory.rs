@@ -9,7 +9,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use libc::{c_int, c_void, size_t};
+use libc::{c_int, size_t};
 use libloading::Library;
 
 use super::kernel::KernelApi;
