@@ -39,8 +39,8 @@ struct HostSlot {
     /// cannot decode), pinned the first time a read of this slot has some: a load with none
     /// pins nothing for them. Mapped, then registered ([`Context::alloc_pinned`]): pinning took
     /// the driver's lock for 0.3 ms, where `cuMemHostAlloc` took it for 2-5 ms while the other
-    /// workers' DMA calls waited (a 16 GiB load 0.36 -> 0.31 s on the H200 machine,
-    /// docs/BENCHMARKS.md, issue #62).
+    /// workers' DMA calls waited (16 GiB loads took 0.35-0.36 s with it, 0.31-0.33 s
+    /// without, on the H200 machine: docs/BENCHMARKS.md, issue #62).
     host_decoded: Option<PinnedBuffer>,
     /// Recorded behind the copies out of it (on the stream of the device slot they went to):
     /// waited on before the slot is written again (at once for a slot never used).
