@@ -21,7 +21,12 @@ per shard), `fastsafetensors` (0.5.0, `fastsafe_open(..., nogds=True)`: its host
 `instanttensor` (0.2.2, `BackendPolicy.BUFFERED`; with --cold also `instanttensor-
 direct`, its default O_DIRECT path), `gstore` (`Store.load`), `gstore-iter` (`Store.weights`,
 the (name, tensor) iterator), `gstore-into` (`Store.load_into` preallocated parameters),
-`gstore-cli` (`gstore load --device cuda:0`). --variant adds the gstore loads again under
+`gstore-cli` (`gstore load --device cuda:0`). Two more are timed command to command like the
+CLI: `instanttensor-cli` (a fresh Python process that starts torch and loads with InstantTensor,
+the peer in the CLI's shape) and `cuda-floor` (a fresh process that only starts the CUDA driver,
+makes a context, allocates the set's bytes on cuda:0 as 1 GiB buffers and exits: what any fresh
+process pays before and after its bytes move; the table adds that floor plus the bytes at the
+pinned rate, the best a command could do). --variant adds the gstore loads again under
 other environment variables or memory budgets, labelled: e.g. `'old PYTHONPATH=DIR
 GSTORE_BENCH_BIN=BIN'` loads with another build of the package and the binary, for A/B runs.
 
@@ -150,7 +155,40 @@ def status_mib(field, pid="self"):
 # ---- the child: one load in a process with CUDA up -------------------------------------------
 
 
+def cuda_floor(args):
+    """`cuda-floor`: the CUDA driver started, the primary context made current, the set's
+    bytes allocated on cuda:0 in 1 GiB buffers (nothing copied); the exit frees them."""
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+
+    def ok(rc, what):
+        if rc != 0:
+            raise SystemExit(f"cuda-floor: {what} failed with CUDA error {rc}")
+
+    ok(cu.cuInit(0), "cuInit")
+    ok(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    nbytes = sum(2 * prod(s) for _, s in shapes(args.gib))
+    left = nbytes
+    while left > 0:
+        ok(cu.cuMemAlloc_v2(ctypes.byref(ptr), min(left, 1 << 30)), "cuMemAlloc")
+        left -= 1 << 30
+    print(json.dumps({"seconds": 0.0, "bytes": nbytes, "peak_rss_mib": status_mib("VmHWM")}), flush=True)
+
+
+def prod(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def child(args):
+    if args.child == "cuda-floor":
+        return cuda_floor(args)
     import torch
 
     torch.cuda.init()
@@ -166,8 +204,9 @@ def child(args):
         import gstore
 
         store = gstore.Store(os.path.join(args.work, "store"))
-    print("ready", flush=True)
-    sys.stdin.readline()
+    if not args.fresh:
+        print("ready", flush=True)
+        sys.stdin.readline()
     torch.cuda.synchronize()
     t = time.perf_counter()
     if loader == "pinned":
@@ -291,6 +330,28 @@ def run_cli(args, variant, check, cold):
             "checked": rep.get("checked")}
 
 
+def run_fresh(args, loader, check, cold):
+    """A loader in a fresh process, timed command to command (`instanttensor-cli`,
+    `cuda-floor`); the seconds it reports itself are kept as `reported_s`."""
+    child_loader = "instanttensor" if loader == "instanttensor-cli" else loader
+    cmd = [sys.executable, __file__, "--child", child_loader, "--fresh", "--work", args.work, "--gib", str(args.gib)]
+    if check and loader != "cuda-floor":
+        cmd.append("--check")
+    if cold:
+        drop_caches()
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    seconds = time.perf_counter() - t
+    if status != 0:
+        raise SystemExit(f"{loader} failed: {out}")
+    res = json.loads(out.strip().splitlines()[-1])
+    res["reported_s"], res["seconds"] = res["seconds"], seconds
+    res["peak_rss_mib"] = usage.ru_maxrss / 1024
+    return res
+
+
 def disk_rate(path):
     drop_caches()
     t = time.perf_counter()
@@ -319,6 +380,7 @@ def main():
     ap.add_argument("--make", action="store_true")
     ap.add_argument("--budget", type=int, default=1 << 30)
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args()
     if args.child:
         return child(args)
@@ -360,15 +422,22 @@ def main():
         for loader, v in jobs:
             label = loader if v is plain else f"{loader}[{v.label}]"
             check = r == 0 and loader != "pinned" and v.check
-            res = run_cli(args, v, check, args.cold) if loader == "gstore-cli" else run_child(args, loader, v, check, args.cold)
+            if loader == "gstore-cli":
+                res = run_cli(args, v, check, args.cold)
+            elif loader in ("instanttensor-cli", "cuda-floor"):
+                res = run_fresh(args, loader, check, args.cold)
+            else:
+                res = run_child(args, loader, v, check, args.cold)
             res.update(loader=label, round=r)
             print(json.dumps(res), flush=True)
-            if check and loader != "gstore-cli" and not res.get("checked"):
+            if check and loader not in ("gstore-cli", "cuda-floor") and not res.get("checked"):
                 raise SystemExit(f"{label}: tensors differ from the originals: {res}")
             results.setdefault(label, []).append(res)
     pinned = max((x["gbps"] for x in results.pop("pinned", [])), default=None)
     rate = {k: max(x["bytes"] / x["seconds"] / 1e9 for x in v) for k, v in results.items()}
-    plain_best = max((g for k, g in rate.items() if not k.startswith("gstore") and not k.startswith("pinned")), default=None)
+    floor = results.pop("cuda-floor", None)
+    rate = {k: g for k, g in rate.items() if k != "cuda-floor"}
+    plain_best = max((g for k, g in rate.items() if not k.startswith("gstore") and not k.endswith("-cli")), default=None)
     print(f"\n{'cold' if args.cold else 'warm'}, {args.gib} GiB{' random bits' if args.random_bits else ' bf16'}; "
           f"pinned host->device {pinned or 0:.1f} GB/s")
     print(f"{'loader':34} {'best s':>8} {'GB/s':>7} {'x pinned':>9} {'x best plain':>13} {'peak RSS MiB':>13}")
@@ -379,6 +448,12 @@ def main():
         extra = f"  (reports {best['reported_s']:.3f} s)" if "reported_s" in best else ""
         print(f"{k:34} {best['seconds']:8.3f} {g:7.1f} {g / pinned if pinned else 0:9.2f} "
               f"{g / plain_best if plain_best else 0:13.2f} {peak(v):13.0f}{extra}")
+    if floor and pinned:
+        f = min(x["seconds"] for x in floor)
+        nbytes = floor[0]["bytes"]
+        best = f + nbytes / pinned / 1e9
+        print(f"a fresh process's floor (CUDA start, context, {nbytes / 2**30:.1f} GiB allocated, exit): {f:.3f} s; "
+              f"with the bytes at the pinned rate {best:.3f} s = {nbytes / best / 1e9 / pinned:.2f} x pinned at best")
 
 
 if __name__ == "__main__":
