@@ -404,14 +404,31 @@ fn lower_priority() {
 
 /// The image of manifest `m` in this process's memory on GPU `device`: the plan and the
 /// staging are under way while CUDA starts (at the priority it had: the restore's machine
-/// check waits for the same start), the load at a lower one ([`lower_priority`]).
+/// check waits for the same start), the load at a lower one ([`lower_priority`]) and on
+/// fewer threads ([`beside_a_restore`]).
 fn prefetch(store: &IndexedStore, m: &Manifest, device: u32, budget: Budget) -> Result<DeviceImage> {
     std::thread::scope(|s| {
         let started = s.spawn(|| CudaDriver::load()?.context(device));
         lower_priority();
         let open = || started.join().expect("CUDA start does not panic").map_err(gstore_store::StoreError::device);
-        Ok(gstore_restore::restore_to_device_with(store, m, open, budget, &Silent)?)
+        let pool = beside_a_restore()?;
+        Ok(pool.install(|| gstore_restore::restore_to_device_with(store, m, open, budget, &Silent))?)
     })
+}
+
+/// The thread pool of a prefetch: two thirds of the machine's threads (rounded up), so that
+/// its load reads with fewer workers than a load alone would (8 instead of 12 on the H200
+/// machine's 16 threads). It shares the host's cores and memory with the lazy fill, CRIU and
+/// the driver's restore of the GPU state, which the process waits for as well. Restores of an
+/// 8B server alternating with the previous build in one run: its GPU state back in 0.44-0.61 s
+/// against 0.51-0.54, the weights refilled 0.71-0.91 s after the command's start against
+/// 0.82-0.84 (docs/BENCHMARKS.md, issue #63).
+fn beside_a_restore() -> Result<rayon::ThreadPool> {
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    rayon::ThreadPoolBuilder::new()
+        .num_threads((threads * 2).div_ceil(3))
+        .build()
+        .map_err(|e| StoreError::Internal(format!("starting the prefetch's threads: {e}")).into())
 }
 
 /// The `prefetched.json` text for `image`.

@@ -17,9 +17,9 @@ const MAX_READ_FLOOR: u64 = 1 << 20;
 /// since, 4 MiB reads load 16 GiB sooner (docs/BENCHMARKS.md, issue #62).
 const DEVICE_READ: u64 = 4 << 20;
 /// Pinned staging of such a load, all slots together: the DMA reads what the workers just
-/// wrote, and loads with more in flight (128-256 MiB) ran slower on the H200 machine than with
-/// 72 MiB (docs/BENCHMARKS.md, issue #62).
-const DEVICE_STAGING: u64 = 72 << 20;
+/// wrote. On the H200 machine 96 MiB loaded 16 GiB of random bits 4 % sooner than 72 MiB and
+/// bf16 as soon; 128 MiB was no faster (docs/BENCHMARKS.md, issue #62).
+const DEVICE_STAGING: u64 = 96 << 20;
 
 impl Budget {
     /// The default: 1 GiB.
