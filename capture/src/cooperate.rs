@@ -391,11 +391,10 @@ pub fn while_prefetching<'a, T>(
 }
 
 /// Lowers the CPU priority of the calling thread, and of the threads it starts from then on,
-/// to nice 10: a prefetch's load takes the CPU time the restore beside it leaves, and the lazy
-/// fill of the restored memory, which the driver's restore of the GPU state waits for, goes first
-/// (on the H200, the driver's restore of an 8B server's GPU state took 0.27 s with its memory
-/// in place, 0.61-0.74 s served lazily beside a prefetch at the same priority:
-/// docs/BENCHMARKS.md).
+/// to nice 10: where the cores run short, a prefetch's load takes the CPU time the restore
+/// beside it leaves, and the lazy fill that the driver's restore waits for goes first. (On the
+/// H200 machine, an idle one otherwise, nice 0, 10 or 19 changed nothing measurable; the
+/// prefetch's thread count did: [`beside_a_restore`], docs/BENCHMARKS.md.)
 fn lower_priority() {
     // SAFETY: setpriority on the calling thread (`who` 0 is the caller; Linux keeps the nice
     // value per thread); a failure leaves the priority as it was.
