@@ -220,6 +220,49 @@ fn a_restore_profile_is_recorded_then_followed_and_goes_with_its_image() {
     assert!(profiles(&env).is_empty());
 }
 
+/// The recorded plans (`index.plans/`), each with when it was last written.
+fn plans(env: &Env) -> Vec<(PathBuf, std::time::SystemTime)> {
+    let mut out: Vec<_> = walk(&env.store.join("index.plans"))
+        .into_iter()
+        .map(|p| (p.clone(), p.metadata().unwrap().modified().unwrap()))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_lazy_restore_records_where_its_memory_is_stored_and_the_next_reads_that_record() {
+    let env = Env::new(&[]);
+    let tree = Tree::start(200);
+    tree.checkpoint(&env, "tree:1");
+    let before = plans(&env);
+    let restore = || env.json(&["restore", "tree:1", "--run", "--criu", CRIU]);
+    let r = restore();
+    assert_eq!(r["mode"], "lazy", "{r}");
+    tree.assert_intact("parent");
+    tree.assert_intact("child");
+    // One plan for the image files written out, one for each process's lazy memory.
+    let recorded = plans(&env);
+    assert_eq!(recorded.len(), before.len() + 3, "{before:?} then {recorded:?}");
+
+    // The next restore finds every location in the records: none is written again.
+    tree.kill();
+    let r = restore();
+    assert_eq!(r["mode"], "lazy", "{r}");
+    tree.assert_intact("parent");
+    tree.assert_intact("child");
+    assert_eq!(plans(&env), recorded, "a restore of an unchanged store wrote its plans again");
+
+    // A record names where a chunk is, not what it holds: damage there is still caught.
+    tree.kill();
+    let chunk = damage_a_lazy_chunk(&env, "tree:1");
+    let o = env.run(&["restore", "tree:1", "--run", "--criu", CRIU]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(4), "damage exits 4: {err}");
+    assert!(err.contains(&chunk) && err.contains("corrupt chunk"), "{err}");
+    tree.wait_gone(Duration::from_secs(5));
+}
+
 #[test]
 fn a_tree_checkpointed_into_s3_comes_back_lazily_on_another_machine_and_its_profile_is_stored() {
     let s3 = S3::start();

@@ -4,13 +4,12 @@
 
 use crate::error::{LazyError, Result};
 use gstore_gpu_dump::images::PAGE_SIZE;
-use gstore_restore::plan::{locate_chunk, MAX_GAP};
+use gstore_restore::plan::{locate_chunks, MAX_GAP};
 use gstore_store::codec;
 use gstore_store::format::manifest::Manifest;
 use gstore_store::repo::index::ChunkLocation;
 use gstore_store::ObjectKind;
 use gstore_store::{IndexedStore, ObjectId, StoreError};
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// One chunk of a file, located in the store (`None`: an all-zero chunk, never fetched).
@@ -44,20 +43,18 @@ impl FileChunks {
             what: ObjectKind::ImageFile,
             key: format!("{path} (the image's page map names it, its manifest does not have it)"),
         })?;
-        let mut offsets = Vec::with_capacity(refs.len());
+        let stored: Vec<(ObjectId, u32)> = refs.iter().filter(|c| !c.zero).map(|c| (c.id, c.len)).collect();
+        let mut locs = locate_chunks(store, &stored, path)?.into_iter();
         let mut at = 0u64;
-        for c in refs {
-            offsets.push(at);
-            at += c.len as u64;
-        }
         let chunks = refs
-            .par_iter()
-            .zip(offsets)
-            .map(|(c, offset)| {
-                let loc = if c.zero { None } else { Some(locate_chunk(store, &c.id, c.len, path)?) };
-                Ok(Located { offset, len: c.len, id: c.id, loc })
+            .iter()
+            .map(|c| {
+                let loc = if c.zero { None } else { locs.next() };
+                let located = Located { offset: at, len: c.len, id: c.id, loc };
+                at += c.len as u64;
+                located
             })
-            .collect::<std::result::Result<Vec<_>, StoreError>>()?;
+            .collect();
         Ok(FileChunks { path: path.to_string(), size: entry.size, chunks })
     }
 

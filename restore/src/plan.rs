@@ -122,10 +122,56 @@ fn entry_order(m: &Manifest) -> Vec<usize> {
     idx
 }
 
-/// Where chunk `id` (of `len` plain bytes, part of the image file `path`) is stored: an error
-/// that names the file when the index knows no pack holding it, or disagrees on its length.
-pub fn locate_chunk(store: &IndexedStore, id: &ObjectId, len: u32, path: &str) -> Result<ChunkLocation> {
-    check_location(store.locate(id)?, id, len, path)
+/// Where each chunk of `chunks` (id and plain length, parts of the image file `path`) is
+/// stored, in their order: an error that names the file when the index knows no pack holding
+/// one, or disagrees on its length. Where the same chunks were located before on this machine
+/// and the packs found are all still there, their locations come from that record (a lazy
+/// restore's write-out waits for them); otherwise they are looked up ([`look_up`]) and
+/// recorded for next time, under a key that names the chunk list.
+pub fn locate_chunks(store: &IndexedStore, chunks: &[(ObjectId, u32)], path: &str) -> Result<Vec<ChunkLocation>> {
+    if chunks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"gstore file plan 1");
+    for (id, len) in chunks {
+        hasher.update(&id.0);
+        hasher.update(&len.to_le_bytes());
+    }
+    let key = ObjectId(*hasher.finalize().as_bytes());
+    if let Some(recorded) = store.recorded_plan(&key)?.filter(|r| r.len() == chunks.len()) {
+        // A location whose record does not decode is looked up.
+        return recorded
+            .zip(chunks)
+            .map(|(found, (id, len))| {
+                let found = match found {
+                    Some(loc) => Some(loc),
+                    None => store.locate(id)?,
+                };
+                check_location(found, id, *len, path)
+            })
+            .collect();
+    }
+    let ids: Vec<ObjectId> = chunks.iter().map(|(id, _)| *id).collect();
+    let located: Vec<ChunkLocation> = look_up(store, &ids)?
+        .into_iter()
+        .zip(chunks)
+        .map(|(found, (id, len))| check_location(found, id, *len, path))
+        .collect::<Result<_>>()?;
+    let mut record = PlanRecord::default();
+    located.iter().for_each(|loc| record.push(loc));
+    // A cache: a restore whose record cannot be written goes on, and the next looks up again.
+    let _ = store.record_plan(&key, record);
+    Ok(located)
+}
+
+/// Where each of `ids` is stored, per the index, in their order: groups of [`LOOKUP_GROUP`]
+/// looked up in parallel, an index iterator each.
+fn look_up(store: &IndexedStore, ids: &[ObjectId]) -> Result<Vec<Option<ChunkLocation>>> {
+    use rayon::prelude::*;
+    let found: Vec<Vec<Option<ChunkLocation>>> =
+        ids.par_chunks(LOOKUP_GROUP).map(|group| store.locate_many(group)).collect::<Result<_>>()?;
+    Ok(found.into_iter().flatten().collect())
 }
 
 /// The location the index gave for chunk `id` of `len` bytes (used by file `path`), checked
@@ -338,7 +384,6 @@ impl Needs {
         batch: usize,
         mut emit: impl FnMut(Vec<RangeRead>) -> Result<()>,
     ) -> Result<()> {
-        use rayon::prelude::*;
         let paths: Vec<&str> = m.entries.iter().map(|e| e.path.as_str()).collect();
         let key = self.key;
         let total = self.distinct;
@@ -363,13 +408,7 @@ impl Needs {
                         None => store.locate(&n.id),
                     })
                     .collect::<Result<_>>()?,
-                Locations::LookedUp(_) => {
-                    // Index lookups in parallel, a group of distinct chunks per index iterator.
-                    let ids: Vec<ObjectId> = chunks.iter().map(|n| n.id).collect();
-                    let found: Vec<Vec<Option<ChunkLocation>>> =
-                        ids.par_chunks(LOOKUP_GROUP).map(|group| store.locate_many(group)).collect::<Result<_>>()?;
-                    found.into_iter().flatten().collect()
-                }
+                Locations::LookedUp(_) => look_up(store, &chunks.iter().map(|n| n.id).collect::<Vec<_>>())?,
             };
             let located: Vec<(usize, PlannedChunk)> = chunks
                 .into_iter()
