@@ -79,6 +79,17 @@ pub fn prepare(
     Ok(Prepared { layout, chunks, written_bytes: written })
 }
 
+/// Locates the chunks of every pages file of image `m` ([`FileChunks::locate`]), which records
+/// where they are for the restores of the image on this machine: a checkpoint does so once
+/// its image is stored, so that even the first lazy restore reads the locations instead of
+/// looking each chunk up while the restore waits.
+pub fn locate_ahead(store: &IndexedStore, m: &Manifest) -> Result<()> {
+    for e in m.entries.iter().filter(|e| is_page_image(&e.path)) {
+        FileChunks::locate(store, m, &e.path)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
