@@ -36,6 +36,7 @@ the best plain-file loader, peak RSS.
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -70,10 +71,7 @@ def shapes(gib):
     while total < gib << 30:
         for name, shape in layer_shapes(i):
             out.append((name, shape))
-            n = 2
-            for d in shape:
-                n *= d
-            total += n
+            total += 2 * math.prod(shape)
         i += 1
     out.append(("model.norm.weight", (HIDDEN,)))
     return out
@@ -171,19 +169,12 @@ def cuda_floor(args):
     ok(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
     ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
     ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    nbytes = sum(2 * prod(s) for _, s in shapes(args.gib))
+    nbytes = sum(2 * math.prod(s) for _, s in shapes(args.gib))
     left = nbytes
     while left > 0:
         ok(cu.cuMemAlloc_v2(ctypes.byref(ptr), min(left, 1 << 30)), "cuMemAlloc")
         left -= 1 << 30
     print(json.dumps({"seconds": 0.0, "bytes": nbytes, "peak_rss_mib": status_mib("VmHWM")}), flush=True)
-
-
-def prod(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def child(args):

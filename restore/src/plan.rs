@@ -139,29 +139,16 @@ pub fn locate_chunks(store: &IndexedStore, chunks: &[(ObjectId, u32)], path: &st
         hasher.update(&len.to_le_bytes());
     }
     let key = ObjectId(*hasher.finalize().as_bytes());
-    if let Some(recorded) = store.recorded_plan(&key)?.filter(|r| r.len() == chunks.len()) {
-        // A location whose record does not decode is looked up.
-        return recorded
-            .zip(chunks)
-            .map(|(found, (id, len))| {
-                let found = match found {
-                    Some(loc) => Some(loc),
-                    None => store.locate(id)?,
-                };
-                check_location(found, id, *len, path)
-            })
-            .collect();
-    }
     let ids: Vec<ObjectId> = chunks.iter().map(|(id, _)| *id).collect();
-    let located: Vec<ChunkLocation> = look_up(store, &ids)?
+    let mut source = Locations::open(store, &key, chunks.len())?;
+    let located: Vec<ChunkLocation> = source
+        .next(store, &ids)?
         .into_iter()
         .zip(chunks)
         .map(|(found, (id, len))| check_location(found, id, *len, path))
         .collect::<Result<_>>()?;
-    let mut record = PlanRecord::default();
-    located.iter().for_each(|loc| record.push(loc));
-    // A cache: a restore whose record cannot be written goes on, and the next looks up again.
-    let _ = store.record_plan(&key, record);
+    source.record(&located);
+    source.finish(store, &key);
     Ok(located)
 }
 
@@ -174,8 +161,8 @@ fn look_up(store: &IndexedStore, ids: &[ObjectId]) -> Result<Vec<Option<ChunkLoc
     Ok(found.into_iter().flatten().collect())
 }
 
-/// The location the index gave for chunk `id` of `len` bytes (used by file `path`), checked
-/// as [`locate_chunk`] does.
+/// The location the index gave for chunk `id` of `len` bytes (used by file `path`): an error
+/// that names the file when there is none, or when it disagrees on the chunk's length.
 fn check_location(found: Option<ChunkLocation>, id: &ObjectId, len: u32, path: &str) -> Result<ChunkLocation> {
     let loc = found.ok_or_else(|| StoreError::NotFound {
         what: ObjectKind::Chunk,
@@ -198,6 +185,48 @@ fn check_location(found: Option<ChunkLocation>, id: &ObjectId, len: u32, path: &
 enum Locations {
     Recorded(RecordedPlan),
     LookedUp(PlanRecord),
+}
+
+impl Locations {
+    /// The plan recorded under `key`, if it holds the `total` locations asked for and its
+    /// packs are all still there; else lookups, to be recorded.
+    fn open(store: &IndexedStore, key: &ObjectId, total: usize) -> Result<Locations> {
+        Ok(match store.recorded_plan(key)?.filter(|r| r.len() == total) {
+            Some(recorded) => Locations::Recorded(recorded),
+            None => Locations::LookedUp(PlanRecord::default()),
+        })
+    }
+
+    /// Where the next chunks, `ids`, are stored, in their order (a location whose record does
+    /// not decode is looked up).
+    fn next(&mut self, store: &IndexedStore, ids: &[ObjectId]) -> Result<Vec<Option<ChunkLocation>>> {
+        match self {
+            Locations::Recorded(r) => ids
+                .iter()
+                .map(|id| match r.next().flatten() {
+                    Some(loc) => Ok(Some(loc)),
+                    None => store.locate(id),
+                })
+                .collect(),
+            Locations::LookedUp(_) => look_up(store, ids),
+        }
+    }
+
+    /// Adds the next locations, checked, to the record being made (lookups only).
+    fn record<'a>(&mut self, located: impl IntoIterator<Item = &'a ChunkLocation>) {
+        if let Locations::LookedUp(record) = self {
+            located.into_iter().for_each(|loc| record.push(loc));
+        }
+    }
+
+    /// Records the lookups under `key`, for the next plan of the same chunks. A cache, like
+    /// the range cache: a restore whose plan cannot be recorded (a full disk under the index)
+    /// goes on, and the next one looks its chunks up again.
+    fn finish(self, store: &IndexedStore, key: &ObjectId) {
+        if let Locations::LookedUp(record) = self {
+            let _ = store.record_plan(key, record);
+        }
+    }
 }
 
 /// Distinct chunks in the first planning batch (later batches grow fourfold, up to the
@@ -387,10 +416,7 @@ impl Needs {
         let paths: Vec<&str> = m.entries.iter().map(|e| e.path.as_str()).collect();
         let key = self.key;
         let total = self.distinct;
-        let mut source = match store.recorded_plan(&key)?.filter(|r| r.len() == total) {
-            Some(recorded) => Locations::Recorded(recorded),
-            None => Locations::LookedUp(PlanRecord::default()),
-        };
+        let mut source = Locations::open(store, &key, total)?;
         let mut needed = self.into_needed(m);
         // The first batches are small, so that the first reads go out early; later ones grow
         // to `batch`.
@@ -399,17 +425,7 @@ impl Needs {
         while first < total {
             let chunks: Vec<Needed> = needed.by_ref().take(size).collect();
             size = size.saturating_mul(4).min(batch);
-            let found: Vec<Option<ChunkLocation>> = match &mut source {
-                // A location whose record does not decode is looked up.
-                Locations::Recorded(r) => chunks
-                    .iter()
-                    .map(|n| match r.next().flatten() {
-                        Some(loc) => Ok(Some(loc)),
-                        None => store.locate(&n.id),
-                    })
-                    .collect::<Result<_>>()?,
-                Locations::LookedUp(_) => look_up(store, &chunks.iter().map(|n| n.id).collect::<Vec<_>>())?,
-            };
+            let found = source.next(store, &chunks.iter().map(|n| n.id).collect::<Vec<_>>())?;
             let located: Vec<(usize, PlannedChunk)> = chunks
                 .into_iter()
                 .zip(found)
@@ -419,17 +435,11 @@ impl Needs {
                     Ok((first + k, PlannedChunk { id: n.id, loc, targets: n.targets }))
                 })
                 .collect::<Result<_>>()?;
-            if let Locations::LookedUp(record) = &mut source {
-                located.iter().for_each(|(_, p)| record.push(&p.loc));
-            }
+            source.record(located.iter().map(|(_, p)| &p.loc));
             first += located.len();
             emit(coalesce(located, max_read))?;
         }
-        if let Locations::LookedUp(record) = source {
-            // A cache, like the range cache: a restore whose plan cannot be recorded (a full
-            // disk under the index) goes on, and the next one looks its chunks up again.
-            let _ = store.record_plan(&key, record);
-        }
+        source.finish(store, &key);
         Ok(())
     }
 }
