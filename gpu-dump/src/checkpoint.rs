@@ -349,10 +349,13 @@ fn started_driver<'a>(opts: &RestoreOptions<'a>) -> Result<Option<&'a CudaDriver
     }
 }
 
+/// How long a task restored with `--leave-stopped` may take to show as stopped.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
 /// Restores the process tree in `dir` with its tasks left stopped (`criu restore
 /// --leave-stopped`): nothing of it has run when this returns, so work that must pass before
 /// the tree runs (a check of the machine) can go on while CRIU restores it. Waits for the
-/// image's pids to be free first. [`Stopped::resume`] lets it run; dropping it kills it.
+/// image's pids to be free first, and returns once every process shows as stopped. [`Stopped::resume`] lets it run; dropping it kills it.
 pub fn restore_stopped(dir: &Path, opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let criu::ImageTree { ids: mut pids, processes } = criu::image_tree(dir)?;
     pids.extend(opts.original_pid);
@@ -362,14 +365,24 @@ pub fn restore_stopped(dir: &Path, opts: &RestoreOptions<'_>) -> Result<Stopped>
         criu::wait_pid_free(pid, deadline.saturating_duration_since(Instant::now()))
             .map_err(|_| GpuDumpError::PidInUse { pid, timeout: opts.pid_wait })?;
     }
-    let mut timings = RestoreTimings { pid_wait_s: seconds(start), ..RestoreTimings::default() };
+    let timings = RestoreTimings { pid_wait_s: seconds(start), ..RestoreTimings::default() };
     let start = Instant::now();
     let mut extra_args = vec!["--leave-stopped".to_string()];
     extra_args.extend(opts.extra_criu_args.iter().cloned());
     let criu_opts = criu::RestoreOptions { shell_job: opts.shell_job, extra_args };
     let pid = opts.criu.restore(dir, &criu_opts)?;
-    timings.criu_restore_s = seconds(start);
-    Ok(Stopped { pid, processes, timings, running: false })
+    let mut stopped = Stopped { pid, processes, timings, running: false };
+    // CRIU sends each task SIGSTOP and detaches: the stop lands as the task next returns to
+    // user space, so a task shows as running for a moment but runs none of its code.
+    for &p in &stopped.processes {
+        procfs::wait_stopped(p, STOP_WAIT).map_err(|state| GpuDumpError::NotStopped {
+            pid: p,
+            state,
+            timeout: STOP_WAIT,
+        })?;
+    }
+    stopped.timings.criu_restore_s = seconds(start);
+    Ok(stopped)
 }
 
 /// A process tree restored by [`restore_stopped`], its tasks stopped. Dropped before

@@ -170,6 +170,20 @@ pub enum GpuDumpError {
         timeout: Duration,
     },
 
+    /// A process restored with its tasks left stopped did not stop (it exited, or it ran on).
+    #[error(
+        "restored process {pid} did not stop as CRIU's --leave-stopped promises (its state: \
+         {state}, after {timeout:?}); the restored tree was killed before it could run"
+    )]
+    NotStopped {
+        /// The pid.
+        pid: u32,
+        /// Its last state letter from `/proc/PID/stat`, or `gone`.
+        state: String,
+        /// How long we waited.
+        timeout: Duration,
+    },
+
     /// The process to checkpoint does not exist.
     #[error("no process with pid {pid}{detail}")]
     NoSuchProcess {

@@ -7,6 +7,20 @@ pub fn state(pid: u32) -> Option<char> {
     parse_stat_state(&stat)
 }
 
+/// Waits until process `pid` runs nothing: stopped (state `T`), or a zombie (a tree can hold
+/// one), for at most `timeout`. On failure, its last state letter, or `gone`.
+pub fn wait_stopped(pid: u32, timeout: std::time::Duration) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match state(pid) {
+            Some('T' | 'Z') => return Ok(()),
+            None | Some('X' | 'x') => return Err("gone".to_string()),
+            Some(s) if std::time::Instant::now() >= deadline => return Err(s.to_string()),
+            Some(_) => std::thread::sleep(std::time::Duration::from_micros(200)),
+        }
+    }
+}
+
 /// True when `pid` is a live process: it exists and is neither a zombie nor dead. A zombie
 /// still holds its pid (until its parent or PID 1 reaps it) but cannot be checkpointed.
 pub fn is_alive(pid: u32) -> bool {

@@ -208,7 +208,7 @@ fn a_tree_restored_stopped_runs_nothing_until_resumed_and_dies_when_dropped() {
     // Restored stopped: it is there, stopped, and counts nothing; dropped, it is killed.
     let stopped = checkpoint::restore_stopped(&dir, &opts).expect("restore stopped");
     assert_eq!(stopped.pid(), counter.pid);
-    assert_eq!(procfs::state(counter.pid), Some('T'), "CRIU left it stopped");
+    assert_eq!(procfs::state(counter.pid), Some('T'), "returned before it showed as stopped");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(counter.value(), at_dump, "a stopped tree counted");
     drop(stopped);
