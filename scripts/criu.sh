@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs CRIU >= 4.0 at /opt/criu/sbin/criu on Debian 12 (run as root), by building the
+# Installs CRIU >= 4.2 at /opt/criu/sbin/criu on Debian 12 (run as root), by building the
 # upstream source from the Debian pool. Debian 12's own criu 3.17 fails on kernels >= 6.13
-# (their split [vvar]/vDSO layout is only handled from CRIU 4.1 on).
-# Safe to run again: when a criu >= 4.0 is already on PATH or at /opt/criu/sbin/criu it prints
+# (their split [vvar]/vDSO layout is only handled from CRIU 4.1 on), and CRIU 4.1 cannot dump
+# a process holding an inet socket on kernels >= 6.16 (they refuse SO_PASSCRED and SO_PASSSEC
+# on such sockets; CRIU 4.2 reads them only where the kernel has them).
+# Safe to run again: when a criu >= 4.2 is already on PATH or at /opt/criu/sbin/criu it prints
 # that path and does nothing else. Prints the installed path on its last line.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -11,7 +13,6 @@ PREFIX=/opt/criu
 CACHE="${HOME:-/root}/.cache/gstore-criu"
 # version and the sha256 of its orig tarball (trixie's and sid's Sources index); first one wins.
 CANDIDATES=(
-  "4.1.1 f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe"
   "4.2.1 29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9"
 )
 BUILD_DEPS=(build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler
@@ -20,17 +21,18 @@ BUILD_DEPS=(build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobu
 
 log() { echo "criu.sh: $*" >&2; }
 
-# Prints the major version of the criu binary $1 (empty when it does not run).
-criu_major() {
-  "$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9][0-9]*\)\..*/\1/p' | head -n1
+# Prints the version of the criu binary $1 as major*100+minor (empty when it does not run).
+criu_version() {
+  "$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1 \2/p' | head -n1 |
+    awk '{ print $1 * 100 + $2 }'
 }
 
-# True when $1 is an executable criu of version 4.0 or newer.
+# True when $1 is an executable criu of version 4.2 or newer.
 is_new_enough() {
-  local major
+  local version
   [ -x "$1" ] || return 1
-  major="$(criu_major "$1")"
-  [ -n "$major" ] && [ "$major" -ge 4 ]
+  version="$(criu_version "$1")"
+  [ -n "$version" ] && [ "$version" -ge 402 ]
 }
 
 for existing in "$(command -v criu || true)" "$PREFIX/sbin/criu"; do

@@ -294,3 +294,138 @@ fn a_token_that_may_not_store_the_tag_is_refused_before_the_process_is_touched()
     let ls = server.cmd("m", read, &["ls", "--json"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&ls.stdout).trim(), "[]", "nothing tagged");
 }
+
+/// A tree shaped like a tensor-parallel job on the CPU: a parent and two ranks forked from it,
+/// joined by loopback TCP connections (NCCL's bootstrap and socket transport) and by a 32 MiB
+/// shared-memory segment in /dev/shm that is unlinked once everyone mapped it (NCCL's SHM
+/// transport). Each step the ranks write their slot and report over TCP; the parent sums the
+/// slots (the "all-reduce"), checks the sum and, every 25 steps, the segment's checksum, and
+/// writes `STEP ok` or `STEP bad: WHY`.
+const RANKS_PY: &str = r#"
+import mmap, os, socket, struct, sys, time, zlib
+out, SEG, HEAD = sys.argv[1], 32 << 20, 4096
+path = "/dev/shm/gstore-test-ranks-%d" % os.getpid()
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+os.ftruncate(fd, SEG)
+seg = mmap.mmap(fd, SEG)
+seg[HEAD:] = bytes(range(256)) * ((SEG - HEAD) // 256)
+crc = zlib.crc32(seg[HEAD:])
+lst = socket.socket()
+lst.bind(("127.0.0.1", 0))
+lst.listen(2)
+addr = lst.getsockname()
+for r in range(2):
+    if os.fork() == 0:
+        lst.close()
+        s = socket.create_connection(addr)
+        s.sendall(bytes([r]))
+        k = 0
+        while True:
+            k += 1
+            struct.pack_into("<QQ", seg, 16 * r, k, k * (r + 3))
+            s.sendall(struct.pack("<Q", k))
+            if s.recv(8, socket.MSG_WAITALL) != struct.pack("<Q", k):
+                os._exit(3)
+conns = {}
+for _ in range(2):
+    c, _ = lst.accept()
+    conns[c.recv(1)[0]] = c
+os.unlink(path)
+os.close(fd)
+status = os.open(out, os.O_RDWR | os.O_CREAT, 0o644)
+step, state = 0, "ok"
+while state == "ok":
+    step += 1
+    for r in (0, 1):
+        (k,) = struct.unpack("<Q", conns[r].recv(8, socket.MSG_WAITALL))
+        if k != step:
+            state = "bad: rank %d at step %d, not %d" % (r, k, step)
+    total = sum(struct.unpack_from("<QQ", seg, 16 * r)[1] for r in (0, 1))
+    if state == "ok" and total != 7 * step:
+        state = "bad: all-reduce %d at step %d" % (total, step)
+    if state == "ok" and step % 25 == 0 and zlib.crc32(seg[HEAD:]) != crc:
+        state = "bad: the shared segment changed at step %d" % step
+    os.pwrite(status, b"%020d %-60s" % (step, state.encode()), 0)
+    time.sleep(0.01)
+    for r in (0, 1):
+        conns[r].sendall(struct.pack("<Q", step))
+time.sleep(3600)
+"#;
+
+/// The tree of [`RANKS_PY`], killed (its whole session) when dropped.
+struct Ranks {
+    pid: u32,
+    dir: tempfile::TempDir,
+}
+
+impl Ranks {
+    fn start() -> Ranks {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("status");
+        let pid = spawn_detached_python(dir.path(), RANKS_PY, &[out.as_os_str()]);
+        let ranks = Ranks { pid, dir };
+        ranks.wait_past(30);
+        ranks
+    }
+
+    /// The last step written and its state.
+    fn status(&self) -> Option<(u64, String)> {
+        let text = fs::read_to_string(self.dir.path().join("status")).ok()?;
+        let (step, state) = text.split_once(' ')?;
+        Some((step.parse().ok()?, state.trim().to_string()))
+    }
+
+    /// Waits (up to 20 s) until a step past `floor` is written; asserts every step was right.
+    fn wait_past(&self, floor: u64) -> u64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some((step, state)) = self.status() {
+                assert_eq!(state, "ok", "step {step}");
+                if step > floor {
+                    return step;
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "ranks {} stuck at {:?}", self.pid, self.status());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    fn processes(&self) -> usize {
+        gstore_gpu_dump::procfs::descendants(&[self.pid]).len()
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        let cmdline = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&*self.dir.path().to_string_lossy()) {
+            let _ = std::process::Command::new("kill").arg("-9").arg(format!("-{}", self.pid)).status();
+        }
+    }
+}
+
+#[test]
+fn a_tree_joined_by_tcp_and_a_deleted_shared_segment_restores_and_reduces_on() {
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    let ranks = Ranks::start();
+    assert_eq!(ranks.processes(), 3);
+    let pid = ranks.pid.to_string();
+    let tcp = "--criu-opt=--tcp-established";
+    let r = env.json(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "tp:1", tcp], &criu));
+    assert_eq!(r["capture"]["image_kind"], "cpu-process");
+    let (at_dump, _) = ranks.status().unwrap();
+    let wait = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && std::time::Instant::now() < wait {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(ranks.status().unwrap().0, at_dump, "the tree stepped after its dump");
+
+    let err = env.fails(&with_criu(&["restore", "tp:1", "--run"], &criu));
+    assert!(err.contains("pass --criu-opt=--tcp-established"), "{err}");
+    env.ok(&with_criu(&["restore", "tp:1", "--run", tcp], &criu));
+    assert_eq!(ranks.processes(), 3, "the parent and both ranks are back");
+    // 60 steps more: both ranks report over their restored connections, every sum is right
+    // and the restored segment is checked twice.
+    ranks.wait_past(at_dump + 60);
+}

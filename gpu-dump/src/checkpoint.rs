@@ -159,6 +159,17 @@ impl CaptureReport {
     }
 }
 
+/// CRIU's own `--ghost-limit`: deleted files up to this size go into the image unasked.
+const CRIU_GHOST_LIMIT: u64 = 1 << 20;
+
+/// The `--ghost-limit` a tree whose largest deleted file takes `largest` bytes needs: none
+/// within CRIU's default, else twice that file, room for it to grow until the freeze. A
+/// deleted file the process holds (NCCL's shared-memory segments, a removed log still
+/// written) is part of its state: a restore without it fails.
+fn ghost_limit_for(largest: u64) -> Option<u64> {
+    (largest > CRIU_GHOST_LIMIT).then(|| largest.saturating_mul(2))
+}
+
 /// Checkpoints process `pid` and the processes below it into the empty (or new) directory `dir`.
 ///
 /// The GPU processes of the tree ([`gpu_processes`]) are all locked before any is checkpointed,
@@ -179,8 +190,9 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
                 .to_string(),
         });
     }
-    let cuda_users: Vec<u32> =
-        procfs::descendants(&[pid]).into_iter().filter(|&p| cuda::process_uses_cuda(p)).collect();
+    let tree = procfs::descendants(&[pid]);
+    let cuda_users: Vec<u32> = tree.iter().copied().filter(|&p| cuda::process_uses_cuda(p)).collect();
+    let ghost_limit = ghost_limit_for(procfs::largest_deleted_file(&tree));
     let gpu = match cuda_users.first() {
         Some(&user) => Some(opts.cuda.ok_or_else(|| GpuDumpError::GpuProcessWithoutDriver {
             pid: user,
@@ -234,6 +246,7 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
         shell_job: opts.shell_job,
         stream: opts.stream,
         action_script: opts.action_script.clone(),
+        ghost_limit,
         extra_args: opts.extra_criu_args.clone(),
     };
     let start = Instant::now();

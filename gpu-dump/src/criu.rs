@@ -39,6 +39,9 @@ pub struct DumpOptions {
     /// An executable CRIU runs at each action (`--action-script`), e.g. after the image is
     /// complete and before the process is killed or let go (`post-dump`).
     pub action_script: Option<PathBuf>,
+    /// The most bytes of a deleted file the process holds that CRIU copies into the image
+    /// (`--ghost-limit`); `None` keeps CRIU's default (1 MiB). An `extra_args` one wins.
+    pub ghost_limit: Option<u64>,
     /// Further arguments appended to the command line as they are.
     pub extra_args: Vec<String>,
 }
@@ -138,6 +141,9 @@ impl Criu {
         if let Some(script) = &opts.action_script {
             args.extend(["--action-script".into(), script.display().to_string()]);
         }
+        if let Some(limit) = opts.ghost_limit {
+            args.extend(["--ghost-limit".into(), limit.to_string()]);
+        }
         args.extend(opts.extra_args.iter().cloned());
         self.run("dump", &args, &dir, DUMP_LOG)
     }
@@ -227,6 +233,12 @@ fn cause_of(log: &str, output: &str) -> CriuCause {
         CriuCause::OwnAncestor
     } else if either("doesn't have a proper root mount") {
         CriuCause::Container
+    } else if either("Can't get 1:16 opt: Operation not supported") {
+        CriuCause::SocketOptions
+    } else if either("Connected TCP socket") {
+        CriuCause::TcpEstablished
+    } else if either("Can't dump ghost file") {
+        CriuCause::GhostLimit
     } else {
         CriuCause::Unknown
     }
@@ -402,6 +414,14 @@ mod tests {
         assert_eq!(tail(&own, 10).lines().count(), 1, "a line once per thread is said once");
         let log = "Error (criu/mount.c:1009): mnt: ./sys/fs/cgroup/systemd doesn't have a proper root mount\n";
         assert!(cause_of(log, "").to_string().contains("container"));
+        let log = "(00.046) Error (criu/sockets.c:628): sockets: Can't get 1:16 opt: Operation not supported\n";
+        assert!(cause_of(log, "").to_string().contains("CRIU >= 4.2"));
+        let log = "(00.012) Error (criu/sk-inet.c:200): inet: Connected TCP socket, consider using --tcp-established option.\n";
+        assert!(cause_of(log, "").to_string().contains("--criu-opt=--tcp-established"));
+        let log = "(00.031) Error (criu/sk-inet.c:912): inet: Connected TCP socket in image\n";
+        assert_eq!(cause_of(log, ""), CriuCause::TcpEstablished);
+        let log = "(00.020) Error (criu/files-reg.c:1031): Can't dump ghost file /dev/shm/nccl-x of 34213888 size, increase limit\n";
+        assert!(cause_of(log, "").to_string().contains("--ghost-limit"));
         let details = failure_details("criu: unrecognized option '--x'\n", Path::new("/img/dump.log"), None);
         assert!(details.contains("unrecognized option") && details.contains("no dump.log from CRIU"), "{details}");
         assert!(!details.contains("/img"), "the image directory may be gone when this is read: {details}");

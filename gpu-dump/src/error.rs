@@ -314,6 +314,14 @@ pub enum CriuCause {
     OwnAncestor,
     /// The process runs in a container, whose mounts CRIU cannot dump from outside it.
     Container,
+    /// CRIU before 4.2 asked the kernel (>= 6.16) for credential options of an inet socket,
+    /// which it no longer has.
+    SocketOptions,
+    /// The process (or the image) has an established TCP connection and `--tcp-established`
+    /// was not given.
+    TcpEstablished,
+    /// A deleted file the process holds is larger than CRIU's `--ghost-limit`.
+    GhostLimit,
     /// Nothing recognised.
     Unknown,
 }
@@ -340,6 +348,18 @@ impl std::fmt::Display for CriuCause {
             CriuCause::Container => {
                 "; the process runs in a container (its mounts belong to another mount namespace): \
                  checkpoint the container through its runtime (e.g. podman container checkpoint), not its pid"
+            }
+            CriuCause::SocketOptions => {
+                "; this CRIU cannot dump inet sockets on Linux >= 6.16 (the kernel no longer has \
+                 SO_PASSCRED/SO_PASSSEC for them): install CRIU >= 4.2 (scripts/criu.sh builds 4.2.1)"
+            }
+            CriuCause::TcpEstablished => {
+                "; the process has an established TCP connection: pass --criu-opt=--tcp-established to \
+                 checkpoint and restore it (the peer must be checkpointed with it or restored too)"
+            }
+            CriuCause::GhostLimit => {
+                "; the process holds a deleted file larger than the size gstore measured before the \
+                 dump (it grew meanwhile): pass --criu-opt=--ghost-limit=BYTES with room for it"
             }
             CriuCause::Unknown => "",
         })

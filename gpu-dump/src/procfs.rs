@@ -84,6 +84,27 @@ pub fn descendants(roots: &[u32]) -> Vec<u32> {
     out
 }
 
+/// The largest deleted file that processes `pids` hold open or mapped (`/proc/PID/fd` and
+/// `/proc/PID/map_files` links whose target ends in ` (deleted)`), in the bytes it takes on
+/// disk (blocks × 512, what CRIU weighs against its `--ghost-limit`); 0 when there is none.
+/// Links that vanish while they are read are skipped.
+pub fn largest_deleted_file(pids: &[u32]) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut largest = 0;
+    for pid in pids {
+        for dir in ["fd", "map_files"] {
+            let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/{dir}")) else { continue };
+            for link in entries.flatten().map(|e| e.path()) {
+                let deleted = std::fs::read_link(&link).is_ok_and(|t| t.to_string_lossy().ends_with(" (deleted)"));
+                if let (true, Ok(meta)) = (deleted, std::fs::metadata(&link)) {
+                    largest = largest.max(meta.blocks() * 512);
+                }
+            }
+        }
+    }
+    largest
+}
+
 /// Process `pid`'s command line (`/proc/PID/cmdline`), its arguments joined by spaces, or
 /// `None` when there is no such process. A process CRIU restored has its old one.
 pub fn cmdline(pid: u32) -> Option<String> {
@@ -165,5 +186,40 @@ mod tests {
         assert_eq!(descendants(&[child.id()]), [child.id()]);
         child.kill().expect("kill");
         child.wait().expect("wait");
+    }
+
+    #[test]
+    fn deleted_files_held_open_or_mapped_are_weighed_and_others_not() {
+        use std::io::Write;
+        let me = std::process::id();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kept = dir.path().join("kept");
+        std::fs::write(&kept, vec![7u8; 3 << 20]).expect("write");
+        let _kept = std::fs::File::open(&kept).expect("open");
+        let before = largest_deleted_file(&[me]);
+        assert!(before < 3 << 20, "a file still linked is no ghost: {before}");
+
+        let opened = dir.path().join("opened");
+        let mut f = std::fs::File::create(&opened).expect("create");
+        f.write_all(&vec![1u8; 5 << 20]).expect("write");
+        f.sync_all().expect("sync");
+        std::fs::remove_file(&opened).expect("remove");
+        assert!(largest_deleted_file(&[me]) >= 5 << 20);
+
+        let mapped = dir.path().join("mapped");
+        std::fs::write(&mapped, vec![2u8; 9 << 20]).expect("write");
+        let len = 9 << 20;
+        let file = std::fs::File::open(&mapped).expect("open");
+        // SAFETY: a fresh private read-only mapping of a file we opened, unmapped below.
+        let map = unsafe {
+            use std::os::fd::AsRawFd;
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0)
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        drop(file);
+        std::fs::remove_file(&mapped).expect("remove");
+        assert!(largest_deleted_file(&[me]) >= 9 << 20, "a mapped file whose descriptor is closed counts");
+        // SAFETY: the mapping made above, of `len` bytes.
+        unsafe { libc::munmap(map, len) };
     }
 }
