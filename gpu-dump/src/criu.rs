@@ -239,6 +239,8 @@ fn cause_of(log: &str, output: &str) -> CriuCause {
         CriuCause::TcpEstablished
     } else if either("Can't dump ghost file") {
         CriuCause::GhostLimit
+    } else if either("anon_inode:[io_uring]") {
+        CriuCause::IoUring
     } else {
         CriuCause::Unknown
     }
@@ -422,6 +424,8 @@ mod tests {
         assert_eq!(cause_of(log, ""), CriuCause::TcpEstablished);
         let log = "(00.020) Error (criu/files-reg.c:1031): Can't dump ghost file /dev/shm/nccl-x of 34213888 size, increase limit\n";
         assert!(cause_of(log, "").to_string().contains("--ghost-limit"));
+        let log = "(00.050) Error (criu/proc_parse.c:502): Unknown shit 600 (anon_inode:[io_uring])\n";
+        assert!(cause_of(log, "").to_string().contains("USE_LIBUV=0"));
         let details = failure_details("criu: unrecognized option '--x'\n", Path::new("/img/dump.log"), None);
         assert!(details.contains("unrecognized option") && details.contains("no dump.log from CRIU"), "{details}");
         assert!(!details.contains("/img"), "the image directory may be gone when this is read: {details}");

@@ -322,6 +322,8 @@ pub enum CriuCause {
     TcpEstablished,
     /// A deleted file the process holds is larger than CRIU's `--ghost-limit`.
     GhostLimit,
+    /// The process has an io_uring, which CRIU cannot dump.
+    IoUring,
     /// Nothing recognised.
     Unknown,
 }
@@ -360,6 +362,10 @@ impl std::fmt::Display for CriuCause {
             CriuCause::GhostLimit => {
                 "; the process holds a deleted file larger than the size gstore measured before the \
                  dump (it grew meanwhile): pass --criu-opt=--ghost-limit=BYTES with room for it"
+            }
+            CriuCause::IoUring => {
+                "; the process has an io_uring, which CRIU cannot dump (PyTorch's TCPStore server \
+                 sets one up through libuv: start the job with USE_LIBUV=0)"
             }
             CriuCause::Unknown => "",
         })

@@ -7,7 +7,7 @@
 #   CARRY_DIR/gstore      the stripped release binary
 #   CARRY_DIR/runc        Debian's runc (`apt-get download runc`, dpkg -x, usr/sbin/runc)
 #   CARRY_DIR/lib/        libseccomp.so.2, which that runc links
-#   CARRY_DIR/criu/       ../shared/device/criu-bundle.sh's CRIU bundle (4.2.1 from scripts/criu.sh)
+#   CARRY_DIR/criu/       scripts/criu-bundle.sh's CRIU 4.2.1 bundle
 #
 # The container: an OCI bundle whose rootfs is a read-only bind of the host's / (so the host's
 # Python, PyTorch and driver libraries are there as they are), every other real filesystem

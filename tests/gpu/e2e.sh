@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU end-to-end test and benchmark of process checkpoints, for a machine with an NVIDIA GPU
 # (driver >= 570), PyTorch, root, and the stripped gstore binary plus the CRIU bundle from
-# ../shared/device/criu-bundle.sh (see tests/gpu/README.md).
+# scripts/criu-bundle.sh (see tests/gpu/README.md).
 #
 # Workloads (E2E_CASES, default "holder medium large"; also "qwen8b" and "map"):
 #   holder  holder.py keeps HOLDER_GIB of seeded random tensors in VRAM and computes; its
