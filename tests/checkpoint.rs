@@ -411,9 +411,12 @@ fn a_tree_joined_by_tcp_and_a_deleted_shared_segment_restores_and_reduces_on() {
     let ranks = Ranks::start();
     assert_eq!(ranks.processes(), 3);
     let pid = ranks.pid.to_string();
-    let tcp = "--criu-opt=--tcp-established";
-    let r = env.json(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "tp:1", tcp], &criu));
+    // Every connection is between the tree's own processes: gstore dumps them established
+    // and records that the restore must restore them so.
+    let r = env.json(&with_criu(&["checkpoint", "--pid", &pid, "--tag", "tp:1"], &criu));
     assert_eq!(r["capture"]["image_kind"], "cpu-process");
+    assert_eq!(r["capture"]["tcp_connections"], "inside");
+    assert_eq!(env.json(&["show", "tp:1"])["meta"]["tcp_connections"], "inside");
     let (at_dump, _) = ranks.status().unwrap();
     let wait = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while std::path::Path::new(&format!("/proc/{pid}")).exists() && std::time::Instant::now() < wait {
@@ -421,11 +424,36 @@ fn a_tree_joined_by_tcp_and_a_deleted_shared_segment_restores_and_reduces_on() {
     }
     assert_eq!(ranks.status().unwrap().0, at_dump, "the tree stepped after its dump");
 
-    let err = env.fails(&with_criu(&["restore", "tp:1", "--run"], &criu));
-    assert!(err.contains("pass --criu-opt=--tcp-established"), "{err}");
-    env.ok(&with_criu(&["restore", "tp:1", "--run", tcp], &criu));
+    env.ok(&with_criu(&["restore", "tp:1", "--run"], &criu));
     assert_eq!(ranks.processes(), 3, "the parent and both ranks are back");
     // 60 steps more: both ranks report over their restored connections, every sum is right
     // and the restored segment is checked twice.
     ranks.wait_past(at_dump + 60);
+}
+
+#[test]
+fn a_connection_to_the_outside_is_refused_with_the_way_to_ask_and_the_process_runs_on() {
+    let env = Env::new(&[]);
+    let criu = criu_args();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let count = dir.path().join("count");
+    let port = listener.local_addr().unwrap().port().to_string();
+    let script = "import os, socket, sys, time\n\
+        s = socket.create_connection(('127.0.0.1', int(sys.argv[2])))\n\
+        fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n\
+        i = 0\n\
+        while True:\n    i += 1\n    os.pwrite(fd, b'%020d' % i, 0)\n    time.sleep(0.05)\n";
+    let pid = spawn_detached_python(dir.path(), script, &[count.as_os_str(), port.as_ref()]);
+    let (_peer, _) = listener.accept().unwrap();
+    let value = || fs::read_to_string(&count).ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+    let err = env.fails(&with_criu(&["checkpoint", "--pid", &pid.to_string(), "--tag", "out"], &criu));
+    assert!(err.contains("pass --criu-opt=--tcp-established"), "{err}");
+    let at = value();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while value() <= at + 2 {
+        assert!(std::time::Instant::now() < deadline, "the process stopped counting at {}", value());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
 }

@@ -128,7 +128,8 @@ pub fn run(
             ropts.original_pid = original_pid;
             ropts.pid_wait = opts.pid_wait;
             ropts.shell_job = criu.shell_job;
-            ropts.extra_criu_args = criu.extra.clone();
+            ropts.extra_criu_args = checkpoint::tcp_options(m.meta.tcp_connections);
+            ropts.extra_criu_args.extend(criu.extra.iter().cloned());
             let checked_opts = |base| {
                 checked
                     .options(base)

@@ -216,6 +216,9 @@ image_meta! {
     leave_running: bool = "leave_running",
     /// The CRIU version that dumped the image.
     criu_version: String = "criu_version",
+    /// The established TCP connections the dump holds (CRIU's `--tcp-established`), where
+    /// it holds any: its restore needs that option too.
+    tcp_connections: TcpConnections = "tcp_connections",
     /// The kernel release of the capturing machine.
     kernel: String = "kernel",
     /// The manifest ids (hex) of the images this image needs to be restored (a process image
@@ -250,6 +253,17 @@ image_meta! {
     /// config, as text, and its manifest's annotations), or a layout image's manifest
     /// (`{"media_type", "manifest"}`: its media type and digest); the registry's.
     oci: Value = "oci",
+}
+
+/// Which established TCP connections a process image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TcpConnections {
+    /// Every one is between the dumped tree's own processes: a restore brings both ends back
+    /// together, so no network lock is needed around it.
+    Inside,
+    /// Some lead to processes outside the tree (dumped because the user asked).
+    Outside,
 }
 
 impl ImageMeta {

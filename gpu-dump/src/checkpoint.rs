@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
-use gstore_format::meta::{ImageMeta, Kind};
+use gstore_format::meta::{ImageMeta, Kind, TcpConnections};
 use serde::{Deserialize, Serialize};
 
 use crate::criu::{self, Criu, DumpOptions};
@@ -128,6 +128,9 @@ pub struct CaptureReport {
     pub leave_running: bool,
     /// The CRIU version that wrote the image.
     pub criu_version: String,
+    /// The established TCP connections the dump holds (`--tcp-established`), if any.
+    #[serde(default)]
+    pub tcp_connections: Option<TcpConnections>,
     /// The driver's CUDA version, "major.minor" (GPU images only).
     pub cuda_driver_version: Option<String>,
     /// The GPUs the capturing process could see (GPU images only). All of them, because
@@ -149,6 +152,7 @@ impl CaptureReport {
         meta.pid = Some(self.pid);
         meta.leave_running = Some(self.leave_running);
         meta.criu_version = Some(self.criu_version.clone());
+        meta.tcp_connections = self.tcp_connections;
         meta.cuda_driver_version.clone_from(&self.cuda_driver_version);
         if self.image_kind == ImageKind::GpuProcess {
             meta.gpus = Some(self.gpus.clone());
@@ -168,6 +172,34 @@ const CRIU_GHOST_LIMIT: u64 = 1 << 20;
 /// written) is part of its state: a restore without it fails.
 fn ghost_limit_for(largest: u64) -> Option<u64> {
     (largest > CRIU_GHOST_LIMIT).then(|| largest.saturating_mul(2))
+}
+
+/// CRIU's option to dump and restore established TCP connections.
+const TCP_ESTABLISHED: &str = "--tcp-established";
+
+/// The established TCP connections a dump will hold: those of a tree whose connections are
+/// all between its own processes (ranks joined over loopback), or any when the user's CRIU
+/// options ask for them (`user_args`). A connection to the outside is the user's call: CRIU
+/// refuses it otherwise, and the refusal says how to ask.
+fn tcp_connections(links: procfs::TcpLinks, user_args: &[String]) -> Option<TcpConnections> {
+    let inside = links.outside == 0;
+    match (user_args.iter().any(|a| a == TCP_ESTABLISHED), links.connected > 0) {
+        (true, _) => Some(if inside { TcpConnections::Inside } else { TcpConnections::Outside }),
+        (false, true) if inside => Some(TcpConnections::Inside),
+        _ => None,
+    }
+}
+
+/// The CRIU options that dump or restore `connections`, before the user's own (which come
+/// later on CRIU's command line and win). Connections between the tree's own processes need
+/// no network lock: both ends are frozen together and come back together, and locking would
+/// need iptables (or nftables) on the machine.
+pub fn tcp_options(connections: Option<TcpConnections>) -> Vec<String> {
+    match connections {
+        None => Vec::new(),
+        Some(TcpConnections::Inside) => vec![TCP_ESTABLISHED.into(), "--network-lock".into(), "skip".into()],
+        Some(TcpConnections::Outside) => vec![TCP_ESTABLISHED.into()],
+    }
 }
 
 /// Checkpoints process `pid` and the processes below it into the empty (or new) directory `dir`.
@@ -193,6 +225,9 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
     let tree = procfs::descendants(&[pid]);
     let cuda_users: Vec<u32> = tree.iter().copied().filter(|&p| cuda::process_uses_cuda(p)).collect();
     let ghost_limit = ghost_limit_for(procfs::largest_deleted_file(&tree));
+    let tcp_connections = tcp_connections(procfs::tcp_links(&tree), &opts.extra_criu_args);
+    let mut extra_args = tcp_options(tcp_connections);
+    extra_args.extend(opts.extra_criu_args.iter().cloned());
     let gpu = match cuda_users.first() {
         Some(&user) => Some(opts.cuda.ok_or_else(|| GpuDumpError::GpuProcessWithoutDriver {
             pid: user,
@@ -209,6 +244,7 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
         image_kind: ImageKind::CpuProcess,
         leave_running: opts.leave_running,
         criu_version: opts.criu.version(),
+        tcp_connections,
         cuda_driver_version: None,
         gpus: Vec::new(),
         timings: CaptureTimings::default(),
@@ -247,7 +283,7 @@ pub fn checkpoint(pid: u32, dir: &Path, opts: &CheckpointOptions<'_>) -> Result<
         stream: opts.stream,
         action_script: opts.action_script.clone(),
         ghost_limit,
-        extra_args: opts.extra_criu_args.clone(),
+        extra_args,
     };
     let start = Instant::now();
     if let Some(tell) = &opts.dump_starts {
@@ -540,6 +576,19 @@ fn seconds(start: Instant) -> f64 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn connections_inside_the_tree_are_dumped_unasked_and_outside_ones_only_when_asked() {
+        let links = |connected, outside| procfs::TcpLinks { connected, outside };
+        let asked = [TCP_ESTABLISHED.to_string()];
+        assert_eq!(tcp_connections(links(0, 0), &[]), None);
+        assert_eq!(tcp_connections(links(4, 0), &[]), Some(TcpConnections::Inside));
+        assert_eq!(tcp_connections(links(4, 1), &[]), None, "CRIU refuses, and says how to ask");
+        assert_eq!(tcp_connections(links(4, 1), &asked), Some(TcpConnections::Outside));
+        assert_eq!(tcp_options(None), Vec::<String>::new());
+        assert_eq!(tcp_options(Some(TcpConnections::Inside)), ["--tcp-established", "--network-lock", "skip"]);
+        assert_eq!(tcp_options(Some(TcpConnections::Outside)), ["--tcp-established"]);
+    }
+
     fn report(kind: ImageKind) -> CaptureReport {
         CaptureReport {
             pid: 42,
@@ -547,6 +596,7 @@ mod tests {
             image_kind: kind,
             leave_running: true,
             criu_version: "4.1.1".into(),
+            tcp_connections: None,
             cuda_driver_version: (kind == ImageKind::GpuProcess).then(|| "13.0".to_string()),
             gpus: if kind == ImageKind::GpuProcess {
                 vec![GpuInfo { index: 0, name: "NVIDIA H200".into(), total_mem_bytes: 150_000_000_000, uuid: None }]

@@ -232,6 +232,7 @@ mod tests {
             image_kind: ImageKind::GpuProcess,
             leave_running: false,
             criu_version: "4.1.1".into(),
+            tcp_connections: None,
             cuda_driver_version: Some("13.0".into()),
             gpus: vec![h200(0), h200(1)],
             timings: CaptureTimings::default(),

@@ -356,8 +356,9 @@ impl std::fmt::Display for CriuCause {
                  SO_PASSCRED/SO_PASSSEC for them): install CRIU >= 4.2 (scripts/criu.sh builds 4.2.1)"
             }
             CriuCause::TcpEstablished => {
-                "; the process has an established TCP connection: pass --criu-opt=--tcp-established to \
-                 checkpoint and restore it (the peer must be checkpointed with it or restored too)"
+                "; the process has a TCP connection to a process outside the checkpointed tree: pass \
+                 --criu-opt=--tcp-established to dump it as it is (after a restore it works only if its \
+                 peer kept it open and waited)"
             }
             CriuCause::GhostLimit => {
                 "; the process holds a deleted file larger than the size gstore measured before the \

@@ -105,6 +105,51 @@ pub fn largest_deleted_file(pids: &[u32]) -> u64 {
     largest
 }
 
+/// The TCP connections a process tree holds (sockets neither listening nor closed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpLinks {
+    /// How many sockets of the tree are connected.
+    pub connected: usize,
+    /// How many of those lead out of the tree: no process of it holds their other end.
+    pub outside: usize,
+}
+
+/// The TCP connections processes `pids` hold: their sockets (`/proc/PID/fd` links
+/// `socket:[INODE]`) found in the TCP tables of their network namespaces
+/// (`/proc/PID/net/tcp`, `tcp6`) in a state other than listening (`0A`) or closed (`07`); a
+/// connection's other end is the socket whose local and remote addresses are swapped.
+pub fn tcp_links(pids: &[u32]) -> TcpLinks {
+    let mut held = std::collections::HashSet::new();
+    let mut namespaces = std::collections::HashMap::new();
+    for pid in pids {
+        if let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            for link in entries.flatten().filter_map(|e| std::fs::read_link(e.path()).ok()) {
+                let link = link.to_string_lossy().into_owned();
+                if let Some(inode) = link.strip_prefix("socket:[").and_then(|l| l.strip_suffix(']')) {
+                    held.insert(inode.to_string());
+                }
+            }
+        }
+        if let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+            namespaces.entry(ns).or_insert(*pid);
+        }
+    }
+    let mut ends = Vec::new();
+    for pid in namespaces.values() {
+        for table in ["tcp", "tcp6"] {
+            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else { continue };
+            for line in text.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() > 9 && f[3] != "0A" && f[3] != "07" && held.contains(f[9]) {
+                    ends.push((f[1].to_string(), f[2].to_string()));
+                }
+            }
+        }
+    }
+    let outside = ends.iter().filter(|(local, remote)| !ends.iter().any(|(l, r)| l == remote && r == local)).count();
+    TcpLinks { connected: ends.len(), outside }
+}
+
 /// Process `pid`'s command line (`/proc/PID/cmdline`), its arguments joined by spaces, or
 /// `None` when there is no such process. A process CRIU restored has its old one.
 pub fn cmdline(pid: u32) -> Option<String> {
@@ -221,5 +266,44 @@ mod tests {
         assert!(largest_deleted_file(&[me]) >= 9 << 20, "a mapped file whose descriptor is closed counts");
         // SAFETY: the mapping made above, of `len` bytes.
         unsafe { libc::munmap(map, len) };
+    }
+
+    #[test]
+    fn tcp_connections_are_told_apart_by_whether_the_tree_holds_their_other_end() {
+        use std::io::{BufRead, Write};
+        let me = std::process::id();
+        let before = tcp_links(&[me]);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        assert_eq!(tcp_links(&[me]), before, "a listening socket is no connection");
+        let ours = std::net::TcpStream::connect(listener.local_addr().unwrap()).expect("connect");
+        let (theirs, _) = listener.accept().expect("accept");
+        let inside = tcp_links(&[me]);
+        assert_eq!(inside.connected, before.connected + 2);
+        assert_eq!(inside.outside, before.outside, "both ends are this process's");
+
+        // A peer in another process: outside this one, inside the pair.
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); \
+                print(s.getsockname()[1], flush=True); c,_=s.accept(); sys.stdin.read()",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut port = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut port).expect("port");
+        let out = std::net::TcpStream::connect(("127.0.0.1", port.trim().parse::<u16>().unwrap())).expect("connect");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while tcp_links(&[me, child.id()]).connected < inside.connected + 2 {
+            assert!(std::time::Instant::now() < deadline, "the child never accepted");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(tcp_links(&[me]).outside, inside.outside + 1);
+        assert_eq!(tcp_links(&[me, child.id()]).outside, inside.outside);
+        child.stdin.take().unwrap().write_all(b"").expect("close");
+        child.wait().expect("wait");
+        drop((ours, theirs, out));
     }
 }

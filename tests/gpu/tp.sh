@@ -7,7 +7,8 @@
 # For each NCCL setting in TP_VARIANTS ("label:VAR=V,VAR=V ..."; default P2P, SHM and NVLS off,
 # then SHM on, then P2P on), prints the times and their ratios and exits non-zero if a check
 # fails. The job runs with USE_LIBUV=0 (PyTorch's libuv TCPStore holds an io_uring, which CRIU
-# cannot dump) and CRIU gets --tcp-established (the ranks' NCCL and TCPStore connections).
+# cannot dump). The raw CRIU gets --tcp-established for the ranks' NCCL and TCPStore
+# connections; gstore adds it itself (every connection is between the tree's processes).
 # TP_BACKEND=gloo runs the same on the CPU (no driver calls, no swapped GPUs), TP_PYTHON names
 # the Python with torch (default python3).
 # Usage: tests/gpu/tp.sh [GSTORE_BIN] [CRIU_BUNDLE_DIR] [MIB]
@@ -77,16 +78,16 @@ for variant in $VARIANTS; do
 
   # gstore: checkpoint, restore, then a restore onto swapped GPUs.
   start "$label-gstore" "$envs" || { fails=$((fails+1)); continue; }
-  t0=$(now); "$G" --json checkpoint --pid "${PIDS%% *}" --tag "tp-$label:1" --criu "$W/criu" --criu-opt=$TCP >"$W/$label-ck.json" 2>"$W/$label-ck.err"
+  t0=$(now); "$G" --json checkpoint --pid "${PIDS%% *}" --tag "tp-$label:1" --criu "$W/criu" >"$W/$label-ck.json" 2>"$W/$label-ck.err"
   ok=$?; t1=$(now)
   check "$label gstore checkpoint" "[ $ok = 0 ]" || tail -8 "$W/$label-ck.err" | tee -a "$OUTFILE"
   gone; at=$(step)
-  t2=$(now); "$G" --json restore "tp-$label:1" --run --criu "$W/criu" --criu-opt=$TCP >"$W/$label-rs.json" 2>"$W/$label-rs.err"
+  t2=$(now); "$G" --json restore "tp-$label:1" --run --criu "$W/criu" >"$W/$label-rs.json" 2>"$W/$label-rs.err"
   past "$at"; ok=$?; t3=$(now)
   check "$label gstore restore: the ranks reduce on" "[ $ok = 0 ]" || tail -8 "$W/$label-rs.err" | tee -a "$OUTFILE"
   G_CK=$(dt "$t0" "$t1"); G_RS=$(dt "$t2" "$t3"); G_SW=-; stop; unstep
   [ "$BACKEND" = nccl ] && {
-  t2=$(now); "$G" --json restore "tp-$label:1" --run --gpu-map 0=1,1=0 --criu "$W/criu" --criu-opt=$TCP >"$W/$label-swap.json" 2>"$W/$label-swap.err"
+  t2=$(now); "$G" --json restore "tp-$label:1" --run --gpu-map 0=1,1=0 --criu "$W/criu" >"$W/$label-swap.json" 2>"$W/$label-swap.err"
   past "$at"; ok=$?; t3=$(now)
   check "$label gstore restore onto swapped GPUs: the ranks reduce on" "[ $ok = 0 ]" || tail -8 "$W/$label-swap.err" | tee -a "$OUTFILE"
   G_SW=$(dt "$t2" "$t3"); stop; }
