@@ -399,7 +399,11 @@ impl Drop for Ranks {
     fn drop(&mut self) {
         let cmdline = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
         if String::from_utf8_lossy(&cmdline).contains(&*self.dir.path().to_string_lossy()) {
-            let _ = std::process::Command::new("kill").arg("-9").arg(format!("-{}", self.pid)).status();
+            // Each process by its pid: procps-ng 4.0's kill(1) takes `-9 -PGID` as -1 and
+            // kills every process it may.
+            for pid in gstore_gpu_dump::procfs::descendants(&[self.pid]) {
+                let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            }
         }
     }
 }

@@ -404,7 +404,8 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 /// Restores the process tree in `dir` with its tasks left stopped (`criu restore
 /// --leave-stopped`): nothing of it has run when this returns, so work that must pass before
 /// the tree runs (a check of the machine) can go on while CRIU restores it. Waits for the
-/// image's pids to be free first, and returns once every process shows as stopped. [`Stopped::resume`] lets it run; dropping it kills it.
+/// image's pids to be free first, and returns once every process shows as stopped.
+/// [`Stopped::resume`] lets it run; dropping it kills it.
 pub fn restore_stopped(dir: &Path, opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let criu::ImageTree { ids: mut pids, processes } = criu::image_tree(dir)?;
     pids.extend(opts.original_pid);
