@@ -40,6 +40,9 @@ impl Counter {
         let dir = tempfile::tempdir().unwrap();
         let rootfs = dir.path().join("bundle/rootfs");
         std::fs::create_dir_all(rootfs.join("state")).unwrap();
+        // As in every image: CRIU >= 4.2 restores the read-only root read-only and pivots
+        // through its /tmp.
+        std::fs::create_dir_all(rootfs.join("tmp")).unwrap();
         std::fs::create_dir_all(dir.path().join("state")).unwrap();
         let source = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo and nextest"))
             .join("containers/counter.c");
@@ -218,6 +221,13 @@ fn runc_failures_are_clear_and_tag_nothing() {
     // --no-lazy restarts something: alone it is refused.
     let err = fails(&env, &["restore", "gone:1", "--to", &env.path("x").to_string_lossy(), "--no-lazy"]);
     assert!(err.contains("--no-lazy"), "{err}");
+
+    // A read-only root without /tmp cannot be restored by CRIU >= 4.2: said, with the fix.
+    runc(&["delete", "-f", &copy]);
+    std::fs::remove_dir(c.bundle().join("rootfs/tmp")).unwrap();
+    let err = fails(&env, &["restore", "gone:1", "--container", "--name", &copy]);
+    assert!(err.contains("add an empty /tmp to the image"), "{err}");
+    runc(&["delete", "-f", &copy]);
 }
 
 #[test]

@@ -199,17 +199,30 @@ impl Runc {
     }
 }
 
+/// CRIU log lines a container's checkpoint or restore can fail with, and what to do.
+const CRIU_HINTS: [(&str, &str); 2] = [
+    (
+        "Can't lookup mount",
+        "a file the container's processes hold open lies outside the container's mounts: start it with its \
+         standard streams on /dev/null, or pipes",
+    ),
+    (
+        "Can't create a temporary directory: Read-only file system",
+        "the container's root file system is read-only and has no /tmp: CRIU >= 4.2 restores the root \
+         read-only and moves it through its /tmp; add an empty /tmp to the image",
+    ),
+];
+
 /// `e` (a failed runc command) with the errors of CRIU's log `log` added, which runc only names.
 fn with_criu_log(e: ContainerError, log: &Path) -> ContainerError {
     let Ok(text) = std::fs::read_to_string(log) else { return e };
     let errors: Vec<&str> =
         text.lines().filter(|l| l.contains("Error") && !l.contains("RLIMIT_NOFILE")).map(str::trim).collect();
     let mut lines = errors[errors.len().saturating_sub(6)..].join("\n");
-    if lines.contains("Can't lookup mount") {
-        lines.push_str(
-            "\n(a file the container's processes hold open lies outside the container's mounts: start it with \
-             its standard streams on /dev/null, or pipes)",
-        );
+    for (needle, hint) in CRIU_HINTS {
+        if lines.contains(needle) {
+            lines.push_str(&format!("\n({hint})"));
+        }
     }
     match e {
         ContainerError::Runtime { command, status, stderr } if !lines.is_empty() => {
