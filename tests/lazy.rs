@@ -141,7 +141,7 @@ fn a_tree_comes_back_with_every_page_and_a_child_forked_during_the_fill_sees_the
 /// The restore profiles in the store: (path, JSON).
 fn profiles(env: &Env) -> Vec<(PathBuf, serde_json::Value)> {
     let json = |p: &Path| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap_or_default();
-    walk(&env.store.join("profiles"))
+    files_below(&env.store.join("profiles"))
         .into_iter()
         .map(|p| {
             let j = json(&p);
@@ -222,7 +222,7 @@ fn a_restore_profile_is_recorded_then_followed_and_goes_with_its_image() {
 
 /// The recorded plans (`index.plans/`), each with when it was last written.
 fn plans(env: &Env) -> Vec<(PathBuf, std::time::SystemTime)> {
-    let mut out: Vec<_> = walk(&env.store.join("index.plans"))
+    let mut out: Vec<_> = files_below(&env.store.join("index.plans"))
         .into_iter()
         .map(|p| (p.clone(), p.metadata().unwrap().modified().unwrap()))
         .collect();
@@ -285,26 +285,13 @@ fn a_tree_checkpointed_into_s3_comes_back_lazily_on_another_machine_and_its_prof
     );
     tree.assert_intact("parent");
     tree.assert_intact("child");
-    let stored = walk(&s3.bucket_dir().join("images/profiles"));
+    let stored = files_below(&s3.bucket_dir().join("images/profiles"));
     assert_eq!(stored.len(), 1, "{stored:?}");
     tree.kill();
     let r = restore();
     assert_eq!(r["profile"], "followed the stored profile", "{r}");
     tree.assert_intact("parent");
     tree.assert_intact("child");
-}
-
-/// Every file below `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.path().is_dir() {
-            out.extend(walk(&e.path()));
-        } else {
-            out.push(e.path());
-        }
-    }
-    out
 }
 
 /// Damages a chunk in the middle of the image's largest pages file.

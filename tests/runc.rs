@@ -140,6 +140,9 @@ fn a_runc_container_checkpointed_into_the_store_is_restored_and_counts_on() {
     assert_eq!(show["meta"]["runc"]["bundle"], c.bundle().to_string_lossy().as_ref());
     let paths: Vec<&str> = show["entries"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
     assert!(paths.contains(&"config.json") && paths.contains(&"checkpoint/pages-1.img"), "{paths:?}");
+    // Where its lazy memory is stored is recorded (`index.plans/`): the restore reads that.
+    let plans = files_below(&env.store.join("index.plans"));
+    assert_eq!(plans.len(), 1, "the checkpoint records where its page image's chunks are: {plans:?}");
 
     // Through podman it cannot come back; through runc (the image's runtime) it does.
     let err = fails(&env, &["restore", "rc:1", "--container", "--runtime", "podman"]);

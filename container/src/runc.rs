@@ -352,17 +352,24 @@ pub fn checkpoint(
         meta
     })?;
     match pushed {
-        Ok(push) => Ok(RuncCheckpointReport {
-            container: id.into(),
-            pid: st.pid,
-            bundle: st.bundle,
-            gpu_pids,
-            left_running: leave_running,
-            timings: dumped.timings,
-            paused_s: dumped.paused_s,
-            push,
-            total_s: started.elapsed().as_secs_f64(),
-        }),
+        Ok(push) => {
+            // Where the image's lazy memory is stored, recorded for a restore on this machine
+            // (as a process checkpoint does): a cache, whose failure fails no checkpoint.
+            if let Ok(m) = store.get_manifest(&push.manifest) {
+                let _ = gstore_lazy::prepare::locate_ahead(store, &m.within(IMAGES));
+            }
+            Ok(RuncCheckpointReport {
+                container: id.into(),
+                pid: st.pid,
+                bundle: st.bundle,
+                gpu_pids,
+                left_running: leave_running,
+                timings: dumped.timings,
+                paused_s: dumped.paused_s,
+                push,
+                total_s: started.elapsed().as_secs_f64(),
+            })
+        }
         Err(source) => {
             let after = if leave_running {
                 " (the container kept running)".to_string()
