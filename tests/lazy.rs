@@ -220,14 +220,12 @@ fn a_restore_profile_is_recorded_then_followed_and_goes_with_its_image() {
     assert!(profiles(&env).is_empty());
 }
 
-/// The recorded plans (`index.plans/`), each with when it was last written.
+/// The recorded plans (`index.plans/`), sorted, each with when it was last written.
 fn plans(env: &Env) -> Vec<(PathBuf, std::time::SystemTime)> {
-    let mut out: Vec<_> = files_below(&env.store.join("index.plans"))
+    files_below(&env.store.join("index.plans"))
         .into_iter()
         .map(|p| (p.clone(), p.metadata().unwrap().modified().unwrap()))
-        .collect();
-    out.sort();
-    out
+        .collect()
 }
 
 #[test]

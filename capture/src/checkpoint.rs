@@ -92,12 +92,9 @@ pub fn checkpoint(
         let refilled = (!regs.is_empty()).then(|| cooperate::refill(&regs, prefetch));
         (r, refilled)
     });
-    // Where the image's lazy memory is stored, recorded for a restore on this machine: a
-    // cache, whose failure fails no checkpoint.
+    // Where the image's lazy memory is stored, recorded for a restore on this machine.
     let r = r.map(|mut report| {
-        if let Ok(m) = store.get_manifest(&report.push.manifest) {
-            let _ = gstore_lazy::prepare::locate_ahead(store, &m);
-        }
+        gstore_lazy::prepare::locate_ahead(store, &report.push.manifest);
         report.total_s = started.elapsed().as_secs_f64();
         report
     });

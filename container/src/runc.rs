@@ -353,11 +353,8 @@ pub fn checkpoint(
     })?;
     match pushed {
         Ok(push) => {
-            // Where the image's lazy memory is stored, recorded for a restore on this machine
-            // (as a process checkpoint does): a cache, whose failure fails no checkpoint.
-            if let Ok(m) = store.get_manifest(&push.manifest) {
-                let _ = gstore_lazy::prepare::locate_ahead(store, &m.within(IMAGES));
-            }
+            // Where the image's lazy memory is stored, recorded for a restore on this machine.
+            gstore_lazy::prepare::locate_ahead(store, &push.manifest);
             Ok(RuncCheckpointReport {
                 container: id.into(),
                 pid: st.pid,

@@ -5,7 +5,7 @@
 use crate::error::{LazyError, Result};
 use crate::fetch::FileChunks;
 use crate::layout::Layout;
-use gstore_store::dedup::similar::is_page_image;
+use gstore_store::dedup::similar::{is_page_image, is_page_image_path};
 use gstore_store::format::manifest::Manifest;
 use gstore_store::progress::Progress;
 use gstore_store::{IndexedStore, ObjectId};
@@ -79,15 +79,19 @@ pub fn prepare(
     Ok(Prepared { layout, chunks, written_bytes: written })
 }
 
-/// Locates the chunks of every pages file of image `m` ([`FileChunks::locate`]), which records
-/// where they are for the restores of the image on this machine: a checkpoint does so once
-/// its image is stored, so that even the first lazy restore reads the locations instead of
-/// looking each chunk up while the restore waits.
-pub fn locate_ahead(store: &IndexedStore, m: &Manifest) -> Result<()> {
-    for e in m.entries.iter().filter(|e| is_page_image(&e.path)) {
-        FileChunks::locate(store, m, &e.path)?;
+/// Locates the chunks of every pages file of image `id`, at any depth (a runc image keeps them
+/// under `checkpoint/`), with [`FileChunks::locate`], which records where they are for the
+/// restores of the image on this machine: a checkpoint does so once its image is stored, so
+/// that even the first lazy restore reads the locations instead of looking each chunk up while
+/// the restore waits. The record names the chunk list, not the path. A cache: a failure here
+/// fails nothing, and the restore looks the chunks up itself.
+pub fn locate_ahead(store: &IndexedStore, id: &ObjectId) {
+    let Ok(m) = store.get_manifest(id) else { return };
+    for e in m.entries.iter().filter(|e| is_page_image_path(&e.path)) {
+        if FileChunks::locate(store, &m, &e.path).is_err() {
+            return;
+        }
     }
-    Ok(())
 }
 
 #[cfg(test)]
